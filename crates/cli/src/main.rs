@@ -1,0 +1,82 @@
+//! `subc`: the command-line front end. Each subcommand lives in its own
+//! module; this file only declares the command line.
+
+mod input;
+mod sim;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use subc_lang::nf::NfLimits;
+
+#[derive(Parser)]
+#[command(
+    name = "subc",
+    version,
+    about = "Compile packet subscriptions to P4 tables and eBPF programs",
+    long_about = "subc compiles stateful condition-action packet subscriptions \
+                  (`stock == GOOGL && shares > 100 : fwd(3)`) written against a message-format spec \
+                  into match-action tables for P4 switches or into eBPF programs for XDP and TC.\n\n\
+                  Inputs are a format spec (*.spec) and subscription files (*.subs), given either as \
+                  `--spec SPEC RULES...` or as an example directory holding one spec and its rules.",
+    after_help = "Examples:\n  subc check examples/itch\n  subc check --spec examples/itch/itch.spec examples/itch/rules.subs\n  subc sim examples/itch --pcap examples/itch/packets.pcap --json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The spec and rule files shared by most commands.
+#[derive(clap::Args, Clone)]
+pub struct InputArgs {
+    /// The message-format spec. Without it, the first argument is an example
+    /// directory holding exactly one *.spec and its *.subs files.
+    #[arg(long, value_name = "SPEC")]
+    spec: Option<PathBuf>,
+    /// Subscription files (one `condition : action` per line), or an example directory.
+    #[arg(value_name = "RULES", required = true)]
+    rules: Vec<PathBuf>,
+    /// Largest number of conjunctions one subscription's normal form may have.
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    max_cubes: usize,
+}
+
+impl InputArgs {
+    fn limits(&self) -> NfLimits {
+        NfLimits { max_cubes: self.max_cubes }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a spec and subscriptions; print every diagnostic. Exit 1 on errors.
+    Check {
+        #[command(flatten)]
+        input: InputArgs,
+        /// Print diagnostics as JSON, one object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run packets from a pcap through the subscriptions and print each decision.
+    Sim(sim::SimArgs),
+    /// Generate workloads: example pcaps and synthetic subscription sets.
+    #[command(subcommand)]
+    Gen(sim::GenCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: Result<ExitCode> = match cli.command {
+        Command::Check { input, json } => sim::check(&input, json),
+        Command::Sim(args) => sim::sim(&args),
+        Command::Gen(g) => sim::gen(&g),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

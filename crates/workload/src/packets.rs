@@ -1,0 +1,201 @@
+//! Packet builders: random packets for any spec, and the helpers the example
+//! pcaps are made of.
+//!
+//! [`PacketGen`] walks the spec's parse graph, picks select cases so that the
+//! packet parses (or, sometimes, deliberately does not), and fills query
+//! fields with values near the constants the subscriptions use, so that
+//! random packets exercise every boundary of every interval.
+
+use crate::rng::Rng;
+use subc_lang::nf::NfSubscription;
+use subc_lang::spec::{FieldRef, ParseNext, ParseTarget, QuerySource, Spec};
+use subc_lang::value::{mask, raw_of_domain};
+
+/// Writes `value` into `width` bits at bit `offset` (MSB first) of `buf`.
+pub fn write_bits(buf: &mut [u8], offset: u32, width: u32, value: u64) {
+    for k in 0..width {
+        let bit = (value >> (width - 1 - k)) & 1;
+        let pos = offset + k;
+        let byte = &mut buf[(pos / 8) as usize];
+        let shift = 7 - (pos % 8);
+        *byte = (*byte & !(1 << shift)) | ((bit as u8) << shift);
+    }
+}
+
+/// Generates random packets for one spec.
+pub struct PacketGen<'a> {
+    spec: &'a Spec,
+    /// Per packet field: interesting raw values (constants and their neighbours).
+    interesting: Vec<Vec<Vec<u64>>>,
+}
+
+impl<'a> PacketGen<'a> {
+    pub fn new(spec: &'a Spec, subs: &[NfSubscription]) -> PacketGen<'a> {
+        let mut interesting: Vec<Vec<Vec<u64>>> =
+            spec.headers.iter().map(|h| vec![vec![]; h.fields.len()]).collect();
+        for sub in subs {
+            for cube in &sub.cubes {
+                for (qf, set) in &cube.0 {
+                    let q = spec.query_field(*qf);
+                    let QuerySource::Packet(f) = q.source else { continue };
+                    let slot = &mut interesting[f.header.0 as usize][f.field as usize];
+                    for iv in set.intervals() {
+                        for d in [iv.lo.wrapping_sub(1), iv.lo, iv.hi, iv.hi.wrapping_add(1)] {
+                            if d <= mask(q.width) {
+                                slot.push(raw_of_domain(q.ty, q.width, d));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for h in &mut interesting {
+            for f in h {
+                f.sort_unstable();
+                f.dedup();
+            }
+        }
+        PacketGen { spec, interesting }
+    }
+
+    fn field_value(&self, rng: &mut Rng, f: FieldRef) -> u64 {
+        let width = self.spec.field(f).width.min(64);
+        let pool = &self.interesting[f.header.0 as usize][f.field as usize];
+        if !pool.is_empty() && rng.chance(0.7) {
+            *rng.pick(pool)
+        } else if rng.chance(0.2) {
+            // Small values hit keyed state slots and low thresholds.
+            rng.below(16) & mask(width)
+        } else {
+            rng.next_u64() & mask(width)
+        }
+    }
+
+    /// A random packet. With probability `bad`, it is truncated or takes a
+    /// path that does not parse.
+    pub fn packet(&self, rng: &mut Rng, bad: f64) -> Vec<u8> {
+        let mut out = vec![];
+        let mut at = self.spec.parser.start;
+        let break_it = rng.chance(bad);
+        while let ParseTarget::Header(h) = at {
+            let header = self.spec.header(h);
+            let mut buf = vec![0u8; header.bytes as usize];
+            for (i, f) in header.fields.iter().enumerate() {
+                let r = FieldRef { header: h, field: i as u32 };
+                if f.width <= 64 {
+                    let v = self.field_value(rng, r);
+                    write_bits(&mut buf, f.offset, f.width, v);
+                } else {
+                    for k in 0..f.width {
+                        write_bits(&mut buf, f.offset + k, 1, rng.below(2));
+                    }
+                }
+            }
+            at = match &self.spec.parser.next[h.0 as usize] {
+                None => ParseTarget::Reject,
+                Some(ParseNext::Goto(t)) => *t,
+                Some(ParseNext::Select { fields, cases, default }) => {
+                    let take_default = cases.is_empty() || (break_it && rng.chance(0.5));
+                    if take_default {
+                        // Leave the random values; they almost never match a case.
+                        *default
+                    } else {
+                        let case = rng.pick(cases);
+                        for (v, f) in case.values.iter().zip(fields) {
+                            if let Some(v) = v {
+                                let fd = self.spec.field(*f);
+                                write_bits(&mut buf, fd.offset, fd.width, *v);
+                            }
+                        }
+                        case.target
+                    }
+                }
+            };
+            out.extend_from_slice(&buf);
+        }
+        if break_it && !out.is_empty() && rng.chance(0.5) {
+            let keep = rng.below(out.len() as u64) as usize;
+            out.truncate(keep);
+        } else {
+            // Some payload after the headers, as real packets have.
+            for _ in 0..rng.below(8) {
+                out.push(rng.below(256) as u8);
+            }
+        }
+        out
+    }
+}
+
+/// The Internet checksum of `data`.
+pub fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for chunk in data.chunks(2) {
+        let w = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from_be_bytes([chunk[0], 0]) };
+        sum += w as u32;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Ethernet + IPv4 + UDP around `payload`, with correct IPv4 and UDP checksums.
+pub fn udp_packet(src_mac: [u8; 6], dst_mac: [u8; 6], src_ip: [u8; 4], dst_ip: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(42 + payload.len());
+    p.extend_from_slice(&dst_mac);
+    p.extend_from_slice(&src_mac);
+    p.extend_from_slice(&0x0800u16.to_be_bytes());
+    let total = 20 + 8 + payload.len();
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    ip[6] = 0x40; // don't fragment
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src_ip);
+    ip[16..20].copy_from_slice(&dst_ip);
+    let c = inet_checksum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    p.extend_from_slice(&ip);
+    let ulen = (8 + payload.len()) as u16;
+    let mut udp = vec![];
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&dport.to_be_bytes());
+    udp.extend_from_slice(&ulen.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let mut pseudo = vec![];
+    pseudo.extend_from_slice(&src_ip);
+    pseudo.extend_from_slice(&dst_ip);
+    pseudo.extend_from_slice(&[0, 17]);
+    pseudo.extend_from_slice(&ulen.to_be_bytes());
+    pseudo.extend_from_slice(&udp);
+    let mut c = inet_checksum(&pseudo);
+    if c == 0 {
+        c = 0xffff;
+    }
+    udp[6..8].copy_from_slice(&c.to_be_bytes());
+    p.extend_from_slice(&udp);
+    p
+}
+
+/// An ITCH add-order message (36 bytes) in a MoldUDP64 payload.
+pub fn moldudp_add_order(seq: u64, locate: u16, side: u8, shares: u32, stock: &str, price: u32) -> Vec<u8> {
+    let mut m = vec![];
+    m.extend_from_slice(b"SUBCTEST01"); // session, 10 bytes
+    m.extend_from_slice(&seq.to_be_bytes());
+    m.extend_from_slice(&1u16.to_be_bytes()); // message count
+    m.extend_from_slice(&36u16.to_be_bytes()); // message length
+    m.push(b'A');
+    m.extend_from_slice(&locate.to_be_bytes());
+    m.extend_from_slice(&0u16.to_be_bytes()); // tracking
+    m.extend_from_slice(&(seq * 1000).to_be_bytes()[2..]); // 48-bit timestamp
+    m.extend_from_slice(&(seq + 1_000_000).to_be_bytes()); // order reference
+    m.push(side);
+    m.extend_from_slice(&shares.to_be_bytes());
+    let mut sym = [b' '; 8];
+    sym[..stock.len().min(8)].copy_from_slice(&stock.as_bytes()[..stock.len().min(8)]);
+    m.extend_from_slice(&sym);
+    m.extend_from_slice(&price.to_be_bytes());
+    m
+}

@@ -1,0 +1,130 @@
+//! Subscription-set generators, deterministic from a seed.
+//!
+//! - [`itch`]: Camus's ITCH workload, `stock == S && shares > P : fwd(H)`, with
+//!   S uniform over the symbols, P uniform over `1..=max_shares`, H uniform
+//!   over the hosts (the shape of Camus's `generate_itch_filters.py`).
+//! - [`siena`]: Siena-style filters after Carzaniga's SSBG: attributes drawn
+//!   Zipf or uniform; 1-6 constraints per filter with weights 10/40/30/10/5/5
+//!   %, no attribute twice; operators `==` 40 %, `<` 25 %, `>` 25 %, `!=`
+//!   10 %; values uniform in [-100, 100). The Camus variant (Camus's
+//!   `ssbg_camus.py`) uses [0, 100) and no `!=`.
+
+use crate::rng::{Rng, Zipf};
+use std::fmt::Write;
+
+#[derive(Clone, Debug)]
+pub struct ItchParams {
+    pub subscriptions: usize,
+    pub symbols: usize,
+    pub max_shares: u64,
+    pub hosts: u32,
+    pub seed: u64,
+}
+
+impl Default for ItchParams {
+    fn default() -> Self {
+        ItchParams { subscriptions: 1000, symbols: 100, max_shares: 1000, hosts: 200, seed: 1 }
+    }
+}
+
+/// `n` distinct stock symbols of 3 to 5 capital letters.
+pub fn itch_symbols(n: usize, seed: u64) -> Vec<String> {
+    let mut rng = Rng::new(seed ^ 0x5359_4d42);
+    let mut out: Vec<String> = vec![];
+    while out.len() < n {
+        let len = rng.range(3, 5) as usize;
+        let s: String = (0..len).map(|_| (b'A' + rng.below(26) as u8) as char).collect();
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// Camus ITCH subscriptions for `examples/itch/itch.spec`, one per line.
+pub fn itch(p: &ItchParams) -> String {
+    let symbols = itch_symbols(p.symbols, p.seed);
+    let mut rng = Rng::new(p.seed);
+    let mut out = String::with_capacity(p.subscriptions * 40);
+    for _ in 0..p.subscriptions {
+        let s = rng.pick(&symbols);
+        let shares = rng.range(1, p.max_shares);
+        let host = rng.below(p.hosts as u64);
+        let _ = writeln!(out, "stock == {s} && shares > {shares} : fwd({host})");
+    }
+    out
+}
+
+#[derive(Clone, Debug)]
+pub struct SienaParams {
+    pub filters: usize,
+    pub attributes: usize,
+    /// Zipf (exponent 1) over attributes instead of uniform.
+    pub zipf: bool,
+    /// Camus's variant: values in [0, 100), no `!=`.
+    pub camus_variant: bool,
+    /// Every filter has exactly this many constraints instead of the SSBG weights.
+    pub constraints: Option<usize>,
+    pub ports: u32,
+    pub seed: u64,
+}
+
+impl Default for SienaParams {
+    fn default() -> Self {
+        SienaParams { filters: 100, attributes: 20, zipf: true, camus_variant: false, constraints: None, ports: 64, seed: 1 }
+    }
+}
+
+/// A spec with one header of `attributes` signed 32-bit range fields
+/// `a0`, `a1`, ... (behind Ethernet, ethertype 0x88b5).
+pub fn siena_spec(attributes: usize, ports: u32) -> String {
+    let mut s = String::from(
+        "# Siena-style attribute messages: one header of signed attributes.\n\
+         header ethernet {\n    dst: 48 mac;\n    src: 48 mac;\n    ethertype: 16;\n}\n\nheader attrs {\n",
+    );
+    for a in 0..attributes {
+        let _ = writeln!(s, "    a{a}: 32 signed;");
+    }
+    s.push_str("}\n\nparser {\n    start -> ethernet;\n    ethernet -> select(ethertype) { 0x88b5: attrs; }\n    attrs -> accept;\n}\n\n");
+    for a in 0..attributes {
+        let _ = writeln!(s, "query attrs.a{a};");
+    }
+    let _ = writeln!(s, "ports {ports};");
+    s
+}
+
+/// Siena-style filters for [`siena_spec`], one per line.
+pub fn siena(p: &SienaParams) -> String {
+    let mut rng = Rng::new(p.seed);
+    let zipf = Zipf::new(p.attributes, 1.0);
+    let mut out = String::new();
+    for _ in 0..p.filters {
+        let n = match p.constraints {
+            Some(n) => n.min(p.attributes),
+            None => 1 + rng.weighted(&[10.0, 40.0, 30.0, 10.0, 5.0, 5.0]),
+        }
+        .min(p.attributes);
+        let mut attrs: Vec<usize> = vec![];
+        while attrs.len() < n {
+            let a = if p.zipf { zipf.sample(&mut rng) } else { rng.below(p.attributes as u64) as usize };
+            if !attrs.contains(&a) {
+                attrs.push(a);
+            }
+        }
+        let parts: Vec<String> = attrs
+            .iter()
+            .map(|a| {
+                let (op, lo, hi) = if p.camus_variant {
+                    (["==", "<", ">"][rng.weighted(&[40.0, 25.0, 25.0])], 0i64, 100i64)
+                } else {
+                    (["==", "<", ">", "!="][rng.weighted(&[40.0, 25.0, 25.0, 10.0])], -100, 100)
+                };
+                let v = lo + rng.below((hi - lo) as u64) as i64;
+                format!("a{a} {op} {v}")
+            })
+            .collect();
+        let port = rng.below(p.ports as u64);
+        let _ = writeln!(out, "{} : fwd({port})", parts.join(" && "));
+    }
+    out
+}
