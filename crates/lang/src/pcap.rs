@@ -91,8 +91,13 @@ mod tests {
         let pkts = vec![PcapPacket { ts_ns: 1_500_000_123, data: vec![1, 2, 3] }, PcapPacket { ts_ns: 7, data: vec![] }];
         assert_eq!(read_pcap(&write_pcap(&pkts)).unwrap(), pkts);
         assert_eq!(read_pcap(b"short"), Err(PcapError::Truncated("file header")));
+        // The last packet is empty, so one byte less cuts its record header;
+        // seventeen bytes less also cut the first packet's data.
         let mut bad = write_pcap(&pkts);
         bad.truncate(bad.len() - 1);
+        assert_eq!(read_pcap(&bad), Err(PcapError::Truncated("record header")));
+        let mut bad = write_pcap(&pkts);
+        bad.truncate(bad.len() - 17);
         assert_eq!(read_pcap(&bad), Err(PcapError::Truncated("packet data")));
     }
 }
