@@ -8,7 +8,8 @@
 //! a keyword, in a subscription it is a plain name (a spec may well have a
 //! field called `window`). Literals that look alike are told apart here:
 //! `192.168.0.1` is an IPv4 address, `00:1b:21:3a:4f:50` a MAC address (only
-//! when all six hex pairs are present), `100us` an integer followed by a unit.
+//! when all six hex pairs are present; `00:1b:21` is a bad MAC address, not
+//! three tokens), `100us` an integer followed by a unit.
 
 use crate::diag::{Code, Diagnostic};
 use crate::source::{FileId, Span};
@@ -88,6 +89,14 @@ pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diag
             i += len;
             continue;
         }
+        if let Some(len) = mac_like_at(&bytes[i..]) {
+            diags.push(
+                Diagnostic::error(Code::BadMac, format!("`{}` is not a MAC address", &text[start..start + len]))
+                    .primary(span(start, start + len), "expected six pairs of hex digits separated by `:` or `-`"),
+            );
+            i += len;
+            continue;
+        }
         if c.is_ascii_alphabetic() || (c == b'_' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')) {
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                 i += 1;
@@ -110,12 +119,13 @@ pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diag
                     i += 1;
                 }
                 let digits: String = text[ds..i].chars().filter(|c| *c != '_').collect();
+                // An empty string is an error for `from_str_radix` too, so test it first.
                 match u64::from_str_radix(&digits, 16) {
-                    Ok(v) if !digits.is_empty() => toks.push((start, Tok::Int(v), i)),
-                    Ok(_) => diags.push(
+                    _ if digits.is_empty() => diags.push(
                         Diagnostic::error(Code::UnexpectedChar, "hexadecimal literal has no digits")
                             .primary(span(start, i), "expected hex digits after `0x`"),
                     ),
+                    Ok(v) => toks.push((start, Tok::Int(v), i)),
                     Err(_) => diags.push(
                         Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits")
                             .primary(span(start, i), "too large"),
@@ -197,6 +207,30 @@ fn parse_ipv4(s: &str) -> Option<[u8; 4]> {
         a[k] = p.parse().ok()?;
     }
     Some(a)
+}
+
+/// Matches what looks like a MAC address but is not one (a valid one was
+/// taken by [`mac_at`] first): one or two hex digits, then at least two more
+/// groups joined by the same separator, `:` or `-`, with no spaces. No valid
+/// spec or subscription has such text, so it is one bad literal, not several
+/// tokens that would only produce a confusing syntax error.
+fn mac_like_at(b: &[u8]) -> Option<usize> {
+    let first = b.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+    if !(1..=2).contains(&first) {
+        return None;
+    }
+    let sep = *b.get(first)?;
+    if sep != b':' && sep != b'-' {
+        return None;
+    }
+    let mut end = first;
+    let mut groups = 1;
+    while b.get(end) == Some(&sep) && b.get(end + 1).is_some_and(u8::is_ascii_alphanumeric) {
+        end += 1;
+        end += b[end..].iter().take_while(|c| c.is_ascii_alphanumeric() || **c == b'_').count();
+        groups += 1;
+    }
+    (groups >= 3).then_some(end)
 }
 
 /// Matches `hh:hh:hh:hh:hh:hh` (or with `-`) at the start of `b`, not followed
