@@ -329,13 +329,18 @@ pub fn simplify(spec: &Spec, mut cubes: Vec<Cube>) -> Vec<Cube> {
         let mut merged = false;
         let mut by_rest: HashMap<(QueryFieldId, Vec<(QueryFieldId, IntervalSet)>), usize> = HashMap::new();
         let mut out: Vec<Option<Cube>> = cubes.iter().cloned().map(Some).collect();
+        // A cube that absorbed another this pass no longer matches the keys it
+        // was filed under (its set for some field grew, or the field went away
+        // when the union became the full domain), so it merges again only in
+        // the next pass, under its new keys.
+        let mut grown = vec![false; cubes.len()];
         for (i, c) in cubes.iter().enumerate() {
             for k in 0..c.0.len() {
                 let mut rest = c.0.clone();
                 let (f, _) = rest.remove(k);
                 let key = (f, rest);
                 match by_rest.get(&key) {
-                    Some(&j) if out[j].is_some() && out[i].is_some() && j != i => {
+                    Some(&j) if !grown[j] && out[j].is_some() && out[i].is_some() && j != i => {
                         let a = out[j].take().unwrap_or_default();
                         let b = out[i].take().unwrap_or_default();
                         let width = spec.query_field(f).width;
@@ -346,6 +351,7 @@ pub fn simplify(spec: &Spec, mut cubes: Vec<Cube>) -> Vec<Cube> {
                             parts.sort_by_key(|(g, _)| *g);
                         }
                         out[j] = Some(Cube(parts));
+                        grown[j] = true;
                         merged = true;
                         break;
                     }
