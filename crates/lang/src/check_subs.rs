@@ -31,6 +31,9 @@ struct SubChecker<'a> {
 }
 
 impl SubChecker<'_> {
+    /// The boolean structure. It recurses as deep as the condition nests, so
+    /// the leaves are checked in [`Self::atom`], whose large frame (all the
+    /// diagnostics) is then not repeated at every level.
     fn expr(&mut self, e: &Expr) -> Option<Cond> {
         match e {
             Expr::Or(a, b) => {
@@ -43,6 +46,15 @@ impl SubChecker<'_> {
             }
             Expr::Not(a, _) => Some(Cond::Not(Box::new(self.expr(a)?))),
             Expr::Bool(b, _) => Some(if *b { Cond::True } else { Cond::False }),
+            _ => self.atom(e),
+        }
+    }
+
+    /// A comparison, a prefix or set test, or a boolean call.
+    #[inline(never)]
+    fn atom(&mut self, e: &Expr) -> Option<Cond> {
+        match e {
+            Expr::Or(..) | Expr::And(..) | Expr::Not(..) | Expr::Bool(..) => self.expr(e),
             Expr::Call { func, args, span } => {
                 if func.text != "spike" {
                     let mut d = Diagnostic::error(Code::UnknownFunction, format!("`{}(...)` is not a condition", func.text))

@@ -49,6 +49,7 @@ codes! {
     BadIpv4 = "E0105", "a malformed IPv4 address or prefix";
     BadMac = "E0106", "a malformed MAC address";
     UnexpectedEof = "E0107", "the input ends in the middle of a construct";
+    TooDeep = "E0108", "a condition with more `!`, `&&` and `||` operators than the checker allows";
     // Format specs.
     DuplicateHeader = "E0201", "two headers with the same name";
     DuplicateField = "E0202", "two fields with the same name in one header";

@@ -59,6 +59,14 @@ pub fn parse_rules(sources: &SourceMap, file: FileId, diags: &mut Diagnostics) -
     rules
 }
 
+/// Most `!`, `&&` and `||` operators (or `not`, `and`, `or`) in one rule.
+///
+/// The syntax tree is binary, so a chain of `n` operators is `n` levels
+/// deep, and the checker, the normal form and the interpreter each recurse
+/// once per level. Without a bound a long enough line overflows the stack
+/// and aborts the process instead of producing a diagnostic.
+pub const MAX_LOGICAL_OPERATORS: usize = 500;
+
 /// Parses one rule from `text`, whose first byte sits at `base` in `file`.
 /// Returns `None` for blank or comment-only text and for text with errors.
 pub fn parse_rule_text(text: &str, file: FileId, base: u32, diags: &mut Diagnostics) -> Option<Rule> {
@@ -67,6 +75,19 @@ pub fn parse_rule_text(text: &str, file: FileId, base: u32, diags: &mut Diagnost
     let had_lex_errors = !lex_diags.is_empty();
     diags.0.extend(lex_diags);
     if toks.is_empty() {
+        return None;
+    }
+    let mut logical =
+        toks.iter().filter(|(_, t, _)| matches!(t, Tok::Punct("!" | "&&" | "||") | Tok::Kw("not" | "and" | "or")));
+    if let Some((l, _, r)) = logical.nth(MAX_LOGICAL_OPERATORS) {
+        diags.push(
+            Diagnostic::error(
+                Code::TooDeep,
+                format!("this condition has more than {MAX_LOGICAL_OPERATORS} `!`, `&&` and `||` operators"),
+            )
+            .primary(Span::new(file, l + base as usize, r + base as usize), "one too many")
+            .help("split it into several subscriptions, or test one field against several values with `in {...}`"),
+        );
         return None;
     }
     let mut errors = vec![];

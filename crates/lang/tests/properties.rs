@@ -543,3 +543,37 @@ fn merging_into_true_lost_true() {
         "((ip.dst != 0.0.0.1) || (ip.dst == 0.0.0.0)) or ((ip.dst > 0.0.0.0) || (ip.dst in 255.252.0.0/14))",
     );
 }
+
+/// Checks `rule` against the ITCH spec and returns the codes reported.
+fn itch_codes(rule: &str) -> Vec<&'static str> {
+    let (name, text) = common::example_spec("itch");
+    let mut sources = SourceMap::new();
+    let spec = sources.add(name, text);
+    let rules = sources.add("deep.subs", rule);
+    let (_, diags) = subc_lang::check_program(&sources, spec, &[rules], NfLimits::default());
+    diags.0.iter().map(|d| d.code.as_str()).collect()
+}
+
+/// A long chain of `!` or `||` overflowed the stack, which aborts the
+/// process rather than panicking: the checker recursed once per operator
+/// with a frame of kilobytes (300 `!` were enough in a debug build on a
+/// 2 MiB test thread, 10,000 in a release build). Rules now have at most
+/// `MAX_LOGICAL_OPERATORS` operators (E0108), and the recursive part of the
+/// checker has a small frame, so a rule at the limit checks in a debug build.
+#[test]
+fn deep_conditions_are_diagnosed_not_overflowed() {
+    let max = parse::MAX_LOGICAL_OPERATORS;
+    let nots = |n: usize| format!("{}shares > 1 : drop", "!".repeat(n));
+    let ors = |n: usize| format!("{} : drop", vec!["shares == 1"; n + 1].join(" || "));
+    let ands = |n: usize| format!("{} : drop", vec!["not shares == 1"; (n + 1) / 2].join(" and "));
+    for rule in [nots(100_000), ors(100_000), nots(max + 1), ors(max + 1), ands(max + 2)] {
+        assert_eq!(itch_codes(&rule), ["E0108"], "{}...", &rule[..40]);
+    }
+    for rule in [nots(max), ors(max), ands(max)] {
+        assert_eq!(itch_codes(&rule), Vec::<&str>::new(), "{}...", &rule[..40]);
+        let spec = common::checked_example_spec("itch");
+        let sub = check_text(&spec, &rule).unwrap_or_else(|e| panic!("{e}"));
+        let values = vec![1; spec.query_fields.len()];
+        let _ = eval_cond(&spec, &sub.cond, &values);
+    }
+}
