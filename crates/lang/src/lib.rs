@@ -68,20 +68,23 @@ pub fn check_rules_file(
     limits: NfLimits,
     diags: &mut Diagnostics,
 ) -> (Vec<Subscription>, Vec<NfSubscription>) {
-    let mut subs = vec![];
-    let mut nfs = vec![];
     let f = sources.file(file);
-    for parsed in parse::parse_rules(sources, file, diags) {
+    // One line at a time, as `parse::parse_rules` does, but each syntax tree
+    // is checked and dropped before the next line is parsed.
+    let mut subs = Vec::with_capacity(f.line_count());
+    let mut nfs = Vec::with_capacity(f.line_count());
+    for line in 1..=f.line_count() {
+        let text = f.line_text(line);
+        let Some(rule) = parse::parse_rule_text(text, file, f.line_start(line), diags) else { continue };
         let id = *next_id;
         *next_id += 1;
-        let text = f.line_text(parsed.line);
-        let Some(sub) = check_subs::check_rule(spec, &parsed.rule, id, text, diags) else { continue };
+        let Some(sub) = check_subs::check_rule(spec, &rule, id, text, diags) else { continue };
         match nf::normalize(spec, &sub, limits) {
             Ok(n) => {
                 if n.cubes.is_empty() {
                     diags.push(
                         Diagnostic::error(Code::NeverMatches, "this condition can never be true")
-                            .primary(parsed.rule.cond.span(), "no packet satisfies every part of it")
+                            .primary(rule.cond.span(), "no packet satisfies every part of it")
                             .note("the subscription is kept but will never match"),
                     );
                 }
@@ -107,8 +110,13 @@ pub fn check_program(sources: &SourceMap, spec_file: FileId, rule_files: &[FileI
     let mut normal_forms = vec![];
     for f in rule_files {
         let (s, n) = check_rules_file(&spec, sources, *f, &mut next_id, limits, &mut diags);
-        subscriptions.extend(s);
-        normal_forms.extend(n);
+        // Most runs have one rule file: take its vectors rather than copy them.
+        if subscriptions.is_empty() {
+            (subscriptions, normal_forms) = (s, n);
+        } else {
+            subscriptions.extend(s);
+            normal_forms.extend(n);
+        }
     }
     diags.sort();
     if diags.has_errors() {

@@ -319,6 +319,11 @@ fn dnf(spec: &Spec, cond: &Cond, neg: bool, limits: NfLimits) -> Option<Vec<Cube
 
 /// Drops duplicate and contained cubes and merges cubes that differ in one field.
 pub fn simplify(spec: &Spec, mut cubes: Vec<Cube>) -> Vec<Cube> {
+    // One cube has nothing to merge with or be absorbed by; most subscriptions
+    // are one conjunction, and this runs after every step of `dnf`.
+    if cubes.len() <= 1 {
+        return cubes;
+    }
     loop {
         cubes.sort();
         cubes.dedup();
