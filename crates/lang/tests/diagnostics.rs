@@ -171,13 +171,7 @@ fn normal_form_over_the_default_limit() {
         format!("({})", alts.join(" || "))
     };
     let rule = format!("{} && {} && {} : fwd(1)\n", pairs("shares", "price"), pairs("my_counter", "avg_price"), pairs("side", "stock"));
-    let check = |rule: &str| -> Diagnostics {
-        let (name, text) = common::example_spec("itch");
-        let mut sources = SourceMap::new();
-        let spec = sources.add(name, text);
-        let rules = sources.add("big.subs", rule);
-        subc_lang::check_program(&sources, spec, &[rules], NfLimits::default()).1
-    };
+    let check = |rule: &str| common::check_against_example("itch", "big.subs", rule);
     assert_eq!(codes(&check(&rule)), BTreeSet::from(["E0320".to_string()]));
     // Two of the three groups make 289 conjunctions: fine.
     let smaller = format!("{} && {} : fwd(1)\n", pairs("shares", "price"), pairs("my_counter", "avg_price"));

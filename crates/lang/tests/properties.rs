@@ -548,12 +548,7 @@ fn merging_into_true_lost_true() {
 
 /// Checks `rule` against the ITCH spec and returns the codes reported.
 fn itch_codes(rule: &str) -> Vec<&'static str> {
-    let (name, text) = common::example_spec("itch");
-    let mut sources = SourceMap::new();
-    let spec = sources.add(name, text);
-    let rules = sources.add("deep.subs", rule);
-    let (_, diags) = subc_lang::check_program(&sources, spec, &[rules], NfLimits::default());
-    diags.0.iter().map(|d| d.code.as_str()).collect()
+    common::check_against_example("itch", "deep.subs", rule).0.iter().map(|d| d.code.as_str()).collect()
 }
 
 /// A long chain of `!` or `||` overflowed the stack, which aborts the

@@ -69,3 +69,13 @@ pub fn checked_example(name: &str) -> (SourceMap, Program) {
     assert!(diags.is_empty(), "example `{name}` has diagnostics:\n{}", diags.render(&sources));
     (sources, program.expect("an example without diagnostics checks"))
 }
+
+/// Checks `rules` (named `file`) against an example's spec, with the default
+/// normal-form limits; returns the diagnostics.
+pub fn check_against_example(example: &str, file: &str, rules: &str) -> Diagnostics {
+    let (spec_name, spec_text) = example_spec(example);
+    let mut sources = SourceMap::new();
+    let spec = sources.add(spec_name, spec_text);
+    let rules = sources.add(file, rules);
+    subc_lang::check_program(&sources, spec, &[rules], NfLimits::default()).1
+}
