@@ -15,6 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 pub const DEFAULT_PORTS: u32 = 256;
 /// Largest port count: v1model's `egress_spec` is 9 bits and BMv2 uses 511 to drop.
 pub const MAX_PORTS: u32 = 511;
+/// Longest counter window in microseconds (about 12.7 days). Engines compute
+/// the window number as `ts_ns / (window_us * 1000)`, which must not overflow.
+pub const MAX_WINDOW_US: u64 = 1 << 40;
 
 struct Checker<'a> {
     diags: &'a mut Diagnostics,
@@ -146,6 +149,10 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
         }
         if *window == 0 {
             c.diags.push(Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(*span, "window is 0"));
+            continue;
+        }
+        if *window > MAX_WINDOW_US {
+            c.diags.push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(*span, "at most 2^40 us"));
             continue;
         }
         push_state(&mut states, &mut query_fields, &name.text, StateKind::Counter { window_us: *window }, None, 32, FieldType::Uint);
@@ -767,7 +774,7 @@ impl Checker<'_> {
                             self.diags.push(Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(span, "window is 0"));
                             None
                         }
-                        Some(us) if us <= 1u64 << 40 => Some(us),
+                        Some(us) if us <= MAX_WINDOW_US => Some(us),
                         _ => {
                             self.diags.push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(span, "at most 2^40 us"));
                             None

@@ -574,3 +574,25 @@ fn deep_conditions_are_diagnosed_not_overflowed() {
         let _ = eval_cond(&spec, &sub.cond, &values);
     }
 }
+
+/// `@query_counter(c, window)` took any positive window, while `counter(w)`
+/// was limited to 2^40 us: a spec with `@query_counter(c, 2^61)` checked, and
+/// then the interpreter's `ts_ns / (window_us * 1000)` overflowed (a panic in
+/// debug builds, a division by zero in release). Both forms are limited now;
+/// the corpus case `spec_bad_state_param.spec` shows the diagnostic.
+#[test]
+fn counter_windows_are_bounded() {
+    let (_, itch) = common::example_spec("itch");
+    let with_window = |w: u64| itch.replace("@query_counter(my_counter, 100)", &format!("@query_counter(my_counter, {w})"));
+    let mut sources = SourceMap::new();
+    let file = sources.add("itch.spec", with_window(1 << 61));
+    let mut diags = Diagnostics::default();
+    assert!(subc_lang::check_spec_file(&sources, file, &mut diags).is_none());
+    assert_eq!(diags.0.iter().map(|d| d.code).collect::<Vec<_>>(), [Code::BadStateParam]);
+    // The longest window allowed runs.
+    let spec = common::checked_spec("itch.spec", &with_window(subc_lang::check_spec::MAX_WINDOW_US));
+    let pkt = subc_lang::interp::ParsedPacket { headers: spec.headers.iter().map(|h| Some(vec![0; h.fields.len()])).collect() };
+    let values = StateStore::new(&spec).pre_stage(&spec, &pkt, u64::MAX);
+    let counter = spec.query_field_by_name("my_counter").expect("the counter");
+    assert_eq!(values[counter.0 as usize], 1);
+}
