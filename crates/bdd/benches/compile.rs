@@ -1,0 +1,168 @@
+//! Compiler benchmarks, printing one JSON object per measurement.
+//!
+//! `cargo bench -p subc-bdd --bench compile -- <which> [sizes...]` with
+//! `which` one of `itch`, `siena`, `incremental`. Each size runs in a child
+//! process so that its peak memory (VmHWM) is its own.
+
+use std::time::Instant;
+use subc_bdd::report::stats;
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::nf::NfLimits;
+use subc_lang::source::SourceMap;
+use subc_lang::Program;
+use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::Rng;
+
+fn peak_rss_mib() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .map(|k| k / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn program(spec: &str, rules: &str) -> (Program, f64) {
+    let t = Instant::now();
+    let mut sources = SourceMap::new();
+    let s = sources.add("spec", spec.to_string());
+    let r = sources.add("rules", rules.to_string());
+    let (p, d) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
+    let p = p.unwrap_or_else(|| panic!("{}", d.render(&sources)));
+    (p, t.elapsed().as_secs_f64())
+}
+
+fn itch_spec() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap()
+}
+
+fn run_child(args: &[String]) {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe).args(args).output().expect("run child");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+fn itch_one(n: usize) {
+    let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });
+    let (p, check_s) = program(&itch_spec(), &rules);
+    let t = Instant::now();
+    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let st = stats(&set, secs);
+    let tables: Vec<_> = st.tables.iter().filter(|t| t.entries > 0).map(|t| serde_json::json!({"name": t.name, "entries": t.entries, "tcam": t.tcam})).collect();
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "camus_itch", "subscriptions": n, "compile_seconds": secs, "check_seconds": check_s,
+            "nodes": st.nodes, "entries_total": st.entries_total, "field_entries": st.field_entries,
+            "leaf_entries": st.leaf_entries, "tcam_entries": st.tcam_entries, "sram_entries": st.sram_entries,
+            "multicast_groups": st.multicast_groups, "pipelines": st.pipelines, "tables": tables,
+            "peak_rss_mib": peak_rss_mib(),
+        })
+    );
+}
+
+fn siena_one(n: usize, constraints: Option<usize>) {
+    let spec = siena_spec(20, 64);
+    let rules = siena(&SienaParams { filters: n, constraints, ..Default::default() });
+    let (p, _) = program(&spec, &rules);
+    let t = Instant::now();
+    let mut opts = CompileOptions::default();
+    if let Some(b) = std::env::var("SUBC_SPLIT_NODES").ok().and_then(|b| b.parse().ok()) {
+        opts.split_nodes = b;
+    }
+    if let Some(b) = std::env::var("SUBC_MAX_PIPELINES").ok().and_then(|b| b.parse().ok()) {
+        opts.max_pipelines = b;
+    }
+    let r = CompiledSet::compile(&p.spec, &p.normal_forms, opts);
+    let secs = t.elapsed().as_secs_f64();
+    match r {
+        Ok(set) => {
+            let st = stats(&set, secs);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "siena", "filters": n, "constraints": constraints, "compile_seconds": secs,
+                    "nodes": st.nodes, "entries_total": st.entries_total, "tcam_entries": st.tcam_entries,
+                    "multicast_groups": st.multicast_groups, "pipelines": st.pipelines, "peak_rss_mib": peak_rss_mib(),
+                })
+            );
+            if std::env::var("SUBC_VERBOSE").is_ok() {
+                for (i, pl) in set.pipelines().iter().enumerate() {
+                    let e: usize = pl.tables.iter().map(|t| t.entries.len()).sum();
+                    eprintln!("pipeline {i}: key {} entries {} leaves {}", pl.tables[0].name, e, pl.leaves.len());
+                }
+            }
+        }
+        Err(e) => println!("{}", serde_json::json!({"bench": "siena", "filters": n, "constraints": constraints, "error": e.to_string(), "compile_seconds": secs})),
+    }
+}
+
+fn incremental(base: usize, updates: usize) {
+    let all = itch(&ItchParams { subscriptions: base + updates, ..Default::default() });
+    let (p, _) = program(&itch_spec(), &all);
+    let (initial, extra) = p.normal_forms.split_at(base);
+    let t = Instant::now();
+    let mut set = CompiledSet::compile(&p.spec, initial, CompileOptions::default()).unwrap();
+    let full = t.elapsed().as_secs_f64();
+    let mut rng = Rng::new(42);
+    let mut lat = vec![];
+    let mut sizes = vec![];
+    let mut present: Vec<u64> = initial.iter().map(|s| s.id).collect();
+    let mut pending: Vec<&subc_lang::nf::NfSubscription> = extra.iter().collect();
+    for i in 0..updates {
+        let t = Instant::now();
+        let u = if i % 2 == 0 && !pending.is_empty() {
+            let s = pending.pop().unwrap();
+            present.push(s.id);
+            set.add(std::slice::from_ref(s)).unwrap()
+        } else {
+            let k = rng.below(present.len() as u64) as usize;
+            let id = present.swap_remove(k);
+            set.remove(&[id]).unwrap()
+        };
+        lat.push(t.elapsed().as_secs_f64());
+        sizes.push(u.diffs.iter().map(|d| d.len()).sum::<usize>());
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    sizes.sort_unstable();
+    let pct = |v: &[f64], q: f64| v[((v.len() as f64 - 1.0) * q) as usize];
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "incremental", "base": base, "updates": updates,
+            "p50_ms": pct(&lat, 0.5) * 1e3, "p99_ms": pct(&lat, 0.99) * 1e3, "max_ms": lat.last().unwrap() * 1e3,
+            "median_diff": sizes[sizes.len() / 2], "p99_diff": sizes[(sizes.len() - 1) * 99 / 100],
+            "full_compile_ms": full * 1e3, "full_over_p50": full / pct(&lat, 0.5),
+            "peak_rss_mib": peak_rss_mib(),
+        })
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    match args.first().map(String::as_str) {
+        Some("itch-one") => itch_one(args[1].parse().unwrap()),
+        Some("siena-one") => siena_one(args[1].parse().unwrap(), args.get(2).and_then(|c| c.parse().ok())),
+        Some("incremental") => incremental(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000), args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000)),
+        Some("itch") | None => {
+            let sizes: Vec<String> = if args.len() > 1 { args[1..].to_vec() } else { ["1000", "10000", "100000", "1000000"].map(String::from).to_vec() };
+            for n in sizes {
+                run_child(&["itch-one".into(), n]);
+            }
+        }
+        Some("siena") => {
+            for n in ["100", "1000", "10000", "100000"] {
+                run_child(&["siena-one".into(), n.into()]);
+            }
+            for c in 1..=6 {
+                run_child(&["siena-one".into(), "1000".into(), c.to_string()]);
+            }
+        }
+        Some(other) => eprintln!("unknown benchmark {other}; use itch, siena or incremental"),
+    }
+}

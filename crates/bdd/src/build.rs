@@ -1,0 +1,384 @@
+//! Building diagrams from rules, and splicing a rebuilt region into a diagram.
+//!
+//! A [`Rule`] is one cube of one subscription: per level, the interval set
+//! the field must be in, and the leaf of the subscription's actions. The
+//! diagram of a rule set is the function `packet ↦ ∪ { leaf(r) | packet ∈ r }`.
+//!
+//! [`build`] constructs it top-down: at the first level any rule constrains,
+//! the rules' interval boundaries cut the domain into elementary intervals;
+//! each gets the child built from the rules covering it. Children are
+//! memoised by the *set* of rules they are built from (a 128-bit Zobrist hash
+//! of the set, updated as the sweep opens and closes rules), so equal
+//! subsets are built once. At the last level any rule constrains, children
+//! are leaves and the sweep keeps running counts of the actions instead, so
+//! a level with n rules costs O(n log n), not O(n²).
+//!
+//! [`splice`] is how the diagram changes incrementally: inside a box (a cube)
+//! it takes the rebuilt diagram, outside it keeps the old one. Adding or
+//! removing a rule only changes the function inside the rule's box, and
+//! inside that box only the rules that intersect it matter; so
+//! `splice(old, build(rules intersecting the box), box)` is the new diagram,
+//! and it costs time proportional to the box's region, not to the set.
+
+use crate::diagram::{Edge, Manager, NodeId, EMPTY, LEAF_LEVEL};
+use crate::hash::FxHashMap;
+use crate::leaf::{Leaf, PortSet};
+use std::collections::BTreeMap;
+use subc_lang::nf::IntervalSet;
+use subc_lang::program::Update;
+
+/// One cube of one subscription, over levels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Sorted by level; every set is non-empty and not the full domain.
+    pub constraints: Vec<(u32, IntervalSet)>,
+    /// The subscription's actions.
+    pub leaf: NodeId,
+}
+
+impl Rule {
+    pub fn at(&self, level: u32) -> Option<&IntervalSet> {
+        self.constraints.binary_search_by_key(&level, |(l, _)| *l).ok().map(|i| &self.constraints[i].1)
+    }
+    fn first_at_or_after(&self, level: u32) -> u32 {
+        let k = self.constraints.partition_point(|(l, _)| *l < level);
+        self.constraints.get(k).map(|c| c.0).unwrap_or(LEAF_LEVEL)
+    }
+    fn last_level(&self) -> u32 {
+        self.constraints.last().map(|c| c.0).unwrap_or(0)
+    }
+    /// Whether some packet is in both this rule's cube and `bx`.
+    pub fn intersects(&self, bx: &[(u32, IntervalSet)]) -> bool {
+        let (mut i, mut j) = (0, 0);
+        while i < self.constraints.len() && j < bx.len() {
+            let (a, b) = (&self.constraints[i], &bx[j]);
+            match a.0.cmp(&b.0) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    if !sets_intersect(&a.1, &b.1) {
+                        return false;
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Whether two interval sets share a value (without building the intersection).
+pub fn sets_intersect(a: &IntervalSet, b: &IntervalSet) -> bool {
+    let (a, b) = (a.intervals(), b.intervals());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i].hi < b[j].lo {
+            i += 1;
+        } else if b[j].hi < a[i].lo {
+            j += 1;
+        } else {
+            return true;
+        }
+    }
+    false
+}
+
+/// A pseudo-random 128-bit key per rule index, for set hashing.
+fn rule_key(i: u32) -> u128 {
+    let mut z = (i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut mix = || {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    };
+    ((mix() as u128) << 64) | mix() as u128
+}
+
+/// Why a build stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetExceeded {
+    /// Inner nodes created when it stopped.
+    pub nodes: usize,
+}
+
+struct Builder<'a> {
+    m: &'a mut Manager,
+    rules: &'a [Rule],
+    memo: FxHashMap<(u32, u128), NodeId>,
+    /// Stop when the manager holds more inner nodes than this.
+    node_limit: usize,
+    /// Stop when this many rule visits have been spent. Hash-consing can
+    /// map exponentially many distinct rule subsets onto few nodes, so the
+    /// node count alone does not bound the time a build takes.
+    work_left: u64,
+}
+
+/// Rule visits a build may spend per node of its budget.
+const WORK_PER_NODE: u64 = 64;
+
+/// Builds the diagram of the rules `active` (indices into `rules`). Fails if
+/// the manager would hold more than `node_limit` inner nodes, or if the
+/// build would take more than about `WORK_PER_NODE` rule visits per node it
+/// may create.
+pub fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit: usize) -> Result<NodeId, BudgetExceeded> {
+    let key = active.iter().fold(0u128, |k, r| k ^ rule_key(*r));
+    let room = node_limit.saturating_sub(m.inner_count()) as u64;
+    let work_left = room.saturating_mul(WORK_PER_NODE).saturating_add(16 * active.len() as u64 + 4096);
+    let mut b = Builder { m, rules, memo: FxHashMap::default(), node_limit, work_left };
+    b.go(active.to_vec(), 0, key)
+}
+
+/// Per-action counts for the last-level sweep.
+#[derive(Default)]
+struct Acc {
+    port_count: Vec<u32>,
+    ports: PortSet,
+    drop: u32,
+    updates: BTreeMap<Update, u32>,
+}
+
+impl Acc {
+    fn add(&mut self, l: &Leaf, sign: i32) {
+        if self.port_count.is_empty() {
+            self.port_count = vec![0; PortSet::MAX_PORTS as usize];
+        }
+        for p in l.ports.iter() {
+            let c = &mut self.port_count[p as usize];
+            *c = (*c as i32 + sign) as u32;
+            if *c == 0 {
+                self.ports.0[(p / 64) as usize] &= !(1 << (p % 64));
+            } else {
+                self.ports.insert(p);
+            }
+        }
+        if l.drop {
+            self.drop = (self.drop as i32 + sign) as u32;
+        }
+        for u in &l.updates {
+            let c = self.updates.entry(*u).or_insert(0);
+            *c = (*c as i32 + sign) as u32;
+            if *c == 0 {
+                self.updates.remove(u);
+            }
+        }
+    }
+    fn leaf(&self) -> Leaf {
+        Leaf { ports: self.ports, drop: self.drop > 0, updates: self.updates.keys().copied().collect() }
+    }
+}
+
+impl Builder<'_> {
+    fn union_leaf(&mut self, active: &[u32]) -> NodeId {
+        let mut acc = Leaf::default();
+        let mut seen = crate::hash::FxHashSet::default();
+        for r in active {
+            let l = self.rules[*r as usize].leaf;
+            if seen.insert(l) {
+                acc = acc.union(self.m.leaf_value(l));
+            }
+        }
+        self.m.leaf(acc)
+    }
+
+    fn go(&mut self, active: Vec<u32>, from: u32, key: u128) -> Result<NodeId, BudgetExceeded> {
+        if active.is_empty() {
+            return Ok(EMPTY);
+        }
+        if let Some(&n) = self.memo.get(&(from, key)) {
+            return Ok(n);
+        }
+        if self.m.inner_count() > self.node_limit || self.work_left < active.len() as u64 {
+            return Err(BudgetExceeded { nodes: self.m.inner_count() });
+        }
+        self.work_left -= active.len() as u64;
+        let mut level = LEAF_LEVEL;
+        let mut last = 0;
+        for r in &active {
+            let rule = &self.rules[*r as usize];
+            level = level.min(rule.first_at_or_after(from));
+            last = last.max(rule.last_level());
+        }
+        let result = if level == LEAF_LEVEL {
+            self.union_leaf(&active)
+        } else {
+            self.split(&active, level, last <= level)?
+        };
+        self.memo.insert((from, key), result);
+        Ok(result)
+    }
+
+    /// Splits `active` at `level`. With `leaves_below`, no rule constrains a
+    /// deeper level, so children are leaves computed by the counting sweep.
+    fn split(&mut self, active: &[u32], level: u32, leaves_below: bool) -> Result<NodeId, BudgetExceeded> {
+        let max = self.m.max_value(level);
+        let rules = self.rules;
+        // Group rules by their constraint at this level.
+        let mut free: Vec<u32> = vec![];
+        let mut group_of: FxHashMap<&IntervalSet, usize> = FxHashMap::default();
+        let mut groups: Vec<(&IntervalSet, Vec<u32>)> = vec![];
+        for &r in active {
+            match rules[r as usize].at(level) {
+                None => free.push(r),
+                Some(set) => {
+                    let g = *group_of.entry(set).or_insert_with(|| {
+                        groups.push((set, vec![]));
+                        groups.len() - 1
+                    });
+                    groups[g].1.push(r);
+                }
+            }
+        }
+        // Events: (position, group, +1 open / -1 close).
+        let mut events: Vec<(u64, u32, i32)> = vec![];
+        for (g, (set, _)) in groups.iter().enumerate() {
+            for iv in set.intervals() {
+                events.push((iv.lo, g as u32, 1));
+                if iv.hi < max {
+                    events.push((iv.hi + 1, g as u32, -1));
+                }
+            }
+        }
+        events.sort_unstable_by_key(|e| (e.0, e.2, e.1));
+        let mut edges: Vec<Edge> = vec![];
+        if leaves_below {
+            let mut acc = Acc::default();
+            let free_leaf = self.union_leaf(&free);
+            acc.add(&self.m.leaf_value(free_leaf).clone(), 1);
+            let group_leaves: Vec<Leaf> = groups
+                .iter()
+                .map(|(_, rs)| {
+                    let n = self.union_leaf(rs);
+                    self.m.leaf_value(n).clone()
+                })
+                .collect();
+            let mut k = 0;
+            let mut pos = 0u64;
+            loop {
+                while k < events.len() && events[k].0 == pos {
+                    acc.add(&group_leaves[events[k].1 as usize], events[k].2);
+                    k += 1;
+                }
+                let next = if k < events.len() { events[k].0 } else { max.wrapping_add(1) };
+                let child = self.m.leaf(acc.leaf());
+                let hi = next.wrapping_sub(1);
+                edges.push(Edge { hi, child });
+                if k >= events.len() {
+                    break;
+                }
+                pos = next;
+            }
+        } else {
+            let free_key = free.iter().fold(0u128, |k, r| k ^ rule_key(*r));
+            let group_keys: Vec<u128> = groups.iter().map(|(_, rs)| rs.iter().fold(0u128, |k, r| k ^ rule_key(*r))).collect();
+            let mut on = vec![false; groups.len()];
+            let mut running = 0u128;
+            let mut k = 0;
+            let mut pos = 0u64;
+            loop {
+                while k < events.len() && events[k].0 == pos {
+                    let g = events[k].1 as usize;
+                    on[g] = events[k].2 > 0;
+                    running ^= group_keys[g];
+                    k += 1;
+                }
+                let next = if k < events.len() { events[k].0 } else { max.wrapping_add(1) };
+                let key = free_key ^ running;
+                let child = match self.memo.get(&(level + 1, key)) {
+                    Some(&n) => n,
+                    None => {
+                        let mut sub = free.clone();
+                        for (g, (_, rs)) in groups.iter().enumerate() {
+                            if on[g] {
+                                sub.extend_from_slice(rs);
+                            }
+                        }
+                        self.go(sub, level + 1, key)?
+                    }
+                };
+                edges.push(Edge { hi: next.wrapping_sub(1), child });
+                if k >= events.len() {
+                    break;
+                }
+                pos = next;
+            }
+        }
+        Ok(self.m.mk(level, &mut edges))
+    }
+}
+
+/// The diagram that equals `inside` within the box `bx` and `outside`
+/// elsewhere (`ite(bx, inside, outside)`).
+pub fn splice(m: &mut Manager, outside: NodeId, inside: NodeId, bx: &[(u32, IntervalSet)]) -> NodeId {
+    let mut memo: FxHashMap<(NodeId, NodeId, usize), NodeId> = FxHashMap::default();
+    splice_rec(m, outside, inside, bx, 0, &mut memo)
+}
+
+fn splice_rec(
+    m: &mut Manager,
+    d: NodeId,
+    r: NodeId,
+    bx: &[(u32, IntervalSet)],
+    bi: usize,
+    memo: &mut FxHashMap<(NodeId, NodeId, usize), NodeId>,
+) -> NodeId {
+    if bi == bx.len() || d == r {
+        return r;
+    }
+    if let Some(&n) = memo.get(&(d, r, bi)) {
+        return n;
+    }
+    let level = m.level(d).min(m.level(r)).min(bx[bi].0);
+    let max = m.max_value(level);
+    let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
+        if m.level(n) == level {
+            m.edges(n).to_vec()
+        } else {
+            vec![Edge { hi: max, child: n }]
+        }
+    };
+    let de = part(m, d);
+    let re = part(m, r);
+    // The box at this level, as (hi, inside) runs covering the domain.
+    let (se, next_bi): (Vec<(u64, bool)>, usize) = if bx[bi].0 == level {
+        let mut v = vec![];
+        let mut at = 0u64;
+        for iv in bx[bi].1.intervals() {
+            if iv.lo > at {
+                v.push((iv.lo - 1, false));
+            }
+            v.push((iv.hi, true));
+            at = iv.hi.wrapping_add(1);
+        }
+        if v.last().map(|x| x.0) != Some(max) {
+            v.push((max, false));
+        }
+        (v, bi + 1)
+    } else {
+        (vec![(max, true)], bi)
+    };
+    let (mut i, mut j, mut k) = (0, 0, 0);
+    let mut edges = vec![];
+    loop {
+        let hi = de[i].hi.min(re[j].hi).min(se[k].0);
+        let child = if se[k].1 { splice_rec(m, de[i].child, re[j].child, bx, next_bi, memo) } else { de[i].child };
+        edges.push(Edge { hi, child });
+        if hi == max {
+            break;
+        }
+        if de[i].hi == hi {
+            i += 1;
+        }
+        if re[j].hi == hi {
+            j += 1;
+        }
+        if se[k].0 == hi {
+            k += 1;
+        }
+    }
+    let n = m.mk(level, &mut edges);
+    memo.insert((d, r, bi), n);
+    n
+}

@@ -1,0 +1,570 @@
+//! The compiled subscription set: the entry point of the IR.
+//!
+//! [`CompiledSet::compile`] builds the diagram(s) of a subscription set and
+//! lowers them to pipelines; [`CompiledSet::add`] and [`CompiledSet::remove`]
+//! change the set and return the diff per pipeline. Both keep the invariant
+//! that the pipelines equal, up to state renaming, what a from-scratch
+//! compile of the same rules into the same pipelines would give.
+//!
+//! Budgets and pipelines. A diagram over all fields must track which
+//! subscriptions are still alive along every path, and that can grow
+//! exponentially (Camus on Siena filters: 40 filters, 582,607 entries): a
+//! rule that does not constrain a field is copied into every branch of that
+//! field's nodes. Every build therefore runs under a node budget. When the
+//! whole set does not fit one diagram, each rule (one cube of a
+//! subscription) is filed under its *key*: its most selective constraint
+//! (`a == 5` before `a < 5`). Rules with the same key field share a
+//! pipeline whose order starts with that field, so at the top they split
+//! into disjoint branches instead of being copied. A key group that still
+//! exceeds the budget is halved until it fits. Pipelines are independent;
+//! a packet goes through all of them and their action sets are unioned.
+//! Their number is a cost (switch stages, lookups per packet) and is
+//! reported; past `max_pipelines`, or when one rule alone exceeds the
+//! budget, compilation fails with an error naming the subscription.
+//!
+//! Updates are atomic: on error nothing changes. They never add a pipeline
+//! (back ends generate code for a fixed number); a rule that fits no
+//! pipeline is an error that asks for a full recompile.
+
+use crate::build::{build, splice, Rule};
+use crate::diagram::{Manager, NodeId, EMPTY};
+use crate::diff::PipelineDiff;
+use crate::index::RuleIndex;
+use crate::leaf::Leaf;
+use crate::lower::{FieldInfo, Lowering};
+use crate::order::choose_order;
+use crate::pipeline::Pipeline;
+use std::collections::BTreeMap;
+use subc_lang::nf::{Cube, NfSubscription};
+use subc_lang::program::{Actions, SubId};
+use subc_lang::spec::{QueryFieldId, Spec};
+use subc_lang::value::mask;
+
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Field order; defaults to the spec's `order` then the heuristic.
+    pub order: Option<Vec<QueryFieldId>>,
+    /// Most inner nodes a single pipeline's diagram may have.
+    pub node_budget: usize,
+    /// When the set must be split, the size each pipeline is filled to.
+    /// Small pipelines keep Siena-like sets small: a pipeline's size grows
+    /// with the product of its rules' ranges, the number of pipelines only
+    /// with their sum (measured in BENCHMARKS.md).
+    pub split_nodes: usize,
+    /// Most pipelines the subscriptions may be spread over.
+    pub max_pipelines: usize,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error("subscription {sub} alone needs more than {budget} diagram nodes")]
+    SubscriptionTooLarge { sub: SubId, budget: usize },
+    #[error(
+        "the subscriptions need more than {max} pipelines of at most {budget} nodes; subscription {sub} fits in none \
+         (raise --split-nodes or --max-pipelines, or remove subscriptions)"
+    )]
+    TooManyPipelines { max: usize, budget: usize, sub: SubId },
+    #[error(
+        "subscription {sub} fits in none of the {pipelines} pipelines within {budget} nodes; \
+         a full recompile can spread the set over more pipelines"
+    )]
+    NeedsRecompile { sub: SubId, pipelines: usize, budget: usize },
+    #[error("subscription {0} is already in the set")]
+    Duplicate(SubId),
+    #[error("subscription {0} is not in the set")]
+    Unknown(SubId),
+}
+
+/// One pipeline: its own order, node store, rules, diagram and lowering.
+#[derive(Clone)]
+struct PipeState {
+    order: Vec<QueryFieldId>,
+    level_of: Vec<u32>,
+    fields: Vec<FieldInfo>,
+    manager_widths: Vec<u32>,
+    rules: Vec<Rule>,
+    free_rule_slots: Vec<u32>,
+    root: NodeId,
+    index: RuleIndex,
+    /// Upper bound of the live diagram: nodes created since the last compaction.
+    size_estimate: usize,
+    /// Most nodes this pipeline may grow to.
+    budget: usize,
+    lowering: Lowering,
+}
+
+/// A rule before it is placed: one cube and its subscription's actions.
+#[derive(Clone, Debug)]
+struct PendingRule<'a> {
+    sub: SubId,
+    cube: &'a Cube,
+    actions: &'a Actions,
+}
+
+/// A compiled subscription set.
+pub struct CompiledSet {
+    spec_fields: Vec<FieldInfo>,
+    base_order: Vec<QueryFieldId>,
+    pipes: Vec<PipeState>,
+    managers: Vec<Manager>,
+    /// Per subscription: (pipeline, rule slot) of each of its cubes.
+    subs: BTreeMap<SubId, Vec<(usize, u32)>>,
+    opts: CompileOptions,
+}
+
+/// What an update did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Update {
+    /// One diff per pipeline that changed.
+    pub diffs: Vec<PipelineDiff>,
+}
+
+impl Update {
+    pub fn len(&self) -> usize {
+        self.diffs.iter().map(PipelineDiff::len).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The fraction of a field's domain a set covers (for choosing keys).
+fn coverage(set: &subc_lang::nf::IntervalSet, width: u32) -> f64 {
+    let total: f64 = set.intervals().iter().map(|iv| (iv.hi - iv.lo) as f64 + 1.0).sum();
+    total / (mask(width) as f64 + 1.0)
+}
+
+impl CompiledSet {
+    /// Compiles `subs` (normal forms checked against `spec`).
+    pub fn compile(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions) -> Result<CompiledSet, CompileError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in subs {
+            if !seen.insert(s.id) {
+                return Err(CompileError::Duplicate(s.id));
+            }
+        }
+        let base_order = choose_order(spec, subs, opts.order.as_deref());
+        let spec_fields: Vec<FieldInfo> = spec
+            .query_fields
+            .iter()
+            .enumerate()
+            .map(|(i, qf)| FieldInfo { query_field: QueryFieldId(i as u32), name: qf.name.clone(), width: qf.width, kind: qf.kind })
+            .collect();
+        let mut set = CompiledSet { spec_fields, base_order: base_order.clone(), pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts };
+        let pending: Vec<PendingRule> = subs
+            .iter()
+            .flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions }))
+            .collect();
+
+        // One pipeline in the base order, if it fits. A set whose single
+        // diagram is much larger than the set itself is better split, so the
+        // first attempt gets a budget of 16 nodes per rule (plus a constant).
+        let first_budget = set.opts.node_budget.min(16 * pending.len() + 10_000);
+        let p0 = set.new_pipe(base_order.clone());
+        if set.fill_pipe(p0, &pending, first_budget).is_err() {
+            set.pipes.clear();
+            set.managers.clear();
+            set.subs.clear();
+            // Group rules by key field, biggest groups first.
+            let mut groups: BTreeMap<Option<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
+            for r in &pending {
+                groups.entry(set.key_of(r.cube)).or_default().push(r.clone());
+            }
+            let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
+            groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
+            for (key, rules) in groups {
+                let mut order = base_order.clone();
+                if let Some(k) = key {
+                    order.retain(|f| *f != k);
+                    order.insert(0, k);
+                }
+                if set.pipes.len() >= set.opts.max_pipelines {
+                    return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: rules[0].sub });
+                }
+                let budget = set.opts.split_nodes.min(set.opts.node_budget);
+                let p = set.new_pipe(order.clone());
+                set.pipes[p].budget = budget;
+                if set.fill_pipe(p, &rules, budget).is_ok() {
+                    continue;
+                }
+                // Too big for one pipeline: fill pipelines of this key first-fit.
+                set.drop_last_pipe();
+                let mut open: Vec<usize> = vec![];
+                for r in &rules {
+                    let mut placed = false;
+                    for &p in open.iter().rev() {
+                        if set.try_splice_new(p, r).is_ok() {
+                            placed = true;
+                            break;
+                        }
+                    }
+                    if placed {
+                        continue;
+                    }
+                    if set.pipes.len() >= set.opts.max_pipelines {
+                        return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: r.sub });
+                    }
+                    let p = set.new_pipe(order.clone());
+                    set.pipes[p].budget = budget;
+                    if set.try_splice_new(p, r).is_err() {
+                        return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget });
+                    }
+                    open.push(p);
+                }
+            }
+        }
+        for p in 0..set.pipes.len() {
+            let root = set.pipes[p].root;
+            set.pipes[p].lowering.update(&set.managers[p], root);
+            set.maybe_collect_garbage(p);
+        }
+        Ok(set)
+    }
+
+    /// The rule's key: its constraint covering the smallest part of its domain.
+    fn key_of(&self, cube: &Cube) -> Option<QueryFieldId> {
+        cube.0
+            .iter()
+            .map(|(f, set)| (coverage(set, self.spec_fields[f.0 as usize].width), *f))
+            .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
+            .map(|(_, f)| f)
+    }
+
+    fn new_pipe(&mut self, order: Vec<QueryFieldId>) -> usize {
+        let mut level_of = vec![u32::MAX; self.spec_fields.len()];
+        for (l, q) in order.iter().enumerate() {
+            level_of[q.0 as usize] = l as u32;
+        }
+        let fields: Vec<FieldInfo> = order.iter().map(|q| self.spec_fields[q.0 as usize].clone()).collect();
+        let widths: Vec<u32> = fields.iter().map(|f| f.width).collect();
+        self.managers.push(Manager::new(widths.clone()));
+        self.pipes.push(PipeState {
+            order,
+            level_of,
+            index: RuleIndex::new(fields.len()),
+            lowering: Lowering::new(fields.clone()),
+            fields,
+            manager_widths: widths,
+            rules: vec![],
+            free_rule_slots: vec![],
+            root: EMPTY,
+            size_estimate: 0,
+            budget: self.opts.node_budget,
+        });
+        self.pipes.len() - 1
+    }
+
+    fn drop_last_pipe(&mut self) {
+        let p = self.pipes.len() - 1;
+        self.pipes.pop();
+        self.managers.pop();
+        for rules in self.subs.values_mut() {
+            rules.retain(|(q, _)| *q != p);
+        }
+        self.subs.retain(|_, v| !v.is_empty());
+    }
+
+    /// Stores a rule in pipeline `p` (not yet indexed or in the diagram).
+    fn make_rule(&mut self, p: usize, cube: &Cube, actions: &Actions) -> u32 {
+        let leaf = self.managers[p].leaf(Leaf::from_actions(actions));
+        let pipe = &mut self.pipes[p];
+        let mut constraints: Vec<(u32, subc_lang::nf::IntervalSet)> =
+            cube.0.iter().map(|(f, set)| (pipe.level_of[f.0 as usize], set.clone())).collect();
+        constraints.sort_by_key(|(l, _)| *l);
+        let rule = Rule { constraints, leaf };
+        match pipe.free_rule_slots.pop() {
+            Some(k) => {
+                pipe.rules[k as usize] = rule;
+                k
+            }
+            None => {
+                pipe.rules.push(rule);
+                pipe.rules.len() as u32 - 1
+            }
+        }
+    }
+
+    fn free_rule(&mut self, p: usize, r: u32) {
+        self.pipes[p].rules[r as usize] = Rule { constraints: vec![], leaf: EMPTY };
+        self.pipes[p].free_rule_slots.push(r);
+    }
+
+    /// Builds pipeline `p` from scratch with `rules`; fails over `budget`
+    /// nodes (and then stores nothing).
+    fn fill_pipe(&mut self, p: usize, rules: &[PendingRule], budget: usize) -> Result<(), ()> {
+        let mut slots = vec![];
+        for r in rules {
+            let slot = self.make_rule(p, r.cube, r.actions);
+            slots.push((r.sub, slot));
+        }
+        let ids: Vec<u32> = slots.iter().map(|s| s.1).collect();
+        let start = self.managers[p].inner_count();
+        let root = match build(&mut self.managers[p], &self.pipes[p].rules, &ids, start + budget) {
+            Ok(root) => root,
+            Err(_) => {
+                for id in ids {
+                    self.free_rule(p, id);
+                }
+                return Err(());
+            }
+        };
+        let pipe = &mut self.pipes[p];
+        for id in &ids {
+            pipe.index.insert(*id, &pipe.rules[*id as usize]);
+        }
+        pipe.root = root;
+        pipe.size_estimate = self.managers[p].inner_count() - start;
+        for (sub, slot) in slots {
+            self.subs.entry(sub).or_default().push((p, slot));
+        }
+        Ok(())
+    }
+
+    /// Adds one pending rule to pipeline `p` by splicing, within budget.
+    fn try_splice_new(&mut self, p: usize, r: &PendingRule) -> Result<(), ()> {
+        let slot = self.make_rule(p, r.cube, r.actions);
+        let rule = self.pipes[p].rules[slot as usize].clone();
+        self.pipes[p].index.insert(slot, &rule);
+        let start = self.managers[p].inner_count();
+        let room = self.pipes[p].budget.saturating_sub(self.pipes[p].size_estimate);
+        let root = self.pipes[p].root;
+        match self.splice_rule(p, root, slot, start + room) {
+            Ok(root) => {
+                self.pipes[p].root = root;
+                self.pipes[p].size_estimate += self.managers[p].inner_count() - start;
+                self.subs.entry(r.sub).or_default().push((p, slot));
+                Ok(())
+            }
+            Err(()) => {
+                self.pipes[p].index.remove(slot, &rule);
+                self.free_rule(p, slot);
+                Err(())
+            }
+        }
+    }
+
+    /// Splices rule `r` (already indexed) into pipeline `p`'s diagram; fails
+    /// when the manager passes `limit` nodes.
+    fn splice_rule(&mut self, p: usize, root: NodeId, r: u32, limit: usize) -> Result<NodeId, ()> {
+        let pipe = &self.pipes[p];
+        let bx = pipe.rules[r as usize].constraints.clone();
+        let cands = pipe.index.intersecting(&pipe.rules, &bx);
+        let m = &mut self.managers[p];
+        let region = build(m, &self.pipes[p].rules, &cands, limit).map_err(|_| ())?;
+        let root = splice(m, root, region, &bx);
+        if m.inner_count() > limit {
+            return Err(());
+        }
+        Ok(root)
+    }
+
+    /// Compacts a pipeline's node arena when garbage dominates it.
+    fn maybe_collect_garbage(&mut self, p: usize) {
+        let m = &mut self.managers[p];
+        let pipe = &mut self.pipes[p];
+        if m.inner_count() > 4 * pipe.size_estimate.max(pipe.lowering.inner_nodes()) + 100_000 {
+            let mut roots = [pipe.root, pipe.lowering.root_node()];
+            let map = m.collect_garbage(&mut roots);
+            pipe.root = roots[0];
+            pipe.lowering.remap(&map);
+            pipe.size_estimate = m.inner_count();
+        }
+    }
+
+    /// Adds subscriptions. On error nothing changes.
+    pub fn add(&mut self, subs: &[NfSubscription]) -> Result<Update, CompileError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in subs {
+            if self.subs.contains_key(&s.id) || !seen.insert(s.id) {
+                return Err(CompileError::Duplicate(s.id));
+            }
+        }
+        if self.pipes.is_empty() {
+            let order = self.base_order.clone();
+            self.new_pipe(order);
+        }
+        let saved: Vec<(NodeId, usize)> = self.pipes.iter().map(|p| (p.root, p.size_estimate)).collect();
+        let mut placed: Vec<(SubId, usize, u32)> = vec![];
+        let mut failure = None;
+        'subs: for s in subs {
+            for cube in &s.cubes {
+                match self.place(s.id, cube, &s.actions) {
+                    Ok((p, r)) => placed.push((s.id, p, r)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'subs;
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for (_, p, r) in placed {
+                let rule = self.pipes[p].rules[r as usize].clone();
+                self.pipes[p].index.remove(r, &rule);
+                self.free_rule(p, r);
+            }
+            for (pipe, (root, est)) in self.pipes.iter_mut().zip(saved) {
+                pipe.root = root;
+                pipe.size_estimate = est;
+            }
+            return Err(e);
+        }
+        for (sub, p, r) in placed {
+            self.subs.entry(sub).or_default().push((p, r));
+        }
+        Ok(self.lower_all())
+    }
+
+    /// Puts one new rule into a pipeline: one with the rule's key first,
+    /// then any other, the first whose diagram stays within budget.
+    fn place(&mut self, sub: SubId, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
+        let key = self.key_of(cube);
+        let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
+        candidates.sort_by_key(|p| (key.is_none_or(|k| self.pipes[*p].order.first() != Some(&k)), *p));
+        for p in candidates {
+            let r = self.make_rule(p, cube, actions);
+            let rule = self.pipes[p].rules[r as usize].clone();
+            self.pipes[p].index.insert(r, &rule);
+            let start = self.managers[p].inner_count();
+            let room = self.pipes[p].budget.saturating_sub(self.pipes[p].size_estimate);
+            let root = self.pipes[p].root;
+            match self.splice_rule(p, root, r, start + room) {
+                Ok(root) => {
+                    let grew = self.managers[p].inner_count() - start;
+                    self.pipes[p].root = root;
+                    self.pipes[p].size_estimate += grew;
+                    return Ok((p, r));
+                }
+                Err(()) => {
+                    self.pipes[p].index.remove(r, &rule);
+                    self.free_rule(p, r);
+                }
+            }
+        }
+        Err(CompileError::NeedsRecompile { sub, pipelines: self.pipes.len(), budget: self.opts.node_budget })
+    }
+
+    /// Removes subscriptions. On error (an unknown id) nothing changes.
+    pub fn remove(&mut self, ids: &[SubId]) -> Result<Update, CompileError> {
+        for id in ids {
+            if !self.subs.contains_key(id) {
+                return Err(CompileError::Unknown(*id));
+            }
+        }
+        for id in ids {
+            let Some(rules) = self.subs.remove(id) else { continue };
+            for (p, r) in &rules {
+                let rule = self.pipes[*p].rules[*r as usize].clone();
+                self.pipes[*p].index.remove(*r, &rule);
+            }
+            for (p, r) in &rules {
+                let pipe = &self.pipes[*p];
+                let bx = pipe.rules[*r as usize].constraints.clone();
+                let cands = pipe.index.intersecting(&pipe.rules, &bx);
+                let m = &mut self.managers[*p];
+                let start = m.inner_count();
+                // The new function's diagram inside the box is built from
+                // fewer rules than before, so it cannot exceed the budget.
+                let region = build(m, &self.pipes[*p].rules, &cands, usize::MAX).expect("no limit");
+                let root = splice(m, self.pipes[*p].root, region, &bx);
+                self.pipes[*p].root = root;
+                self.pipes[*p].size_estimate += m.inner_count() - start;
+            }
+            for (p, r) in rules {
+                self.free_rule(p, r);
+            }
+        }
+        Ok(self.lower_all())
+    }
+
+    fn lower_all(&mut self) -> Update {
+        let mut diffs = vec![];
+        for p in 0..self.pipes.len() {
+            let root = self.pipes[p].root;
+            let mut d = self.pipes[p].lowering.update(&self.managers[p], root);
+            if !d.is_empty() {
+                d.pipeline = p;
+                diffs.push(d);
+            }
+            self.maybe_collect_garbage(p);
+        }
+        Update { diffs }
+    }
+
+    // ------------------------------------------------------------ accessors
+
+    pub fn pipelines(&self) -> Vec<&Pipeline> {
+        self.pipes.iter().map(|p| p.lowering.pipeline()).collect()
+    }
+    pub fn pipeline_count(&self) -> usize {
+        self.pipes.len()
+    }
+    /// The field order of pipeline `p`.
+    pub fn order(&self, p: usize) -> &[QueryFieldId] {
+        &self.pipes[p].order
+    }
+    pub fn fields(&self, p: usize) -> &[FieldInfo] {
+        &self.pipes[p].fields
+    }
+    pub fn manager(&self, p: usize) -> &Manager {
+        &self.managers[p]
+    }
+    /// Diagram root of pipeline `p`.
+    pub fn root(&self, p: usize) -> NodeId {
+        self.pipes[p].root
+    }
+    pub fn subscription_ids(&self) -> impl Iterator<Item = SubId> + '_ {
+        self.subs.keys().copied()
+    }
+    pub fn len(&self) -> usize {
+        self.subs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+    /// Live inner nodes over all pipelines.
+    pub fn node_count(&self) -> usize {
+        self.pipes.iter().map(|p| p.lowering.inner_nodes()).sum()
+    }
+    pub fn options(&self) -> &CompileOptions {
+        &self.opts
+    }
+
+    /// The union of the leaves of every pipeline's diagram for a packet with
+    /// these query-field values (indexed by query field id).
+    pub fn eval_diagram(&self, values: &[u64]) -> Leaf {
+        let mut out = Leaf::default();
+        for (p, m) in self.pipes.iter().zip(&self.managers) {
+            let n = m.eval(p.root, |l| values[p.order[l as usize].0 as usize]);
+            out = out.union(m.leaf_value(n));
+        }
+        out
+    }
+
+    /// The union of the leaf entries every pipeline's tables give.
+    pub fn eval_tables(&self, values: &[u64]) -> Leaf {
+        eval_pipelines(&self.pipelines(), values)
+    }
+
+    #[doc(hidden)]
+    pub fn widths(&self, p: usize) -> &[u32] {
+        &self.pipes[p].manager_widths
+    }
+}
+
+/// Runs a packet through several pipelines and unions their action sets.
+pub fn eval_pipelines(pipes: &[&Pipeline], values: &[u64]) -> Leaf {
+    let mut out = Leaf::default();
+    for p in pipes {
+        if let Some(l) = p.run(values) {
+            out = out.union(&l.to_leaf());
+        }
+    }
+    out
+}

@@ -1,0 +1,196 @@
+//! Diffs between two versions of a pipeline, and their make-before-break order.
+//!
+//! A diff lists, per table, the entries to insert, modify and delete; the
+//! leaf-table entries to insert, modify and delete; the multicast groups to
+//! create, change and remove; and the new root state if it changed.
+//! [`PipelineDiff::ops`] orders them so that a target applying them one by
+//! one never holds an entry that points to a state or group it does not have
+//! yet, nor loses a state or group that an entry still points to:
+//!
+//! 1. create groups, change groups;
+//! 2. insert and modify leaf entries;
+//! 3. insert entries, from the last table to the first (a new state's
+//!    entries are all in place before anything points to it);
+//! 4. modify entries, last table first;
+//! 5. switch the root;
+//! 6. delete entries, first table first (nothing reachable points to them
+//!    any more), then leaf entries;
+//! 7. remove groups.
+
+use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TableDiff {
+    pub inserts: Vec<(StateId, Match, StateId)>,
+    pub modifies: Vec<(StateId, Match, StateId)>,
+    pub deletes: Vec<(StateId, Match)>,
+}
+
+impl TableDiff {
+    pub fn len(&self) -> usize {
+        self.inserts.len() + self.modifies.len() + self.deletes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PipelineDiff {
+    /// Index of the pipeline this diff applies to.
+    pub pipeline: usize,
+    pub groups_created: Vec<(GroupId, Vec<u32>)>,
+    pub groups_changed: Vec<(GroupId, Vec<u32>)>,
+    pub groups_removed: Vec<GroupId>,
+    pub tables: Vec<TableDiff>,
+    pub leaf_inserts: Vec<(StateId, LeafEntry)>,
+    pub leaf_modifies: Vec<(StateId, LeafEntry)>,
+    pub leaf_deletes: Vec<StateId>,
+    /// The new root state, if it changed.
+    pub root: Option<StateId>,
+}
+
+/// One step of applying a diff.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    CreateGroup { group: GroupId, ports: Vec<u32> },
+    ChangeGroup { group: GroupId, ports: Vec<u32> },
+    InsertLeaf { state: StateId, leaf: LeafEntry },
+    ModifyLeaf { state: StateId, leaf: LeafEntry },
+    Insert { table: usize, state: StateId, key: Match, next: StateId },
+    Modify { table: usize, state: StateId, key: Match, next: StateId },
+    SetRoot { state: StateId },
+    Delete { table: usize, state: StateId, key: Match },
+    DeleteLeaf { state: StateId },
+    RemoveGroup { group: GroupId },
+}
+
+impl PipelineDiff {
+    /// Entries and groups touched (the size of the diff).
+    pub fn len(&self) -> usize {
+        self.tables.iter().map(TableDiff::len).sum::<usize>()
+            + self.leaf_inserts.len()
+            + self.leaf_modifies.len()
+            + self.leaf_deletes.len()
+            + self.groups_created.len()
+            + self.groups_changed.len()
+            + self.groups_removed.len()
+            + self.root.is_some() as usize
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Table and leaf entries touched (groups and root excluded).
+    pub fn entry_changes(&self) -> usize {
+        self.tables.iter().map(TableDiff::len).sum::<usize>()
+            + self.leaf_inserts.len()
+            + self.leaf_modifies.len()
+            + self.leaf_deletes.len()
+    }
+
+    /// The diff as ordered steps; see the module doc.
+    pub fn ops(&self) -> Vec<Op> {
+        let mut ops = vec![];
+        for (group, ports) in &self.groups_created {
+            ops.push(Op::CreateGroup { group: *group, ports: ports.clone() });
+        }
+        for (group, ports) in &self.groups_changed {
+            ops.push(Op::ChangeGroup { group: *group, ports: ports.clone() });
+        }
+        for (state, leaf) in &self.leaf_inserts {
+            ops.push(Op::InsertLeaf { state: *state, leaf: leaf.clone() });
+        }
+        for (state, leaf) in &self.leaf_modifies {
+            ops.push(Op::ModifyLeaf { state: *state, leaf: leaf.clone() });
+        }
+        for (t, d) in self.tables.iter().enumerate().rev() {
+            for (state, key, next) in &d.inserts {
+                ops.push(Op::Insert { table: t, state: *state, key: *key, next: *next });
+            }
+        }
+        for (t, d) in self.tables.iter().enumerate().rev() {
+            for (state, key, next) in &d.modifies {
+                ops.push(Op::Modify { table: t, state: *state, key: *key, next: *next });
+            }
+        }
+        if let Some(state) = self.root {
+            ops.push(Op::SetRoot { state });
+        }
+        for (t, d) in self.tables.iter().enumerate() {
+            for (state, key) in &d.deletes {
+                ops.push(Op::Delete { table: t, state: *state, key: *key });
+            }
+        }
+        for state in &self.leaf_deletes {
+            ops.push(Op::DeleteLeaf { state: *state });
+        }
+        for group in &self.groups_removed {
+            ops.push(Op::RemoveGroup { group: *group });
+        }
+        ops
+    }
+}
+
+/// Why an op could not be applied to a pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{0:?} would insert an entry or group that already exists")]
+    Exists(Op),
+    #[error("{0:?} names an entry or group that does not exist")]
+    Missing(Op),
+}
+
+impl Pipeline {
+    /// Applies one op, as a target would.
+    pub fn apply_op(&mut self, op: &Op) -> Result<(), ApplyError> {
+        let err_exists = || ApplyError::Exists(op.clone());
+        let err_missing = || ApplyError::Missing(op.clone());
+        match op {
+            Op::CreateGroup { group, ports } => {
+                if self.groups.insert(*group, ports.clone()).is_some() {
+                    return Err(err_exists());
+                }
+            }
+            Op::ChangeGroup { group, ports } => {
+                *self.groups.get_mut(group).ok_or_else(err_missing)? = ports.clone();
+            }
+            Op::RemoveGroup { group } => {
+                self.groups.remove(group).ok_or_else(err_missing)?;
+            }
+            Op::InsertLeaf { state, leaf } => {
+                if self.leaves.insert(*state, leaf.clone()).is_some() {
+                    return Err(err_exists());
+                }
+            }
+            Op::ModifyLeaf { state, leaf } => {
+                *self.leaves.get_mut(state).ok_or_else(err_missing)? = leaf.clone();
+            }
+            Op::DeleteLeaf { state } => {
+                self.leaves.remove(state).ok_or_else(err_missing)?;
+            }
+            Op::Insert { table, state, key, next } => {
+                if self.tables[*table].entries.insert((*state, *key), *next).is_some() {
+                    return Err(err_exists());
+                }
+            }
+            Op::Modify { table, state, key, next } => {
+                *self.tables[*table].entries.get_mut(&(*state, *key)).ok_or_else(err_missing)? = *next;
+            }
+            Op::Delete { table, state, key } => {
+                self.tables[*table].entries.remove(&(*state, *key)).ok_or_else(err_missing)?;
+            }
+            Op::SetRoot { state } => self.root = *state,
+        }
+        Ok(())
+    }
+
+    /// Applies a whole diff in order.
+    pub fn apply(&mut self, diff: &PipelineDiff) -> Result<(), ApplyError> {
+        for op in diff.ops() {
+            self.apply_op(&op)?;
+        }
+        Ok(())
+    }
+}

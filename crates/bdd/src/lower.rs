@@ -1,0 +1,426 @@
+//! Lowering a diagram to a [`Pipeline`], incrementally, with stable state ids.
+//!
+//! [`Lowering`] keeps the node-to-state map of the last lowered diagram. When
+//! the diagram changes, only nodes that did not exist before are lowered;
+//! nodes that are no longer reachable (tracked by reference counts of
+//! distinct parents) are retired. A new node that takes the place of a
+//! retired node of the same level (found by walking the old and the new
+//! diagram in parallel from the root) inherits its state id, so that the
+//! entries pointing at it do not change and its own entries are diffed in
+//! place: adding `GOOGL && shares > 500 : fwd(9)` changes a few entries of
+//! the GOOGL state, not the stock table nor the whole GOOGL state.
+//!
+//! Ids retired by one diff are reused only by a later one, so within a diff
+//! an id never means two things. State 0 is [`DEAD`], the empty leaf.
+
+use crate::diagram::{Manager, NodeId, EMPTY};
+use crate::diff::{PipelineDiff, TableDiff};
+use crate::hash::{FxHashMap, FxHashSet};
+use crate::leaf::PortSet;
+use crate::pipeline::{state_entries, GroupId, LeafEntry, Match, Pipeline, StateId, Table, DEAD};
+use std::collections::BTreeMap;
+use subc_lang::spec::{MatchKind, QueryFieldId};
+
+/// A field of the order: what a level tests.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FieldInfo {
+    pub query_field: QueryFieldId,
+    pub name: String,
+    pub width: u32,
+    pub kind: MatchKind,
+}
+
+#[derive(Clone)]
+pub struct Lowering {
+    fields: Vec<FieldInfo>,
+    pipeline: Pipeline,
+    root_node: NodeId,
+    node_state: FxHashMap<NodeId, StateId>,
+    refs: FxHashMap<NodeId, u32>,
+    free_ids: Vec<StateId>,
+    pending_free: Vec<StateId>,
+    next_id: StateId,
+    /// Port set -> (group id, number of leaf states using it).
+    groups: FxHashMap<PortSet, (GroupId, u32)>,
+    free_groups: Vec<GroupId>,
+    pending_free_groups: Vec<GroupId>,
+    next_group: GroupId,
+}
+
+fn distinct_children(m: &Manager, n: NodeId) -> Vec<NodeId> {
+    let mut v: Vec<NodeId> = m.edges(n).iter().map(|e| e.child).filter(|c| *c != EMPTY).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+impl Lowering {
+    /// An empty pipeline over `fields` (the levels, in order).
+    pub fn new(fields: Vec<FieldInfo>) -> Lowering {
+        let tables = fields
+            .iter()
+            .map(|f| Table { name: f.name.clone(), field: f.query_field, width: f.width, kind: f.kind, entries: BTreeMap::new() })
+            .collect();
+        Lowering {
+            fields,
+            pipeline: Pipeline { tables, leaves: BTreeMap::new(), groups: BTreeMap::new(), root: DEAD },
+            root_node: EMPTY,
+            node_state: FxHashMap::default(),
+            refs: FxHashMap::default(),
+            free_ids: vec![],
+            pending_free: vec![],
+            next_id: 1,
+            groups: FxHashMap::default(),
+            free_groups: vec![],
+            pending_free_groups: vec![],
+            next_group: 1,
+        }
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+    pub fn root_node(&self) -> NodeId {
+        self.root_node
+    }
+    pub fn fields(&self) -> &[FieldInfo] {
+        &self.fields
+    }
+    /// Live inner nodes (states of field tables).
+    pub fn inner_nodes(&self) -> usize {
+        self.node_state.keys().filter(|n| !n.is_leaf()).count()
+    }
+    pub fn state_of(&self, n: NodeId) -> Option<StateId> {
+        if n == EMPTY {
+            Some(DEAD)
+        } else {
+            self.node_state.get(&n).copied()
+        }
+    }
+    /// Rewrites node ids after the manager compacted its arena.
+    pub fn remap(&mut self, map: &FxHashMap<NodeId, NodeId>) {
+        let f = |n: NodeId| if n.is_leaf() { n } else { map[&n] };
+        self.root_node = f(self.root_node);
+        self.node_state = self.node_state.iter().map(|(n, s)| (f(*n), *s)).collect();
+        self.refs = self.refs.iter().map(|(n, r)| (f(*n), *r)).collect();
+    }
+
+    fn alloc_id(&mut self) -> StateId {
+        match self.free_ids.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                id
+            }
+        }
+    }
+
+    fn alloc_group(&mut self) -> GroupId {
+        match self.free_groups.pop() {
+            Some(g) => g,
+            None => {
+                let g = self.next_group;
+                self.next_group += 1;
+                g
+            }
+        }
+    }
+
+    /// Makes `new_root` the lowered diagram and returns the diff.
+    pub fn update(&mut self, m: &Manager, new_root: NodeId) -> PipelineDiff {
+        self.free_ids.append(&mut self.pending_free);
+        self.free_groups.append(&mut self.pending_free_groups);
+        let old_root = self.root_node;
+        let mut diff = PipelineDiff { tables: vec![TableDiff::default(); self.fields.len()], ..Default::default() };
+        if old_root == new_root {
+            return diff;
+        }
+
+        // 1. New nodes, children first.
+        let mut new_nodes: Vec<NodeId> = vec![];
+        let mut seen: FxHashSet<NodeId> = FxHashSet::default();
+        let mut stack: Vec<(NodeId, bool)> = vec![(new_root, false)];
+        while let Some((n, expanded)) = stack.pop() {
+            if n == EMPTY || self.node_state.contains_key(&n) {
+                continue;
+            }
+            if expanded {
+                new_nodes.push(n);
+                continue;
+            }
+            if !seen.insert(n) {
+                continue;
+            }
+            stack.push((n, true));
+            for c in distinct_children(m, n) {
+                if !seen.contains(&c) {
+                    stack.push((c, false));
+                }
+            }
+        }
+        let is_new: FxHashSet<NodeId> = new_nodes.iter().copied().collect();
+
+        // 2. Reference counts: new parents and the new root first, then
+        // release the old root and retire what nothing references any more.
+        for n in &new_nodes {
+            for c in distinct_children(m, *n) {
+                *self.refs.entry(c).or_insert(0) += 1;
+            }
+        }
+        if new_root != EMPTY {
+            *self.refs.entry(new_root).or_insert(0) += 1;
+        }
+        let mut dead: Vec<NodeId> = vec![];
+        if old_root != EMPTY {
+            let mut work = vec![old_root];
+            while let Some(n) = work.pop() {
+                let r = self.refs.get_mut(&n).expect("a live node has a reference count");
+                *r -= 1;
+                if *r == 0 {
+                    self.refs.remove(&n);
+                    dead.push(n);
+                    work.extend(distinct_children(m, n));
+                }
+            }
+        }
+        let is_dead: FxHashSet<NodeId> = dead.iter().copied().collect();
+
+        // 3. Inheritance: pair retired and new nodes by position.
+        let mut inherit: FxHashMap<NodeId, StateId> = FxHashMap::default();
+        let mut claimed: FxHashSet<StateId> = FxHashSet::default();
+        let mut inherited_from: FxHashMap<NodeId, NodeId> = FxHashMap::default();
+        let mut visited: FxHashSet<(NodeId, NodeId)> = FxHashSet::default();
+        let mut pairs = vec![(old_root, new_root)];
+        while let Some((o, n)) = pairs.pop() {
+            if o == n || !is_new.contains(&n) || !is_dead.contains(&o) || !visited.insert((o, n)) {
+                continue;
+            }
+            let (lo, ln) = (m.level(o), m.level(n));
+            if lo == ln && !inherit.contains_key(&n) {
+                let id = self.node_state[&o];
+                if claimed.insert(id) {
+                    inherit.insert(n, id);
+                    inherited_from.insert(n, o);
+                }
+            }
+            if n.is_leaf() || o.is_leaf() {
+                continue;
+            }
+            if lo == ln {
+                let mut lo_v = 0u64;
+                for e in m.edges(n) {
+                    pairs.push((m.child_at(o, lo_v), e.child));
+                    lo_v = e.hi.wrapping_add(1);
+                }
+            } else if ln < lo {
+                for c in distinct_children(m, n) {
+                    pairs.push((o, c));
+                }
+            } else {
+                for c in distinct_children(m, o) {
+                    pairs.push((c, n));
+                }
+            }
+        }
+
+        // 4. State ids for new nodes; retire the ids of dead nodes.
+        for n in &new_nodes {
+            let id = match inherit.get(n) {
+                Some(id) => *id,
+                None => self.alloc_id(),
+            };
+            self.node_state.insert(*n, id);
+        }
+        // A dead node's entries are deleted unless a new node inherited its
+        // id; then the new node's lowering diffs them in place.
+        let mut retired: FxHashMap<NodeId, StateId> = FxHashMap::default();
+        for o in &dead {
+            let id = self.node_state.remove(o).expect("a dead node had a state");
+            if !claimed.contains(&id) {
+                self.pending_free.push(id);
+                retired.insert(*o, id);
+            }
+        }
+
+        // 5. Entries of field tables.
+        for o in &dead {
+            if o.is_leaf() {
+                continue;
+            }
+            if let Some(&id) = retired.get(o) {
+                let level = m.level(*o) as usize;
+                let keys: Vec<Match> = self.state_entries_of(level, id).into_iter().map(|(k, _)| k).collect();
+                for k in keys {
+                    self.pipeline.tables[level].entries.remove(&(id, k));
+                    diff.tables[level].deletes.push((id, k));
+                }
+            }
+        }
+        for n in &new_nodes {
+            if n.is_leaf() {
+                continue;
+            }
+            let id = self.node_state[n];
+            let level = m.level(*n) as usize;
+            let f = &self.fields[level];
+            let mut intervals = vec![];
+            let mut lo = 0u64;
+            for e in m.edges(*n) {
+                intervals.push((lo, e.hi, self.state_of(e.child).expect("children are lowered first")));
+                lo = e.hi.wrapping_add(1);
+            }
+            let new_entries = state_entries(&intervals, f.width, f.kind);
+            let old: BTreeMap<Match, StateId> = if inherited_from.contains_key(n) {
+                self.state_entries_of(level, id).into_iter().collect()
+            } else {
+                BTreeMap::new()
+            };
+            let table = &mut self.pipeline.tables[level];
+            let td = &mut diff.tables[level];
+            let mut keep: FxHashSet<Match> = FxHashSet::default();
+            for (k, next) in new_entries {
+                keep.insert(k);
+                match old.get(&k) {
+                    Some(prev) if *prev == next => {}
+                    Some(_) => {
+                        table.entries.insert((id, k), next);
+                        td.modifies.push((id, k, next));
+                    }
+                    None => {
+                        table.entries.insert((id, k), next);
+                        td.inserts.push((id, k, next));
+                    }
+                }
+            }
+            for k in old.keys() {
+                if !keep.contains(k) {
+                    table.entries.remove(&(id, *k));
+                    td.deletes.push((id, *k));
+                }
+            }
+        }
+
+        // 6. Leaf entries and multicast groups.
+        let mut group_delta: BTreeMap<PortSet, i64> = BTreeMap::new();
+        for o in &dead {
+            if !o.is_leaf() {
+                continue;
+            }
+            let ports = m.leaf_value(*o).ports;
+            if ports.len() >= 2 {
+                *group_delta.entry(ports).or_insert(0) -= 1;
+            }
+        }
+        for n in &new_nodes {
+            if !n.is_leaf() {
+                continue;
+            }
+            let ports = m.leaf_value(*n).ports;
+            if ports.len() >= 2 {
+                *group_delta.entry(ports).or_insert(0) += 1;
+            }
+        }
+        // Port sets that lose their last user free their group; a new port
+        // set takes over the group of the set its leaf state had before, so a
+        // changed fan-out is one group change rather than create + remove.
+        let mut freed: FxHashMap<PortSet, GroupId> = FxHashMap::default();
+        for (ports, d) in &group_delta {
+            if *d < 0 {
+                let e = self.groups.get_mut(ports).expect("a used port set has a group");
+                e.1 = (e.1 as i64 + d) as u32;
+                if e.1 == 0 {
+                    freed.insert(*ports, e.0);
+                    self.groups.remove(ports);
+                }
+            }
+        }
+        for n in &new_nodes {
+            if !n.is_leaf() {
+                continue;
+            }
+            let ports = m.leaf_value(*n).ports;
+            if ports.len() < 2 || self.groups.contains_key(&ports) {
+                continue;
+            }
+            let previous = inherited_from.get(n).and_then(|o| freed.remove(&m.leaf_value(*o).ports));
+            let g = match previous {
+                Some(g) => {
+                    diff.groups_changed.push((g, ports.iter().collect()));
+                    g
+                }
+                None => {
+                    let g = self.alloc_group();
+                    diff.groups_created.push((g, ports.iter().collect()));
+                    g
+                }
+            };
+            self.groups.insert(ports, (g, 0));
+        }
+        for (ports, d) in &group_delta {
+            if *d > 0 {
+                self.groups.get_mut(ports).expect("group assigned above").1 += *d as u32;
+            }
+        }
+        let mut freed: Vec<GroupId> = freed.into_values().collect();
+        freed.sort_unstable();
+        for g in freed {
+            diff.groups_removed.push(g);
+            self.pipeline.groups.remove(&g);
+            self.pending_free_groups.push(g);
+        }
+        for (g, ports) in diff.groups_created.iter().chain(diff.groups_changed.iter()) {
+            self.pipeline.groups.insert(*g, ports.clone());
+        }
+        for o in &dead {
+            if !o.is_leaf() {
+                continue;
+            }
+            if let Some(&id) = retired.get(o) {
+                self.pipeline.leaves.remove(&id);
+                diff.leaf_deletes.push(id);
+            }
+        }
+        for n in &new_nodes {
+            if !n.is_leaf() {
+                continue;
+            }
+            let id = self.node_state[n];
+            let leaf = m.leaf_value(*n);
+            let group = if leaf.ports.len() >= 2 { Some(self.groups[&leaf.ports].0) } else { None };
+            let entry = LeafEntry::from_leaf(leaf, group);
+            match self.pipeline.leaves.insert(id, entry.clone()) {
+                Some(prev) if prev == entry => {}
+                Some(_) => diff.leaf_modifies.push((id, entry)),
+                None => diff.leaf_inserts.push((id, entry)),
+            }
+        }
+
+        // 7. Root.
+        self.root_node = new_root;
+        let root = self.state_of(new_root).expect("root lowered");
+        if root != self.pipeline.root {
+            self.pipeline.root = root;
+            diff.root = Some(root);
+        }
+        for t in &mut diff.tables {
+            t.inserts.sort_unstable();
+            t.modifies.sort_unstable();
+            t.deletes.sort_unstable();
+        }
+        diff.leaf_inserts.sort_by_key(|x| x.0);
+        diff.leaf_modifies.sort_by_key(|x| x.0);
+        diff.leaf_deletes.sort_unstable();
+        diff.groups_created.sort_by_key(|x| x.0);
+        diff.groups_changed.sort_by_key(|x| x.0);
+        diff
+    }
+
+    fn state_entries_of(&self, level: usize, id: StateId) -> Vec<(Match, StateId)> {
+        self.pipeline.tables[level]
+            .entries
+            .range((id, Match::Exact { value: 0 })..=(id, Match::Default))
+            .map(|((_, k), n)| (*k, *n))
+            .collect()
+    }
+}

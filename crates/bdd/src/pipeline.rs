@@ -1,0 +1,279 @@
+//! The target-neutral pipeline: per-field match-action tables keyed by
+//! (state, field value), a leaf table from state to action set, and
+//! multicast groups (Camus's Algorithm 1, with its resource optimizations).
+//!
+//! Each inner node of the diagram is a *state* of the table for its field;
+//! each reachable non-empty leaf is a state of the leaf table. A packet
+//! starts in the root state and, table by table, either matches an entry of
+//! its current state (and moves to the entry's next state) or misses (and
+//! keeps its state: a state only has entries in its own field's table, so
+//! levels the diagram skips cost nothing). The leaf table then gives the
+//! action set; a miss there, including for the reserved [`DEAD`] state, is
+//! "no match".
+//!
+//! Per state, lookups are tried in order: exact entries, then ranged entries
+//! (range, ternary or prefix, by the field's match kind), then the state's
+//! default entry. Entries of one state never overlap, so the order only
+//! matters between kinds. Choices made here, per Camus §3.2:
+//! - an interval that is one value becomes an exact (SRAM) entry, even on a
+//!   range field;
+//! - the child whose intervals would cost the most ranged (TCAM) entries
+//!   becomes the state's default entry (SRAM) instead;
+//! - on ternary and LPM fields, ranges are expanded into prefixes; on range
+//!   fields they stay ranges, and the report counts their prefix expansion
+//!   as their TCAM cost (a W-bit range needs up to 2W-2 prefixes).
+
+use crate::leaf::{Leaf, PortSet};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use subc_lang::program::Update;
+use subc_lang::spec::{MatchKind, QueryFieldId};
+use subc_lang::value::mask;
+
+pub type StateId = u32;
+pub type GroupId = u32;
+
+/// The state of packets that matched nothing. Never has entries anywhere.
+pub const DEAD: StateId = 0;
+
+/// How an entry matches the field value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Match {
+    Exact { value: u64 },
+    Range { lo: u64, hi: u64 },
+    /// The top `len` bits of the field equal those of `value`.
+    Prefix { value: u64, len: u32 },
+    /// `field & mask == value`.
+    Ternary { value: u64, mask: u64 },
+    /// Any value not matched by the state's other entries.
+    Default,
+}
+
+impl Match {
+    /// Whether `v` (of a `width`-bit field) matches.
+    pub fn matches(&self, v: u64, width: u32) -> bool {
+        match *self {
+            Match::Exact { value } => v == value,
+            Match::Range { lo, hi } => lo <= v && v <= hi,
+            Match::Prefix { value, len } => len == 0 || (v >> (width - len)) == (value >> (width - len)),
+            Match::Ternary { value, mask } => v & mask == value,
+            Match::Default => true,
+        }
+    }
+    /// Lookup order within a state: exact, then ranged, then default.
+    pub fn stage(&self) -> u8 {
+        match self {
+            Match::Exact { .. } => 0,
+            Match::Default => 2,
+            _ => 1,
+        }
+    }
+    /// Entries of TCAM this entry costs once ranges are expanded into prefixes.
+    pub fn tcam_cost(&self, width: u32) -> usize {
+        match *self {
+            Match::Range { lo, hi } => range_to_prefixes(lo, hi, width).len(),
+            Match::Prefix { .. } | Match::Ternary { .. } => 1,
+            _ => 0,
+        }
+    }
+}
+
+/// The minimal set of prefixes `(value, len)` covering `[lo, hi]`.
+pub fn range_to_prefixes(lo: u64, hi: u64, width: u32) -> Vec<(u64, u32)> {
+    let mut out = vec![];
+    let mut lo = lo as u128;
+    let hi = hi as u128;
+    while lo <= hi {
+        // Largest block starting at lo, aligned, and not past hi.
+        let mut size_log = if lo == 0 { width } else { (lo.trailing_zeros()).min(width) };
+        while size_log > 0 && lo + (1u128 << size_log) - 1 > hi {
+            size_log -= 1;
+        }
+        out.push((lo as u64, width - size_log));
+        lo += 1u128 << size_log;
+    }
+    out
+}
+
+/// The action set of a leaf state, with its multicast group when it has two
+/// or more ports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeafEntry {
+    pub ports: Vec<u32>,
+    pub drop: bool,
+    pub updates: Vec<Update>,
+    pub group: Option<GroupId>,
+}
+
+impl LeafEntry {
+    pub fn from_leaf(l: &Leaf, group: Option<GroupId>) -> LeafEntry {
+        LeafEntry { ports: l.ports.iter().collect(), drop: l.drop, updates: l.updates.clone(), group }
+    }
+    pub fn to_leaf(&self) -> Leaf {
+        Leaf { ports: PortSet::from_ports(self.ports.iter().copied()), drop: self.drop, updates: self.updates.clone() }
+    }
+}
+
+/// The table of one field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Table {
+    /// The query field's name (`add_order.stock`, or a state variable).
+    pub name: String,
+    pub field: QueryFieldId,
+    pub width: u32,
+    pub kind: MatchKind,
+    /// `(state, match) -> next state`.
+    #[serde(serialize_with = "ser_entries")]
+    pub entries: BTreeMap<(StateId, Match), StateId>,
+}
+
+fn ser_entries<S: serde::Serializer>(e: &BTreeMap<(StateId, Match), StateId>, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct E<'a> {
+        state: StateId,
+        #[serde(rename = "match")]
+        m: &'a Match,
+        next: StateId,
+    }
+    s.collect_seq(e.iter().map(|((state, m), next)| E { state: *state, m, next: *next }))
+}
+
+impl Table {
+    /// The next state for a packet in `state` with field value `v`, or
+    /// `None` on a miss.
+    pub fn lookup(&self, state: StateId, v: u64) -> Option<StateId> {
+        let range = self.entries.range((state, Match::Exact { value: 0 })..=(state, Match::Default));
+        let mut best: Option<(u8, StateId)> = None;
+        for ((_, m), next) in range {
+            if m.matches(v, self.width) && best.is_none_or(|(s, _)| m.stage() < s) {
+                best = Some((m.stage(), *next));
+            }
+        }
+        best.map(|(_, n)| n)
+    }
+}
+
+/// One pipeline: tables in field order, the leaf table, multicast groups.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pipeline {
+    pub tables: Vec<Table>,
+    pub leaves: BTreeMap<StateId, LeafEntry>,
+    pub groups: BTreeMap<GroupId, Vec<u32>>,
+    pub root: StateId,
+}
+
+impl Pipeline {
+    /// Runs a packet (query-field values by query field id) through the
+    /// tables; `None` is no match.
+    pub fn run(&self, values: &[u64]) -> Option<&LeafEntry> {
+        let mut state = self.root;
+        for t in &self.tables {
+            if let Some(next) = t.lookup(state, values[t.field.0 as usize]) {
+                state = next;
+            }
+        }
+        self.leaves.get(&state)
+    }
+
+    pub fn entry_count(&self) -> usize {
+        self.tables.iter().map(|t| t.entries.len()).sum::<usize>() + self.leaves.len()
+    }
+}
+
+/// Computes a state's entries from its node's intervals `(lo, hi, next)`,
+/// choosing the default entry that minimizes TCAM cost. `empty` is the state
+/// of the empty leaf (intervals to it need no entry unless another child is
+/// the default, in which case they go to [`DEAD`]).
+pub fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
+    let ranged = |lo: u64, hi: u64| -> Vec<Match> {
+        match kind {
+            MatchKind::Exact => vec![],
+            MatchKind::Range => vec![Match::Range { lo, hi }],
+            MatchKind::Lpm => range_to_prefixes(lo, hi, width).into_iter().map(|(value, len)| Match::Prefix { value, len }).collect(),
+            MatchKind::Ternary => range_to_prefixes(lo, hi, width)
+                .into_iter()
+                .map(|(value, len)| Match::Ternary { value, mask: mask(width) & !mask(width - len) })
+                .collect(),
+        }
+    };
+    // Cost of an interval that is not covered by the default: (tcam, sram).
+    let cost = |lo: u64, hi: u64| -> (usize, usize) {
+        if lo == hi {
+            (0, 1)
+        } else {
+            match kind {
+                MatchKind::Exact => (usize::MAX / 4, 0),
+                _ => (range_to_prefixes(lo, hi, width).len(), 0),
+            }
+        }
+    };
+    let mut candidates: Vec<StateId> = intervals.iter().map(|x| x.2).collect();
+    candidates.push(DEAD);
+    candidates.sort_unstable();
+    candidates.dedup();
+    let total = |d: StateId| -> (usize, usize) {
+        let mut t = (0usize, if d == DEAD { 0 } else { 1 });
+        for &(lo, hi, next) in intervals {
+            if next != d {
+                let c = cost(lo, hi);
+                t = (t.0.saturating_add(c.0), t.1 + c.1);
+            }
+        }
+        t
+    };
+    let default = candidates.iter().copied().min_by_key(|d| (total(*d), *d)).unwrap_or(DEAD);
+    let mut out = vec![];
+    for &(lo, hi, next) in intervals {
+        if next == default {
+            continue;
+        }
+        if lo == hi {
+            out.push((Match::Exact { value: lo }, next));
+        } else {
+            for m in ranged(lo, hi) {
+                out.push((m, next));
+            }
+        }
+    }
+    if default != DEAD {
+        out.push((Match::Default, default));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_cover_ranges_minimally() {
+        assert_eq!(range_to_prefixes(0, 255, 8), vec![(0, 0)]);
+        assert_eq!(range_to_prefixes(5, 5, 8), vec![(5, 8)]);
+        assert_eq!(range_to_prefixes(1, 254, 8).len(), 14); // the 2W-2 worst case
+        // 101, 102-103, 104-111, 112-127, then one block per power of two 2^7..2^31.
+        assert_eq!(range_to_prefixes(101, u32::MAX as u64, 32).len(), 4 + 25);
+        for (lo, hi) in [(3u64, 17u64), (0, 0), (200, 255), (1, 1000)] {
+            let ps = range_to_prefixes(lo, hi, 16);
+            let covered: u64 = ps.iter().map(|(_, l)| 1u64 << (16 - l)).sum();
+            assert_eq!(covered, hi - lo + 1);
+            for (v, l) in ps {
+                assert!(v >= lo && v + (1u64 << (16 - l)) - 1 <= hi);
+            }
+        }
+    }
+
+    #[test]
+    fn default_takes_the_costliest_child() {
+        // shares > 100 : X   →  a range [101, max] or a default entry to X
+        // with [0, 100] going to DEAD.
+        let e = state_entries(&[(0, 100, DEAD), (101, u32::MAX as u64, 7)], 32, MatchKind::Range);
+        assert_eq!(e, vec![(Match::Range { lo: 0, hi: 100 }, DEAD), (Match::Default, 7)]);
+        // stock == A : X on an exact field: one exact entry, no default.
+        let e = state_entries(&[(0, 9, DEAD), (10, 10, 3), (11, 255, DEAD)], 8, MatchKind::Exact);
+        assert_eq!(e, vec![(Match::Exact { value: 10 }, 3)]);
+        // stock != A on an exact field: default to X, exact entry to DEAD.
+        let e = state_entries(&[(0, 9, 3), (10, 10, DEAD), (11, 255, 3)], 8, MatchKind::Exact);
+        assert_eq!(e, vec![(Match::Exact { value: 10 }, DEAD), (Match::Default, 3)]);
+    }
+}

@@ -1,0 +1,67 @@
+//! Shared helpers for the IR's integration tests: loading examples and
+//! generated workloads, and running packets through the reference
+//! interpreter and through compiled tables side by side.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use subc_bdd::{CompiledSet, Leaf};
+use subc_lang::interp::{eval_cond, parse_packet, union_actions, Decision, StateStore};
+use subc_lang::nf::NfLimits;
+use subc_lang::source::SourceMap;
+use subc_lang::Program;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Checks a spec and rule texts; panics with rendered diagnostics on error.
+pub fn program(spec: &str, rules: &[&str]) -> Program {
+    let mut sources = SourceMap::new();
+    let s = sources.add("spec", spec);
+    let r: Vec<_> = rules.iter().enumerate().map(|(i, t)| sources.add(format!("rules{i}"), *t)).collect();
+    let (p, d) = subc_lang::check_program(&sources, s, &r, NfLimits::default());
+    match p {
+        Some(p) => p,
+        None => panic!("{}", d.render(&sources)),
+    }
+}
+
+pub fn example(name: &str) -> Program {
+    let dir = repo().join("examples").join(name);
+    let mut spec = None;
+    let mut rules = vec![];
+    let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for p in entries {
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("spec") => spec = Some(std::fs::read_to_string(&p).unwrap()),
+            Some("subs") => rules.push(std::fs::read_to_string(&p).unwrap()),
+            _ => {}
+        }
+    }
+    let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+    program(&spec.unwrap(), &rules)
+}
+
+/// The reference decision for a packet and the tables' decision, with the
+/// state of each engine advanced.
+pub fn both(p: &Program, set: &CompiledSet, ref_state: &mut StateStore, tab_state: &mut StateStore, bytes: &[u8], ts: u64) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
+    let Some(pkt) = parse_packet(&p.spec, bytes) else {
+        return ((vec![], Decision::NoMatch), (vec![], Decision::NoMatch));
+    };
+    let values = ref_state.pre_stage(&p.spec, &pkt, ts);
+    let matched: Vec<_> = p.subscriptions.iter().filter(|s| eval_cond(&p.spec, &s.cond, &values)).map(|s| &s.actions).collect();
+    let a = union_actions(matched);
+    ref_state.apply_updates(&p.spec, &pkt, &a.updates);
+    let r = (a.ports.iter().copied().collect(), Decision::of(&a.ports, a.drop));
+
+    let values = tab_state.pre_stage(&p.spec, &pkt, ts);
+    let leaf: Leaf = set.eval_tables(&values);
+    let diag: Leaf = set.eval_diagram(&values);
+    assert_eq!(leaf, diag, "tables and diagram disagree");
+    let acts = leaf.to_actions();
+    tab_state.apply_updates(&p.spec, &pkt, &acts.updates);
+    let t = (acts.ports.iter().copied().collect(), Decision::of(&acts.ports, acts.drop));
+    (r, t)
+}

@@ -1,0 +1,101 @@
+//! Differential tests: the table pipeline (and the diagram) against the
+//! reference interpreter, on the examples, on random subscription sets from
+//! both generators, and after random sequences of adds and removes.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::interp::StateStore;
+use subc_lang::pcap::read_pcap;
+use subc_lang::Program;
+use subc_workload::packets::PacketGen;
+use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::Rng;
+
+fn run_random_packets(p: &Program, set: &CompiledSet, seed: u64, n: usize) {
+    let gen = PacketGen::new(&p.spec, &p.normal_forms);
+    let mut rng = Rng::new(seed);
+    let mut rs = StateStore::new(&p.spec);
+    let mut ts = StateStore::new(&p.spec);
+    for i in 0..n {
+        let bytes = gen.packet(&mut rng, 0.05);
+        let t = 1_000_000_000 + i as u64 * 37_000;
+        let (r, x) = both(p, set, &mut rs, &mut ts, &bytes, t);
+        assert_eq!(r, x, "packet {i} differs: {bytes:02x?}");
+    }
+}
+
+#[test]
+fn examples_agree_with_the_interpreter() {
+    for name in ["itch", "ewma-channels", "topic-broker", "ip-forwarding"] {
+        let p = example(name);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        let pcap = read_pcap(&std::fs::read(repo().join("examples").join(name).join("packets.pcap")).unwrap()).unwrap();
+        let mut rs = StateStore::new(&p.spec);
+        let mut ts = StateStore::new(&p.spec);
+        for pkt in &pcap {
+            let (r, x) = both(&p, &set, &mut rs, &mut ts, &pkt.data, pkt.ts_ns);
+            assert_eq!(r, x, "{name}");
+        }
+        run_random_packets(&p, &set, 1, 2000);
+    }
+}
+
+fn itch_program(n: usize, seed: u64) -> Program {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let rules = itch(&ItchParams { subscriptions: n, symbols: 10, max_shares: 100, hosts: 20, seed });
+    program(&spec, &[&rules])
+}
+
+fn siena_program(n: usize, seed: u64, camus: bool) -> Program {
+    let spec = siena_spec(6, 64);
+    let rules = siena(&SienaParams { filters: n, attributes: 6, zipf: true, camus_variant: camus, constraints: None, ports: 16, seed });
+    program(&spec, &[&rules])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn random_itch_sets_agree(seed in 0u64..10_000, n in 1usize..200) {
+        let p = itch_program(n, seed);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        run_random_packets(&p, &set, seed, 300);
+    }
+
+    #[test]
+    fn random_siena_sets_agree(seed in 0u64..10_000, n in 1usize..25, camus in any::<bool>()) {
+        let p = siena_program(n, seed, camus);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        run_random_packets(&p, &set, seed, 300);
+    }
+
+    #[test]
+    fn random_adds_and_removes_agree(seed in 0u64..10_000, n in 2usize..80, steps in 1usize..30) {
+        let full = itch_program(n, seed);
+        let mut rng = Rng::new(seed);
+        // Start from a random half, then add and remove at random.
+        let mut present: Vec<bool> = (0..n).map(|_| rng.chance(0.5)).collect();
+        let initial: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+        let mut set = CompiledSet::compile(&full.spec, &initial, CompileOptions::default()).unwrap();
+        for _ in 0..steps {
+            let k = rng.below(n as u64) as usize;
+            let sub = &full.normal_forms[k];
+            let mut old = set.pipelines().iter().map(|p| (*p).clone()).collect::<Vec<_>>();
+            let update = if present[k] { set.remove(&[sub.id]).unwrap() } else { set.add(std::slice::from_ref(sub)).unwrap() };
+            present[k] = !present[k];
+            // Old pipeline + diff == new pipeline.
+            for d in &update.diffs {
+                old[d.pipeline].apply(d).unwrap();
+            }
+            let now: Vec<_> = set.pipelines().iter().map(|p| (*p).clone()).collect();
+            prop_assert_eq!(&old, &now);
+            let subs: Vec<_> = full.subscriptions.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+            let nfs: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+            let p = Program { spec: full.spec.clone(), subscriptions: subs, normal_forms: nfs };
+            run_random_packets(&p, &set, seed ^ 7, 100);
+        }
+    }
+}
