@@ -149,7 +149,18 @@ impl CompiledSet {
                 return Err(CompileError::Duplicate(s.id));
             }
         }
-        let base_order = choose_order(spec, subs, opts.order.as_deref());
+        let base_order = if opts.order.is_none() && spec.order.is_none() {
+            let (order, compiled) = crate::order::measure_orders(spec, subs, &opts);
+            if let Some(mut set) = compiled {
+                // The sample was the whole set: keep that compile, but let
+                // later changes measure again (the order is now fixed).
+                set.opts.order = None;
+                return Ok(set);
+            }
+            order
+        } else {
+            choose_order(spec, subs, opts.order.as_deref())
+        };
         let spec_fields: Vec<FieldInfo> = spec
             .query_fields
             .iter()
@@ -328,7 +339,15 @@ impl CompiledSet {
 
     /// Adds one pending rule to pipeline `p` by splicing, within budget.
     fn try_splice_new(&mut self, p: usize, r: &PendingRule) -> Result<(), ()> {
-        let slot = self.make_rule(p, r.cube, r.actions);
+        let slot = self.try_add_rule(p, r.cube, r.actions)?;
+        self.subs.entry(r.sub).or_default().push((p, slot));
+        Ok(())
+    }
+
+    /// Stores, indexes and splices one rule into pipeline `p` if the
+    /// diagram stays within the pipeline's budget; otherwise changes nothing.
+    fn try_add_rule(&mut self, p: usize, cube: &Cube, actions: &Actions) -> Result<u32, ()> {
+        let slot = self.make_rule(p, cube, actions);
         let rule = self.pipes[p].rules[slot as usize].clone();
         self.pipes[p].index.insert(slot, &rule);
         let start = self.managers[p].inner_count();
@@ -338,8 +357,7 @@ impl CompiledSet {
             Ok(root) => {
                 self.pipes[p].root = root;
                 self.pipes[p].size_estimate += self.managers[p].inner_count() - start;
-                self.subs.entry(r.sub).or_default().push((p, slot));
-                Ok(())
+                Ok(slot)
             }
             Err(()) => {
                 self.pipes[p].index.remove(slot, &rule);
@@ -428,23 +446,8 @@ impl CompiledSet {
         let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
         candidates.sort_by_key(|p| (key.is_none_or(|k| self.pipes[*p].order.first() != Some(&k)), *p));
         for p in candidates {
-            let r = self.make_rule(p, cube, actions);
-            let rule = self.pipes[p].rules[r as usize].clone();
-            self.pipes[p].index.insert(r, &rule);
-            let start = self.managers[p].inner_count();
-            let room = self.pipes[p].budget.saturating_sub(self.pipes[p].size_estimate);
-            let root = self.pipes[p].root;
-            match self.splice_rule(p, root, r, start + room) {
-                Ok(root) => {
-                    let grew = self.managers[p].inner_count() - start;
-                    self.pipes[p].root = root;
-                    self.pipes[p].size_estimate += grew;
-                    return Ok((p, r));
-                }
-                Err(()) => {
-                    self.pipes[p].index.remove(r, &rule);
-                    self.free_rule(p, r);
-                }
+            if let Ok(r) = self.try_add_rule(p, cube, actions) {
+                return Ok((p, r));
             }
         }
         Err(CompileError::NeedsRecompile { sub, pipelines: self.pipes.len(), budget: self.opts.node_budget })
@@ -555,6 +558,15 @@ impl CompiledSet {
     #[doc(hidden)]
     pub fn widths(&self, p: usize) -> &[u32] {
         &self.pipes[p].manager_widths
+    }
+
+    /// Runs the verifier on every diagram and pipeline.
+    pub fn verify(&self) -> Result<(), String> {
+        for p in 0..self.pipes.len() {
+            crate::verify::verify_diagram(&self.managers[p], self.pipes[p].root).map_err(|e| format!("pipeline {p}: {e}"))?;
+            crate::verify::verify_pipeline(self.pipes[p].lowering.pipeline()).map_err(|e| format!("pipeline {p}: {e}"))?;
+        }
+        Ok(())
     }
 }
 

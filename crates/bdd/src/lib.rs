@@ -29,6 +29,7 @@ pub mod lower;
 pub mod order;
 pub mod pipeline;
 pub mod report;
+pub mod verify;
 
 pub use compiler::{CompileError, CompileOptions, CompiledSet, Update};
 pub use leaf::{Leaf, PortSet};

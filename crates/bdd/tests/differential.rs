@@ -32,6 +32,7 @@ fn examples_agree_with_the_interpreter() {
     for name in ["itch", "ewma-channels", "topic-broker", "ip-forwarding"] {
         let p = example(name);
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        set.verify().unwrap();
         let pcap = read_pcap(&std::fs::read(repo().join("examples").join(name).join("packets.pcap")).unwrap()).unwrap();
         let mut rs = StateStore::new(&p.spec);
         let mut ts = StateStore::new(&p.spec);
@@ -92,6 +93,7 @@ proptest! {
             }
             let now: Vec<_> = set.pipelines().iter().map(|p| (*p).clone()).collect();
             prop_assert_eq!(&old, &now);
+            prop_assert_eq!(set.verify(), Ok(()));
             let subs: Vec<_> = full.subscriptions.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
             let nfs: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
             let p = Program { spec: full.spec.clone(), subscriptions: subs, normal_forms: nfs };

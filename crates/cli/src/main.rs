@@ -1,6 +1,7 @@
 //! `subc`: the command-line front end. Each subcommand lives in its own
 //! module; this file only declares the command line.
 
+mod compile;
 mod input;
 mod sim;
 
@@ -20,7 +21,7 @@ use subc_lang::nf::NfLimits;
                   into match-action tables for P4 switches or into eBPF programs for XDP and TC.\n\n\
                   Inputs are a format spec (*.spec) and subscription files (*.subs), given either as \
                   `--spec SPEC RULES...` or as an example directory holding one spec and its rules.",
-    after_help = "Examples:\n  subc check examples/itch\n  subc check --spec examples/itch/itch.spec examples/itch/rules.subs\n  subc sim examples/itch --pcap examples/itch/packets.pcap --json"
+    after_help = "Examples:\n  subc check examples/itch\n  subc check --spec examples/itch/itch.spec examples/itch/rules.subs\n  subc sim examples/itch --pcap examples/itch/packets.pcap --json\n  subc compile examples/itch --emit stats\n  subc compile examples/itch --emit tables -o out/itch"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,6 +59,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compile subscriptions to tables (IR), a P4 program and entries, or an eBPF program.
+    Compile(compile::CompileArgs),
     /// Run packets from a pcap through the subscriptions and print each decision.
     Sim(sim::SimArgs),
     /// Generate workloads: example pcaps and synthetic subscription sets.
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<ExitCode> = match cli.command {
         Command::Check { input, json } => sim::check(&input, json),
+        Command::Compile(args) => compile::compile(&args),
         Command::Sim(args) => sim::sim(&args),
         Command::Gen(g) => sim::gen(&g),
     };

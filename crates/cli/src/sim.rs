@@ -7,7 +7,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::interp::Interpreter;
+use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
 use subc_lang::pcap::{read_pcap, write_pcap};
 use subc_lang::Program;
 use subc_workload::examples::{example_packets, EXAMPLES};
@@ -45,6 +45,17 @@ pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
 pub enum Engine {
     /// The reference interpreter: the definition of what subscriptions mean.
     Ref,
+    /// The compiled pipeline's tables, looked up as a switch would.
+    Tables,
+}
+
+/// One packet's result, the same shape for every engine.
+pub struct SimResult {
+    pub parsed: bool,
+    /// Matched subscription ids; only the reference interpreter knows them.
+    pub matched: Option<Vec<u64>>,
+    pub ports: Vec<u32>,
+    pub decision: Decision,
 }
 
 #[derive(Args)]
@@ -57,9 +68,13 @@ pub struct SimArgs {
     /// Which engine runs the packets.
     #[arg(long, value_enum, default_value_t = Engine::Ref)]
     engine: Engine,
-    /// One JSON object per packet: packet, matched, ports, decision.
+    /// One JSON object per packet: packet, matched, ports, decision. Only the
+    /// reference engine knows which subscriptions matched; the others print
+    /// `"matched": null`. Diff two engines' outputs on `ports` and `decision`.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    compiler: crate::compile::CompilerArgs,
 }
 
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
@@ -74,34 +89,74 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     };
     let bytes = std::fs::read(&pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
-    let mut out = std::io::stdout().lock();
-    match args.engine {
+    let results: Vec<SimResult> = match args.engine {
         Engine::Ref => {
             let mut interp = Interpreter::new(&program.spec, &program.subscriptions);
-            for (i, p) in packets.iter().enumerate() {
-                let o = interp.run(&p.data, p.ts_ns);
-                if args.json {
-                    let v = serde_json::json!({
-                        "packet": i,
-                        "matched": o.matched,
-                        "ports": o.ports,
-                        "decision": o.decision.as_str(),
-                    });
-                    writeln!(out, "{v}")?;
-                } else {
-                    let ports: Vec<String> = o.ports.iter().map(u32::to_string).collect();
-                    let matched: Vec<String> = o.matched.iter().map(u64::to_string).collect();
-                    let what = match o.decision {
-                        subc_lang::interp::Decision::Forward => format!("forward to {}", ports.join(",")),
-                        d => d.as_str().to_string(),
-                    };
-                    let why = if !o.parsed { " (did not parse)".to_string() } else if matched.is_empty() { String::new() } else { format!("  matched {}", matched.join(",")) };
-                    writeln!(out, "packet {i:>4}: {what}{why}")?;
+            packets
+                .iter()
+                .map(|p| {
+                    let o = interp.run(&p.data, p.ts_ns);
+                    SimResult { parsed: o.parsed, matched: Some(o.matched), ports: o.ports, decision: o.decision }
+                })
+                .collect()
+        }
+        Engine::Tables => {
+            let (set, _) = crate::compile::compile_program(&program, &args.compiler)?;
+            let mut state = StateStore::new(&program.spec);
+            packets
+                .iter()
+                .map(|p| match parse_packet(&program.spec, &p.data) {
+                    None => SimResult { parsed: false, matched: None, ports: vec![], decision: Decision::NoMatch },
+                    Some(pkt) => {
+                        let values = state.pre_stage(&program.spec, &pkt, p.ts_ns);
+                        let a = set.eval_tables(&values).to_actions();
+                        state.apply_updates(&program.spec, &pkt, &a.updates);
+                        let decision = Decision::of(&a.ports, a.drop);
+                        SimResult { parsed: true, matched: None, ports: a.ports.into_iter().collect(), decision }
+                    }
+                })
+                .collect()
+        }
+    };
+    print_results(&results, args.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints per-packet results: one JSON object per line, or text.
+pub fn print_results(results: &[SimResult], json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for (i, o) in results.iter().enumerate() {
+        let r = if json {
+            let v = serde_json::json!({
+                "packet": i,
+                "matched": o.matched,
+                "ports": o.ports,
+                "decision": o.decision.as_str(),
+            });
+            writeln!(out, "{v}")
+        } else {
+            let ports: Vec<String> = o.ports.iter().map(u32::to_string).collect();
+            let what = match o.decision {
+                Decision::Forward => format!("forward to {}", ports.join(",")),
+                d => d.as_str().to_string(),
+            };
+            let why = match (&o.matched, o.parsed) {
+                (_, false) => " (did not parse)".to_string(),
+                (Some(m), true) if !m.is_empty() => {
+                    format!("  matched {}", m.iter().map(u64::to_string).collect::<Vec<_>>().join(","))
                 }
-            }
+                _ => String::new(),
+            };
+            writeln!(out, "packet {i:>4}: {what}{why}")
+        };
+        match r {
+            Ok(()) => {}
+            // A closed pipe (`subc sim ... | head`) is not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 #[derive(Subcommand)]

@@ -22,6 +22,7 @@ pub mod check_subs;
 pub mod diag;
 pub mod interp;
 pub mod lexer;
+pub mod namer;
 pub mod nf;
 pub mod parse;
 pub mod pcap;

@@ -57,6 +57,7 @@ pub fn both(p: &Program, set: &CompiledSet, ref_state: &mut StateStore, tab_stat
     let r = (a.ports.iter().copied().collect(), Decision::of(&a.ports, a.drop));
 
     let values = tab_state.pre_stage(&p.spec, &pkt, ts);
+    debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
     let leaf: Leaf = set.eval_tables(&values);
     let diag: Leaf = set.eval_diagram(&values);
     assert_eq!(leaf, diag, "tables and diagram disagree");
