@@ -128,7 +128,7 @@ fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result
             }
             Emit::Stats => {
                 let mut v = serde_json::to_value(stats(&set, secs))?;
-                v["orders"] = serde_json::to_value(order_sizes(program, &args.compiler, &set))?;
+                v["orders"] = serde_json::to_value(order_sizes(program, &args.compiler))?;
                 files.push(("stats.json", serde_json::to_vec_pretty(&v)?));
             }
             Emit::Dot => files.push(("diagram.dot", dot(&set, &program.spec).into_bytes())),
@@ -165,22 +165,12 @@ pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)]) -> Result<()
     Ok(())
 }
 
-/// Sizes that other field orders give: every permutation of the constrained
-/// fields when there are at most four, otherwise each one moved first.
-fn order_sizes(program: &Program, args: &CompilerArgs, chosen: &CompiledSet) -> Vec<serde_json::Value> {
+/// Sizes that other field orders give: the compiler's own candidates
+/// (every permutation of the constrained fields when there are at most four,
+/// otherwise each one moved first), each compiled in full.
+fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value> {
     let spec = &program.spec;
-    let used: Vec<QueryFieldId> = chosen.order(0).iter().copied().filter(|f| program.normal_forms.iter().any(|s| s.cubes.iter().any(|c| c.get(*f).is_some()))).collect();
-    let mut candidates: Vec<Vec<QueryFieldId>> = vec![];
-    if used.len() <= 4 {
-        permutations(&used, &mut vec![], &mut candidates);
-    } else {
-        for f in &used {
-            let mut o = vec![*f];
-            o.extend(used.iter().copied().filter(|g| g != f));
-            candidates.push(o);
-        }
-    }
-    candidates
+    subc_bdd::order::candidate_orders(spec, &program.normal_forms)
         .into_iter()
         .take(24)
         .map(|order| {
@@ -197,18 +187,4 @@ fn order_sizes(program: &Program, args: &CompilerArgs, chosen: &CompiledSet) -> 
             }
         })
         .collect()
-}
-
-fn permutations(items: &[QueryFieldId], prefix: &mut Vec<QueryFieldId>, out: &mut Vec<Vec<QueryFieldId>>) {
-    if items.is_empty() {
-        out.push(prefix.clone());
-        return;
-    }
-    for i in 0..items.len() {
-        let mut rest = items.to_vec();
-        let x = rest.remove(i);
-        prefix.push(x);
-        permutations(&rest, prefix, out);
-        prefix.pop();
-    }
 }
