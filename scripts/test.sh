@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every test of subc on a fresh Debian 12 machine: installs what the
+# tests need (Debian packages, Rust components, a Python virtual environment
+# for the P4Runtime checks), then builds and tests the whole workspace.
+#
+#   ./scripts/test.sh            # everything
+#   SUBC_SKIP_INSTALL=1 ./scripts/test.sh   # skip the installs on a machine that has them
+#
+# Kernel (eBPF) tests need root; under CI=true they must run, never skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
+    log "installing Debian packages"
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
+        protobuf-compiler graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
+    if ! command -v cargo >/dev/null; then
+        log "installing Rust"
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+        # shellcheck disable=SC1091
+        . "$HOME/.cargo/env"
+    fi
+fi
+
+log "toolchain: $(cargo --version), $(clang --version | head -1)"
+
+log "building"
+cargo build --workspace --all-targets --locked
+
+log "testing the workspace"
+cargo test --workspace --locked
+
+log "all tests passed"
