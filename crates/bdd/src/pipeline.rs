@@ -19,9 +19,15 @@
 //!   range field;
 //! - the child whose intervals would cost the most ranged (TCAM) entries
 //!   becomes the state's default entry (SRAM) instead;
-//! - on ternary and LPM fields, ranges are expanded into prefixes; on range
-//!   fields they stay ranges, and the report counts their prefix expansion
-//!   as their TCAM cost (a W-bit range needs up to 2W-2 prefixes).
+//! - on LPM and ternary fields, a state's partition becomes the smallest
+//!   set of possibly nested prefixes whose longest match gives the right
+//!   next state (ORTC, Draves et al., "Constructing optimal IP routing
+//!   tables", 1999): `10/8 -> A, 10.1/16 -> B` rather than the eight
+//!   disjoint prefixes around `10.1/16`. The shortest prefix, `/0`, becomes
+//!   the default entry; ternary entries take priority by prefix length;
+//! - on range fields, intervals stay ranges, and the report counts their
+//!   prefix expansion as their TCAM cost (a W-bit range needs up to 2W-2
+//!   prefixes).
 
 use crate::leaf::{Leaf, PortSet};
 use serde::Serialize;
@@ -67,6 +73,15 @@ impl Match {
             Match::Exact { .. } => 0,
             Match::Default => 2,
             _ => 1,
+        }
+    }
+    /// Among matching ranged entries of a state, the longest prefix wins
+    /// (ranges never overlap, so their priority is irrelevant).
+    pub fn prefix_len(&self, width: u32) -> u32 {
+        match *self {
+            Match::Prefix { len, .. } => len,
+            Match::Ternary { mask, .. } => (mask & subc_lang::value::mask(width)).count_ones(),
+            _ => 0,
         }
     }
     /// Entries of TCAM this entry costs once ranges are expanded into prefixes.
@@ -144,10 +159,11 @@ impl Table {
     /// `None` on a miss.
     pub fn lookup(&self, state: StateId, v: u64) -> Option<StateId> {
         let range = self.entries.range((state, Match::Exact { value: 0 })..=(state, Match::Default));
-        let mut best: Option<(u8, StateId)> = None;
+        let mut best: Option<((u8, std::cmp::Reverse<u32>), StateId)> = None;
         for ((_, m), next) in range {
-            if m.matches(v, self.width) && best.is_none_or(|(s, _)| m.stage() < s) {
-                best = Some((m.stage(), *next));
+            let rank = (m.stage(), std::cmp::Reverse(m.prefix_len(self.width)));
+            if m.matches(v, self.width) && best.is_none_or(|(r, _)| rank < r) {
+                best = Some((rank, *next));
             }
         }
         best.map(|(_, n)| n)
@@ -181,31 +197,53 @@ impl Pipeline {
     }
 }
 
-/// Computes a state's entries from its node's intervals `(lo, hi, next)`,
-/// choosing the default entry that minimizes TCAM cost. `empty` is the state
-/// of the empty leaf (intervals to it need no entry unless another child is
-/// the default, in which case they go to [`DEAD`]).
+/// Computes a state's entries from its node's intervals `(lo, hi, next)`.
+/// Intervals to [`DEAD`] need no entry unless another child is the default.
 pub fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
-    let ranged = |lo: u64, hi: u64| -> Vec<Match> {
-        match kind {
-            MatchKind::Exact => vec![],
-            MatchKind::Range => vec![Match::Range { lo, hi }],
-            MatchKind::Lpm => range_to_prefixes(lo, hi, width).into_iter().map(|(value, len)| Match::Prefix { value, len }).collect(),
-            MatchKind::Ternary => range_to_prefixes(lo, hi, width)
-                .into_iter()
-                .map(|(value, len)| Match::Ternary { value, mask: mask(width) & !mask(width - len) })
-                .collect(),
+    match kind {
+        MatchKind::Exact => exact_entries(intervals),
+        MatchKind::Range => range_entries(intervals, width),
+        MatchKind::Lpm | MatchKind::Ternary => nested_prefix_entries(intervals, width, kind),
+    }
+}
+
+/// Exact fields: the child covering the most values is the default; every
+/// other interval becomes exact entries, one per value. Those intervals hold
+/// only values some rule names as a constant (all other values behave alike
+/// and go to one child), so the expansion is bounded by the constants; but
+/// adjacent constants with the same child do merge into one interval, which
+/// is why this expands intervals rather than expecting single values.
+fn exact_entries(intervals: &[(u64, u64, StateId)]) -> Vec<(Match, StateId)> {
+    let mut count: std::collections::BTreeMap<StateId, u128> = std::collections::BTreeMap::new();
+    for &(lo, hi, next) in intervals {
+        *count.entry(next).or_insert(0) += (hi - lo) as u128 + 1;
+    }
+    let default = count.iter().max_by_key(|(s, c)| (**c, std::cmp::Reverse(**s))).map(|(s, _)| *s).unwrap_or(DEAD);
+    let mut out = vec![];
+    for &(lo, hi, next) in intervals {
+        if next != default {
+            debug_assert!(hi - lo < 1 << 24, "an exact field's interval [{lo}, {hi}] spans values no rule names");
+            for value in lo..=hi {
+                out.push((Match::Exact { value }, next));
+            }
         }
-    };
+    }
+    if default != DEAD {
+        out.push((Match::Default, default));
+    }
+    out
+}
+
+/// Range fields: one entry per interval not covered by the default (single
+/// values as exact entries), choosing as default the child whose intervals
+/// would cost the most TCAM.
+fn range_entries(intervals: &[(u64, u64, StateId)], width: u32) -> Vec<(Match, StateId)> {
     // Cost of an interval that is not covered by the default: (tcam, sram).
     let cost = |lo: u64, hi: u64| -> (usize, usize) {
         if lo == hi {
             (0, 1)
         } else {
-            match kind {
-                MatchKind::Exact => (usize::MAX / 4, 0),
-                _ => (range_to_prefixes(lo, hi, width).len(), 0),
-            }
+            (range_to_prefixes(lo, hi, width).len(), 0)
         }
     };
     let mut candidates: Vec<StateId> = intervals.iter().map(|x| x.2).collect();
@@ -217,7 +255,7 @@ pub fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchK
         for &(lo, hi, next) in intervals {
             if next != d {
                 let c = cost(lo, hi);
-                t = (t.0.saturating_add(c.0), t.1 + c.1);
+                t = (t.0 + c.0, t.1 + c.1);
             }
         }
         t
@@ -231,15 +269,104 @@ pub fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchK
         if lo == hi {
             out.push((Match::Exact { value: lo }, next));
         } else {
-            for m in ranged(lo, hi) {
-                out.push((m, next));
-            }
+            out.push((Match::Range { lo, hi }, next));
         }
     }
     if default != DEAD {
         out.push((Match::Default, default));
     }
     out
+}
+
+/// A node of the binary trie over a state's partition.
+enum Trie {
+    Leaf(StateId),
+    Split(Box<Trie>, Box<Trie>),
+}
+
+/// The trie of the partition restricted to the block `[base, base + 2^bits)`.
+fn trie(intervals: &[(u64, u64, StateId)], base: u64, bits: u32) -> Trie {
+    let last = base + ((1u128 << bits) - 1) as u64;
+    // The interval containing `base`; intervals are sorted and cover the domain.
+    let k = intervals.partition_point(|iv| iv.1 < base);
+    if intervals[k].1 >= last {
+        return Trie::Leaf(intervals[k].2);
+    }
+    let half = 1u64 << (bits - 1);
+    Trie::Split(Box::new(trie(intervals, base, bits - 1)), Box::new(trie(intervals, base + half, bits - 1)))
+}
+
+/// ORTC: the minimal set of nested prefixes whose longest match reproduces
+/// the partition. Pass 1 computes, bottom-up, the set of next states each
+/// subtree could inherit at no cost (the intersection of its children's, or
+/// their union when that is empty); pass 2 chooses top-down, emitting a
+/// prefix only where the inherited next state is not in the subtree's set.
+fn nested_prefix_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
+    // Pass 1, memoised per trie node in post-order.
+    struct Node {
+        set: Vec<StateId>,
+        children: Option<(usize, usize)>,
+    }
+    fn pass1(t: &Trie, nodes: &mut Vec<Node>) -> usize {
+        let node = match t {
+            Trie::Leaf(s) => Node { set: vec![*s], children: None },
+            Trie::Split(a, b) => {
+                let (ia, ib) = (pass1(a, nodes), pass1(b, nodes));
+                let (sa, sb) = (&nodes[ia].set, &nodes[ib].set);
+                let inter: Vec<StateId> = sa.iter().copied().filter(|x| sb.contains(x)).collect();
+                let set = if inter.is_empty() {
+                    let mut u: Vec<StateId> = sa.iter().chain(sb.iter()).copied().collect();
+                    u.sort_unstable();
+                    u.dedup();
+                    u
+                } else {
+                    inter
+                };
+                Node { set, children: Some((ia, ib)) }
+            }
+        };
+        nodes.push(node);
+        nodes.len() - 1
+    }
+    let t = trie(intervals, 0, width);
+    let mut nodes = vec![];
+    let root = pass1(&t, &mut nodes);
+    // Pass 2: (node, prefix value, prefix length, inherited next state).
+    let mut out: Vec<(u64, u32, StateId)> = vec![];
+    // The root chooses the smallest id in its set: DEAD when possible, which
+    // needs no entry at all.
+    let root_choice = nodes[root].set[0];
+    out.push((0, 0, root_choice));
+    let mut stack = vec![(root, 0u64, 0u32, root_choice)];
+    while let Some((n, value, len, inherited)) = stack.pop() {
+        let Some((a, b)) = nodes[n].children else { continue };
+        for (child, v) in [(a, value), (b, value | (1u64 << (width - len - 1)))] {
+            let chosen = if nodes[child].set.contains(&inherited) {
+                inherited
+            } else {
+                let c = nodes[child].set[0];
+                out.push((v, len + 1, c));
+                c
+            };
+            stack.push((child, v, len + 1, chosen));
+        }
+    }
+    let mut entries = vec![];
+    for (value, len, next) in out {
+        if len == 0 {
+            if next != DEAD {
+                entries.push((Match::Default, next));
+            }
+        } else if len == width {
+            entries.push((Match::Exact { value }, next));
+        } else if kind == MatchKind::Lpm {
+            entries.push((Match::Prefix { value, len }, next));
+        } else {
+            entries.push((Match::Ternary { value, mask: mask(width) & !mask(width - len) }, next));
+        }
+    }
+    entries.sort_unstable();
+    entries
 }
 
 #[cfg(test)]
@@ -264,6 +391,34 @@ mod tests {
     }
 
     #[test]
+    fn lpm_entries_nest() {
+        // 10/8 -> 2, except 10.1/16 -> 3, except 10.1.2/24 -> 2; else DEAD.
+        let p = |a: u64, b: u64, c: u64, d: u64| (a << 24) | (b << 16) | (c << 8) | d;
+        let iv = vec![
+            (0, p(9, 255, 255, 255), DEAD),
+            (p(10, 0, 0, 0), p(10, 0, 255, 255), 2),
+            (p(10, 1, 0, 0), p(10, 1, 1, 255), 3),
+            (p(10, 1, 2, 0), p(10, 1, 2, 255), 2),
+            (p(10, 1, 3, 0), p(10, 1, 255, 255), 3),
+            (p(10, 2, 0, 0), p(10, 255, 255, 255), 2),
+            (p(11, 0, 0, 0), u32::MAX as u64, DEAD),
+        ];
+        let e = state_entries(&iv, 32, MatchKind::Lpm);
+        assert_eq!(
+            e,
+            vec![
+                (Match::Prefix { value: p(10, 0, 0, 0), len: 8 }, 2),
+                (Match::Prefix { value: p(10, 1, 0, 0), len: 16 }, 3),
+                (Match::Prefix { value: p(10, 1, 2, 0), len: 24 }, 2),
+            ]
+        );
+        // The same partition on a ternary field: masks by prefix length.
+        let t = state_entries(&iv, 32, MatchKind::Ternary);
+        assert_eq!(t.len(), 3);
+        assert!(t.contains(&(Match::Ternary { value: p(10, 1, 0, 0), mask: 0xffff_0000 }, 3)));
+    }
+
+    #[test]
     fn default_takes_the_costliest_child() {
         // shares > 100 : X   →  a range [101, max] or a default entry to X
         // with [0, 100] going to DEAD.
@@ -275,5 +430,9 @@ mod tests {
         // stock != A on an exact field: default to X, exact entry to DEAD.
         let e = state_entries(&[(0, 9, 3), (10, 10, DEAD), (11, 255, 3)], 8, MatchKind::Exact);
         assert_eq!(e, vec![(Match::Exact { value: 10 }, DEAD), (Match::Default, 3)]);
+        // kind in {2, 3} on an exact field: adjacent constants with one child
+        // merge into an interval, which becomes one exact entry per value.
+        let e = state_entries(&[(0, 1, 5), (2, 3, 4), (4, 255, 5)], 8, MatchKind::Exact);
+        assert_eq!(e, vec![(Match::Exact { value: 2 }, 4), (Match::Exact { value: 3 }, 4), (Match::Default, 5)]);
     }
 }

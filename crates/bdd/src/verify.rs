@@ -21,8 +21,9 @@
 //!    reaches a state that does not exist);
 //! 7. each state has entries in one table only, and the root is a state
 //!    (or `DEAD` for an empty set);
-//! 8. entries of one state in one table do not overlap within a lookup
-//!    stage (exact, ranged, default), and there is at most one default;
+//! 8. range entries of one state do not overlap (prefix and ternary entries
+//!    may nest: the longest match wins), and a state has at most one
+//!    default;
 //! 9. match values fit the field's width; ranges have `lo <= hi`; prefixes
 //!    and ternary masks are well formed; exact-kind tables have no ranged
 //!    entries;
@@ -132,9 +133,6 @@ pub fn verify_pipeline(p: &Pipeline) -> Result<(), String> {
                 .iter()
                 .filter_map(|m| match **m {
                     Match::Range { lo, hi } => Some((lo, hi)),
-                    Match::Prefix { value, len } => Some((value, value | mask(table.width - len))),
-                    Match::Ternary { value, mask: k } if (!k & max).wrapping_add(1) & (!k & max) == 0 => Some((value, value | (!k & max))),
-                    Match::Ternary { .. } => None,
                     _ => None,
                 })
                 .collect();

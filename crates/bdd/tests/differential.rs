@@ -101,3 +101,82 @@ proptest! {
         }
     }
 }
+
+/// A spec with an LPM, a ternary, a range and an exact field, and random
+/// rules over them: prefixes, ranges, `==`, `!=` and negations.
+fn mixed_kinds_program(seed: u64, n: usize) -> Program {
+    let spec = "header ethernet { dst: 48 mac; src: 48 mac; ethertype: 16; }\n\
+                header h { addr: 32 ipv4; tag: 16; size: 16; kind: 8; }\n\
+                parser { start -> ethernet; ethernet -> select(ethertype) { 0x88b6: h; } h -> accept; }\n\
+                query h.addr lpm;\nquery h.tag ternary;\nquery h.size;\nquery h.kind exact;\n";
+    let mut rng = Rng::new(seed);
+    let mut rules = String::new();
+    for _ in 0..n {
+        let mut parts = vec![];
+        if rng.chance(0.7) {
+            let len = rng.range(0, 24);
+            let a = (rng.below(4) as u32) << 28 | (rng.below(1 << 12) as u32) << 16;
+            let a = if len == 0 { 0 } else { a & !((1u32 << (32 - len)) - 1) };
+            let neg = if rng.chance(0.2) { "!" } else { "" };
+            parts.push(format!("{neg}(addr in {}.{}.{}.{}/{len})", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255));
+        }
+        if rng.chance(0.5) {
+            let op = rng.pick(&["<", ">", "==", "!=", "<=", ">="]);
+            parts.push(format!("tag {op} {}", rng.below(1 << 12)));
+        }
+        if rng.chance(0.4) {
+            let op = rng.pick(&["<", ">", "=="]);
+            parts.push(format!("size {op} {}", rng.below(2000)));
+        }
+        if rng.chance(0.4) {
+            parts.push(format!("kind {} {}", rng.pick(&["==", "!="]), rng.below(4)));
+        }
+        if parts.is_empty() {
+            parts.push("true".into());
+        }
+        let port = rng.below(8);
+        let action = if rng.chance(0.1) { "drop".to_string() } else { format!("fwd({port})") };
+        rules.push_str(&format!("{} : {action}\n", parts.join(" && ")));
+    }
+    program(spec, &[&rules])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn nested_prefixes_agree(seed in 0u64..100_000, n in 1usize..40) {
+        let p = mixed_kinds_program(seed, n);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        prop_assert_eq!(set.verify(), Ok(()));
+        run_random_packets(&p, &set, seed, 400);
+    }
+
+    #[test]
+    fn split_pipelines_agree(seed in 0u64..10_000, n in 10usize..60, steps in 0usize..12) {
+        // A tiny split size forces several pipelines; adds and removes must
+        // keep their union right.
+        let full = siena_program(n, seed, false);
+        let half = n / 2;
+        let opts = CompileOptions { split_nodes: 16, max_pipelines: 512, node_budget: 64, ..Default::default() };
+        let mut set = CompiledSet::compile(&full.spec, &full.normal_forms[..half], opts).unwrap();
+        let mut present: Vec<bool> = (0..n).map(|i| i < half).collect();
+        let mut rng = Rng::new(seed);
+        for _ in 0..steps {
+            let k = rng.below(n as u64) as usize;
+            let sub = &full.normal_forms[k];
+            let r = if present[k] { set.remove(&[sub.id]) } else { set.add(std::slice::from_ref(sub)) };
+            match r {
+                Ok(_) => present[k] = !present[k],
+                // A rule that fits no pipeline is refused, and nothing changes.
+                Err(subc_bdd::CompileError::NeedsRecompile { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+            prop_assert_eq!(set.verify(), Ok(()));
+        }
+        let subs: Vec<_> = full.subscriptions.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+        let nfs: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+        let p = Program { spec: full.spec.clone(), subscriptions: subs, normal_forms: nfs };
+        run_random_packets(&p, &set, seed, 300);
+    }
+}
