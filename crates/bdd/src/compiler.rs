@@ -77,6 +77,11 @@ pub enum CompileError {
     NeedsRecompile { sub: SubId, pipelines: usize, budget: usize },
     #[error("subscription {0} is already in the set")]
     Duplicate(SubId),
+    #[error(
+        "the target's program has {target} pipeline(s) with tables {target_tables:?}, but this set compiles to \
+         {ours} with tables {our_tables:?}; the program must be redeployed"
+    )]
+    ProgramMismatch { target: usize, ours: usize, target_tables: Vec<String>, our_tables: Vec<String> },
     #[error("subscription {0} is not in the set")]
     Unknown(SubId),
 }
@@ -484,6 +489,48 @@ impl CompiledSet {
             }
         }
         Ok(self.lower_all())
+    }
+
+    /// After a restart: renames this compile's state and group ids to match
+    /// the pipelines a target holds (paired by position from the roots), so
+    /// that what did not change is not reinstalled, and returns the diff that
+    /// takes the target to this set. Later updates then apply to the target.
+    /// Fails, changing nothing, if the target runs a program with other
+    /// pipelines or tables.
+    pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<Update, CompileError> {
+        let names = |ps: Vec<&Pipeline>| -> Vec<String> {
+            ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect()
+        };
+        let ours = names(self.pipelines());
+        let theirs = names(deployed.iter().collect());
+        if deployed.len() != self.pipes.len() || ours != theirs {
+            return Err(CompileError::ProgramMismatch {
+                target: deployed.len(),
+                ours: self.pipes.len(),
+                target_tables: theirs,
+                our_tables: ours,
+            });
+        }
+        let mut diffs = vec![];
+        for (p, d) in deployed.iter().enumerate() {
+            let (states, groups) = crate::diff::align(d, self.pipes[p].lowering.pipeline());
+            let max_state = d
+                .tables
+                .iter()
+                .flat_map(|t| t.entries.iter().flat_map(|((s, _), n)| [*s, *n]))
+                .chain(d.leaves.keys().copied())
+                .chain(std::iter::once(d.root))
+                .max()
+                .unwrap_or(0);
+            let max_group = d.groups.keys().copied().max().unwrap_or(0);
+            self.pipes[p].lowering.rename(&states, &groups, max_state + 1, max_group + 1);
+            let mut diff = crate::diff::diff_pipelines(d, self.pipes[p].lowering.pipeline());
+            if !diff.is_empty() {
+                diff.pipeline = p;
+                diffs.push(diff);
+            }
+        }
+        Ok(Update { diffs })
     }
 
     fn lower_all(&mut self) -> Update {

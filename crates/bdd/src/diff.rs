@@ -17,7 +17,8 @@
 //!    any more), then leaf entries;
 //! 7. remove groups.
 
-use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId};
+use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId, DEAD};
+use std::collections::BTreeMap;
 use serde::Serialize;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -193,4 +194,96 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// The diff that takes a target holding `old` to `new`, where a state or
+/// group id present in both means the same thing. Used to deploy to a target
+/// that missed updates (batching comes for free: diff against the latest),
+/// and by [`crate::CompiledSet::adopt`] after a restart.
+pub fn diff_pipelines(old: &Pipeline, new: &Pipeline) -> PipelineDiff {
+    let mut d = PipelineDiff { tables: vec![TableDiff::default(); new.tables.len()], ..Default::default() };
+    for (g, ports) in &new.groups {
+        match old.groups.get(g) {
+            None => d.groups_created.push((*g, ports.clone())),
+            Some(p) if p != ports => d.groups_changed.push((*g, ports.clone())),
+            Some(_) => {}
+        }
+    }
+    d.groups_removed = old.groups.keys().filter(|g| !new.groups.contains_key(g)).copied().collect();
+    for (t, (ot, nt)) in old.tables.iter().zip(&new.tables).enumerate() {
+        for (k, next) in &nt.entries {
+            match ot.entries.get(k) {
+                None => d.tables[t].inserts.push((k.0, k.1, *next)),
+                Some(n) if n != next => d.tables[t].modifies.push((k.0, k.1, *next)),
+                Some(_) => {}
+            }
+        }
+        d.tables[t].deletes = ot.entries.keys().filter(|k| !nt.entries.contains_key(k)).copied().collect();
+    }
+    for (s, l) in &new.leaves {
+        match old.leaves.get(s) {
+            None => d.leaf_inserts.push((*s, l.clone())),
+            Some(x) if x != l => d.leaf_modifies.push((*s, l.clone())),
+            Some(_) => {}
+        }
+    }
+    d.leaf_deletes = old.leaves.keys().filter(|s| !new.leaves.contains_key(s)).copied().collect();
+    if old.root != new.root {
+        d.root = Some(new.root);
+    }
+    d
+}
+
+/// Pairs the states and groups of `fresh` with those of `deployed` by
+/// walking both from their roots: two states pair when they sit at the same
+/// position (the same entry key leads to them from paired states). Returns
+/// the maps fresh id -> deployed id for the paired ones.
+pub fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateId>, BTreeMap<GroupId, GroupId>) {
+    let table_of = |p: &Pipeline| -> BTreeMap<StateId, usize> {
+        let mut m = BTreeMap::new();
+        for (t, table) in p.tables.iter().enumerate() {
+            for (s, _) in table.entries.keys() {
+                m.insert(*s, t);
+            }
+        }
+        m
+    };
+    let (dt, ft) = (table_of(deployed), table_of(fresh));
+    let mut states: BTreeMap<StateId, StateId> = BTreeMap::new();
+    let mut claimed: std::collections::BTreeSet<StateId> = std::collections::BTreeSet::new();
+    let mut groups: BTreeMap<GroupId, GroupId> = BTreeMap::new();
+    states.insert(DEAD, DEAD);
+    claimed.insert(DEAD);
+    let mut work = vec![(deployed.root, fresh.root)];
+    while let Some((d, f)) = work.pop() {
+        if states.contains_key(&f) || claimed.contains(&d) {
+            continue;
+        }
+        match (dt.get(&d), ft.get(&f), deployed.leaves.get(&d), fresh.leaves.get(&f)) {
+            (Some(td), Some(tf), _, _) if td == tf => {
+                states.insert(f, d);
+                claimed.insert(d);
+                let range = |p: &Pipeline, t: usize, s: StateId| -> Vec<(Match, StateId)> {
+                    p.tables[t].entries.range((s, Match::Exact { value: 0 })..=(s, Match::Default)).map(|((_, k), n)| (*k, *n)).collect()
+                };
+                let de: BTreeMap<Match, StateId> = range(deployed, *td, d).into_iter().collect();
+                for (k, nf) in range(fresh, *tf, f) {
+                    if let Some(nd) = de.get(&k) {
+                        work.push((*nd, nf));
+                    }
+                }
+            }
+            (None, None, Some(ld), Some(lf)) => {
+                states.insert(f, d);
+                claimed.insert(d);
+                if let (Some(gd), Some(gf)) = (ld.group, lf.group) {
+                    if !groups.contains_key(&gf) && !groups.values().any(|g| *g == gd) {
+                        groups.insert(gf, gd);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (states, groups)
 }

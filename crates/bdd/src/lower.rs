@@ -416,6 +416,65 @@ impl Lowering {
         diff
     }
 
+    /// Renames state and group ids: those in the maps take their mapped ids,
+    /// all others get fresh ids above `min_state` / `min_group` (so that
+    /// they collide with nothing a target holds). Used to adopt a target's
+    /// ids after a restart.
+    pub fn rename(
+        &mut self,
+        states: &BTreeMap<StateId, StateId>,
+        groups: &BTreeMap<GroupId, GroupId>,
+        min_state: StateId,
+        min_group: GroupId,
+    ) {
+        let mut next_state = min_state.max(1);
+        let mut smap: BTreeMap<StateId, StateId> = states.clone();
+        let mut ids: Vec<StateId> = self.node_state.values().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            smap.entry(id).or_insert_with(|| {
+                next_state += 1;
+                next_state - 1
+            });
+        }
+        let mut next_group = min_group.max(1);
+        let mut gmap: BTreeMap<GroupId, GroupId> = groups.clone();
+        for g in self.pipeline.groups.keys() {
+            gmap.entry(*g).or_insert_with(|| {
+                next_group += 1;
+                next_group - 1
+            });
+        }
+        let s = |id: StateId| -> StateId { if id == DEAD { DEAD } else { smap[&id] } };
+        for v in self.node_state.values_mut() {
+            *v = s(*v);
+        }
+        for t in &mut self.pipeline.tables {
+            t.entries = t.entries.iter().map(|((st, k), n)| ((s(*st), *k), s(*n))).collect();
+        }
+        self.pipeline.leaves = self
+            .pipeline
+            .leaves
+            .iter()
+            .map(|(st, l)| {
+                let mut l = l.clone();
+                l.group = l.group.map(|g| gmap[&g]);
+                (s(*st), l)
+            })
+            .collect();
+        self.pipeline.groups = self.pipeline.groups.iter().map(|(g, p)| (gmap[g], p.clone())).collect();
+        for v in self.groups.values_mut() {
+            v.0 = gmap[&v.0];
+        }
+        self.pipeline.root = s(self.pipeline.root);
+        self.next_id = smap.values().copied().max().unwrap_or(0).max(next_state) + 1;
+        self.next_group = gmap.values().copied().max().unwrap_or(0).max(next_group) + 1;
+        self.free_ids.clear();
+        self.pending_free.clear();
+        self.free_groups.clear();
+        self.pending_free_groups.clear();
+    }
+
     fn state_entries_of(&self, level: usize, id: StateId) -> Vec<(Match, StateId)> {
         self.pipeline.tables[level]
             .entries
