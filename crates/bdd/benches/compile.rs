@@ -4,47 +4,14 @@
 //! `which` one of `itch`, `siena`, `incremental`. Each size runs in a child
 //! process so that its peak memory (VmHWM) is its own.
 
+mod util;
+
 use std::time::Instant;
 use subc_bdd::report::stats;
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
-use subc_lang::Program;
 use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
-
-fn peak_rss_mib() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<f64>().ok())
-        .map(|k| k / 1024.0)
-        .unwrap_or(0.0)
-}
-
-fn program(spec: &str, rules: &str) -> (Program, f64) {
-    let t = Instant::now();
-    let mut sources = SourceMap::new();
-    let s = sources.add("spec", spec.to_string());
-    let r = sources.add("rules", rules.to_string());
-    let (p, d) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
-    let p = p.unwrap_or_else(|| panic!("{}", d.render(&sources)));
-    (p, t.elapsed().as_secs_f64())
-}
-
-fn itch_spec() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap()
-}
-
-fn run_child(args: &[String]) {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe).args(args).output().expect("run child");
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    if !out.status.success() {
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    }
-}
+use util::{itch_spec, peak_rss_mib, program, run_child};
 
 fn itch_one(n: usize) {
     let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });
@@ -58,7 +25,7 @@ fn itch_one(n: usize) {
         "{}",
         serde_json::json!({
             "bench": "camus_itch", "subscriptions": n, "compile_seconds": secs, "check_seconds": check_s,
-            "nodes": st.nodes, "entries_total": st.entries_total, "field_entries": st.field_entries,
+            "nodes": st.nodes, "entries_total": st.entries_total, "entries_folded": st.entries_folded, "field_entries": st.field_entries,
             "leaf_entries": st.leaf_entries, "tcam_entries": st.tcam_entries, "sram_entries": st.sram_entries,
             "multicast_groups": st.multicast_groups, "pipelines": st.pipelines, "tables": tables,
             "peak_rss_mib": peak_rss_mib(),

@@ -11,7 +11,6 @@ use subc_lang::interp::StateStore;
 use subc_lang::pcap::read_pcap;
 use subc_lang::Program;
 use subc_workload::packets::PacketGen;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
 
 fn run_random_packets(p: &Program, set: &CompiledSet, seed: u64, n: usize) {
@@ -42,18 +41,6 @@ fn examples_agree_with_the_interpreter() {
         }
         run_random_packets(&p, &set, 1, 2000);
     }
-}
-
-fn itch_program(n: usize, seed: u64) -> Program {
-    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
-    let rules = itch(&ItchParams { subscriptions: n, symbols: 10, max_shares: 100, hosts: 20, seed });
-    program(&spec, &[&rules])
-}
-
-fn siena_program(n: usize, seed: u64, camus: bool) -> Program {
-    let spec = siena_spec(6, 64);
-    let rules = siena(&SienaParams { filters: n, attributes: 6, zipf: true, camus_variant: camus, constraints: None, ports: 16, seed });
-    program(&spec, &[&rules])
 }
 
 proptest! {
@@ -100,45 +87,6 @@ proptest! {
             run_random_packets(&p, &set, seed ^ 7, 100);
         }
     }
-}
-
-/// A spec with an LPM, a ternary, a range and an exact field, and random
-/// rules over them: prefixes, ranges, `==`, `!=` and negations.
-fn mixed_kinds_program(seed: u64, n: usize) -> Program {
-    let spec = "header ethernet { dst: 48 mac; src: 48 mac; ethertype: 16; }\n\
-                header h { addr: 32 ipv4; tag: 16; size: 16; kind: 8; }\n\
-                parser { start -> ethernet; ethernet -> select(ethertype) { 0x88b6: h; } h -> accept; }\n\
-                query h.addr lpm;\nquery h.tag ternary;\nquery h.size;\nquery h.kind exact;\n";
-    let mut rng = Rng::new(seed);
-    let mut rules = String::new();
-    for _ in 0..n {
-        let mut parts = vec![];
-        if rng.chance(0.7) {
-            let len = rng.range(0, 24);
-            let a = (rng.below(4) as u32) << 28 | (rng.below(1 << 12) as u32) << 16;
-            let a = if len == 0 { 0 } else { a & !((1u32 << (32 - len)) - 1) };
-            let neg = if rng.chance(0.2) { "!" } else { "" };
-            parts.push(format!("{neg}(addr in {}.{}.{}.{}/{len})", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255));
-        }
-        if rng.chance(0.5) {
-            let op = rng.pick(&["<", ">", "==", "!=", "<=", ">="]);
-            parts.push(format!("tag {op} {}", rng.below(1 << 12)));
-        }
-        if rng.chance(0.4) {
-            let op = rng.pick(&["<", ">", "=="]);
-            parts.push(format!("size {op} {}", rng.below(2000)));
-        }
-        if rng.chance(0.4) {
-            parts.push(format!("kind {} {}", rng.pick(&["==", "!="]), rng.below(4)));
-        }
-        if parts.is_empty() {
-            parts.push("true".into());
-        }
-        let port = rng.below(8);
-        let action = if rng.chance(0.1) { "drop".to_string() } else { format!("fwd({port})") };
-        rules.push_str(&format!("{} : {action}\n", parts.join(" && ")));
-    }
-    program(spec, &[&rules])
 }
 
 proptest! {

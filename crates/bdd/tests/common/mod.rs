@@ -10,6 +10,8 @@ use subc_lang::interp::{eval_cond, parse_packet, union_actions, Decision, StateS
 use subc_lang::nf::NfLimits;
 use subc_lang::source::SourceMap;
 use subc_lang::Program;
+use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::Rng;
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -65,4 +67,55 @@ pub fn both(p: &Program, set: &CompiledSet, ref_state: &mut StateStore, tab_stat
     tab_state.apply_updates(&p.spec, &pkt, &acts.updates);
     let t = (acts.ports.iter().copied().collect(), Decision::of(&acts.ports, acts.drop));
     (r, t)
+}
+
+pub fn itch_program(n: usize, seed: u64) -> Program {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let rules = itch(&ItchParams { subscriptions: n, symbols: 10, max_shares: 100, hosts: 20, seed });
+    program(&spec, &[&rules])
+}
+
+pub fn siena_program(n: usize, seed: u64, camus: bool) -> Program {
+    let spec = siena_spec(6, 64);
+    let rules = siena(&SienaParams { filters: n, attributes: 6, zipf: true, camus_variant: camus, constraints: None, ports: 16, seed });
+    program(&spec, &[&rules])
+}
+
+/// A spec with an LPM, a ternary, a range and an exact field, and random
+/// rules over them: prefixes, ranges, `==`, `!=` and negations.
+pub fn mixed_kinds_program(seed: u64, n: usize) -> Program {
+    let spec = "header ethernet { dst: 48 mac; src: 48 mac; ethertype: 16; }\n\
+                header h { addr: 32 ipv4; tag: 16; size: 16; kind: 8; }\n\
+                parser { start -> ethernet; ethernet -> select(ethertype) { 0x88b6: h; } h -> accept; }\n\
+                query h.addr lpm;\nquery h.tag ternary;\nquery h.size;\nquery h.kind exact;\n";
+    let mut rng = Rng::new(seed);
+    let mut rules = String::new();
+    for _ in 0..n {
+        let mut parts = vec![];
+        if rng.chance(0.7) {
+            let len = rng.range(0, 24);
+            let a = (rng.below(4) as u32) << 28 | (rng.below(1 << 12) as u32) << 16;
+            let a = if len == 0 { 0 } else { a & !((1u32 << (32 - len)) - 1) };
+            let neg = if rng.chance(0.2) { "!" } else { "" };
+            parts.push(format!("{neg}(addr in {}.{}.{}.{}/{len})", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255));
+        }
+        if rng.chance(0.5) {
+            let op = rng.pick(&["<", ">", "==", "!=", "<=", ">="]);
+            parts.push(format!("tag {op} {}", rng.below(1 << 12)));
+        }
+        if rng.chance(0.4) {
+            let op = rng.pick(&["<", ">", "=="]);
+            parts.push(format!("size {op} {}", rng.below(2000)));
+        }
+        if rng.chance(0.4) {
+            parts.push(format!("kind {} {}", rng.pick(&["==", "!="]), rng.below(4)));
+        }
+        if parts.is_empty() {
+            parts.push("true".into());
+        }
+        let port = rng.below(8);
+        let action = if rng.chance(0.1) { "drop".to_string() } else { format!("fwd({port})") };
+        rules.push_str(&format!("{} : {action}\n", parts.join(" && ")));
+    }
+    program(spec, &[&rules])
 }
