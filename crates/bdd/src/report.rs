@@ -184,7 +184,24 @@ pub fn dot(set: &CompiledSet, spec: &Spec) -> String {
                 }
                 lo = e.hi.wrapping_add(1);
             }
+            // The child covering most of the domain is drawn as "otherwise",
+            // like the default entry in the tables.
+            let mut cover: Vec<(NodeId, u128)> = vec![];
+            let mut from = 0u64;
+            for e in m.edges(n) {
+                let size = (e.hi - from) as u128 + 1;
+                match cover.iter_mut().find(|(c, _)| *c == e.child) {
+                    Some((_, v)) => *v += size,
+                    None => cover.push((e.child, size)),
+                }
+                from = e.hi.wrapping_add(1);
+            }
+            let widest = cover.iter().max_by_key(|(c, v)| (*v, std::cmp::Reverse(*c))).map(|(c, _)| *c);
             for (c, labels) in by_child {
+                if Some(c) == widest {
+                    let _ = writeln!(out, "  {} -> {} [label=\"otherwise\", style=dashed];", id(n), id(c));
+                    continue;
+                }
                 let shown: Vec<String> = if labels.len() > 4 {
                     let mut v = labels[..3].to_vec();
                     v.push(format!("... ({} intervals)", labels.len()));
