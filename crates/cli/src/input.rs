@@ -52,6 +52,10 @@ pub fn load(spec: Option<&Path>, paths: &[PathBuf]) -> Result<Inputs> {
             let Some(first) = paths.first() else {
                 bail!("no input: give an example directory (`subc check examples/itch`) or `--spec SPEC RULES...`");
             };
+            // A spec file first means `--spec` was left out: `subc check a.spec b.subs`.
+            if first.is_file() && first.extension().is_some_and(|e| e == "spec") {
+                return load(Some(first), &paths[1..]);
+            }
             if !first.is_dir() {
                 bail!(
                     "{} is not a directory; without `--spec`, the first argument must be an example directory \
