@@ -225,3 +225,45 @@ fn key(n: NodeId) -> String {
         n.0.to_string()
     }
 }
+
+/// One state variable's storage, as the back ends lay it out.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StateSlots {
+    pub name: String,
+    pub kind: &'static str,
+    /// Slots (one per key value modulo the slot count, or 1).
+    pub slots: u32,
+    /// The key field, if keyed.
+    pub key: Option<String>,
+    /// Width in bits of the value subscriptions read.
+    pub value_bits: u32,
+    /// Bytes of state per slot (the semantics' fields, unpadded).
+    pub bytes_per_slot: u32,
+}
+
+/// The state-variable slots a subscription set's spec needs.
+pub fn state_slots(spec: &Spec) -> Vec<StateSlots> {
+    use subc_lang::spec::StateKind;
+    spec.states
+        .iter()
+        .map(|s| {
+            let (kind, bytes) = match &s.kind {
+                // window id (8) + count (4)
+                StateKind::Counter { .. } => ("counter", 12),
+                // ring of samples (4 each) + next (4) + sum (8)
+                StateKind::Avg { samples, .. } => ("avg", 4 * samples + 12),
+                // fixed-point value (8) + sample count (4)
+                StateKind::Ewma { .. } => ("ewma", 12),
+                StateKind::Var { width } => ("var", width.div_ceil(8)),
+            };
+            StateSlots {
+                name: s.name.clone(),
+                kind,
+                slots: s.slots(),
+                key: s.key.map(|k| spec.field_name(k.field)),
+                value_bits: s.value_width(spec),
+                bytes_per_slot: bytes,
+            }
+        })
+        .collect()
+}

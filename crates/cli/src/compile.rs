@@ -129,6 +129,7 @@ fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result
             Emit::Stats => {
                 let mut v = serde_json::to_value(stats(&set, secs))?;
                 v["orders"] = serde_json::to_value(order_sizes(program, &args.compiler))?;
+                v["state"] = serde_json::to_value(subc_bdd::report::state_slots(&program.spec))?;
                 files.push(("stats.json", serde_json::to_vec_pretty(&v)?));
             }
             Emit::Dot => files.push(("diagram.dot", dot(&set, &program.spec).into_bytes())),
