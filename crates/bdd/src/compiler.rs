@@ -92,7 +92,6 @@ struct PipeState {
     order: Vec<QueryFieldId>,
     level_of: Vec<u32>,
     fields: Vec<FieldInfo>,
-    manager_widths: Vec<u32>,
     rules: Vec<Rule>,
     free_rule_slots: Vec<u32>,
     root: NodeId,
@@ -259,14 +258,13 @@ impl CompiledSet {
         }
         let fields: Vec<FieldInfo> = order.iter().map(|q| self.spec_fields[q.0 as usize].clone()).collect();
         let widths: Vec<u32> = fields.iter().map(|f| f.width).collect();
-        self.managers.push(Manager::new(widths.clone()));
+        self.managers.push(Manager::new(widths));
         self.pipes.push(PipeState {
             order,
             level_of,
             index: RuleIndex::new(fields.len()),
             lowering: Lowering::new(fields.clone()),
             fields,
-            manager_widths: widths,
             rules: vec![],
             free_rule_slots: vec![],
             root: EMPTY,
@@ -600,11 +598,6 @@ impl CompiledSet {
     /// The union of the leaf entries every pipeline's tables give.
     pub fn eval_tables(&self, values: &[u64]) -> Leaf {
         eval_pipelines(&self.pipelines(), values)
-    }
-
-    #[doc(hidden)]
-    pub fn widths(&self, p: usize) -> &[u32] {
-        &self.pipes[p].manager_widths
     }
 
     /// Runs the verifier on every diagram and pipeline.
