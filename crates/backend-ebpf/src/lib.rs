@@ -1,0 +1,164 @@
+//! The eBPF back end: subscription pipelines to XDP and TC programs.
+//!
+//! Split as aya splits `aya-obj` from `aya`:
+//! - the pure part, testable without a kernel: [`model`] (constants, structs
+//!   and maps of one program, `maps.json`), [`codegen`] (C through askama
+//!   templates), [`encode`] (pipelines and diffs to map operations, with
+//!   double-buffered generations), [`target`] (logical ports to egresses),
+//!   [`naive`] (the one-rule-at-a-time baseline for benchmarks), and
+//!   [`clang`] (C to a BPF object; a compiler, no kernel);
+//! - [`loader`]: libbpf-rs. Load, pin under bpffs, attach (XDP native or
+//!   generic, TC through tcx or clsact), fill maps, apply updates, detach,
+//!   status, and `BPF_PROG_TEST_RUN`.
+//!
+//! The entry point is [`write_program`]: checked spec plus pipelines in,
+//! [`Artifacts`] out (C source, model, initial table image). The generated
+//! program implements `docs/semantics.md` exactly; `tests/kernel.rs` holds
+//! it to the reference interpreter through `BPF_PROG_TEST_RUN`.
+
+pub mod clang;
+pub mod codegen;
+pub mod encode;
+pub mod fieldread;
+pub mod layout;
+pub mod loader;
+pub mod model;
+pub mod naive;
+pub mod names;
+pub mod target;
+
+use serde::{Deserialize, Serialize};
+use subc_bdd::pipeline::Pipeline;
+use subc_lang::spec::Spec;
+
+pub use encode::{MapOp, TableImage, UpdatePlan};
+pub use model::Model;
+
+/// Where the program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Hook {
+    /// `subc_xdp` decides every packet in the driver; single-port decisions
+    /// leave through a devmap redirect (or `XDP_TX`), several ports are
+    /// handed to `subc_tc_fanout` on the same interface.
+    Xdp,
+    /// `subc_tc` decides and fans out with `bpf_clone_redirect`.
+    Tc,
+}
+
+/// How ranged (range, prefix, ternary) and default entries are looked up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeLookup {
+    /// One LPM trie over prefix-expanded ranges, the default entry as the
+    /// empty prefix.
+    Lpm,
+    /// Per state, intervals sorted by lower bound in one hash-map value,
+    /// searched in log2(K) unrolled steps. Chosen by measurement; see
+    /// ARCHITECTURE.md and BENCHMARKS.md.
+    Sorted,
+}
+
+/// Map sizes: `headroom` times the entries the set has now (at least
+/// `min_entries`), for each of the two generations.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Capacity {
+    pub headroom: f64,
+    pub min_entries: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Capacity { headroom: 2.0, min_entries: 64 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct EbpfOptions {
+    pub hook: Hook,
+    pub ranges: RangeLookup,
+    pub capacity: Capacity,
+}
+
+impl Default for EbpfOptions {
+    fn default() -> Self {
+        EbpfOptions { hook: Hook::Tc, ranges: RangeLookup::Sorted, capacity: Capacity::default() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error("not supported by the eBPF back end: {0}")]
+    Unsupported(String),
+    #[error("capacity exceeded, nothing was changed: {0}")]
+    Capacity(String),
+    #[error("the update does not apply to the loaded tables: {0}")]
+    Diff(String),
+    #[error("template: {0}")]
+    Template(String),
+    #[error("clang failed: {0}")]
+    Clang(String),
+    #[error("target config: {0}")]
+    Target(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{context}: {source}")]
+    Bpf {
+        context: String,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    #[error("{0}")]
+    Kernel(String),
+}
+
+impl EbpfError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> EbpfError {
+        EbpfError::Io { context: context.into(), source }
+    }
+    pub fn bpf(context: impl Into<String>, source: libbpf_rs::Error) -> EbpfError {
+        EbpfError::Bpf { context: context.into(), source }
+    }
+}
+
+/// A generated program: its C source, its model (maps, structs,
+/// constants) and the table image its maps start with.
+pub struct Artifacts {
+    pub source: String,
+    pub model: Model,
+    pub image: TableImage,
+}
+
+impl Artifacts {
+    /// `maps.json`.
+    pub fn maps_json(&self) -> String {
+        serde_json::to_string_pretty(&self.model.maps_json()).expect("the model serializes")
+    }
+    /// The initial entries, one object per map operation with the map's name.
+    pub fn entries_json(&self) -> String {
+        let ops: Vec<serde_json::Value> = self
+            .image
+            .initial_ops(&self.model)
+            .iter()
+            .map(|op| {
+                let mut v = serde_json::to_value(op).expect("ops serialize");
+                v["map"] = self.model.maps[op.map].name.clone().into();
+                v
+            })
+            .collect();
+        serde_json::to_string_pretty(&ops).expect("ops serialize")
+    }
+}
+
+/// Generates the program for `pipes` (the pipelines of a `CompiledSet`
+/// over `spec`).
+pub fn write_program(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
+    let model = Model::new(spec, pipes, opts)?;
+    let image = TableImage::new(&model, pipes)?;
+    let source = codegen::generate(spec, &model, None)?;
+    Ok(Artifacts { source, model, image })
+}

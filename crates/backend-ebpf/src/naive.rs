@@ -1,0 +1,99 @@
+//! The naive baseline for benchmarks: the same parser and stream state as
+//! the generated program, but instead of the decision diagram's tables,
+//! every rule (a box: one interval per query field) is tested one by one in
+//! a `bpf_loop`. Rules are the cubes of the normal forms, with a cube's
+//! multi-interval sets expanded into boxes. Variable updates are not part
+//! of the baseline (the benchmark sets have none).
+
+use crate::encode::MapOp;
+use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
+use crate::model::Model;
+use crate::{EbpfError, EbpfOptions};
+use subc_lang::nf::NfSubscription;
+use subc_lang::spec::Spec;
+use subc_lang::value::mask;
+
+/// One rule: per query field `[lo, hi]`, and its actions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleBox {
+    pub lo: Vec<u64>,
+    pub hi: Vec<u64>,
+    pub ports: Vec<u32>,
+    pub drop: bool,
+}
+
+/// The boxes of a subscription set.
+pub fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
+    let q = spec.query_fields.len();
+    let mut out = vec![];
+    for s in subs {
+        for cube in &s.cubes {
+            let mut partial: Vec<(Vec<u64>, Vec<u64>)> =
+                vec![(vec![0; q], spec.query_fields.iter().map(|f| mask(f.width)).collect())];
+            for (f, set) in &cube.0 {
+                let mut next = vec![];
+                for (lo, hi) in &partial {
+                    for iv in set.intervals() {
+                        let (mut l, mut h) = (lo.clone(), hi.clone());
+                        l[f.0 as usize] = iv.lo;
+                        h[f.0 as usize] = iv.hi;
+                        next.push((l, h));
+                    }
+                }
+                partial = next;
+            }
+            for (lo, hi) in partial {
+                out.push(RuleBox { lo, hi, ports: s.actions.ports.iter().copied().collect(), drop: s.actions.drop });
+            }
+        }
+    }
+    out
+}
+
+/// The naive program: its source, model (with `subc_rules`) and the rule
+/// entries.
+pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> Result<(String, Model, Vec<MapOp>), EbpfError> {
+    let mut model = Model::new(spec, &[], opts)?;
+    let rules = boxes(spec, subs);
+    let q = spec.query_fields.len() as u32;
+    let rule = CStruct::builder("subc_rule")
+        .array("lo", Scalar::U64, q.max(1))
+        .array("hi", Scalar::U64, q.max(1))
+        .array("ports", Scalar::U64, model.port_words)
+        .scalar("drop", Scalar::U32)
+        .finish();
+    model.structs.push(rule.clone());
+    model.maps.push(MapDef {
+        name: "subc_rules".into(),
+        role: MapRole::Rules,
+        map_type: MapType::Array,
+        key: KV::Scalar { scalar: Scalar::U32 },
+        value: KV::Struct(rule.clone()),
+        max_entries: rules.len().max(1) as u32,
+        flags: None,
+        only_if: None,
+        state: None,
+    });
+    let map = model.maps.len() - 1;
+    let ops = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut v = rule.zeroed();
+            for k in 0..q {
+                v.u64_at("lo", k, r.lo[k as usize]).u64_at("hi", k, r.hi[k as usize]);
+            }
+            let mut words = vec![0u64; model.port_words as usize];
+            for p in &r.ports {
+                words[(p / 64) as usize] |= 1 << (p % 64);
+            }
+            for (w, x) in words.iter().enumerate() {
+                v.u64_at("ports", w as u32, *x);
+            }
+            v.u32("drop", r.drop as u32);
+            MapOp { map, key: (i as u32).to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+        })
+        .collect();
+    let source = crate::codegen::generate(spec, &model, Some(crate::codegen::NaiveRules { count: rules.len() }))?;
+    Ok((source, model, ops))
+}

@@ -1,0 +1,141 @@
+//! The target config: what a logical port is on this machine, and what to
+//! do with packets that match nothing.
+//!
+//! ```json
+//! {
+//!   "no_match": "pass",
+//!   "ports": {
+//!     "1": { "interface": "veth1" },
+//!     "2": { "interface": "veth2", "dst_mac": "02:00:00:00:00:02",
+//!            "dst_ip": "10.0.2.2", "dst_port": 7000 }
+//!   }
+//! }
+//! ```
+//!
+//! A port is an egress interface, optionally with rewrites of the
+//! destination (and source) MAC, the IPv4 destination and the UDP
+//! destination port; the program fixes the IPv4 and UDP checksums, so a
+//! topic fans out to UDP endpoints as BPF-Broker does. Ports not listed
+//! send nothing. Interface names are resolved by the loader; this module
+//! only encodes.
+
+use crate::encode::MapOp;
+use crate::model::Model;
+use crate::EbpfError;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoMatch {
+    /// To the kernel stack (the default).
+    #[default]
+    Pass,
+    Drop,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Egress {
+    pub interface: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_ip: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_port: Option<u16>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    #[serde(default)]
+    pub no_match: NoMatch,
+    #[serde(default)]
+    pub ports: BTreeMap<u32, Egress>,
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], EbpfError> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = || EbpfError::Target(format!("`{s}` is not a MAC address (expected six hex bytes, 02:00:00:00:00:01)"));
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 6];
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+impl TargetConfig {
+    pub fn from_json(text: &str) -> Result<TargetConfig, EbpfError> {
+        serde_json::from_str(text).map_err(|e| EbpfError::Target(e.to_string()))
+    }
+
+    /// Checks ports against the program and encodes `subc_egress`,
+    /// `subc_devmap` (XDP) and `subc_config`. `ifindex` resolves an
+    /// interface name.
+    pub fn ops(&self, model: &Model, ifindex: &dyn Fn(&str) -> Result<u32, EbpfError>) -> Result<Vec<MapOp>, EbpfError> {
+        let mut ops = vec![];
+        let s = model.maps[model.ids.egress].value_struct();
+        for (port, e) in &self.ports {
+            if *port >= model.ports {
+                return Err(EbpfError::Target(format!("port {port} is not below the spec's {} ports", model.ports)));
+            }
+            let idx = ifindex(&e.interface)?;
+            let mut v = s.zeroed();
+            let mut flags = 0u32;
+            v.u32("ifindex", idx);
+            if let Some(m) = &e.dst_mac {
+                v.bytes("dmac", &parse_mac(m)?);
+                flags |= 1;
+            }
+            if let Some(m) = &e.src_mac {
+                v.bytes("smac", &parse_mac(m)?);
+                flags |= 2;
+            }
+            if let Some(ip) = e.dst_ip {
+                v.bytes("ip", &ip.octets());
+                flags |= 4;
+            }
+            if let Some(p) = e.dst_port {
+                v.bytes("port", &p.to_be_bytes());
+                flags |= 8;
+            }
+            v.u32("flags", flags);
+            ops.push(MapOp { map: model.ids.egress, key: port.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) });
+            if let Some(dm) = model.ids.devmap {
+                ops.push(MapOp { map: dm, key: port.to_ne_bytes().to_vec(), value: Some(idx.to_ne_bytes().to_vec()) });
+            }
+        }
+        ops.push(config_op(model, self.no_match, 0));
+        Ok(ops)
+    }
+}
+
+/// `subc_config`: the no-match action and the clock of test builds.
+pub fn config_op(model: &Model, no_match: NoMatch, now_ns: u64) -> MapOp {
+    let s = model.maps[model.ids.config].value_struct();
+    let mut v = s.zeroed();
+    v.u32("no_match", (no_match == NoMatch::Drop) as u32).u64("now_ns", now_ns);
+    MapOp { map: model.ids.config, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parses_and_rejects_typos() {
+        let c = TargetConfig::from_json(r#"{"ports": {"1": {"interface": "eth0", "dst_ip": "10.0.0.2", "dst_port": 7000}}}"#).unwrap();
+        assert_eq!(c.no_match, NoMatch::Pass);
+        assert_eq!(c.ports[&1].dst_ip, Some(Ipv4Addr::new(10, 0, 0, 2)));
+        assert!(TargetConfig::from_json(r#"{"ports": {"1": {"iface": "eth0"}}}"#).is_err());
+        assert!(parse_mac("02:00:00:00:00").is_err());
+        assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
+    }
+}

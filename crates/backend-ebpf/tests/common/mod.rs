@@ -1,0 +1,71 @@
+//! Shared by the eBPF back end's tests: loading examples, compiling sets,
+//! and the kernel gate (skip without privileges, unless `CI=true`).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use subc_backend_ebpf::{write_program, Artifacts, EbpfOptions};
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::nf::NfLimits;
+use subc_lang::source::SourceMap;
+use subc_lang::Program;
+
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+pub const EXAMPLES: &[&str] = &["itch", "ewma-channels", "topic-broker", "ip-forwarding"];
+
+/// Checks a spec and rules given as text.
+pub fn program(spec: &str, rules: &str) -> Program {
+    let mut sources = SourceMap::new();
+    let s = sources.add("spec", spec);
+    let r = sources.add("rules", rules);
+    let (p, diags) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
+    match p {
+        Some(p) => p,
+        None => panic!("{}", diags.render(&sources)),
+    }
+}
+
+/// The spec and rules of an example directory.
+pub fn example(name: &str) -> Program {
+    let dir = examples_dir().join(name);
+    let mut spec = String::new();
+    let mut rules = String::new();
+    let mut entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for p in entries {
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("spec") => spec = std::fs::read_to_string(&p).unwrap(),
+            Some("subs") => rules.push_str(&std::fs::read_to_string(&p).unwrap()),
+            _ => {}
+        }
+    }
+    program(&spec, &rules)
+}
+
+pub fn example_packets(name: &str) -> Vec<subc_lang::pcap::PcapPacket> {
+    let bytes = std::fs::read(examples_dir().join(name).join("packets.pcap")).unwrap();
+    subc_lang::pcap::read_pcap(&bytes).unwrap()
+}
+
+pub fn compile(p: &Program) -> CompiledSet {
+    CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).expect("compiles")
+}
+
+pub fn artifacts(p: &Program, set: &CompiledSet, opts: &EbpfOptions) -> Artifacts {
+    write_program(&p.spec, &set.pipelines(), opts).expect("generates")
+}
+
+/// Whether kernel tests run: with privileges, or fail loudly under `CI=true`.
+pub fn kernel_available(test: &str) -> bool {
+    if subc_backend_ebpf::loader::can_load_bpf() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: CI=true but this process cannot load BPF programs (run as root)");
+    }
+    eprintln!("{test}: skipped (not root; set CI=true to make this an error)");
+    false
+}
