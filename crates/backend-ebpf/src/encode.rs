@@ -148,6 +148,12 @@ impl TableImage {
     pub fn live_gen(&self) -> u32 {
         self.live_gen
     }
+    /// The same image with generation `gen` live: for maps that were filled
+    /// earlier and read back (a reopened deployment).
+    pub fn with_live_gen(mut self, gen: u32) -> TableImage {
+        self.live_gen = gen & 1;
+        self
+    }
     pub fn counts(&self) -> Counts {
         self.counts
     }

@@ -216,16 +216,29 @@ impl Dataplane {
             None => None,
             Some(m) => {
                 let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| EbpfError::bpf("subc_record", e))?.unwrap_or_default();
-                let s = self.model.maps[self.model.ids.record].value_struct();
-                let mut ports = vec![];
-                for w in 0..self.model.port_words {
-                    let bits = read_field(s, &v, "ports", w);
-                    ports.extend((0..64).filter(|b| bits >> b & 1 == 1).map(|b| w * 64 + b));
-                }
-                Some(Record { decision: read_field(s, &v, "decision", 0) as u32, drop: read_field(s, &v, "drop", 0) != 0, ports })
+                Some(decode_record(self.model.maps[self.model.ids.record].value_struct(), self.model.port_words, &v))
             }
         };
         Ok(TestRun { verdict, data, ns, record })
+    }
+
+    /// A handle that runs packets from another thread while this one
+    /// updates the maps (for atomicity tests and benchmarks).
+    pub fn runner(&self) -> Result<Runner, EbpfError> {
+        let dup = |fd: i32| -> Result<OwnedFd, EbpfError> {
+            let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if d < 0 {
+                return Err(os_err("cannot duplicate a BPF fd"));
+            }
+            Ok(unsafe { OwnedFd::from_raw_fd(d) })
+        };
+        let prog = dup(self.program_fd(self.main_program_name())?)?;
+        let record = match self.maps[self.model.ids.record].as_ref() {
+            Some(m) => Some(dup(m.as_fd().as_raw_fd())?),
+            None => None,
+        };
+        let s = self.model.maps[self.model.ids.record].value_struct().clone();
+        Ok(Runner { prog, record, record_struct: s, port_words: self.model.port_words })
     }
 
     /// Clears `subc_record` (so a run that records nothing is visible).
@@ -294,6 +307,54 @@ impl Dataplane {
             .find(|p| p.name() == name)
             .map(|p| p.as_fd().as_raw_fd())
             .ok_or_else(|| EbpfError::Kernel(format!("no program {name}")))
+    }
+}
+
+fn decode_record(s: &crate::layout::CStruct, port_words: u32, v: &[u8]) -> Record {
+    let mut ports = vec![];
+    for w in 0..port_words {
+        let bits = read_field(s, v, "ports", w);
+        ports.extend((0..64).filter(|b| bits >> b & 1 == 1).map(|b| w * 64 + b));
+    }
+    Record { decision: read_field(s, v, "decision", 0) as u32, drop: read_field(s, v, "drop", 0) != 0, ports }
+}
+
+/// Runs packets through a loaded program from any thread (owns duplicates
+/// of the program's and the record map's fds).
+pub struct Runner {
+    prog: OwnedFd,
+    record: Option<OwnedFd>,
+    record_struct: crate::layout::CStruct,
+    port_words: u32,
+}
+
+impl Runner {
+    /// `BPF_PROG_TEST_RUN` with `repeat` repetitions: verdict, average ns,
+    /// and the recorded decision (of test builds).
+    pub fn run(&self, packet: &[u8], repeat: u32) -> Result<(u32, u64, Option<Record>), EbpfError> {
+        let mut out = vec![0u8; packet.len() + 256];
+        let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+        opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+        opts.data_in = packet.as_ptr().cast();
+        opts.data_size_in = packet.len() as u32;
+        opts.data_out = out.as_mut_ptr().cast();
+        opts.data_size_out = out.len() as u32;
+        opts.repeat = repeat as i32;
+        if unsafe { libbpf_sys::bpf_prog_test_run_opts(self.prog.as_raw_fd(), &mut opts) } != 0 {
+            return Err(os_err("BPF_PROG_TEST_RUN"));
+        }
+        let record = match &self.record {
+            None => None,
+            Some(fd) => {
+                let mut v = vec![0u8; self.record_struct.size as usize];
+                let key = 0u32;
+                if unsafe { libbpf_sys::bpf_map_lookup_elem(fd.as_raw_fd(), (&key as *const u32).cast(), v.as_mut_ptr().cast()) } != 0 {
+                    return Err(os_err("subc_record"));
+                }
+                Some(decode_record(&self.record_struct, self.port_words, &v))
+            }
+        };
+        Ok((opts.retval, opts.duration as u64, record))
     }
 }
 

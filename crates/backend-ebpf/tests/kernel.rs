@@ -302,3 +302,110 @@ fn decisions_agree_after_random_diffs() {
         diff_run(&p, 20, &roomy(opts), 10, 200 + k as u64);
     }
 }
+
+/// Runs `packets` in a loop on another thread while `change` alternates the
+/// set; every decision must be the old set's or the new set's. Returns
+/// (violations, results seen only under A, only under B).
+fn race(dp: &mut Dataplane, packets: &[Vec<u8>], expect_a: &[Outcome], expect_b: &[Outcome], mut change: impl FnMut(&mut Dataplane, usize)) -> (usize, usize, usize) {
+    let runner = dp.runner().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let packets = packets.to_vec();
+    let (ea, eb) = (expect_a.to_vec(), expect_b.to_vec());
+    let worker = std::thread::spawn(move || {
+        let (mut bad, mut only_a, mut only_b) = (0, 0, 0);
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            for (i, p) in packets.iter().enumerate() {
+                let (_, _, rec) = runner.run(p, 1).unwrap();
+                let rec = rec.unwrap();
+                let is = |o: &Outcome| rec.ports == o.ports && (rec.decision == 1) == (o.decision == Decision::Forward);
+                match (is(&ea[i]), is(&eb[i])) {
+                    (false, false) => bad += 1,
+                    (true, false) => only_a += 1,
+                    (false, true) => only_b += 1,
+                    _ => {}
+                }
+            }
+        }
+        (bad, only_a, only_b)
+    });
+    let t = std::time::Instant::now();
+    let mut k = 0;
+    while t.elapsed() < std::time::Duration::from_millis(600) || k < 6 {
+        change(dp, k);
+        k += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    worker.join().unwrap()
+}
+
+#[test]
+fn updates_are_atomic() {
+    if !kernel_available("updates_are_atomic") {
+        return;
+    }
+    // A: the first half of a pool; B: all of it. Stateless rules, so each
+    // packet has one decision under A and one under B.
+    let rules = itch(&ItchParams { subscriptions: 400, symbols: 4, hosts: 60, seed: 9, ..Default::default() });
+    let p = program(ITCH_SPEC, &rules);
+    let half = p.normal_forms.len() / 2;
+    let (a_nf, b_extra) = (p.normal_forms[..half].to_vec(), p.normal_forms[half..].to_vec());
+    let b_ids: Vec<u64> = b_extra.iter().map(|n| n.id).collect();
+    let pkts: Vec<Vec<u8>> = random_packets(&p, 400, 3).into_iter().map(|x| x.1).filter(|d| d.len() >= 34).take(48).collect();
+    let outcomes = |subs: &[subc_lang::program::Subscription]| -> Vec<Outcome> {
+        let mut i = Interpreter::new(&p.spec, subs);
+        pkts.iter().map(|d| i.run(d, 0)).collect()
+    };
+    let ea = outcomes(&p.subscriptions[..half]);
+    let eb = outcomes(&p.subscriptions);
+    assert!(ea.iter().zip(&eb).filter(|(a, b)| a != b).count() >= 10, "the two sets must differ on many packets");
+    for opts in all_options() {
+        let roomy = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 3.0, min_entries: 64 }, ..opts };
+        let mut set = CompiledSet::compile(&p.spec, &a_nf, CompileOptions::default()).unwrap();
+        let mut dp = load(&p, &set, &roomy);
+        let (bad, only_a, only_b) = race(&mut dp, &pkts, &ea, &eb, |dp, k| {
+            let u = if k % 2 == 0 { set.add(&b_extra).unwrap() } else { set.remove(&b_ids).unwrap() };
+            dp.update(&u).unwrap();
+        });
+        assert_eq!(bad, 0, "{opts:?}: {bad} decisions were neither the old set's nor the new one's");
+        assert!(only_a > 0 && only_b > 0, "{opts:?}: both sets were seen ({only_a}, {only_b})");
+        eprintln!("{opts:?}: {only_a} results of A only, {only_b} of B only, none of neither");
+
+        // The same race against an updater that writes the live tables in
+        // place: the check must catch it, or it proves nothing.
+        let mut set = CompiledSet::compile(&p.spec, &a_nf, CompileOptions::default()).unwrap();
+        let mut dp = load(&p, &set, &roomy);
+        let mut image = dp.image().unwrap().clone();
+        let (bad, _, _) = race(&mut dp, &pkts, &ea, &eb, |dp, k| {
+            let u = if k % 2 == 0 { set.add(&b_extra).unwrap() } else { set.remove(&b_ids).unwrap() };
+            let (plan, next) = image.plan(&dp.model, &u).unwrap();
+            dp.apply(&plan.prepare).unwrap();
+            dp.apply(&plan.live).unwrap();
+            // The in-place copy stays the live one: undo the plan's flip.
+            let g = next.live_gen();
+            image = next.with_live_gen(1 - g);
+        });
+        assert!(bad > 0, "{opts:?}: an in-place updater went unnoticed");
+    }
+}
+
+#[test]
+fn an_update_that_overflows_a_map_changes_nothing() {
+    if !kernel_available("an_update_that_overflows_a_map_changes_nothing") {
+        return;
+    }
+    let rules = itch(&ItchParams { subscriptions: 200, symbols: 5, hosts: 30, seed: 4, ..Default::default() });
+    let p = program(ITCH_SPEC, &rules);
+    let tight = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 1.0, min_entries: 8 }, ..Default::default() };
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..20], CompileOptions::default()).unwrap();
+    let mut dp = load(&p, &set, &tight);
+    let before = dp.image().unwrap().pipelines().to_vec();
+    let u = set.add(&p.normal_forms[20..]).unwrap();
+    let err = dp.update(&u).unwrap_err();
+    assert!(matches!(err, subc_backend_ebpf::EbpfError::Capacity(_)), "{err}");
+    assert!(err.to_string().contains("recompile with more headroom"), "{err}");
+    assert_eq!(dp.image().unwrap().pipelines(), &before[..]);
+    // The old tables are still live: decisions are the first 20 rules'.
+    let mut interp = Interpreter::new(&p.spec, &p.subscriptions[..20]);
+    differential(&p, &dp, &mut interp, &random_packets(&p, 100, 8), 0, "after a refused update");
+}
