@@ -22,6 +22,8 @@ use subc_lang::Program;
 pub enum Target {
     /// The target-neutral pipeline: tables, statistics, diagram.
     Ir,
+    /// An XDP or TC program: C source, BPF object, maps.json, initial entries (needs -o).
+    Ebpf,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -95,6 +97,8 @@ pub struct CompileArgs {
     pub out: Option<PathBuf>,
     #[command(flatten)]
     pub compiler: CompilerArgs,
+    #[command(flatten)]
+    pub ebpf: crate::ebpf::EbpfArgs,
 }
 
 /// Compiles a checked program, reporting a budget error as the CLI does.
@@ -112,6 +116,7 @@ pub fn compile(args: &CompileArgs) -> Result<ExitCode> {
     };
     match args.target {
         Target::Ir => compile_ir(args, &program, &inputs),
+        Target::Ebpf => crate::ebpf::compile(&program, &args.compiler, &args.ebpf, args.out.as_deref()),
     }
 }
 

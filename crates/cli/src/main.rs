@@ -2,6 +2,7 @@
 //! module; this file only declares the command line.
 
 mod compile;
+mod ebpf;
 mod input;
 mod sim;
 
@@ -66,6 +67,16 @@ enum Command {
     /// Generate workloads: example pcaps and synthetic subscription sets.
     #[command(subcommand)]
     Gen(sim::GenCommand),
+    /// Load a compiled eBPF program, fill its maps, pin it and attach it to an interface (root).
+    Attach(ebpf::AttachArgs),
+    /// Detach an attached eBPF deployment and remove its pins.
+    Detach { name: String },
+    /// Show an attached eBPF deployment: attachments, programs, maps.
+    Status {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +86,9 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile::compile(&args),
         Command::Sim(args) => sim::sim(&args),
         Command::Gen(g) => sim::gen(&g),
+        Command::Attach(args) => ebpf::attach(&args),
+        Command::Detach { name } => ebpf::detach(&name),
+        Command::Status { name, json } => ebpf::status(&name, json),
     };
     match result {
         Ok(code) => code,

@@ -47,6 +47,8 @@ pub enum Engine {
     Ref,
     /// The compiled pipeline's tables, looked up as a switch would.
     Tables,
+    /// The generated eBPF program in the kernel, through BPF_PROG_TEST_RUN (root).
+    Ebpf,
 }
 
 /// One packet's result, the same shape for every engine.
@@ -75,6 +77,8 @@ pub struct SimArgs {
     json: bool,
     #[command(flatten)]
     compiler: crate::compile::CompilerArgs,
+    #[command(flatten)]
+    ebpf: crate::ebpf::EbpfArgs,
 }
 
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
@@ -90,6 +94,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     let bytes = std::fs::read(&pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
     let results: Vec<SimResult> = match args.engine {
+        Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
         Engine::Ref => {
             let mut interp = Interpreter::new(&program.spec, &program.subscriptions);
             packets
