@@ -30,6 +30,12 @@ fi
 
 log "toolchain: $(cargo --version), $(clang --version | head -1)"
 
+# The eBPF back end's kernel tests load programs (root) and its end-to-end
+# test pins nothing but the CLI does: mount bpffs if it is not mounted.
+if [ "$(id -u)" = 0 ] && ! grep -qs ' /sys/fs/bpf bpf ' /proc/mounts; then
+    mount -t bpf bpf /sys/fs/bpf || log "warning: cannot mount bpffs on /sys/fs/bpf"
+fi
+
 log "building"
 cargo build --workspace --all-targets --locked
 

@@ -464,17 +464,19 @@ pub fn attach_program(dp: &Dataplane, program: &str, iface: &str, mode: AttachMo
     let fd = dp.program_fd(program)?;
     let (kind, link) = match mode {
         AttachMode::XdpNative | AttachMode::XdpGeneric | AttachMode::XdpAuto => {
-            let native = link_create(fd, idx, libbpf_sys::BPF_XDP, libbpf_sys::XDP_FLAGS_DRV_MODE);
-            match (mode, native) {
-                (AttachMode::XdpGeneric, _) | (AttachMode::XdpAuto, Err(_)) => (
-                    "xdp-generic",
-                    Some(
-                        link_create(fd, idx, libbpf_sys::BPF_XDP, libbpf_sys::XDP_FLAGS_SKB_MODE)
-                            .map_err(|e| EbpfError::io(format!("cannot attach generic XDP to {iface}"), e))?,
-                    ),
-                ),
-                (_, Ok(l)) => ("xdp-native", Some(l)),
-                (_, Err(e)) => return Err(EbpfError::io(format!("cannot attach native XDP to {iface}"), e)),
+            let generic = |e: Option<std::io::Error>| -> Result<OwnedFd, EbpfError> {
+                link_create(fd, idx, libbpf_sys::BPF_XDP, libbpf_sys::XDP_FLAGS_SKB_MODE).map_err(|g| {
+                    let native = e.map(|e| format!(" (native: {e})")).unwrap_or_default();
+                    EbpfError::io(format!("cannot attach generic XDP to {iface}{native}"), g)
+                })
+            };
+            match mode {
+                AttachMode::XdpGeneric => ("xdp-generic", Some(generic(None)?)),
+                _ => match link_create(fd, idx, libbpf_sys::BPF_XDP, libbpf_sys::XDP_FLAGS_DRV_MODE) {
+                    Ok(l) => ("xdp-native", Some(l)),
+                    Err(e) if mode == AttachMode::XdpAuto => ("xdp-generic", Some(generic(Some(e))?)),
+                    Err(e) => return Err(EbpfError::io(format!("cannot attach native XDP to {iface}"), e)),
+                },
             }
         }
         AttachMode::Tcx | AttachMode::TcAuto | AttachMode::Clsact => {
