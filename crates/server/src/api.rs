@@ -1,0 +1,361 @@
+//! The gRPC handlers: `Subscriptions`, `Targets` and `Events`.
+//!
+//! Handlers check the caller and the request (limits first, so a refused
+//! request changes nothing), check subscription text on a blocking thread,
+//! and hand changes to the writer (`core.rs`). Reads (get, list, status)
+//! are served from memory, which holds exactly what is committed.
+
+use crate::auth::{principal, Principal};
+use crate::check::{self, Rejection};
+use crate::core::{Core, WriteOp};
+use crate::metrics::Metrics;
+use crate::proto::{self, events_server::Events, subscriptions_server::Subscriptions, targets_server::Targets};
+use prost::Message;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// The type URL of the diagnostics in status details.
+pub const DIAGNOSTICS_TYPE_URL: &str = "type.googleapis.com/subc.v1.Diagnostics";
+/// Largest encoded details, so that message and details fit a 16 KiB trailer.
+const MAX_DETAILS_BYTES: usize = 5 * 1024;
+
+#[derive(Clone)]
+pub struct Api {
+    pub core: Arc<Core>,
+}
+
+/// A status carrying diagnostics: the rendered text as the message, and a
+/// `google.rpc.Status` with a `subc.v1.Diagnostics` in the details.
+pub fn rejection_status(r: Rejection) -> Status {
+    let code = if r.only_limits { tonic::Code::ResourceExhausted } else { tonic::Code::InvalidArgument };
+    let mut diags = proto::Diagnostics { diagnostics: vec![], total: r.total as u32 };
+    for d in r.diagnostics {
+        if diags.encoded_len() + d.encoded_len() + 8 > MAX_DETAILS_BYTES {
+            break;
+        }
+        diags.diagnostics.push(d);
+    }
+    let status = proto::RpcStatus {
+        code: code as i32,
+        message: format!("{} diagnostic(s)", r.total),
+        details: vec![proto::AnyMessage { type_url: DIAGNOSTICS_TYPE_URL.into(), value: diags.encode_to_vec() }],
+    };
+    Status::with_details(code, r.message, status.encode_to_vec().into())
+}
+
+/// The diagnostics in a status's details, if it carries any.
+pub fn diagnostics_of(s: &Status) -> Option<proto::Diagnostics> {
+    let st = proto::RpcStatus::decode(s.details()).ok()?;
+    st.details.iter().find(|a| a.type_url == DIAGNOSTICS_TYPE_URL).and_then(|a| proto::Diagnostics::decode(a.value.as_slice()).ok())
+}
+
+fn to_proto(id: u64, r: &crate::desired::SubRecord) -> proto::Subscription {
+    proto::Subscription { id, app: r.app.to_string(), text: r.text.clone(), generation: r.generation, created_unix_ms: r.created_ms }
+}
+
+impl Api {
+    fn limit(&self, which: &str, message: String) -> Status {
+        self.core.metrics.limit_refusals.get_or_create(&Metrics::label("limit", which)).inc();
+        Status::resource_exhausted(message)
+    }
+
+    /// Checks an Add request's size limits and shape.
+    fn check_add_limits(&self, req: &proto::AddRequest) -> Result<(), Status> {
+        let l = &self.core.config.limits;
+        let size = req.encoded_len();
+        if size > l.max_request_bytes {
+            return Err(self.limit("request_bytes", format!("the request has {size} bytes, over the limit of {}", l.max_request_bytes)));
+        }
+        if req.lines.len() > l.max_lines_per_request {
+            return Err(self.limit("lines_per_request", format!("the request has {} lines, over the limit of {}", req.lines.len(), l.max_lines_per_request)));
+        }
+        if let Some((i, line)) = req.lines.iter().enumerate().find(|(_, x)| x.len() > l.max_line_bytes) {
+            return Err(self.limit("line_bytes", format!("line {} has {} bytes, over the limit of {}", i + 1, line.len(), l.max_line_bytes)));
+        }
+        if let Some(i) = req.lines.iter().position(|x| x.contains(['\n', '\r'])) {
+            return Err(Status::invalid_argument(format!("line {} contains a line break: send one subscription per element of `lines`", i + 1)));
+        }
+        if req.request_id.len() > 128 || req.source_name.len() > 256 {
+            return Err(Status::invalid_argument("request_id is limited to 128 bytes and source_name to 256"));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl Subscriptions for Api {
+    async fn add(&self, request: Request<proto::AddRequest>) -> Result<Response<proto::AddResponse>, Status> {
+        let who = principal(&request)?;
+        let req = request.into_inner();
+        self.check_add_limits(&req)?;
+        let spec = self.core.spec.clone();
+        let max_cubes = self.core.config.limits.max_cubes;
+        let proto::AddRequest { lines, source_name, request_id } = req;
+        let checked = tokio::task::spawn_blocking(move || check::check_lines(&spec, &source_name, &lines, max_cubes))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let batch = match checked {
+            Ok(b) => b,
+            Err(r) => {
+                if r.only_limits {
+                    self.core.metrics.limit_refusals.get_or_create(&Metrics::label("limit", "normal_form")).inc();
+                }
+                return Err(rejection_status(r));
+            }
+        };
+        if batch.rules.is_empty() {
+            return Err(Status::invalid_argument("the request holds no subscription (only blank lines or comments)"));
+        }
+        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, reply }).await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
+        let who = principal(&request)?;
+        let ids = request.into_inner().ids;
+        if ids.len() > self.core.config.limits.max_lines_per_request {
+            return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {}", ids.len(), self.core.config.limits.max_lines_per_request)));
+        }
+        let resp = self.core.submit(|reply| WriteOp::Remove { who, ids, reply }).await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Subscription>, Status> {
+        let who = principal(&request)?;
+        let id = request.into_inner().id;
+        let d = self.core.desired.lock().expect("desired");
+        match d.subs.get(&id) {
+            None => Err(Status::not_found(format!("no subscription {id}"))),
+            Some(r) if !who.may_touch(&r.app) => Err(Status::permission_denied(format!("subscription {id} belongs to another application"))),
+            Some(r) => Ok(Response::new(to_proto(id, r))),
+        }
+    }
+
+    async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
+        let who = principal(&request)?;
+        let req = request.into_inner();
+        let size = match req.page_size {
+            0 => 100,
+            n => n.min(1000),
+        } as usize;
+        let after: u64 = if req.page_token.is_empty() {
+            0
+        } else {
+            req.page_token.parse().map_err(|_| Status::invalid_argument("page_token is not one this server gave"))?
+        };
+        let app_filter: Option<String> = if who.admin {
+            (!req.app.is_empty()).then(|| req.app.clone())
+        } else if !req.app.is_empty() && req.app != *who.app {
+            return Err(Status::permission_denied("an application can list only its own subscriptions"));
+        } else {
+            Some(who.app.to_string())
+        };
+        let d = self.core.desired.lock().expect("desired");
+        let visible = |r: &crate::desired::SubRecord| app_filter.as_deref().is_none_or(|a| *r.app == *a);
+        let total = match &app_filter {
+            None => d.subs.len() as u64,
+            Some(a) => d.count_of(a),
+        };
+        let mut out = proto::ListResponse { total, ..Default::default() };
+        let mut last = None;
+        let mut more = false;
+        for (id, r) in d.subs.range(after.saturating_add(1)..) {
+            if !visible(r) {
+                continue;
+            }
+            if out.subscriptions.len() == size {
+                more = true;
+                break;
+            }
+            out.subscriptions.push(to_proto(*id, r));
+            last = Some(*id);
+        }
+        if more {
+            out.next_page_token = last.map(|l| l.to_string()).unwrap_or_default();
+        }
+        Ok(Response::new(out))
+    }
+}
+
+fn target_proto(core: &Core, h: &crate::deploy::TargetHandle) -> proto::Target {
+    use proto::register_target_request::Kind as R;
+    use proto::target::Kind as T;
+    let kind = h.registration.kind.clone().map(|k| match k {
+        R::Ebpf(e) => T::Ebpf(e),
+        R::P4runtime(mut p) => {
+            // The P4Info and device config can be megabytes: the list shows their sizes in the status instead.
+            p.p4info.clear();
+            p.device_config.clear();
+            T::P4runtime(p)
+        }
+        R::Sim(s) => T::Sim(s),
+    });
+    proto::Target { name: h.name.clone(), kind, manual: h.manual(), status: Some(h.status(core.generation())) }
+}
+
+#[tonic::async_trait]
+impl Targets for Api {
+    async fn register(&self, request: Request<proto::RegisterTargetRequest>) -> Result<Response<proto::Target>, Status> {
+        principal(&request)?.require_admin()?;
+        let reg = request.into_inner();
+        crate::deploy::validate_registration(&reg).map_err(Status::invalid_argument)?;
+        let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
+        Ok(Response::new(target_proto(&self.core, &h)))
+    }
+
+    async fn list(&self, request: Request<proto::ListTargetsRequest>) -> Result<Response<proto::ListTargetsResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let hs: Vec<_> = self.core.targets.lock().expect("targets").values().cloned().collect();
+        Ok(Response::new(proto::ListTargetsResponse { targets: hs.iter().map(|h| target_proto(&self.core, h)).collect() }))
+    }
+
+    async fn remove(&self, request: Request<proto::RemoveTargetRequest>) -> Result<Response<proto::RemoveTargetResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let req = request.into_inner();
+        let h = self.core.target(&req.name)?;
+        if req.uninstall {
+            h.stop();
+            h.uninstall(&self.core.deploy).await.map_err(|e| Status::failed_precondition(format!("uninstalling failed, the target stays registered: {e}")))?;
+        }
+        let name = req.name;
+        self.core.submit(|reply| WriteOp::Unregister { name, reply }).await?;
+        Ok(Response::new(proto::RemoveTargetResponse {}))
+    }
+
+    async fn deploy(&self, request: Request<proto::DeployRequest>) -> Result<Response<proto::DeployResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let req = request.into_inner();
+        let h = self.core.target(&req.name)?;
+        let timeout = Duration::from_millis(if req.timeout_ms == 0 { 30_000 } else { req.timeout_ms as u64 });
+        let goal = self.core.generation();
+        let mut rx = h.subscribe();
+        let attempts = rx.borrow().attempts;
+        h.request(goal);
+        let wait = async {
+            loop {
+                {
+                    let p = rx.borrow_and_update();
+                    if p.attempts > attempts {
+                        if p.status.deployed_generation >= goal && p.status.consecutive_failures == 0 {
+                            return Ok(());
+                        }
+                        if p.status.consecutive_failures > 0 {
+                            return Err(Status::unavailable(format!("deploying to {:?} failed (retrying with backoff): {}", h.name, p.status.last_error)));
+                        }
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return Err(Status::aborted("the target was removed"));
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(())) => Ok(Response::new(proto::DeployResponse { status: Some(h.status(self.core.generation())) })),
+            Ok(Err(s)) => Err(s),
+            Err(_) => Err(Status::deadline_exceeded(format!("{:?} did not reach generation {goal} within {} ms; it keeps trying", h.name, timeout.as_millis()))),
+        }
+    }
+
+    async fn status(&self, request: Request<proto::TargetRequest>) -> Result<Response<proto::TargetStatus>, Status> {
+        principal(&request)?.require_admin()?;
+        let h = self.core.target(&request.into_inner().name)?;
+        Ok(Response::new(h.status(self.core.generation())))
+    }
+
+    async fn plan(&self, request: Request<proto::TargetRequest>) -> Result<Response<proto::PlanResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let h = self.core.target(&request.into_inner().name)?;
+        let p = h.plan(&self.core.deploy, self.core.config.deploy.plan_max_ops).await.map_err(|e| Status::unavailable(format!("cannot read the target: {e}")))?;
+        Ok(Response::new(p))
+    }
+}
+
+/// Whether `who` may see an event.
+fn visible(who: &Principal, e: &proto::Event) -> bool {
+    let own = matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
+    who.admin || !own || *who.app == *e.app
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Send>>;
+
+/// Decrements the watcher count when a stream ends.
+struct WatchGuard(Arc<Core>);
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.watchers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[tonic::async_trait]
+impl Events for Api {
+    type WatchStream = EventStream;
+
+    async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<EventStream>, Status> {
+        let who = principal(&request)?;
+        let req = request.into_inner();
+        let core = self.core.clone();
+        if core.watchers.fetch_add(1, Ordering::SeqCst) >= core.config.limits.max_watchers {
+            core.watchers.fetch_sub(1, Ordering::SeqCst);
+            return Err(self.limit("watchers", format!("{} watchers are connected, the limit", core.config.limits.max_watchers)));
+        }
+        let guard = WatchGuard(core.clone());
+        // Subscribe before replaying, so nothing falls between the two.
+        let mut live = core.events.subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<proto::Event, Status>>(256);
+        tokio::spawn(async move {
+            let _guard = guard;
+            let mut last = req.after_seq;
+            if req.replay {
+                loop {
+                    let page = match core.read_events(last, 1000) {
+                        Ok(p) => p,
+                        Err(s) => {
+                            let _ = tx.send(Err(s)).await;
+                            return;
+                        }
+                    };
+                    if page.is_empty() {
+                        break;
+                    }
+                    for e in page {
+                        last = e.seq;
+                        if visible(&who, &e) && tx.send(Ok(e)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let mut closing = core.closing.subscribe();
+            loop {
+                let next = tokio::select! {
+                    e = live.recv() => e,
+                    _ = tx.closed() => return,
+                    _ = closing.wait_for(|c| *c) => return,
+                };
+                match next {
+                    Ok(e) => {
+                        if e.seq <= last && req.replay {
+                            continue;
+                        }
+                        last = e.seq;
+                        if visible(&who, &e) && tx.send(Ok(e)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::aborted(format!("this watcher fell {n} events behind; watch again with replay and after_seq = {last}"))))
+                            .await;
+                        return;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,196 @@
+//! Checking subscription text from requests and from the store.
+//!
+//! A request's lines become one source file, so the diagnostics name the
+//! same lines and columns, and render to the same text, as `subc check`
+//! on a file with those lines. Lines that are blank or only a comment are
+//! skipped, as in a rules file.
+
+use crate::proto;
+use crate::store::StoredSub;
+use subc_lang::diag::{Code, DiagnosticRecord, Diagnostics, Severity};
+use subc_lang::nf::{NfLimits, NfSubscription};
+use subc_lang::source::SourceMap;
+use subc_lang::spec::Spec;
+
+/// Most diagnostics rendered into a status message, and carried in its
+/// details: both travel in HTTP/2 trailers, which clients cap (often at 16 KiB).
+pub const MAX_REPORTED: usize = 20;
+/// Most bytes of rendered text in a status message.
+pub const MAX_MESSAGE_BYTES: usize = 6 * 1024;
+
+/// One checked subscription of a request.
+#[derive(Clone, Debug)]
+pub struct CheckedRule {
+    /// 1-based line in the request.
+    pub line: u32,
+    pub text: String,
+    /// Its normal form; the id is provisional until the writer assigns one.
+    pub nf: NfSubscription,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct CheckedBatch {
+    pub rules: Vec<CheckedRule>,
+    pub warnings: Vec<proto::Diagnostic>,
+}
+
+/// Why a request's text was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// Every error was a size limit (E0320): `RESOURCE_EXHAUSTED` rather than
+    /// `INVALID_ARGUMENT`.
+    pub only_limits: bool,
+    /// The diagnostics rendered as `subc check` prints them (the first
+    /// [`MAX_REPORTED`], and a line saying how many more there were).
+    pub message: String,
+    pub diagnostics: Vec<proto::Diagnostic>,
+    pub total: usize,
+}
+
+pub fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
+    proto::Diagnostic {
+        severity: match r.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        }
+        .into(),
+        code: r.code,
+        message: r.message,
+        file: r.file,
+        line: r.line as u32,
+        column: r.column as u32,
+        end_line: r.end_line as u32,
+        end_column: r.end_column as u32,
+        snippet: r.snippet,
+        label: r.label,
+        help: r.help.unwrap_or_default(),
+        rendered: r.rendered,
+    }
+}
+
+/// Renders diagnostics as `subc check` does, stopping at the first
+/// [`MAX_REPORTED`] or [`MAX_MESSAGE_BYTES`].
+fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto::Diagnostic>) {
+    let mut shown = Diagnostics::default();
+    let mut records = vec![];
+    let mut bytes = 0;
+    for d in &diags.0 {
+        let r = d.to_record(sources);
+        if records.len() == MAX_REPORTED || bytes + r.rendered.len() > MAX_MESSAGE_BYTES {
+            break;
+        }
+        bytes += r.rendered.len() + 1;
+        shown.push(d.clone());
+        records.push(to_proto(r));
+    }
+    let mut message = shown.render(sources);
+    let hidden = diags.0.len() - shown.0.len();
+    if hidden > 0 {
+        // The summary line `render` wrote counts only what was shown: replace it.
+        message = shown.0.iter().map(|d| subc_lang::diag::render(d, sources) + "\n").collect();
+        message.push_str(&format!(
+            "error: {} error(s) and {} warning(s) emitted; {hidden} not shown\n",
+            diags.error_count(),
+            diags.0.len() - diags.error_count()
+        ));
+    }
+    (message, records)
+}
+
+/// Checks the lines of an `Add` request.
+pub fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> Result<CheckedBatch, Rejection> {
+    let mut sources = SourceMap::new();
+    let name = if source_name.is_empty() { "<request>" } else { source_name };
+    let file = sources.add(name, lines.join("\n"));
+    let mut diags = Diagnostics::default();
+    let mut next_id = 1;
+    let (subs, nfs) = subc_lang::check_rules_file(spec, &sources, file, &mut next_id, NfLimits { max_cubes }, &mut diags);
+    diags.sort();
+    if diags.has_errors() {
+        let only_limits = diags.0.iter().filter(|d| d.is_error()).all(|d| d.code == Code::NormalFormTooLarge);
+        let (message, diagnostics) = render_capped(&diags, &sources);
+        return Err(Rejection { only_limits, message, diagnostics, total: diags.0.len() });
+    }
+    let f = sources.file(file);
+    let rules = subs
+        .into_iter()
+        .zip(nfs)
+        .map(|(s, nf)| CheckedRule { line: f.line_col(s.span.start).0 as u32, text: s.text.trim().to_string(), nf })
+        .collect();
+    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| to_proto(d.to_record(&sources))).collect();
+    Ok(CheckedBatch { rules, warnings })
+}
+
+/// Checks the stored subscriptions again (at startup, against the spec the
+/// server now serves) and gives their normal forms with their stored ids.
+/// The normal-form limit is generous: the configured one applies to new
+/// requests, and lowering it must not make stored subscriptions fail.
+pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, String> {
+    let mut sources = SourceMap::new();
+    let text: String = subs.iter().map(|s| s.text.replace(['\n', '\r'], " ")).collect::<Vec<_>>().join("\n");
+    let file = sources.add("<store>", text);
+    let mut diags = Diagnostics::default();
+    let mut next_id = 1;
+    let (checked, mut nfs) = subc_lang::check_rules_file(spec, &sources, file, &mut next_id, NfLimits { max_cubes: 1 << 20 }, &mut diags);
+    if diags.has_errors() || checked.len() != subs.len() {
+        diags.sort();
+        let f = sources.file(file);
+        let mut msg = String::from("stored subscriptions no longer check against the served spec:\n");
+        for d in diags.0.iter().filter(|d| d.is_error()).take(MAX_REPORTED) {
+            let line = d.primary_span().map(|s| f.line_col(s.start).0).unwrap_or(0);
+            let id = subs.get(line.wrapping_sub(1)).map(|s| s.id).unwrap_or(0);
+            msg.push_str(&format!("subscription {id}: {}\n", subc_lang::diag::render(d, &sources)));
+        }
+        return Err(msg);
+    }
+    let f = sources.file(file);
+    for (s, nf) in checked.iter().zip(nfs.iter_mut()) {
+        let line = f.line_col(s.span.start).0;
+        nf.id = subs[line - 1].id;
+    }
+    Ok(nfs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use subc_lang::diag::Diagnostics;
+
+    fn itch() -> Spec {
+        let mut sources = SourceMap::new();
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+        let f = sources.add("itch.spec", text);
+        let mut d = Diagnostics::default();
+        subc_lang::check_spec_file(&sources, f, &mut d).expect("the example spec checks")
+    }
+
+    #[test]
+    fn comments_and_blank_lines_are_skipped_and_lines_counted() {
+        let lines: Vec<String> = ["# a comment", "", "stock == GOOGL : fwd(1)", "stock == AAPL && price > 5 : fwd(2)"].map(String::from).to_vec();
+        let b = check_lines(&itch(), "x.subs", &lines, 4096).unwrap();
+        assert_eq!(b.rules.iter().map(|r| r.line).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(b.rules[0].text, "stock == GOOGL : fwd(1)");
+    }
+
+    #[test]
+    fn errors_render_as_subc_check_does() {
+        let lines = vec!["stock == GOOGL : fwd(1)".to_string(), "stok == GOOGL : fwd(1)".to_string()];
+        let r = check_lines(&itch(), "x.subs", &lines, 4096).unwrap_err();
+        assert!(!r.only_limits);
+        assert_eq!(r.diagnostics.len(), 1);
+        let d = &r.diagnostics[0];
+        assert_eq!((d.code.as_str(), d.line, d.column, d.snippet.as_str()), ("E0302", 2, 1, "stok"));
+        assert!(r.message.starts_with("error[E0302]"), "{}", r.message);
+        assert!(r.message.contains("--> x.subs:2:1"), "{}", r.message);
+        assert!(r.message.ends_with("error: 1 error and 0 warnings emitted\n"), "{}", r.message);
+    }
+
+    #[test]
+    fn many_errors_are_capped() {
+        let lines: Vec<String> = (0..100).map(|i| format!("nosuch{i} == 1 : fwd(1)")).collect();
+        let r = check_lines(&itch(), "", &lines, 4096).unwrap_err();
+        assert_eq!(r.total, 100);
+        assert_eq!(r.diagnostics.len(), MAX_REPORTED);
+        assert!(r.message.contains("80 not shown"), "{}", r.message);
+    }
+}

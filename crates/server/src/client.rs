@@ -1,0 +1,85 @@
+//! Connecting to a subc server: the channel (plain or TLS, with an optional
+//! client certificate) and the bearer token, for the CLI and the tests.
+
+use crate::proto::{events_client::EventsClient, subscriptions_client::SubscriptionsClient, targets_client::TargetsClient};
+use crate::Error;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status};
+
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// `http://host:port` or `https://host:port`.
+    pub server: String,
+    pub token: Option<String>,
+    /// CA that signed the server's certificate (https).
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate and key, for servers that require mTLS.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    /// The name the server's certificate is checked against, if not the host.
+    pub domain: Option<String>,
+    /// Per-call deadline (default 60 s).
+    pub timeout: Option<Duration>,
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct Token(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Token {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type AuthChannel = InterceptedService<Channel, Token>;
+
+/// Clients of the three services over one connection.
+#[derive(Clone)]
+pub struct Clients {
+    pub subs: SubscriptionsClient<AuthChannel>,
+    pub targets: TargetsClient<AuthChannel>,
+    pub events: EventsClient<AuthChannel>,
+}
+
+fn read(p: &PathBuf) -> Result<Vec<u8>, Error> {
+    std::fs::read(p).map_err(|e| Error::Io { context: format!("cannot read {}", p.display()), source: e })
+}
+
+/// Connects (lazily: the first call dials) with these options.
+pub fn connect(o: &ClientOptions) -> Result<Clients, Error> {
+    let mut ep = Endpoint::from_shared(o.server.clone()).map_err(|e| Error::Config(format!("server URL {:?}: {e}", o.server)))?;
+    ep = ep.timeout(o.timeout.unwrap_or(Duration::from_secs(60))).connect_timeout(Duration::from_secs(10));
+    if o.server.starts_with("https://") || o.ca_cert.is_some() || o.client_cert.is_some() {
+        let mut tls = ClientTlsConfig::new();
+        if let Some(ca) = &o.ca_cert {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let (Some(c), Some(k)) = (&o.client_cert, &o.client_key) {
+            tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
+        }
+        if let Some(d) = &o.domain {
+            tls = tls.domain_name(d.clone());
+        }
+        ep = ep.tls_config(tls).map_err(|e| Error::Tls(e.to_string()))?;
+    }
+    let token = match &o.token {
+        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| Error::Config("the token has characters a header cannot carry".into()))?),
+        None => None,
+    };
+    let channel = ep.connect_lazy();
+    let svc = InterceptedService::new(channel, Token(token));
+    let big = 64 << 20;
+    Ok(Clients {
+        subs: SubscriptionsClient::new(svc.clone()).max_decoding_message_size(big),
+        targets: TargetsClient::new(svc.clone()).max_decoding_message_size(big),
+        events: EventsClient::new(svc).max_decoding_message_size(big),
+    })
+}

@@ -1,0 +1,391 @@
+//! The server's configuration file (TOML) and its defaults.
+//!
+//! Only `spec` is required; everything else has a default that runs a
+//! local server with an embedded store:
+//!
+//! ```toml
+//! spec = "examples/itch/itch.spec"   # the one format spec this server serves
+//! listen = "127.0.0.1:50051"
+//! store = "subc.db"                  # SQLite, WAL mode
+//! metrics_listen = "127.0.0.1:9464"  # Prometheus text at /metrics
+//!
+//! [auth]
+//! admin_token_file = "/etc/subc/admin.token"
+//! [[auth.apps]]
+//! name = "trading"
+//! token = "s3cret"
+//!
+//! [limits]
+//! max_subscriptions_per_app = 200000
+//! ```
+//!
+//! Relative paths are relative to the configuration file's directory.
+//! Secrets are given inline (`token`), in a file (`token_file`) or in an
+//! environment variable (`token_env`).
+
+use crate::Error;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The format spec every subscription is checked against.
+    pub spec: PathBuf,
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The SQLite database file (created if missing).
+    #[serde(default = "default_store")]
+    pub store: PathBuf,
+    /// Where the Prometheus metrics endpoint listens; absent: no endpoint.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    #[serde(default)]
+    pub compile: CompileConfig,
+    #[serde(default)]
+    pub deploy: DeployConfig,
+    #[serde(default)]
+    pub durability: Durability,
+    /// How many events the store keeps for `Watch` replays.
+    #[serde(default = "default_events_keep")]
+    pub events_keep: u64,
+}
+
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:50051".parse().expect("valid address")
+}
+fn default_store() -> PathBuf {
+    PathBuf::from("subc.db")
+}
+fn default_events_keep() -> u64 {
+    100_000
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `subc_server=debug`); `RUST_LOG` overrides it.
+    #[serde(default)]
+    pub filter: Option<String>,
+}
+
+/// A secret given inline, in a file, or in an environment variable.
+#[derive(Clone, Debug, Default)]
+pub struct SecretSource {
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub token_env: Option<String>,
+}
+
+impl SecretSource {
+    fn is_set(&self) -> bool {
+        self.token.is_some() || self.token_file.is_some() || self.token_env.is_some()
+    }
+
+    /// Reads the secret; `what` names it in errors.
+    pub fn resolve(&self, what: &str) -> Result<Option<String>, Error> {
+        let set = [self.token.is_some(), self.token_file.is_some(), self.token_env.is_some()];
+        if set.iter().filter(|s| **s).count() > 1 {
+            return Err(Error::Config(format!("{what}: give one of token, token_file, token_env")));
+        }
+        let value = if let Some(t) = &self.token {
+            t.clone()
+        } else if let Some(f) = &self.token_file {
+            std::fs::read_to_string(f)
+                .map_err(|e| Error::Config(format!("{what}: cannot read {}: {e}", f.display())))?
+                .trim()
+                .to_string()
+        } else if let Some(v) = &self.token_env {
+            std::env::var(v).map_err(|_| Error::Config(format!("{what}: environment variable {v} is not set")))?
+        } else {
+            return Ok(None);
+        };
+        if value.len() < 8 {
+            return Err(Error::Config(format!("{what}: a token must have at least 8 characters")));
+        }
+        Ok(Some(value))
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// The application's name: it owns the subscriptions it adds.
+    pub name: String,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+impl AppConfig {
+    pub fn secret(&self) -> SecretSource {
+        SecretSource { token: self.token.clone(), token_file: self.token_file.clone(), token_env: self.token_env.clone() }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The administrator's token (`admin_token`, `admin_token_file` or `admin_token_env`).
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub admin_token_env: Option<String>,
+    #[serde(default)]
+    pub apps: Vec<AppConfig>,
+    /// Without any token configured, every caller is the administrator. That
+    /// is allowed on a loopback address only, unless this is set.
+    #[serde(default)]
+    pub allow_anonymous: bool,
+}
+
+impl AuthConfig {
+    pub fn admin_secret(&self) -> SecretSource {
+        SecretSource { token: self.admin_token.clone(), token_file: self.admin_token_file.clone(), token_env: self.admin_token_env.clone() }
+    }
+    pub fn has_tokens(&self) -> bool {
+        self.admin_secret().is_set() || self.apps.iter().any(|a| a.secret().is_set())
+    }
+}
+
+/// Limits, each enforced with `RESOURCE_EXHAUSTED` before anything changes.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_subscriptions_per_app: u64,
+    pub max_subscriptions: u64,
+    /// Largest encoded request, in bytes.
+    pub max_request_bytes: usize,
+    /// Most lines one Add may carry.
+    pub max_lines_per_request: usize,
+    /// Longest subscription line, in bytes.
+    pub max_line_bytes: usize,
+    /// Most conjunctions one subscription's normal form may have (E0320 beyond).
+    pub max_cubes: usize,
+    /// Longest one change may spend in the incremental compiler.
+    pub compile_timeout_ms: u64,
+    /// Most concurrent Watch streams.
+    pub max_watchers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_subscriptions_per_app: 1_000_000,
+            max_subscriptions: 2_000_000,
+            max_request_bytes: 4 << 20,
+            max_lines_per_request: 100_000,
+            max_line_bytes: 4096,
+            max_cubes: 4096,
+            compile_timeout_ms: 10_000,
+            max_watchers: 256,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain and private key of the server.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// With a CA, clients must present a certificate it signed (mTLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The IR's budgets (see `subc_bdd::CompileOptions`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompileConfig {
+    pub node_budget: usize,
+    pub split_nodes: usize,
+    pub max_pipelines: usize,
+    /// A field order (query field names); default: the spec's, then the heuristic.
+    pub order: Option<Vec<String>>,
+}
+
+impl Default for CompileConfig {
+    fn default() -> Self {
+        let d = subc_bdd::CompileOptions::default();
+        CompileConfig { node_budget: d.node_budget, split_nodes: d.split_nodes, max_pipelines: d.max_pipelines, order: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeployConfig {
+    /// First retry delay after a failed deploy; doubles up to `retry_max_ms`.
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    /// How long reconciling one target at startup may take.
+    pub reconcile_timeout_ms: u64,
+    /// Where eBPF targets pin their programs and maps (a bpffs directory).
+    pub bpffs_root: PathBuf,
+    /// Most operations a Plan reply lists.
+    pub plan_max_ops: usize,
+}
+
+impl Default for DeployConfig {
+    fn default() -> Self {
+        DeployConfig {
+            retry_initial_ms: 100,
+            retry_max_ms: 30_000,
+            reconcile_timeout_ms: 30_000,
+            bpffs_root: PathBuf::from("/sys/fs/bpf/subc"),
+            plan_max_ops: 10_000,
+        }
+    }
+}
+
+/// How hard the store syncs. `full`: every commit is on disk before the
+/// reply (survives power loss). `normal`: in WAL mode a commit survives a
+/// crash of the server process but the last ones may be lost on power loss.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    #[default]
+    Full,
+    Normal,
+}
+
+impl Config {
+    /// A configuration with every default, serving `spec`.
+    pub fn with_spec(spec: impl Into<PathBuf>) -> Config {
+        toml::from_str::<Config>(&format!("spec = {:?}", spec.into().display().to_string())).expect("defaults parse")
+    }
+
+    /// Reads a configuration file; relative paths in it are made relative
+    /// to its directory.
+    pub fn load(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        let mut c: Config = toml::from_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        c.rebase(base);
+        Ok(c)
+    }
+
+    fn rebase(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut self.spec);
+        fix(&mut self.store);
+        if let Some(t) = &mut self.tls {
+            fix(&mut t.cert);
+            fix(&mut t.key);
+            if let Some(ca) = &mut t.client_ca {
+                fix(ca);
+            }
+        }
+        if let Some(f) = &mut self.auth.admin_token_file {
+            fix(f);
+        }
+        for a in &mut self.auth.apps {
+            if let Some(f) = &mut a.token_file {
+                fix(f);
+            }
+        }
+    }
+
+    /// Checks what serde cannot: names, ranges, and that an open server
+    /// (no tokens) listens on loopback only.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut names = std::collections::BTreeSet::new();
+        for a in &self.auth.apps {
+            if !crate::valid_name(&a.name) {
+                return Err(Error::Config(format!("application name {:?}: use 1 to 64 of [A-Za-z0-9_.-]", a.name)));
+            }
+            if a.name == crate::auth::ADMIN_APP {
+                return Err(Error::Config(format!("application name {:?} is reserved for the administrator", a.name)));
+            }
+            if !names.insert(a.name.as_str()) {
+                return Err(Error::Config(format!("application {:?} is configured twice", a.name)));
+            }
+            if !a.secret().is_set() {
+                return Err(Error::Config(format!("application {:?} has no token", a.name)));
+            }
+        }
+        if !self.auth.has_tokens() && !self.auth.allow_anonymous && !self.listen.ip().is_loopback() {
+            return Err(Error::Config(format!(
+                "no tokens are configured and {} is not a loopback address: configure [auth] tokens, or set \
+                 auth.allow_anonymous = true to let anyone administer this server",
+                self.listen
+            )));
+        }
+        let l = &self.limits;
+        if l.max_request_bytes < 1024 || l.max_lines_per_request == 0 || l.max_cubes == 0 || l.compile_timeout_ms == 0 {
+            return Err(Error::Config("limits: max_request_bytes >= 1024, and max_lines_per_request, max_cubes, compile_timeout_ms > 0".into()));
+        }
+        if self.deploy.retry_initial_ms == 0 || self.deploy.retry_max_ms < self.deploy.retry_initial_ms {
+            return Err(Error::Config("deploy: 0 < retry_initial_ms <= retry_max_ms".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_everything_but_the_spec() {
+        let c = Config::with_spec("x.spec");
+        assert_eq!(c.listen, default_listen());
+        assert_eq!(c.durability, Durability::Full);
+        assert_eq!(c.limits.max_cubes, 4096);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn an_open_server_must_listen_on_loopback() {
+        let mut c = Config::with_spec("x.spec");
+        c.listen = "0.0.0.0:50051".parse().unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("allow_anonymous"));
+        c.auth.allow_anonymous = true;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let e = toml::from_str::<Config>("spec = \"a\"\nlisten_addr = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("listen_addr"), "{e}");
+    }
+
+    #[test]
+    fn paths_are_relative_to_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("subc.toml");
+        std::fs::write(&p, "spec = \"itch.spec\"\n[[auth.apps]]\nname = \"a\"\ntoken_file = \"a.token\"\n").unwrap();
+        let c = Config::load(&p).unwrap();
+        assert_eq!(c.spec, dir.path().join("itch.spec"));
+        assert_eq!(c.store, dir.path().join("subc.db"));
+        assert_eq!(c.auth.apps[0].token_file.as_deref(), Some(dir.path().join("a.token").as_path()));
+    }
+}

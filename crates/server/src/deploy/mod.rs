@@ -1,0 +1,638 @@
+//! Deployment: one task per target keeps it holding the desired pipelines.
+//!
+//! Each target's task knows what the target holds (`held`: the pipelines it
+//! was last given, or read back from it) and, whenever the desired state
+//! moves on, applies `diff_pipelines(held, desired)`. Changes committed
+//! while a diff is being applied are simply part of the next diff: the
+//! batching is free, and a slow target never queues work (jetrelay's
+//! lesson: get more efficient under load, not less).
+//!
+//! Failures are retried with exponential backoff. After a failure the task
+//! no longer trusts `held` and reads the target back before the next
+//! attempt, so a half-applied write (P4Runtime writes are not atomic) is
+//! repaired by the next diff. A target whose program was generated for
+//! pipelines of another shape (a full recompile spread the set differently),
+//! or that holds nothing, is installed as a whole.
+//!
+//! A target changes only after its first `Deploy`; from then on it follows
+//! every change unless it was registered `manual`, in which case it moves
+//! only on `Deploy`.
+//!
+//! Lock order: a target's `held`, then the desired state. The driver runs on
+//! a blocking thread and is never called with either lock held.
+
+pub mod sim;
+
+use crate::desired::{shape_of, Desired, Shape};
+use crate::metrics::Metrics;
+use crate::proto::{self, register_target_request::Kind};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use subc_bdd::diff::diff_pipelines;
+use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Update;
+use subc_lang::spec::Spec;
+use tokio::sync::{watch, Notify};
+
+/// Why a driver call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverError {
+    pub kind: DriverErrorKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverErrorKind {
+    /// Worth retrying as is (unreachable, busy, a kernel error).
+    Transient,
+    /// The update does not fit the installed program (its maps are full, or
+    /// it was generated for another shape): install the whole set again.
+    NeedsInstall,
+}
+
+impl DriverError {
+    pub fn transient(m: impl Into<String>) -> DriverError {
+        DriverError { kind: DriverErrorKind::Transient, message: m.into() }
+    }
+    pub fn needs_install(m: impl Into<String>) -> DriverError {
+        DriverError { kind: DriverErrorKind::NeedsInstall, message: m.into() }
+    }
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a kind of target must do. Calls block; the task runs them on a
+/// blocking thread, one at a time.
+pub trait Driver: Send {
+    /// What the target holds, read from the target itself (pinned maps,
+    /// P4Runtime Read); `None` when nothing of subc's is installed there.
+    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError>;
+    /// Installs a program for these pipelines, filled with them, replacing
+    /// whatever subc installed before.
+    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError>;
+    /// Applies one diff per changed pipeline, in the IR's make-before-break
+    /// order; all or nothing where the target allows it.
+    fn apply(&mut self, update: &Update) -> Result<(), DriverError>;
+    /// Detaches and removes what subc installed.
+    fn uninstall(&mut self) -> Result<(), DriverError>;
+}
+
+/// What the task knows a target holds.
+#[derive(Clone, Debug)]
+pub enum Held {
+    /// Not known: read the target back before changing it.
+    Unknown,
+    /// Nothing of subc's is installed.
+    Nothing,
+    Pipes(Vec<Pipeline>),
+}
+
+struct HeldState {
+    held: Held,
+    /// The generation `held` corresponds to (0: none known).
+    generation: u64,
+}
+
+/// The status a target's watchers see, with a counter of finished attempts
+/// so that `Deploy` can wait for an attempt that started after its request.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub status: proto::TargetStatus,
+    pub attempts: u64,
+}
+
+/// What the deployers report for the store and the event log.
+#[derive(Clone, Debug)]
+pub struct TargetReport {
+    pub status: proto::TargetStatus,
+    /// Set on the first successful deploy.
+    pub mark_deployed: bool,
+    pub event: Option<proto::Event>,
+}
+
+/// What every target task shares.
+pub struct DeployCtx {
+    pub spec: Arc<Spec>,
+    pub config: Arc<crate::config::Config>,
+    pub desired: Arc<Mutex<Desired>>,
+    pub generation: watch::Sender<u64>,
+    pub metrics: Arc<Metrics>,
+    pub report: Box<dyn Fn(TargetReport) + Send + Sync>,
+    /// (generation, when it was committed), for the commit-to-live histogram.
+    pub commit_times: Mutex<VecDeque<(u64, Instant)>>,
+}
+
+impl DeployCtx {
+    pub fn note_commit(&self, generation: u64, at: Instant) {
+        let mut q = self.commit_times.lock().expect("commit times");
+        q.push_back((generation, at));
+        while q.len() > 100_000 {
+            q.pop_front();
+        }
+    }
+
+    fn observe_live(&self, target: &str, from: u64, to: u64) {
+        let now = Instant::now();
+        let q = self.commit_times.lock().expect("commit times");
+        let h = self.metrics.commit_to_live_seconds.get_or_create(&Metrics::label("target", target));
+        for (g, at) in q.iter() {
+            if *g > from && *g <= to {
+                h.observe(now.duration_since(*at).as_secs_f64());
+            }
+        }
+    }
+}
+
+/// One registered target and its task's shared state.
+pub struct TargetHandle {
+    pub name: String,
+    pub registration: proto::RegisterTargetRequest,
+    held: Mutex<HeldState>,
+    driver: Arc<Mutex<Option<Box<dyn Driver>>>>,
+    progress: watch::Sender<Progress>,
+    /// The generation the last `Deploy` asked for.
+    requested: AtomicU64,
+    /// Deployed at least once: follows changes unless manual.
+    deployed: AtomicBool,
+    stopped: AtomicBool,
+    wake: Notify,
+    /// The first sync after startup reports a `Reconciled` event.
+    reconciling: AtomicBool,
+}
+
+/// The plan for one sync.
+pub enum Plan {
+    /// The target holds the desired pipelines already.
+    Nothing,
+    Install(Vec<Pipeline>),
+    Update(Update),
+}
+
+impl Plan {
+    fn entries(&self) -> u64 {
+        match self {
+            Plan::Nothing => 0,
+            Plan::Install(p) => p.iter().map(|p| p.entry_count() as u64 + p.groups.len() as u64).sum(),
+            Plan::Update(u) => u.len() as u64,
+        }
+    }
+}
+
+fn counts(held: &Held) -> (u64, u64) {
+    match held {
+        Held::Pipes(p) => (p.iter().map(|p| p.entry_count() as u64).sum(), p.iter().map(|p| p.groups.len() as u64).sum()),
+        _ => (0, 0),
+    }
+}
+
+/// The plan that takes a target holding `held` to `d`.
+pub fn plan(held: &Held, d: &Desired) -> Plan {
+    let pipes = d.pipelines();
+    match held {
+        Held::Pipes(h) if shape_of(h.iter()) == d.shape() => {
+            let diffs: Vec<_> = h
+                .iter()
+                .zip(&pipes)
+                .enumerate()
+                .filter_map(|(i, (old, new))| {
+                    let mut diff = diff_pipelines(old, new);
+                    diff.pipeline = i;
+                    (!diff.is_empty()).then_some(diff)
+                })
+                .collect();
+            if diffs.is_empty() {
+                Plan::Nothing
+            } else {
+                Plan::Update(Update { diffs })
+            }
+        }
+        _ => Plan::Install(pipes.into_iter().cloned().collect()),
+    }
+}
+
+impl TargetHandle {
+    pub fn new(registration: proto::RegisterTargetRequest, deployed: bool, status: Option<proto::TargetStatus>) -> Arc<TargetHandle> {
+        let name = registration.name.clone();
+        let mut status = status.unwrap_or_default();
+        status.name = name.clone();
+        if !deployed {
+            status.state = proto::TargetState::Registered as i32;
+        }
+        Arc::new(TargetHandle {
+            name,
+            registration,
+            held: Mutex::new(HeldState { held: Held::Unknown, generation: 0 }),
+            driver: Arc::new(Mutex::new(None)),
+            progress: watch::Sender::new(Progress { status, attempts: 0 }),
+            requested: AtomicU64::new(0),
+            deployed: AtomicBool::new(deployed),
+            stopped: AtomicBool::new(false),
+            wake: Notify::new(),
+            reconciling: AtomicBool::new(deployed),
+        })
+    }
+
+    pub fn manual(&self) -> bool {
+        self.registration.manual
+    }
+
+    pub fn is_deployed(&self) -> bool {
+        self.deployed.load(Ordering::SeqCst)
+    }
+
+    /// The status, with the service's current generation filled in.
+    pub fn status(&self, current: u64) -> proto::TargetStatus {
+        let mut s = self.progress.borrow().status.clone();
+        s.current_generation = current;
+        s
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// Asks the task to bring the target to `generation`.
+    pub fn request(&self, generation: u64) {
+        self.requested.fetch_max(generation, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    fn held_generation(&self) -> (bool, u64) {
+        let h = self.held.lock().expect("held");
+        (matches!(h.held, Held::Unknown), h.generation)
+    }
+
+    /// Whether the task has work at generation `current`.
+    fn wants_sync(&self, current: u64) -> bool {
+        let requested = self.requested.load(Ordering::SeqCst);
+        let (unknown, held) = self.held_generation();
+        if !self.is_deployed() {
+            return requested > 0;
+        }
+        let goal = if self.manual() { requested } else { current };
+        unknown && (!self.manual() || requested > held) || goal > held
+    }
+
+    /// Creates the driver if there is none yet.
+    fn ensure_driver(&self, ctx: &DeployCtx) -> Result<(), DriverError> {
+        let mut d = self.driver.lock().expect("driver");
+        if d.is_none() {
+            *d = Some(make_driver(&self.registration, ctx)?);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` with the driver on a blocking thread.
+    async fn with_driver<T: Send + 'static>(
+        self: &Arc<Self>,
+        ctx: &Arc<DeployCtx>,
+        f: impl FnOnce(&mut dyn Driver) -> Result<T, DriverError> + Send + 'static,
+    ) -> Result<T, DriverError> {
+        let me = self.clone();
+        let ctx = ctx.clone();
+        tokio::task::spawn_blocking(move || {
+            me.ensure_driver(&ctx)?;
+            let mut guard = me.driver.lock().expect("driver");
+            let driver = guard.as_mut().expect("driver was just made");
+            f(driver.as_mut())
+        })
+        .await
+        .map_err(|e| DriverError::transient(format!("the driver thread failed: {e}")))?
+    }
+
+    /// Reads the target back into `held` (at startup, and after failures).
+    pub async fn read_back(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+        let pipes = self.with_driver(ctx, |d| d.read_back()).await?;
+        let mut h = self.held.lock().expect("held");
+        h.held = match pipes {
+            Some(p) => Held::Pipes(p),
+            None => Held::Nothing,
+        };
+        // A target that holds the desired tables holds the current generation;
+        // the first sync sets that once it has diffed.
+        h.generation = 0;
+        Ok(())
+    }
+
+    /// What the target holds, if known (for adoption at startup).
+    pub fn held_pipes(&self) -> Option<Vec<Pipeline>> {
+        match &self.held.lock().expect("held").held {
+            Held::Pipes(p) => Some(p.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn held_shape(&self) -> Option<Shape> {
+        match &self.held.lock().expect("held").held {
+            Held::Pipes(p) => Some(shape_of(p.iter())),
+            _ => None,
+        }
+    }
+
+    /// The plan a deploy would carry out now. Reads the target back first if
+    /// what it holds is not known.
+    pub async fn plan(self: &Arc<Self>, ctx: &Arc<DeployCtx>, max_ops: usize) -> Result<proto::PlanResponse, DriverError> {
+        if self.held_generation().0 && self.is_deployed() {
+            self.read_back(ctx).await?;
+        }
+        let (p, from, to) = {
+            let h = self.held.lock().expect("held");
+            let d = ctx.desired.lock().expect("desired");
+            let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
+            (plan(&held, &d), h.generation, d.generation)
+        };
+        let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
+        let mut ops = vec![];
+        match &p {
+            Plan::Nothing => {}
+            Plan::Install(pipes) => {
+                r.full_install = true;
+                for (i, pipe) in pipes.iter().enumerate() {
+                    let empty = Pipeline { tables: pipe.tables.iter().map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() }).collect(), leaves: Default::default(), groups: Default::default(), root: subc_bdd::DEAD };
+                    let mut d = diff_pipelines(&empty, pipe);
+                    d.pipeline = i;
+                    tally(&mut r, &d);
+                    ops.extend(d.ops().into_iter().map(|o| (i, o)));
+                }
+            }
+            Plan::Update(u) => {
+                for d in &u.diffs {
+                    tally(&mut r, d);
+                    ops.extend(d.ops().into_iter().map(|o| (d.pipeline, o)));
+                }
+            }
+        }
+        r.truncated = ops.len() > max_ops;
+        r.ops = ops
+            .into_iter()
+            .take(max_ops)
+            .map(|(p, op)| {
+                let mut v = serde_json::to_value(&op).expect("ops serialize");
+                v["pipeline"] = p.into();
+                v.to_string()
+            })
+            .collect();
+        Ok(r)
+    }
+
+    fn set_progress(&self, f: impl FnOnce(&mut Progress)) -> proto::TargetStatus {
+        let mut out = None;
+        self.progress.send_modify(|p| {
+            f(p);
+            out = Some(p.status.clone());
+        });
+        out.expect("send_modify ran")
+    }
+
+    /// One attempt to bring the target to the desired state.
+    async fn sync_once(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+        if self.held_generation().0 {
+            self.read_back(ctx).await?;
+        }
+        let t = Instant::now();
+        let (plan, generation, from) = {
+            let h = self.held.lock().expect("held");
+            let d = ctx.desired.lock().expect("desired");
+            (plan(&h.held, &d), d.generation, h.generation)
+        };
+        ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
+        let written = plan.entries();
+        let t = Instant::now();
+        let result = match plan {
+            Plan::Nothing => Ok(Held::Unknown),
+            Plan::Install(pipes) => {
+                self.with_driver(ctx, move |d| {
+                    d.install(&pipes.iter().collect::<Vec<_>>())?;
+                    Ok(Held::Pipes(pipes))
+                })
+                .await
+            }
+            Plan::Update(update) => {
+                let r = self.with_driver(ctx, {
+                    let update = update.clone();
+                    move |d| d.apply(&update)
+                })
+                .await;
+                match r {
+                    Ok(()) => {
+                        let mut h = self.held.lock().expect("held");
+                        let ok = match &mut h.held {
+                            Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
+                            _ => false,
+                        };
+                        if !ok {
+                            h.held = Held::Unknown;
+                        }
+                        Ok(Held::Unknown)
+                    }
+                    Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
+                        // The program cannot take the update: install the set as a whole.
+                        let (pipes, generation_now) = {
+                            let d = ctx.desired.lock().expect("desired");
+                            (d.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), d.generation)
+                        };
+                        tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
+                        let r = self
+                            .with_driver(ctx, move |d| {
+                                d.install(&pipes.iter().collect::<Vec<_>>())?;
+                                Ok(Held::Pipes(pipes))
+                            })
+                            .await;
+                        if r.is_ok() {
+                            // The reinstall may carry a later generation than the plan.
+                            let mut h = self.held.lock().expect("held");
+                            h.generation = generation_now.max(generation);
+                        }
+                        r
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
+        let label = Metrics::label("target", &self.name);
+        match result {
+            Ok(new_held) => {
+                let (entries, groups, held_gen) = {
+                    let mut h = self.held.lock().expect("held");
+                    if let Held::Pipes(_) = new_held {
+                        h.held = new_held;
+                    }
+                    h.generation = h.generation.max(generation);
+                    let (e, g) = counts(&h.held);
+                    (e, g, h.generation)
+                };
+                ctx.observe_live(&self.name, from, held_gen);
+                ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
+                ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
+                ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
+                let first = !self.deployed.swap(true, Ordering::SeqCst);
+                let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
+                let current = *ctx.generation.borrow();
+                let status = self.set_progress(|p| {
+                    p.attempts += 1;
+                    let s = &mut p.status;
+                    s.deployed_generation = held_gen;
+                    s.current_generation = current;
+                    s.entries = entries;
+                    s.groups = groups;
+                    s.consecutive_failures = 0;
+                    s.last_error.clear();
+                    s.last_diff_entries = written;
+                    if written > 0 {
+                        s.last_deploy_unix_ms = crate::store::now_ms();
+                    }
+                    s.state = if held_gen >= current {
+                        proto::TargetState::InSync
+                    } else if self.manual() {
+                        proto::TargetState::Behind
+                    } else {
+                        proto::TargetState::Syncing
+                    } as i32;
+                });
+                let kind = if reconciled { proto::EventKind::Reconciled } else { proto::EventKind::Deployed };
+                let event = (written > 0 || first || reconciled).then(|| proto::Event {
+                    kind: kind as i32,
+                    generation: held_gen,
+                    target: self.name.clone(),
+                    entries: written,
+                    unix_ms: crate::store::now_ms(),
+                    ..Default::default()
+                });
+                if written > 0 || first || reconciled {
+                    tracing::info!(target_name = %self.name, generation = held_gen, entries_written = written, reconciled, "deployed");
+                }
+                (ctx.report)(TargetReport { status, mark_deployed: first, event });
+                Ok(())
+            }
+            Err(e) => {
+                self.held.lock().expect("held").held = Held::Unknown;
+                ctx.metrics.deploy_failures.get_or_create(&label).inc();
+                tracing::warn!(target_name = %self.name, error = %e, "deploy failed");
+                let status = self.set_progress(|p| {
+                    p.attempts += 1;
+                    let s = &mut p.status;
+                    s.consecutive_failures += 1;
+                    s.last_error = e.message.clone();
+                    s.state = proto::TargetState::Failing as i32;
+                });
+                let event = proto::Event {
+                    kind: proto::EventKind::DeployFailed as i32,
+                    generation,
+                    target: self.name.clone(),
+                    error: e.message.clone(),
+                    unix_ms: crate::store::now_ms(),
+                    ..Default::default()
+                };
+                (ctx.report)(TargetReport { status, mark_deployed: false, event: Some(event) });
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes what subc installed on the target.
+    pub async fn uninstall(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+        self.with_driver(ctx, |d| d.uninstall()).await
+    }
+}
+
+fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::diff::PipelineDiff) {
+    for t in &d.tables {
+        r.inserts += t.inserts.len() as u64;
+        r.modifies += t.modifies.len() as u64;
+        r.deletes += t.deletes.len() as u64;
+    }
+    r.inserts += d.leaf_inserts.len() as u64;
+    r.modifies += d.leaf_modifies.len() as u64;
+    r.deletes += d.leaf_deletes.len() as u64;
+    r.groups_changed += (d.groups_created.len() + d.groups_changed.len() + d.groups_removed.len()) as u64;
+}
+
+/// The task of one target: sync whenever there is work, back off on failure.
+pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
+    let mut gen_rx = ctx.generation.subscribe();
+    let initial = Duration::from_millis(ctx.config.deploy.retry_initial_ms);
+    let max = Duration::from_millis(ctx.config.deploy.retry_max_ms);
+    let mut backoff = initial;
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        if h.stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        let current = *gen_rx.borrow_and_update();
+        let due = retry_at.is_none_or(|t| tokio::time::Instant::now() >= t);
+        if due && h.wants_sync(current) {
+            match h.sync_once(&ctx).await {
+                Ok(()) => {
+                    backoff = initial;
+                    retry_at = None;
+                }
+                Err(_) => {
+                    retry_at = Some(tokio::time::Instant::now() + backoff);
+                    backoff = (backoff * 2).min(max);
+                }
+            }
+            continue;
+        }
+        let sleep_until = retry_at.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            r = gen_rx.changed() => if r.is_err() { break },
+            _ = h.wake.notified() => {
+                // An explicit Deploy retries at once.
+                retry_at = None;
+            }
+            _ = tokio::time::sleep_until(sleep_until) => {}
+        }
+    }
+    tracing::debug!(target_name = %h.name, "target task stopped");
+}
+
+/// Makes the driver for a registration.
+pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
+    match &reg.kind {
+        Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
+        Some(Kind::Ebpf(_)) => Err(DriverError::transient("eBPF targets are not available in this build yet")),
+        Some(Kind::P4runtime(_)) => Err(DriverError::transient("P4Runtime targets are not available in this build yet")),
+        None => {
+            let _ = ctx;
+            Err(DriverError::transient("the target has no kind"))
+        }
+    }
+}
+
+/// Checks a registration's fields (not whether the target is reachable).
+pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
+    if !crate::valid_name(&reg.name) {
+        return Err(format!("target name {:?}: use 1 to 64 of [A-Za-z0-9_.-]", reg.name));
+    }
+    match &reg.kind {
+        None => Err("give the target's kind: ebpf, p4runtime or sim".into()),
+        Some(Kind::Ebpf(e)) => {
+            if e.interface.is_empty() {
+                return Err("an eBPF target needs an interface".into());
+            }
+            if e.hook == proto::Hook::Unspecified as i32 {
+                return Err("an eBPF target needs a hook: xdp or tc".into());
+            }
+            Ok(())
+        }
+        Some(Kind::P4runtime(p)) => {
+            if p.address.is_empty() {
+                return Err("a P4Runtime target needs an address (host:port)".into());
+            }
+            Ok(())
+        }
+        Some(Kind::Sim(_)) => Ok(()),
+    }
+}

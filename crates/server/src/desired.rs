@@ -1,0 +1,100 @@
+//! The desired state: the committed subscription set and its compiled
+//! pipelines.
+//!
+//! One [`Desired`] lives behind a mutex shared by the writer (which changes
+//! it and commits the change to the store while holding the lock) and the
+//! deployers (which diff targets against it). Holding the lock across the
+//! commit means a deployer never sees a change that is not yet durable, so a
+//! target never forwards for a subscription the store could still lose.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use subc_bdd::pipeline::Pipeline;
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::program::SubId;
+use subc_lang::spec::{QueryFieldId, Spec};
+
+/// What the server keeps in memory per subscription (the normal form lives
+/// only inside the compiled set).
+#[derive(Clone, Debug)]
+pub struct SubRecord {
+    pub app: Arc<str>,
+    pub text: String,
+    pub generation: u64,
+    pub created_ms: i64,
+}
+
+pub struct Desired {
+    pub set: CompiledSet,
+    /// Changes committed so far; the store's `generation`.
+    pub generation: u64,
+    pub subs: BTreeMap<SubId, SubRecord>,
+    pub per_app: HashMap<Arc<str>, u64>,
+    /// The next subscription id; ids are never reused.
+    pub next_id: SubId,
+}
+
+/// The pipelines' shape: per pipeline, its tables' fields, widths and match
+/// kinds. Back ends generate programs for a shape; diffs only apply between
+/// pipelines of one shape.
+pub type Shape = Vec<Vec<(QueryFieldId, u32, subc_lang::spec::MatchKind)>>;
+
+pub fn shape_of<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Shape {
+    pipes.into_iter().map(|p| p.tables.iter().map(|t| (t.field, t.width, t.kind)).collect()).collect()
+}
+
+impl Desired {
+    pub fn pipelines(&self) -> Vec<&Pipeline> {
+        self.set.pipelines()
+    }
+
+    pub fn shape(&self) -> Shape {
+        shape_of(self.set.pipelines())
+    }
+
+    /// Subscriptions of `app`.
+    pub fn count_of(&self, app: &str) -> u64 {
+        self.per_app.get(app).copied().unwrap_or(0)
+    }
+
+    pub fn insert_record(&mut self, id: SubId, rec: SubRecord) {
+        *self.per_app.entry(rec.app.clone()).or_default() += 1;
+        self.subs.insert(id, rec);
+    }
+
+    pub fn remove_record(&mut self, id: SubId) -> Option<SubRecord> {
+        let rec = self.subs.remove(&id)?;
+        if let Some(n) = self.per_app.get_mut(&rec.app) {
+            *n -= 1;
+        }
+        Some(rec)
+    }
+}
+
+/// The compiler options from the configuration, with the field order given
+/// by names resolved against the spec.
+pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Option<&[String]>) -> Result<CompileOptions, crate::Error> {
+    let order = match order.or(c.order.as_deref()) {
+        None => None,
+        Some(names) => {
+            let mut ids = vec![];
+            for n in names {
+                let id = spec
+                    .query_field_by_name(n)
+                    .ok_or_else(|| crate::Error::Config(format!("compile.order: the spec has no query field `{n}`")))?;
+                ids.push(id);
+            }
+            Some(ids)
+        }
+    };
+    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines })
+}
+
+/// The names of pipeline 0's field order (what the store keeps so that a
+/// restart compiles into the same tables the targets hold).
+pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
+    if set.pipeline_count() == 0 {
+        return vec![];
+    }
+    set.order(0).iter().map(|q| spec.query_field(*q).name.clone()).collect()
+}

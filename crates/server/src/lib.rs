@@ -1,0 +1,74 @@
+//! The subc compiler service: the control path of BPF-Broker's split, for
+//! any subscription language program and two kinds of target.
+//!
+//! ```text
+//! gRPC (api.rs, auth.rs) ──check.rs──▶ writer (core.rs) ──▶ store.rs (SQLite, WAL)
+//!                                        │ CompiledSet add/remove (desired.rs)
+//!                                        ▼
+//!                          deploy/ : one task per target, diff_pipelines(held, desired)
+//!                                    ├─ sim   (tables in memory or a file)
+//!                                    ├─ ebpf  (subc-backend-ebpf loader)
+//!                                    └─ p4    (subc-backend-p4 P4Runtime client)
+//! ```
+//!
+//! Invariants:
+//! - A change is acknowledged only after its transaction is committed; the
+//!   deployers never see a change before it is committed.
+//! - A refused request (invalid text, a limit, a permission) changes nothing.
+//! - Targets are changed only with diffs against what they hold; after a
+//!   restart what they hold is read back from them, not assumed.
+//! - This is the only crate that knows gRPC, SQLite or deployment; the IR
+//!   and the back ends know nothing of it.
+
+pub mod api;
+pub mod auth;
+pub mod check;
+pub mod client;
+pub mod config;
+pub mod core;
+pub mod deploy;
+pub mod desired;
+pub mod metrics;
+pub mod server;
+pub mod store;
+
+/// The generated protobuf and gRPC code of `proto/subc.proto`.
+pub mod proto {
+    #![allow(clippy::all)]
+    tonic::include_proto!("subc.v1");
+    /// The encoded descriptors, for server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("subc_descriptor");
+}
+
+pub use config::Config;
+pub use server::{serve, start, Running};
+
+/// Errors at the crate boundary: starting, configuring and running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("the spec has errors:\n{0}")]
+    Spec(String),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("compiling the stored subscriptions: {0}")]
+    Compile(String),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// Names of applications and targets: 1 to 64 of `[A-Za-z0-9_.-]`.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}

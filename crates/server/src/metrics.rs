@@ -1,0 +1,153 @@
+//! Prometheus metrics and the HTTP endpoint that serves them (`/metrics`).
+//!
+//! Label values are bounded: applications come from the configuration and
+//! targets from registrations, never from request text.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+type Labels = Vec<(&'static str, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to about 84 s.
+    Histogram::new(exponential_buckets(1e-5, 2.0, 24))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Subscriptions per application.
+    pub subscriptions: Family<Labels, Gauge>,
+    pub generation: Gauge,
+    /// Time in the incremental compiler per change (`op` = add, remove, recompile).
+    pub compile_seconds: HistogramFamily,
+    /// Time to commit a batch of changes to the store.
+    pub commit_seconds: Histogram,
+    /// Changes committed together (group commit).
+    pub batch_size: Histogram,
+    /// Time to compute a target's diff.
+    pub diff_seconds: HistogramFamily,
+    /// Time to apply a diff to a target.
+    pub apply_seconds: HistogramFamily,
+    /// From a change's commit to the target holding it.
+    pub commit_to_live_seconds: HistogramFamily,
+    /// Table and leaf entries per target, and what the last diff wrote.
+    pub target_entries: Family<Labels, Gauge>,
+    pub target_generation: Family<Labels, Gauge>,
+    pub diff_entries: Family<Labels, Counter>,
+    pub deploy_failures: Family<Labels, Counter>,
+    /// Requests refused by a limit, per limit.
+    pub limit_refusals: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("subc");
+        let subscriptions = Family::<Labels, Gauge>::default();
+        registry.register("subscriptions", "Subscriptions stored, per application", subscriptions.clone());
+        let generation = Gauge::default();
+        registry.register("generation", "The current generation (number of committed changes)", generation.clone());
+        let compile_seconds = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register("compile_seconds", "Time in the incremental compiler per change", compile_seconds.clone());
+        let commit_seconds = latency_histogram();
+        registry.register("commit_seconds", "Time to commit a batch of changes to the store", commit_seconds.clone());
+        let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 12));
+        registry.register("commit_batch_changes", "Changes committed in one store transaction", batch_size.clone());
+        let diff_seconds = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register("diff_seconds", "Time to compute a target's diff", diff_seconds.clone());
+        let apply_seconds = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register("apply_seconds", "Time to apply a diff or install on a target", apply_seconds.clone());
+        let commit_to_live_seconds = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register(
+            "commit_to_live_seconds",
+            "Time from a change's commit (its acknowledgement) to a target holding it",
+            commit_to_live_seconds.clone(),
+        );
+        let target_entries = Family::<Labels, Gauge>::default();
+        registry.register("target_entries", "Table and leaf entries a target holds", target_entries.clone());
+        let target_generation = Family::<Labels, Gauge>::default();
+        registry.register("target_generation", "The generation a target holds", target_generation.clone());
+        let diff_entries = Family::<Labels, Counter>::default();
+        registry.register("diff_entries", "Entries written to a target (inserts, modifies, deletes)", diff_entries.clone());
+        let deploy_failures = Family::<Labels, Counter>::default();
+        registry.register("deploy_failures", "Failed deploy attempts per target", deploy_failures.clone());
+        let limit_refusals = Family::<Labels, Counter>::default();
+        registry.register("limit_refusals", "Requests refused with RESOURCE_EXHAUSTED, per limit", limit_refusals.clone());
+        Metrics {
+            registry,
+            subscriptions,
+            generation,
+            compile_seconds,
+            commit_seconds,
+            batch_size,
+            diff_seconds,
+            apply_seconds,
+            commit_to_live_seconds,
+            target_entries,
+            target_generation,
+            diff_entries,
+            deploy_failures,
+            limit_refusals,
+        }
+    }
+
+    pub fn label(key: &'static str, value: &str) -> Labels {
+        vec![(key, value.to_string())]
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `addr` until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let m = metrics.clone();
+            async move { ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render()) }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
+    Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family() {
+        let m = Metrics::new();
+        m.subscriptions.get_or_create(&Metrics::label("app", "a")).set(3);
+        m.compile_seconds.get_or_create(&Metrics::label("op", "add")).observe(0.001);
+        m.deploy_failures.get_or_create(&Metrics::label("target", "t")).inc();
+        let text = m.render();
+        assert!(text.contains("subc_subscriptions{app=\"a\"} 3"), "{text}");
+        assert!(text.contains("subc_compile_seconds_count{op=\"add\"} 1"), "{text}");
+        assert!(text.contains("subc_deploy_failures_total{target=\"t\"} 1"), "{text}");
+    }
+}

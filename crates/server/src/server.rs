@@ -1,0 +1,170 @@
+//! Serving: the tonic server with the three subc services behind the token
+//! interceptor, the standard health service and server reflection (so
+//! `grpcurl` works without the proto file), optional TLS, and the metrics
+//! endpoint.
+
+use crate::api::Api;
+use crate::auth::Authenticator;
+use crate::config::{Config, LogFormat};
+use crate::core::Core;
+use crate::proto::{events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
+use crate::Error;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+/// A started server.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub core: Arc<Core>,
+    shutdown: Option<oneshot::Sender<()>>,
+    join: JoinHandle<Result<(), Error>>,
+}
+
+impl Running {
+    /// Stops accepting calls, lets running ones finish, and returns.
+    pub async fn shutdown(mut self) -> Result<(), Error> {
+        self.core.closing.send_replace(true);
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        for h in self.core.targets.lock().expect("targets").values() {
+            h.stop();
+        }
+        match tokio::time::timeout(std::time::Duration::from_secs(10), &mut self.join).await {
+            Ok(r) => r.map_err(|e| Error::Internal(e.to_string()))?,
+            Err(_) => {
+                self.join.abort();
+                Err(Error::Internal("calls were still running 10 s after the shutdown began".into()))
+            }
+        }
+    }
+
+    /// Serves until the transport fails.
+    pub async fn wait(self) -> Result<(), Error> {
+        self.join.await.map_err(|e| Error::Internal(e.to_string()))?
+    }
+
+    /// A handle to request a graceful shutdown from elsewhere.
+    pub fn take_shutdown(&mut self) -> Option<oneshot::Sender<()>> {
+        self.shutdown.take()
+    }
+}
+
+/// Sets up logging from the configuration (`RUST_LOG` overrides the filter).
+/// Safe to call more than once: later calls do nothing.
+pub fn init_tracing(c: &crate::config::LogConfig) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(c.filter.as_deref().unwrap_or("info")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match c.format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Io { context: format!("cannot read {}", path.display()), source: e })
+}
+
+/// Starts the server (store, compile, reconcile, listeners) and returns once
+/// it accepts calls.
+pub async fn start(config: Config) -> Result<Running, Error> {
+    let auth = Authenticator::from_config(&config.auth)?;
+    if auth.is_open() {
+        tracing::warn!(listen = %config.listen, "no tokens configured: every caller is the administrator");
+    }
+    let tls = match &config.tls {
+        None => None,
+        Some(t) => {
+            let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(&t.cert)?, read(&t.key)?));
+            if let Some(ca) = &t.client_ca {
+                tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+            }
+            Some(tls)
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
+    let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
+    let metrics_listen = config.metrics_listen;
+    let max_bytes = config.limits.max_request_bytes;
+    let core = Core::start(config).await?;
+    let metrics_addr = match metrics_listen {
+        Some(a) => Some(crate::metrics::serve(a, core.metrics.clone()).await.map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?),
+        None => None,
+    };
+
+    let api = Api { core: core.clone() };
+    // Requests up to 4x the limit are decoded so that the handler can refuse
+    // them with RESOURCE_EXHAUSTED; past that tonic itself refuses them (OUT_OF_RANGE).
+    let hard_cap = max_bytes.saturating_mul(4);
+    let a1 = auth.clone();
+    let subs = InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r));
+    let a2 = auth.clone();
+    let targets = InterceptedService::new(TargetsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a2.intercept(r));
+    let a3 = auth.clone();
+    let events = InterceptedService::new(EventsServer::new(api).max_decoding_message_size(hard_cap), move |r| a3.intercept(r));
+
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<SubscriptionsServer<Api>>().await;
+    health.set_serving::<TargetsServer<Api>>().await;
+    health.set_serving::<EventsServer<Api>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(|e| Error::Internal(e.to_string()))?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| Error::Internal(e.to_string()))?;
+
+    let mut builder = Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).map_err(|e| Error::Tls(e.to_string()))?;
+    }
+    let router = builder
+        .add_service(health_svc)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(subs)
+        .add_service(targets)
+        .add_service(events);
+    let (tx, rx) = oneshot::channel::<()>();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let join = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            })
+            .await
+            .map_err(Error::from)
+    });
+    tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
+    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), join })
+}
+
+/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn serve(config: Config) -> Result<(), Error> {
+    let mut running = start(config).await?;
+    let stop = running.take_shutdown();
+    let signals = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    tokio::select! {
+        r = &mut running.join => return r.map_err(|e| Error::Internal(e.to_string()))?,
+        _ = signals => {}
+    }
+    tracing::info!("shutting down");
+    running.core.closing.send_replace(true);
+    if let Some(s) = stop {
+        let _ = s.send(());
+    }
+    running.join.await.map_err(|e| Error::Internal(e.to_string()))?
+}

@@ -1,0 +1,342 @@
+//! The durable store: SQLite in WAL mode.
+//!
+//! What it holds: the subscriptions (id, owning application, text, the
+//! generation that added them), the registered targets and, per target, the
+//! generation it was last seen holding and its status; an event log for
+//! `Watch` replays; the replies of recent `Add`s by idempotency key; and a few
+//! meta values (schema version, current generation, next subscription id,
+//! the spec text the subscriptions were checked against, the field order).
+//!
+//! Invariants:
+//! - One writer: the service's writer thread owns the only writing
+//!   connection; readers (`Watch` replays) open their own.
+//! - Every change the service acknowledges is one committed transaction
+//!   ([`Store::write`]) before the reply; with `durability = full`
+//!   (`synchronous=FULL`) the commit is on disk, so neither a killed process
+//!   nor a power cut loses it.
+//! - Subscription ids are never reused: `next_id` only grows, in the same
+//!   transaction as the insert.
+//! - Compiled state (diagrams, tables) is never stored: it is a function of
+//!   the subscriptions and is rebuilt at startup; targets are read back.
+
+use crate::config::Durability;
+use crate::proto;
+use crate::Error;
+use prost::Message;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id INTEGER PRIMARY KEY,
+    app TEXT NOT NULL,
+    text TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subscriptions_by_app ON subscriptions(app, id);
+CREATE TABLE IF NOT EXISTS requests (
+    app TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    reply BLOB NOT NULL,
+    created_ms INTEGER NOT NULL,
+    PRIMARY KEY (app, request_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS targets (
+    name TEXT PRIMARY KEY,
+    registration BLOB NOT NULL,
+    deployed INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS target_status (
+    name TEXT PRIMARY KEY,
+    status BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    body BLOB NOT NULL
+);
+";
+
+/// A stored subscription.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredSub {
+    pub id: u64,
+    pub app: String,
+    pub text: String,
+    pub generation: u64,
+    pub created_ms: i64,
+}
+
+/// A stored target: how it was registered, whether it was ever deployed,
+/// and its last recorded status.
+#[derive(Clone, Debug)]
+pub struct StoredTarget {
+    pub registration: proto::RegisterTargetRequest,
+    pub deployed: bool,
+    pub status: Option<proto::TargetStatus>,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+fn sql(e: rusqlite::Error) -> Error {
+    Error::Store(e.to_string())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path, durability: Durability) -> Result<Store, Error> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path).map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(sql)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Store(format!("{}: cannot switch to WAL mode (got {mode})", path.display())));
+        }
+        let sync = match durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        };
+        conn.execute_batch(&format!("PRAGMA synchronous={sync}; PRAGMA busy_timeout=10000;")).map_err(sql)?;
+        conn.execute_batch(SCHEMA).map_err(sql)?;
+        let store = Store { conn };
+        match store.meta("schema_version")? {
+            None => {
+                store.conn.execute("INSERT INTO meta VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()]).map_err(sql)?;
+            }
+            Some(v) if v == SCHEMA_VERSION.to_string() => {}
+            Some(v) => return Err(Error::Store(format!("{}: schema version {v}, this server knows {SCHEMA_VERSION}", path.display()))),
+        }
+        Ok(store)
+    }
+
+    /// A second connection for reads that must not wait for the writer.
+    pub fn open_reader(path: &Path) -> Result<Store, Error> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
+        conn.execute_batch("PRAGMA busy_timeout=10000;").map_err(sql)?;
+        Ok(Store { conn })
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>, Error> {
+        self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(sql)
+    }
+
+    pub fn meta_u64(&self, key: &str) -> Result<u64, Error> {
+        Ok(self.meta(key)?.and_then(|v| v.parse().ok()).unwrap_or(0))
+    }
+
+    /// Every subscription, in id order.
+    pub fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
+        let mut st = self.conn.prepare("SELECT id, app, text, generation, created_ms FROM subscriptions ORDER BY id").map_err(sql)?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(StoredSub { id: r.get::<_, i64>(0)? as u64, app: r.get(1)?, text: r.get(2)?, generation: r.get::<_, i64>(3)? as u64, created_ms: r.get(4)? })
+            })
+            .map_err(sql)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(sql)
+    }
+
+    pub fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
+        let mut st = self
+            .conn
+            .prepare("SELECT t.registration, t.deployed, s.status FROM targets t LEFT JOIN target_status s ON s.name = t.name ORDER BY t.name")
+            .map_err(sql)?;
+        let rows = st
+            .query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, bool>(1)?, r.get::<_, Option<Vec<u8>>>(2)?)))
+            .map_err(sql)?;
+        let mut out = vec![];
+        for row in rows {
+            let (reg, deployed, status) = row.map_err(sql)?;
+            let registration = proto::RegisterTargetRequest::decode(reg.as_slice()).map_err(|e| Error::Store(format!("a stored target does not decode: {e}")))?;
+            let status = match status {
+                Some(s) => Some(proto::TargetStatus::decode(s.as_slice()).map_err(|e| Error::Store(format!("a stored status does not decode: {e}")))?),
+                None => None,
+            };
+            out.push(StoredTarget { registration, deployed, status });
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` stored events with `seq > after`, oldest first.
+    pub fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        let mut st = self.conn.prepare_cached("SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
+        let rows = st.query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(sql)?;
+        let mut out = vec![];
+        for row in rows {
+            let (seq, body) = row.map_err(sql)?;
+            let mut e = proto::Event::decode(body.as_slice()).map_err(|e| Error::Store(format!("a stored event does not decode: {e}")))?;
+            e.seq = seq as u64;
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// The stored reply of an earlier `Add` with this idempotency key.
+    pub fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<Vec<u8>>, Error> {
+        self.conn
+            .prepare_cached("SELECT reply FROM requests WHERE app = ?1 AND request_id = ?2")
+            .map_err(sql)?
+            .query_row(params![app, request_id], |r| r.get(0))
+            .optional()
+            .map_err(sql)
+    }
+
+    /// Runs `f` in one transaction and commits it; on any error nothing is written.
+    pub fn write<T>(&mut self, f: impl FnOnce(&Txn) -> Result<T, Error>) -> Result<T, Error> {
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(sql)?;
+        let txn = Txn { tx };
+        let out = f(&txn)?;
+        txn.tx.commit().map_err(sql)?;
+        Ok(out)
+    }
+}
+
+/// An open write transaction.
+pub struct Txn<'a> {
+    tx: rusqlite::Transaction<'a>,
+}
+
+impl Txn<'_> {
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<(), Error> {
+        self.tx.prepare_cached("INSERT OR REPLACE INTO meta VALUES (?1, ?2)").map_err(sql)?.execute(params![key, value]).map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT INTO subscriptions (id, app, text, generation, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(sql)?
+            .execute(params![s.id as i64, s.app, s.text, s.generation as i64, s.created_ms])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn delete_sub(&self, id: u64) -> Result<(), Error> {
+        let n = self.tx.prepare_cached("DELETE FROM subscriptions WHERE id = ?1").map_err(sql)?.execute([id as i64]).map_err(sql)?;
+        if n != 1 {
+            return Err(Error::Store(format!("subscription {id} is not in the store")));
+        }
+        Ok(())
+    }
+
+    pub fn put_request(&self, app: &str, request_id: &str, reply: &[u8]) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT OR REPLACE INTO requests VALUES (?1, ?2, ?3, ?4)")
+            .map_err(sql)?
+            .execute(params![app, request_id, reply, now_ms()])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Forgets idempotency keys older than `max_age_ms`.
+    pub fn prune_requests(&self, max_age_ms: i64) -> Result<(), Error> {
+        self.tx.prepare_cached("DELETE FROM requests WHERE created_ms < ?1").map_err(sql)?.execute([now_ms() - max_age_ms]).map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn put_target(&self, reg: &proto::RegisterTargetRequest) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT INTO targets (name, registration, deployed, created_ms) VALUES (?1, ?2, 0, ?3)")
+            .map_err(sql)?
+            .execute(params![reg.name, reg.encode_to_vec(), now_ms()])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn delete_target(&self, name: &str) -> Result<(), Error> {
+        self.tx.prepare_cached("DELETE FROM targets WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
+        self.tx.prepare_cached("DELETE FROM target_status WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn set_deployed(&self, name: &str) -> Result<(), Error> {
+        self.tx.prepare_cached("UPDATE targets SET deployed = 1 WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
+        Ok(())
+    }
+
+    pub fn put_status(&self, s: &proto::TargetStatus) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT OR REPLACE INTO target_status VALUES (?1, ?2)")
+            .map_err(sql)?
+            .execute(params![s.name, s.encode_to_vec()])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Appends an event and returns its sequence number.
+    pub fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
+        self.tx.prepare_cached("INSERT INTO events (body) VALUES (?1)").map_err(sql)?.execute([e.encode_to_vec()]).map_err(sql)?;
+        Ok(self.tx.last_insert_rowid() as u64)
+    }
+
+    /// Keeps only the newest `keep` events.
+    pub fn prune_events(&self, keep: u64) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1")
+            .map_err(sql)?
+            .execute([keep as i64])
+            .map_err(sql)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(id: u64) -> StoredSub {
+        StoredSub { id, app: "a".into(), text: format!("stock == S{id} : fwd(1)"), generation: id, created_ms: 1 }
+    }
+
+    #[test]
+    fn a_committed_write_survives_reopening_and_a_failed_one_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let mut s = Store::open(&path, Durability::Full).unwrap();
+            s.write(|t| {
+                t.insert_sub(&sub(1))?;
+                t.set_meta("generation", "1")
+            })
+            .unwrap();
+            let r: Result<(), Error> = s.write(|t| {
+                t.insert_sub(&sub(2))?;
+                t.delete_sub(99)
+            });
+            assert!(r.is_err());
+        }
+        let s = Store::open(&path, Durability::Full).unwrap();
+        assert_eq!(s.load_subs().unwrap(), vec![sub(1)]);
+        assert_eq!(s.meta_u64("generation").unwrap(), 1);
+    }
+
+    #[test]
+    fn events_are_numbered_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut s = Store::open(&path, Durability::Normal).unwrap();
+        for g in 1..=5 {
+            s.write(|t| {
+                t.append_event(&proto::Event { generation: g, ..Default::default() })?;
+                t.prune_events(3)
+            })
+            .unwrap();
+        }
+        let r = Store::open_reader(&path).unwrap();
+        let ev = r.events_after(0, 100).unwrap();
+        assert_eq!(ev.iter().map(|e| (e.seq, e.generation)).collect::<Vec<_>>(), vec![(3, 3), (4, 4), (5, 5)]);
+        assert_eq!(r.events_after(4, 100).unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,116 @@
+//! Shared helpers of the integration tests: a server on a loopback port
+//! with a fresh store, clients with each token, and a time bound.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use subc_server::client::{connect, ClientOptions, Clients};
+use subc_server::proto;
+use subc_server::{Config, Running};
+
+pub const ADMIN: &str = "admin-token-0001";
+pub const ALICE: &str = "alice-token-0001";
+pub const BOB: &str = "bob-token-00001";
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A configuration serving the ITCH example with an admin and two
+/// applications, a store in `dir`, and an ephemeral port.
+pub fn config(dir: &Path) -> Config {
+    let text = format!(
+        r#"
+spec = "{}"
+listen = "127.0.0.1:0"
+store = "{}"
+[auth]
+admin_token = "{ADMIN}"
+[[auth.apps]]
+name = "alice"
+token = "{ALICE}"
+[[auth.apps]]
+name = "bob"
+token = "{BOB}"
+[deploy]
+retry_initial_ms = 20
+retry_max_ms = 200
+"#,
+        repo().join("examples/itch/itch.spec").display(),
+        dir.join("subc.db").display()
+    );
+    toml::from_str(&text).expect("test config parses")
+}
+
+pub async fn start(config: Config) -> Running {
+    subc_server::start(config).await.expect("the server starts")
+}
+
+pub fn client(r: &Running, token: Option<&str>) -> Clients {
+    connect(&ClientOptions { server: format!("http://{}", r.addr), token: token.map(String::from), ..Default::default() }).expect("client")
+}
+
+/// Runs a test body with a time bound, so that a hang fails instead of blocking CI.
+pub async fn bounded<F: Future<Output = ()>>(secs: u64, f: F) {
+    tokio::time::timeout(Duration::from_secs(secs), f).await.expect("the test finished in time")
+}
+
+pub fn add_req(lines: &[&str]) -> proto::AddRequest {
+    proto::AddRequest { lines: lines.iter().map(|s| s.to_string()).collect(), ..Default::default() }
+}
+
+/// All subscriptions a client can see, over every page.
+pub async fn list_all(c: &mut Clients, page_size: u32) -> Vec<proto::Subscription> {
+    let mut out = vec![];
+    let mut token = String::new();
+    loop {
+        let r = c.subs.list(proto::ListRequest { page_size, page_token: token.clone(), ..Default::default() }).await.expect("list").into_inner();
+        out.extend(r.subscriptions);
+        if r.next_page_token.is_empty() {
+            return out;
+        }
+        token = r.next_page_token;
+    }
+}
+
+/// Waits until `target` holds at least `generation`.
+pub async fn wait_deployed(c: &mut Clients, target: &str, generation: u64) -> proto::TargetStatus {
+    loop {
+        let s = c.targets.status(proto::TargetRequest { name: target.into() }).await.expect("status").into_inner();
+        if s.deployed_generation >= generation && s.consecutive_failures == 0 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A running server with a fresh store and a client per token.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub r: Running,
+    pub alice: Clients,
+    pub bob: Clients,
+    pub admin: Clients,
+}
+
+impl Env {
+    pub async fn new() -> Env {
+        Env::with(|_| {}).await
+    }
+
+    /// A server whose configuration `f` adjusts.
+    pub async fn with(f: impl FnOnce(&mut Config)) -> Env {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut cfg = config(dir.path());
+        f(&mut cfg);
+        let r = start(cfg).await;
+        let (alice, bob, admin) = (client(&r, Some(ALICE)), client(&r, Some(BOB)), client(&r, Some(ADMIN)));
+        Env { dir, r, alice, bob, admin }
+    }
+
+    pub async fn stop(self) -> tempfile::TempDir {
+        self.r.shutdown().await.expect("clean shutdown");
+        self.dir
+    }
+}
