@@ -142,6 +142,18 @@ impl TableImage {
         Ok(img)
     }
 
+    /// The image of maps filled earlier (by another process) with these
+    /// pipelines and variable-update ids, `live_gen` live: what a reopened
+    /// deployment checks its pinned maps against (`crate::pinned`).
+    pub fn from_parts(model: &Model, pipes: Vec<Pipeline>, update_ids: BTreeMap<VarUpdate, u32>, live_gen: u32) -> Result<TableImage, EbpfError> {
+        let refs: Vec<&Pipeline> = pipes.iter().collect();
+        let counts = crate::model::count(&refs, model.ranges)?;
+        let img = TableImage { descs: pipes.iter().map(descs_of).collect(), pipes, update_ids, live_gen: live_gen & 1, counts };
+        img.check_capacity(model, &img.counts, &img.counts)?;
+        img.check_states(model)?;
+        Ok(img)
+    }
+
     pub fn pipelines(&self) -> &[Pipeline] {
         &self.pipes
     }

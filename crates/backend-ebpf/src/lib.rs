@@ -9,7 +9,9 @@
 //!   [`clang`] (C to a BPF object; a compiler, no kernel);
 //! - [`loader`]: libbpf-rs. Load, pin under bpffs, attach (XDP native or
 //!   generic, TC through tcx or clsact), fill maps, apply updates, detach,
-//!   status, and `BPF_PROG_TEST_RUN`.
+//!   status, and `BPF_PROG_TEST_RUN`; [`pinned`]: a deployment reopened from
+//!   its pins by another process (maps read back and checked, updates,
+//!   programs replaced under live attachments).
 //!
 //! The entry point is [`write_program`]: checked spec plus pipelines in,
 //! [`Artifacts`] out (C source, model, initial table image). The generated
@@ -25,6 +27,7 @@ pub mod loader;
 pub mod model;
 pub mod naive;
 pub mod names;
+pub mod pinned;
 pub mod target;
 
 use serde::{Deserialize, Serialize};

@@ -83,6 +83,41 @@ fn os_err(context: impl Into<String>) -> EbpfError {
     EbpfError::io(context, std::io::Error::last_os_error())
 }
 
+/// Applies map operations in order to `maps` (indexed like `model.maps`).
+pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]) -> Result<(), EbpfError> {
+    for op in ops {
+        let m = maps[op.map].as_ref().ok_or_else(|| EbpfError::Kernel(format!("map {} is not in this build", model.maps[op.map].name)))?;
+        let r = match &op.value {
+            Some(v) => m.update(&op.key, v, MapFlags::ANY),
+            None => match m.delete(&op.key) {
+                // Deleting what is not there is what we wanted.
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+                r => r,
+            },
+        };
+        r.map_err(|e| EbpfError::bpf(format!("map {}", model.maps[op.map].name), e))?;
+    }
+    Ok(())
+}
+
+/// The update protocol of [`crate::encode`] on `maps`, which hold `image`:
+/// returns the report and the image after the update.
+pub(crate) fn update_maps(maps: &[Option<MapHandle>], model: &Model, image: &TableImage, update: &subc_bdd::Update) -> Result<(UpdateReport, TableImage), EbpfError> {
+    let t = Instant::now();
+    let (plan, next) = image.plan(model, update)?;
+    apply_ops(maps, model, &plan.prepare)?;
+    if let Err(e) = apply_ops(maps, model, &plan.inactive) {
+        let _ = apply_ops(maps, model, &plan.undo_inactive);
+        return Err(e);
+    }
+    apply_ops(maps, model, &plan.flip)?;
+    let g = Instant::now();
+    grace_period();
+    let grace_us = g.elapsed().as_micros() as u64;
+    apply_ops(maps, model, &plan.live)?;
+    Ok((UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 }, next))
+}
+
 /// Waits until every BPF program run that started before the call has
 /// finished (an RCU grace period); see the module doc.
 pub fn grace_period() {
@@ -150,40 +185,17 @@ impl Dataplane {
 
     /// Applies operations in order.
     pub fn apply(&self, ops: &[MapOp]) -> Result<(), EbpfError> {
-        for op in ops {
-            let m = self.map(op.map)?;
-            let r = match &op.value {
-                Some(v) => m.update(&op.key, v, MapFlags::ANY),
-                None => match m.delete(&op.key) {
-                    // Deleting what is not there is what we wanted.
-                    Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
-                    r => r,
-                },
-            };
-            r.map_err(|e| EbpfError::bpf(format!("map {}", self.model.maps[op.map].name), e))?;
-        }
-        Ok(())
+        apply_ops(&self.maps, &self.model, ops)
     }
 
     /// Applies an IR update atomically (see [`crate::encode`]). On a
     /// capacity error nothing is touched; on a kernel error while writing
     /// the inactive generation, it is restored and the old tables stay live.
     pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
-        let t = Instant::now();
         let image = self.image.as_ref().ok_or_else(|| EbpfError::Kernel("this data plane was loaded without a table image".into()))?;
-        let (plan, next) = image.plan(&self.model, update)?;
-        self.apply(&plan.prepare)?;
-        if let Err(e) = self.apply(&plan.inactive) {
-            let _ = self.apply(&plan.undo_inactive);
-            return Err(e);
-        }
-        self.apply(&plan.flip)?;
-        let g = Instant::now();
-        grace_period();
-        let grace_us = g.elapsed().as_micros() as u64;
-        self.apply(&plan.live)?;
+        let (report, next) = update_maps(&self.maps, &self.model, image, update)?;
         self.image = Some(next);
-        Ok(UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 })
+        Ok(report)
     }
 
     /// Writes the egress of every port and the no-match action.

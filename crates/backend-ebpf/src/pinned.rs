@@ -1,0 +1,170 @@
+//! A deployed data plane reopened from its pins by a process that did not
+//! load it: the compiler service after a restart (or a crash).
+//!
+//! The table maps cannot be decoded back into IR pipelines on their own
+//! (the encoding is lossy: a default entry and a range become intervals),
+//! so a deployer keeps the image it installed (pipelines and update ids)
+//! next to the pins, and [`PinnedTables::check`] reads every table map
+//! back and compares it, key by key, with what that image encodes to. Only
+//! an exact match makes the image trusted; anything else (a crash between
+//! writing the maps and the image) is reported, and the deployer installs
+//! anew. Updates then follow the same protocol as [`Dataplane::update`].
+//!
+//! [`replace_programs`] points existing attachments at a new build
+//! atomically (`bpf_link_update`; a replacing filter for clsact), so a
+//! reinstall never leaves an interface without a program.
+
+use crate::encode::TableImage;
+use crate::layout::{MapRole, MapType};
+use crate::loader::{apply_ops, attach_program, update_maps, AttachMode, Dataplane, Deployment, UpdateReport};
+use crate::model::Model;
+use crate::EbpfError;
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
+use std::collections::BTreeMap;
+use std::os::fd::{FromRawFd, OwnedFd, AsRawFd};
+use std::path::Path;
+
+/// The maps whose contents are the tables (both generations): what a
+/// reopened deployment checks.
+fn is_table_map(role: MapRole) -> bool {
+    matches!(role, MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Ranged | MapRole::Leaves | MapRole::Updates)
+}
+
+/// A deployment's pinned maps, and the image they hold once checked.
+pub struct PinnedTables {
+    pub model: Model,
+    maps: Vec<Option<MapHandle>>,
+    image: Option<TableImage>,
+}
+
+impl PinnedTables {
+    /// Opens the pinned maps under `pin_dir`; every table map must be there.
+    pub fn open(pin_dir: &Path, model: Model) -> Result<PinnedTables, EbpfError> {
+        let mut maps = vec![];
+        for def in &model.maps {
+            let path = pin_dir.join(&def.name);
+            match MapHandle::from_pinned_path(&path) {
+                Ok(h) => maps.push(Some(h)),
+                Err(e) if is_table_map(def.role) && def.only_if.is_none() => return Err(EbpfError::bpf(format!("pinned map {}", path.display()), e)),
+                Err(_) => maps.push(None),
+            }
+        }
+        Ok(PinnedTables { model, maps, image: None })
+    }
+
+    /// The generation packets read now.
+    pub fn live_generation(&self) -> Result<u32, EbpfError> {
+        let id = self.model.maps.iter().position(|m| m.role == MapRole::Generation).ok_or_else(|| EbpfError::Kernel("the model has no generation map".into()))?;
+        let m = self.maps[id].as_ref().ok_or_else(|| EbpfError::Kernel("the generation map is not pinned".into()))?;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| EbpfError::bpf("generation map", e))?.unwrap_or_default();
+        Ok(v.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))).unwrap_or(0))
+    }
+
+    /// Reads every table map and compares it with what `image` encodes to.
+    /// Returns the differences (at most `limit`), none when the maps hold
+    /// exactly `image`.
+    pub fn check(&self, image: &TableImage, limit: usize) -> Result<Vec<String>, EbpfError> {
+        let mut want: BTreeMap<usize, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+        for op in image.initial_ops(&self.model) {
+            if let Some(v) = op.value {
+                want.entry(op.map).or_default().insert(op.key, v);
+            }
+        }
+        let mut diffs = vec![];
+        for (id, def) in self.model.maps.iter().enumerate() {
+            if !is_table_map(def.role) {
+                continue;
+            }
+            let Some(m) = self.maps[id].as_ref() else { continue };
+            let empty = BTreeMap::new();
+            let expect = want.get(&id).unwrap_or(&empty);
+            let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+            match def.map_type {
+                // Array slots always exist; slots the image does not name are unused.
+                MapType::Array => {
+                    for (k, v) in expect {
+                        let got = m.lookup(k, MapFlags::ANY).map_err(|e| EbpfError::bpf(format!("map {}", def.name), e))?;
+                        if got.as_deref() != Some(v.as_slice()) {
+                            diffs.push(format!("{}[{}] differs", def.name, hex(k)));
+                        }
+                    }
+                }
+                _ => {
+                    let mut seen = 0;
+                    for k in m.keys() {
+                        match expect.get(&k) {
+                            None => diffs.push(format!("{}[{}] is not in the image", def.name, hex(&k))),
+                            Some(v) => {
+                                seen += 1;
+                                let got = m.lookup(&k, MapFlags::ANY).map_err(|e| EbpfError::bpf(format!("map {}", def.name), e))?;
+                                if got.as_deref() != Some(v.as_slice()) {
+                                    diffs.push(format!("{}[{}] differs", def.name, hex(&k)));
+                                }
+                            }
+                        }
+                        if diffs.len() >= limit {
+                            return Ok(diffs);
+                        }
+                    }
+                    if seen < expect.len() {
+                        diffs.push(format!("{}: {} entries of the image are missing", def.name, expect.len() - seen));
+                    }
+                }
+            }
+            if diffs.len() >= limit {
+                break;
+            }
+        }
+        diffs.truncate(limit);
+        Ok(diffs)
+    }
+
+    /// Trusts `image` as what the maps hold (after [`PinnedTables::check`]).
+    pub fn set_image(&mut self, image: TableImage) {
+        self.image = Some(image);
+    }
+
+    pub fn image(&self) -> Option<&TableImage> {
+        self.image.as_ref()
+    }
+
+    /// Applies an IR update atomically, as [`Dataplane::update`] does.
+    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
+        let image = self.image.as_ref().ok_or_else(|| EbpfError::Kernel("the pinned tables were not checked against an image".into()))?;
+        let (report, next) = update_maps(&self.maps, &self.model, image, update)?;
+        self.image = Some(next);
+        Ok(report)
+    }
+
+    /// Applies map operations (e.g. a changed target config).
+    pub fn apply(&self, ops: &[crate::encode::MapOp]) -> Result<(), EbpfError> {
+        apply_ops(&self.maps, &self.model, ops)
+    }
+}
+
+/// Points every attachment of `d` at the same-named program of `dp`,
+/// atomically per attachment.
+pub fn replace_programs(d: &Deployment, dp: &Dataplane) -> Result<(), EbpfError> {
+    for a in &d.attachments {
+        let prog = dp.program_fd(&a.program)?;
+        match &a.link_pin {
+            Some(pin) => {
+                let c = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|_| EbpfError::Target("bad pin path".into()))?;
+                let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
+                if fd < 0 {
+                    return Err(EbpfError::io(format!("cannot open the pinned link {}", pin.display()), std::io::Error::last_os_error()));
+                }
+                let link = unsafe { OwnedFd::from_raw_fd(fd) };
+                let r = unsafe { libbpf_sys::bpf_link_update(link.as_raw_fd(), prog, std::ptr::null()) };
+                if r != 0 {
+                    return Err(EbpfError::io(format!("cannot point the link {} at the new program", pin.display()), std::io::Error::from_raw_os_error(-r)));
+                }
+            }
+            // A clsact filter is replaced in place (same handle and priority).
+            None => {
+                attach_program(dp, &a.program, &a.iface, AttachMode::Clsact, Some(&d.pin_dir))?;
+            }
+        }
+    }
+    Ok(())
+}
