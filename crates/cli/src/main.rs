@@ -1,9 +1,11 @@
 //! `subc`: the command-line front end. Each subcommand lives in its own
 //! module; this file only declares the command line.
 
+mod client;
 mod compile;
 mod ebpf;
 mod input;
+mod serve;
 mod sim;
 
 use anyhow::Result;
@@ -77,6 +79,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the compiler service: gRPC API, durable store, deployment to targets.
+    Serve(serve::ServeArgs),
+    /// Add, remove and list subscriptions on a running service.
+    #[command(subcommand)]
+    Sub(client::SubCommand),
+    /// Register, deploy and inspect a running service's targets (admin).
+    #[command(subcommand)]
+    Target(client::TargetCommand),
+    /// Stream a running service's events as JSON lines.
+    Watch(client::WatchArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +101,10 @@ fn main() -> ExitCode {
         Command::Attach(args) => ebpf::attach(&args),
         Command::Detach { name } => ebpf::detach(&name),
         Command::Status { name, json } => ebpf::status(&name, json),
+        Command::Serve(args) => serve::serve(&args),
+        Command::Sub(c) => client::sub(&c),
+        Command::Target(c) => client::target(&c),
+        Command::Watch(args) => client::watch(&args),
     };
     match result {
         Ok(code) => code,

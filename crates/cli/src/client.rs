@@ -1,0 +1,549 @@
+//! `subc sub ...`, `subc target ...` and `subc watch`: the client of the
+//! compiler service (`subc serve`), over gRPC.
+//!
+//! Every command takes `--server URL` (or `SUBC_SERVER`) and a token
+//! (`--token`, `--token-file` or `SUBC_TOKEN`). A rejected subscription
+//! prints the server's diagnostics exactly as `subc check` would and exits
+//! 1; any other failure exits 2.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use subc_server::client::{connect, ClientOptions, Clients};
+use subc_server::proto::{self, register_target_request::Kind};
+
+/// Where the server is and who we are.
+#[derive(Args, Clone, Debug)]
+pub struct Conn {
+    /// The server: `http://host:port`, or `https://...` for TLS.
+    #[arg(long, env = "SUBC_SERVER", default_value = "http://127.0.0.1:50051")]
+    server: String,
+    /// The bearer token (an application's, or the admin's).
+    #[arg(long, env = "SUBC_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A file holding the token.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// CA certificate (PEM) of the server's certificate.
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+    /// Client certificate and key (PEM), for servers that require mTLS.
+    #[arg(long, value_name = "FILE")]
+    client_cert: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    client_key: Option<PathBuf>,
+    /// Print replies as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Conn {
+    fn clients(&self) -> Result<Clients> {
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?.trim().to_string()),
+            (None, None) => None,
+        };
+        let o = ClientOptions {
+            server: self.server.clone(),
+            token,
+            ca_cert: self.ca_cert.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            domain: None,
+            timeout: Some(Duration::from_secs(600)),
+        };
+        Ok(connect(&o)?)
+    }
+}
+
+#[derive(Subcommand)]
+pub enum SubCommand {
+    /// Add subscriptions from rules files and/or `--rule` texts, atomically.
+    Add {
+        /// Rules files: one `condition : actions` per line; `#` comments.
+        files: Vec<PathBuf>,
+        /// A subscription given on the command line (repeatable).
+        #[arg(long = "rule", short = 'r', value_name = "TEXT")]
+        rules: Vec<String>,
+        /// An idempotency key: retrying with the same key adds only once.
+        #[arg(long, value_name = "KEY")]
+        request_id: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Remove subscriptions by id, atomically.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<u64>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// List subscriptions (an application sees its own; the admin all).
+    Ls {
+        /// Admin only: one application's subscriptions.
+        #[arg(long)]
+        app: Option<String>,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show one subscription.
+    Get {
+        id: u64,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum HookArg {
+    Xdp,
+    Tc,
+}
+
+#[derive(Subcommand)]
+pub enum TargetCommand {
+    /// Register a target (admin). It holds nothing until `subc target deploy`.
+    Add(TargetAddArgs),
+    /// List targets and their status (admin).
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Forget a target (admin); `--uninstall` first removes what subc installed.
+    Rm {
+        name: String,
+        #[arg(long)]
+        uninstall: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Bring a target to the current generation and wait for it (admin).
+    Deploy {
+        name: String,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 60)]
+        timeout: u32,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// A target's status: generation deployed, entries, last error (admin).
+    Status {
+        name: String,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// The diff a deploy would apply now, without applying it (admin).
+    Plan {
+        name: String,
+        /// List the operations, in the order they would be applied.
+        #[arg(long)]
+        ops: bool,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+#[derive(Args)]
+pub struct TargetAddArgs {
+    /// The target's name.
+    name: String,
+    /// An eBPF target: the interface whose ingress the program decides.
+    #[arg(long, value_name = "IFACE", group = "kind")]
+    ebpf: Option<String>,
+    /// A P4Runtime target: the server's host:port.
+    #[arg(long, value_name = "ADDR", group = "kind")]
+    p4runtime: Option<String>,
+    /// A simulated target, its tables kept in this file (or in memory: `--sim ''`).
+    #[arg(long, value_name = "FILE", group = "kind")]
+    sim: Option<String>,
+    /// eBPF: the hook.
+    #[arg(long, value_enum, default_value_t = HookArg::Xdp)]
+    hook: HookArg,
+    /// Port mapping, repeatable. eBPF: `N=IFACE[,dst_mac=M][,src_mac=M][,dst_ip=A][,dst_port=P]`;
+    /// P4Runtime: `N=DEVICE_PORT`.
+    #[arg(long = "port", value_name = "N=...")]
+    ports: Vec<String>,
+    /// eBPF: drop packets that match nothing (default: pass them to the kernel).
+    #[arg(long)]
+    drop_unmatched: bool,
+    /// P4Runtime: the device id.
+    #[arg(long, default_value_t = 1)]
+    device_id: u64,
+    /// P4Runtime: election id for arbitration.
+    #[arg(long, default_value_t = 1)]
+    election_id: u64,
+    /// P4Runtime: the P4Info (binary protobuf) of the program the switch runs.
+    #[arg(long, value_name = "FILE")]
+    p4info: Option<PathBuf>,
+    /// P4Runtime: the device config to push (e.g. BMv2 JSON).
+    #[arg(long, value_name = "FILE")]
+    device_config: Option<PathBuf>,
+    /// The target changes only on `subc target deploy`.
+    #[arg(long)]
+    manual: bool,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
+}
+
+/// Prints a failed call: diagnostics as `subc check` prints them, anything
+/// else as `error: CODE: message`. Returns the exit code.
+fn report(s: tonic::Status) -> ExitCode {
+    match s.code() {
+        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted if subc_server::api::diagnostics_of(&s).is_some() => {
+            eprint!("{}", s.message());
+            ExitCode::from(1)
+        }
+        code => {
+            eprintln!("error: {code:?}: {}", s.message());
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn out() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    writeln!(out(), "{}", serde_json::to_string_pretty(v)?)?;
+    Ok(())
+}
+
+fn sub_json(s: &proto::Subscription) -> serde_json::Value {
+    serde_json::json!({ "id": s.id, "app": s.app, "text": s.text, "generation": s.generation, "created_unix_ms": s.created_unix_ms })
+}
+
+pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        match cmd {
+            SubCommand::Add { files, rules, request_id, conn } => {
+                let mut c = conn.clients()?;
+                let mut lines = vec![];
+                let mut name = String::new();
+                for f in files {
+                    let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+                    lines.extend(text.lines().map(String::from));
+                    name = f.display().to_string();
+                }
+                lines.extend(rules.iter().cloned());
+                if files.len() != 1 || !rules.is_empty() {
+                    // Several sources become one: line numbers count from the first.
+                    name = "<request>".into();
+                }
+                let req = proto::AddRequest { lines, source_name: name, request_id: request_id.clone().unwrap_or_default() };
+                let r = match c.subs.add(req).await {
+                    Ok(r) => r.into_inner(),
+                    Err(s) => return Ok(report(s)),
+                };
+                for w in &r.warnings {
+                    eprint!("{}", w.rendered);
+                }
+                if conn.json {
+                    print_json(&serde_json::json!({
+                        "generation": r.generation,
+                        "replayed": r.replayed,
+                        "subscriptions": r.subscriptions.iter().map(sub_json).collect::<Vec<_>>(),
+                    }))?;
+                } else {
+                    let ids: Vec<String> = r.subscriptions.iter().map(|s| s.id.to_string()).collect();
+                    let again = if r.replayed { " (a retry: nothing new was added)" } else { "" };
+                    writeln!(out(), "added {} subscription(s) at generation {}{again}: {}", ids.len(), r.generation, ids.join(" "))?;
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SubCommand::Rm { ids, conn } => {
+                let mut c = conn.clients()?;
+                match c.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await {
+                    Ok(r) => writeln!(out(), "removed {} subscription(s) at generation {}", ids.len(), r.into_inner().generation)?,
+                    Err(s) => return Ok(report(s)),
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SubCommand::Ls { app, conn } => {
+                let mut c = conn.clients()?;
+                let mut token = String::new();
+                let mut all = vec![];
+                loop {
+                    let req = proto::ListRequest { page_size: 1000, page_token: token.clone(), app: app.clone().unwrap_or_default() };
+                    let r = match c.subs.list(req).await {
+                        Ok(r) => r.into_inner(),
+                        Err(s) => return Ok(report(s)),
+                    };
+                    all.extend(r.subscriptions);
+                    if r.next_page_token.is_empty() {
+                        break;
+                    }
+                    token = r.next_page_token;
+                }
+                if conn.json {
+                    print_json(&all.iter().map(sub_json).collect::<Vec<_>>())?;
+                } else {
+                    let mut o = out();
+                    for s in &all {
+                        writeln!(o, "{:>8}  {:<12} {}", s.id, s.app, s.text)?;
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SubCommand::Get { id, conn } => {
+                let mut c = conn.clients()?;
+                match c.subs.get(proto::GetRequest { id: *id }).await {
+                    Ok(r) => {
+                        let s = r.into_inner();
+                        if conn.json {
+                            print_json(&sub_json(&s))?;
+                        } else {
+                            writeln!(out(), "{:>8}  {:<12} {}", s.id, s.app, s.text)?;
+                        }
+                    }
+                    Err(s) => return Ok(report(s)),
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
+}
+
+/// `N=IFACE[,key=value...]` for eBPF ports.
+fn ebpf_port(s: &str) -> Result<(u32, proto::EbpfEgress)> {
+    let (n, rest) = s.split_once('=').ok_or_else(|| anyhow!("--port {s}: expected N=IFACE[,dst_ip=...]"))?;
+    let n: u32 = n.parse().with_context(|| format!("--port {s}: {n} is not a port number"))?;
+    let mut parts = rest.split(',');
+    let mut e = proto::EbpfEgress { interface: parts.next().unwrap_or_default().to_string(), ..Default::default() };
+    for p in parts {
+        let (k, v) = p.split_once('=').ok_or_else(|| anyhow!("--port {s}: expected key=value, got {p}"))?;
+        match k {
+            "dst_mac" => e.dst_mac = v.into(),
+            "src_mac" => e.src_mac = v.into(),
+            "dst_ip" => e.dst_ip = v.into(),
+            "dst_port" => e.dst_port = v.parse().with_context(|| format!("--port {s}: bad dst_port"))?,
+            _ => bail!("--port {s}: unknown key {k} (dst_mac, src_mac, dst_ip, dst_port)"),
+        }
+    }
+    Ok((n, e))
+}
+
+fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
+    let kind = if let Some(iface) = &a.ebpf {
+        let mut ports = HashMap::new();
+        for p in &a.ports {
+            let (n, e) = ebpf_port(p)?;
+            ports.insert(n, e);
+        }
+        let hook = match a.hook {
+            HookArg::Xdp => proto::Hook::Xdp,
+            HookArg::Tc => proto::Hook::Tc,
+        };
+        Kind::Ebpf(proto::EbpfTarget { interface: iface.clone(), hook: hook as i32, ports, drop_unmatched: a.drop_unmatched })
+    } else if let Some(addr) = &a.p4runtime {
+        let mut ports = HashMap::new();
+        for p in &a.ports {
+            let (n, d) = p.split_once('=').ok_or_else(|| anyhow!("--port {p}: expected N=DEVICE_PORT"))?;
+            ports.insert(n.parse().context("--port: bad port")?, d.parse().context("--port: bad device port")?);
+        }
+        let read = |f: &Option<PathBuf>| -> Result<Vec<u8>> {
+            f.as_ref().map(|f| std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))).transpose().map(Option::unwrap_or_default)
+        };
+        Kind::P4runtime(proto::P4RuntimeTarget {
+            address: addr.clone(),
+            device_id: a.device_id,
+            p4info: read(&a.p4info)?,
+            device_config: read(&a.device_config)?,
+            ports,
+            election_id: a.election_id,
+        })
+    } else if let Some(path) = &a.sim {
+        Kind::Sim(proto::SimTarget { path: path.clone() })
+    } else {
+        bail!("give the target's kind: --ebpf IFACE, --p4runtime ADDR or --sim FILE");
+    };
+    Ok(proto::RegisterTargetRequest { name: a.name.clone(), kind: Some(kind), manual: a.manual })
+}
+
+fn state_name(s: &proto::TargetStatus) -> &'static str {
+    match s.state() {
+        proto::TargetState::Unspecified => "unknown",
+        proto::TargetState::Registered => "registered",
+        proto::TargetState::InSync => "in sync",
+        proto::TargetState::Syncing => "syncing",
+        proto::TargetState::Failing => "failing",
+        proto::TargetState::Behind => "behind",
+    }
+}
+
+fn status_json(s: &proto::TargetStatus) -> serde_json::Value {
+    serde_json::json!({
+        "name": s.name, "state": state_name(s), "deployed_generation": s.deployed_generation,
+        "current_generation": s.current_generation, "entries": s.entries, "groups": s.groups,
+        "last_error": s.last_error, "consecutive_failures": s.consecutive_failures,
+        "last_deploy_unix_ms": s.last_deploy_unix_ms, "last_diff_entries": s.last_diff_entries,
+    })
+}
+
+fn print_status(s: &proto::TargetStatus) -> Result<()> {
+    let mut o = out();
+    writeln!(o, "{}: {}, generation {} of {}, {} entries, {} groups", s.name, state_name(s), s.deployed_generation, s.current_generation, s.entries, s.groups)?;
+    if s.last_diff_entries > 0 {
+        writeln!(o, "  last deploy wrote {} entries", s.last_diff_entries)?;
+    }
+    if !s.last_error.is_empty() {
+        writeln!(o, "  last error ({} in a row): {}", s.consecutive_failures, s.last_error)?;
+    }
+    Ok(())
+}
+
+pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        match cmd {
+            TargetCommand::Add(a) => {
+                let mut c = a.conn.clients()?;
+                match c.targets.register(registration(a)?).await {
+                    Ok(t) => writeln!(out(), "registered {}; `subc target deploy {}` installs it", t.into_inner().name, a.name)?,
+                    Err(s) => return Ok(report(s)),
+                }
+            }
+            TargetCommand::Ls { conn } => {
+                let mut c = conn.clients()?;
+                let ts = match c.targets.list(proto::ListTargetsRequest {}).await {
+                    Ok(r) => r.into_inner().targets,
+                    Err(s) => return Ok(report(s)),
+                };
+                if conn.json {
+                    print_json(&ts.iter().filter_map(|t| t.status.as_ref()).map(status_json).collect::<Vec<_>>())?;
+                } else {
+                    for t in &ts {
+                        let kind = match &t.kind {
+                            Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
+                            Some(proto::target::Kind::P4runtime(p)) => format!("p4runtime {} device {}", p.address, p.device_id),
+                            Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
+                            None => "?".into(),
+                        };
+                        writeln!(out(), "{} [{kind}{}]", t.name, if t.manual { ", manual" } else { "" })?;
+                        if let Some(s) = &t.status {
+                            print_status(s)?;
+                        }
+                    }
+                }
+            }
+            TargetCommand::Rm { name, uninstall, conn } => {
+                let mut c = conn.clients()?;
+                if let Err(s) = c.targets.remove(proto::RemoveTargetRequest { name: name.clone(), uninstall: *uninstall }).await {
+                    return Ok(report(s));
+                }
+                writeln!(out(), "removed {name}")?;
+            }
+            TargetCommand::Deploy { name, timeout, conn } => {
+                let mut c = conn.clients()?;
+                match c.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: timeout.saturating_mul(1000) }).await {
+                    Ok(r) => {
+                        let s = r.into_inner().status.unwrap_or_default();
+                        if conn.json {
+                            print_json(&status_json(&s))?;
+                        } else {
+                            print_status(&s)?;
+                        }
+                    }
+                    Err(s) => return Ok(report(s)),
+                }
+            }
+            TargetCommand::Status { name, conn } => {
+                let mut c = conn.clients()?;
+                match c.targets.status(proto::TargetRequest { name: name.clone() }).await {
+                    Ok(r) => {
+                        let s = r.into_inner();
+                        if conn.json {
+                            print_json(&status_json(&s))?;
+                        } else {
+                            print_status(&s)?;
+                        }
+                    }
+                    Err(s) => return Ok(report(s)),
+                }
+            }
+            TargetCommand::Plan { name, ops, conn } => {
+                let mut c = conn.clients()?;
+                let p = match c.targets.plan(proto::TargetRequest { name: name.clone() }).await {
+                    Ok(r) => r.into_inner(),
+                    Err(s) => return Ok(report(s)),
+                };
+                if conn.json {
+                    let ops: Vec<serde_json::Value> = p.ops.iter().filter_map(|o| serde_json::from_str(o).ok()).collect();
+                    print_json(&serde_json::json!({
+                        "from_generation": p.from_generation, "to_generation": p.to_generation, "full_install": p.full_install,
+                        "inserts": p.inserts, "modifies": p.modifies, "deletes": p.deletes, "groups_changed": p.groups_changed,
+                        "ops": ops, "truncated": p.truncated,
+                    }))?;
+                } else {
+                    let mut o = out();
+                    let what = if p.full_install { "a full install" } else { "a diff" };
+                    writeln!(
+                        o,
+                        "{name}: {what} from generation {} to {}: {} inserts, {} modifies, {} deletes, {} group changes",
+                        p.from_generation, p.to_generation, p.inserts, p.modifies, p.deletes, p.groups_changed
+                    )?;
+                    if *ops {
+                        for op in &p.ops {
+                            writeln!(o, "  {op}")?;
+                        }
+                        if p.truncated {
+                            writeln!(o, "  ... (cut at the server's plan limit)")?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[derive(Args)]
+pub struct WatchArgs {
+    /// First replay the stored events after `--after`.
+    #[arg(long)]
+    replay: bool,
+    #[arg(long, default_value_t = 0, value_name = "SEQ")]
+    after: u64,
+    /// Stop after this many events.
+    #[arg(long, value_name = "N")]
+    count: Option<usize>,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+/// `subc watch`: one JSON object per event.
+pub fn watch(a: &WatchArgs) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut c = a.conn.clients()?;
+        let mut stream = match c.events.watch(proto::WatchRequest { replay: a.replay, after_seq: a.after }).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => return Ok(report(s)),
+        };
+        let mut n = 0;
+        while a.count.is_none_or(|c| n < c) {
+            match stream.message().await {
+                Ok(Some(e)) => {
+                    let v = serde_json::json!({
+                        "seq": e.seq, "unix_ms": e.unix_ms, "kind": e.kind().as_str_name(), "generation": e.generation,
+                        "app": e.app, "subscription_ids": e.subscription_ids, "target": e.target, "entries": e.entries, "error": e.error,
+                    });
+                    let mut o = out();
+                    writeln!(o, "{v}")?;
+                    o.flush()?;
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(s) => return Ok(report(s)),
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
