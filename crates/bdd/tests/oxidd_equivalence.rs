@@ -48,7 +48,7 @@ struct Sym {
 }
 
 impl Sym {
-    /// Variables for every query field of `spec`, in the order `order`.
+    /// One variable per bit of the layout's fields.
     fn new(layout: BitLayout) -> Sym {
         let manager = oxidd::bdd::new_manager(1 << 22, 1 << 16, 1);
         let n = layout.vars();
@@ -379,6 +379,7 @@ proptest! {
         let mut rng = Rng::new(seed);
         let mut present: Vec<bool> = (0..n).map(|_| rng.chance(0.5)).collect();
         let mut set = CompiledSet::compile(&full.spec, &subset(&full, &present).normal_forms, opts).unwrap();
+        check(&subset(&full, &present), &set);
         for _ in 0..steps {
             let k = rng.below(n as u64) as usize;
             let sub = &full.normal_forms[k];
