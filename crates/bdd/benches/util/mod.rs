@@ -19,6 +19,18 @@ pub fn rss_mib() -> f64 {
     status_mib("VmRSS:")
 }
 
+/// CPU seconds (user + system, all threads) this process has used so far;
+/// unlike wall time, not inflated by other work on a shared machine.
+/// Clock ticks are taken to be 100 per second, Linux's `USER_HZ` on x86.
+pub fn cpu_seconds() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses: state is the
+    // first, utime the 12th, stime the 13th.
+    let rest: Vec<&str> = s.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| rest.get(i).and_then(|t| t.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn status_mib(key: &str) -> f64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
