@@ -9,7 +9,7 @@
 
 use crate::fieldread;
 use crate::layout::{CStruct, MapDef};
-use crate::model::{Model, F_EXACT, F_RANGED, TERMINAL};
+use crate::model::{Model, F_EXACT, F_LEAF, F_RANGED, TERMINAL};
 use crate::{EbpfError, Hook, RangeLookup};
 use askama::Template;
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,8 +25,7 @@ struct ProgramView {
     naive: bool,
     naive_rules: usize,
     ranges_sorted: bool,
-    sorted_mask: u32,
-    search_steps: Vec<u32>,
+    classes: Vec<ClassView>,
     port_words: u32,
     port_word_list: Vec<u32>,
     update_words: u32,
@@ -35,6 +34,7 @@ struct ProgramView {
     terminal: u16,
     f_exact: u16,
     f_ranged: u16,
+    f_leaf: u16,
     structs: Vec<StructView>,
     maps: Vec<MapView>,
     debruijn: String,
@@ -46,6 +46,13 @@ struct ProgramView {
     states: Vec<StateView>,
     vars: Vec<VarView>,
     pipelines: Vec<PipeView>,
+}
+
+/// One size class of sorted values: its search steps.
+struct ClassView {
+    index: usize,
+    mask: u32,
+    steps: Vec<u32>,
 }
 
 struct StructView {
@@ -126,7 +133,8 @@ struct TableView {
     index: usize,
     comment: String,
     value: String,
-    align: String,
+    /// LPM keys hold values left-aligned: the shift for this field's width.
+    shift: u32,
 }
 
 /// Keeps a user-derived string safe inside a C comment.
@@ -408,18 +416,18 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
                     index: i,
                     comment: format!("{} ({}, {} bits)", comment_safe(&t.name), t.kind, t.width),
                     value: query_vars[t.field as usize].clone(),
-                    align: if t.width == 64 { String::new() } else { format!(" << {}", 64 - t.width) },
+                    shift: 64 - t.width,
                 })
                 .collect(),
         })
         .collect();
 
-    let mut search_steps = vec![];
-    let mut step = model.sorted_k / 2;
-    while step > 0 {
-        search_steps.push(step);
-        step /= 2;
-    }
+    let classes = model
+        .sorted_classes
+        .iter()
+        .enumerate()
+        .map(|(index, k)| ClassView { index, mask: k - 1, steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect() })
+        .collect();
     let hook = match model.hook {
         Hook::Xdp => "XDP",
         Hook::Tc => "TC",
@@ -447,8 +455,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         naive_rules: naive.as_ref().map(|n| n.count).unwrap_or(0),
         naive: naive.is_some(),
         ranges_sorted: model.ranges == RangeLookup::Sorted,
-        sorted_mask: model.sorted_k - 1,
-        search_steps,
+        classes,
         port_words: model.port_words,
         port_word_list: (0..model.port_words).collect(),
         update_words: model.update_words,
@@ -457,6 +464,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         terminal: TERMINAL,
         f_exact: F_EXACT,
         f_ranged: F_RANGED,
+        f_leaf: F_LEAF,
         structs: model.structs.iter().map(struct_view).collect(),
         maps: model.maps.iter().map(map_view).collect(),
         debruijn: debruijn_table(),

@@ -1,32 +1,38 @@
 //! Entry encoding: IR pipelines and diffs to map operations (key and value
 //! bytes), with double-buffered generations. No system calls here.
 //!
-//! [`TableImage`] is user space's copy of what the maps hold: the pipelines,
-//! the descriptor of every state (see [`crate::model`]) and the ids of the
-//! variable updates. Both generations hold the same tables except while an
-//! update is applied. [`TableImage::plan`] turns an IR [`Update`] into an
+//! [`TableImage`] is user space's copy of what the maps hold: the
+//! pipelines, the descriptor of every state (see [`crate::model`]), the
+//! slots of leaves and sorted states, and the ids of the variable updates.
+//! Both generations hold the same tables except while an update is
+//! applied. [`TableImage::plan`] turns an IR [`Update`] into an
 //! [`UpdatePlan`]:
 //!
 //! 1. `prepare`: entries of the update table for updates new to the set
 //!    (no leaf names them yet);
 //! 2. `inactive`: the changes, written into the generation no packet reads
-//!    (deletions first, which keeps a map's peak size down);
+//!    (hash keys carry the generation bit; array slots are `2 * i + g`);
 //! 3. `flip`: the generation word switches; every packet reads it once, so
 //!    it sees the old tables or the new ones, never a mix;
 //! 4. after a grace period in which every packet that read the old
 //!    generation has finished, `live`: the same changes to the other copy.
 //!
 //! A plan is only made if every map has room for the new entries next to
-//! the old ones (`new + max(old, new)` per map, for both copies); otherwise
-//! [`EbpfError::Capacity`] and nothing was touched.
+//! the old ones (`new + max(old, new)` per hash map, free slots per array);
+//! otherwise [`EbpfError::Capacity`] and nothing was touched. A slot freed by
+//! one update is reused only by a later one, when neither generation
+//! points to it any more.
 //!
 //! Which keys change is computed from the diff: the entries it names, the
-//! leaves it names, and the entries that point to a state whose descriptor
-//! changed (a state that gained its first ranged entry, for example). The
-//! old and new encodings of exactly those items are compared key by key.
+//! leaves it names, the entries that point to a state whose descriptor
+//! changed (a state that gained its first ranged entry, or moved to another
+//! size class), and the values of states that moved. The old and new
+//! encodings of exactly those items are compared key by key.
 
-use crate::layout::Scalar;
-use crate::model::{flat_intervals, prefixes_of, state_entries, Counts, Model, F_EXACT, F_RANGED, MAX_STATE, TERMINAL};
+use crate::layout::MapType;
+use crate::model::{
+    class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES, TERMINAL,
+};
 use crate::{EbpfError, RangeLookup};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -56,26 +62,80 @@ fn hex_opt<S: serde::Serializer>(b: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::
     }
 }
 
-/// Encoded entries: `(map, key) -> (map, value)`.
-type Encoded = BTreeMap<(usize, Vec<u8>), (usize, Vec<u8>)>;
+/// Encoded entries: `(map, key) -> value`.
+type Encoded = BTreeMap<(usize, Vec<u8>), Vec<u8>>;
 
-/// Where a state's entries are and which lookups can hit them.
+/// An array map's slots: which state holds which index (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Pool {
+    Leaf,
+    Sorted(u8),
+}
+
+/// Where a state's entries are, which lookups can hit them, and its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Desc {
     pub level: u16,
+    /// `F_*` flags, with the size class in bits 8..12.
     pub flags: u16,
+    /// Index in its pool (leaves or its sorted class); generation `g` uses
+    /// element `2 * idx + g`.
+    pub idx: u32,
 }
 
-const TERMINAL_DESC: Desc = Desc { level: TERMINAL, flags: 0 };
+const TERMINAL_DESC: Desc = Desc { level: TERMINAL, flags: 0, idx: 0 };
+
+impl Desc {
+    fn pool(&self) -> Option<Pool> {
+        if self.flags & F_LEAF != 0 {
+            Some(Pool::Leaf)
+        } else if self.flags & F_RANGED != 0 && self.flags >> CLASS_SHIFT != 0 {
+            Some(Pool::Sorted(((self.flags >> CLASS_SHIFT) - 1) as u8))
+        } else {
+            None
+        }
+    }
+}
 
 /// One thing that encodes to map entries.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Item {
-    /// An exact entry, or (with LPM) a ranged or default entry.
+    /// An exact-hash entry, or an LPM entry.
     Entry { p: usize, table: usize, state: StateId, m: Match },
-    /// All ranged and default entries of one state (sorted layout).
+    /// A state's sorted value.
     Sorted { p: usize, table: usize, state: StateId },
     Leaf { p: usize, state: StateId },
+}
+
+/// Free and used indices of the array pools.
+#[derive(Clone, Debug, Default)]
+struct Slots {
+    next: BTreeMap<Pool, u32>,
+    free: BTreeMap<Pool, BTreeSet<u32>>,
+    /// Freed by the last update: free from the next one on.
+    pending: Vec<(Pool, u32)>,
+}
+
+impl Slots {
+    fn alloc(&mut self, pool: Pool, cap: u32, what: &str) -> Result<u32, EbpfError> {
+        if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
+            return Ok(i);
+        }
+        let n = self.next.entry(pool).or_insert(0);
+        if *n >= cap {
+            return Err(EbpfError::Capacity(format!("{what} has {cap} slots per generation, all in use; recompile with more headroom")));
+        }
+        *n += 1;
+        Ok(*n - 1)
+    }
+    fn release(&mut self, pool: Pool, i: u32) {
+        self.pending.push((pool, i));
+    }
+    fn recycle(&mut self) {
+        for (pool, i) in self.pending.drain(..) {
+            self.free.entry(pool).or_default().insert(i);
+        }
+    }
 }
 
 /// The steps of one atomic update; see the module doc.
@@ -97,23 +157,55 @@ impl UpdatePlan {
     }
 }
 
+/// What a [`TableImage`] holds besides its pipelines, as plain data: the
+/// update ids `(variable state id, 0 for = or 1 for +=, value, id)`, the
+/// slots `(pipeline, state, index)`, per pool its high-water mark and free
+/// indices, and the live generation. A deployer stores it next to the pins;
+/// with the pipelines (recompiled from the same subscriptions) it rebuilds
+/// the image exactly ([`TableImage::from_saved`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ImageParts {
+    pub update_ids: Vec<(u32, u8, u64, u32)>,
+    pub slots: Vec<(usize, StateId, u32)>,
+    pub pools: Vec<(String, u32, Vec<u32>)>,
+    pub live_gen: u32,
+}
+
 /// User space's image of the table maps; see the module doc.
 #[derive(Clone, Debug)]
 pub struct TableImage {
     pipes: Vec<Pipeline>,
     descs: Vec<HashMap<StateId, Desc>>,
+    slots: Slots,
     update_ids: BTreeMap<VarUpdate, u32>,
     live_gen: u32,
     counts: Counts,
 }
 
-fn descs_of(p: &Pipeline) -> HashMap<StateId, Desc> {
+/// Level and flags of every state of a pipeline (no slots yet).
+fn shapes_of(p: &Pipeline, ranges: RangeLookup) -> HashMap<StateId, Desc> {
     let mut out: HashMap<StateId, Desc> = HashMap::new();
     for (t, table) in p.tables.iter().enumerate() {
         for (state, m) in table.entries.keys() {
-            let d = out.entry(*state).or_insert(Desc { level: t as u16, flags: 0 });
-            d.flags |= if matches!(m, Match::Exact { .. }) { F_EXACT } else { F_RANGED };
+            let d = out.entry(*state).or_insert(Desc { level: t as u16, flags: 0, idx: 0 });
+            d.flags |= match home(ranges, table.kind, m) {
+                Home::Exact => F_EXACT,
+                Home::Lpm | Home::Sorted => F_RANGED,
+            };
         }
+    }
+    if ranges == RangeLookup::Sorted {
+        for (s, d) in out.iter_mut() {
+            if d.flags & F_RANGED != 0 {
+                let n = sorted_intervals(&p.tables[d.level as usize], *s).len();
+                // Class + 1, so that 0 means "no sorted value".
+                let class = class_for(n).unwrap_or(SORTED_CLASSES.len() - 1) as u16;
+                d.flags |= (class + 1) << CLASS_SHIFT;
+            }
+        }
+    }
+    for s in p.leaves.keys() {
+        out.insert(*s, Desc { level: TERMINAL, flags: F_LEAF, idx: 0 });
     }
     out
 }
@@ -130,28 +222,94 @@ impl TableImage {
                 }
             }
         }
-        let img = TableImage {
+        let mut img = TableImage {
             pipes: pipes.iter().map(|p| (*p).clone()).collect(),
-            descs: pipes.iter().map(|p| descs_of(p)).collect(),
+            descs: vec![HashMap::new(); pipes.len()],
+            slots: Slots::default(),
             update_ids,
             live_gen: 0,
             counts: crate::model::count(pipes, model.ranges)?,
         };
+        for p in 0..pipes.len() {
+            img.descs[p] = img.assign_slots(model, p, &HashMap::new())?;
+        }
         img.check_capacity(model, &img.counts, &img.counts)?;
-        img.check_states(model)?;
+        img.check_states()?;
         Ok(img)
     }
 
-    /// The image of maps filled earlier (by another process) with these
-    /// pipelines and variable-update ids, `live_gen` live: what a reopened
-    /// deployment checks its pinned maps against (`crate::pinned`).
-    pub fn from_parts(model: &Model, pipes: Vec<Pipeline>, update_ids: BTreeMap<VarUpdate, u32>, live_gen: u32) -> Result<TableImage, EbpfError> {
+    /// The image of `pipes` with these update ids and generation `gen` live,
+    /// slots allocated as [`TableImage::new`] does: what a freshly loaded
+    /// set holds. After updates, slots differ; keep [`TableImage::parts`].
+    pub fn from_parts(model: &Model, pipes: Vec<Pipeline>, update_ids: BTreeMap<VarUpdate, u32>, gen: u32) -> Result<TableImage, EbpfError> {
         let refs: Vec<&Pipeline> = pipes.iter().collect();
+        let mut img = TableImage::new(model, &refs)?;
+        img.update_ids = update_ids;
+        Ok(img.with_live_gen(gen))
+    }
+
+    /// Everything needed to rebuild this image exactly (slots included),
+    /// for a deployer that stores it next to the pins.
+    pub fn parts(&self) -> ImageParts {
+        let mut slots = vec![];
+        for (p, descs) in self.descs.iter().enumerate() {
+            for (s, d) in descs {
+                if d.pool().is_some() {
+                    slots.push((p, *s, d.idx));
+                }
+            }
+        }
+        slots.sort_unstable();
+        let pool_name = |pool: &Pool| match pool {
+            Pool::Leaf => "leaf".to_string(),
+            Pool::Sorted(c) => format!("sorted{c}"),
+        };
+        ImageParts {
+            update_ids: self.update_ids.iter().map(|(u, i)| (u.var.0, (u.op == UpdateOp::Add) as u8, u.value, *i)).collect(),
+            slots,
+            pools: self
+                .slots
+                .next
+                .iter()
+                .map(|(pool, n)| {
+                    let mut free: Vec<u32> = self.slots.free.get(pool).map(|f| f.iter().copied().collect()).unwrap_or_default();
+                    free.extend(self.slots.pending.iter().filter(|(q, _)| q == pool).map(|(_, i)| *i));
+                    free.sort_unstable();
+                    (pool_name(pool), *n, free)
+                })
+                .collect(),
+            live_gen: self.live_gen,
+        }
+    }
+
+    /// Rebuilds the image of `pipelines` that [`TableImage::parts`] described.
+    pub fn from_saved(model: &Model, pipelines: Vec<Pipeline>, parts: ImageParts) -> Result<TableImage, EbpfError> {
+        let refs: Vec<&Pipeline> = pipelines.iter().collect();
         let counts = crate::model::count(&refs, model.ranges)?;
-        let img = TableImage { descs: pipes.iter().map(descs_of).collect(), pipes, update_ids, live_gen: live_gen & 1, counts };
-        img.check_capacity(model, &img.counts, &img.counts)?;
-        img.check_states(model)?;
-        Ok(img)
+        let mut descs: Vec<HashMap<StateId, Desc>> = pipelines.iter().map(|p| shapes_of(p, model.ranges)).collect();
+        for (p, s, idx) in &parts.slots {
+            let d = descs.get_mut(*p).and_then(|d| d.get_mut(s)).ok_or_else(|| EbpfError::Diff(format!("saved slot for pipeline {p} state {s}, which is not there")))?;
+            d.idx = *idx;
+        }
+        let mut slots = Slots::default();
+        for (name, n, free) in parts.pools {
+            let pool = match name.strip_prefix("sorted") {
+                _ if name == "leaf" => Pool::Leaf,
+                Some(c) => Pool::Sorted(c.parse().map_err(|_| EbpfError::Diff(format!("saved pool `{name}`")))?),
+                None => return Err(EbpfError::Diff(format!("saved pool `{name}`"))),
+            };
+            slots.next.insert(pool, n);
+            slots.free.insert(pool, free.into_iter().collect());
+        }
+        let update_ids = parts
+            .update_ids
+            .into_iter()
+            .map(|(var, op, value, id)| {
+                let op = if op == 0 { UpdateOp::Set } else { UpdateOp::Add };
+                (VarUpdate { var: subc_lang::spec::StateId(var), op, value }, id)
+            })
+            .collect();
+        Ok(TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts })
     }
 
     pub fn pipelines(&self) -> &[Pipeline] {
@@ -167,11 +325,57 @@ impl TableImage {
         self
     }
     pub fn counts(&self) -> Counts {
-        self.counts
+        self.counts.clone()
     }
     /// The id of each variable update in the update table.
     pub fn update_ids(&self) -> &BTreeMap<VarUpdate, u32> {
         &self.update_ids
+    }
+
+    fn pool_map(model: &Model, pool: Pool) -> Option<usize> {
+        match pool {
+            Pool::Leaf => Some(model.ids.leaves),
+            Pool::Sorted(c) => model.ids.sorted.get(c as usize).copied(),
+        }
+    }
+
+    /// Descriptors of pipeline `p`'s states, keeping the slots of states
+    /// that stay in their pool (`old`), allocating for the others.
+    fn assign_slots(&mut self, model: &Model, p: usize, old: &HashMap<StateId, Desc>) -> Result<HashMap<StateId, Desc>, EbpfError> {
+        let mut new = shapes_of(&self.pipes[p], model.ranges);
+        for (s, d) in old {
+            let stays = new.get(s).is_some_and(|n| n.pool() == d.pool());
+            if let (Some(pool), false) = (d.pool(), stays) {
+                self.slots.release(pool, d.idx);
+            }
+        }
+        let mut states: Vec<StateId> = new.keys().copied().collect();
+        states.sort_unstable();
+        for s in states {
+            let d = new.get_mut(&s).expect("listed");
+            let Some(pool) = d.pool() else { continue };
+            match old.get(&s) {
+                Some(o) if o.pool() == Some(pool) => d.idx = o.idx,
+                _ => {
+                    let Some(map) = Self::pool_map(model, pool) else {
+                        return Err(EbpfError::Capacity(format!(
+                            "a state needs sorted size class {} ({} intervals), which this program does not have; recompile",
+                            match pool {
+                                Pool::Sorted(c) => c,
+                                Pool::Leaf => 0,
+                            },
+                            SORTED_CLASSES[match pool {
+                                Pool::Sorted(c) => c as usize,
+                                Pool::Leaf => 0,
+                            }]
+                        )));
+                    };
+                    let m = &model.maps[map];
+                    d.idx = self.slots.alloc(pool, m.max_entries / 2, &format!("map {}", m.name))?;
+                }
+            }
+        }
+        Ok(new)
     }
 
     /// Every operation that fills empty maps with this image: both
@@ -180,8 +384,8 @@ impl TableImage {
         let mut ops = vec![];
         ops.extend(self.update_table_ops(model, self.update_ids.iter().map(|(u, id)| (*u, *id))));
         for gen in [0, 1] {
-            for (key, (map, value)) in self.encode_all(model, gen) {
-                ops.push(MapOp { map, key: key.1, value: Some(value) });
+            for ((map, key), value) in self.encode_all(model, gen) {
+                ops.push(MapOp { map, key, value: Some(value) });
             }
             ops.extend(self.root_ops(model, gen));
         }
@@ -209,7 +413,7 @@ impl TableImage {
             .enumerate()
             .map(|(p, pipe)| {
                 let key = (gen * n as u32 + p as u32).to_ne_bytes().to_vec();
-                MapOp { map: model.ids.roots, key, value: Some(self.next_value(model, p, pipe.root)) }
+                MapOp { map: model.ids.roots, key, value: Some(self.next_value(p, pipe.root, gen)) }
             })
             .collect()
     }
@@ -218,72 +422,67 @@ impl TableImage {
         self.descs[p].get(&s).copied().unwrap_or(TERMINAL_DESC)
     }
 
-    /// The `subc_next` bytes pointing to state `s` of pipeline `p`.
-    fn next_value(&self, model: &Model, p: usize, s: StateId) -> Vec<u8> {
+    /// The `subc_next` bytes pointing to state `s` of pipeline `p` in
+    /// generation `gen`.
+    fn next_value(&self, p: usize, s: StateId, gen: u32) -> Vec<u8> {
         let d = self.desc(p, s);
         let st = crate::model::next_struct();
         let mut v = st.zeroed();
-        v.u32("state", Model::state_word(0, p, s)).u16("level", d.level).u16("flags", d.flags);
-        let _ = model;
+        let slot = if d.pool().is_some() { 2 * d.idx + gen } else { 0 };
+        v.u32("state", Model::state_word(0, p, s)).u32("slot", slot).u16("level", d.level).u16("flags", d.flags);
         v.into_bytes()
     }
 
-    /// Encodes one item for generation `gen`: `(map, key) -> value`.
+    /// Encodes one item for generation `gen`.
     fn encode_item(&self, model: &Model, gen: u32, item: &Item, out: &mut Encoded) {
         match item {
             Item::Entry { p, table, state, m } => {
                 let t = &self.pipes[*p].tables[*table];
                 let Some(next) = t.entries.get(&(*state, *m)) else { return };
-                let value = self.next_value(model, *p, *next);
+                let value = self.next_value(*p, *next, gen);
                 let sg = Model::state_word(gen, *p, *state);
-                match m {
-                    Match::Exact { value: v } => {
+                match (m, model.ids.lpm) {
+                    (Match::Exact { value: v }, _) => {
                         let s = model.maps[model.ids.exact].key_struct();
                         let mut k = s.zeroed();
                         k.u32("sg", sg).u64("value", *v);
-                        out.insert((model.ids.exact, k.into_bytes()), (model.ids.exact, value));
+                        out.insert((model.ids.exact, k.into_bytes()), value);
                     }
-                    Match::Default => {
-                        let s = model.maps[model.ids.ranged].key_struct();
-                        let mut k = s.zeroed();
+                    (Match::Default, Some(lpm)) => {
+                        let mut k = model.maps[lpm].key_struct().zeroed();
                         k.u32("prefixlen", 32).u32("sg", sg);
-                        out.insert((model.ids.ranged, k.into_bytes()), (model.ids.ranged, value));
+                        out.insert((lpm, k.into_bytes()), value);
                     }
-                    _ => {
-                        let s = model.maps[model.ids.ranged].key_struct();
+                    (_, Some(lpm)) => {
                         for (v, len) in prefixes_of(m, t.width).expect("checked when counting") {
-                            let mut k = s.zeroed();
+                            let mut k = model.maps[lpm].key_struct().zeroed();
                             k.u32("prefixlen", 32 + len).u32("sg", sg).bytes("value", &v.to_be_bytes());
-                            out.insert((model.ids.ranged, k.into_bytes()), (model.ids.ranged, value.clone()));
+                            out.insert((lpm, k.into_bytes()), value.clone());
                         }
                     }
+                    (_, None) => unreachable!("ranged entries are LPM entries only in the LPM layout"),
                 }
             }
             Item::Sorted { p, table, state } => {
+                let d = self.desc(*p, *state);
+                let Some(Pool::Sorted(c)) = d.pool() else { return };
+                let Some(map) = Self::pool_map(model, Pool::Sorted(c)) else { return };
                 let t = &self.pipes[*p].tables[*table];
-                let map = model.ids.ranged;
-                let s = model.maps[map].value_struct();
-                let mut v = s.zeroed();
-                let mut any = false;
+                let mut v = model.maps[map].value_struct().zeroed();
                 if let Some(next) = t.entries.get(&(*state, Match::Default)) {
-                    any = true;
-                    v.u32("has_default", 1).nested_at("dflt", 0, &self.next_value(model, *p, *next));
+                    v.u32("has_default", 1).nested_at("dflt", 0, &self.next_value(*p, *next, gen));
                 }
-                let flat = flat_intervals(state_entries(t, *state), t.width);
-                any |= !flat.is_empty();
-                if !any {
-                    return;
-                }
+                let flat = sorted_intervals(t, *state);
                 v.u32("n", flat.len() as u32);
                 for (i, (lo, hi, next)) in flat.into_iter().enumerate() {
-                    v.u64_at("lo", i as u32, lo).u64_at("hi", i as u32, hi).nested_at("next", i as u32, &self.next_value(model, *p, next));
+                    v.u64_at("lo", i as u32, lo).u64_at("hi", i as u32, hi).nested_at("next", i as u32, &self.next_value(*p, next, gen));
                 }
-                out.insert((map, Model::state_word(gen, *p, *state).to_ne_bytes().to_vec()), (map, v.into_bytes()));
+                out.insert((map, (2 * d.idx + gen).to_ne_bytes().to_vec()), v.into_bytes());
             }
             Item::Leaf { p, state } => {
                 let Some(leaf) = self.pipes[*p].leaves.get(state) else { return };
-                let map = model.ids.leaves;
-                out.insert((map, Model::state_word(gen, *p, *state).to_ne_bytes().to_vec()), (map, self.leaf_value(model, leaf)));
+                let d = self.desc(*p, *state);
+                out.insert((model.ids.leaves, (2 * d.idx + gen).to_ne_bytes().to_vec()), self.leaf_value(model, leaf));
             }
         }
     }
@@ -312,20 +511,21 @@ impl TableImage {
         v.into_bytes()
     }
 
+    fn item_of(model: &Model, p: usize, table: usize, kind: subc_lang::spec::MatchKind, state: StateId, m: Match) -> Item {
+        match home(model.ranges, kind, &m) {
+            Home::Sorted => Item::Sorted { p, table, state },
+            Home::Exact | Home::Lpm => Item::Entry { p, table, state, m },
+        }
+    }
+
     /// Every item of every pipeline.
-    fn all_items(&self, model: &Model) -> Vec<Item> {
-        let mut items = vec![];
+    fn all_items(&self, model: &Model) -> BTreeSet<Item> {
+        let mut items = BTreeSet::new();
         for (p, pipe) in self.pipes.iter().enumerate() {
             for (t, table) in pipe.tables.iter().enumerate() {
-                let mut sorted_states = BTreeSet::new();
                 for (state, m) in table.entries.keys() {
-                    if model.ranges == RangeLookup::Sorted && !matches!(m, Match::Exact { .. }) {
-                        sorted_states.insert(*state);
-                    } else {
-                        items.push(Item::Entry { p, table: t, state: *state, m: *m });
-                    }
+                    items.insert(Self::item_of(model, p, t, table.kind, *state, *m));
                 }
-                items.extend(sorted_states.into_iter().map(|state| Item::Sorted { p, table: t, state }));
             }
             items.extend(pipe.leaves.keys().map(|state| Item::Leaf { p, state: *state }));
         }
@@ -333,22 +533,14 @@ impl TableImage {
     }
 
     fn encode_all(&self, model: &Model, gen: u32) -> Encoded {
-        let mut out = BTreeMap::new();
+        let mut out = Encoded::new();
         for item in self.all_items(model) {
             self.encode_item(model, gen, &item, &mut out);
         }
         out
     }
 
-    fn item_of(model: &Model, p: usize, table: usize, state: StateId, m: Match) -> Item {
-        if model.ranges == RangeLookup::Sorted && !matches!(m, Match::Exact { .. }) {
-            Item::Sorted { p, table, state }
-        } else {
-            Item::Entry { p, table, state, m }
-        }
-    }
-
-    fn check_states(&self, _model: &Model) -> Result<(), EbpfError> {
+    fn check_states(&self) -> Result<(), EbpfError> {
         for (p, pipe) in self.pipes.iter().enumerate() {
             let too_big = pipe
                 .tables
@@ -378,13 +570,8 @@ impl TableImage {
             Ok(())
         };
         check(model.ids.exact, old.exact, new.exact)?;
-        check(model.ids.ranged, old.ranged, new.ranged)?;
-        check(model.ids.leaves, old.leaves, new.leaves)?;
-        if model.ranges == RangeLookup::Sorted && new.max_intervals > model.sorted_k as usize {
-            return Err(EbpfError::Capacity(format!(
-                "a state would have {} ranged entries; the sorted layout holds {} per state; recompile",
-                new.max_intervals, model.sorted_k
-            )));
+        if let Some(lpm) = model.ids.lpm {
+            check(lpm, old.lpm, new.lpm)?;
         }
         if new.updates > model.max_updates as usize {
             return Err(EbpfError::Capacity(format!(
@@ -399,6 +586,7 @@ impl TableImage {
     /// and the image after it; `self` is unchanged either way.
     pub fn plan(&self, model: &Model, update: &Update) -> Result<(UpdatePlan, TableImage), EbpfError> {
         let mut next = self.clone();
+        next.slots.recycle();
         let mut touched: BTreeSet<Item> = BTreeSet::new();
         let mut changed_pipes = BTreeSet::new();
         for d in &update.diffs {
@@ -410,7 +598,8 @@ impl TableImage {
             for op in d.ops() {
                 match &op {
                     Op::Insert { table, state, key, .. } | Op::Modify { table, state, key, .. } | Op::Delete { table, state, key } => {
-                        touched.insert(Self::item_of(model, p, *table, *state, *key));
+                        let kind = next.pipes[p].tables[*table].kind;
+                        touched.insert(Self::item_of(model, p, *table, kind, *state, *key));
                     }
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::DeleteLeaf { state } => {
                         touched.insert(Item::Leaf { p, state: *state });
@@ -420,10 +609,10 @@ impl TableImage {
                 next.pipes[p].apply_op(&op).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
             }
         }
-        // Descriptors of the changed pipelines, and the entries pointing to
-        // states whose descriptor changed.
+        // Descriptors of the changed pipelines; the values of states that
+        // moved, and the entries pointing to states whose descriptor changed.
         for &p in &changed_pipes {
-            let new_descs = descs_of(&next.pipes[p]);
+            let new_descs = next.assign_slots(model, p, &self.descs[p])?;
             let changed: BTreeSet<StateId> = new_descs
                 .iter()
                 .filter(|(s, d)| self.descs[p].get(s) != Some(d))
@@ -431,71 +620,77 @@ impl TableImage {
                 .chain(self.descs[p].keys().filter(|s| !new_descs.contains_key(s)).copied())
                 .collect();
             next.descs[p] = new_descs;
-            if !changed.is_empty() {
-                for (t, table) in next.pipes[p].tables.iter().enumerate() {
-                    for ((state, m), n) in &table.entries {
-                        if changed.contains(n) {
-                            touched.insert(Self::item_of(model, p, t, *state, *m));
-                        }
+            if changed.is_empty() {
+                continue;
+            }
+            for s in &changed {
+                let d = next.desc(p, *s);
+                match d.pool() {
+                    Some(Pool::Leaf) => {
+                        touched.insert(Item::Leaf { p, state: *s });
+                    }
+                    Some(Pool::Sorted(_)) => {
+                        touched.insert(Item::Sorted { p, table: d.level as usize, state: *s });
+                    }
+                    None => {}
+                }
+            }
+            for (t, table) in next.pipes[p].tables.iter().enumerate() {
+                for ((state, m), n) in &table.entries {
+                    if changed.contains(n) {
+                        touched.insert(Self::item_of(model, p, t, table.kind, *state, *m));
                     }
                 }
             }
         }
         // Update ids: keep those of updates still named, reuse free ones.
-        let mut named: BTreeSet<VarUpdate> = BTreeSet::new();
-        for p in &next.pipes {
-            for l in p.leaves.values() {
-                named.extend(l.updates.iter().copied());
-            }
-        }
-        let mut old_named: BTreeSet<VarUpdate> = BTreeSet::new();
-        for p in &self.pipes {
-            for l in p.leaves.values() {
-                old_named.extend(l.updates.iter().copied());
-            }
-        }
-        next.update_ids.retain(|u, _| named.contains(u) || old_named.contains(u));
+        let named = |pipes: &[Pipeline]| -> BTreeSet<VarUpdate> {
+            pipes.iter().flat_map(|p| p.leaves.values().flat_map(|l| l.updates.iter().copied())).collect()
+        };
+        let (now_named, old_named) = (named(&next.pipes), named(&self.pipes));
+        next.update_ids.retain(|u, _| now_named.contains(u) || old_named.contains(u));
         let used: BTreeSet<u32> = next.update_ids.values().copied().collect();
         let mut free = (0..model.max_updates).filter(|i| !used.contains(i));
         let mut fresh = vec![];
-        for u in &named {
+        for u in &now_named {
             if !next.update_ids.contains_key(u) {
                 let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!(
-                        "the update needs more than {} distinct variable updates; recompile",
-                        model.max_updates
-                    )));
+                    return Err(EbpfError::Capacity(format!("the update needs more than {} distinct variable updates; recompile", model.max_updates)));
                 };
                 next.update_ids.insert(*u, id);
                 fresh.push((*u, id));
             }
         }
-        next.update_ids.retain(|u, _| named.contains(u));
+        next.update_ids.retain(|u, _| now_named.contains(u));
 
         next.counts = crate::model::count(&next.pipes.iter().collect::<Vec<_>>(), model.ranges)?;
         self.check_capacity(model, &self.counts, &next.counts)?;
-        next.check_states(model)?;
+        next.check_states()?;
 
+        let is_array = |map: usize| model.maps[map].map_type == MapType::Array;
         let ops_for = |gen: u32| -> (Vec<MapOp>, Vec<MapOp>) {
-            let mut old = BTreeMap::new();
-            let mut new = BTreeMap::new();
+            let mut old = Encoded::new();
+            let mut new = Encoded::new();
             for item in &touched {
                 self.encode_item(model, gen, item, &mut old);
                 next.encode_item(model, gen, item, &mut new);
             }
             let mut ops = vec![];
             let mut undo = vec![];
-            for (key, (map, old_v)) in &old {
-                if !new.contains_key(key) {
-                    ops.push(MapOp { map: *map, key: key.1.clone(), value: None });
-                    undo.push(MapOp { map: *map, key: key.1.clone(), value: Some(old_v.clone()) });
+            for ((map, key), old_v) in &old {
+                // Array slots are never deleted: nothing points to them any more.
+                if !new.contains_key(&(*map, key.clone())) && !is_array(*map) {
+                    ops.push(MapOp { map: *map, key: key.clone(), value: None });
+                    undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()) });
                 }
             }
-            for (key, (map, v)) in &new {
-                let before = old.get(key).map(|x| &x.1);
+            for ((map, key), v) in &new {
+                let before = old.get(&(*map, key.clone()));
                 if before != Some(v) {
-                    ops.push(MapOp { map: *map, key: key.1.clone(), value: Some(v.clone()) });
-                    undo.push(MapOp { map: *map, key: key.1.clone(), value: before.cloned() });
+                    ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()) });
+                    if before.is_some() || !is_array(*map) {
+                        undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned() });
+                    }
                 }
             }
             for (r_new, r_old) in next.root_ops(model, gen).into_iter().zip(self.root_ops(model, gen)) {
@@ -523,9 +718,9 @@ impl TableImage {
 
     /// The union of the leaves every pipeline gives a packet with these
     /// query-field values, looked up the way the generated program does
-    /// (exact, then ranged, then default, skipping by descriptor). Tests
-    /// compare it with the IR's own `Pipeline::run`.
-    pub fn lookup(&self, values: &[u64]) -> subc_bdd::Leaf {
+    /// (descriptors, exact hash, sorted intervals or longest prefix, then
+    /// the default). Tests compare it with the IR's own `Pipeline::run`.
+    pub fn lookup(&self, model: &Model, values: &[u64]) -> subc_bdd::Leaf {
         let mut out = subc_bdd::Leaf::default();
         for (p, pipe) in self.pipes.iter().enumerate() {
             let mut state = pipe.root;
@@ -540,21 +735,24 @@ impl TableImage {
                     hit = table.entries.get(&(state, Match::Exact { value: v })).copied();
                 }
                 if hit.is_none() && d.flags & F_RANGED != 0 {
-                    hit = flat_intervals(state_entries(table, state), table.width)
-                        .into_iter()
-                        .find(|(lo, hi, _)| *lo <= v && v <= *hi)
-                        .map(|x| x.2)
-                        .or_else(|| table.entries.get(&(state, Match::Default)).copied());
+                    hit = match model.ranges {
+                        RangeLookup::Sorted => sorted_intervals(table, state).into_iter().find(|(lo, hi, _)| *lo <= v && v <= *hi).map(|x| x.2),
+                        RangeLookup::Lpm => crate::model::state_entries(table, state)
+                            .filter(|(m, _)| !matches!(m, Match::Exact { .. } | Match::Default) && m.matches(v, table.width))
+                            .max_by_key(|(m, _)| m.prefix_len(table.width))
+                            .map(|x| x.1),
+                    }
+                    .or_else(|| table.entries.get(&(state, Match::Default)).copied());
                 }
                 match hit {
                     Some(n) => {
                         state = n;
                         d = self.desc(p, n);
                     }
-                    None => d = TERMINAL_DESC,
+                    None => d = Desc { level: TERMINAL, ..d },
                 }
             }
-            if state != DEAD {
+            if state != DEAD && d.flags & F_LEAF != 0 {
                 if let Some(l) = pipe.leaves.get(&state) {
                     out = out.union(&l.to_leaf());
                 }
@@ -566,9 +764,4 @@ impl TableImage {
 
 fn gen_op(model: &Model, gen: u32) -> MapOp {
     MapOp { map: model.ids.gen, key: 0u32.to_ne_bytes().to_vec(), value: Some(gen.to_ne_bytes().to_vec()) }
-}
-
-/// A scalar's bytes in host order (for keys of array maps).
-pub fn scalar_bytes(s: Scalar, v: u64) -> Vec<u8> {
-    v.to_ne_bytes()[..s.size() as usize].to_vec()
 }

@@ -4,44 +4,64 @@
 //! Table maps are shared by all tables and pipelines: the IR gives every
 //! state entries in one table only, so a key `{state, value}` names its table
 //! implicitly, and a program never uses more than the kernel's 64 maps
-//! however many pipelines and fields there are. A key's 32-bit state word is
-//! `generation << 31 | pipeline << 24 | state`.
+//! however many pipelines and fields there are. A hash key's 32-bit state
+//! word is `generation << 31 | pipeline << 24 | state`.
 //!
-//! What a packet looks up:
-//! - `subc_exact` (hash): `{state word, value}` → next state, for exact entries;
-//! - `subc_ranged`: range, prefix and ternary entries and the default entry,
-//!   either as an LPM trie keyed `{prefix length, state word, value}` (ranges
-//!   expanded into prefixes, the default as the empty prefix, so the longest
-//!   match is the semantics of [`subc_bdd::pipeline::Table::lookup`]), or, with
-//!   [`RangeLookup::Sorted`], as one hash value per state holding its
-//!   intervals sorted by lower bound and its default;
-//! - `subc_leaves` (hash): state word → ports bitmap, drop, update bitmap.
+//! What a packet looks up, per table on its path:
+//! - `subc_exact` (hash): `{state word, value}` → next state, for the exact
+//!   entries of exact fields (with LPM lookups: of every field);
+//! - ranged and default entries, one of two layouts:
+//!   - [`RangeLookup::Sorted`]: per state, its entries as disjoint intervals
+//!     sorted by lower bound (exact entries of non-exact fields included, as
+//!     one-value intervals) and its default, in an *array* map of its size
+//!     class (`subc_sorted0` holds 8 intervals, each next class 8 times
+//!     more), searched in log2(K) unrolled steps;
+//!   - [`RangeLookup::Lpm`]: one LPM trie keyed `{prefix length, state word,
+//!     value}` (ranges expanded into prefixes, the default as the empty
+//!     prefix, so the longest match is [`subc_bdd::pipeline::Table::lookup`]);
+//! - `subc_leaves` (array): the leaf state's ports bitmap, drop flag and
+//!   update bitmap.
 //!
-//! Each next-state value carries the next state's *descriptor*: the table
-//! it has entries in (or [`TERMINAL`]) and whether it has exact and ranged
-//! or default entries, so the program skips lookups that cannot hit and
-//! stops at the first leaf or dead state.
+//! Array maps are addressed by *slots*: user space gives each leaf and each
+//! sorted state an index `i`; generation `g` of its value is element
+//! `2 * i + g`. A next-state value carries the next state's *descriptor*:
+//! the table it has entries in (or [`TERMINAL`]), which lookups can hit
+//! (flags), its size class, and its slot for this generation; so the program
+//! skips lookups that cannot hit, reaches sorted values and leaves with
+//! inlined array lookups, and stops at the first leaf or dead state.
 
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use subc_bdd::pipeline::{Match, Pipeline};
+use subc_bdd::pipeline::{Match, Pipeline, Table};
 use subc_lang::program::Update;
-use subc_lang::spec::{Spec, StateId, StateKind};
+use subc_lang::spec::{MatchKind, Spec, StateId, StateKind};
 
 /// The level of a state that has no entries in any table (a leaf, `DEAD`).
 pub const TERMINAL: u16 = 0xffff;
-/// Descriptor flag: the state has exact entries.
+/// Descriptor flag: look the state up in `subc_exact`.
 pub const F_EXACT: u16 = 1;
-/// Descriptor flag: the state has ranged entries or a default entry.
+/// Descriptor flag: the state has ranged or default entries (its sorted
+/// value, or LPM entries).
 pub const F_RANGED: u16 = 2;
+/// Descriptor flag: the state is a leaf; its slot is in `subc_leaves`.
+pub const F_LEAF: u16 = 4;
+/// Descriptor flags bits 8..12: the size class of a sorted state.
+pub const CLASS_SHIFT: u16 = 8;
+/// Intervals per sorted value, by size class.
+pub const SORTED_CLASSES: [u32; 5] = [8, 64, 512, 4096, 32768];
 /// Most pipelines a program can have (7 bits of the state word).
 pub const MAX_PIPELINES: usize = 127;
 /// State ids must fit 24 bits of the state word.
 pub const MAX_STATE: u32 = (1 << 24) - 1;
 /// The kernel's limit on maps one program may use.
 pub const MAX_MAPS: usize = 64;
+
+/// The size class holding `n` intervals.
+pub fn class_for(n: usize) -> Option<usize> {
+    SORTED_CLASSES.iter().position(|k| n <= *k as usize)
+}
 
 /// One table as the program sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,8 +91,8 @@ pub struct Model {
     /// The spec's `var` states (state ids) in declaration order; an update
     /// names its variable by its index here.
     pub vars: Vec<u32>,
-    /// Intervals per state in the sorted ranged map (a power of two).
-    pub sorted_k: u32,
+    /// Intervals per value of each sorted size class present.
+    pub sorted_classes: Vec<u32>,
     pub structs: Vec<CStruct>,
     pub maps: Vec<MapDef>,
     #[serde(skip)]
@@ -98,7 +118,10 @@ pub struct MapIds {
     pub config: usize,
     pub roots: usize,
     pub exact: usize,
-    pub ranged: usize,
+    /// The LPM trie (LPM layout).
+    pub lpm: Option<usize>,
+    /// One array per size class (sorted layout).
+    pub sorted: Vec<usize>,
     pub leaves: usize,
     pub updates: Option<usize>,
     pub egress: usize,
@@ -109,15 +132,37 @@ pub struct MapIds {
 }
 
 /// Entry counts of one generation, per table map.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
     pub exact: usize,
-    /// LPM prefixes, or states with a sorted value.
-    pub ranged: usize,
+    /// LPM prefixes (LPM layout).
+    pub lpm: usize,
+    /// States with a sorted value, per size class (sorted layout).
+    pub sorted: Vec<usize>,
     pub leaves: usize,
-    /// Most ranged entries of one state.
+    /// Most intervals of one sorted state.
     pub max_intervals: usize,
     pub updates: usize,
+}
+
+/// Where an entry of a table lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    Exact,
+    Lpm,
+    Sorted,
+}
+
+/// The map an entry goes to: exact entries of exact fields always in the
+/// hash; with the sorted layout, exact entries of other fields join their
+/// state's intervals (one lookup instead of two).
+pub fn home(ranges: RangeLookup, kind: MatchKind, m: &Match) -> Home {
+    match (m, ranges) {
+        (Match::Exact { .. }, RangeLookup::Sorted) if kind != MatchKind::Exact => Home::Sorted,
+        (Match::Exact { .. }, _) => Home::Exact,
+        (_, RangeLookup::Lpm) => Home::Lpm,
+        (_, RangeLookup::Sorted) => Home::Sorted,
+    }
 }
 
 /// The `[lo, hi]` interval of a ranged entry; `None` for a ternary mask
@@ -125,6 +170,7 @@ pub struct Counts {
 pub fn interval_of(m: &Match, width: u32) -> Option<(u64, u64)> {
     let full = subc_lang::value::mask(width);
     match *m {
+        Match::Exact { value } => Some((value, value)),
         Match::Range { lo, hi } => Some((lo, hi)),
         Match::Prefix { value, len } => {
             let host = if len >= width { 0 } else { full >> len };
@@ -145,6 +191,15 @@ pub fn interval_of(m: &Match, width: u32) -> Option<(u64, u64)> {
 /// The entries of one state of a table, with their next states.
 pub fn state_entries(t: &subc_bdd::pipeline::Table, state: StateId1) -> impl Iterator<Item = (&Match, StateId1)> {
     t.entries.range((state, Match::Exact { value: 0 })..=(state, Match::Default)).map(|((_, m), n)| (m, *n))
+}
+
+/// The intervals of a state's sorted value: its entries whose home is the
+/// sorted layout, default excepted, flattened.
+pub fn sorted_intervals(t: &Table, state: StateId1) -> Vec<(u64, u64, StateId1)> {
+    flat_intervals(
+        state_entries(t, state).filter(|(m, _)| **m != Match::Default && home(RangeLookup::Sorted, t.kind, m) == Home::Sorted),
+        t.width,
+    )
 }
 
 /// The prefixes `(value left-aligned to 64 bits, length)` of a ranged entry.
@@ -168,7 +223,9 @@ pub fn flat_intervals<'a>(entries: impl Iterator<Item = (&'a Match, StateId1)>, 
     let mut ivs: Vec<(u64, u64, u32, StateId1)> = entries
         .filter_map(|(m, next)| {
             let (lo, hi) = interval_of(m, width)?;
+            // The longest match wins; an exact entry is longer than any prefix.
             let priority = match *m {
+                Match::Exact { .. } => width + 1,
                 Match::Prefix { len, .. } => len,
                 Match::Ternary { mask, .. } => (mask & subc_lang::value::mask(width)).count_ones(),
                 _ => 0,
@@ -207,35 +264,34 @@ type StateId1 = subc_bdd::pipeline::StateId;
 
 /// Counts the entries of one generation of these pipelines.
 pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfError> {
-    let mut c = Counts::default();
+    let mut c = Counts { sorted: vec![0; SORTED_CLASSES.len()], ..Default::default() };
     let mut updates: BTreeSet<Update> = BTreeSet::new();
     for p in pipes {
         for t in &p.tables {
-            let mut ranged_states: std::collections::BTreeSet<u32> = Default::default();
+            let mut sorted_states: BTreeSet<u32> = BTreeSet::new();
             for (state, m) in t.entries.keys() {
-                match m {
-                    Match::Exact { .. } => c.exact += 1,
-                    Match::Default => {
-                        if ranges == RangeLookup::Lpm {
-                            c.ranged += 1;
-                        }
-                        ranged_states.insert(*state);
+                match home(ranges, t.kind, m) {
+                    Home::Exact => c.exact += 1,
+                    Home::Sorted => {
+                        sorted_states.insert(*state);
                     }
-                    _ => {
-                        let ps = prefixes_of(m, t.width).ok_or_else(|| EbpfError::Unsupported(format!("table {}: ternary mask of {m:?} is not a prefix", t.name)))?;
-                        if ranges == RangeLookup::Lpm {
-                            c.ranged += ps.len();
+                    Home::Lpm => {
+                        c.lpm += match m {
+                            Match::Default => 1,
+                            _ => prefixes_of(m, t.width)
+                                .ok_or_else(|| EbpfError::Unsupported(format!("table {}: ternary mask of {m:?} is not a prefix", t.name)))?
+                                .len(),
                         }
-                        ranged_states.insert(*state);
                     }
                 }
             }
-            if ranges == RangeLookup::Sorted {
-                c.ranged += ranged_states.len();
-                for s in &ranged_states {
-                    let n = flat_intervals(state_entries(t, *s), t.width).len();
-                    c.max_intervals = c.max_intervals.max(n);
-                }
+            for s in &sorted_states {
+                let n = sorted_intervals(t, *s).len();
+                c.max_intervals = c.max_intervals.max(n);
+                let class = class_for(n).ok_or_else(|| {
+                    EbpfError::Unsupported(format!("table {}: a state with {n} intervals (the sorted layout holds {})", t.name, SORTED_CLASSES[SORTED_CLASSES.len() - 1]))
+                })?;
+                c.sorted[class] += 1;
             }
         }
         c.leaves += p.leaves.len();
@@ -257,7 +313,25 @@ impl Capacity {
 
 /// The fixed structs of every program.
 pub fn next_struct() -> CStruct {
-    CStruct::builder("subc_next").scalar("state", Scalar::U32).scalar("level", Scalar::U16).scalar("flags", Scalar::U16).finish()
+    CStruct::builder("subc_next")
+        .scalar("state", Scalar::U32)
+        .scalar("slot", Scalar::U32)
+        .scalar("level", Scalar::U16)
+        .scalar("flags", Scalar::U16)
+        .finish()
+}
+
+/// The struct of a sorted value of class `c`.
+pub fn sorted_struct(c: usize, next: &CStruct) -> CStruct {
+    let k = SORTED_CLASSES[c];
+    CStruct::builder(&format!("subc_sorted{c}"))
+        .scalar("n", Scalar::U32)
+        .scalar("has_default", Scalar::U32)
+        .nested("dflt", next, 1)
+        .array("lo", Scalar::U64, k)
+        .array("hi", Scalar::U64, k)
+        .nested("next", next, k)
+        .finish()
 }
 
 impl Model {
@@ -288,29 +362,19 @@ impl Model {
             let words = n.div_ceil(64);
             (words * 64, words)
         };
-        let sorted_k = ((c.max_intervals as f64 * opts.capacity.headroom).ceil() as u32).clamp(4, 1 << 16).next_power_of_two();
+        // Size classes: up to the one today's largest state needs with headroom.
+        let top = class_for((c.max_intervals as f64 * opts.capacity.headroom).ceil() as usize).unwrap_or(SORTED_CLASSES.len() - 1);
+        let sorted_classes: Vec<u32> = match opts.ranges {
+            RangeLookup::Sorted => SORTED_CLASSES[..=top].to_vec(),
+            RangeLookup::Lpm => vec![],
+        };
 
         let mut structs = vec![];
         let next = next_struct();
         let u32k = KV::Scalar { scalar: Scalar::U32 };
         let exact_key = CStruct::builder("subc_exact_key").scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
-        let (ranged_key, ranged_val, ranged_type, ranged_flags, ranged_n) = match opts.ranges {
-            RangeLookup::Lpm => {
-                let k = CStruct::builder("subc_lpm_key").scalar("prefixlen", Scalar::U32).scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
-                (KV::Struct(k), KV::Struct(next.clone()), MapType::LpmTrie, Some("BPF_F_NO_PREALLOC"), c.ranged)
-            }
-            RangeLookup::Sorted => {
-                let v = CStruct::builder("subc_sorted")
-                    .scalar("n", Scalar::U32)
-                    .scalar("has_default", Scalar::U32)
-                    .nested("dflt", &next, 1)
-                    .array("lo", Scalar::U64, sorted_k)
-                    .array("hi", Scalar::U64, sorted_k)
-                    .nested("next", &next, sorted_k)
-                    .finish();
-                (u32k.clone(), KV::Struct(v), MapType::Hash, None, c.ranged)
-            }
-        };
+        let lpm_key = CStruct::builder("subc_lpm_key").scalar("prefixlen", Scalar::U32).scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
+        let sorted: Vec<CStruct> = (0..sorted_classes.len()).map(|c| sorted_struct(c, &next)).collect();
         let mut leaf = CStruct::builder("subc_leaf").array("ports", Scalar::U64, port_words);
         if update_words > 0 {
             leaf = leaf.array("upd", Scalar::U64, update_words);
@@ -333,14 +397,10 @@ impl Model {
             .finish();
         structs.push(next.clone());
         structs.push(exact_key.clone());
-        if let KV::Struct(s) = &ranged_key {
-            structs.push(s.clone());
+        if opts.ranges == RangeLookup::Lpm {
+            structs.push(lpm_key.clone());
         }
-        if let KV::Struct(s) = &ranged_val {
-            if s.name != next.name {
-                structs.push(s.clone());
-            }
-        }
+        structs.extend(sorted.iter().cloned());
         structs.push(leaf.clone());
         if update_words > 0 {
             structs.push(update.clone());
@@ -374,10 +434,19 @@ impl Model {
             add(&mut maps, plain("subc_roots", MapRole::Roots, MapType::Array, u32k.clone(), KV::Struct(next.clone()), 2 * pipes.len().max(1) as u32));
         ids.exact =
             add(&mut maps, plain("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(exact_key), KV::Struct(next.clone()), cap.entries(c.exact)));
-        let mut ranged = plain("subc_ranged", MapRole::Ranged, ranged_type, ranged_key, ranged_val, cap.entries(ranged_n));
-        ranged.flags = ranged_flags.map(String::from);
-        ids.ranged = add(&mut maps, ranged);
-        ids.leaves = add(&mut maps, plain("subc_leaves", MapRole::Leaves, MapType::Hash, u32k.clone(), KV::Struct(leaf), cap.entries(c.leaves)));
+        if opts.ranges == RangeLookup::Lpm {
+            let mut lpm = plain("subc_lpm", MapRole::Lpm, MapType::LpmTrie, KV::Struct(lpm_key), KV::Struct(next.clone()), cap.entries(c.lpm));
+            lpm.flags = Some("BPF_F_NO_PREALLOC".into());
+            ids.lpm = Some(add(&mut maps, lpm));
+        }
+        for (k, st) in sorted.into_iter().enumerate() {
+            // Room for the states of this class and of the one below, which
+            // grow into it; big classes are big, so their minimum shrinks.
+            let min = (cap.min_entries >> (2 * k)).max(2);
+            let n = Capacity { min_entries: min, ..*cap }.entries(c.sorted[k] + if k > 0 { c.sorted[k - 1] } else { 0 });
+            ids.sorted.push(add(&mut maps, plain(&format!("subc_sorted{k}"), MapRole::Sorted, MapType::Array, u32k.clone(), KV::Struct(st), n)));
+        }
+        ids.leaves = add(&mut maps, plain("subc_leaves", MapRole::Leaves, MapType::Array, u32k.clone(), KV::Struct(leaf), cap.entries(c.leaves)));
         if update_words > 0 {
             ids.updates = Some(add(&mut maps, plain("subc_updates", MapRole::Updates, MapType::Array, u32k.clone(), KV::Struct(update), max_updates)));
         }
@@ -409,7 +478,7 @@ impl Model {
             max_updates,
             update_words,
             vars,
-            sorted_k,
+            sorted_classes,
             structs,
             maps,
             ids,
@@ -472,7 +541,8 @@ impl MapIds {
             config: need(MapRole::Config)?,
             roots: need(MapRole::Roots)?,
             exact: need(MapRole::Exact)?,
-            ranged: need(MapRole::Ranged)?,
+            lpm: one(MapRole::Lpm),
+            sorted: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::Sorted).map(|(i, _)| i).collect(),
             leaves: need(MapRole::Leaves)?,
             updates: one(MapRole::Updates),
             egress: need(MapRole::Egress)?,

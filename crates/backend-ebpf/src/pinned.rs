@@ -27,7 +27,7 @@ use std::path::Path;
 /// The maps whose contents are the tables (both generations): what a
 /// reopened deployment checks.
 fn is_table_map(role: MapRole) -> bool {
-    matches!(role, MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Ranged | MapRole::Leaves | MapRole::Updates)
+    matches!(role, MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Lpm | MapRole::Sorted | MapRole::Leaves | MapRole::Updates)
 }
 
 /// A deployment's pinned maps, and the image they hold once checked.

@@ -17,6 +17,7 @@
 #define SUBC_TERMINAL {{ terminal }}
 #define SUBC_F_EXACT {{ f_exact }}
 #define SUBC_F_RANGED {{ f_ranged }}
+#define SUBC_F_LEAF {{ f_leaf }}
 
 /* Decisions (docs/semantics.md, step 4). */
 #define SUBC_FORWARD 1
@@ -78,23 +79,92 @@ static __always_inline struct subc_config *subc_cfg(void)
 #endif
 }
 
-{% endif %}{% if ranges_sorted %}/* The interval of a sorted per-state value containing v (intervals of one
- * state never overlap), else its default entry, else NULL. */
-static __always_inline struct subc_next *subc_search(struct subc_sorted *s, __u64 v)
+{% endif %}{% if ranges_sorted %}/* 1 when j < n and lo <= v, else 0: arithmetic (the borrow of v - lo),
+ * not branches, so that the verifier walks a search once instead of once
+ * per path through it. */
+static __always_inline __u64 subc_step_ok(__u32 j, __u32 n, __u64 lo, __u64 v)
+{
+    /* Hidden from clang, which would turn `(j - n) >> 63` back into j < n. */
+    __u64 a = j, b = n;
+    barrier_var(a);
+    barrier_var(b);
+    __u64 in = (a - b) >> 63;
+    __u64 below = ((~v & lo) | (~(v ^ lo) & (v - lo))) >> 63;
+    __u64 ok = in & (below ^ 1);
+    barrier_var(ok);
+    return ok;
+}
+
+/* Sorted values, one search per size class: the interval containing v
+ * (intervals of one state never overlap), else the default, else NULL. */
+{% for c in classes %}static __always_inline struct subc_next *subc_search{{ c.index }}(struct subc_sorted{{ c.index }} *s, __u64 v)
 {
     __u32 n = s->n;
     __u32 i = 0;
     if (n > 0 && s->lo[0] <= v) {
-{% for step in search_steps %}        if (i + {{ step }} < n && s->lo[(i + {{ step }}) & {{ sorted_mask }}] <= v)
-            i += {{ step }};
-{% endfor %}        i &= {{ sorted_mask }};
+{% for step in c.steps %}        i += {{ step }} & -subc_step_ok(i + {{ step }}, n, s->lo[(i + {{ step }}) & {{ c.mask }}], v);
+{% endfor %}        i &= {{ c.mask }};
         if (v <= s->hi[i])
             return &s->next[i];
     }
     return s->has_default ? &s->dflt : 0;
 }
 
-{% endif %}struct subc_result {
+{% endfor %}/* The sorted value of a state (its size class in the flags, its slot
+ * for this generation in the descriptor): one inlined array lookup. */
+static __always_inline struct subc_next *subc_sorted_lookup(__u32 fl, __u32 slot, __u64 v)
+{
+    switch (fl >> 8) {
+{% for c in classes %}    case {{ c.index + 1 }}: {
+        struct subc_sorted{{ c.index }} *s = bpf_map_lookup_elem(&subc_sorted{{ c.index }}, &slot);
+        return s ? subc_search{{ c.index }}(s, v) : 0;
+    }
+{% endfor %}    }
+    return 0;
+}
+
+{% endif %}/* Where a packet is in one pipeline: its state (pipeline << 24 | state),
+ * the state's slot, level and flags (see maps.json), and the generation bit. */
+struct subc_cursor {
+    __u32 st, slot, lv, fl, gbit;
+};
+
+/* One table lookup for the cursor's state, with the field's value v: the
+ * exact entry, else the ranged one, else the default (the sorted value or
+ * the LPM trie hold both); a miss keeps the state and ends the pipeline. A
+ * global function, so the verifier checks it once rather than once per
+ * table of every pipeline. */
+__attribute__((noinline)) int subc_step(struct subc_cursor *c, __u64 v{% if !ranges_sorted %}, __u32 shift{% endif %})
+{
+    struct subc_next *n = 0;
+    if (!c)
+        return 0;
+    if (c->fl & SUBC_F_EXACT) {
+        struct subc_exact_key k = {};
+        k.sg = c->gbit | c->st;
+        k.value = v;
+        n = bpf_map_lookup_elem(&subc_exact, &k);
+    }
+    if (!n && (c->fl & SUBC_F_RANGED)) {
+{% if ranges_sorted %}        n = subc_sorted_lookup(c->fl, c->slot, v);
+{% else %}        struct subc_lpm_key k = {};
+        k.prefixlen = 96;
+        k.sg = c->gbit | c->st;
+        k.value = bpf_cpu_to_be64(v << (shift & 63));
+        n = bpf_map_lookup_elem(&subc_lpm, &k);
+{% endif %}    }
+    if (n) {
+        c->st = n->state;
+        c->slot = n->slot;
+        c->lv = n->level;
+        c->fl = n->flags;
+    } else {
+        c->lv = SUBC_TERMINAL;
+    }
+    return 0;
+}
+
+struct subc_result {
     __u64 ports[SUBC_PORT_WORDS];
     __u32 decision;
     __u32 drop;
@@ -246,42 +316,17 @@ subc_accept:;
     { /* pipeline {{ p.index }}: {{ p.comment }} */
         __u32 subc_rk = subc_g * SUBC_PIPELINES + {{ p.index }};
         struct subc_next *subc_n = bpf_map_lookup_elem(&subc_roots, &subc_rk);
-        __u32 subc_st = 0, subc_lv = SUBC_TERMINAL, subc_fl = 0;
+        struct subc_cursor subc_c = { .lv = SUBC_TERMINAL, .gbit = subc_gbit };
         if (subc_n) {
-            subc_st = subc_n->state;
-            subc_lv = subc_n->level;
-            subc_fl = subc_n->flags;
+            subc_c.st = subc_n->state;
+            subc_c.slot = subc_n->slot;
+            subc_c.lv = subc_n->level;
+            subc_c.fl = subc_n->flags;
         }
-{% for t in p.tables %}        if (subc_lv == {{ t.index }}) { /* {{ t.comment }} */
-            subc_n = 0;
-            if (subc_fl & SUBC_F_EXACT) {
-                struct subc_exact_key subc_ek = {};
-                subc_ek.sg = subc_gbit | subc_st;
-                subc_ek.value = {{ t.value }};
-                subc_n = bpf_map_lookup_elem(&subc_exact, &subc_ek);
-            }
-            if (!subc_n && (subc_fl & SUBC_F_RANGED)) {
-{% if ranges_sorted %}                __u32 subc_sk = subc_gbit | subc_st;
-                struct subc_sorted *subc_sv = bpf_map_lookup_elem(&subc_ranged, &subc_sk);
-                if (subc_sv)
-                    subc_n = subc_search(subc_sv, {{ t.value }});
-{% else %}                struct subc_lpm_key subc_lk = {};
-                subc_lk.prefixlen = 96;
-                subc_lk.sg = subc_gbit | subc_st;
-                subc_lk.value = bpf_cpu_to_be64({{ t.value }}{{ t.align }});
-                subc_n = bpf_map_lookup_elem(&subc_ranged, &subc_lk);
-{% endif %}            }
-            if (subc_n) {
-                subc_st = subc_n->state;
-                subc_lv = subc_n->level;
-                subc_fl = subc_n->flags;
-            } else {
-                subc_lv = SUBC_TERMINAL;
-            }
-        }
-{% endfor %}        if (subc_st & 0xffffff) {
-            __u32 subc_lkey = subc_gbit | subc_st;
-            struct subc_leaf *subc_l = bpf_map_lookup_elem(&subc_leaves, &subc_lkey);
+{% for t in p.tables %}        if (subc_c.lv == {{ t.index }}) /* {{ t.comment }} */
+            subc_step(&subc_c, {{ t.value }}{% if !ranges_sorted %}, {{ t.shift }}{% endif %});
+{% endfor %}        if (subc_c.fl & SUBC_F_LEAF) {
+            struct subc_leaf *subc_l = bpf_map_lookup_elem(&subc_leaves, &subc_c.slot);
             if (subc_l) {
 {% for w in port_word_list %}                subc_r->ports[{{ w }}] |= subc_l->ports[{{ w }}];
 {% endfor %}{% for w in update_word_list %}                subc_upd[{{ w }}] |= subc_l->upd[{{ w }}];

@@ -165,81 +165,110 @@ impl CompiledSet {
         } else {
             choose_order(spec, subs, opts.order.as_deref())
         };
+        let pending: Vec<PendingRule> = subs
+            .iter()
+            .flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions }))
+            .collect();
+        // One pipeline in the base order, if it fits. A set whose single
+        // diagram is much larger than the set itself is better split, so the
+        // attempt gets a budget of 16 nodes per rule (plus a constant).
+        let mut single = Self::empty(spec, base_order.clone(), opts.clone());
+        let first_budget = opts.node_budget.min(16 * pending.len() + 10_000);
+        let p0 = single.new_pipe(base_order.clone());
+        if single.fill_pipe(p0, &pending, first_budget).is_ok() {
+            single.lower_new();
+            // A single diagram with many more nodes than rules is multiplying
+            // rules that do not share fields; splitting may be much smaller.
+            // Keep the split only when it at least halves the entries: each
+            // extra pipeline costs lookups.
+            if single.node_count() <= 8 * pending.len() + 64 || opts.max_pipelines < 2 {
+                return Ok(single);
+            }
+            return Ok(match Self::compile_split(spec, &pending, base_order, opts) {
+                Ok(split) if 2 * split.entry_count() < single.entry_count() => split,
+                _ => single,
+            });
+        }
+        Self::compile_split(spec, &pending, base_order, opts)
+    }
+
+    fn empty(spec: &Spec, base_order: Vec<QueryFieldId>, opts: CompileOptions) -> CompiledSet {
         let spec_fields: Vec<FieldInfo> = spec
             .query_fields
             .iter()
             .enumerate()
             .map(|(i, qf)| FieldInfo { query_field: QueryFieldId(i as u32), name: qf.name.clone(), width: qf.width, kind: qf.kind })
             .collect();
-        let mut set = CompiledSet { spec_fields, base_order: base_order.clone(), pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts };
-        let pending: Vec<PendingRule> = subs
-            .iter()
-            .flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions }))
-            .collect();
+        CompiledSet { spec_fields, base_order, pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts }
+    }
 
-        // One pipeline in the base order, if it fits. A set whose single
-        // diagram is much larger than the set itself is better split, so the
-        // first attempt gets a budget of 16 nodes per rule (plus a constant).
-        let first_budget = set.opts.node_budget.min(16 * pending.len() + 10_000);
-        let p0 = set.new_pipe(base_order.clone());
-        if set.fill_pipe(p0, &pending, first_budget).is_err() {
-            set.pipes.clear();
-            set.managers.clear();
-            set.subs.clear();
-            // Group rules by key field, biggest groups first.
-            let mut groups: BTreeMap<Option<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
-            for r in &pending {
-                groups.entry(set.key_of(r.cube)).or_default().push(r.clone());
+    /// Spreads the rules over pipelines: grouped by key field (biggest groups
+    /// first), each group in one pipeline of at most `split_nodes` nodes with
+    /// its key first, or, if too big, in several filled first-fit.
+    fn compile_split(spec: &Spec, pending: &[PendingRule], base_order: Vec<QueryFieldId>, opts: CompileOptions) -> Result<CompiledSet, CompileError> {
+        let mut set = Self::empty(spec, base_order.clone(), opts);
+        let mut groups: BTreeMap<Option<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
+        for r in pending {
+            groups.entry(set.key_of(r.cube)).or_default().push(r.clone());
+        }
+        let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
+        groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
+        for (key, rules) in groups {
+            let mut order = base_order.clone();
+            if let Some(k) = key {
+                order.retain(|f| *f != k);
+                order.insert(0, k);
             }
-            let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
-            groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
-            for (key, rules) in groups {
-                let mut order = base_order.clone();
-                if let Some(k) = key {
-                    order.retain(|f| *f != k);
-                    order.insert(0, k);
+            if set.pipes.len() >= set.opts.max_pipelines {
+                return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: rules[0].sub });
+            }
+            let budget = set.opts.split_nodes.min(set.opts.node_budget);
+            let p = set.new_pipe(order.clone());
+            set.pipes[p].budget = budget;
+            if set.fill_pipe(p, &rules, budget).is_ok() {
+                continue;
+            }
+            // Too big for one pipeline: fill pipelines of this key first-fit.
+            set.drop_last_pipe();
+            let mut open: Vec<usize> = vec![];
+            for r in &rules {
+                let mut placed = false;
+                for &p in open.iter().rev() {
+                    if set.try_splice_new(p, r).is_ok() {
+                        placed = true;
+                        break;
+                    }
                 }
-                if set.pipes.len() >= set.opts.max_pipelines {
-                    return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: rules[0].sub });
-                }
-                let budget = set.opts.split_nodes.min(set.opts.node_budget);
-                let p = set.new_pipe(order.clone());
-                set.pipes[p].budget = budget;
-                if set.fill_pipe(p, &rules, budget).is_ok() {
+                if placed {
                     continue;
                 }
-                // Too big for one pipeline: fill pipelines of this key first-fit.
-                set.drop_last_pipe();
-                let mut open: Vec<usize> = vec![];
-                for r in &rules {
-                    let mut placed = false;
-                    for &p in open.iter().rev() {
-                        if set.try_splice_new(p, r).is_ok() {
-                            placed = true;
-                            break;
-                        }
-                    }
-                    if placed {
-                        continue;
-                    }
-                    if set.pipes.len() >= set.opts.max_pipelines {
-                        return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: r.sub });
-                    }
-                    let p = set.new_pipe(order.clone());
-                    set.pipes[p].budget = budget;
-                    if set.try_splice_new(p, r).is_err() {
-                        return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget });
-                    }
-                    open.push(p);
+                if set.pipes.len() >= set.opts.max_pipelines {
+                    return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: r.sub });
                 }
+                let p = set.new_pipe(order.clone());
+                set.pipes[p].budget = budget;
+                if set.try_splice_new(p, r).is_err() {
+                    return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget });
+                }
+                open.push(p);
             }
         }
-        for p in 0..set.pipes.len() {
-            let root = set.pipes[p].root;
-            set.pipes[p].lowering.update(&set.managers[p], root);
-            set.maybe_collect_garbage(p);
-        }
+        set.lower_new();
         Ok(set)
+    }
+
+    /// Lowers every pipeline of a freshly built set.
+    fn lower_new(&mut self) {
+        for p in 0..self.pipes.len() {
+            let root = self.pipes[p].root;
+            self.pipes[p].lowering.update(&self.managers[p], root);
+            self.maybe_collect_garbage(p);
+        }
+    }
+
+    /// Table and leaf entries over all pipelines.
+    pub fn entry_count(&self) -> usize {
+        self.pipelines().iter().map(|p| p.entry_count()).sum()
     }
 
     /// The rule's key: its constraint covering the smallest part of its domain.

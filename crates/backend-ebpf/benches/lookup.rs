@@ -1,0 +1,154 @@
+//! ns per packet through `BPF_PROG_TEST_RUN`, for 1, 1,000 and 100,000
+//! Camus ITCH subscriptions: the generated program (XDP and TC hooks, both
+//! ranged layouts) against the naive program that tests the rules one by
+//! one, in the same run; plus the verifier's instruction count, load time
+//! and map memory. Prints one JSON object per line.
+//!
+//!   cargo bench -p subc-backend-ebpf --bench lookup [-- --repeat N --sizes 1,1000,100000]
+//!
+//! Needs root. The packets are add-order messages for the set's symbols
+//! (and a few others) with random share counts and prices. Two specs: the
+//! example's (with a windowed counter and a per-stock average, which every
+//! packet updates under spin locks) and the same without that stream state
+//! (the generated subscriptions read neither), which isolates the lookups.
+//! `floor_ns` is an XDP program that returns at once: what
+//! `BPF_PROG_TEST_RUN` itself costs per run on this machine.
+
+use std::time::Instant;
+use subc_backend_ebpf::clang::{self, BuildFlags};
+use subc_backend_ebpf::loader::Dataplane;
+use subc_backend_ebpf::naive::write_naive;
+use subc_backend_ebpf::{write_program, EbpfOptions, Hook, RangeLookup};
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::nf::NfLimits;
+use subc_lang::source::SourceMap;
+use subc_workload::packets::{moldudp_add_order, udp_packet};
+use subc_workload::subscriptions::{itch, itch_symbols, ItchParams};
+use subc_workload::Rng;
+
+const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
+
+/// The ITCH spec without its stream state.
+fn stateless_spec() -> String {
+    ITCH_SPEC.lines().filter(|l| !l.starts_with("@query_counter") && !l.starts_with("state ")).collect::<Vec<_>>().join("\n")
+}
+
+/// ns per run of an XDP program that returns XDP_PASS.
+fn floor_ns(repeat: u32) -> f64 {
+    let src = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int subc_floor(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
+    let obj = clang::compile(src, BuildFlags::default()).expect("clang");
+    let open = libbpf_rs::ObjectBuilder::default().open_memory(&obj).expect("open");
+    let o = open.load().expect("load");
+    let prog = o.progs_mut().next().expect("one program");
+    let pkt = packets(1, 1).remove(0);
+    let mut out = vec![0u8; pkt.len() + 64];
+    (0..3)
+        .map(|_| {
+            let input = libbpf_rs::ProgramInput { data_in: Some(&pkt), data_out: Some(&mut out), repeat, ..Default::default() };
+            prog.test_run(input).expect("test run").duration.as_nanos() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn packets(n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let params = ItchParams::default();
+    let mut symbols = itch_symbols(params.symbols, params.seed);
+    symbols.extend(["ZZZZ", "QQQ"].map(String::from));
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let s = rng.pick(&symbols).clone();
+            let side = if rng.chance(0.5) { b'B' } else { b'S' };
+            let payload = moldudp_add_order(i as u64, 1 + rng.below(1000) as u16, side, rng.range(1, 1200) as u32, &s, rng.range(1, 2_000_000) as u32);
+            udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload)
+        })
+        .collect()
+}
+
+/// Mean ns per packet over `pkts`, each run `repeat` times; the best of
+/// three rounds (the machine is shared: the minimum is the program's cost,
+/// the rest is other work).
+fn ns_per_packet(dp: &Dataplane, pkts: &[Vec<u8>], repeat: u32) -> f64 {
+    let r = dp.runner().expect("runner");
+    (0..3)
+        .map(|_| {
+            let total: u64 = pkts.iter().map(|p| r.run(p, repeat).expect("BPF_PROG_TEST_RUN").1).sum();
+            total as f64 / pkts.len() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    if !subc_backend_ebpf::loader::can_load_bpf() {
+        eprintln!("lookup bench: needs root to load BPF programs; skipped");
+        return;
+    }
+    let repeat: u32 = arg("--repeat").map(|s| s.parse().unwrap()).unwrap_or(1_000_000);
+    let naive_budget: f64 = arg("--naive-seconds").map(|s| s.parse().unwrap()).unwrap_or(20.0);
+    let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 1000, 100_000]);
+    let pkts = packets(16, 42);
+    let floor = floor_ns(repeat);
+    println!("{}", serde_json::json!({"floor_ns": floor, "repeat": repeat}));
+    let stateless = stateless_spec();
+    for (n, spec_name, spec_text) in sizes.iter().flat_map(|n| [(*n, "itch", ITCH_SPEC), (*n, "itch-stateless", stateless.as_str())]) {
+        let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });
+        let mut sources = SourceMap::new();
+        let s = sources.add("itch.spec", spec_text);
+        let r = sources.add("rules", rules);
+        let (p, _) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
+        let p = p.expect("the ITCH set checks");
+        let t = Instant::now();
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).expect("compiles");
+        let compile_s = t.elapsed().as_secs_f64();
+
+        // The naive baseline (XDP), with fewer repetitions when it is slow.
+        let opts = EbpfOptions { hook: Hook::Xdp, ..Default::default() };
+        let (src, model, ops) = write_naive(&p.spec, &p.normal_forms, &opts).expect("naive");
+        let obj = clang::compile(&src, BuildFlags::default()).expect("clang");
+        let dp = Dataplane::load(&obj, model).expect("naive loads");
+        dp.apply(&ops).expect("rules");
+        let probe = ns_per_packet(&dp, &pkts[..2], 10);
+        let naive_repeat = ((naive_budget * 1e9 / (probe * pkts.len() as f64)) as u32).clamp(10, repeat);
+        let naive_ns = ns_per_packet(&dp, &pkts, naive_repeat);
+        drop(dp);
+
+        for hook in [Hook::Xdp, Hook::Tc] {
+            for ranges in [RangeLookup::Sorted, RangeLookup::Lpm] {
+                let opts = EbpfOptions { hook, ranges, ..Default::default() };
+                let a = write_program(&p.spec, &set.pipelines(), &opts).expect("generates");
+                let counts = a.image.counts();
+                let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
+                let t = Instant::now();
+                let dp = Dataplane::load_with_image(&obj, a.model, a.image).expect("loads");
+                let fill_ms = t.elapsed().as_secs_f64() * 1e3;
+                let stats = dp.stats();
+                let ns = ns_per_packet(&dp, &pkts, repeat);
+                let line = serde_json::json!({
+                    "subscriptions": n,
+                    "spec": spec_name,
+                    "hook": hook,
+                    "ranges": ranges,
+                    "ns_per_packet": (ns * 10.0).round() / 10.0,
+                    "ns_above_floor": ((ns - floor) * 10.0).round() / 10.0,
+                    "repeat": repeat,
+                    "naive_ns_per_packet": (naive_ns * 10.0).round() / 10.0,
+                    "naive_repeat": naive_repeat,
+                    "speedup_vs_naive": (naive_ns / ns * 10.0).round() / 10.0,
+                    "verified_insns": stats.verified_insns,
+                    "load_ms": (stats.load_ms * 10.0).round() / 10.0,
+                    "load_and_fill_ms": (fill_ms * 10.0).round() / 10.0,
+                    "map_bytes": stats.map_bytes,
+                    "entries": counts,
+                    "pipelines": set.pipeline_count(),
+                    "ir_compile_s": (compile_s * 1000.0).round() / 1000.0,
+                });
+                println!("{line}");
+            }
+        }
+    }
+}
