@@ -9,7 +9,8 @@
 //!   [`clang`] (C to a BPF object; a compiler, no kernel);
 //! - [`loader`]: libbpf-rs. Load, pin under bpffs, attach (XDP native or
 //!   generic, TC through tcx or clsact), fill maps, apply updates, detach,
-//!   status, and `BPF_PROG_TEST_RUN`; [`pinned`]: a deployment reopened from
+//!   status, and `BPF_PROG_TEST_RUN`; [`testnet`]: network namespaces for
+//!   the end-to-end test and the fan-out benchmark; [`pinned`]: a deployment reopened from
 //!   its pins by another process (maps read back and checked, updates,
 //!   programs replaced under live attachments).
 //!
@@ -29,6 +30,7 @@ pub mod naive;
 pub mod names;
 pub mod pinned;
 pub mod target;
+pub mod testnet;
 
 use serde::{Deserialize, Serialize};
 use subc_bdd::pipeline::Pipeline;

@@ -14,101 +14,21 @@ mod common;
 use common::{compile, example, example_packets, kernel_available};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::UdpSocket;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::process::Command;
+use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::loader::{self, AttachMode, Dataplane};
 use subc_backend_ebpf::target::{Egress, TargetConfig};
+use subc_backend_ebpf::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, sysctl, Namespaces};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_lang::interp::Interpreter;
 use subc_workload::packets::inet_checksum;
 
 const SUB_PORT: u16 = 7000;
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("iproute2's `ip` is installed");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// Sets a sysctl inside a namespace (through /proc, which needs no procps).
-fn sysctl(ns: &str, key: &str, value: &str) {
-    let path = format!("/proc/sys/{}", key.replace('.', "/"));
-    let _ = Command::new("ip").args(["netns", "exec", ns, "sh", "-c", &format!("echo {value} > {path}")]).output();
-}
-
-/// Network namespaces removed on drop, even when the test panics.
-struct Namespaces(Vec<String>);
-
-impl Namespaces {
-    fn add(&mut self, name: String) -> String {
-        ip(&["netns", "add", &name]);
-        self.0.push(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        sysctl(&name, "net.ipv6.conf.all.disable_ipv6", "1");
-        sysctl(&name, "net.ipv6.conf.default.disable_ipv6", "1");
-        name
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
-/// Runs `f` on a thread that has entered network namespace `ns`; sockets
-/// made there stay in it.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("the namespace exists");
-        assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {path}");
-        f()
-    })
-}
-
-fn mac_of(ns: &str, dev: &str) -> String {
-    let out = Command::new("ip").args(["-n", ns, "-j", "link", "show", dev]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v[0]["address"].as_str().unwrap().to_string()
-}
-
 fn parse_mac(s: &str) -> [u8; 6] {
     subc_backend_ebpf::target::parse_mac(s).unwrap()
-}
-
-/// An `AF_PACKET` socket on `dev` (in the calling thread's namespace).
-fn packet_socket(dev: &str) -> OwnedFd {
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, (libc::ETH_P_ALL as u16).to_be() as i32);
-        assert!(fd >= 0, "AF_PACKET socket");
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = loader::ifindex(dev).unwrap() as i32;
-        let r = libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32);
-        assert_eq!(r, 0, "bind AF_PACKET to {dev}");
-        let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32);
-        fd
-    }
-}
-
-fn recv_frames(fd: &OwnedFd, until: Instant) -> Vec<Vec<u8>> {
-    let mut out = vec![];
-    let mut buf = vec![0u8; 2048];
-    while Instant::now() < until {
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n > 0 {
-            out.push(buf[..n as usize].to_vec());
-        }
-    }
-    out
 }
 
 /// A UDP datagram to the subscriber port: (payload, frame).
@@ -151,25 +71,21 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     let ports: Vec<u32> = expected.keys().copied().collect();
     assert!(ports.len() >= 3, "{ex}: the test wants several subscribers");
 
-    let mut nss = Namespaces(vec![]);
-    let broker = nss.add(format!("{tag}b"));
-    let publisher = nss.add(format!("{tag}p"));
-    ip(&["link", "add", "pp", "netns", &publisher, "type", "veth", "peer", "name", "bp", "netns", &broker]);
-    ip(&["-n", &publisher, "link", "set", "pp", "up"]);
-    ip(&["-n", &broker, "link", "set", "bp", "up"]);
+    let mut nss = Namespaces::default();
+    let broker = nss.add(&format!("{tag}b")).unwrap();
+    let publisher = nss.add(&format!("{tag}p")).unwrap();
+    nss.veth("pp", &publisher, "bp", &broker).unwrap();
     let mut cfg = TargetConfig::default();
     let mut subs = vec![];
     for port in &ports {
-        let ns = nss.add(format!("{tag}s{port}"));
+        let ns = nss.add(&format!("{tag}s{port}")).unwrap();
         let (b, s) = (format!("b{port}"), format!("s{port}"));
-        ip(&["link", "add", &b, "netns", &broker, "type", "veth", "peer", "name", &s, "netns", &ns]);
-        ip(&["-n", &broker, "link", "set", &b, "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", &s]);
-        ip(&["-n", &ns, "link", "set", &s, "up"]);
+        nss.veth(&b, &broker, &s, &ns).unwrap();
+        ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", &s]).unwrap();
         for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", &format!("net.ipv4.conf.{s}.rp_filter")] {
             sysctl(&ns, k, "0");
         }
-        let mac = mac_of(&ns, &s);
+        let mac = mac_of(&ns, &s).unwrap();
         cfg.ports.insert(
             *port,
             Egress { interface: b, dst_mac: Some(mac.clone()), src_mac: None, dst_ip: Some(format!("10.0.{port}.2").parse().unwrap()), dst_port: Some(SUB_PORT) },
@@ -179,7 +95,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         let (udp, raw) = in_netns(&ns, move || {
             let udp = UdpSocket::bind(("0.0.0.0", SUB_PORT)).unwrap();
             udp.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            (udp, packet_socket(&s2))
+            (udp, packet_socket(&s2).unwrap())
         })
         .join()
         .unwrap();
@@ -204,7 +120,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     eprintln!("{ex}: attached as {kinds:?}");
 
     // The publisher sends the pcap's frames, addressed to the broker.
-    let bp_mac = parse_mac(&mac_of(&broker, "bp"));
+    let bp_mac = parse_mac(&mac_of(&broker, "bp").unwrap());
     let frames: Vec<Vec<u8>> = packets
         .iter()
         .map(|pk| {
@@ -214,7 +130,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         })
         .collect();
     in_netns(&publisher, move || {
-        let fd = packet_socket("pp");
+        let fd = packet_socket("pp").unwrap();
         for f in &frames {
             let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
             assert_eq!(n as usize, f.len());
