@@ -1,8 +1,9 @@
 //! End to end over veth pairs in network namespaces: a publisher sends the
 //! example pcaps' frames to a broker interface with the generated program
-//! attached (TC, and XDP in generic mode with its TC fan-out); each logical
-//! port is a veth into a subscriber namespace, with the destination MAC,
-//! IPv4 address and UDP port rewritten to the subscriber's socket. Every
+//! attached (TC through tcx and clsact, XDP in generic and native mode with
+//! its TC fan-out); each logical port is a veth into a subscriber
+//! namespace, with the destination MAC, IPv4 address and UDP port
+//! rewritten to the subscriber's socket. Every
 //! subscriber must receive exactly the packets the reference interpreter
 //! forwards to its port, each exactly once, with valid checksums.
 //!
@@ -26,6 +27,22 @@ use subc_lang::interp::Interpreter;
 use subc_workload::packets::inet_checksum;
 
 const SUB_PORT: u16 = 7000;
+
+const PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int pass(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
+
+/// Attaches the object's only program as native XDP on `dev`; the returned
+/// link (with the object it keeps loaded) detaches when dropped.
+fn xdp_pass_on(object: &[u8], dev: &str) -> (libbpf_rs::Object, std::os::fd::OwnedFd) {
+    use std::os::fd::{AsFd, FromRawFd};
+    let o = libbpf_rs::ObjectBuilder::default().open_memory(object).unwrap().load().unwrap();
+    let fd = o.progs().next().unwrap().as_fd().as_raw_fd();
+    let mut opts: libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
+    opts.flags = libbpf_sys::XDP_FLAGS_DRV_MODE;
+    let l = unsafe { libbpf_sys::bpf_link_create(fd, loader::ifindex(dev).unwrap() as i32, libbpf_sys::BPF_XDP, &opts) };
+    assert!(l >= 0, "native XDP on {dev}");
+    (o, unsafe { std::os::fd::OwnedFd::from_raw_fd(l) })
+}
 
 fn parse_mac(s: &str) -> [u8; 6] {
     subc_backend_ebpf::target::parse_mac(s).unwrap()
@@ -77,6 +94,9 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     nss.veth("pp", &publisher, "bp", &broker).unwrap();
     let mut cfg = TargetConfig::default();
     let mut subs = vec![];
+    // Native XDP redirects into a veth only if its peer runs NAPI, which an
+    // XDP program there turns on: give subscribers one that passes all.
+    let pass = (mode == AttachMode::XdpNative).then(|| clang::compile(PASS_C, BuildFlags::default()).unwrap());
     for port in &ports {
         let ns = nss.add(&format!("{tag}s{port}")).unwrap();
         let (b, s) = (format!("b{port}"), format!("s{port}"));
@@ -92,14 +112,16 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         );
         // Sockets live in the subscriber's namespace.
         let s2 = s.clone();
-        let (udp, raw) = in_netns(&ns, move || {
+        let pass = pass.clone();
+        let (udp, raw, link) = in_netns(&ns, move || {
             let udp = UdpSocket::bind(("0.0.0.0", SUB_PORT)).unwrap();
             udp.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            (udp, packet_socket(&s2).unwrap())
+            let link = pass.map(|o| xdp_pass_on(&o, &s2));
+            (udp, packet_socket(&s2).unwrap(), link)
         })
         .join()
         .unwrap();
-        subs.push((*port, mac, udp, raw));
+        subs.push((*port, mac, udp, raw, link));
     }
 
     // Load and attach in the broker's namespace; keep them until told.
@@ -142,7 +164,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
 
     // Every subscriber gets exactly its packets, once, rewritten and valid.
     let until = Instant::now() + Duration::from_millis(500);
-    for (port, mac, udp, raw) in &subs {
+    for (port, mac, udp, raw, _) in &subs {
         let mut got_udp: Vec<Vec<u8>> = vec![];
         let mut buf = [0u8; 2048];
         while Instant::now() < until || got_udp.len() < expected[port].len() && Instant::now() < deadline {
@@ -180,4 +202,8 @@ fn subscribers_receive_exactly_their_packets() {
         run(ex, Hook::Tc, AttachMode::TcAuto);
         run(ex, Hook::Xdp, AttachMode::XdpGeneric);
     }
+    // The other attachments: a clsact filter, and XDP in the veth driver
+    // (single ports by devmap redirect, several through the TC fan-out).
+    run("topic-broker", Hook::Tc, AttachMode::Clsact);
+    run("topic-broker", Hook::Xdp, AttachMode::XdpNative);
 }
