@@ -171,6 +171,9 @@ pub struct TargetAddArgs {
     /// eBPF: drop packets that match nothing (default: pass them to the kernel).
     #[arg(long)]
     drop_unmatched: bool,
+    /// eBPF with XDP: attach in generic mode (any interface) instead of the driver's.
+    #[arg(long)]
+    xdp_generic: bool,
     /// P4Runtime: the device id.
     #[arg(long, default_value_t = 1)]
     device_id: u64,
@@ -343,7 +346,8 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             HookArg::Xdp => proto::Hook::Xdp,
             HookArg::Tc => proto::Hook::Tc,
         };
-        Kind::Ebpf(proto::EbpfTarget { interface: iface.clone(), hook: hook as i32, ports, drop_unmatched: a.drop_unmatched })
+        let xdp_mode = if a.xdp_generic { proto::XdpMode::Generic } else { proto::XdpMode::Auto };
+        Kind::Ebpf(proto::EbpfTarget { interface: iface.clone(), hook: hook as i32, ports, drop_unmatched: a.drop_unmatched, xdp_mode: xdp_mode as i32 })
     } else if let Some(addr) = &a.p4runtime {
         let mut ports = HashMap::new();
         for p in &a.ports {

@@ -21,6 +21,7 @@
 //! Lock order: a target's `held`, then the desired state. The driver runs on
 //! a blocking thread and is never called with either lock held.
 
+pub mod ebpf;
 pub mod sim;
 
 use crate::desired::{shape_of, Desired, Shape};
@@ -602,12 +603,9 @@ pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
-        Some(Kind::Ebpf(_)) => Err(DriverError::transient("eBPF targets are not available in this build yet")),
+        Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
         Some(Kind::P4runtime(_)) => Err(DriverError::transient("P4Runtime targets are not available in this build yet")),
-        None => {
-            let _ = ctx;
-            Err(DriverError::transient("the target has no kind"))
-        }
+        None => Err(DriverError::transient("the target has no kind")),
     }
 }
 

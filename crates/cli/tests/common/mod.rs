@@ -1,0 +1,355 @@
+//! Shared by the tests that run `subc serve` as a process: the server
+//! process (killed on drop), clients, the kernel gate, network namespaces
+//! and veth pairs that are removed on drop (also when a test fails), ITCH
+//! frames, and `BPF_PROG_TEST_RUN` on a pinned program.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use subc_server::client::{connect, ClientOptions, Clients};
+use subc_server::proto;
+
+pub const ADMIN: &str = "admin-token-0001";
+pub const APPS: [(&str, &str); 4] = [("app0", "app0-token-0001"), ("app1", "app1-token-0001"), ("app2", "app2-token-0001"), ("app3", "app3-token-0001")];
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn itch_spec() -> PathBuf {
+    repo().join("examples/itch/itch.spec")
+}
+
+/// Whether kernel tests run: as root, or fail loudly under `CI=true`.
+pub fn kernel_available(test: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 && Path::new("/sys/fs/bpf").exists() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: CI=true but this process cannot load BPF programs (run as root with bpffs mounted)");
+    }
+    eprintln!("{test}: skipped (not root; set CI=true to make this an error)");
+    false
+}
+
+/// A unique short tag for interface, namespace and target names.
+pub fn tag(prefix: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!("{prefix}{}{}", std::process::id() % 10_000, N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `subc serve` as a child process with a config file in `dir`; SIGKILLed on drop.
+pub struct ServerProc {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub bpffs_root: PathBuf,
+    child: Option<Child>,
+}
+
+impl ServerProc {
+    /// Writes the config (tokens for the admin and four applications, a
+    /// store in `dir`, eBPF pins under a bpffs directory of this test) and starts.
+    pub fn start(dir: &Path, extra: &str) -> ServerProc {
+        let port = free_port();
+        let bpffs_root = PathBuf::from("/sys/fs/bpf").join(format!("subc-test-{}", dir.file_name().unwrap().to_string_lossy()));
+        let mut apps = String::new();
+        for (name, token) in APPS {
+            apps.push_str(&format!("[[auth.apps]]\nname = \"{name}\"\ntoken = \"{token}\"\n"));
+        }
+        let config = format!(
+            "spec = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nstore = \"{}\"\n{extra}\n[auth]\nadmin_token = \"{ADMIN}\"\n{apps}\n[deploy]\nretry_initial_ms = 20\nretry_max_ms = 500\nbpffs_root = \"{}\"\n",
+            itch_spec().display(),
+            dir.join("subc.db").display(),
+            bpffs_root.display()
+        );
+        std::fs::write(dir.join("subc.toml"), config).unwrap();
+        let mut s = ServerProc { dir: dir.to_path_buf(), port, bpffs_root, child: None };
+        s.spawn();
+        s
+    }
+
+    /// Starts the process again on the same config and store.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("server.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_subc"))
+            .args(["serve", "--config"])
+            .arg(self.dir.join("subc.toml"))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("subc serve starts");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    fn wait_ready(&mut self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("subc serve exited with {status}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("subc serve did not listen within {limit:?}:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn client(&self, token: &str) -> Clients {
+        connect(&ClientOptions { server: self.url(), token: Some(token.into()), timeout: Some(Duration::from_secs(30)), ..Default::default() }).unwrap()
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Network state to remove when a test ends, also when it fails: network
+/// namespaces (their veth ends go with them), host interfaces, and the
+/// eBPF deployments the server left pinned.
+#[derive(Default)]
+pub struct Cleanup {
+    pub namespaces: Vec<String>,
+    pub links: Vec<String>,
+    pub deployments: Vec<(String, PathBuf)>,
+}
+
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("iproute2's `ip` is installed");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Sets a sysctl inside a namespace (through /proc).
+pub fn sysctl(ns: &str, key: &str, value: &str) {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    let _ = Command::new("ip").args(["netns", "exec", ns, "sh", "-c", &format!("echo {value} > {path}")]).output();
+}
+
+impl Cleanup {
+    pub fn netns(&mut self, name: &str) {
+        ip(&["netns", "add", name]);
+        self.namespaces.push(name.to_string());
+        ip(&["-n", name, "link", "set", "lo", "up"]);
+        sysctl(name, "net.ipv6.conf.all.disable_ipv6", "1");
+        sysctl(name, "net.ipv6.conf.default.disable_ipv6", "1");
+    }
+
+    /// A veth pair: `host` in this namespace (up), `peer` in namespace `ns` (up) or here.
+    pub fn veth(&mut self, host: &str, peer: &str, ns: Option<&str>) {
+        match ns {
+            Some(ns) => ip(&["link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns]),
+            None => ip(&["link", "add", host, "type", "veth", "peer", "name", peer]),
+        }
+        self.links.push(host.to_string());
+        ip(&["link", "set", host, "up"]);
+        match ns {
+            Some(ns) => ip(&["-n", ns, "link", "set", peer, "up"]),
+            None => ip(&["link", "set", peer, "up"]),
+        }
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
+    }
+
+    /// Removes a target's eBPF deployment on drop.
+    pub fn deployment(&mut self, name: &str, pin_root: &Path) {
+        self.deployments.push((name.to_string(), pin_root.to_path_buf()));
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for l in &self.links {
+            let _ = Command::new("ip").args(["link", "del", l]).output();
+        }
+        for n in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+        for (name, root) in &self.deployments {
+            let _ = std::fs::remove_dir_all(root.join(name));
+            let _ = std::fs::remove_dir(root);
+            let _ = std::fs::remove_dir_all(subc_backend_ebpf::loader::state_dir(name));
+        }
+    }
+}
+
+/// Runs `f` on a thread inside network namespace `ns`.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("the namespace exists");
+        assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {path}");
+        f()
+    })
+}
+
+pub fn mac_of(ns: Option<&str>, dev: &str) -> String {
+    let mut args = vec![];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["-j", "link", "show", dev]);
+    let out = Command::new("ip").args(&args).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[0]["address"].as_str().unwrap().to_string()
+}
+
+/// An ITCH add-order frame (Ethernet, IPv4, UDP to port 26400, MoldUDP64).
+pub fn itch_frame(dst_mac: [u8; 6], seq: u64, stock: &str, shares: u32) -> Vec<u8> {
+    let payload = subc_workload::packets::moldudp_add_order(seq, 1, b'B', shares, stock, 100);
+    subc_workload::packets::udp_packet([2, 0, 0, 0, 0, 1], dst_mac, [10, 9, 0, 1], [10, 9, 0, 2], 1234, 26400, &payload)
+}
+
+/// The MoldUDP64 sequence number of an ITCH frame's payload (what
+/// `itch_frame` was given), from the UDP payload.
+pub fn seq_of_payload(p: &[u8]) -> Option<u64> {
+    p.get(10..18).map(|b| u64::from_be_bytes(b.try_into().unwrap()))
+}
+
+/// An `AF_PACKET` socket on `dev` (in the calling thread's namespace).
+pub fn packet_socket(dev: &str) -> OwnedFd {
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, (libc::ETH_P_ALL as u16).to_be() as i32);
+        assert!(fd >= 0, "AF_PACKET socket");
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+        sll.sll_ifindex = subc_backend_ebpf::loader::ifindex(dev).unwrap() as i32;
+        let r = libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32);
+        assert_eq!(r, 0, "bind AF_PACKET to {dev}");
+        fd
+    }
+}
+
+pub fn send_frame(fd: &OwnedFd, f: &[u8]) {
+    let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
+    assert_eq!(n as usize, f.len(), "send");
+}
+
+/// A pinned program, run with `BPF_PROG_TEST_RUN`.
+pub struct PinnedProg(OwnedFd);
+
+impl PinnedProg {
+    pub fn open(pin: &Path) -> PinnedProg {
+        let c = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).unwrap();
+        let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
+        assert!(fd >= 0, "open the pinned program {}", pin.display());
+        PinnedProg(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The verdict and the packet after the program.
+    pub fn run(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; packet.len() + 256];
+        let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+        opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+        opts.data_in = packet.as_ptr().cast();
+        opts.data_size_in = packet.len() as u32;
+        opts.data_out = out.as_mut_ptr().cast();
+        opts.data_size_out = out.len() as u32;
+        opts.repeat = 1;
+        let r = unsafe { libbpf_sys::bpf_prog_test_run_opts(self.0.as_raw_fd(), &mut opts) };
+        assert_eq!(r, 0, "BPF_PROG_TEST_RUN: {}", std::io::Error::last_os_error());
+        out.truncate(opts.data_size_out as usize);
+        (opts.retval, out)
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after `limit`.
+pub async fn eventually<T>(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every subscription the admin sees.
+pub async fn list_all(c: &mut Clients) -> Vec<proto::Subscription> {
+    let mut out = vec![];
+    let mut token = String::new();
+    loop {
+        let r = c.subs.list(proto::ListRequest { page_size: 1000, page_token: token.clone(), ..Default::default() }).await.unwrap().into_inner();
+        out.extend(r.subscriptions);
+        if r.next_page_token.is_empty() {
+            return out;
+        }
+        token = r.next_page_token;
+    }
+}
+
+/// Waits until the target holds the current generation.
+pub async fn wait_in_sync(c: &mut Clients, target: &str, limit: Duration) -> proto::TargetStatus {
+    eventually(&format!("{target} in sync"), limit, async || {
+        let s = c.targets.status(proto::TargetRequest { name: target.into() }).await.ok()?.into_inner();
+        (s.deployed_generation == s.current_generation && s.consecutive_failures == 0 && s.state() == proto::TargetState::InSync).then_some(s)
+    })
+    .await
+}
+
+pub fn ebpf_target(name: &str, iface: &str, hook: proto::Hook, ports: Vec<(u32, proto::EbpfEgress)>) -> proto::RegisterTargetRequest {
+    proto::RegisterTargetRequest {
+        name: name.into(),
+        kind: Some(proto::register_target_request::Kind::Ebpf(proto::EbpfTarget {
+            interface: iface.into(),
+            hook: hook as i32,
+            ports: ports.into_iter().collect(),
+            drop_unmatched: false,
+            xdp_mode: proto::XdpMode::Generic as i32,
+        })),
+        manual: false,
+    }
+}
+
+/// Checks, independently of the server, that a target's pinned maps hold
+/// exactly the image the server saved, and that this image is a fresh
+/// compile of `texts` (up to ids). Returns the entries that differ.
+pub fn check_deployed(target: &str, texts: &[String]) -> usize {
+    use subc_backend_ebpf::loader::Deployment;
+    let (d, model) = Deployment::open(target).expect("the deployment record");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(subc_backend_ebpf::loader::state_dir(target).join("image.json")).unwrap()).unwrap();
+    let pipes = subc_server::deploy::sim::decode(&v["pipelines"].to_string()).unwrap();
+    let tables = subc_backend_ebpf::pinned::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
+    let live = tables.live_generation().unwrap();
+    let image = subc_backend_ebpf::encode::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();
+    let diffs = tables.check(&image, 10).unwrap();
+    assert!(diffs.is_empty(), "the pinned maps differ from the saved image: {diffs:?}");
+    let mut sources = subc_lang::source::SourceMap::new();
+    let spec = sources.add("itch.spec", std::fs::read_to_string(itch_spec()).unwrap());
+    let rules = sources.add("stored", texts.join("\n"));
+    let (p, diags) = subc_lang::check_program(&sources, spec, &[rules], Default::default());
+    let p = p.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    subc_server::desired::distance_to_fresh_compile(&p.spec, &p.normal_forms, &pipes, &Default::default()).unwrap()
+}

@@ -1,0 +1,325 @@
+//! The compiler service as a process (`subc serve`) with eBPF targets on
+//! veth pairs: crash safety under load (SIGKILL with adds in flight), the
+//! data plane outliving the control plane (UDP traffic through a kill and a
+//! restart, nothing rewritten by the reconcile), and atomicity of the diffs
+//! the server applies (`BPF_PROG_TEST_RUN` in a loop on the live program).
+//!
+//! These need root and bpffs; without them they skip, except under
+//! `CI=true`, where they fail. Every wait is bounded; network namespaces,
+//! interfaces, pins and the server process are removed when a test ends,
+//! also when it fails.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use subc_server::proto;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
+}
+
+fn lines(v: &[String]) -> proto::AddRequest {
+    proto::AddRequest { lines: v.to_vec(), ..Default::default() }
+}
+
+#[test]
+fn acknowledged_subscriptions_survive_sigkill_with_adds_in_flight() {
+    if !kernel_available("acknowledged_subscriptions_survive_sigkill_with_adds_in_flight") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-crash").tempdir().unwrap();
+    let t = tag("ck");
+    let mut net = Cleanup::default();
+    net.veth(&format!("{t}a"), &format!("{t}b"), None);
+    let mut server = ServerProc::start(dir.path(), "");
+    net.deployment(&t, &server.bpffs_root);
+    runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(300), async {
+            let mut admin = server.client(ADMIN);
+            admin.targets.register(ebpf_target(&t, &format!("{t}a"), proto::Hook::Tc, vec![])).await.unwrap();
+            let first: Vec<String> = (0..100).map(|i| format!("stock == F{i:03} && shares > {} : fwd({})", i * 7, i % 8)).collect();
+            server.client(APPS[0].1).subs.add(lines(&first)).await.unwrap();
+            admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
+
+            // 1,000 adds at once from eight clients (connections) of four
+            // applications, each a distinct rule; the server is killed while
+            // most are in flight.
+            let acked: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+            let attempted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+            let mut tasks = vec![];
+            for c in 0..8usize {
+                let client = server.client(APPS[c % 4].1);
+                for k in 0..125 {
+                    let mut client = client.clone();
+                    let (acked, attempted) = (acked.clone(), attempted.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let text = format!("stock == C{c}{k:03} && shares > {k} : fwd({})", (c + k) % 8);
+                        attempted.lock().unwrap().insert(text.clone());
+                        if let Ok(r) = client.subs.add(lines(std::slice::from_ref(&text))).await {
+                            acked.lock().unwrap().push((r.into_inner().subscriptions[0].id, text));
+                        }
+                    }));
+                }
+            }
+            eventually("100 acknowledged adds", Duration::from_secs(120), async || (acked.lock().unwrap().len() >= 100).then_some(())).await;
+            server.kill9();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let acked = acked.lock().unwrap().clone();
+            assert!(acked.len() < 1000, "the kill came while adds were in flight");
+            eprintln!("{} adds acknowledged before the SIGKILL", acked.len());
+
+            server.spawn();
+            let mut admin = server.client(ADMIN);
+            let stored = list_all(&mut admin).await;
+            let by_id: BTreeMap<u64, &str> = stored.iter().map(|s| (s.id, s.text.as_str())).collect();
+            for (id, text) in &acked {
+                assert_eq!(by_id.get(id).copied(), Some(text.as_str()), "acknowledged subscription {id} is stored");
+            }
+            let texts: Vec<String> = stored.iter().map(|s| s.text.clone()).collect();
+            eprintln!("{} stored after the restart (100 before the adds)", texts.len());
+            let distinct: BTreeSet<&String> = texts.iter().collect();
+            assert_eq!(distinct.len(), texts.len(), "no subscription is stored twice");
+            let attempted = attempted.lock().unwrap().clone();
+            for t in &texts {
+                assert!(first.contains(t) || attempted.contains(t), "{t} was sent");
+            }
+            // The target follows the restarted server, and holds exactly a
+            // fresh compile of what is stored.
+            wait_in_sync(&mut admin, &t, Duration::from_secs(120)).await;
+            assert_eq!(check_deployed(&t, &texts), 0, "the deployed tables are a fresh compile of the stored set");
+        })
+        .await
+        .expect("the test finished in time");
+    });
+}
+
+#[test]
+fn the_data_plane_outlives_the_control_plane() {
+    if !kernel_available("the_data_plane_outlives_the_control_plane") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-dp").tempdir().unwrap();
+    let t = tag("dp");
+    let mut net = Cleanup::default();
+    let publisher = format!("{t}p");
+    net.netns(&publisher);
+    let broker_if = format!("{t}b");
+    net.veth(&broker_if, "pp", Some(&publisher));
+    let mut ports = vec![];
+    let mut sockets = vec![];
+    for port in [1u32, 2] {
+        let ns = format!("{t}s{port}");
+        net.netns(&ns);
+        let out_if = format!("{t}o{port}");
+        net.veth(&out_if, "sub", Some(&ns));
+        ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", "sub"]);
+        for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
+            sysctl(&ns, k, "0");
+        }
+        let mac = mac_of(Some(&ns), "sub");
+        ports.push((port, proto::EbpfEgress { interface: out_if, dst_mac: mac, src_mac: String::new(), dst_ip: format!("10.0.{port}.2"), dst_port: 7000 }));
+        let sock = in_netns(&ns, || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:7000").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            s
+        })
+        .join()
+        .unwrap();
+        sockets.push(sock);
+    }
+    let mut server = ServerProc::start(dir.path(), "");
+    net.deployment(&t, &server.bpffs_root);
+    let broker_mac = subc_backend_ebpf::target::parse_mac(&mac_of(None, &broker_if)).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut admin = server.client(ADMIN);
+        admin.targets.register(ebpf_target(&t, &broker_if, proto::Hook::Tc, ports)).await.unwrap();
+        let mut rules = vec!["stock == AAAA : fwd(1)".to_string(), "stock == BBBB && shares > 10 : fwd(2)".to_string()];
+        rules.extend((0..200).map(|i| format!("stock == X{i:03} && shares > {i} : fwd({})", 3 + i % 5)));
+        server.client(APPS[0].1).subs.add(lines(&rules)).await.unwrap();
+        admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
+    });
+    let image = subc_backend_ebpf::loader::state_dir(&t).join("image.json");
+    let image_before = std::fs::metadata(&image).unwrap().modified().unwrap();
+
+    // Subscribers record the sequence numbers they receive.
+    let stop = Arc::new(AtomicBool::new(false));
+    let receivers: Vec<_> = sockets
+        .into_iter()
+        .map(|s| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut got = vec![];
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(n) = s.recv(&mut buf) {
+                        got.push(seq_of_payload(&buf[..n]).unwrap());
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    // The publisher sends AAAA (port 1), BBBB (port 2) and CCCC (no one),
+    // one frame a millisecond, for three seconds.
+    const N: u64 = 3000;
+    let sent = Arc::new(AtomicU64::new(0));
+    let sent2 = sent.clone();
+    let publisher_thread = in_netns(&publisher, move || {
+        let fd = packet_socket("pp");
+        let start = Instant::now();
+        for i in 0..N {
+            let stock = ["AAAA", "BBBB", "CCCC"][(i % 3) as usize];
+            send_frame(&fd, &itch_frame(broker_mac, i, stock, 100));
+            sent2.store(i + 1, Ordering::SeqCst);
+            let due = start + Duration::from_micros(1000 * (i + 1));
+            if let Some(d) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+        }
+    });
+    // Kill the server a third of the way in, restart it at two thirds.
+    let wait_sent = |n: u64| {
+        let until = Instant::now() + Duration::from_secs(30);
+        while sent.load(Ordering::SeqCst) < n && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_sent(N / 3);
+    server.kill9();
+    let killed_at = sent.load(Ordering::SeqCst);
+    wait_sent(2 * N / 3);
+    server.spawn();
+    let restarted_at = sent.load(Ordering::SeqCst);
+    let reconciled = rt.block_on(async {
+        let mut admin = server.client(ADMIN);
+        let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let e = events.message().await.unwrap().unwrap();
+                if e.kind() == proto::EventKind::Reconciled && e.target == t {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("the target is reconciled after the restart")
+    });
+    publisher_thread.join().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let got: Vec<Vec<u64>> = receivers.into_iter().map(|r| r.join().unwrap()).collect();
+    eprintln!("killed after frame {killed_at}, restarted after frame {restarted_at}; received {} and {}", got[0].len(), got[1].len());
+    assert!(killed_at < restarted_at && restarted_at < N, "the server was down while traffic flowed");
+    for (k, port_got) in got.iter().enumerate() {
+        let mut sorted = port_got.clone();
+        sorted.sort_unstable();
+        let want: Vec<u64> = (0..N).filter(|i| i % 3 == k as u64).collect();
+        assert_eq!(sorted.len(), port_got.len());
+        assert_eq!(sorted, want, "port {}: every matching frame exactly once, through the kill and the restart", k + 1);
+    }
+    assert_eq!(reconciled.entries, 0, "nothing was rewritten by the reconcile: {reconciled:?}");
+    assert_eq!(std::fs::metadata(&image).unwrap().modified().unwrap(), image_before, "the saved image was not rewritten");
+}
+
+#[test]
+fn packets_see_the_old_set_or_the_new_one_while_the_server_applies_diffs() {
+    if !kernel_available("packets_see_the_old_set_or_the_new_one_while_the_server_applies_diffs") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-atomic").tempdir().unwrap();
+    let t = tag("at");
+    let mut net = Cleanup::default();
+    let (iface, peer) = (format!("{t}a"), format!("{t}z"));
+    net.veth(&iface, &peer, None);
+    let server = ServerProc::start(dir.path(), "");
+    net.deployment(&t, &server.bpffs_root);
+    // Eight ports, each rewriting the destination to 10.0.P.2, so that the
+    // packet after the program names the port it was sent to.
+    let ports: Vec<(u32, proto::EbpfEgress)> =
+        (1..=8).map(|p| (p, proto::EbpfEgress { interface: peer.clone(), dst_ip: format!("10.0.{p}.2"), ..Default::default() })).collect();
+    // A: shares > 100 goes to port 1 + i % 4. B adds shares <= 100 to port 5 + i % 4.
+    let a: Vec<String> = (0..16).map(|i| format!("stock == S{i:02} && shares > 100 : fwd({})", 1 + i % 4)).collect();
+    let b: Vec<String> = (0..16).map(|i| format!("stock == S{i:02} && shares <= 100 : fwd({})", 5 + i % 4)).collect();
+    let filler: Vec<String> = (0..300).map(|i| format!("stock == Y{i:03} && shares > {i} : fwd(3)")).collect();
+    let mut packets = vec![];
+    for i in 0..16u32 {
+        for shares in [1, 100, 101, 5000] {
+            let frame = itch_frame([2, 0, 0, 0, 0, 2], packets.len() as u64, &format!("S{i:02}"), shares);
+            let in_a = (shares > 100).then_some(1 + i % 4);
+            let in_b = in_a.or(Some(5 + i % 4));
+            packets.push((frame, in_a, in_b));
+        }
+    }
+    let rt = runtime();
+    let prog_pin = server.bpffs_root.join(&t).join("prog_subc_tc");
+    rt.block_on(async {
+        let mut admin = server.client(ADMIN);
+        admin.targets.register(ebpf_target(&t, &iface, proto::Hook::Tc, ports)).await.unwrap();
+        let mut first = a.clone();
+        first.extend(filler.iter().cloned());
+        server.client(APPS[0].1).subs.add(lines(&first)).await.unwrap();
+        admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
+    });
+    let prog = PinnedProg::open(&prog_pin);
+    let decision = |(verdict, out): (u32, Vec<u8>)| -> Result<Option<u32>, String> {
+        match verdict {
+            0 => Ok(None),
+            7 if out.len() >= 34 && out[30] == 10 && out[31] == 0 && out[33] == 2 => Ok(Some(out[32] as u32)),
+            v => Err(format!("verdict {v}")),
+        }
+    };
+    for (f, in_a, _) in &packets {
+        assert_eq!(decision(prog.run(f)), Ok(*in_a), "set A is live");
+    }
+
+    // Packets run in a loop while the server applies A -> B -> A -> ...
+    let stop = Arc::new(AtomicBool::new(false));
+    let runner = {
+        let stop = stop.clone();
+        let packets = packets.clone();
+        std::thread::spawn(move || {
+            let (mut bad, mut only_a, mut only_b, mut runs) = (vec![], 0u64, 0u64, 0u64);
+            while !stop.load(Ordering::SeqCst) {
+                for (f, in_a, in_b) in &packets {
+                    runs += 1;
+                    match decision(prog.run(f)) {
+                        Ok(d) if d == *in_a && d == *in_b => {}
+                        Ok(d) if d == *in_a => only_a += 1,
+                        Ok(d) if d == *in_b => only_b += 1,
+                        other => bad.push(format!("{other:?} for a packet whose decisions are {in_a:?} (A) or {in_b:?} (B)")),
+                    }
+                }
+            }
+            (bad, only_a, only_b, runs)
+        })
+    };
+    let toggles = rt.block_on(async {
+        let mut admin = server.client(ADMIN);
+        let mut app = server.client(APPS[1].1);
+        let mut n = 0;
+        let until = Instant::now() + Duration::from_secs(20);
+        while n < 40 && Instant::now() < until {
+            let added = app.subs.add(lines(&b)).await.unwrap().into_inner();
+            wait_in_sync(&mut admin, &t, Duration::from_secs(30)).await;
+            let ids = added.subscriptions.iter().map(|s| s.id).collect();
+            app.subs.remove(proto::RemoveRequest { ids }).await.unwrap();
+            wait_in_sync(&mut admin, &t, Duration::from_secs(30)).await;
+            n += 1;
+        }
+        n
+    });
+    stop.store(true, Ordering::SeqCst);
+    let (bad, only_a, only_b, runs) = runner.join().unwrap();
+    eprintln!("{toggles} toggles, {runs} runs: {only_a} with A's decision only, {only_b} with B's only");
+    assert!(bad.is_empty(), "{} decisions were neither A's nor B's, e.g. {:?}", bad.len(), &bad[..bad.len().min(5)]);
+    assert!(toggles >= 10 && only_a > 0 && only_b > 0, "both sets were seen live ({only_a}, {only_b})");
+    // The program was never replaced: every run went through diffs.
+    assert!(!server.log().contains("reinstalling the program"), "{}", server.log());
+}
