@@ -140,32 +140,26 @@ impl Drop for ServerProc {
 /// eBPF deployments the server left pinned.
 #[derive(Default)]
 pub struct Cleanup {
-    pub namespaces: Vec<String>,
+    pub namespaces: subc_backend_ebpf::testnet::Namespaces,
     pub links: Vec<String>,
     pub deployments: Vec<(String, PathBuf)>,
 }
 
-pub fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("iproute2's `ip` is installed");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
+pub use subc_backend_ebpf::testnet::{in_netns, sysctl};
 
-/// Sets a sysctl inside a namespace (through /proc).
-pub fn sysctl(ns: &str, key: &str, value: &str) {
-    let path = format!("/proc/sys/{}", key.replace('.', "/"));
-    let _ = Command::new("ip").args(["netns", "exec", ns, "sh", "-c", &format!("echo {value} > {path}")]).output();
+/// Runs `ip`, panicking with its stderr on failure.
+pub fn ip(args: &[&str]) {
+    subc_backend_ebpf::testnet::ip(args).unwrap();
 }
 
 impl Cleanup {
     pub fn netns(&mut self, name: &str) {
-        ip(&["netns", "add", name]);
-        self.namespaces.push(name.to_string());
-        ip(&["-n", name, "link", "set", "lo", "up"]);
-        sysctl(name, "net.ipv6.conf.all.disable_ipv6", "1");
-        sysctl(name, "net.ipv6.conf.default.disable_ipv6", "1");
+        self.namespaces.add(name).unwrap();
     }
 
-    /// A veth pair: `host` in this namespace (up), `peer` in namespace `ns` (up) or here.
+    /// A veth pair: `host` in this namespace (up), `peer` in namespace `ns`
+    /// (up) or here. (`testnet::Namespaces::veth` puts both ends in namespaces;
+    /// the server attaches to an interface of its own namespace.)
     pub fn veth(&mut self, host: &str, peer: &str, ns: Option<&str>) {
         match ns {
             Some(ns) => ip(&["link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns]),
@@ -191,9 +185,6 @@ impl Drop for Cleanup {
         for l in &self.links {
             let _ = Command::new("ip").args(["link", "del", l]).output();
         }
-        for n in &self.namespaces {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
         for (name, root) in &self.deployments {
             let _ = std::fs::remove_dir_all(root.join(name));
             let _ = std::fs::remove_dir(root);
@@ -202,25 +193,12 @@ impl Drop for Cleanup {
     }
 }
 
-/// Runs `f` on a thread inside network namespace `ns`.
-pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("the namespace exists");
-        assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns {path}");
-        f()
-    })
-}
-
+/// The MAC address of `dev` in namespace `ns`, or in this one.
 pub fn mac_of(ns: Option<&str>, dev: &str) -> String {
-    let mut args = vec![];
-    if let Some(ns) = ns {
-        args.extend(["-n", ns]);
+    match ns {
+        Some(ns) => subc_backend_ebpf::testnet::mac_of(ns, dev).unwrap(),
+        None => std::fs::read_to_string(format!("/sys/class/net/{dev}/address")).unwrap().trim().to_string(),
     }
-    args.extend(["-j", "link", "show", dev]);
-    let out = Command::new("ip").args(&args).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v[0]["address"].as_str().unwrap().to_string()
 }
 
 /// An ITCH add-order frame (Ethernet, IPv4, UDP to port 26400, MoldUDP64).
@@ -237,18 +215,7 @@ pub fn seq_of_payload(p: &[u8]) -> Option<u64> {
 
 /// An `AF_PACKET` socket on `dev` (in the calling thread's namespace).
 pub fn packet_socket(dev: &str) -> OwnedFd {
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, (libc::ETH_P_ALL as u16).to_be() as i32);
-        assert!(fd >= 0, "AF_PACKET socket");
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = subc_backend_ebpf::loader::ifindex(dev).unwrap() as i32;
-        let r = libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32);
-        assert_eq!(r, 0, "bind AF_PACKET to {dev}");
-        fd
-    }
+    subc_backend_ebpf::testnet::packet_socket(dev).unwrap()
 }
 
 pub fn send_frame(fd: &OwnedFd, f: &[u8]) {
