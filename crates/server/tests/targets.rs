@@ -58,6 +58,9 @@ async fn plan_deploy_and_follow_changes() {
         assert!(!equals_fresh_compile(&held(&path), &lines[1..]), "the check can fail");
         let plan = admin.targets.plan(proto::TargetRequest { name: "t1".into() }).await.unwrap().into_inner();
         assert!(!plan.full_install && plan.ops.is_empty(), "{plan:?}");
+        // Deploying a target that is in sync answers at once.
+        let again = admin.targets.deploy(proto::DeployRequest { name: "t1".into(), timeout_ms: 5_000 }).await.unwrap().into_inner();
+        assert_eq!(again.status.unwrap().last_diff_entries, 0);
 
         // Deployed and not manual: it follows every change, with small diffs.
         let more: Vec<String> = (0..20).map(|i| format!("stock == S{i} : fwd(3)")).collect();

@@ -159,6 +159,8 @@ pub struct TargetHandle {
     progress: watch::Sender<Progress>,
     /// The generation the last `Deploy` asked for.
     requested: AtomicU64,
+    /// A `Deploy` is waiting for an attempt: make one even if nothing changed.
+    pending_request: AtomicBool,
     /// Deployed at least once: follows changes unless manual.
     deployed: AtomicBool,
     stopped: AtomicBool,
@@ -232,6 +234,7 @@ impl TargetHandle {
             driver: Arc::new(Mutex::new(None)),
             progress: watch::Sender::new(Progress { status, attempts: 0 }),
             requested: AtomicU64::new(0),
+            pending_request: AtomicBool::new(false),
             deployed: AtomicBool::new(deployed),
             stopped: AtomicBool::new(false),
             wake: Notify::new(),
@@ -261,6 +264,7 @@ impl TargetHandle {
     /// Asks the task to bring the target to `generation`.
     pub fn request(&self, generation: u64) {
         self.requested.fetch_max(generation, Ordering::SeqCst);
+        self.pending_request.store(true, Ordering::SeqCst);
         self.wake.notify_one();
     }
 
@@ -276,6 +280,9 @@ impl TargetHandle {
 
     /// Whether the task has work at generation `current`.
     fn wants_sync(&self, current: u64) -> bool {
+        if self.pending_request.load(Ordering::SeqCst) {
+            return true;
+        }
         let requested = self.requested.load(Ordering::SeqCst);
         let (unknown, held) = self.held_generation();
         if !self.is_deployed() {
@@ -398,8 +405,12 @@ impl TargetHandle {
 
     /// One attempt to bring the target to the desired state.
     async fn sync_once(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+        self.pending_request.store(false, Ordering::SeqCst);
         if self.held_generation().0 {
-            self.read_back(ctx).await?;
+            if let Err(e) = self.read_back(ctx).await {
+                let generation = *ctx.generation.borrow();
+                return self.failed(ctx, e, generation);
+            }
         }
         let t = Instant::now();
         let (plan, generation, from) = {
@@ -517,29 +528,33 @@ impl TargetHandle {
                 (ctx.report)(TargetReport { status, mark_deployed: first, event });
                 Ok(())
             }
-            Err(e) => {
-                self.held.lock().expect("held").held = Held::Unknown;
-                ctx.metrics.deploy_failures.get_or_create(&label).inc();
-                tracing::warn!(target_name = %self.name, error = %e, "deploy failed");
-                let status = self.set_progress(|p| {
-                    p.attempts += 1;
-                    let s = &mut p.status;
-                    s.consecutive_failures += 1;
-                    s.last_error = e.message.clone();
-                    s.state = proto::TargetState::Failing as i32;
-                });
-                let event = proto::Event {
-                    kind: proto::EventKind::DeployFailed as i32,
-                    generation,
-                    target: self.name.clone(),
-                    error: e.message.clone(),
-                    unix_ms: crate::store::now_ms(),
-                    ..Default::default()
-                };
-                (ctx.report)(TargetReport { status, mark_deployed: false, event: Some(event) });
-                Err(e)
-            }
+            Err(e) => self.failed(ctx, e, generation),
         }
+    }
+
+    /// Records a failed attempt: status, metrics, an event; `held` is no
+    /// longer trusted.
+    fn failed(&self, ctx: &DeployCtx, e: DriverError, generation: u64) -> Result<(), DriverError> {
+        self.held.lock().expect("held").held = Held::Unknown;
+        ctx.metrics.deploy_failures.get_or_create(&Metrics::label("target", &self.name)).inc();
+        tracing::warn!(target_name = %self.name, error = %e, "deploy failed");
+        let status = self.set_progress(|p| {
+            p.attempts += 1;
+            let s = &mut p.status;
+            s.consecutive_failures += 1;
+            s.last_error = e.message.clone();
+            s.state = proto::TargetState::Failing as i32;
+        });
+        let event = proto::Event {
+            kind: proto::EventKind::DeployFailed as i32,
+            generation,
+            target: self.name.clone(),
+            error: e.message.clone(),
+            unix_ms: crate::store::now_ms(),
+            ..Default::default()
+        };
+        (ctx.report)(TargetReport { status, mark_deployed: false, event: Some(event) });
+        Err(e)
     }
 
     /// Removes what subc installed on the target.
