@@ -36,6 +36,22 @@ if [ "$(id -u)" = 0 ] && ! grep -qs ' /sys/fs/bpf bpf ' /proc/mounts; then
     mount -t bpf bpf /sys/fs/bpf || log "warning: cannot mount bpffs on /sys/fs/bpf"
 fi
 
+# The P4 back end's bytes are checked with the official `p4runtime` package
+# from PyPI, in a virtual environment of this script's own (its generated
+# code needs the pure-Python protobuf). The same package also proves that
+# proto/p4runtime/p4runtime.fds.bin is what scripts/p4runtime_fds.py extracts.
+P4RT_VENV="${CARGO_TARGET_DIR:-target}/p4runtime-venv"
+if ! cmp -s scripts/p4runtime-requirements.txt "$P4RT_VENV/requirements.txt"; then
+    log "installing the p4runtime Python package into $P4RT_VENV"
+    rm -rf "$P4RT_VENV"
+    python3 -m venv "$P4RT_VENV"
+    "$P4RT_VENV/bin/pip" install -q --disable-pip-version-check -r scripts/p4runtime-requirements.txt
+    cp scripts/p4runtime-requirements.txt "$P4RT_VENV/requirements.txt"
+fi
+P4RUNTIME_PYTHON="$(cd "$P4RT_VENV/bin" && pwd)/python"
+export P4RUNTIME_PYTHON
+PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "$P4RUNTIME_PYTHON" scripts/p4runtime_fds.py --check proto/p4runtime/p4runtime.fds.bin
+
 log "building"
 cargo build --workspace --all-targets --locked
 

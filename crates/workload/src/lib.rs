@@ -4,6 +4,7 @@
 
 pub mod examples;
 pub mod packets;
+pub mod programs;
 pub mod rng;
 pub mod subscriptions;
 

@@ -1,0 +1,261 @@
+//! A P4Runtime client: become the primary controller, push the pipeline,
+//! write batches of updates in order, and read back what the switch holds.
+//!
+//! ```text
+//! let mut c = Client::connect("http://127.0.0.1:9559", 1, 1).await?;   // arbitration
+//! c.set_pipeline(&p4info, bmv2_json).await?;                         // VERIFY_AND_COMMIT
+//! c.write(&batches).await?;                                          // one Write per batch, in order
+//! let held = c.read_all(&p4info).await?;                             // tables, defaults, groups
+//! let diff = compare(&expected, &held);
+//! ```
+//!
+//! Each batch is one `Write` RPC, sent only after the previous one
+//! succeeded: updates inside a batch are independent of each other, but
+//! batches depend on the ones before (see [`crate::entries`]).
+
+use crate::entries::Batch;
+use crate::proto::p4::config::v1 as cfg;
+use crate::proto::p4::v1 as p4v1;
+use crate::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
+use crate::Error;
+use prost::Message;
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+/// A connection to one device, as its primary controller.
+pub struct Client {
+    rpc: P4RuntimeClient<Channel>,
+    device_id: u64,
+    election_id: p4v1::Uint128,
+    /// The arbitration stream must stay open for the client to stay primary.
+    _stream_tx: mpsc::Sender<p4v1::StreamMessageRequest>,
+    _stream_rx: tonic::Streaming<p4v1::StreamMessageResponse>,
+}
+
+fn rpc_error(what: &str, s: tonic::Status) -> Error {
+    Error::Rpc(format!("{what}: {} ({:?})", s.message(), s.code()))
+}
+
+fn uint128(v: u128) -> p4v1::Uint128 {
+    p4v1::Uint128 { high: (v >> 64) as u64, low: v as u64 }
+}
+
+impl Client {
+    /// Connects to `addr` (`http://host:port`) and asks to be the primary
+    /// controller of `device_id` with `election_id`; fails if another
+    /// controller holds a higher election id.
+    pub async fn connect(addr: &str, device_id: u64, election_id: u128) -> Result<Client, Error> {
+        let channel = Channel::from_shared(addr.to_string())
+            .map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?
+            .connect()
+            .await
+            .map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {e}")))?;
+        let mut rpc = P4RuntimeClient::new(channel).max_decoding_message_size(256 << 20);
+        let (tx, rx) = mpsc::channel(8);
+        let election_id = uint128(election_id);
+        tx.send(p4v1::StreamMessageRequest {
+            update: Some(p4v1::stream_message_request::Update::Arbitration(p4v1::MasterArbitrationUpdate {
+                device_id,
+                election_id: Some(election_id),
+                ..Default::default()
+            })),
+        })
+        .await
+        .map_err(|_| Error::Rpc("the arbitration stream closed".into()))?;
+        let mut stream = rpc.stream_channel(ReceiverStream::new(rx)).await.map_err(|s| rpc_error("StreamChannel", s))?.into_inner();
+        loop {
+            let msg = stream.message().await.map_err(|s| rpc_error("arbitration", s))?;
+            let Some(msg) = msg else { return Err(Error::Rpc("the switch closed the stream during arbitration".into())) };
+            if let Some(p4v1::stream_message_response::Update::Arbitration(a)) = msg.update {
+                let code = a.status.as_ref().map(|s| s.code).unwrap_or(0);
+                if code != tonic::Code::Ok as i32 {
+                    let primary = a.election_id.map(|e| ((e.high as u128) << 64) | e.low as u128).unwrap_or(0);
+                    return Err(Error::Rpc(format!(
+                        "not the primary controller of device {device_id} (status {code}; the primary's election id is {primary})"
+                    )));
+                }
+                break;
+            }
+        }
+        Ok(Client { rpc, device_id, election_id, _stream_tx: tx, _stream_rx: stream })
+    }
+
+    /// Installs a program: its P4Info and the target's device config (for
+    /// BMv2, the JSON p4c-bm2-ss wrote).
+    pub async fn set_pipeline(&mut self, p4info: &cfg::P4Info, device_config: Vec<u8>) -> Result<(), Error> {
+        let req = p4v1::SetForwardingPipelineConfigRequest {
+            device_id: self.device_id,
+            election_id: Some(self.election_id),
+            action: p4v1::set_forwarding_pipeline_config_request::Action::VerifyAndCommit as i32,
+            config: Some(p4v1::ForwardingPipelineConfig {
+                p4info: Some(p4info.clone()),
+                p4_device_config: device_config,
+                cookie: Some(p4v1::forwarding_pipeline_config::Cookie { cookie: cookie(p4info) }),
+            }),
+            ..Default::default()
+        };
+        self.rpc.set_forwarding_pipeline_config(req).await.map_err(|s| rpc_error("SetForwardingPipelineConfig", s))?;
+        Ok(())
+    }
+
+    /// Writes the batches in order, one `Write` each; stops at the first
+    /// refused batch. Returns the number of updates written.
+    pub async fn write(&mut self, batches: &[Batch]) -> Result<usize, Error> {
+        let mut n = 0;
+        for b in batches {
+            let req = p4v1::WriteRequest {
+                device_id: self.device_id,
+                election_id: Some(self.election_id),
+                updates: b.updates.clone(),
+                atomicity: p4v1::write_request::Atomicity::ContinueOnError as i32,
+                ..Default::default()
+            };
+            self.rpc.write(req).await.map_err(|s| rpc_error(&format!("Write ({})", b.label), s))?;
+            n += b.updates.len();
+        }
+        Ok(n)
+    }
+
+    /// Reads `entities` (wildcards allowed) and returns what the switch holds.
+    pub async fn read(&mut self, entities: Vec<p4v1::Entity>) -> Result<Vec<p4v1::Entity>, Error> {
+        let req = p4v1::ReadRequest { device_id: self.device_id, entities, ..Default::default() };
+        let mut stream = self.rpc.read(req).await.map_err(|s| rpc_error("Read", s))?.into_inner();
+        let mut out = vec![];
+        while let Some(r) = stream.message().await.map_err(|s| rpc_error("Read", s))? {
+            out.extend(r.entities);
+        }
+        Ok(out)
+    }
+
+    /// Every table entry, every table's default entry, and every multicast group.
+    pub async fn read_all(&mut self, p4info: &cfg::P4Info) -> Result<Vec<p4v1::Entity>, Error> {
+        let table = |e: p4v1::TableEntry| p4v1::Entity { entity: Some(p4v1::entity::Entity::TableEntry(e)) };
+        let mut wanted = vec![table(p4v1::TableEntry::default())];
+        for t in &p4info.tables {
+            let id = t.preamble.as_ref().map(|p| p.id).unwrap_or(0);
+            wanted.push(table(p4v1::TableEntry { table_id: id, is_default_action: true, ..Default::default() }));
+        }
+        wanted.push(p4v1::Entity {
+            entity: Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p4v1::PacketReplicationEngineEntry {
+                r#type: Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(Default::default())),
+            })),
+        });
+        self.read(wanted).await
+    }
+}
+
+/// A cookie that identifies a P4Info (a hash of its bytes).
+fn cookie(p4info: &cfg::P4Info) -> u64 {
+    crate::p4info::jenkins_one_at_a_time(&p4info.encode_to_vec()) as u64
+}
+
+/// An entity in a form two P4Runtime implementations agree on: match fields
+/// sorted by id, replicas by port, fields a switch may add (counters,
+/// metadata, timeouts) cleared.
+pub fn normalize(e: &p4v1::Entity) -> p4v1::Entity {
+    let mut e = e.clone();
+    match e.entity.as_mut() {
+        Some(p4v1::entity::Entity::TableEntry(t)) => {
+            t.r#match.sort_by_key(|m| m.field_id);
+            t.counter_data = None;
+            t.meter_config = None;
+            t.meter_counter_data = None;
+            t.idle_timeout_ns = 0;
+            t.time_since_last_hit = None;
+            t.metadata = vec![];
+            t.is_const = false;
+        }
+        Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p)) => {
+            if let Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(g)) = p.r#type.as_mut() {
+                #[allow(deprecated)]
+                for r in &mut g.replicas {
+                    // Some switches answer with `port` bytes, others with `egress_port`.
+                    if let Some(p4v1::replica::PortKind::Port(b)) = &r.port_kind {
+                        let port = b.iter().fold(0u32, |a, x| (a << 8) | *x as u32);
+                        r.port_kind = Some(p4v1::replica::PortKind::EgressPort(port));
+                    }
+                }
+                #[allow(deprecated)]
+                g.replicas.sort_by_key(|r| match r.port_kind {
+                    Some(p4v1::replica::PortKind::EgressPort(p)) => (p, r.instance),
+                    _ => (u32::MAX, r.instance),
+                });
+                g.metadata = vec![];
+            }
+        }
+        _ => {}
+    }
+    e
+}
+
+/// What a switch holds compared with what it should hold.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Comparison {
+    pub missing: Vec<p4v1::Entity>,
+    pub unexpected: Vec<p4v1::Entity>,
+}
+
+impl Comparison {
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+/// Compares entity multisets after [`normalize`]. Default entries the
+/// switch reports but `expected` does not mention are ignored when they
+/// are the program's initial default actions (`initial` lists them).
+pub fn compare(expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4v1::Entity]) -> Comparison {
+    let key = |e: &p4v1::Entity| normalize(e).encode_to_vec();
+    let mut want: BTreeMap<Vec<u8>, (usize, p4v1::Entity)> = BTreeMap::new();
+    for e in expected {
+        want.entry(key(e)).or_insert((0, e.clone())).0 += 1;
+    }
+    let initial: std::collections::BTreeSet<Vec<u8>> = initial.iter().map(key).collect();
+    let mut out = Comparison::default();
+    for e in actual {
+        let k = key(e);
+        match want.get_mut(&k) {
+            Some((n, _)) if *n > 0 => *n -= 1,
+            _ if initial.contains(&k) => {}
+            _ => out.unexpected.push(e.clone()),
+        }
+    }
+    for (_, (n, e)) in want {
+        for _ in 0..n {
+            out.missing.push(e.clone());
+        }
+    }
+    out
+}
+
+/// The default entries of a program before the control plane changes any:
+/// each table's initial default action, as a Read returns it.
+pub fn initial_defaults(p4info: &cfg::P4Info) -> Vec<p4v1::Entity> {
+    p4info
+        .tables
+        .iter()
+        .filter_map(|t| {
+            let id = t.preamble.as_ref()?.id;
+            let d = t.initial_default_action.as_ref()?;
+            Some(p4v1::Entity {
+                entity: Some(p4v1::entity::Entity::TableEntry(p4v1::TableEntry {
+                    table_id: id,
+                    is_default_action: true,
+                    action: Some(p4v1::TableAction {
+                        r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
+                            action_id: d.action_id,
+                            params: d
+                                .arguments
+                                .iter()
+                                .map(|a| p4v1::action::Param { param_id: a.param_id, value: crate::entries::canonical_bytes(&a.value) })
+                                .collect(),
+                        })),
+                    }),
+                    ..Default::default()
+                })),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,589 @@
+//! Table entries and multicast groups as P4Runtime updates.
+//!
+//! Values are P4Runtime's canonical byte strings (specification §8.4):
+//! big-endian, as short as possible, a single zero byte for 0. Matches are
+//! `exact`, `ternary` (value masked), `lpm` (value masked to the prefix),
+//! and `range`; a match that would match everything is left out, as the
+//! specification requires for don't-care fields. Ternary and range tables
+//! carry priorities: a ternary entry's priority is its prefix length (the
+//! IR's nested prefixes need the longest to win), a range entry's is 1
+//! (ranges of one state never overlap).
+//!
+//! An IR diff becomes a list of [`Batch`]es in the IR's make-before-break
+//! order (`subc_bdd::diff`): new groups, new and changed leaves, new entries
+//! table by table from the last, changed entries, the root, deletions table
+//! by table from the first, removed groups. Updates inside one batch never
+//! depend on each other, so a server may apply a batch's updates in any
+//! order (P4Runtime does not promise one); batches must be written one after
+//! the other.
+
+use crate::layout::{ActionKind, Fanout, Layout, ParamRole, Stage, TableRole};
+use crate::p4info::{action_name, qualified, Ids};
+use crate::proto::p4::v1 as p4v1;
+use crate::Error;
+use serde::Serialize;
+use subc_bdd::diff::{Op, PipelineDiff, TableDiff};
+use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, StateId};
+use subc_lang::program::UpdateOp;
+use subc_lang::spec::MatchKind;
+use subc_lang::value::mask;
+
+/// The canonical byte string of `v` (P4Runtime §8.4.2).
+pub fn canonical(v: u64) -> Vec<u8> {
+    canonical_bytes(&v.to_be_bytes())
+}
+
+/// The canonical form of a big-endian byte string: leading zero bytes
+/// removed, one zero byte left for 0.
+pub fn canonical_bytes(be: &[u8]) -> Vec<u8> {
+    let first = be.iter().position(|b| *b != 0).unwrap_or(be.len().saturating_sub(1));
+    if be.is_empty() {
+        return vec![0];
+    }
+    be[first..].to_vec()
+}
+
+/// The canonical byte string of a set of ports as a bitmap (port `p` is
+/// bit `p`).
+pub fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
+    let n = width.div_ceil(8) as usize;
+    let mut be = vec![0u8; n.max(1)];
+    for &p in ports {
+        let byte = n - 1 - (p / 8) as usize;
+        be[byte] |= 1 << (p % 8);
+    }
+    canonical_bytes(&be)
+}
+
+/// One write: updates that do not depend on each other.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// What the batch does, for logs and errors (`insert add_order_stock`).
+    pub label: String,
+    pub updates: Vec<p4v1::Update>,
+}
+
+/// Sizes of a batch plan, for reports.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PlanStats {
+    pub batches: usize,
+    pub inserts: usize,
+    pub modifies: usize,
+    pub deletes: usize,
+}
+
+pub fn plan_stats(batches: &[Batch]) -> PlanStats {
+    let mut s = PlanStats { batches: batches.len(), ..Default::default() };
+    for u in batches.iter().flat_map(|b| &b.updates) {
+        match p4v1::update::Type::try_from(u.r#type) {
+            Ok(p4v1::update::Type::Insert) => s.inserts += 1,
+            Ok(p4v1::update::Type::Modify) => s.modifies += 1,
+            Ok(p4v1::update::Type::Delete) => s.deletes += 1,
+            _ => {}
+        }
+    }
+    s
+}
+
+/// All updates of a plan as one `WriteRequest` (device and election id
+/// left for the client to fill in).
+pub fn write_request(batches: &[Batch]) -> p4v1::WriteRequest {
+    p4v1::WriteRequest { updates: batches.iter().flat_map(|b| b.updates.iter().cloned()).collect(), ..Default::default() }
+}
+
+/// Translates IR entries and diffs into P4Runtime updates for one program.
+pub struct Encoder<'a> {
+    layout: &'a Layout,
+    ids: &'a Ids,
+    table_ids: Vec<u32>,
+}
+
+fn update(kind: p4v1::update::Type, entity: p4v1::entity::Entity) -> p4v1::Update {
+    p4v1::Update { r#type: kind as i32, entity: Some(p4v1::Entity { entity: Some(entity) }) }
+}
+
+fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
+    p4v1::FieldMatch { field_id, field_match_type: Some(p4v1::field_match::FieldMatchType::Exact(p4v1::field_match::Exact { value })) }
+}
+
+impl<'a> Encoder<'a> {
+    pub fn new(layout: &'a Layout, ids: &'a Ids) -> Encoder<'a> {
+        let table_ids = layout.tables.iter().map(|t| ids.tables[&qualified(&t.name)]).collect();
+        Encoder { layout, ids, table_ids }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        self.layout
+    }
+
+    fn action_id(&self, name: &str) -> u32 {
+        self.ids.actions[&action_name(name)]
+    }
+
+    fn table_id(&self, role: TableRole) -> Result<u32, Error> {
+        self.layout.table_index(role).map(|i| self.table_ids[i]).ok_or(Error::NoTable(format!("{role:?}")))
+    }
+
+    fn set_state(&self, next: StateId) -> p4v1::TableAction {
+        p4v1::TableAction {
+            r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
+                action_id: self.action_id("set_state"),
+                params: vec![p4v1::action::Param { param_id: 1, value: canonical(next as u64) }],
+            })),
+        }
+    }
+
+    /// What an entry leading to `next` does: go to that state, or, with
+    /// folded leaves, the leaf's action when `next` is a leaf of `pipe`.
+    fn goto(&self, next: StateId, pipe: &Pipeline) -> Result<p4v1::TableAction, Error> {
+        match pipe.leaves.get(&next) {
+            Some(leaf) if self.layout.fold_leaves => {
+                Ok(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(self.leaf_action(next, leaf)?)) })
+            }
+            _ => Ok(self.set_state(next)),
+        }
+    }
+
+    /// The table entry of one field-table entry of the IR; `pipe` is the
+    /// pipeline it belongs to (for the leaves, when they are folded).
+    pub fn field_entry(&self, pipeline: usize, level: usize, state: StateId, m: &Match, next: StateId, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
+        let lv = &self.layout.pipelines[pipeline].levels[level];
+        let q = &self.layout.queries[lv.query.0 as usize];
+        let width = q.width;
+        let stage = match m {
+            Match::Exact { .. } => Stage::Exact,
+            Match::Default => Stage::Default,
+            _ => Stage::Ranged,
+        };
+        let table_id = self.table_id(TableRole::Field { pipeline, level, stage })?;
+        let mut matches = vec![exact(1, canonical(state as u64))];
+        let mut priority = 0;
+        let kind_mismatch = || Error::BadMatch { field: q.source.clone(), kind: q.kind.as_str(), entry: format!("{m:?}") };
+        match *m {
+            Match::Exact { value } => matches.push(exact(2, canonical(value & mask(width)))),
+            Match::Default => {}
+            Match::Range { lo, hi } => {
+                if q.kind != MatchKind::Range {
+                    return Err(kind_mismatch());
+                }
+                priority = 1;
+                // A range over the whole domain is a don't-care: no match field.
+                if !(lo == 0 && hi == mask(width)) {
+                    matches.push(p4v1::FieldMatch {
+                        field_id: 2,
+                        field_match_type: Some(p4v1::field_match::FieldMatchType::Range(p4v1::field_match::Range {
+                            low: canonical(lo),
+                            high: canonical(hi),
+                        })),
+                    });
+                }
+            }
+            Match::Ternary { value, mask: m2 } => {
+                if q.kind != MatchKind::Ternary {
+                    return Err(kind_mismatch());
+                }
+                let m2 = m2 & mask(width);
+                priority = m2.count_ones() as i32;
+                if m2 != 0 {
+                    matches.push(p4v1::FieldMatch {
+                        field_id: 2,
+                        field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(p4v1::field_match::Ternary {
+                            value: canonical(value & m2),
+                            mask: canonical(m2),
+                        })),
+                    });
+                }
+            }
+            Match::Prefix { value, len } => {
+                if q.kind != MatchKind::Lpm {
+                    return Err(kind_mismatch());
+                }
+                if len > 0 {
+                    let host = mask(width - len);
+                    matches.push(p4v1::FieldMatch {
+                        field_id: 2,
+                        field_match_type: Some(p4v1::field_match::FieldMatchType::Lpm(p4v1::field_match::Lpm {
+                            value: canonical(value & !host & mask(width)),
+                            prefix_len: len as i32,
+                        })),
+                    });
+                }
+            }
+        }
+        Ok(p4v1::TableEntry { table_id, r#match: matches, action: Some(self.goto(next, pipe)?), priority, ..Default::default() })
+    }
+
+    /// The match key of a field-table entry (for deletes).
+    fn field_key(&self, pipeline: usize, level: usize, state: StateId, m: &Match, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
+        let mut e = self.field_entry(pipeline, level, state, m, 0, pipe)?;
+        e.action = None;
+        Ok(e)
+    }
+
+    /// The update parameters of a leaf: per variable, set flag, value, addend.
+    fn update_params(&self, leaf: &LeafEntry) -> Vec<p4v1::action::Param> {
+        let mut out = vec![];
+        for v in &self.layout.vars {
+            let ups: Vec<_> = leaf.updates.iter().filter(|u| u.var.0 as usize == v.state).collect();
+            let set = ups.iter().filter(|u| u.op == UpdateOp::Set).map(|u| u.value).max();
+            let add = ups.iter().filter(|u| u.op == UpdateOp::Add).fold(0u64, |a, u| a.wrapping_add(u.value)) & mask(v.width);
+            out.push((set.is_some() as u64, set.unwrap_or(0), add));
+        }
+        out.into_iter()
+            .flat_map(|(s, t, a)| [s, t, a])
+            .enumerate()
+            .map(|(i, v)| p4v1::action::Param { param_id: i as u32, value: canonical(v) })
+            .collect()
+    }
+
+    /// The action of a leaf state.
+    pub fn leaf_action(&self, state: StateId, leaf: &LeafEntry) -> Result<p4v1::Action, Error> {
+        let (name, mut params): (&str, Vec<p4v1::action::Param>) = match self.layout.fanout {
+            Fanout::Direct => match (leaf.ports.as_slice(), leaf.group) {
+                ([port], _) => ("forward", vec![p4v1::action::Param { param_id: 1, value: canonical(*port as u64) }]),
+                ([], _) if leaf.drop => ("drop", vec![]),
+                ([], _) if !leaf.updates.is_empty() => ("update", vec![]),
+                ([], _) => return Err(Error::EmptyLeaf(state)),
+                (_, Some(g)) => ("multicast", vec![p4v1::action::Param { param_id: 1, value: canonical(g as u64) }]),
+                (_, None) => return Err(Error::NoGroup(state)),
+            },
+            Fanout::Bitmap { width } => {
+                if !leaf.updates.is_empty() {
+                    return Err(Error::UpdatesAcrossPipelines(state));
+                }
+                if !leaf.ports.is_empty() {
+                    ("add_ports", vec![p4v1::action::Param { param_id: 1, value: port_bitmap(&leaf.ports, width) }])
+                } else if leaf.drop {
+                    ("drop", vec![])
+                } else {
+                    return Err(Error::EmptyLeaf(state));
+                }
+            }
+        };
+        if let Some(&p) = leaf.ports.iter().find(|p| **p >= self.layout.ports) {
+            return Err(Error::PortOutOfRange { port: p, ports: self.layout.ports });
+        }
+        let decl = self.layout.action(name).ok_or_else(|| Error::NoTable(name.into()))?;
+        if decl.params.iter().any(|p| matches!(p.role, ParamRole::VarSet(_))) {
+            let first = params.len() as u32;
+            for mut p in self.update_params(leaf) {
+                p.param_id += first + 1;
+                params.push(p);
+            }
+        }
+        debug_assert_eq!(decl.params.len(), params.len());
+        debug_assert!(decl.kind != ActionKind::NoAction);
+        Ok(p4v1::Action { action_id: self.action_id(name), params })
+    }
+
+    pub fn leaf_entry(&self, pipeline: usize, state: StateId, leaf: &LeafEntry) -> Result<p4v1::TableEntry, Error> {
+        Ok(p4v1::TableEntry {
+            table_id: self.table_id(TableRole::Leaf { pipeline })?,
+            r#match: vec![exact(1, canonical(state as u64))],
+            action: Some(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(self.leaf_action(state, leaf)?)) }),
+            ..Default::default()
+        })
+    }
+
+    fn leaf_key(&self, pipeline: usize, state: StateId) -> Result<p4v1::TableEntry, Error> {
+        Ok(p4v1::TableEntry {
+            table_id: self.table_id(TableRole::Leaf { pipeline })?,
+            r#match: vec![exact(1, canonical(state as u64))],
+            ..Default::default()
+        })
+    }
+
+    /// The root table's default action, which sets the initial state.
+    pub fn root_entry(&self, pipeline: usize, root: StateId, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
+        Ok(p4v1::TableEntry {
+            table_id: self.table_id(TableRole::Root { pipeline })?,
+            action: Some(self.goto(root, pipe)?),
+            is_default_action: true,
+            ..Default::default()
+        })
+    }
+
+    /// A multicast group of the packet replication engine.
+    pub fn group(&self, group: u32, ports: &[u32]) -> p4v1::PacketReplicationEngineEntry {
+        #[allow(deprecated)] // `port` (bytes) is newer; BMv2 and PI take `egress_port`.
+        let replicas = ports
+            .iter()
+            .map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), instance: 0, backup_replicas: vec![] })
+            .collect();
+        p4v1::PacketReplicationEngineEntry {
+            r#type: Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(p4v1::MulticastGroupEntry {
+                multicast_group_id: group,
+                replicas,
+                metadata: vec![],
+            })),
+        }
+    }
+
+    /// The multicast group of all ports, used by programs with several
+    /// pipelines (the egress keeps the copies the port bitmap selects).
+    pub const ALL_PORTS_GROUP: u32 = 1;
+
+    /// With several pipelines: the group of all ports, and the `fanout`
+    /// table's default action that multicasts to it (the group first).
+    pub fn fanout_install(&self) -> Result<Vec<Batch>, Error> {
+        let ports: Vec<u32> = (0..self.layout.ports).collect();
+        let group = update(p4v1::update::Type::Insert, p4v1::entity::Entity::PacketReplicationEngineEntry(self.group(Self::ALL_PORTS_GROUP, &ports)));
+        let fanout = p4v1::TableEntry {
+            table_id: self.table_id(TableRole::Fanout)?,
+            action: Some(p4v1::TableAction {
+                r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
+                    action_id: self.action_id("multicast"),
+                    params: vec![p4v1::action::Param { param_id: 1, value: canonical(Self::ALL_PORTS_GROUP as u64) }],
+                })),
+            }),
+            is_default_action: true,
+            ..Default::default()
+        };
+        Ok(vec![
+            Batch { label: "create the multicast group of all ports".into(), updates: vec![group] },
+            Batch { label: "multicast to it when several pipelines forward".into(), updates: vec![update(p4v1::update::Type::Modify, p4v1::entity::Entity::TableEntry(fanout))] },
+        ])
+    }
+
+    /// One IR op of pipeline `pipe` (as it is after the op's diff) as a
+    /// P4Runtime update. With folded leaves, leaf ops have no update of
+    /// their own (see [`batches_of_ops`]).
+    pub fn op(&self, pipeline: usize, op: &Op, pipe: &Pipeline) -> Result<Option<p4v1::Update>, Error> {
+        use p4v1::entity::Entity as E;
+        use p4v1::update::Type as T;
+        let direct = self.layout.fanout == Fanout::Direct;
+        let fold = self.layout.fold_leaves;
+        Ok(Some(match op {
+            Op::InsertLeaf { .. } | Op::ModifyLeaf { .. } | Op::DeleteLeaf { .. } if fold => return Ok(None),
+            // With several pipelines, leaves carry port bitmaps, not the IR's
+            // per-pipeline groups.
+            Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => return Ok(None),
+            Op::CreateGroup { group, ports } => update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, ports))),
+            Op::ChangeGroup { group, ports } => update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, ports))),
+            Op::RemoveGroup { group } => update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[]))),
+            Op::InsertLeaf { state, leaf } => update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
+            Op::ModifyLeaf { state, leaf } => update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
+            Op::DeleteLeaf { state } => update(T::Delete, E::TableEntry(self.leaf_key(pipeline, *state)?)),
+            Op::Insert { table, state, key, next } => update(T::Insert, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?)),
+            Op::Modify { table, state, key, next } => update(T::Modify, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?)),
+            Op::Delete { table, state, key } => update(T::Delete, E::TableEntry(self.field_key(pipeline, *table, *state, key, pipe)?)),
+            Op::SetRoot { state } => update(T::Modify, E::TableEntry(self.root_entry(pipeline, *state, pipe)?)),
+        }))
+    }
+}
+
+/// Which batch an op goes into: ops with the same key never depend on each
+/// other (see the module doc).
+fn batch_key(op: &Op) -> (u8, usize) {
+    match op {
+        Op::CreateGroup { .. } => (0, 0),
+        Op::ChangeGroup { .. } => (1, 0),
+        Op::InsertLeaf { .. } => (2, 0),
+        Op::ModifyLeaf { .. } => (3, 0),
+        Op::Insert { table, .. } => (4, *table),
+        Op::Modify { .. } => (5, 0),
+        Op::SetRoot { .. } => (6, 0),
+        Op::Delete { table, .. } => (7, *table),
+        Op::DeleteLeaf { .. } => (8, 0),
+        Op::RemoveGroup { .. } => (9, 0),
+    }
+}
+
+fn batch_label(op: &Op, pipeline: usize, layout: &Layout) -> String {
+    let field = |t: usize| layout.pipelines[pipeline].levels[t].source.clone();
+    let what = match op {
+        Op::CreateGroup { .. } => "create multicast groups".to_string(),
+        Op::ChangeGroup { .. } => "change multicast groups".into(),
+        Op::InsertLeaf { .. } => "insert leaf entries".into(),
+        Op::ModifyLeaf { .. } => "modify leaf entries".into(),
+        Op::Insert { table, .. } => format!("insert {} entries", field(*table)),
+        Op::Modify { .. } => "modify entries".into(),
+        Op::SetRoot { .. } => "set the root state".into(),
+        Op::Delete { table, .. } => format!("delete {} entries", field(*table)),
+        Op::DeleteLeaf { .. } => "delete leaf entries".into(),
+        Op::RemoveGroup { .. } => "remove multicast groups".into(),
+    };
+    format!("pipeline {pipeline}: {what}")
+}
+
+/// Groups the ordered ops of one pipeline's diff into batches of at most
+/// `max` updates; `pipe` is the pipeline after the diff.
+///
+/// With folded leaves, a changed leaf is a change of every entry that leads
+/// to it: those the diff does not insert or modify anyway are modified where
+/// the leaf would have been (before the new entries, so that the old paths
+/// already act as the new leaf says when the new paths join them).
+pub fn batches_of_ops(enc: &Encoder, pipeline: usize, ops: &[Op], pipe: &Pipeline, max: usize) -> Result<Vec<Batch>, Error> {
+    let ops = if enc.layout().fold_leaves { fold_leaf_ops(ops, pipe) } else { ops.to_vec() };
+    let mut out: Vec<Batch> = vec![];
+    let mut last: Option<(u8, usize)> = None;
+    for op in &ops {
+        let Some(u) = enc.op(pipeline, op, pipe)? else { continue };
+        let key = batch_key(op);
+        match out.last_mut() {
+            Some(b) if last == Some(key) && b.updates.len() < max.max(1) => b.updates.push(u),
+            _ => out.push(Batch { label: batch_label(op, pipeline, enc.layout()), updates: vec![u] }),
+        }
+        last = Some(key);
+    }
+    Ok(out)
+}
+
+/// Replaces each changed leaf by modifies of the entries (and the root)
+/// that lead to it and that the diff leaves alone. They take the leaf's
+/// place in the order, so they form a batch of their own.
+fn fold_leaf_ops(ops: &[Op], pipe: &Pipeline) -> Vec<Op> {
+    let changed: std::collections::BTreeSet<StateId> =
+        ops.iter().filter_map(|op| if let Op::ModifyLeaf { state, .. } = op { Some(*state) } else { None }).collect();
+    if changed.is_empty() {
+        return ops.to_vec();
+    }
+    let touched: std::collections::BTreeSet<(usize, StateId, Match)> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Insert { table, state, key, .. } | Op::Modify { table, state, key, .. } => Some((*table, *state, *key)),
+            _ => None,
+        })
+        .collect();
+    let root_set = ops.iter().any(|op| matches!(op, Op::SetRoot { .. }));
+    let mut out = vec![];
+    for op in ops {
+        let Op::ModifyLeaf { state: leaf, .. } = op else {
+            out.push(op.clone());
+            continue;
+        };
+        for (t, table) in pipe.tables.iter().enumerate() {
+            for ((state, key), next) in &table.entries {
+                if next == leaf && !touched.contains(&(t, *state, *key)) {
+                    out.push(Op::Modify { table: t, state: *state, key: *key, next: *next });
+                }
+            }
+        }
+        if pipe.root == *leaf && !root_set {
+            out.push(Op::SetRoot { state: *leaf });
+        }
+    }
+    out
+}
+
+/// The ops that install a pipeline on an empty target, in make-before-break
+/// order: the diff from nothing to `p`.
+pub fn install_ops(p: &Pipeline) -> Vec<Op> {
+    let d = PipelineDiff {
+        pipeline: 0,
+        groups_created: p.groups.iter().map(|(g, ports)| (*g, ports.clone())).collect(),
+        tables: p
+            .tables
+            .iter()
+            .map(|t| TableDiff { inserts: t.entries.iter().map(|((s, m), n)| (*s, *m, *n)).collect(), ..Default::default() })
+            .collect(),
+        leaf_inserts: p.leaves.iter().map(|(s, l)| (*s, l.clone())).collect(),
+        // The program's default root is state 0; set it even when it stays
+        // 0, so that installing over an old configuration is right too.
+        root: Some(p.root),
+        ..Default::default()
+    };
+    d.ops()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_byte_strings() {
+        assert_eq!(canonical(0), vec![0]);
+        assert_eq!(canonical(1), vec![1]);
+        assert_eq!(canonical(0x100), vec![1, 0]);
+        assert_eq!(canonical(u64::MAX), vec![0xff; 8]);
+        assert_eq!(canonical_bytes(&[0, 0, 0]), vec![0]);
+        assert_eq!(canonical_bytes(&[0, 7, 0]), vec![7, 0]);
+        assert_eq!(port_bitmap(&[], 256), vec![0]);
+        assert_eq!(port_bitmap(&[0], 256), vec![1]);
+        assert_eq!(port_bitmap(&[1, 9], 16), vec![2, 2]);
+        assert_eq!(port_bitmap(&[255], 256).len(), 32);
+    }
+}
+
+/// What an update does, in the program's names: `insert leaf: state 3 ->
+/// multicast(1)`. Used as comments in `entries.txtpb`.
+pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -> String {
+    use p4v1::field_match::FieldMatchType as F;
+    // Small values in decimal, the others (symbols, addresses, bitmaps) in hex.
+    let int = |b: &[u8]| -> String {
+        if b.len() <= 2 {
+            b.iter().fold(0u64, |a, x| (a << 8) | *x as u64).to_string()
+        } else {
+            format!("0x{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+        }
+    };
+    let kind = p4v1::update::Type::try_from(u.r#type).map(|t| t.as_str_name().to_ascii_lowercase()).unwrap_or_default();
+    let action_text = |a: &p4v1::Action| -> String {
+        let info_a = info.actions.iter().find(|x| x.preamble.as_ref().is_some_and(|p| p.id == a.action_id));
+        let name = info_a.and_then(|x| x.preamble.as_ref()).map(|p| p.alias.clone()).unwrap_or_else(|| a.action_id.to_string());
+        let args: Vec<String> = a
+            .params
+            .iter()
+            .map(|p| {
+                let pname = info_a.and_then(|x| x.params.iter().find(|q| q.id == p.param_id)).map(|q| q.name.as_str()).unwrap_or("?");
+                format!("{pname}={}", int(&p.value))
+            })
+            .collect();
+        format!("{name}({})", args.join(", "))
+    };
+    match u.entity.as_ref().and_then(|e| e.entity.as_ref()) {
+        Some(p4v1::entity::Entity::TableEntry(e)) => {
+            let t = info.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.id == e.table_id));
+            let tname = t.and_then(|t| t.preamble.as_ref()).map(|p| p.alias.clone()).unwrap_or_else(|| e.table_id.to_string());
+            let fname = |id: u32| -> String {
+                t.and_then(|t| t.match_fields.iter().find(|f| f.id == id))
+                    .map(|f| f.name.trim_start_matches("meta.").to_string())
+                    .unwrap_or_else(|| id.to_string())
+            };
+            let keys: Vec<String> = e
+                .r#match
+                .iter()
+                .map(|m| {
+                    let v = match &m.field_match_type {
+                        Some(F::Exact(x)) => int(&x.value),
+                        Some(F::Ternary(x)) => format!("{} &&& {}", int(&x.value), int(&x.mask)),
+                        Some(F::Lpm(x)) => format!("{}/{}", int(&x.value), x.prefix_len),
+                        Some(F::Range(x)) => format!("{}..{}", int(&x.low), int(&x.high)),
+                        _ => "?".into(),
+                    };
+                    format!("{} {v}", fname(m.field_id))
+                })
+                .collect();
+            let key = if e.is_default_action { "default".to_string() } else if keys.is_empty() { "*".into() } else { keys.join(", ") };
+            let action = match &e.action {
+                Some(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(a)) }) => format!(" -> {}", action_text(a)),
+                _ => String::new(),
+            };
+            let priority = if e.priority != 0 { format!(" (priority {})", e.priority) } else { String::new() };
+            format!("{kind} {tname}: {key}{priority}{action}")
+        }
+        Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p)) => match &p.r#type {
+            Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(g)) => {
+                #[allow(deprecated)]
+                let ports: Vec<String> = g
+                    .replicas
+                    .iter()
+                    .map(|r| match &r.port_kind {
+                        Some(p4v1::replica::PortKind::EgressPort(p)) => p.to_string(),
+                        Some(p4v1::replica::PortKind::Port(b)) => int(b),
+                        None => "?".into(),
+                    })
+                    .collect();
+                format!("{kind} multicast group {}: ports {}", g.multicast_group_id, ports.join(", "))
+            }
+            _ => format!("{kind} replication entry"),
+        },
+        _ => kind,
+    }
+}
+
+/// `entries.txtpb`: the install as a `WriteRequest` in text format, each
+/// update preceded by a comment saying what it does.
+pub fn entries_text(batches: &[Batch], info: &crate::proto::p4::config::v1::P4Info) -> String {
+    crate::proto::write_request_text(&write_request(batches), |u| describe(u, info))
+}

@@ -1,0 +1,262 @@
+//! The P4_16 program: a view model of the [`Layout`] with every string the
+//! template needs already made, and the askama template that prints it
+//! (`templates/program.p4`). The template only loops and picks snippets.
+
+use crate::layout::{Fanout, Layout, StateLogic, StateView, TableRole, Transition, STATE_WIDTH};
+use askama::Template;
+use subc_lang::spec::{MatchKind, Spec};
+
+pub struct PipelineRow {
+    pub index: usize,
+    pub order: String,
+    pub root: String,
+    pub levels: Vec<crate::layout::LevelView>,
+    pub leaf: Option<String>,
+}
+
+pub struct MetaRow {
+    pub ty: String,
+    pub name: String,
+    pub pad: String,
+    pub comment: String,
+}
+
+pub struct SelectRow {
+    pub key: String,
+    pub cases: Vec<(String, String)>,
+    pub default: String,
+}
+
+pub struct ParseRow {
+    pub name: String,
+    pub header: String,
+    pub select: Option<SelectRow>,
+    pub goto: String,
+}
+
+pub struct TableRow {
+    pub name: String,
+    pub comment: Option<String>,
+    pub keys: Vec<(String, &'static str)>,
+    pub actions: Vec<String>,
+    pub default_action: String,
+    pub size: u64,
+}
+
+pub struct CopyRow {
+    pub header: String,
+    pub assigns: Vec<(String, String)>,
+}
+
+#[derive(Template)]
+#[template(path = "program.p4", escape = "none")]
+pub struct ProgramTemplate<'a> {
+    pub pipelines: Vec<PipelineRow>,
+    pub state_width: u32,
+    pub ports_width: Option<u32>,
+    pub headers: &'a [crate::layout::HeaderView],
+    pub meta: Vec<MetaRow>,
+    pub start: &'a str,
+    pub parse_states: Vec<ParseRow>,
+    pub registers: &'a [crate::layout::RegisterDecl],
+    pub direct: bool,
+    /// Signatures of the leaf actions (`forward(bit<9> port, ...)`), with
+    /// the variables' update parameters, one line per variable.
+    pub sig_forward: String,
+    pub sig_multicast: String,
+    pub sig_drop: String,
+    pub sig_update: String,
+    /// One register write per variable.
+    pub updates: Vec<String>,
+    pub tables: Vec<TableRow>,
+    pub copies: Vec<CopyRow>,
+    pub flips: Vec<(String, String)>,
+    pub states: &'a [StateView],
+    pub uses_time: bool,
+    pub emit_order: Vec<String>,
+}
+
+/// A constant of a `width`-bit field as P4 source: decimal when small,
+/// hexadecimal with the field's digits otherwise (`0x0800`).
+fn literal(v: u64, width: u32) -> String {
+    if v < 1024 {
+        v.to_string()
+    } else {
+        format!("0x{v:0digits$x}", digits = width.div_ceil(4) as usize)
+    }
+}
+
+fn match_kind(k: MatchKind) -> &'static str {
+    k.as_str()
+}
+
+impl<'a> ProgramTemplate<'a> {
+    pub fn new(spec: &Spec, l: &'a Layout) -> ProgramTemplate<'a> {
+        let pipelines = l
+            .pipelines
+            .iter()
+            .enumerate()
+            .map(|(i, p)| PipelineRow {
+                index: i,
+                order: p.levels.iter().map(|x| x.source.as_str()).collect::<Vec<_>>().join(", "),
+                root: p.root.clone(),
+                levels: p.levels.clone(),
+                leaf: p.leaf.clone(),
+            })
+            .collect();
+        let widest = l.meta.iter().map(|m| meta_type(m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
+        let meta = l
+            .meta
+            .iter()
+            .map(|m| {
+                let ty = meta_type(&m.name, m.width);
+                let pad = " ".repeat(widest + 2 - ty.len() - m.name.len());
+                MetaRow { ty, name: m.name.clone(), pad, comment: m.comment.clone() }
+            })
+            .collect();
+        let parse_states = l
+            .parse_states
+            .iter()
+            .map(|s| match &s.next {
+                Transition::Goto(t) => ParseRow { name: s.name.clone(), header: s.header.clone(), select: None, goto: t.clone() },
+                Transition::Select { fields, widths, cases, default } => {
+                    let keyset = |vals: &[Option<u64>]| -> String {
+                        let parts: Vec<String> =
+                            vals.iter().zip(widths).map(|(v, w)| v.map(|v| literal(v, *w)).unwrap_or_else(|| "_".into())).collect();
+                        if parts.len() == 1 {
+                            parts[0].clone()
+                        } else {
+                            format!("({})", parts.join(", "))
+                        }
+                    };
+                    ParseRow {
+                        name: s.name.clone(),
+                        header: s.header.clone(),
+                        select: Some(SelectRow {
+                            key: fields.join(", "),
+                            cases: cases.iter().map(|(v, t)| (keyset(v), t.clone())).collect(),
+                            default: default.clone(),
+                        }),
+                        goto: String::new(),
+                    }
+                }
+            })
+            .collect();
+        let var_params: Vec<String> = l
+            .vars
+            .iter()
+            .map(|v| format!("bit<1> {}, bit<{w}> {}, bit<{w}> {}", v.set_param, v.to_param, v.add_param, w = v.width))
+            .collect();
+        let signature = |name: &str, first: Option<&str>| -> String {
+            let mut parts: Vec<String> = first.map(|f| vec![f.to_string()]).unwrap_or_default();
+            parts.extend(var_params.iter().cloned());
+            // Continuation lines line up after `    action name(`.
+            let indent = " ".repeat(4 + "action ".len() + name.len() + 1);
+            format!("{name}({})", parts.join(&format!(",\n{indent}")))
+        };
+        let updates = l
+            .vars
+            .iter()
+            .map(|v| {
+                format!(
+                    "{}.write(meta.{}, ({} == 1 ? {} : meta.{}) + {});",
+                    v.reg, v.slot_meta, v.set_param, v.to_param, v.value_meta, v.add_param
+                )
+            })
+            .collect();
+        let tables = l
+            .tables
+            .iter()
+            .map(|t| {
+                let comment = match t.role {
+                    TableRole::Root { pipeline } => Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it).")),
+                    TableRole::Field { level, stage: crate::layout::Stage::Exact, pipeline } => {
+                        let lv = &l.pipelines[pipeline].levels[level];
+                        Some(match &lv.ranged {
+                            Some(_) => format!(
+                                "Pipeline {pipeline}, {}: the state's exact entries, then its {} entries, then its default.",
+                                lv.source,
+                                l.queries[lv.query.0 as usize].kind.as_str()
+                            ),
+                            None => format!("Pipeline {pipeline}, {}: the state's exact entries, then its default.", lv.source),
+                        })
+                    }
+                    TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
+                    TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
+                    _ => None,
+                };
+                let default_action = if t.default_args.is_empty() && t.default_action == "NoAction" {
+                    "NoAction()".to_string()
+                } else {
+                    format!("{}({})", t.default_action, t.default_args)
+                };
+                TableRow {
+                    name: t.name.clone(),
+                    comment,
+                    keys: t.keys.iter().map(|k| (k.expr.clone(), match_kind(k.kind))).collect(),
+                    actions: t.actions.clone(),
+                    default_action,
+                    size: t.size,
+                }
+            })
+            .collect();
+        let mut copies: Vec<CopyRow> = vec![];
+        let mut flips = vec![];
+        for q in &l.queries {
+            if let crate::layout::QueryValue::Packet { header, field, flip } = &q.value {
+                match copies.iter_mut().find(|c| &c.header == header) {
+                    Some(c) => c.assigns.push((q.meta.clone(), field.clone())),
+                    None => copies.push(CopyRow { header: header.clone(), assigns: vec![(q.meta.clone(), field.clone())] }),
+                }
+                if *flip != 0 {
+                    flips.push((q.meta.clone(), format!("{}w0x{:x}", q.width, flip)));
+                }
+            }
+        }
+        let emit_order = spec.parser.topo_order.iter().map(|h| l.headers[h.0 as usize].instance.clone()).collect();
+        ProgramTemplate {
+            pipelines,
+            state_width: STATE_WIDTH,
+            ports_width: match l.fanout {
+                Fanout::Bitmap { width } => Some(width),
+                Fanout::Direct => None,
+            },
+            headers: &l.headers,
+            meta,
+            start: &l.start,
+            parse_states,
+            registers: &l.registers,
+            direct: l.fanout == Fanout::Direct,
+            sig_forward: signature("forward", Some("bit<9> port")),
+            sig_multicast: signature("multicast", Some("bit<16> group")),
+            sig_drop: signature("drop", None),
+            sig_update: signature("update", None),
+            updates,
+            tables,
+            copies,
+            flips,
+            states: &l.states,
+            uses_time: l.uses_time,
+            emit_order,
+        }
+    }
+}
+
+/// The generator's metadata fields use the program's typedefs.
+fn meta_type(name: &str, width: u32) -> String {
+    match name {
+        "state" => "state_t".into(),
+        "ports" => "ports_t".into(),
+        _ => format!("bit<{width}>"),
+    }
+}
+
+/// Prints the program.
+pub fn write_program(spec: &Spec, layout: &Layout) -> String {
+    let t = ProgramTemplate::new(spec, layout);
+    let mut s = t.render().expect("the program template renders");
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}

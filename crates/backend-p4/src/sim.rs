@@ -1,0 +1,937 @@
+//! A P4-semantics simulator of the generated program, fed only P4Runtime
+//! messages.
+//!
+//! [`Switch`] is the control-plane state of a P4Runtime target: it decodes a
+//! P4Info and applies `Update`s the way a P4Runtime server must (ids and
+//! match kinds checked against the P4Info, canonical byte strings, masked
+//! ternary and LPM values, priorities exactly where the table needs them,
+//! `ALREADY_EXISTS` and `NOT_FOUND`), and it can be read back. It knows
+//! nothing of the IR. [`Switch::check_references`] verifies, between any
+//! two updates, that no entry points to a state that has no entries and no
+//! leaf points to a missing multicast group (the property make-before-break
+//! ordering promises).
+//!
+//! [`Simulator`] runs packets through the program the way v1model does:
+//! the parser of the [`Layout`], the metadata copies, the register logic
+//! computed as the P4 code computes it (microsecond timestamps, the
+//! multiply-and-shift division, fixed-width arithmetic), then the tables,
+//! looked up by P4Runtime match semantics (exact, then the longest prefix or
+//! the highest priority), with the actions the P4Info names, and the
+//! multicast groups of the replication engine.
+
+use crate::layout::{ActionKind, Divider, Fanout, Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE};
+use crate::p4info::qualified;
+use crate::proto::p4::config::v1 as cfg;
+use crate::proto::p4::v1 as p4v1;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use subc_lang::interp::Decision;
+use subc_lang::spec::{MatchKind, Spec};
+use subc_lang::value::{mask, read_bits};
+
+/// Why a write was refused, with the gRPC code a P4Runtime server returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteError {
+    pub code: Code,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    InvalidArgument,
+    AlreadyExists,
+    NotFound,
+    OutOfRange,
+    ResourceExhausted,
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> WriteError {
+    WriteError { code: Code::InvalidArgument, message: msg.into() }
+}
+
+/// A decoded match value: exact values as canonical bytes (they can be wider
+/// than 64 bits), the others as integers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FieldValue {
+    Exact(Vec<u8>),
+    Ternary { value: u64, mask: u64 },
+    Lpm { value: u64, len: u32 },
+    Range { lo: u64, hi: u64 },
+    /// The field was left out: it matches anything.
+    Any,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActionCall {
+    pub action: u32,
+    /// Parameter values by position, as canonical bytes.
+    pub args: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, Debug)]
+struct FieldInfo {
+    id: u32,
+    width: u32,
+    kind: MatchKind,
+}
+
+#[derive(Clone, Debug)]
+struct TableInfo {
+    name: String,
+    fields: Vec<FieldInfo>,
+    actions: BTreeSet<u32>,
+    needs_priority: bool,
+    initial_default: ActionCall,
+    size: i64,
+}
+
+#[derive(Clone, Debug)]
+struct ActionInfo {
+    name: String,
+    /// (id, bitwidth) in order.
+    params: Vec<(u32, u32)>,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    key: Vec<FieldValue>,
+    priority: i32,
+    action: ActionCall,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TableState {
+    entries: BTreeMap<(Vec<FieldValue>, i32), Entry>,
+    default: Option<ActionCall>,
+}
+
+/// The control-plane state of a P4Runtime target running one P4Info.
+#[derive(Clone, Debug)]
+pub struct Switch {
+    tables: BTreeMap<u32, TableInfo>,
+    actions: BTreeMap<u32, ActionInfo>,
+    state: BTreeMap<u32, TableState>,
+    groups: BTreeMap<u32, Vec<u32>>,
+}
+
+fn bytes_to_u64(b: &[u8]) -> u64 {
+    b.iter().fold(0u64, |a, x| (a << 8) | *x as u64)
+}
+
+/// Checks that `b` is a canonical byte string of at most `width` bits.
+fn check_canonical(b: &[u8], width: u32, what: &str) -> Result<(), WriteError> {
+    if b.is_empty() {
+        return Err(invalid(format!("{what}: empty byte string")));
+    }
+    if b.len() > 1 && b[0] == 0 {
+        return Err(invalid(format!("{what}: {b:02x?} is not canonical (leading zero byte)")));
+    }
+    let bits = (b.len() as u32 - 1) * 8 + (8 - b[0].leading_zeros()).min(8);
+    if bits > width {
+        return Err(WriteError { code: Code::OutOfRange, message: format!("{what}: {b:02x?} does not fit in {width} bits") });
+    }
+    Ok(())
+}
+
+fn match_kind(t: i32) -> Option<MatchKind> {
+    use cfg::match_field::MatchType as M;
+    match M::try_from(t).ok()? {
+        M::Exact => Some(MatchKind::Exact),
+        M::Lpm => Some(MatchKind::Lpm),
+        M::Ternary => Some(MatchKind::Ternary),
+        M::Range => Some(MatchKind::Range),
+        _ => None,
+    }
+}
+
+impl Switch {
+    /// A target running the program `info` describes, with empty tables.
+    pub fn new(info: &cfg::P4Info) -> Result<Switch, String> {
+        let mut actions = BTreeMap::new();
+        for a in &info.actions {
+            let p = a.preamble.as_ref().ok_or("an action without preamble")?;
+            actions.insert(p.id, ActionInfo { name: p.name.clone(), params: a.params.iter().map(|x| (x.id, x.bitwidth as u32)).collect() });
+        }
+        let mut tables = BTreeMap::new();
+        for t in &info.tables {
+            let p = t.preamble.as_ref().ok_or("a table without preamble")?;
+            let mut fields = vec![];
+            for f in &t.match_fields {
+                let kind = match &f.r#match {
+                    Some(cfg::match_field::Match::MatchType(k)) => match_kind(*k).ok_or(format!("{}: unsupported match type", f.name))?,
+                    _ => return Err(format!("{}: no match type", f.name)),
+                };
+                fields.push(FieldInfo { id: f.id, width: f.bitwidth as u32, kind });
+            }
+            let needs_priority = fields.iter().any(|f| matches!(f.kind, MatchKind::Ternary | MatchKind::Range));
+            let d = t.initial_default_action.as_ref().ok_or(format!("{}: no initial default action", p.name))?;
+            let initial_default = ActionCall {
+                action: d.action_id,
+                args: d.arguments.iter().map(|a| crate::entries::canonical_bytes(&a.value)).collect(),
+            };
+            tables.insert(
+                p.id,
+                TableInfo {
+                    name: p.name.clone(),
+                    fields,
+                    actions: t.action_refs.iter().map(|r| r.id).collect(),
+                    needs_priority,
+                    initial_default,
+                    size: t.size,
+                },
+            );
+        }
+        let state = tables.keys().map(|id| (*id, TableState::default())).collect();
+        Ok(Switch { tables, actions, state, groups: BTreeMap::new() })
+    }
+
+    pub fn table_id(&self, name: &str) -> Option<u32> {
+        self.tables.iter().find(|(_, t)| t.name == name).map(|(id, _)| *id)
+    }
+    pub fn action_name(&self, id: u32) -> Option<&str> {
+        self.actions.get(&id).map(|a| a.name.as_str())
+    }
+    pub fn groups(&self) -> &BTreeMap<u32, Vec<u32>> {
+        &self.groups
+    }
+    /// Entries of all tables and multicast groups.
+    pub fn total_entries(&self) -> usize {
+        self.state.values().map(|s| s.entries.len()).sum::<usize>() + self.groups.len()
+    }
+    /// Entries of a table (not counting its default action).
+    pub fn entry_count(&self, table: u32) -> usize {
+        self.state.get(&table).map(|s| s.entries.len()).unwrap_or(0)
+    }
+
+    fn decode_action(&self, t: &TableInfo, a: &Option<p4v1::TableAction>) -> Result<ActionCall, WriteError> {
+        let Some(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(a)) }) = a else {
+            return Err(invalid(format!("{}: the entry has no direct action", t.name)));
+        };
+        if !t.actions.contains(&a.action_id) {
+            return Err(invalid(format!("{}: action {} is not an action of the table", t.name, a.action_id)));
+        }
+        let info = &self.actions[&a.action_id];
+        if a.params.len() != info.params.len() {
+            return Err(invalid(format!("{}: {} parameters for {} ({} expected)", t.name, a.params.len(), info.name, info.params.len())));
+        }
+        let mut args = vec![];
+        for (p, (id, width)) in a.params.iter().zip(&info.params) {
+            if p.param_id != *id {
+                return Err(invalid(format!("{}: parameter id {} where {} was expected", info.name, p.param_id, id)));
+            }
+            check_canonical(&p.value, *width, &format!("{} parameter {}", info.name, id))?;
+            args.push(p.value.clone());
+        }
+        Ok(ActionCall { action: a.action_id, args })
+    }
+
+    fn decode_key(&self, t: &TableInfo, e: &p4v1::TableEntry) -> Result<Vec<FieldValue>, WriteError> {
+        use p4v1::field_match::FieldMatchType as F;
+        let mut key = vec![FieldValue::Any; t.fields.len()];
+        let mut seen = BTreeSet::new();
+        for m in &e.r#match {
+            let Some(k) = t.fields.iter().position(|f| f.id == m.field_id) else {
+                return Err(invalid(format!("{}: no match field {}", t.name, m.field_id)));
+            };
+            if !seen.insert(m.field_id) {
+                return Err(invalid(format!("{}: match field {} given twice", t.name, m.field_id)));
+            }
+            let f = &t.fields[k];
+            let what = format!("{} field {}", t.name, f.id);
+            key[k] = match (&m.field_match_type, f.kind) {
+                (Some(F::Exact(x)), MatchKind::Exact) => {
+                    check_canonical(&x.value, f.width, &what)?;
+                    FieldValue::Exact(x.value.clone())
+                }
+                (Some(F::Ternary(x)), MatchKind::Ternary) => {
+                    check_canonical(&x.value, f.width, &what)?;
+                    check_canonical(&x.mask, f.width, &what)?;
+                    let (value, m2) = (bytes_to_u64(&x.value), bytes_to_u64(&x.mask));
+                    if m2 == 0 {
+                        return Err(invalid(format!("{what}: a zero mask must be left out")));
+                    }
+                    if value & !m2 != 0 {
+                        return Err(invalid(format!("{what}: value bits outside the mask")));
+                    }
+                    FieldValue::Ternary { value, mask: m2 }
+                }
+                (Some(F::Lpm(x)), MatchKind::Lpm) => {
+                    check_canonical(&x.value, f.width, &what)?;
+                    let len = x.prefix_len as u32;
+                    if x.prefix_len <= 0 || len > f.width {
+                        return Err(invalid(format!("{what}: prefix length {} (a /0 must be left out)", x.prefix_len)));
+                    }
+                    let value = bytes_to_u64(&x.value);
+                    if value & mask(f.width - len) != 0 {
+                        return Err(invalid(format!("{what}: value bits past the prefix length")));
+                    }
+                    FieldValue::Lpm { value, len }
+                }
+                (Some(F::Range(x)), MatchKind::Range) => {
+                    check_canonical(&x.low, f.width, &what)?;
+                    check_canonical(&x.high, f.width, &what)?;
+                    let (lo, hi) = (bytes_to_u64(&x.low), bytes_to_u64(&x.high));
+                    if lo > hi {
+                        return Err(invalid(format!("{what}: low > high")));
+                    }
+                    if lo == 0 && hi == mask(f.width) {
+                        return Err(invalid(format!("{what}: a full range must be left out")));
+                    }
+                    FieldValue::Range { lo, hi }
+                }
+                _ => return Err(invalid(format!("{what}: match of the wrong kind"))),
+            };
+        }
+        for (f, v) in t.fields.iter().zip(&key) {
+            if f.kind == MatchKind::Exact && *v == FieldValue::Any {
+                return Err(invalid(format!("{}: exact field {} left out", t.name, f.id)));
+            }
+        }
+        if t.needs_priority && e.priority <= 0 {
+            return Err(invalid(format!("{}: entries of a ternary or range table need a priority", t.name)));
+        }
+        if !t.needs_priority && e.priority != 0 {
+            return Err(invalid(format!("{}: entries of this table take no priority", t.name)));
+        }
+        Ok(key)
+    }
+
+    /// Applies one update, as a P4Runtime server would.
+    pub fn apply(&mut self, u: &p4v1::Update) -> Result<(), WriteError> {
+        use p4v1::update::Type as T;
+        let kind = T::try_from(u.r#type).map_err(|_| invalid("unknown update type"))?;
+        match u.entity.as_ref().and_then(|e| e.entity.as_ref()) {
+            Some(p4v1::entity::Entity::TableEntry(e)) => self.apply_table(kind, e),
+            Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p)) => self.apply_pre(kind, p),
+            _ => Err(invalid("only table entries and multicast groups are supported")),
+        }
+    }
+
+    fn apply_table(&mut self, kind: p4v1::update::Type, e: &p4v1::TableEntry) -> Result<(), WriteError> {
+        use p4v1::update::Type as T;
+        let t = self.tables.get(&e.table_id).ok_or_else(|| WriteError { code: Code::NotFound, message: format!("no table {}", e.table_id) })?.clone();
+        if e.is_default_action {
+            if kind != T::Modify {
+                return Err(invalid(format!("{}: a default entry can only be modified", t.name)));
+            }
+            if !e.r#match.is_empty() || e.priority != 0 {
+                return Err(invalid(format!("{}: a default entry has no match and no priority", t.name)));
+            }
+            let a = self.decode_action(&t, &e.action)?;
+            self.state.get_mut(&e.table_id).expect("a table").default = Some(a);
+            return Ok(());
+        }
+        let key = self.decode_key(&t, e)?;
+        let slot = (key.clone(), e.priority);
+        let st = self.state.get_mut(&e.table_id).expect("a table");
+        match kind {
+            T::Insert => {
+                if st.entries.contains_key(&slot) {
+                    return Err(WriteError { code: Code::AlreadyExists, message: format!("{}: the entry exists", t.name) });
+                }
+                if st.entries.len() as i64 >= t.size {
+                    return Err(WriteError { code: Code::ResourceExhausted, message: format!("{}: table full ({} entries)", t.name, t.size) });
+                }
+                let action = self.decode_action(&t, &e.action)?;
+                self.state.get_mut(&e.table_id).expect("a table").entries.insert(slot, Entry { key, priority: e.priority, action });
+            }
+            T::Modify => {
+                if !st.entries.contains_key(&slot) {
+                    return Err(WriteError { code: Code::NotFound, message: format!("{}: no such entry to modify", t.name) });
+                }
+                let action = self.decode_action(&t, &e.action)?;
+                self.state.get_mut(&e.table_id).expect("a table").entries.get_mut(&slot).expect("checked").action = action;
+            }
+            T::Delete => {
+                if st.entries.remove(&slot).is_none() {
+                    return Err(WriteError { code: Code::NotFound, message: format!("{}: no such entry to delete", t.name) });
+                }
+            }
+            T::Unspecified => return Err(invalid("unspecified update type")),
+        }
+        Ok(())
+    }
+
+    fn apply_pre(&mut self, kind: p4v1::update::Type, p: &p4v1::PacketReplicationEngineEntry) -> Result<(), WriteError> {
+        use p4v1::update::Type as T;
+        let Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(g)) = &p.r#type else {
+            return Err(invalid("only multicast groups are supported"));
+        };
+        if g.multicast_group_id == 0 {
+            return Err(invalid("multicast group 0 is reserved"));
+        }
+        let mut ports = vec![];
+        for r in &g.replicas {
+            #[allow(deprecated)]
+            let port = match &r.port_kind {
+                Some(p4v1::replica::PortKind::EgressPort(p)) => *p,
+                Some(p4v1::replica::PortKind::Port(b)) => {
+                    check_canonical(b, 32, "replica port")?;
+                    bytes_to_u64(b) as u32
+                }
+                None => return Err(invalid("a replica without a port")),
+            };
+            if ports.contains(&port) {
+                return Err(invalid(format!("group {}: port {port} twice", g.multicast_group_id)));
+            }
+            ports.push(port);
+        }
+        ports.sort_unstable();
+        let exists = self.groups.contains_key(&g.multicast_group_id);
+        match kind {
+            T::Insert if exists => return Err(WriteError { code: Code::AlreadyExists, message: format!("group {} exists", g.multicast_group_id) }),
+            T::Modify | T::Delete if !exists => {
+                return Err(WriteError { code: Code::NotFound, message: format!("no group {}", g.multicast_group_id) })
+            }
+            T::Insert | T::Modify => {
+                self.groups.insert(g.multicast_group_id, ports);
+            }
+            T::Delete => {
+                self.groups.remove(&g.multicast_group_id);
+            }
+            T::Unspecified => return Err(invalid("unspecified update type")),
+        }
+        Ok(())
+    }
+
+    /// Applies a write request's updates in order; stops at the first error.
+    pub fn write(&mut self, w: &p4v1::WriteRequest) -> Result<(), (usize, WriteError)> {
+        for (i, u) in w.updates.iter().enumerate() {
+            self.apply(u).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// Everything the target holds, as P4Runtime entities in a fixed order:
+    /// multicast groups, then each table's entries, then the default
+    /// entries that were set.
+    pub fn read(&self) -> Vec<p4v1::Entity> {
+        let mut out = vec![];
+        for (g, ports) in &self.groups {
+            #[allow(deprecated)]
+            let replicas = ports.iter().map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), ..Default::default() }).collect();
+            out.push(p4v1::Entity {
+                entity: Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p4v1::PacketReplicationEngineEntry {
+                    r#type: Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(p4v1::MulticastGroupEntry {
+                        multicast_group_id: *g,
+                        replicas,
+                        metadata: vec![],
+                    })),
+                })),
+            });
+        }
+        for (id, st) in &self.state {
+            let t = &self.tables[id];
+            for e in st.entries.values() {
+                out.push(table_entity(*id, t, Some(e), &e.action));
+            }
+            if let Some(d) = &st.default {
+                out.push(table_entity(*id, t, None, d));
+            }
+        }
+        out
+    }
+
+    /// The action a lookup of `table` with `values` (one per match field,
+    /// canonical bytes for exact fields, integers otherwise) executes, and
+    /// whether it hit.
+    pub fn lookup(&self, table: u32, values: &[KeyValue]) -> Result<(ActionCall, bool), String> {
+        let t = &self.tables[&table];
+        let st = &self.state[&table];
+        let mut best: Option<(&Entry, (u32, i32))> = None;
+        let mut tie = false;
+        for e in st.entries.values() {
+            let mut lpm_len = 0;
+            let ok = e.key.iter().zip(values).zip(&t.fields).all(|((m, v), f)| match (m, v) {
+                (FieldValue::Any, _) => true,
+                (FieldValue::Exact(b), KeyValue::Bytes(x)) => b == x,
+                (FieldValue::Exact(b), KeyValue::Int(x)) => bytes_to_u64(b) == *x && b.len() <= 8,
+                (FieldValue::Ternary { value, mask }, KeyValue::Int(x)) => x & mask == *value,
+                (FieldValue::Lpm { value, len }, KeyValue::Int(x)) => {
+                    lpm_len = *len;
+                    (x >> (f.width - len)) == (value >> (f.width - len))
+                }
+                (FieldValue::Range { lo, hi }, KeyValue::Int(x)) => lo <= x && x <= hi,
+                _ => false,
+            });
+            if !ok {
+                continue;
+            }
+            let rank = (lpm_len, e.priority);
+            match best {
+                Some((_, r)) if r > rank => {}
+                Some((_, r)) if r == rank => tie = true,
+                _ => {
+                    best = Some((e, rank));
+                    tie = false;
+                }
+            }
+        }
+        if tie {
+            return Err(format!("{}: two matching entries of the same priority", t.name));
+        }
+        Ok(match best {
+            Some((e, _)) => (e.action.clone(), true),
+            None => (st.default.clone().unwrap_or_else(|| t.initial_default.clone()), false),
+        })
+    }
+
+    /// Checks the references the program's entries make (see the module doc).
+    pub fn check_references(&self, layout: &Layout) -> Result<(), String> {
+        let id_of = |name: &str| self.table_id(&qualified(name)).ok_or(format!("no table {name}"));
+        let state_of = |a: &ActionCall| -> Option<u64> {
+            (self.action_name(a.action) == Some("MyIngress.set_state")).then(|| bytes_to_u64(&a.args[0]))
+        };
+        let group_of = |a: &ActionCall| -> Option<u64> {
+            (self.action_name(a.action) == Some("MyIngress.multicast")).then(|| bytes_to_u64(&a.args[0]))
+        };
+        for (p, pv) in layout.pipelines.iter().enumerate() {
+            // States defined at each level (they have an entry there), and leaves.
+            let mut defined: Vec<BTreeSet<u64>> = vec![];
+            for lv in &pv.levels {
+                let mut s = BTreeSet::new();
+                for name in [Some(&lv.exact), lv.ranged.as_ref(), Some(&lv.default)].into_iter().flatten() {
+                    for e in self.state[&id_of(name)?].entries.values() {
+                        if let FieldValue::Exact(b) = &e.key[0] {
+                            s.insert(bytes_to_u64(b));
+                        }
+                    }
+                }
+                defined.push(s);
+            }
+            let leaf_id = pv.leaf.as_deref().map(id_of).transpose()?;
+            let leaves: BTreeSet<u64> = leaf_id
+                .map(|id| self.state[&id].entries.values().filter_map(|e| if let FieldValue::Exact(b) = &e.key[0] { Some(bytes_to_u64(b)) } else { None }).collect())
+                .unwrap_or_default();
+            let ok_after = |level: usize, s: u64| s == 0 || leaves.contains(&s) || defined[level..].iter().any(|d| d.contains(&s));
+            let root_id = id_of(&pv.root)?;
+            let root = self.state[&root_id].default.clone().unwrap_or_else(|| self.tables[&root_id].initial_default.clone());
+            if let Some(s) = state_of(&root) {
+                if !ok_after(0, s) {
+                    return Err(format!("pipeline {p}: the root is state {s}, which has no entries"));
+                }
+            }
+            for (level, lv) in pv.levels.iter().enumerate() {
+                for name in [Some(&lv.exact), lv.ranged.as_ref(), Some(&lv.default)].into_iter().flatten() {
+                    for e in self.state[&id_of(name)?].entries.values() {
+                        if let Some(s) = state_of(&e.action) {
+                            if !ok_after(level + 1, s) {
+                                return Err(format!("pipeline {p}: an entry of {name} points to state {s}, which has no entries after it"));
+                            }
+                        }
+                    }
+                }
+            }
+            // Leaves (or, folded, any entry and the root) multicast only to groups that exist.
+            let calls = self.pipeline_tables(pv, &id_of)?.into_iter().flat_map(|id| self.calls(id));
+            for a in calls.chain(std::iter::once(root.clone())) {
+                if let Some(g) = group_of(&a) {
+                    if !self.groups.contains_key(&(g as u32)) {
+                        return Err(format!("pipeline {p}: an action multicasts to group {g}, which does not exist"));
+                    }
+                }
+            }
+        }
+        if let Fanout::Bitmap { .. } = layout.fanout {
+            // The fanout multicasts to a group that holds every port a leaf names.
+            let fanout = id_of("fanout")?;
+            let all: Vec<u32> = match self.state[&fanout].default.as_ref().and_then(group_of) {
+                Some(g) => self.groups.get(&(g as u32)).cloned().ok_or(format!("the fanout multicasts to group {g}, which does not exist"))?,
+                None => vec![],
+            };
+            for pv in &layout.pipelines {
+                for id in self.pipeline_tables(pv, &id_of)? {
+                    for a in self.calls(id).into_iter().filter(|a| self.action_name(a.action) == Some("MyIngress.add_ports")) {
+                        if let Some(p) = (0..a.args[0].len() as u32 * 8).find(|p| bit_set(&a.args[0], *p) && !all.contains(p)) {
+                            return Err(format!("a leaf forwards to port {p}, which the fanout's group does not reach"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Switch {
+    /// The ids of one pipeline's tables: root, field tables, leaf.
+    fn pipeline_tables(&self, pv: &crate::layout::PipelineView, id_of: &dyn Fn(&str) -> Result<u32, String>) -> Result<Vec<u32>, String> {
+        let mut names: Vec<&str> = vec![pv.root.as_str()];
+        for lv in &pv.levels {
+            names.extend([Some(lv.exact.as_str()), lv.ranged.as_deref(), Some(lv.default.as_str())].into_iter().flatten());
+        }
+        names.extend(pv.leaf.as_deref());
+        names.into_iter().map(id_of).collect()
+    }
+
+    /// The actions a table's entries and its default entry call.
+    fn calls(&self, table: u32) -> Vec<ActionCall> {
+        let st = &self.state[&table];
+        st.entries.values().map(|e| e.action.clone()).chain(st.default.clone()).collect()
+    }
+}
+
+/// Whether bit `p` (0 = least significant) of a big-endian byte string is set.
+fn bit_set(b: &[u8], p: u32) -> bool {
+    let byte = (p / 8) as usize;
+    byte < b.len() && b[b.len() - 1 - byte] & (1 << (p % 8)) != 0
+}
+
+/// The OR of two canonical byte strings, canonical.
+fn or_bytes(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let n = a.len().max(b.len());
+    let pad = |x: &[u8]| -> Vec<u8> {
+        let mut v = vec![0; n - x.len()];
+        v.extend_from_slice(x);
+        v
+    };
+    let (a, b) = (pad(a), pad(b));
+    crate::entries::canonical_bytes(&a.iter().zip(&b).map(|(x, y)| x | y).collect::<Vec<_>>())
+}
+
+fn table_entity(id: u32, t: &TableInfo, e: Option<&Entry>, action: &ActionCall) -> p4v1::Entity {
+    use p4v1::field_match::FieldMatchType as F;
+    let mut matches = vec![];
+    if let Some(e) = e {
+        for (f, v) in t.fields.iter().zip(&e.key) {
+            let c = crate::entries::canonical;
+            let m = match v {
+                FieldValue::Any => continue,
+                FieldValue::Exact(b) => F::Exact(p4v1::field_match::Exact { value: b.clone() }),
+                FieldValue::Ternary { value, mask } => F::Ternary(p4v1::field_match::Ternary { value: c(*value), mask: c(*mask) }),
+                FieldValue::Lpm { value, len } => F::Lpm(p4v1::field_match::Lpm { value: c(*value), prefix_len: *len as i32 }),
+                FieldValue::Range { lo, hi } => F::Range(p4v1::field_match::Range { low: c(*lo), high: c(*hi) }),
+            };
+            matches.push(p4v1::FieldMatch { field_id: f.id, field_match_type: Some(m) });
+        }
+    }
+    p4v1::Entity {
+        entity: Some(p4v1::entity::Entity::TableEntry(p4v1::TableEntry {
+            table_id: id,
+            r#match: matches,
+            action: Some(p4v1::TableAction {
+                r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
+                    action_id: action.action,
+                    params: action.args.iter().enumerate().map(|(i, v)| p4v1::action::Param { param_id: i as u32 + 1, value: v.clone() }).collect(),
+                })),
+            }),
+            priority: e.map(|e| e.priority).unwrap_or(0),
+            is_default_action: e.is_none(),
+            ..Default::default()
+        })),
+    }
+}
+
+/// A value a table is looked up with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyValue {
+    Int(u64),
+    /// Canonical bytes (for fields wider than 64 bits).
+    Bytes(Vec<u8>),
+}
+
+/// What the switch does with one packet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub parsed: bool,
+    pub ports: Vec<u32>,
+    pub decision: Decision,
+}
+
+/// Runs packets through the program with the entries a [`Switch`] holds.
+pub struct Simulator<'a> {
+    spec: &'a Spec,
+    layout: &'a Layout,
+    pub switch: Switch,
+    registers: HashMap<String, Vec<u128>>,
+    /// Table ids by table name, action kinds by action id.
+    table_ids: HashMap<String, u32>,
+    action_kinds: HashMap<u32, ActionKind>,
+}
+
+/// v1model's drop port.
+const DROP_PORT: u64 = 511;
+
+struct Packet {
+    /// Per header instance: its fields' raw values, if extracted.
+    headers: HashMap<String, Vec<u64>>,
+}
+
+impl Packet {
+    fn field(&self, layout: &Layout, header: &str, field: &str) -> Option<u64> {
+        let h = layout.headers.iter().find(|h| h.instance == header)?;
+        let k = h.fields.iter().position(|f| f.name == field)?;
+        self.headers.get(header).map(|v| v[k])
+    }
+}
+
+/// Per-packet metadata and intrinsic metadata the actions change.
+struct Meta {
+    fields: HashMap<String, u64>,
+    state: u64,
+    ports: Vec<u8>,
+    egress_spec: u64,
+    mcast_grp: u64,
+    dropped: bool,
+}
+
+impl<'a> Simulator<'a> {
+    /// A switch running the program of `layout` (for `spec`), described to
+    /// the control plane by `info`; no entries yet.
+    pub fn new(spec: &'a Spec, layout: &'a Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, String> {
+        let switch = Switch::new(info)?;
+        let registers = layout.registers.iter().map(|r| (r.name.clone(), vec![0u128; r.size as usize])).collect();
+        let mut table_ids = HashMap::new();
+        for t in &layout.tables {
+            let id = switch.table_id(&qualified(&t.name)).ok_or(format!("the P4Info has no table {}", t.name))?;
+            table_ids.insert(t.name.clone(), id);
+        }
+        let mut action_kinds = HashMap::new();
+        for (id, a) in &switch.actions {
+            let short = a.name.strip_prefix("MyIngress.").unwrap_or(&a.name);
+            let kind = if short == "NoAction" {
+                ActionKind::NoAction
+            } else {
+                layout.action(short).ok_or(format!("the P4Info's action {} is not in the program", a.name))?.kind
+            };
+            action_kinds.insert(*id, kind);
+        }
+        Ok(Simulator { spec, layout, switch, registers, table_ids, action_kinds })
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Option<Packet> {
+        let mut pkt = Packet { headers: HashMap::new() };
+        let mut cursor = 0usize;
+        let mut at = self.layout.start.clone();
+        loop {
+            if at == PARSED_STATE {
+                return Some(pkt);
+            }
+            if at == "reject" {
+                return None;
+            }
+            let state = self.layout.parse_states.iter().find(|s| s.name == at).expect("a parse state");
+            let h = self.layout.headers.iter().position(|h| h.instance == state.header).expect("a header");
+            let header = &self.spec.headers[h];
+            let end = cursor + header.bytes as usize;
+            if end > bytes.len() {
+                return None;
+            }
+            let slice = &bytes[cursor..end];
+            let values: Vec<u64> = header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
+            cursor = end;
+            pkt.headers.insert(state.header.clone(), values);
+            at = match &state.next {
+                Transition::Goto(t) => t.clone(),
+                Transition::Select { fields, cases, default, .. } => {
+                    let key: Vec<u64> = fields
+                        .iter()
+                        .map(|f| {
+                            let mut parts = f.splitn(3, '.').skip(1);
+                            let (hn, fname) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                            pkt.field(self.layout, hn, fname).unwrap_or(0)
+                        })
+                        .collect();
+                    cases
+                        .iter()
+                        .find(|(vals, _)| vals.iter().zip(&key).all(|(v, k)| v.is_none_or(|v| v == *k)))
+                        .map(|(_, t)| t.clone())
+                        .unwrap_or_else(|| default.clone())
+                }
+            };
+        }
+    }
+
+    fn reg(&mut self, name: &str, index: u64) -> u128 {
+        self.registers[name].get(index as usize).copied().unwrap_or(0)
+    }
+
+    fn reg_write(&mut self, name: &str, index: u64, value: u128) {
+        let width = self.layout.registers.iter().find(|r| r.name == name).map(|r| r.width).unwrap_or(128);
+        let v = if width >= 128 { value } else { value & ((1u128 << width) - 1) };
+        if let Some(slot) = self.registers.get_mut(name).and_then(|r| r.get_mut(index as usize)) {
+            *slot = v;
+        }
+    }
+
+    /// The register logic of the program's state blocks.
+    fn stream_state(&mut self, pkt: &Packet, meta: &mut Meta, ts_ns: u64) {
+        let now_us = (ts_ns / 1000) & mask(48);
+        let layout = self.layout;
+        for s in &layout.states {
+            let slot = match &s.key {
+                Some(k) => pkt.field(layout, &k.header, &k.field).map(|v| v & k.mask).unwrap_or(0),
+                None => 0,
+            };
+            match &s.logic {
+                StateLogic::Var { reg, slot_meta } => {
+                    meta.fields.insert(slot_meta.clone(), slot);
+                    let v = self.reg(reg, slot) as u64;
+                    meta.fields.insert(s.value_meta.clone(), v);
+                }
+                StateLogic::Counter { window_us, window_reg, count_reg, .. } => {
+                    let current = Divider::new(*window_us).divide(now_us) as u128;
+                    let mut window = self.reg(window_reg, slot);
+                    let mut count = self.reg(count_reg, slot);
+                    if window != current {
+                        window = current;
+                        count = 0;
+                    }
+                    count = (count + 1) & 0xffff_ffff;
+                    self.reg_write(window_reg, slot, window);
+                    self.reg_write(count_reg, slot, count);
+                    meta.fields.insert(s.value_meta.clone(), count as u64);
+                }
+                StateLogic::Avg { header, field, samples, log2, sum_width, ring_reg, next_reg, sum_reg, .. } => {
+                    let next = self.reg(next_reg, slot);
+                    let mut sum = self.reg(sum_reg, slot);
+                    if let Some(v) = pkt.field(layout, header, field) {
+                        let ring_at = (slot * *samples as u64 + next as u64) & 0xffff_ffff;
+                        let old = self.reg(ring_reg, ring_at);
+                        let m = (1u128 << sum_width) - 1;
+                        sum = (sum + v as u128).wrapping_sub(old) & m;
+                        self.reg_write(ring_reg, ring_at, v as u128);
+                        self.reg_write(next_reg, slot, (next + 1) & (*samples as u128 - 1));
+                        self.reg_write(sum_reg, slot, sum);
+                    }
+                    meta.fields.insert(s.value_meta.clone(), ((sum >> log2) as u64) & mask(s.value_width));
+                }
+                StateLogic::Ewma { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta } => {
+                    let mut avg = self.reg(avg_reg, slot) as u64;
+                    let mut samples = self.reg(samples_reg, slot) as u64;
+                    if let Some(v) = pkt.field(layout, header, field) {
+                        let x = v << 8;
+                        let mut next = x;
+                        if samples != 0 {
+                            next = if x >= avg { avg.wrapping_add((x - avg) >> shift) } else { avg.wrapping_sub((avg - x) >> shift) };
+                        }
+                        if let Some(spike) = spike_meta {
+                            let delta = if next >= avg { next - avg } else { avg - next };
+                            if samples >= *warmup as u64 && delta > (avg >> spike_shift) {
+                                meta.fields.insert(spike.clone(), 1);
+                            }
+                        }
+                        avg = next;
+                        if samples != 255 {
+                            samples += 1;
+                        }
+                        self.reg_write(avg_reg, slot, avg as u128);
+                        self.reg_write(samples_reg, slot, samples as u128);
+                    }
+                    meta.fields.insert(s.value_meta.clone(), (avg >> 8) & mask(s.value_width));
+                }
+            }
+        }
+    }
+
+    fn apply_table(&mut self, name: &str, meta: &mut Meta) -> Result<bool, String> {
+        let id = self.table_ids[name];
+        let decl = self.layout.table(name).expect("a table of the layout");
+        let values: Vec<KeyValue> = decl
+            .keys
+            .iter()
+            .map(|k| match k.expr.strip_prefix("meta.") {
+                Some("state") => KeyValue::Int(meta.state),
+                Some("ports") => KeyValue::Bytes(meta.ports.clone()),
+                Some(f) => KeyValue::Int(meta.fields.get(f).copied().unwrap_or(0)),
+                None => KeyValue::Int(0),
+            })
+            .collect();
+        let (call, hit) = self.switch.lookup(id, &values)?;
+        self.execute(&call, meta)?;
+        Ok(hit)
+    }
+
+    fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), String> {
+        let kind = *self.action_kinds.get(&call.action).ok_or(format!("unknown action {}", call.action))?;
+        let name = self.switch.action_name(call.action).unwrap_or("").strip_prefix("MyIngress.").unwrap_or("NoAction").to_string();
+        let arg = |i: usize| bytes_to_u64(&call.args[i]);
+        match kind {
+            ActionKind::NoAction => {}
+            ActionKind::SetState => meta.state = arg(0),
+            ActionKind::Forward => meta.egress_spec = arg(0),
+            ActionKind::Multicast => meta.mcast_grp = arg(0),
+            ActionKind::Drop => {
+                meta.egress_spec = DROP_PORT;
+                meta.mcast_grp = 0;
+                meta.dropped = true;
+            }
+            ActionKind::Update => {}
+            ActionKind::AddPorts => meta.ports = or_bytes(&meta.ports, &call.args[0]),
+        }
+        // Variable updates: `v = (set ? to : v) + add`, modulo the width.
+        let layout = self.layout;
+        if let Some(decl) = layout.action(&name) {
+            for (k, v) in layout.vars.iter().enumerate() {
+                let find = |role: ParamRole| decl.params.iter().position(|p| p.role == role).map(arg);
+                let (Some(set), Some(to), Some(add)) = (find(ParamRole::VarSet(k)), find(ParamRole::VarTo(k)), find(ParamRole::VarAdd(k))) else {
+                    continue;
+                };
+                let slot = meta.fields.get(&v.slot_meta).copied().unwrap_or(0);
+                let old = meta.fields.get(&v.value_meta).copied().unwrap_or(0);
+                let new = if set == 1 { to } else { old }.wrapping_add(add) & mask(v.width);
+                self.reg_write(&v.reg, slot, new as u128);
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one packet that arrived at `ts_ns` (nanoseconds).
+    pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, String> {
+        let Some(pkt) = self.parse(bytes) else {
+            return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch });
+        };
+        let layout = self.layout;
+        let mut meta = Meta { fields: HashMap::new(), state: 0, ports: vec![0], egress_spec: DROP_PORT, mcast_grp: 0, dropped: false };
+        for q in &layout.queries {
+            if let QueryValue::Packet { header, field, flip } = &q.value {
+                let raw = pkt.field(layout, header, field).unwrap_or(0);
+                meta.fields.insert(q.meta.clone(), (raw ^ flip) & mask(q.width));
+            }
+        }
+        self.stream_state(&pkt, &mut meta, ts_ns);
+        for p in &layout.pipelines {
+            self.apply_table(&p.root, &mut meta)?;
+            for l in &p.levels {
+                if self.apply_table(&l.exact, &mut meta)? {
+                    continue;
+                }
+                if let Some(r) = &l.ranged {
+                    if self.apply_table(r, &mut meta)? {
+                        continue;
+                    }
+                }
+                self.apply_table(&l.default, &mut meta)?;
+            }
+            if let Some(leaf) = &p.leaf {
+                self.apply_table(leaf, &mut meta)?;
+            }
+        }
+        let bitmap = matches!(layout.fanout, Fanout::Bitmap { .. });
+        if bitmap && meta.ports != [0] {
+            self.apply_table("fanout", &mut meta)?;
+        }
+        let ports: Vec<u32> = if meta.mcast_grp != 0 {
+            let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(format!("multicast group {} does not exist", meta.mcast_grp))?;
+            // Several pipelines: the egress drops the copies outside the bitmap.
+            group.into_iter().filter(|p| !bitmap || bit_set(&meta.ports, *p)).collect()
+        } else if meta.egress_spec != DROP_PORT {
+            vec![meta.egress_spec as u32]
+        } else {
+            vec![]
+        };
+        let decision = if !ports.is_empty() {
+            Decision::Forward
+        } else if meta.dropped {
+            Decision::Drop
+        } else {
+            Decision::NoMatch
+        };
+        Ok(Outcome { parsed: true, ports, decision })
+    }
+}

@@ -1,0 +1,165 @@
+//! Shared helpers for the P4 back end's tests: loading examples and
+//! generated workloads, compiling them, and finding the optional tools
+//! (p4test, simple_switch_grpc, the Python `p4runtime` package).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_lang::Program;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Checks a spec and rule texts; panics with rendered diagnostics on error.
+pub fn program(spec: &str, rules: &[&str]) -> Program {
+    subc_workload::programs::check(spec, rules).unwrap_or_else(|d| panic!("{d}"))
+}
+
+/// A directory holding one `*.spec` and its `*.subs` files.
+pub fn load_dir(dir: &Path) -> Program {
+    subc_workload::programs::load_dir(dir).unwrap_or_else(|d| panic!("{d}"))
+}
+
+/// The repository's examples and this crate's own inputs (`tests/in/*`), by name.
+pub fn corpus() -> Vec<(String, PathBuf)> {
+    let mut out = vec![];
+    for base in [repo().join("examples"), Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/in")] {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&base).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+        dirs.sort();
+        for d in dirs {
+            out.push((d.file_name().unwrap().to_string_lossy().into_owned(), d));
+        }
+    }
+    out
+}
+
+/// Compile options from a corpus directory's `options` file (`key = value`
+/// lines: `node_budget`, `split_nodes`), defaults otherwise.
+pub fn options(dir: &Path) -> CompileOptions {
+    let mut o = CompileOptions::default();
+    if let Ok(text) = std::fs::read_to_string(dir.join("options")) {
+        for line in text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+            let (k, v) = line.split_once('=').expect("key = value");
+            let v: usize = v.trim().parse().expect("a number");
+            match k.trim() {
+                "node_budget" => o.node_budget = v,
+                "split_nodes" => o.split_nodes = v,
+                other => panic!("unknown option {other}"),
+            }
+        }
+    }
+    o
+}
+
+/// A corpus directory's program and its compiled set.
+pub fn compile_dir(dir: &Path) -> (Program, CompiledSet) {
+    let p = load_dir(dir);
+    let set = CompiledSet::compile(&p.spec, &p.normal_forms, options(dir)).unwrap();
+    (p, set)
+}
+
+use prost::Message;
+use subc_backend_p4::entries::{write_request, Batch};
+use subc_backend_p4::layout::Layout;
+use subc_backend_p4::proto::p4::config::v1::P4Info;
+use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::sim::{Simulator, Switch};
+use subc_lang::interp::{eval_cond, parse_packet, union_actions, Decision, StateStore};
+use subc_lang::program::Subscription;
+
+/// The bytes on the wire, decoded again: what a switch would receive.
+pub fn roundtrip_p4info(info: &P4Info) -> P4Info {
+    P4Info::decode(info.encode_to_vec().as_slice()).unwrap()
+}
+
+pub fn roundtrip_batches(batches: &[Batch]) -> Vec<p4v1::WriteRequest> {
+    batches
+        .iter()
+        .map(|b| {
+            let w = write_request(std::slice::from_ref(b));
+            p4v1::WriteRequest::decode(w.encode_to_vec().as_slice()).unwrap()
+        })
+        .collect()
+}
+
+/// Applies decoded writes one update at a time, checking after each that
+/// nothing points to a missing state or group. With `reverse`, each
+/// write's updates are applied last to first (a server may reorder them).
+/// The check scans the whole switch, so past `PER_UPDATE_CHECKS` entries
+/// it runs after every write instead of every update.
+pub fn apply_checked(sw: &mut Switch, layout: &Layout, writes: &[p4v1::WriteRequest], reverse: bool) {
+    const PER_UPDATE_CHECKS: usize = 1500;
+    for w in writes {
+        let mut ups: Vec<&p4v1::Update> = w.updates.iter().collect();
+        if reverse {
+            ups.reverse();
+        }
+        for u in ups {
+            sw.apply(u).unwrap_or_else(|e| panic!("refused: {e}\n{u:?}"));
+            if sw.total_entries() <= PER_UPDATE_CHECKS {
+                if let Err(e) = sw.check_references(layout) {
+                    panic!("dangling reference after {u:?}: {e}");
+                }
+            }
+        }
+        if let Err(e) = sw.check_references(layout) {
+            panic!("dangling reference after a write: {e}");
+        }
+    }
+}
+
+/// The reference decision for one packet, advancing the reference state.
+pub fn reference(subs: &[Subscription], spec: &subc_lang::spec::Spec, state: &mut StateStore, bytes: &[u8], ts: u64) -> (Vec<u32>, Decision) {
+    let Some(pkt) = parse_packet(spec, bytes) else { return (vec![], Decision::NoMatch) };
+    let values = state.pre_stage(spec, &pkt, ts);
+    let a = union_actions(subs.iter().filter(|s| eval_cond(spec, &s.cond, &values)).map(|s| &s.actions));
+    state.apply_updates(spec, &pkt, &a.updates);
+    (a.ports.iter().copied().collect(), Decision::of(&a.ports, a.drop))
+}
+
+/// Runs packets through the simulator and the reference; panics on the
+/// first difference.
+pub fn agree(sim: &mut Simulator, subs: &[Subscription], spec: &subc_lang::spec::Spec, state: &mut StateStore, packets: &[(Vec<u8>, u64)], what: &str) {
+    for (i, (bytes, ts)) in packets.iter().enumerate() {
+        let r = reference(subs, spec, state, bytes, *ts);
+        let o = sim.run(bytes, *ts).unwrap_or_else(|e| panic!("{what}: packet {i}: {e}"));
+        assert_eq!((o.ports, o.decision), r, "{what}: packet {i} differs: {bytes:02x?}");
+    }
+}
+
+/// Random packets for a program, with timestamps 37 us apart.
+pub fn packets(p: &Program, seed: u64, n: usize) -> Vec<(Vec<u8>, u64)> {
+    let gen = subc_workload::packets::PacketGen::new(&p.spec, &p.normal_forms);
+    let mut rng = subc_workload::Rng::new(seed);
+    (0..n).map(|i| (gen.packet(&mut rng, 0.05), 1_000_000_000 + i as u64 * 37_000)).collect()
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!("subc-p4-{what}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The p4c include directory for a p4test binary: `P4C_INCLUDE`, or a
+/// `p4include` (source tree) or `share/p4c/p4include` (installed) next to
+/// one of the binary's ancestors.
+pub fn p4c_include(p4test: &Path) -> Option<PathBuf> {
+    if let Ok(d) = std::env::var("P4C_INCLUDE") {
+        return Some(PathBuf::from(d));
+    }
+    let bin = std::fs::canonicalize(p4test).ok()?;
+    for dir in bin.ancestors() {
+        for c in ["p4include", "p4c/p4include", "share/p4c/p4include"] {
+            if dir.join(c).join("core.p4").exists() {
+                return Some(dir.join(c));
+            }
+        }
+    }
+    None
+}

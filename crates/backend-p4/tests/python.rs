@@ -1,0 +1,80 @@
+//! The official `p4runtime` Python package must parse every P4Info and
+//! WriteRequest we emit, in binary and text format, and find them valid
+//! (`scripts/check_p4runtime.py`). `P4RUNTIME_PYTHON` names a Python with
+//! the package installed (scripts/test.sh makes one); under `CI=true` the
+//! check must run.
+
+mod common;
+
+use common::*;
+use prost::Message;
+use std::path::Path;
+use std::process::Command;
+use subc_backend_p4::entries::{entries_text, write_request, Batch};
+use subc_backend_p4::proto::p4::config::v1::P4Info;
+use subc_backend_p4::proto::to_text;
+use subc_backend_p4::{compile, P4Options};
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_workload::Rng;
+
+fn write_request_files(dir: &Path, name: &str, batches: &[Batch], info: &P4Info) {
+    std::fs::write(dir.join(format!("{name}.bin")), write_request(batches).encode_to_vec()).unwrap();
+    std::fs::write(dir.join(format!("{name}.txtpb")), entries_text(batches, info)).unwrap();
+}
+
+/// Writes a program's P4Info, its install, and the updates of random
+/// removals and additions into `dir`.
+fn emit(dir: &Path, p: &subc_lang::Program, opts: CompileOptions, p4: &P4Options, seed: u64) {
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
+    let (target, art) = compile(&p.spec, &set, p4).unwrap();
+    std::fs::write(dir.join("p4info.bin"), art.p4info.encode_to_vec()).unwrap();
+    std::fs::write(dir.join("program.p4info.txtpb"), to_text(&art.p4info)).unwrap();
+    write_request_files(dir, "entries", &art.install, &art.p4info);
+    let mut rng = Rng::new(seed);
+    let mut present: Vec<bool> = vec![true; p.normal_forms.len()];
+    for step in 0..8.min(2 * p.normal_forms.len()) {
+        let k = rng.below(p.normal_forms.len() as u64) as usize;
+        let s = &p.normal_forms[k];
+        let u = if present[k] { set.remove(&[s.id]) } else { set.add(std::slice::from_ref(s)) };
+        let Ok(u) = u else { continue };
+        present[k] = !present[k];
+        match target.apply(&set, &u) {
+            Ok(batches) => write_request_files(dir, &format!("update-{step:03}"), &batches, &art.p4info),
+            Err(subc_backend_p4::Error::UpdatesAcrossPipelines(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn the_official_package_parses_everything_we_emit() {
+    let Some(python) = std::env::var_os("P4RUNTIME_PYTHON") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must check our P4Runtime bytes: set P4RUNTIME_PYTHON (scripts/test.sh does)"
+        );
+        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
+        return;
+    };
+    let root = temp_dir("python");
+    let mut dirs = vec![];
+    for (name, dir) in corpus() {
+        for fold in [false, true] {
+            let d = root.join(if fold { format!("{name}-folded") } else { name.clone() });
+            std::fs::create_dir_all(&d).unwrap();
+            emit(&d, &load_dir(&dir), options(&dir), &P4Options { fold_leaves: fold, ..Default::default() }, 1);
+            dirs.push(d);
+        }
+    }
+    let script = repo().join("scripts/check_p4runtime.py");
+    let out = Command::new(python)
+        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+        .arg(&script)
+        .args(&dirs)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&root);
+}

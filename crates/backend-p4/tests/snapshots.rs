@@ -1,0 +1,36 @@
+//! Snapshots of what the back end writes for every example and every input
+//! of `tests/in`: the P4 program, the P4Info, the install `WriteRequest`
+//! (text format) and the resource report.
+
+mod common;
+
+use common::*;
+use subc_backend_p4::entries::entries_text;
+use subc_backend_p4::proto::to_text;
+use subc_backend_p4::{compile, P4Options};
+
+#[test]
+fn every_example() {
+    for (name, dir) in corpus() {
+        let (p, set) = compile_dir(&dir);
+        let (_, art) = compile(&p.spec, &set, &P4Options::default()).unwrap();
+        insta::assert_snapshot!(format!("{name}_program"), art.program);
+        insta::assert_snapshot!(format!("{name}_p4info"), to_text(&art.p4info));
+        insta::assert_snapshot!(format!("{name}_entries"), entries_text(&art.install, &art.p4info));
+        insta::assert_json_snapshot!(format!("{name}_resources"), art.resources);
+    }
+}
+
+/// With leaves folded into the entries that lead to them: the ITCH example
+/// (multicast and forward on field entries) and the variables example
+/// (update parameters on field entries).
+#[test]
+fn folded_leaves() {
+    for (name, dir) in corpus().into_iter().filter(|(n, _)| n == "itch" || n == "vars") {
+        let (p, set) = compile_dir(&dir);
+        let (_, art) = compile(&p.spec, &set, &P4Options { fold_leaves: true, ..Default::default() }).unwrap();
+        insta::assert_snapshot!(format!("{name}_folded_program"), art.program);
+        insta::assert_snapshot!(format!("{name}_folded_entries"), entries_text(&art.install, &art.p4info));
+        insta::assert_json_snapshot!(format!("{name}_folded_resources"), art.resources);
+    }
+}
