@@ -24,6 +24,8 @@ pub enum Target {
     Ir,
     /// An XDP or TC program: C source, BPF object, maps.json, initial entries (needs -o).
     Ebpf,
+    /// P4_16 for v1model, P4Info, P4Runtime entries and groups, resources.json (needs -o).
+    P4,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -99,6 +101,8 @@ pub struct CompileArgs {
     pub compiler: CompilerArgs,
     #[command(flatten)]
     pub ebpf: crate::ebpf::EbpfArgs,
+    #[command(flatten)]
+    pub p4: crate::p4::P4Args,
 }
 
 /// Compiles a checked program, reporting a budget error as the CLI does.
@@ -117,6 +121,7 @@ pub fn compile(args: &CompileArgs) -> Result<ExitCode> {
     match args.target {
         Target::Ir => compile_ir(args, &program, &inputs),
         Target::Ebpf => crate::ebpf::compile(&program, &args.compiler, &args.ebpf, args.out.as_deref()),
+        Target::P4 => crate::p4::compile(&program, &args.compiler, &args.p4, args.out.as_deref()),
     }
 }
 

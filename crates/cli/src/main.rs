@@ -5,6 +5,7 @@ mod client;
 mod compile;
 mod ebpf;
 mod input;
+mod p4;
 mod serve;
 mod sim;
 

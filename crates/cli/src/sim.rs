@@ -49,6 +49,8 @@ pub enum Engine {
     Tables,
     /// The generated eBPF program in the kernel, through BPF_PROG_TEST_RUN (root).
     Ebpf,
+    /// A P4-semantics simulator of the generated program, loaded from its P4Runtime entries.
+    P4,
 }
 
 /// One packet's result, the same shape for every engine.
@@ -79,6 +81,8 @@ pub struct SimArgs {
     compiler: crate::compile::CompilerArgs,
     #[command(flatten)]
     ebpf: crate::ebpf::EbpfArgs,
+    #[command(flatten)]
+    p4: crate::p4::P4Args,
 }
 
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
@@ -95,6 +99,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
     let results: Vec<SimResult> = match args.engine {
         Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
+        Engine::P4 => crate::p4::sim(&program, &packets, &args.compiler, &args.p4)?,
         Engine::Ref => {
             let mut interp = Interpreter::new(&program.spec, &program.subscriptions);
             packets

@@ -1,0 +1,105 @@
+//! The P4 target on the command line: `subc compile --target p4` and
+//! `subc sim --engine p4`.
+
+use crate::compile::{compile_program, CompilerArgs};
+use crate::sim::SimResult;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use prost::Message;
+use std::path::Path;
+use std::process::ExitCode;
+use subc_backend_p4::entries::{entries_text, write_request, Batch};
+use subc_backend_p4::proto::p4::config::v1::P4Info;
+use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::proto::{to_text, write_request_text};
+use subc_backend_p4::sim::Simulator;
+use subc_backend_p4::{compile as p4_compile, P4Options};
+use subc_lang::interp::Decision;
+use subc_lang::pcap::PcapPacket;
+use subc_lang::Program;
+
+/// Options of the P4 target (shared by `compile` and `sim`).
+#[derive(Args, Clone, Debug)]
+pub struct P4Args {
+    /// P4: smallest `size` of a table in the program.
+    #[arg(long, default_value_t = P4Options::default().min_table_size, value_name = "N")]
+    pub p4_min_table_size: u64,
+    /// P4: tables are sized for this many times today's entries.
+    #[arg(long, default_value_t = P4Options::default().headroom, value_name = "FACTOR")]
+    pub p4_headroom: u64,
+    /// P4: no leaf table; each leaf's action rides on the entries that lead to it
+    /// (fewer entries, wider action data).
+    #[arg(long)]
+    pub p4_fold_leaves: bool,
+}
+
+impl P4Args {
+    pub fn options(&self) -> P4Options {
+        P4Options {
+            min_table_size: self.p4_min_table_size,
+            headroom: self.p4_headroom,
+            fold_leaves: self.p4_fold_leaves,
+            ..P4Options::default()
+        }
+    }
+}
+
+/// `subc compile --target p4 -o DIR`.
+pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Option<&Path>) -> Result<ExitCode> {
+    let Some(out) = out else {
+        bail!("--target p4 writes several files (program.p4, program.p4info.txtpb, entries.txtpb, entries.bin, mcast.txtpb, resources.json): pass -o DIR");
+    };
+    let (set, _) = compile_program(program, compiler)?;
+    let (_, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
+    let groups: Vec<Batch> = art
+        .install
+        .iter()
+        .map(|b| Batch {
+            label: b.label.clone(),
+            updates: b
+                .updates
+                .iter()
+                .filter(|u| matches!(u.entity.as_ref().and_then(|e| e.entity.as_ref()), Some(p4v1::entity::Entity::PacketReplicationEngineEntry(_))))
+                .cloned()
+                .collect(),
+        })
+        .filter(|b| !b.updates.is_empty())
+        .collect();
+    let describe = |u: &p4v1::Update| subc_backend_p4::entries::describe(u, &art.p4info);
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("program.p4", art.program.clone().into_bytes()),
+        ("program.p4info.txtpb", to_text(&art.p4info).into_bytes()),
+        ("entries.txtpb", entries_text(&art.install, &art.p4info).into_bytes()),
+        ("entries.bin", write_request(&art.install).encode_to_vec()),
+        ("mcast.txtpb", write_request_text(&write_request(&groups), describe).into_bytes()),
+        ("resources.json", serde_json::to_vec_pretty(&art.resources)?),
+    ];
+    crate::compile::write_outputs(Some(out), &files)?;
+    let r = &art.resources;
+    eprintln!(
+        "{} pipeline(s): {} entries ({} TCAM after range expansion, {} SRAM), {} multicast groups",
+        r.pipelines, r.entries, r.tcam_entries, r.sram_entries, r.multicast_groups
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `subc sim --engine p4`: the P4-semantics simulator, loaded only from the
+/// P4Info and the entries as they go over the wire (encoded, then decoded).
+pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p4: &P4Args) -> Result<Vec<SimResult>> {
+    let (set, _) = compile_program(program, compiler)?;
+    let (target, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
+    let info = P4Info::decode(art.p4info.encode_to_vec().as_slice())?;
+    let entries = p4v1::WriteRequest::decode(write_request(&art.install).encode_to_vec().as_slice())?;
+    let layout = target.layout().clone();
+    let mut sim = Simulator::new(&program.spec, &layout, &info).map_err(anyhow::Error::msg)?;
+    if let Err((i, e)) = sim.switch.write(&entries) {
+        bail!("the simulated switch refused update {i}: {e}");
+    }
+    packets
+        .iter()
+        .map(|p| {
+            let o = sim.run(&p.data, p.ts_ns).map_err(anyhow::Error::msg)?;
+            Ok(SimResult { parsed: o.parsed, matched: None, ports: o.ports, decision: if o.parsed { o.decision } else { Decision::NoMatch } })
+        })
+        .collect()
+}
