@@ -48,12 +48,18 @@ struct ProgramView {
     pipelines: Vec<PipeView>,
 }
 
-/// One size class of sorted values: its search steps.
+/// One size class of sorted values: its search steps, and whether they
+/// branch (the verifier walks every path of a branching search: 2^steps).
 struct ClassView {
     index: usize,
     mask: u32,
     steps: Vec<u32>,
+    branchy: bool,
 }
+
+/// Classes up to this many intervals search with branches (measured
+/// faster); bigger ones without (else the verifier's walk doubles per step).
+const BRANCHY_UP_TO: u32 = 512;
 
 struct StructView {
     name: String,
@@ -426,7 +432,12 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         .sorted_classes
         .iter()
         .enumerate()
-        .map(|(index, k)| ClassView { index, mask: k - 1, steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect() })
+        .map(|(index, k)| ClassView {
+            index,
+            mask: k - 1,
+            steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect(),
+            branchy: *k <= BRANCHY_UP_TO,
+        })
         .collect();
     let hook = match model.hook {
         Hook::Xdp => "XDP",

@@ -457,3 +457,23 @@ fn single_port_rewrites_and_verdicts() {
         assert!(checksums_ok(f), "{hook:?}: checksums");
     }
 }
+
+#[test]
+fn large_sorted_values_agree() {
+    if !kernel_available("large_sorted_values_agree") {
+        return;
+    }
+    // One state with about 700 intervals: a size class above 512, whose
+    // search is branch-free.
+    let rules: String = (1..=700).map(|k| format!("shares >= {} && shares <= {} : fwd({})\n", 3 * k, 3 * k + 1, k % 2)).collect();
+    let p = program(ITCH_SPEC, &rules);
+    let set = compile(&p);
+    for hook in [Hook::Xdp, Hook::Tc] {
+        let opts = EbpfOptions { hook, ranges: RangeLookup::Sorted, ..Default::default() };
+        let a = artifacts(&p, &set, &opts);
+        assert!(a.model.sorted_classes.len() >= 4, "the set needs a class above 512: {:?}", a.model.sorted_classes);
+        let dp = load(&p, &set, &opts);
+        let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+        differential(&p, &dp, &mut interp, &random_packets(&p, 300, 21), 0, &format!("large {hook:?}"));
+    }
+}
