@@ -145,8 +145,9 @@ fn the_data_plane_outlives_the_control_plane() {
         server.client(APPS[0].1).subs.add(lines(&rules)).await.unwrap();
         admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
     });
-    let image = subc_backend_ebpf::loader::state_dir(&t).join("image.json");
-    let image_before = std::fs::metadata(&image).unwrap().modified().unwrap();
+    let state = subc_backend_ebpf::loader::state_dir(&t);
+    let saved = |f: &str| std::fs::metadata(state.join(f)).and_then(|m| m.modified()).ok();
+    let image_before = (saved("image.json"), saved("journal.jsonl"));
 
     // Subscribers record the sequence numbers they receive.
     let stop = Arc::new(AtomicBool::new(false));
@@ -225,7 +226,7 @@ fn the_data_plane_outlives_the_control_plane() {
         assert_eq!(sorted, want, "port {}: every matching frame exactly once, through the kill and the restart", k + 1);
     }
     assert_eq!(reconciled.entries, 0, "nothing was rewritten by the reconcile: {reconciled:?}");
-    assert_eq!(std::fs::metadata(&image).unwrap().modified().unwrap(), image_before, "the saved image was not rewritten");
+    assert_eq!((saved("image.json"), saved("journal.jsonl")), image_before, "the saved image was not rewritten");
 }
 
 #[test]

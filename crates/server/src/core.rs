@@ -103,6 +103,9 @@ struct Staged {
     undo: Option<Undo>,
     events: Vec<proto::Event>,
     finish: Finish,
+    /// The generation this change made and the compiler's update (`None`
+    /// for a full recompile), for the deployers' update log.
+    update: Option<(u64, Option<subc_bdd::Update>)>,
 }
 
 /// What the handlers share.
@@ -212,6 +215,7 @@ impl Core {
                 }
             }),
             commit_times: Mutex::new(Default::default()),
+            updates: Mutex::new(Default::default()),
         });
         let core = Arc::new(Core {
             spec,
@@ -349,7 +353,7 @@ impl Core {
                 Ok(s) => staged.push(s),
                 Err((finish, status)) => {
                     finish.fail(status);
-                    staged.push(Staged { sql: vec![], undo: None, events: vec![], finish: Finish::Nothing });
+                    staged.push(Staged { sql: vec![], undo: None, events: vec![], finish: Finish::Nothing, update: None });
                 }
             }
         }
@@ -410,6 +414,16 @@ impl Core {
             }
             Ok(seqs) => {
                 let committed = Instant::now();
+                {
+                    // Under the desired lock, so a deployer that sees the
+                    // generation also finds its update.
+                    let mut log = self.deploy.updates.lock().expect("update log");
+                    for s in staged.iter_mut() {
+                        if let Some((g, u)) = s.update.take() {
+                            log.record(g, u);
+                        }
+                    }
+                }
                 drop(d);
                 if changed {
                     for g in gen0 + 1..=generation {
@@ -515,7 +529,7 @@ impl Core {
                     unix_ms: now_ms(),
                     ..Default::default()
                 };
-                Ok(Staged { sql: vec![SqlWrite::PutTarget(reg)], undo: None, events: vec![event], finish })
+                Ok(Staged { sql: vec![SqlWrite::PutTarget(reg)], undo: None, events: vec![event], finish, update: None })
             }
             WriteOp::Unregister { name, reply } => {
                 if !self.targets.lock().expect("targets").contains_key(&name) {
@@ -528,18 +542,18 @@ impl Core {
                     unix_ms: now_ms(),
                     ..Default::default()
                 };
-                Ok(Staged { sql: vec![SqlWrite::DeleteTarget(name.clone())], undo: None, events: vec![event], finish: Finish::Unregister(reply, name) })
+                Ok(Staged { sql: vec![SqlWrite::DeleteTarget(name.clone())], undo: None, events: vec![event], finish: Finish::Unregister(reply, name), update: None })
             }
             WriteOp::Report(r) => {
                 // A target removed meanwhile has nothing left to report to.
                 if !self.targets.lock().expect("targets").contains_key(&r.status.name) {
-                    return Ok(Staged { sql: vec![], undo: None, events: vec![], finish: Finish::Nothing });
+                    return Ok(Staged { sql: vec![], undo: None, events: vec![], finish: Finish::Nothing, update: None });
                 }
                 let mut sql = vec![SqlWrite::Status(r.status.clone())];
                 if r.mark_deployed {
                     sql.push(SqlWrite::Deployed(r.status.name.clone()));
                 }
-                Ok(Staged { sql, undo: None, events: r.event.into_iter().collect(), finish: Finish::Nothing })
+                Ok(Staged { sql, undo: None, events: r.event.into_iter().collect(), finish: Finish::Nothing, update: None })
             }
         }
     }
@@ -572,8 +586,10 @@ impl Core {
         let ids: Vec<u64> = nfs.iter().map(|n| n.id).collect();
         let t = Instant::now();
         let timeout = Duration::from_millis(limits.compile_timeout_ms);
+        let mut compiled = None;
         let undo = match d.set.add(&nfs) {
-            Ok(_) => {
+            Ok(u) => {
+                compiled = Some(u);
                 if t.elapsed() > timeout {
                     if let Err(e) = d.set.remove(&ids) {
                         tracing::error!(error = %e, "undoing a slow add failed");
@@ -653,7 +669,7 @@ impl Core {
             unix_ms: created_ms,
             ..Default::default()
         };
-        Ok(Staged { sql, undo: Some(undo), events: vec![event], finish: Finish::Add(reply, resp) })
+        Ok(Staged { sql, undo: Some(undo), events: vec![event], finish: Finish::Add(reply, resp), update: Some((generation, compiled)) })
     }
 
     fn stage_remove(&self, d: &mut Desired, who: Principal, mut ids: Vec<u64>, reply: Reply<proto::RemoveResponse>) -> Result<Staged, (Finish, Status)> {
@@ -675,9 +691,10 @@ impl Core {
             }
         }
         let t = Instant::now();
-        if let Err(e) = d.set.remove(&ids) {
-            return Err((Finish::Remove(reply, Default::default()), status_of_compile_error(e)));
-        }
+        let compiled = match d.set.remove(&ids) {
+            Ok(u) => u,
+            Err(e) => return Err((Finish::Remove(reply, Default::default()), status_of_compile_error(e))),
+        };
         self.metrics.compile_seconds.get_or_create(&Metrics::label("op", "remove")).observe(t.elapsed().as_secs_f64());
         d.generation += 1;
         let mut removed = vec![];
@@ -704,6 +721,7 @@ impl Core {
             undo: Some(Undo::Removed(removed)),
             events,
             finish: Finish::Remove(reply, proto::RemoveResponse { generation: d.generation }),
+            update: Some((d.generation, Some(compiled))),
         })
     }
 }

@@ -15,7 +15,7 @@ fn sim(name: &str, path: &std::path::Path, manual: bool) -> proto::RegisterTarge
 }
 
 fn held(path: &std::path::Path) -> Vec<Pipeline> {
-    subc_server::deploy::sim::decode(&std::fs::read_to_string(path).unwrap()).unwrap()
+    subc_server::deploy::json::decode(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Whether `held` is exactly a fresh compile of these rules (up to ids).

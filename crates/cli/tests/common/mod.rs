@@ -145,6 +145,7 @@ pub struct Cleanup {
     pub deployments: Vec<(String, PathBuf)>,
 }
 
+#[allow(unused_imports)]
 pub use subc_backend_ebpf::testnet::{in_netns, sysctl};
 
 /// Runs `ip`, panicking with its stderr on failure.
@@ -306,8 +307,7 @@ pub fn ebpf_target(name: &str, iface: &str, hook: proto::Hook, ports: Vec<(u32, 
 pub fn check_deployed(target: &str, texts: &[String]) -> usize {
     use subc_backend_ebpf::loader::Deployment;
     let (d, model) = Deployment::open(target).expect("the deployment record");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(subc_backend_ebpf::loader::state_dir(target).join("image.json")).unwrap()).unwrap();
-    let pipes = subc_server::deploy::sim::decode(&v["pipelines"].to_string()).unwrap();
+    let pipes = subc_server::deploy::ebpf::saved_pipelines(target).unwrap();
     let tables = subc_backend_ebpf::pinned::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
     let live = tables.live_generation().unwrap();
     let image = subc_backend_ebpf::encode::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();

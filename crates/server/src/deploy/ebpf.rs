@@ -6,8 +6,9 @@
 //! `deploy.bpffs_root/<target>`, and attach it (or, when a deployment of
 //! that name exists, point its live links at the new program, so the
 //! interface is never without one). The image the maps were filled with
-//! (pipelines and variable-update ids) is saved next to the deployment
-//! record in `/run/subc/<target>/image.json`, after every change.
+//! (pipelines and variable-update ids) is kept next to the deployment
+//! record in `/run/subc/<target>/`: a base, and a journal of the diffs
+//! applied since ([`ImageFiles`]).
 //!
 //! Updates go through the pinned maps with the back end's double-buffered
 //! protocol: packets see the old tables or the new ones, never a mix.
@@ -43,6 +44,7 @@ pub struct EbpfDriver {
     config: TargetConfig,
     pin_dir: PathBuf,
     tables: Option<PinnedTables>,
+    files: ImageFiles,
 }
 
 fn err(e: EbpfError) -> DriverError {
@@ -52,37 +54,108 @@ fn err(e: EbpfError) -> DriverError {
     }
 }
 
-fn image_path(name: &str) -> PathBuf {
-    loader::state_dir(name).join("image.json")
-}
-
-/// The saved image: pipelines and variable-update ids.
-fn save_image(name: &str, img: &TableImage) -> Result<(), DriverError> {
+fn ids_json(img: &TableImage) -> Value {
     let ids: Vec<Value> = img
         .update_ids()
         .iter()
         .map(|(u, id)| json!([u.var.0, if u.op == UpdateOp::Set { "set" } else { "add" }, u.value, id]))
         .collect();
-    let text = json!({ "pipelines": img.pipelines(), "update_ids": ids }).to_string();
-    let path = image_path(name);
-    let tmp = path.with_extension("tmp");
-    std::fs::create_dir_all(loader::state_dir(name))
-        .and_then(|_| std::fs::write(&tmp, text))
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .map_err(|e| DriverError::transient(format!("cannot save {}: {e}", path.display())))
+    Value::Array(ids)
 }
 
-fn load_image(name: &str) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), String> {
-    let text = std::fs::read_to_string(image_path(name)).map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    let pipes = super::sim::decode(&v["pipelines"].to_string())?;
+fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
     let mut ids = BTreeMap::new();
-    for x in v["update_ids"].as_array().ok_or("no update_ids")? {
+    for x in v.as_array().ok_or("no update_ids")? {
         let op = if x[1] == "set" { UpdateOp::Set } else { UpdateOp::Add };
         let u = VarUpdate { var: StateId(x[0].as_u64().ok_or("bad var")? as u32), op, value: x[2].as_u64().ok_or("bad value")? };
         ids.insert(u, x[3].as_u64().ok_or("bad id")? as u32);
     }
-    Ok((pipes, ids))
+    Ok(ids)
+}
+
+/// The image a deployment's maps were filled with, kept next to its record
+/// in `/run/subc/<target>`: a base (`image.json`: pipelines and
+/// variable-update ids) and the diffs applied since (`journal.jsonl`, one
+/// line per update), so that an update costs a line, not a rewrite. The
+/// journal is folded into a new base once it outgrows the old one. Lines
+/// carry sequence numbers, so a base written just before a crash is not
+/// replayed twice; a torn last line is ignored (and the read-back check then
+/// fails, which means a reinstall).
+struct ImageFiles {
+    dir: PathBuf,
+    seq: u64,
+    base_bytes: u64,
+    journal_bytes: u64,
+}
+
+impl ImageFiles {
+    fn new(name: &str) -> ImageFiles {
+        ImageFiles { dir: loader::state_dir(name), seq: 0, base_bytes: 0, journal_bytes: 0 }
+    }
+
+    fn io(&self, what: &str, e: std::io::Error) -> DriverError {
+        DriverError::transient(format!("cannot write {}: {e}", self.dir.join(what).display()))
+    }
+
+    /// Writes the whole image as the new base and drops the journal.
+    fn write_base(&mut self, img: &TableImage) -> Result<(), DriverError> {
+        let text = json!({ "seq": self.seq, "pipelines": img.pipelines(), "update_ids": ids_json(img) }).to_string();
+        let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
+        std::fs::create_dir_all(&self.dir)
+            .and_then(|_| std::fs::write(&tmp, &text))
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| self.io("image.json", e))?;
+        match std::fs::remove_file(self.dir.join("journal.jsonl")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(self.io("journal.jsonl", e)),
+            _ => {}
+        }
+        self.base_bytes = text.len() as u64;
+        self.journal_bytes = 0;
+        Ok(())
+    }
+
+    /// Records an applied update (`img` is the image after it).
+    fn append(&mut self, update: &Update, img: &TableImage) -> Result<(), DriverError> {
+        use std::io::Write;
+        self.seq += 1;
+        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "update_ids": ids_json(img) }).to_string();
+        line.push('\n');
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("journal.jsonl")).map_err(|e| self.io("journal.jsonl", e))?;
+        f.write_all(line.as_bytes()).map_err(|e| self.io("journal.jsonl", e))?;
+        self.journal_bytes += line.len() as u64;
+        if self.journal_bytes > self.base_bytes.max(1 << 20) {
+            self.write_base(img)?;
+        }
+        Ok(())
+    }
+
+    /// The base with the journal replayed.
+    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), String> {
+        let text = std::fs::read_to_string(self.dir.join("image.json")).map_err(|e| e.to_string())?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let mut pipes = super::json::decode(&v["pipelines"].to_string())?;
+        let mut ids = ids_of(&v["update_ids"])?;
+        self.seq = v["seq"].as_u64().unwrap_or(0);
+        self.base_bytes = text.len() as u64;
+        self.journal_bytes = 0;
+        let journal = std::fs::read_to_string(self.dir.join("journal.jsonl")).unwrap_or_default();
+        for line in journal.split_inclusive('\n') {
+            self.journal_bytes += line.len() as u64;
+            let Some(line) = line.strip_suffix('\n') else { break };
+            let Ok(e) = serde_json::from_str::<Value>(line) else { break };
+            let seq = e["seq"].as_u64().unwrap_or(0);
+            if seq <= self.seq {
+                continue;
+            }
+            for d in e["diffs"].as_array().ok_or("a journal line without diffs")? {
+                let d = super::json::decode_diff(d)?;
+                pipes.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(&d).map_err(|e| e.to_string())?;
+            }
+            ids = ids_of(&e["update_ids"])?;
+            self.seq = seq;
+        }
+        Ok((pipes, ids))
+    }
 }
 
 fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
@@ -114,7 +187,7 @@ impl EbpfDriver {
             ports.insert(*p, egress(e)?);
         }
         let config = TargetConfig { no_match: if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass }, ports };
-        Ok(EbpfDriver { name: name.to_string(), spec, hook, mode, iface: cfg.interface.clone(), config, pin_dir: bpffs_root.join(name), tables: None })
+        Ok(EbpfDriver { name: name.to_string(), spec, hook, mode, iface: cfg.interface.clone(), config, pin_dir: bpffs_root.join(name), tables: None, files: ImageFiles::new(name) })
     }
 
     /// Opens the pins as the tables to update, trusting `image`.
@@ -130,7 +203,7 @@ impl Driver for EbpfDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         self.tables = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };
-        let (pipes, ids) = match load_image(&self.name) {
+        let (pipes, ids) = match self.files.load() {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(target_name = %self.name, error = %e, "the deployment has no readable image; it will be installed anew");
@@ -180,14 +253,14 @@ impl Driver for EbpfDriver {
             }
         };
         deployment.save(&art.model).map_err(err)?;
-        save_image(&self.name, &art.image)?;
+        self.files.write_base(&art.image)?;
         self.open_tables(art.model, &deployment.pin_dir, art.image)
     }
 
     fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
         let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
         t.update(update).map_err(err)?;
-        save_image(&self.name, t.image().expect("an updated image"))
+        self.files.append(update, t.image().expect("an updated image"))
     }
 
     fn uninstall(&mut self) -> Result<(), DriverError> {
@@ -197,4 +270,10 @@ impl Driver for EbpfDriver {
             Err(_) => Ok(()),
         }
     }
+}
+
+/// The pipelines the server recorded as installed on eBPF target `name`
+/// (base and journal), for checking a target from outside the server.
+pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, String> {
+    ImageFiles::new(name).load().map(|(p, _)| p)
 }

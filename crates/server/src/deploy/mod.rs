@@ -18,11 +18,13 @@
 //! every change unless it was registered `manual`, in which case it moves
 //! only on `Deploy`.
 //!
-//! Lock order: a target's `held`, then the desired state. The driver runs on
+//! Lock order: a target's `held`, the desired state, the update log. The driver runs on
 //! a blocking thread and is never called with either lock held.
 
 pub mod ebpf;
+pub mod json;
 pub mod sim;
+pub mod touched;
 
 use crate::desired::{shape_of, Desired, Shape};
 use crate::metrics::Metrics;
@@ -127,6 +129,8 @@ pub struct DeployCtx {
     pub report: Box<dyn Fn(TargetReport) + Send + Sync>,
     /// (generation, when it was committed), for the commit-to-live histogram.
     pub commit_times: Mutex<VecDeque<(u64, Instant)>>,
+    /// The compiler's update of each recent generation (see `touched`).
+    pub updates: Mutex<touched::UpdateLog>,
 }
 
 impl DeployCtx {
@@ -194,21 +198,12 @@ fn counts(held: &Held) -> (u64, u64) {
     }
 }
 
-/// The plan that takes a target holding `held` to `d`.
-pub fn plan(held: &Held, d: &Desired) -> Plan {
+/// The plan that takes a target holding `held` (generation `from`) to `d`.
+pub fn plan(held: &Held, from: u64, d: &Desired, log: &touched::UpdateLog) -> Plan {
     let pipes = d.pipelines();
     match held {
         Held::Pipes(h) if shape_of(h.iter()) == d.shape() => {
-            let diffs: Vec<_> = h
-                .iter()
-                .zip(&pipes)
-                .enumerate()
-                .filter_map(|(i, (old, new))| {
-                    let mut diff = diff_pipelines(old, new);
-                    diff.pipeline = i;
-                    (!diff.is_empty()).then_some(diff)
-                })
-                .collect();
+            let diffs = touched::diffs(h, &pipes, from, d.generation, log);
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
@@ -358,7 +353,8 @@ impl TargetHandle {
             let h = self.held.lock().expect("held");
             let d = ctx.desired.lock().expect("desired");
             let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
-            (plan(&held, &d), h.generation, d.generation)
+            let log = ctx.updates.lock().expect("update log");
+            (plan(&held, h.generation, &d, &log), h.generation, d.generation)
         };
         let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
         let mut ops = vec![];
@@ -416,7 +412,8 @@ impl TargetHandle {
         let (plan, generation, from) = {
             let h = self.held.lock().expect("held");
             let d = ctx.desired.lock().expect("desired");
-            (plan(&h.held, &d), d.generation, h.generation)
+            let log = ctx.updates.lock().expect("update log");
+            (plan(&h.held, h.generation, &d, &log), d.generation, h.generation)
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         let written = plan.entries();

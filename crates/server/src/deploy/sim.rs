@@ -9,13 +9,10 @@
 
 use super::{Driver, DriverError};
 use crate::proto;
-use serde_json::Value;
-use std::collections::BTreeMap;
+use super::json::decode;
 use std::path::PathBuf;
-use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, Table};
+use subc_bdd::pipeline::Pipeline;
 use subc_bdd::Update;
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
-use subc_lang::spec::{MatchKind, QueryFieldId, StateId as VarId};
 
 pub struct SimDriver {
     path: Option<PathBuf>,
@@ -83,92 +80,6 @@ impl Driver for SimDriver {
     }
 }
 
-/// Reads pipelines back from the JSON their `Serialize` writes.
-pub fn decode(text: &str) -> Result<Vec<Pipeline>, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    v.as_array().ok_or("expected a list of pipelines")?.iter().map(pipeline).collect()
-}
-
-fn u64_of(v: &Value, key: &str) -> Result<u64, String> {
-    v.get(key).and_then(Value::as_u64).ok_or_else(|| format!("missing number `{key}`"))
-}
-
-fn str_of<'a>(v: &'a Value, key: &str) -> Result<&'a str, String> {
-    v.get(key).and_then(Value::as_str).ok_or_else(|| format!("missing string `{key}`"))
-}
-
-fn u32s(v: &Value) -> Result<Vec<u32>, String> {
-    v.as_array().ok_or("expected a list")?.iter().map(|x| x.as_u64().map(|n| n as u32).ok_or_else(|| "expected a number".to_string())).collect()
-}
-
-fn match_of(v: &Value) -> Result<Match, String> {
-    Ok(match str_of(v, "type")? {
-        "exact" => Match::Exact { value: u64_of(v, "value")? },
-        "range" => Match::Range { lo: u64_of(v, "lo")?, hi: u64_of(v, "hi")? },
-        "prefix" => Match::Prefix { value: u64_of(v, "value")?, len: u64_of(v, "len")? as u32 },
-        "ternary" => Match::Ternary { value: u64_of(v, "value")?, mask: u64_of(v, "mask")? },
-        "default" => Match::Default,
-        t => return Err(format!("unknown match type {t}")),
-    })
-}
-
-fn kind_of(s: &str) -> Result<MatchKind, String> {
-    [MatchKind::Exact, MatchKind::Range, MatchKind::Ternary, MatchKind::Lpm].into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown match kind {s}"))
-}
-
-fn leaf_of(v: &Value) -> Result<LeafEntry, String> {
-    let updates = v
-        .get("updates")
-        .and_then(Value::as_array)
-        .ok_or("missing `updates`")?
-        .iter()
-        .map(|u| {
-            Ok(VarUpdate {
-                var: VarId(u64_of(u, "var")? as u32),
-                op: match str_of(u, "op")? {
-                    "set" => UpdateOp::Set,
-                    "add" => UpdateOp::Add,
-                    o => return Err(format!("unknown update op {o}")),
-                },
-                value: u64_of(u, "value")?,
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(LeafEntry {
-        ports: u32s(v.get("ports").ok_or("missing `ports`")?)?,
-        drop: v.get("drop").and_then(Value::as_bool).ok_or("missing `drop`")?,
-        updates,
-        group: v.get("group").and_then(Value::as_u64).map(|g| g as u32),
-    })
-}
-
-fn pipeline(v: &Value) -> Result<Pipeline, String> {
-    let mut tables = vec![];
-    for t in v.get("tables").and_then(Value::as_array).ok_or("missing `tables`")? {
-        let mut entries = BTreeMap::new();
-        for e in t.get("entries").and_then(Value::as_array).ok_or("missing `entries`")? {
-            let m = match_of(e.get("match").ok_or("missing `match`")?)?;
-            entries.insert((u64_of(e, "state")? as u32, m), u64_of(e, "next")? as u32);
-        }
-        tables.push(Table {
-            name: str_of(t, "name")?.to_string(),
-            field: QueryFieldId(u64_of(t, "field")? as u32),
-            width: u64_of(t, "width")? as u32,
-            kind: kind_of(str_of(t, "kind")?)?,
-            entries,
-        });
-    }
-    let mut leaves = BTreeMap::new();
-    for (k, l) in v.get("leaves").and_then(Value::as_object).ok_or("missing `leaves`")? {
-        leaves.insert(k.parse::<u32>().map_err(|e| e.to_string())?, leaf_of(l)?);
-    }
-    let mut groups = BTreeMap::new();
-    for (k, g) in v.get("groups").and_then(Value::as_object).ok_or("missing `groups`")? {
-        groups.insert(k.parse::<u32>().map_err(|e| e.to_string())?, u32s(g)?);
-    }
-    Ok(Pipeline { tables, leaves, groups, root: u64_of(v, "root")? as u32 })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,7 +88,7 @@ mod tests {
     use subc_lang::source::SourceMap;
 
     #[test]
-    fn pipelines_survive_the_file_round_trip() {
+    fn pipelines_survive_the_json_round_trip() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
         for ex in ["itch", "ip-forwarding", "topic-broker", "ewma-channels"] {
             let mut sources = SourceMap::new();
@@ -199,6 +110,15 @@ mod tests {
             let pipes: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
             let back = decode(&serde_json::to_string(&pipes).unwrap()).unwrap();
             assert_eq!(back, pipes, "{ex}");
+            // Diffs too: from nothing to the set, and back.
+            for (i, p) in pipes.iter().enumerate() {
+                let empty = Pipeline { tables: p.tables.iter().map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() }).collect(), leaves: Default::default(), groups: Default::default(), root: subc_bdd::DEAD };
+                for d in [subc_bdd::diff::diff_pipelines(&empty, p), subc_bdd::diff::diff_pipelines(p, &empty)] {
+                    let mut d = d;
+                    d.pipeline = i;
+                    assert_eq!(super::super::json::decode_diff(&serde_json::to_value(&d).unwrap()).unwrap(), d, "{ex}");
+                }
+            }
         }
     }
 
