@@ -73,10 +73,15 @@ enum Command {
     /// Load a compiled eBPF program, fill its maps, pin it and attach it to an interface (root).
     Attach(ebpf::AttachArgs),
     /// Detach an attached eBPF deployment and remove its pins.
-    Detach { name: String },
+    Detach {
+        /// The deployment's name, as given to `subc attach --name` (default `subc`).
+        name: String,
+    },
     /// Show an attached eBPF deployment: attachments, programs, maps.
     Status {
+        /// The deployment's name, as given to `subc attach --name` (default `subc`).
         name: String,
+        /// Print the status as JSON.
         #[arg(long)]
         json: bool,
     },
