@@ -29,13 +29,22 @@ pub struct Client {
     rpc: P4RuntimeClient<Channel>,
     device_id: u64,
     election_id: p4v1::Uint128,
-    /// The arbitration stream must stay open for the client to stay primary.
-    _stream_tx: mpsc::Sender<p4v1::StreamMessageRequest>,
-    _stream_rx: tonic::Streaming<p4v1::StreamMessageResponse>,
+    /// The arbitration stream must stay open for the client to stay primary
+    /// (none for a [`Client::reader`]).
+    _stream: Option<(mpsc::Sender<p4v1::StreamMessageRequest>, tonic::Streaming<p4v1::StreamMessageResponse>)>,
 }
 
 fn rpc_error(what: &str, s: tonic::Status) -> Error {
-    Error::Rpc(format!("{what}: {} ({:?})", s.message(), s.code()))
+    Error::Status { what: what.to_string(), code: s.code(), message: s.message().to_string() }
+}
+
+async fn rpc(addr: &str) -> Result<P4RuntimeClient<Channel>, Error> {
+    let channel = Channel::from_shared(addr.to_string())
+        .map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?
+        .connect()
+        .await
+        .map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {e}")))?;
+    Ok(P4RuntimeClient::new(channel).max_decoding_message_size(256 << 20))
 }
 
 fn uint128(v: u128) -> p4v1::Uint128 {
@@ -47,12 +56,7 @@ impl Client {
     /// controller of `device_id` with `election_id`; fails if another
     /// controller holds a higher election id.
     pub async fn connect(addr: &str, device_id: u64, election_id: u128) -> Result<Client, Error> {
-        let channel = Channel::from_shared(addr.to_string())
-            .map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?
-            .connect()
-            .await
-            .map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {e}")))?;
-        let mut rpc = P4RuntimeClient::new(channel).max_decoding_message_size(256 << 20);
+        let mut rpc = rpc(addr).await?;
         let (tx, rx) = mpsc::channel(8);
         let election_id = uint128(election_id);
         tx.send(p4v1::StreamMessageRequest {
@@ -79,12 +83,20 @@ impl Client {
                 break;
             }
         }
-        Ok(Client { rpc, device_id, election_id, _stream_tx: tx, _stream_rx: stream })
+        Ok(Client { rpc, device_id, election_id, _stream: Some((tx, stream)) })
+    }
+
+    /// A client that only reads (`Read`, `GetForwardingPipelineConfig`):
+    /// P4Runtime serves those to any client, without arbitration, so it
+    /// can watch a switch another controller drives.
+    pub async fn reader(addr: &str, device_id: u64) -> Result<Client, Error> {
+        Ok(Client { rpc: rpc(addr).await?, device_id, election_id: uint128(0), _stream: None })
     }
 
     /// Installs a program: its P4Info and the target's device config (for
     /// BMv2, the JSON p4c-bm2-ss wrote).
     pub async fn set_pipeline(&mut self, p4info: &cfg::P4Info, device_config: Vec<u8>) -> Result<(), Error> {
+        let cookie = program_cookie(p4info, &device_config);
         let req = p4v1::SetForwardingPipelineConfigRequest {
             device_id: self.device_id,
             election_id: Some(self.election_id),
@@ -92,12 +104,23 @@ impl Client {
             config: Some(p4v1::ForwardingPipelineConfig {
                 p4info: Some(p4info.clone()),
                 p4_device_config: device_config,
-                cookie: Some(p4v1::forwarding_pipeline_config::Cookie { cookie: cookie(p4info) }),
+                cookie: Some(p4v1::forwarding_pipeline_config::Cookie { cookie }),
             }),
             ..Default::default()
         };
         self.rpc.set_forwarding_pipeline_config(req).await.map_err(|s| rpc_error("SetForwardingPipelineConfig", s))?;
         Ok(())
+    }
+
+    /// The program the device runs: its P4Info and cookie (GetForwardingPipelineConfig,
+    /// `P4INFO_AND_COOKIE`); `None` when the device answers without a config.
+    pub async fn pipeline(&mut self) -> Result<Option<(Option<cfg::P4Info>, Option<u64>)>, Error> {
+        let req = p4v1::GetForwardingPipelineConfigRequest {
+            device_id: self.device_id,
+            response_type: p4v1::get_forwarding_pipeline_config_request::ResponseType::P4infoAndCookie as i32,
+        };
+        let r = self.rpc.get_forwarding_pipeline_config(req).await.map_err(|s| rpc_error("GetForwardingPipelineConfig", s))?.into_inner();
+        Ok(r.config.map(|c| (c.p4info, c.cookie.map(|c| c.cookie))))
     }
 
     /// Writes the batches in order, one `Write` each; stops at the first
@@ -146,9 +169,19 @@ impl Client {
     }
 }
 
-/// A cookie that identifies a P4Info (a hash of its bytes).
-fn cookie(p4info: &cfg::P4Info) -> u64 {
-    crate::p4info::jenkins_one_at_a_time(&p4info.encode_to_vec()) as u64
+/// The cookie [`Client::set_pipeline`] sends with a program: a hash of the
+/// P4Info's shape (tables sizes and package info left out, see
+/// [`crate::p4info::shape`]) and of the device config, so that a controller
+/// can tell from the cookie alone whether the device runs that program.
+pub fn program_cookie(p4info: &cfg::P4Info, device_config: &[u8]) -> u64 {
+    let mut bytes = crate::p4info::shape(p4info).encode_to_vec();
+    let shape_len = bytes.len() as u64;
+    bytes.extend_from_slice(device_config);
+    // Two 32-bit hashes (with the lengths in the second) make a 64-bit cookie.
+    let low = crate::p4info::jenkins_one_at_a_time(&bytes) as u64;
+    bytes.extend_from_slice(&shape_len.to_be_bytes());
+    let high = crate::p4info::jenkins_one_at_a_time(&bytes) as u64;
+    (high << 32) | low
 }
 
 /// An entity in a form two P4Runtime implementations agree on: match fields

@@ -22,6 +22,7 @@ use crate::p4info::{action_name, qualified, Ids};
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use subc_bdd::diff::{Op, PipelineDiff, TableDiff};
 use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, StateId};
 use subc_lang::program::UpdateOp;
@@ -53,6 +54,67 @@ pub fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
         be[byte] |= 1 << (p % 8);
     }
     canonical_bytes(&be)
+}
+
+/// Where the subscriptions' ports leave the device: subscription port ->
+/// device port. Empty, every port keeps its number; otherwise only the ports
+/// it names can be forwarded to, so that no two subscription ports share a
+/// device port by accident. The encoder writes device ports wherever a port
+/// goes on the wire: `forward`'s parameter, multicast replicas, and (with
+/// several pipelines) the bits of the port bitmaps, which the egress tests
+/// against the device's egress port.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PortMap(BTreeMap<u32, u32>);
+
+/// v1model's drop port: no subscription port may map to it.
+pub const DROP_PORT: u32 = 511;
+
+impl PortMap {
+    /// A map from subscription ports to device ports; refused when two ports
+    /// share a device port, or a device port does not fit v1model's 9-bit
+    /// egress port (511 is the drop port).
+    pub fn new(map: BTreeMap<u32, u32>) -> Result<PortMap, Error> {
+        let mut seen = BTreeMap::new();
+        for (&port, &device) in &map {
+            if device >= DROP_PORT {
+                return Err(Error::PortMap(format!("port {port} maps to device port {device}; device ports are 0 to {}", DROP_PORT - 1)));
+            }
+            if let Some(other) = seen.insert(device, port) {
+                return Err(Error::PortMap(format!("ports {other} and {port} both map to device port {device}")));
+            }
+        }
+        Ok(PortMap(map))
+    }
+
+    pub fn is_identity(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The device port of subscription port `port`.
+    pub fn device(&self, port: u32) -> Result<u32, Error> {
+        if self.0.is_empty() {
+            return Ok(port);
+        }
+        self.0.get(&port).copied().ok_or_else(|| Error::PortMap(format!("port {port} has no device port in the target's port map")))
+    }
+
+    /// The subscription port a device port stands for (the inverse map).
+    pub fn subscription(&self, device: u32) -> Option<u32> {
+        if self.0.is_empty() {
+            return Some(device);
+        }
+        self.0.iter().find(|(_, d)| **d == device).map(|(p, _)| *p)
+    }
+
+    /// The device ports of subscription ports `0..ports`, sorted.
+    pub fn devices_below(&self, ports: u32) -> Vec<u32> {
+        if self.0.is_empty() {
+            return (0..ports).collect();
+        }
+        let mut d: Vec<u32> = self.0.range(..ports).map(|(_, d)| *d).collect();
+        d.sort_unstable();
+        d
+    }
 }
 
 /// One write: updates that do not depend on each other.
@@ -96,6 +158,7 @@ pub struct Encoder<'a> {
     layout: &'a Layout,
     ids: &'a Ids,
     table_ids: Vec<u32>,
+    ports: PortMap,
 }
 
 fn update(kind: p4v1::update::Type, entity: p4v1::entity::Entity) -> p4v1::Update {
@@ -108,8 +171,18 @@ fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
 
 impl<'a> Encoder<'a> {
     pub fn new(layout: &'a Layout, ids: &'a Ids) -> Encoder<'a> {
+        Encoder::with_ports(layout, ids, PortMap::default())
+    }
+
+    /// An encoder that writes device ports through `ports`.
+    pub fn with_ports(layout: &'a Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
         let table_ids = layout.tables.iter().map(|t| ids.tables[&qualified(&t.name)]).collect();
-        Encoder { layout, ids, table_ids }
+        Encoder { layout, ids, table_ids, ports }
+    }
+
+    /// The device ports of subscription ports, in their order.
+    fn device_ports(&self, ports: &[u32]) -> Result<Vec<u32>, Error> {
+        ports.iter().map(|p| self.ports.device(*p)).collect()
     }
 
     pub fn layout(&self) -> &Layout {
@@ -238,9 +311,12 @@ impl<'a> Encoder<'a> {
 
     /// The action of a leaf state.
     pub fn leaf_action(&self, state: StateId, leaf: &LeafEntry) -> Result<p4v1::Action, Error> {
+        if let Some(&p) = leaf.ports.iter().find(|p| **p >= self.layout.ports) {
+            return Err(Error::PortOutOfRange { port: p, ports: self.layout.ports });
+        }
         let (name, mut params): (&str, Vec<p4v1::action::Param>) = match self.layout.fanout {
             Fanout::Direct => match (leaf.ports.as_slice(), leaf.group) {
-                ([port], _) => ("forward", vec![p4v1::action::Param { param_id: 1, value: canonical(*port as u64) }]),
+                ([port], _) => ("forward", vec![p4v1::action::Param { param_id: 1, value: canonical(self.ports.device(*port)? as u64) }]),
                 ([], _) if leaf.drop => ("drop", vec![]),
                 ([], _) if !leaf.updates.is_empty() => ("update", vec![]),
                 ([], _) => return Err(Error::EmptyLeaf(state)),
@@ -252,7 +328,14 @@ impl<'a> Encoder<'a> {
                     return Err(Error::UpdatesAcrossPipelines(state));
                 }
                 if !leaf.ports.is_empty() {
-                    ("add_ports", vec![p4v1::action::Param { param_id: 1, value: port_bitmap(&leaf.ports, width) }])
+                    // The egress tests the device's egress port against the bitmap.
+                    let devices = self.device_ports(&leaf.ports)?;
+                    if let Some(d) = devices.iter().find(|d| **d >= width) {
+                        return Err(Error::PortMap(format!(
+                            "device port {d} does not fit the {width}-bit port bitmap of a program with several pipelines"
+                        )));
+                    }
+                    ("add_ports", vec![p4v1::action::Param { param_id: 1, value: port_bitmap(&devices, width) }])
                 } else if leaf.drop {
                     ("drop", vec![])
                 } else {
@@ -260,9 +343,6 @@ impl<'a> Encoder<'a> {
                 }
             }
         };
-        if let Some(&p) = leaf.ports.iter().find(|p| **p >= self.layout.ports) {
-            return Err(Error::PortOutOfRange { port: p, ports: self.layout.ports });
-        }
         let decl = self.layout.action(name).ok_or_else(|| Error::NoTable(name.into()))?;
         if decl.params.iter().any(|p| matches!(p.role, ParamRole::VarSet(_))) {
             let first = params.len() as u32;
@@ -303,7 +383,8 @@ impl<'a> Encoder<'a> {
         })
     }
 
-    /// A multicast group of the packet replication engine.
+    /// A multicast group of the packet replication engine; `ports` are
+    /// device ports.
     pub fn group(&self, group: u32, ports: &[u32]) -> p4v1::PacketReplicationEngineEntry {
         #[allow(deprecated)] // `port` (bytes) is newer; BMv2 and PI take `egress_port`.
         let replicas = ports
@@ -326,7 +407,7 @@ impl<'a> Encoder<'a> {
     /// With several pipelines: the group of all ports, and the `fanout`
     /// table's default action that multicasts to it (the group first).
     pub fn fanout_install(&self) -> Result<Vec<Batch>, Error> {
-        let ports: Vec<u32> = (0..self.layout.ports).collect();
+        let ports = self.ports.devices_below(self.layout.ports);
         let group = update(p4v1::update::Type::Insert, p4v1::entity::Entity::PacketReplicationEngineEntry(self.group(Self::ALL_PORTS_GROUP, &ports)));
         let fanout = p4v1::TableEntry {
             table_id: self.table_id(TableRole::Fanout)?,
@@ -358,8 +439,8 @@ impl<'a> Encoder<'a> {
             // With several pipelines, leaves carry port bitmaps, not the IR's
             // per-pipeline groups.
             Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => return Ok(None),
-            Op::CreateGroup { group, ports } => update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, ports))),
-            Op::ChangeGroup { group, ports } => update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, ports))),
+            Op::CreateGroup { group, ports } => update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?))),
+            Op::ChangeGroup { group, ports } => update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?))),
             Op::RemoveGroup { group } => update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[]))),
             Op::InsertLeaf { state, leaf } => update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
             Op::ModifyLeaf { state, leaf } => update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),

@@ -30,15 +30,19 @@ pub mod names;
 pub mod p4info;
 pub mod program;
 pub mod proto;
+pub mod repair;
 pub mod resources;
 pub mod sim;
+#[cfg(feature = "test-server")]
+pub mod testing;
 
-use entries::{batches_of_ops, install_ops, Batch, Encoder};
+use entries::{batches_of_ops, install_ops, Batch, Encoder, PortMap};
 use layout::{Fanout, Layout};
 use p4info::Ids;
 use proto::p4::config::v1::P4Info;
+use proto::p4::v1 as p4v1;
 use serde::Serialize;
-use subc_bdd::pipeline::StateId;
+use subc_bdd::pipeline::{Pipeline, StateId};
 use subc_bdd::CompiledSet;
 use subc_lang::spec::Spec;
 
@@ -56,11 +60,13 @@ pub struct P4Options {
     /// leaf table: fewer entries, wider action data, and a changed leaf
     /// becomes a modify of every entry that leads to it.
     pub fold_leaves: bool,
+    /// Subscription port -> device port (empty: the same numbers).
+    pub ports: PortMap,
 }
 
 impl Default for P4Options {
     fn default() -> Self {
-        P4Options { min_table_size: 1024, headroom: 2, batch_size: 1000, fold_leaves: false }
+        P4Options { min_table_size: 1024, headroom: 2, batch_size: 1000, fold_leaves: false, ports: PortMap::default() }
     }
 }
 
@@ -84,10 +90,25 @@ pub enum Error {
     UpdatesAcrossPipelines(StateId),
     #[error("port {port} is outside the spec's {ports} ports")]
     PortOutOfRange { port: u32, ports: u32 },
+    #[error("port map: {0}")]
+    PortMap(String),
     #[error("cannot decode P4Runtime message: {0}")]
     Decode(String),
     #[error("P4Runtime: {0}")]
     Rpc(String),
+    /// A call the switch answered with an error status.
+    #[error("P4Runtime: {what}: {message} ({code:?})")]
+    Status { what: String, code: tonic::Code, message: String },
+}
+
+impl Error {
+    /// The gRPC status code, when the switch answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
 }
 
 /// What `subc compile --target p4` writes.
@@ -114,11 +135,22 @@ impl P4Target {
     /// The program for `set`'s pipelines (their number and field orders are
     /// fixed from now on), with tables sized for its current entries.
     pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<P4Target, Error> {
-        let mut layout = Layout::new(spec, set, opts)?;
-        let counts = resources::entry_counts(&layout, set);
+        P4Target::for_pipelines(spec, &set.pipelines(), opts)
+    }
+
+    /// As [`P4Target::new`], from the pipelines alone (their tables give the
+    /// field orders).
+    pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
+        let orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect();
+        let mut layout = Layout::for_orders(spec, &orders, opts)?;
+        let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);
         Ok(P4Target { layout, ids, opts: opts.clone() })
+    }
+
+    pub fn options(&self) -> &P4Options {
+        &self.opts
     }
 
     pub fn layout(&self) -> &Layout {
@@ -127,8 +159,9 @@ impl P4Target {
     pub fn ids(&self) -> &Ids {
         &self.ids
     }
+    /// The encoder of the program's entries, through the options' port map.
     pub fn encoder(&self) -> Encoder<'_> {
-        Encoder::new(&self.layout, &self.ids)
+        Encoder::with_ports(&self.layout, &self.ids, self.opts.ports.clone())
     }
     pub fn program(&self, spec: &Spec) -> String {
         program::write_program(spec, &self.layout)
@@ -140,8 +173,13 @@ impl P4Target {
     /// The updates that install `set` on a switch that runs the program and
     /// holds no entries yet.
     pub fn install(&self, set: &CompiledSet) -> Result<Vec<Batch>, Error> {
-        let pipes = set.pipelines();
-        let enc = Encoder::new(&self.layout, &self.ids);
+        self.install_pipelines(&set.pipelines())
+    }
+
+    /// The updates that install these pipelines (of the program's shape) on
+    /// a switch that runs the program and holds no entries yet.
+    pub fn install_pipelines(&self, pipes: &[&Pipeline]) -> Result<Vec<Batch>, Error> {
+        let enc = self.encoder();
         let mut out = vec![];
         if let Fanout::Bitmap { .. } = self.layout.fanout {
             out.extend(enc.fanout_install()?);
@@ -154,13 +192,26 @@ impl P4Target {
 
     /// The updates that apply `update`, which `set` just returned.
     pub fn apply(&self, set: &CompiledSet, update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
-        let enc = Encoder::new(&self.layout, &self.ids);
-        let pipes = set.pipelines();
+        self.apply_pipelines(&set.pipelines(), update)
+    }
+
+    /// The updates that apply `update`; `after` are the pipelines as they
+    /// are after it.
+    pub fn apply_pipelines(&self, after: &[&Pipeline], update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
+        let enc = self.encoder();
         let mut out = vec![];
         for d in &update.diffs {
-            out.extend(batches_of_ops(&enc, d.pipeline, &d.ops(), pipes[d.pipeline], self.opts.batch_size)?);
+            let pipe = after.get(d.pipeline).ok_or(Error::NoPipeline)?;
+            out.extend(batches_of_ops(&enc, d.pipeline, &d.ops(), pipe, self.opts.batch_size)?);
         }
         Ok(out)
+    }
+
+    /// What a switch running the program holds once these pipelines are
+    /// installed: every entry, the default entries subc sets, and the
+    /// multicast groups (as a Read returns them, up to [`client::normalize`]).
+    pub fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, Error> {
+        Ok(self.install_pipelines(pipes)?.into_iter().flat_map(|b| b.updates).filter_map(|u| u.entity).collect())
     }
 }
 

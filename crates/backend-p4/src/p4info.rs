@@ -241,6 +241,45 @@ pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
     }
 }
 
+/// What of a P4Info a controller's entries depend on: the P4Info without
+/// the table sizes (a device config compiled with bigger tables runs the
+/// same program) and the package info (p4c fills in names and versions).
+pub fn shape(info: &cfg::P4Info) -> cfg::P4Info {
+    let mut s = info.clone();
+    s.pkg_info = None;
+    for t in &mut s.tables {
+        t.size = 0;
+    }
+    s
+}
+
+/// Where `theirs` differs from `ours` in [`shape`], in words; `None` when
+/// they agree (a program with the same tables, actions and ids).
+pub fn difference(ours: &cfg::P4Info, theirs: &cfg::P4Info) -> Option<String> {
+    let (a, b) = (shape(ours), shape(theirs));
+    if a == b {
+        return None;
+    }
+    let name = |p: &Option<cfg::Preamble>| p.as_ref().map(|p| p.name.clone()).unwrap_or_default();
+    let tables = |i: &cfg::P4Info| i.tables.iter().map(|t| (name(&t.preamble), t.clone())).collect::<BTreeMap<_, _>>();
+    let actions = |i: &cfg::P4Info| i.actions.iter().map(|t| (name(&t.preamble), t.clone())).collect::<BTreeMap<_, _>>();
+    named_difference("table", "match fields, actions or id", &tables(&a), &tables(&b))
+        .or_else(|| named_difference("action", "parameters or id", &actions(&a), &actions(&b)))
+        .or_else(|| (a.registers != b.registers).then(|| "its registers differ".into()))
+        .or_else(|| Some("it differs from subc's program outside its tables and actions (order, type info or other objects)".into()))
+}
+
+/// The first object of one kind that `theirs` lacks, adds, or has otherwise.
+fn named_difference<T: PartialEq>(kind: &str, parts: &str, ours: &BTreeMap<String, T>, theirs: &BTreeMap<String, T>) -> Option<String> {
+    if let Some(x) = ours.keys().find(|x| !theirs.contains_key(*x)) {
+        return Some(format!("it has no {kind} {x}"));
+    }
+    if let Some(x) = theirs.keys().find(|x| !ours.contains_key(*x)) {
+        return Some(format!("it has a {kind} {x} that subc's program does not"));
+    }
+    ours.iter().find(|(x, v)| theirs[*x] != **v).map(|(x, _)| format!("its {kind} {x} differs ({parts})"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,7 +58,11 @@ pub struct Resources {
 
 /// Entries per table of the layout, from the IR (to size the tables).
 pub fn entry_counts(layout: &Layout, set: &CompiledSet) -> Vec<usize> {
-    let pipes = set.pipelines();
+    entry_counts_of(layout, &set.pipelines())
+}
+
+/// As [`entry_counts`], from the pipelines.
+pub fn entry_counts_of(layout: &Layout, pipes: &[&subc_bdd::pipeline::Pipeline]) -> Vec<usize> {
     layout
         .tables
         .iter()

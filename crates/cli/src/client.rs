@@ -108,6 +108,21 @@ pub enum HookArg {
 #[derive(Subcommand)]
 pub enum TargetCommand {
     /// Register a target (admin). It holds nothing until `subc target deploy`.
+    #[command(after_help = "\
+Examples:
+  # A BMv2 switch: subc pushes its program (compiled with p4c-bm2-ss) when the
+  # switch does not run it, and checks the P4Info against its own. The program
+  # depends on the field order: give `subc compile` the server's (its
+  # configuration's `[compile] order`, or what `subc target plan --ops` shows).
+  subc compile examples/itch --target p4 --order FIELD,FIELD,... -o out/itch
+  p4c-bm2-ss -o out/itch/program.json out/itch/program.p4
+  subc target add sw1 --p4runtime 127.0.0.1:9559 --device-id 0 \\
+      --p4info out/itch/program.p4info.txtpb --device-config out/itch/program.json \\
+      --port 1=1 --port 2=2 --port 3=3
+  # An interface of this machine, forwarding port 1 to a veth.
+  subc target add edge --ebpf eth0 --port 1=veth1
+  # A simulated target whose tables are kept in a file.
+  subc target add trial --sim /tmp/trial.json")]
     Add(TargetAddArgs),
     /// List targets and their status (admin).
     Ls {
@@ -155,7 +170,9 @@ pub struct TargetAddArgs {
     /// An eBPF target: the interface whose ingress the program decides.
     #[arg(long, value_name = "IFACE", group = "kind")]
     ebpf: Option<String>,
-    /// A P4Runtime target: the server's host:port.
+    /// A P4Runtime switch: its P4Runtime server's host:port (simple_switch_grpc
+    /// listens on 9559). subc becomes its primary controller and keeps its
+    /// tables and multicast groups holding the subscriptions.
     #[arg(long, value_name = "ADDR", group = "kind")]
     p4runtime: Option<String>,
     /// A simulated target, its tables kept in this file (or in memory: `--sim ''`).
@@ -164,8 +181,10 @@ pub struct TargetAddArgs {
     /// eBPF: the hook.
     #[arg(long, value_enum, default_value_t = HookArg::Xdp)]
     hook: HookArg,
-    /// Port mapping, repeatable. eBPF: `N=IFACE[,dst_mac=M][,src_mac=M][,dst_ip=A][,dst_port=P]`;
-    /// P4Runtime: `N=DEVICE_PORT`.
+    /// Where subscription port N leaves, repeatable.
+    /// eBPF: `N=IFACE[,dst_mac=M][,src_mac=M][,dst_ip=A][,dst_port=P]`.
+    /// P4Runtime: `N=DEVICE_PORT`, the switch's port number (0 to 510); without
+    /// any, ports keep their numbers; with some, `fwd` to a port not listed fails.
     #[arg(long = "port", value_name = "N=...")]
     ports: Vec<String>,
     /// eBPF: drop packets that match nothing (default: pass them to the kernel).
@@ -174,16 +193,24 @@ pub struct TargetAddArgs {
     /// eBPF with XDP: attach in generic mode (any interface) instead of the driver's.
     #[arg(long)]
     xdp_generic: bool,
-    /// P4Runtime: the device id.
+    /// P4Runtime: the switch's device id (simple_switch_grpc's `--device-id`, 0 unless given).
     #[arg(long, default_value_t = 1)]
     device_id: u64,
-    /// P4Runtime: election id for arbitration.
+    /// P4Runtime: subc's election id. The controller with the highest id is
+    /// the primary, the only one that may write: give subc a higher id than
+    /// any other controller of the switch.
     #[arg(long, default_value_t = 1)]
     election_id: u64,
-    /// P4Runtime: the P4Info (binary protobuf) of the program the switch runs.
+    /// P4Runtime: the P4Info of the program the switch runs, binary or text
+    /// format (`program.p4info.txtpb` of `subc compile --target p4`, or p4c's).
+    /// subc checks that it is its own program for the subscriptions (table sizes
+    /// aside). Without it, subc generates the P4Info itself.
     #[arg(long, value_name = "FILE")]
     p4info: Option<PathBuf>,
-    /// P4Runtime: the device config to push (e.g. BMv2 JSON).
+    /// P4Runtime: the device config subc pushes when the switch does not run
+    /// its program (BMv2: the JSON p4c-bm2-ss makes of `program.p4`); pushing
+    /// empties the switch's tables, then subc fills them. Without it the switch
+    /// must already run subc's program.
     #[arg(long, value_name = "FILE")]
     device_config: Option<PathBuf>,
     /// The target changes only on `subc target deploy`.
@@ -335,6 +362,25 @@ fn ebpf_port(s: &str) -> Result<(u32, proto::EbpfEgress)> {
     Ok((n, e))
 }
 
+/// A P4Info file, binary or in text format, as the binary the server takes.
+fn p4info_bytes(path: &std::path::Path) -> Result<Vec<u8>> {
+    use prost::Message;
+    use subc_backend_p4::proto::p4::config::v1::P4Info;
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::str::from_utf8(&bytes).ok().map(subc_backend_p4::proto::from_text::<P4Info>);
+    let info = match text {
+        Some(Ok(info)) => info,
+        _ => P4Info::decode(bytes.as_slice()).map_err(|_| match text {
+            Some(Err(e)) => anyhow!("{}: not a P4Info in text format ({e}), nor a binary one", path.display()),
+            _ => anyhow!("{}: not a P4Info (binary or text format)", path.display()),
+        })?,
+    };
+    if info.tables.is_empty() {
+        bail!("{}: the P4Info has no tables", path.display());
+    }
+    Ok(info.encode_to_vec())
+}
+
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
     let kind = if let Some(iface) = &a.ebpf {
         let mut ports = HashMap::new();
@@ -352,16 +398,21 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
         let mut ports = HashMap::new();
         for p in &a.ports {
             let (n, d) = p.split_once('=').ok_or_else(|| anyhow!("--port {p}: expected N=DEVICE_PORT"))?;
-            ports.insert(n.parse().context("--port: bad port")?, d.parse().context("--port: bad device port")?);
+            let n: u32 = n.parse().with_context(|| format!("--port {p}: {n} is not a port number"))?;
+            let d: u32 = d.parse().with_context(|| format!("--port {p}: {d} is not a device port number"))?;
+            if ports.insert(n, d).is_some() {
+                bail!("--port {p}: port {n} is mapped twice");
+            }
         }
-        let read = |f: &Option<PathBuf>| -> Result<Vec<u8>> {
-            f.as_ref().map(|f| std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))).transpose().map(Option::unwrap_or_default)
+        let device_config = match &a.device_config {
+            Some(f) => std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?,
+            None => vec![],
         };
         Kind::P4runtime(proto::P4RuntimeTarget {
             address: addr.clone(),
             device_id: a.device_id,
-            p4info: read(&a.p4info)?,
-            device_config: read(&a.device_config)?,
+            p4info: a.p4info.as_deref().map(p4info_bytes).transpose()?.unwrap_or_default(),
+            device_config,
             ports,
             election_id: a.election_id,
         })
@@ -550,4 +601,54 @@ pub fn watch(a: &WatchArgs) -> Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use prost::Message;
+    use subc_backend_p4::proto::p4::config::v1::{P4Info, Preamble, Table};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        add: TargetAddArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<proto::RegisterTargetRequest> {
+        let cli = Cli::try_parse_from(std::iter::once("add").chain(args.iter().copied())).map_err(|e| anyhow!("{e}"))?;
+        registration(&cli.add)
+    }
+
+    #[test]
+    fn a_p4runtime_registration_carries_every_option() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = P4Info { tables: vec![Table { preamble: Some(Preamble { id: 7, name: "MyIngress.root".into(), ..Default::default() }), ..Default::default() }], ..Default::default() };
+        let (bin, text, json) = (dir.path().join("p.bin"), dir.path().join("p.txtpb"), dir.path().join("program.json"));
+        std::fs::write(&bin, info.encode_to_vec()).unwrap();
+        std::fs::write(&text, subc_backend_p4::proto::to_text(&info)).unwrap();
+        std::fs::write(&json, b"{\"bmv2\": 1}").unwrap();
+        for file in [&bin, &text] {
+            let r = parse(&[
+                "sw", "--p4runtime", "127.0.0.1:9559", "--device-id", "0", "--election-id", "9", "--p4info", file.to_str().unwrap(),
+                "--device-config", json.to_str().unwrap(), "--port", "1=11", "--port", "2=12", "--manual",
+            ])
+            .unwrap();
+            let Some(Kind::P4runtime(p)) = r.kind else { panic!("a P4Runtime target") };
+            assert_eq!((p.address.as_str(), p.device_id, p.election_id), ("127.0.0.1:9559", 0, 9));
+            assert_eq!(P4Info::decode(p.p4info.as_slice()).unwrap(), info, "{}: sent as the binary P4Info", file.display());
+            assert_eq!(p.device_config, b"{\"bmv2\": 1}");
+            assert_eq!(p.ports, HashMap::from([(1, 11), (2, 12)]));
+            assert!(r.manual);
+        }
+        // Mistakes are named.
+        let e = parse(&["sw", "--p4runtime", "h:1", "--port", "1=x"]).unwrap_err();
+        assert!(e.to_string().contains("--port 1=x: x is not a device port"), "{e}");
+        let e = parse(&["sw", "--p4runtime", "h:1", "--port", "1=2", "--port", "1=3"]).unwrap_err();
+        assert!(e.to_string().contains("mapped twice"), "{e}");
+        std::fs::write(&bin, b"\xff\xff not a P4Info").unwrap();
+        let e = parse(&["sw", "--p4runtime", "h:1", "--p4info", bin.to_str().unwrap()]).unwrap_err();
+        assert!(e.to_string().contains("not a P4Info"), "{e}");
+    }
 }

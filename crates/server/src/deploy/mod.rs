@@ -22,7 +22,9 @@
 //! a blocking thread and is never called with either lock held.
 
 pub mod ebpf;
+pub mod image;
 pub mod json;
+pub mod p4;
 pub mod sim;
 pub mod touched;
 
@@ -84,6 +86,13 @@ pub trait Driver: Send {
     fn apply(&mut self, update: &Update) -> Result<(), DriverError>;
     /// Detaches and removes what subc installed.
     fn uninstall(&mut self) -> Result<(), DriverError>;
+    /// What each op of a plan (pipeline, op) writes on this target, in the
+    /// target's own terms (P4Runtime updates); `after` are the pipelines
+    /// after the plan. Empty where the target has no other view than the
+    /// IR's.
+    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::diff::Op)]) -> Vec<Option<String>> {
+        vec![]
+    }
 }
 
 /// What the task knows a target holds.
@@ -349,12 +358,15 @@ impl TargetHandle {
         if self.held_generation().0 && self.is_deployed() {
             self.read_back(ctx).await?;
         }
-        let (p, from, to) = {
+        // P4Runtime targets also show each op as the update it writes.
+        let p4 = matches!(self.registration.kind, Some(Kind::P4runtime(_)));
+        let (p, from, to, after) = {
             let h = self.held.lock().expect("held");
             let d = ctx.desired.lock().expect("desired");
             let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
             let log = ctx.updates.lock().expect("update log");
-            (plan(&held, h.generation, &d, &log), h.generation, d.generation)
+            let after: Option<Vec<Pipeline>> = p4.then(|| d.pipelines().into_iter().cloned().collect());
+            (plan(&held, h.generation, &d, &log), h.generation, d.generation, after)
         };
         let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
         let mut ops = vec![];
@@ -378,12 +390,23 @@ impl TargetHandle {
             }
         }
         r.truncated = ops.len() > max_ops;
+        ops.truncate(max_ops);
+        let described = match after {
+            Some(after) if !ops.is_empty() => {
+                let ops = ops.clone();
+                self.with_driver(ctx, move |d| Ok(d.describe_ops(&after.iter().collect::<Vec<_>>(), &ops))).await.unwrap_or_default()
+            }
+            _ => vec![],
+        };
         r.ops = ops
             .into_iter()
-            .take(max_ops)
-            .map(|(p, op)| {
+            .enumerate()
+            .map(|(i, (p, op))| {
                 let mut v = serde_json::to_value(&op).expect("ops serialize");
                 v["pipeline"] = p.into();
+                if let Some(text) = described.get(i) {
+                    v["p4"] = text.clone().into();
+                }
                 v.to_string()
             })
             .collect();
@@ -608,6 +631,10 @@ pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
             _ = tokio::time::sleep_until(sleep_until) => {}
         }
     }
+    // Close the target's connection (a P4Runtime controller's stream) now,
+    // not when the handle goes.
+    let driver = h.driver.clone();
+    let _ = tokio::task::spawn_blocking(move || drop(driver.lock().expect("driver").take())).await;
     tracing::debug!(target_name = %h.name, "target task stopped");
 }
 
@@ -616,7 +643,10 @@ pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Resul
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
-        Some(Kind::P4runtime(_)) => Err(DriverError::transient("P4Runtime targets are not available in this build yet")),
+        Some(Kind::P4runtime(p)) => {
+            let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir)?))
+        }
         None => Err(DriverError::transient("the target has no kind")),
     }
 }
@@ -641,6 +671,8 @@ pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), S
             if p.address.is_empty() {
                 return Err("a P4Runtime target needs an address (host:port)".into());
             }
+            p4::port_map(p)?;
+            p4::given_p4info(p)?;
             Ok(())
         }
         Some(Kind::Sim(_)) => Ok(()),

@@ -1,0 +1,420 @@
+//! An in-process P4Runtime server for tests (cargo feature `test-server`),
+//! backed by the simulator's [`Switch`].
+//!
+//! It checks what a controller must get right, more strictly than a real
+//! switch:
+//! - arbitration: one device id; among the controllers whose stream is
+//!   open, the highest election id is the primary; an election id already
+//!   held by an open stream is refused; only the primary may write or set
+//!   the pipeline;
+//! - the pipeline: writes and reads before a `SetForwardingPipelineConfig`
+//!   are refused; a new config starts with empty tables;
+//! - ordering: the updates of one write are applied last to first (P4Runtime
+//!   does not order them), and after each the references are checked
+//!   ([`Switch::check_references`]); a write that would leave an entry
+//!   pointing to a state without entries or to a missing multicast group is
+//!   refused as a whole and recorded in [`State::violation`];
+//! - writes are otherwise not atomic: a refused update leaves the earlier
+//!   ones of its write in place, as on a real switch ([`State::fail_after`]
+//!   injects such a failure).
+//!
+//! It answers `Read` (wildcards per table, default entries, multicast
+//! groups) and `GetForwardingPipelineConfig`, and counts and logs every
+//! write, so that a test can tell what a controller wrote.
+//!
+//! The checks need the program's [`Layout`]: given, or recovered from the
+//! P4Info the controller pushes ([`recover_layout`], for a controller that
+//! generates the program itself).
+
+use crate::client::initial_defaults;
+use crate::layout::Layout;
+use crate::p4info::{difference, ids, p4info};
+use crate::proto::google::rpc::Status as RpcStatus;
+use crate::proto::p4::config::v1::{match_field::MatchType, P4Info};
+use crate::proto::p4::v1 as p4v1;
+use crate::proto::p4::v1::p4_runtime_server::{P4Runtime, P4RuntimeServer};
+use crate::sim::{Code, Switch};
+use crate::P4Options;
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use subc_lang::spec::Spec;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+/// The device id the server answers to.
+pub const DEVICE: u64 = 1;
+
+/// Above this many entries the references are checked after each write
+/// instead of after each update (the check scans the whole switch).
+const PER_UPDATE_CHECKS: usize = 2000;
+
+/// What the fake switch holds and has seen.
+#[derive(Default)]
+pub struct State {
+    /// Every election id that asked to be primary, in order.
+    pub elections: Vec<u128>,
+    /// Open arbitration streams and their election ids.
+    controllers: BTreeMap<u64, u128>,
+    pub primary: Option<u128>,
+    /// The pipeline config last committed.
+    pub pipeline: Option<p4v1::ForwardingPipelineConfig>,
+    pub switch: Option<Switch>,
+    layout: Option<Layout>,
+    /// SetForwardingPipelineConfig calls that committed a pipeline.
+    pub pipelines_set: usize,
+    /// Every Write received, in order (refused ones included).
+    pub log: Vec<p4v1::WriteRequest>,
+    /// Updates applied, over all writes.
+    pub updates: usize,
+    /// The first write refused for leaving a dangling reference.
+    pub violation: Option<String>,
+    /// Makes the next write apply this many updates and then fail with
+    /// `UNAVAILABLE`, as a switch that goes away in the middle of a write.
+    pub fail_after: Option<usize>,
+}
+
+impl State {
+    /// Controllers whose arbitration stream is open.
+    pub fn live_controllers(&self) -> usize {
+        self.controllers.len()
+    }
+    /// The updates of every write received.
+    pub fn written(&self) -> impl Iterator<Item = &p4v1::Update> {
+        self.log.iter().flat_map(|w| w.updates.iter())
+    }
+    /// The P4Info of the committed pipeline.
+    pub fn p4info(&self) -> Option<&P4Info> {
+        self.pipeline.as_ref().and_then(|p| p.p4info.as_ref())
+    }
+    /// The layout the checks use.
+    pub fn layout(&self) -> Option<&Layout> {
+        self.layout.as_ref()
+    }
+}
+
+/// How the server learns the program's layout.
+#[derive(Clone)]
+pub enum Checks {
+    /// This layout, whatever the P4Info.
+    Layout(Arc<Layout>),
+    /// Recovered from each pushed P4Info with this spec ([`recover_layout`]).
+    Recover(Arc<Spec>),
+}
+
+#[derive(Clone)]
+struct FakeSwitch {
+    state: Arc<Mutex<State>>,
+    checks: Checks,
+    streams: Arc<AtomicU64>,
+}
+
+fn id(e: Option<p4v1::Uint128>) -> u128 {
+    e.map(|e| ((e.high as u128) << 64) | e.low as u128).unwrap_or(0)
+}
+
+fn to_status(code: Code, msg: String) -> Status {
+    match code {
+        Code::InvalidArgument => Status::invalid_argument(msg),
+        Code::AlreadyExists => Status::already_exists(msg),
+        Code::NotFound => Status::not_found(msg),
+        Code::OutOfRange => Status::out_of_range(msg),
+        Code::ResourceExhausted => Status::resource_exhausted(msg),
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FakeSwitch {
+    fn check_primary(st: &State, device: u64, election: Option<p4v1::Uint128>) -> Result<(), Status> {
+        if device != DEVICE {
+            return Err(Status::not_found(format!("no device {device}")));
+        }
+        if st.primary.is_none() || st.primary != Some(id(election)) {
+            return Err(Status::permission_denied("not the primary controller"));
+        }
+        Ok(())
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl P4Runtime for FakeSwitch {
+    async fn write(&self, request: Request<p4v1::WriteRequest>) -> Result<Response<p4v1::WriteResponse>, Status> {
+        let w = request.into_inner();
+        let mut guard = lock(&self.state);
+        let st = &mut *guard;
+        st.log.push(w.clone());
+        Self::check_primary(st, w.device_id, w.election_id)?;
+        let (Some(sw), Some(layout)) = (st.switch.as_mut(), st.layout.as_ref()) else {
+            return Err(Status::failed_precondition("no forwarding pipeline config"));
+        };
+        let before = sw.clone();
+        let fail_after = st.fail_after.take();
+        // P4Runtime does not order the updates of one request: apply them
+        // last to first, and check the references after each.
+        for (n, u) in w.updates.iter().rev().enumerate() {
+            if fail_after == Some(n) {
+                return Err(Status::unavailable(format!("injected failure after {n} updates of the write")));
+            }
+            sw.apply(u).map_err(|e| to_status(e.code, e.message))?;
+            st.updates += 1;
+            let check = sw.total_entries() <= PER_UPDATE_CHECKS || n + 1 == w.updates.len();
+            if let Err(v) = if check { sw.check_references(layout) } else { Ok(()) } {
+                *sw = before;
+                st.violation.get_or_insert(v.clone());
+                return Err(Status::failed_precondition(format!("the write would leave a dangling reference: {v}")));
+            }
+        }
+        Ok(Response::new(p4v1::WriteResponse {}))
+    }
+
+    type ReadStream = BoxStream<p4v1::ReadResponse>;
+
+    async fn read(&self, request: Request<p4v1::ReadRequest>) -> Result<Response<Self::ReadStream>, Status> {
+        let r = request.into_inner();
+        if r.device_id != DEVICE {
+            return Err(Status::not_found(format!("no device {}", r.device_id)));
+        }
+        let st = lock(&self.state);
+        let (Some(sw), Some(info)) = (st.switch.as_ref(), st.p4info()) else {
+            return Err(Status::failed_precondition("no forwarding pipeline config"));
+        };
+        let held = sw.read();
+        let defaults = initial_defaults(info);
+        let known = |t: u32| t == 0 || info.tables.iter().any(|x| x.preamble.as_ref().is_some_and(|p| p.id == t));
+        let mut out = vec![];
+        for want in &r.entities {
+            match want.entity.as_ref() {
+                Some(p4v1::entity::Entity::TableEntry(t)) if !known(t.table_id) => return Err(Status::not_found(format!("no table {}", t.table_id))),
+                Some(p4v1::entity::Entity::TableEntry(t)) if t.is_default_action => {
+                    // The default entry of one table: set, or the initial one.
+                    let is_default_of = |e: &p4v1::Entity| {
+                        matches!(&e.entity, Some(p4v1::entity::Entity::TableEntry(x)) if x.is_default_action && x.table_id == t.table_id)
+                    };
+                    out.extend(held.iter().find(|e| is_default_of(e)).or_else(|| defaults.iter().find(|e| is_default_of(e))).cloned());
+                }
+                Some(p4v1::entity::Entity::TableEntry(t)) => out.extend(held.iter().filter(|e| {
+                    matches!(&e.entity, Some(p4v1::entity::Entity::TableEntry(x)) if !x.is_default_action && (t.table_id == 0 || x.table_id == t.table_id))
+                }).cloned()),
+                Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p)) => {
+                    let wanted = match &p.r#type {
+                        Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(g)) => g.multicast_group_id,
+                        _ => return Err(Status::unimplemented("only multicast groups")),
+                    };
+                    out.extend(held.iter().filter(|e| match &e.entity {
+                        Some(p4v1::entity::Entity::PacketReplicationEngineEntry(x)) => match &x.r#type {
+                            Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(g)) => wanted == 0 || g.multicast_group_id == wanted,
+                            _ => false,
+                        },
+                        _ => false,
+                    }).cloned())
+                }
+                _ => return Err(Status::unimplemented("only table entries and multicast groups")),
+            }
+        }
+        let stream = tokio_stream::iter(vec![Ok(p4v1::ReadResponse { entities: out })]);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn set_forwarding_pipeline_config(
+        &self,
+        request: Request<p4v1::SetForwardingPipelineConfigRequest>,
+    ) -> Result<Response<p4v1::SetForwardingPipelineConfigResponse>, Status> {
+        use p4v1::set_forwarding_pipeline_config_request::Action as A;
+        let r = request.into_inner();
+        let mut st = lock(&self.state);
+        Self::check_primary(&st, r.device_id, r.election_id)?;
+        let config = r.config.ok_or_else(|| Status::invalid_argument("no config"))?;
+        let info = config.p4info.clone().ok_or_else(|| Status::invalid_argument("no P4Info"))?;
+        let sw = Switch::new(&info).map_err(Status::invalid_argument)?;
+        let layout = match &self.checks {
+            Checks::Layout(l) => (**l).clone(),
+            Checks::Recover(spec) => recover_layout(spec, &info).map_err(Status::invalid_argument)?,
+        };
+        match A::try_from(r.action) {
+            Ok(A::Verify) => {}
+            Ok(A::VerifyAndCommit) => {
+                st.switch = Some(sw);
+                st.layout = Some(layout);
+                st.pipeline = Some(config);
+                st.pipelines_set += 1;
+            }
+            _ => return Err(Status::unimplemented("only VERIFY and VERIFY_AND_COMMIT")),
+        }
+        Ok(Response::new(p4v1::SetForwardingPipelineConfigResponse {}))
+    }
+
+    async fn get_forwarding_pipeline_config(
+        &self,
+        request: Request<p4v1::GetForwardingPipelineConfigRequest>,
+    ) -> Result<Response<p4v1::GetForwardingPipelineConfigResponse>, Status> {
+        use p4v1::get_forwarding_pipeline_config_request::ResponseType as R;
+        let r = request.into_inner();
+        if r.device_id != DEVICE {
+            return Err(Status::not_found(format!("no device {}", r.device_id)));
+        }
+        let st = lock(&self.state);
+        let mut config = st.pipeline.clone().ok_or_else(|| Status::failed_precondition("no forwarding pipeline config"))?;
+        match R::try_from(r.response_type) {
+            Ok(R::All) => {}
+            Ok(R::CookieOnly) => {
+                config.p4info = None;
+                config.p4_device_config.clear();
+            }
+            Ok(R::P4infoAndCookie) => config.p4_device_config.clear(),
+            Ok(R::DeviceConfigAndCookie) => config.p4info = None,
+            Err(_) => return Err(Status::invalid_argument("unknown response type")),
+        }
+        Ok(Response::new(p4v1::GetForwardingPipelineConfigResponse { config: Some(config) }))
+    }
+
+    type StreamChannelStream = BoxStream<p4v1::StreamMessageResponse>;
+
+    async fn stream_channel(
+        &self,
+        request: Request<tonic::Streaming<p4v1::StreamMessageRequest>>,
+    ) -> Result<Response<Self::StreamChannelStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let state = self.state.clone();
+        let stream = self.streams.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = incoming.next().await {
+                let Some(p4v1::stream_message_request::Update::Arbitration(a)) = msg.update else { continue };
+                let reply = {
+                    let mut st = lock(&state);
+                    let mine = id(a.election_id);
+                    st.elections.push(mine);
+                    if a.device_id != DEVICE {
+                        Err(Status::not_found(format!("no device {}", a.device_id)))
+                    } else if st.controllers.iter().any(|(s, e)| *s != stream && *e == mine) {
+                        Err(Status::invalid_argument(format!("election id {mine} is held by another controller")))
+                    } else {
+                        st.controllers.insert(stream, mine);
+                        // The highest election id of the open streams is the primary.
+                        st.primary = st.controllers.values().max().copied();
+                        let primary = st.primary.unwrap_or(mine);
+                        let code = if primary == mine { tonic::Code::Ok } else { tonic::Code::AlreadyExists };
+                        Ok(p4v1::MasterArbitrationUpdate {
+                            device_id: a.device_id,
+                            election_id: Some(p4v1::Uint128 { high: (primary >> 64) as u64, low: primary as u64 }),
+                            status: Some(RpcStatus { code: code as i32, message: String::new(), details: vec![] }),
+                            ..Default::default()
+                        })
+                    }
+                };
+                let refused = reply.is_err();
+                let msg = reply.map(|r| p4v1::StreamMessageResponse { update: Some(p4v1::stream_message_response::Update::Arbitration(r)) });
+                let _ = tx.send(msg).await;
+                if refused {
+                    break;
+                }
+            }
+            // The stream is closed: the controller is gone.
+            let mut st = lock(&state);
+            st.controllers.remove(&stream);
+            st.primary = st.controllers.values().max().copied();
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn capabilities(&self, _request: Request<p4v1::CapabilitiesRequest>) -> Result<Response<p4v1::CapabilitiesResponse>, Status> {
+        Ok(Response::new(p4v1::CapabilitiesResponse { p4runtime_api_version: "1.6.0".into(), ..Default::default() }))
+    }
+}
+
+/// A fake switch serving on a local port.
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT`
+    pub addr: String,
+    pub state: Arc<Mutex<State>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TestServer {
+    /// Starts a server on a free local port; it stops when dropped.
+    pub async fn start(checks: Checks) -> std::io::Result<TestServer> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = format!("http://{}", listener.local_addr()?);
+        let state = Arc::new(Mutex::new(State::default()));
+        let svc = FakeSwitch { state: state.clone(), checks, streams: Arc::new(AtomicU64::new(0)) };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(P4RuntimeServer::new(svc).max_decoding_message_size(256 << 20))
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(TestServer { addr, state, stop: Some(stop) })
+    }
+
+    /// The state, locked.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Waits until no controller's stream is open (a controller that went
+    /// away is noticed when its connection closes), or `timeout` passes;
+    /// returns whether none is open.
+    pub async fn wait_no_controller(&self, timeout: std::time::Duration) -> bool {
+        let end = tokio::time::Instant::now() + timeout;
+        while self.lock().live_controllers() > 0 {
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// The layout of the program subc generates for `spec` whose P4Info is
+/// `info`: the pipelines' field orders are read from the tables (a keyless
+/// table other than `fanout` starts a pipeline, each table keyed on the
+/// state and an exact field starts a level), leaves folded or not, and the
+/// result is accepted only if its P4Info is `info` (up to table sizes).
+pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
+    let base = Layout::for_orders(spec, &[vec![]], &P4Options::default()).map_err(|e| e.to_string())?;
+    let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> = base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
+    let mut orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = vec![];
+    for t in &info.tables {
+        let name = t.preamble.as_ref().map(|p| p.name.as_str()).unwrap_or("");
+        let exact = |k: usize| {
+            t.match_fields.get(k).is_some_and(|f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == MatchType::Exact as i32))
+        };
+        if t.match_fields.is_empty() && !name.ends_with(".fanout") {
+            orders.push(vec![]);
+        } else if t.match_fields.len() == 2 && exact(0) && exact(1) {
+            let q = by_meta.get(&t.match_fields[1].name).ok_or_else(|| format!("table {name} matches {}, which is no query field", t.match_fields[1].name))?;
+            orders.last_mut().ok_or_else(|| format!("table {name} comes before any root table"))?.push(*q);
+        }
+    }
+    let mut last = String::from("no pipeline");
+    for fold_leaves in [false, true] {
+        let layout = match Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() }) {
+            Ok(l) => l,
+            Err(e) => return Err(e.to_string()),
+        };
+        match difference(&p4info(&layout, &ids(&layout)), info) {
+            None => return Ok(layout),
+            Some(d) => last = d,
+        }
+    }
+    Err(format!("the P4Info is not one subc generates for this spec: {last}"))
+}

@@ -1,0 +1,158 @@
+//! The image a target was given, kept in a directory of the server's: a
+//! base (`image.json`: the pipelines and what else the driver needs to
+//! trust them) and the diffs applied since (`journal.jsonl`, one line per
+//! update), so that an update costs a line, not a rewrite. The journal is
+//! folded into a new base once it outgrows the old one. The base is written
+//! atomically (temporary file and rename); journal lines carry sequence
+//! numbers, so that a base written just before a crash is not replayed
+//! twice, and a torn last line is ignored (the driver's read-back check then
+//! finds the target ahead of the image and repairs or reinstalls).
+
+use super::DriverError;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Update;
+
+pub struct ImageLog {
+    dir: PathBuf,
+    seq: u64,
+    base_bytes: u64,
+    journal_bytes: u64,
+}
+
+/// What [`ImageLog::load`] finds.
+pub struct Image {
+    pub pipelines: Vec<Pipeline>,
+    /// What the driver stored with the base or the last update replayed.
+    pub meta: Value,
+}
+
+impl ImageLog {
+    pub fn new(dir: PathBuf) -> ImageLog {
+        ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn io(&self, what: &str, e: std::io::Error) -> DriverError {
+        DriverError::transient(format!("cannot write {}: {e}", self.dir.join(what).display()))
+    }
+
+    /// Writes `pipes` as the new base, with `meta`, and drops the journal.
+    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+        let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
+        let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
+        std::fs::create_dir_all(&self.dir)
+            .and_then(|_| std::fs::write(&tmp, &text))
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| self.io("image.json", e))?;
+        match std::fs::remove_file(self.dir.join("journal.jsonl")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(self.io("journal.jsonl", e)),
+            _ => {}
+        }
+        self.base_bytes = text.len() as u64;
+        self.journal_bytes = 0;
+        Ok(())
+    }
+
+    /// Records an applied update and `meta` as it is after it (what the
+    /// driver keeps besides the pipelines, e.g. ids it assigned); `after`
+    /// (the pipelines after the update) and `meta` become the base when the
+    /// journal has outgrown the old one.
+    pub fn append(&mut self, update: &Update, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+        use std::io::Write;
+        self.seq += 1;
+        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": meta }).to_string();
+        line.push('\n');
+        let path = self.dir.join("journal.jsonl");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| self.io("journal.jsonl", e))?;
+        f.write_all(line.as_bytes()).map_err(|e| self.io("journal.jsonl", e))?;
+        self.journal_bytes += line.len() as u64;
+        if self.journal_bytes > self.base_bytes.max(1 << 20) {
+            self.write_base(after, meta)?;
+        }
+        Ok(())
+    }
+
+    /// The base with the journal replayed; `Ok(None)` when there is no base.
+    pub fn load(&mut self) -> Result<Option<Image>, String> {
+        let text = match std::fs::read_to_string(self.dir.join("image.json")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let mut pipelines = super::json::decode(&v["pipelines"].to_string())?;
+        let mut meta = v["meta"].clone();
+        self.seq = v["seq"].as_u64().unwrap_or(0);
+        self.base_bytes = text.len() as u64;
+        self.journal_bytes = 0;
+        let journal = std::fs::read_to_string(self.dir.join("journal.jsonl")).unwrap_or_default();
+        for line in journal.split_inclusive('\n') {
+            self.journal_bytes += line.len() as u64;
+            let Some(line) = line.strip_suffix('\n') else { break };
+            let Ok(e) = serde_json::from_str::<Value>(line) else { break };
+            let seq = e["seq"].as_u64().unwrap_or(0);
+            if seq <= self.seq {
+                continue;
+            }
+            for d in e["diffs"].as_array().ok_or("a journal line without diffs")? {
+                let d = super::json::decode_diff(d)?;
+                pipelines.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(&d).map_err(|e| e.to_string())?;
+            }
+            meta = e["meta"].clone();
+            self.seq = seq;
+        }
+        Ok(Some(Image { pipelines, meta }))
+    }
+
+    /// Removes the directory and what it holds.
+    pub fn remove(&mut self) -> Result<(), DriverError> {
+        self.seq = 0;
+        match std::fs::remove_dir_all(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DriverError::transient(format!("cannot remove {}: {e}", self.dir.display()))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use subc_bdd::{CompileOptions, CompiledSet};
+
+    fn compiled(rules: &str) -> (subc_lang::Program, CompiledSet) {
+        let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+        let p = subc_workload::programs::check(&spec, &[rules]).unwrap();
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        (p, set)
+    }
+
+    #[test]
+    fn base_and_journal_give_back_the_pipelines_and_a_torn_line_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = ImageLog::new(dir.path().join("t"));
+        assert!(log.load().unwrap().is_none());
+        let (p, mut set) = compiled("stock == GOOGL : fwd(1)\nstock == AAPL : fwd(2)\nstock == MSFT && shares > 10 : fwd(3)");
+        let last = p.normal_forms[2].clone();
+        set.remove(&[last.id]).unwrap();
+        log.write_base(&set.pipelines(), &json!({ "k": 1 })).unwrap();
+        let u = set.add(std::slice::from_ref(&last)).unwrap();
+        log.append(&u, &set.pipelines(), &json!({ "k": 2 })).unwrap();
+        let back = log.load().unwrap().unwrap();
+        assert_eq!(back.pipelines.iter().collect::<Vec<_>>(), set.pipelines());
+        assert_eq!(back.meta, json!({ "k": 2 }), "the last line's meta");
+        // A line torn by a crash is not replayed.
+        let before: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+        let u = set.remove(&[last.id]).unwrap();
+        let line = json!({ "seq": 2, "diffs": u.diffs }).to_string();
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.path().join("t/journal.jsonl")).unwrap();
+        std::io::Write::write_all(&mut f, &line.as_bytes()[..line.len() / 2]).unwrap();
+        assert_eq!(log.load().unwrap().unwrap().pipelines, before);
+        log.remove().unwrap();
+        assert!(log.load().unwrap().is_none());
+    }
+}

@@ -1,0 +1,442 @@
+//! The P4Runtime target: a switch running subc's P4 program, driven through
+//! `subc-backend-p4`'s client as its primary controller.
+//!
+//! The program: subc generates it from the spec and the pipelines' field
+//! orders (`P4Target`). A registration may carry the P4Info the switch's
+//! program was compiled to; it must be subc's for these pipelines (up to
+//! table sizes; leaves in a leaf table or folded, whichever matches), or
+//! every attempt fails with a message that says where it differs. With a
+//! device config (BMv2 JSON), subc pushes the program whenever the switch
+//! does not run it (SetForwardingPipelineConfig, which empties the tables);
+//! the cookie it sends (`program_cookie`: P4Info shape and device config)
+//! tells later reads that it does. Without one, the switch must already
+//! run the program, which is checked against the P4Info the switch reports.
+//!
+//! Install: arbitration, the program if needed, then a Read of everything
+//! and the writes that take the switch from what it holds to the full set
+//! (`subc_backend_p4::repair`: groups, leaves, entries from the last level,
+//! defaults, then deletes from the first level), so that installing over an
+//! earlier install writes only what differs, in make-before-break order.
+//! Updates: the IR's diffs as ordered P4Runtime batches. Ports go through
+//! the registration's port map.
+//!
+//! The pipelines cannot be decoded back from P4Runtime entries in every
+//! mode (folded leaves, port bitmaps), so the image the switch was given is
+//! kept in `<store's directory>/targets/<name>/` (a base and a journal of
+//! the diffs applied since, [`ImageLog`]). Read back (reconcile): a Read of
+//! everything, compared with the image's encoding; equal, the image is what
+//! the switch holds and nothing is written; different (an operator's change,
+//! a write that failed halfway, a switch that lost entries), the difference
+//! is written in the same safe order, logged, and the image is what the
+//! switch holds again. A switch that runs no program or another one, or a
+//! repair the switch refuses, reads as "nothing known": the deployer
+//! installs anew.
+//!
+//! Writes are not atomic on P4Runtime: a failed write leaves the image
+//! untrusted (`apply` needs an install or a read back again), and the
+//! deployer's read back after a failure repairs the switch to the saved
+//! image before the next diff.
+
+use super::image::ImageLog;
+use super::{Driver, DriverError};
+use crate::proto;
+use serde_json::{json, Value};
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use subc_backend_p4::client::{initial_defaults, program_cookie, Client};
+use subc_backend_p4::entries::{describe, Batch, PortMap};
+use subc_backend_p4::p4info::difference;
+use subc_backend_p4::proto::p4::config::v1::P4Info;
+use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::repair::{repair, Repair};
+use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
+use subc_bdd::diff::Op;
+use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Update;
+use subc_lang::spec::{QueryFieldId, Spec};
+
+/// How long connecting and arbitration may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a Read, or a pipeline config, may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The pipelines' field orders: what the program depends on.
+type Orders = Vec<Vec<QueryFieldId>>;
+
+fn orders_of(pipes: &[&Pipeline]) -> Orders {
+    pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
+}
+
+/// The program for one shape of pipelines.
+struct Program {
+    orders: Orders,
+    target: P4Target,
+    /// The P4Info the switch runs: the registered one, or subc's.
+    info: P4Info,
+    initial: Vec<p4v1::Entity>,
+}
+
+/// What the switch runs.
+enum Running {
+    Ours,
+    /// No program, or another one: why.
+    NotOurs(String),
+}
+
+/// Where the async client runs: the server's runtime (the driver is called
+/// on its blocking threads), or one of its own outside a runtime.
+enum Rt {
+    Shared(tokio::runtime::Handle),
+    Own(tokio::runtime::Runtime),
+}
+
+impl Rt {
+    fn new() -> Result<Rt, DriverError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => Ok(Rt::Shared(h)),
+            Err(_) => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .map(Rt::Own)
+                .map_err(|e| DriverError::transient(format!("cannot start a runtime for the P4Runtime client: {e}"))),
+        }
+    }
+
+    fn block_on<F: Future>(&self, f: F) -> F::Output {
+        match self {
+            Rt::Shared(h) => h.block_on(f),
+            Rt::Own(r) => r.block_on(f),
+        }
+    }
+}
+
+pub struct P4Driver {
+    name: String,
+    spec: Arc<Spec>,
+    /// `http://host:port`
+    addr: String,
+    device_id: u64,
+    election_id: u128,
+    /// The registered P4Info, if any.
+    given: Option<P4Info>,
+    device_config: Vec<u8>,
+    ports: PortMap,
+    rt: Rt,
+    client: Option<Client>,
+    program: Option<Program>,
+    /// The pipelines the switch holds, while that is known.
+    image: Option<Vec<Pipeline>>,
+    files: ImageLog,
+}
+
+/// Whether a failed call leaves the connection worth keeping (the switch
+/// answered and refused), or it should be made anew.
+fn keeps_connection(e: &P4Error) -> bool {
+    use tonic::Code as C;
+    matches!(e.code(), Some(C::InvalidArgument | C::NotFound | C::AlreadyExists | C::FailedPrecondition | C::OutOfRange | C::ResourceExhausted | C::Unimplemented | C::Unknown))
+}
+
+/// The switch answered a Read or a pipeline query in a way that means it
+/// runs no program, or another one.
+fn not_our_program(e: &P4Error) -> bool {
+    use tonic::Code as C;
+    matches!(e.code(), Some(C::NotFound | C::InvalidArgument | C::FailedPrecondition | C::OutOfRange))
+}
+
+/// The registration's port map, checked.
+pub fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, String> {
+    PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(|e| e.to_string())
+}
+
+/// The registration's P4Info, decoded (`None` when it has none).
+pub fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, String> {
+    use prost::Message;
+    if cfg.p4info.is_empty() {
+        return Ok(None);
+    }
+    let info = P4Info::decode(cfg.p4info.as_slice()).map_err(|e| format!("the P4Info is not a binary p4.config.v1.P4Info: {e}"))?;
+    if info.tables.is_empty() {
+        return Err("the P4Info has no tables".into());
+    }
+    Ok(Some(info))
+}
+
+/// Where a target's image is kept: `<data_dir>/targets/<name>`.
+pub fn image_dir(data_dir: &Path, name: &str) -> std::path::PathBuf {
+    data_dir.join("targets").join(name)
+}
+
+impl P4Driver {
+    pub fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
+        let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
+        Ok(P4Driver {
+            name: name.to_string(),
+            spec,
+            addr,
+            device_id: cfg.device_id,
+            election_id: cfg.election_id.max(1) as u128,
+            given: given_p4info(cfg).map_err(DriverError::transient)?,
+            device_config: cfg.device_config.clone(),
+            ports: port_map(cfg).map_err(DriverError::transient)?,
+            rt: Rt::new()?,
+            client: None,
+            program: None,
+            image: None,
+            files: ImageLog::new(image_dir(data_dir, name)),
+        })
+    }
+
+    /// What the saved image must have been made for: this switch.
+    fn meta(&self) -> Value {
+        json!({ "address": self.addr, "device_id": self.device_id })
+    }
+
+    /// Runs a client call with a time limit; a failure that may have broken
+    /// the connection drops it, so that the next call connects anew.
+    fn call<T>(&mut self, what: &str, limit: Duration, f: impl for<'c> FnOnce(&'c mut Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, P4Error>> + 'c>>) -> Result<T, P4Error> {
+        if self.client.is_none() {
+            let (addr, device, election) = (self.addr.clone(), self.device_id, self.election_id);
+            let c = self
+                .rt
+                .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election)).await })
+                .map_err(|_| P4Error::Rpc(format!("{addr} did not answer within {} s", CONNECT_TIMEOUT.as_secs())))??;
+            self.client = Some(c);
+        }
+        let client = self.client.as_mut().expect("connected above");
+        let r = match self.rt.block_on(async { tokio::time::timeout(limit, f(client)).await }) {
+            Ok(r) => r,
+            Err(_) => Err(P4Error::Rpc(format!("{what} did not finish within {} s", limit.as_secs()))),
+        };
+        if let Err(e) = &r {
+            if !keeps_connection(e) {
+                self.client = None;
+            }
+        }
+        r
+    }
+
+    fn transient(&self, e: impl std::fmt::Display) -> DriverError {
+        DriverError::transient(format!("P4Runtime target {}: {e}", self.addr))
+    }
+
+    /// The program for pipelines of this shape (kept while the shape stays).
+    fn program_for(&mut self, pipes: &[&Pipeline]) -> Result<&Program, DriverError> {
+        let orders = orders_of(pipes);
+        if self.program.as_ref().is_none_or(|p| p.orders != orders) {
+            self.program = None;
+            let make = |fold_leaves: bool| P4Target::for_pipelines(&self.spec, pipes, &P4Options { fold_leaves, ports: self.ports.clone(), ..Default::default() });
+            let target = make(false).map_err(|e| self.transient(e))?;
+            let (target, info) = match &self.given {
+                None => {
+                    let info = target.p4info();
+                    (target, info)
+                }
+                Some(given) => match difference(&target.p4info(), given) {
+                    None => (target, given.clone()),
+                    Some(why) => {
+                        let folded = make(true).map_err(|e| self.transient(e))?;
+                        if difference(&folded.p4info(), given).is_some() {
+                            return Err(DriverError::transient(format!(
+                                "the registered P4Info is not the program subc generates for these subscriptions ({why}); write it with \
+                                 `subc compile --target p4` (with the server's field order: --order), compile program.p4 for the switch, \
+                                 and register the target again with that P4Info and device config"
+                            )));
+                        }
+                        (folded, given.clone())
+                    }
+                },
+            };
+            let initial = initial_defaults(&info);
+            self.program = Some(Program { orders, target, info, initial });
+        }
+        Ok(self.program.as_ref().expect("made above"))
+    }
+
+    /// Whether the switch runs the program (`Err`: it could not be asked).
+    fn running(&mut self) -> Result<Running, DriverError> {
+        let ours = self.program.as_ref().expect("a program").info.clone();
+        let held = match self.call("GetForwardingPipelineConfig", CALL_TIMEOUT, |c| Box::pin(c.pipeline())) {
+            Ok(held) => held,
+            // A switch that cannot say: the reads will tell.
+            Err(e) if e.code() == Some(tonic::Code::Unimplemented) => return Ok(Running::Ours),
+            Err(e) if not_our_program(&e) => None,
+            Err(e) => return Err(self.transient(e)),
+        };
+        let (info, cookie) = held.unwrap_or((None, None));
+        if !self.device_config.is_empty() {
+            // subc pushed it if the cookie says so.
+            return Ok(if cookie == Some(program_cookie(&ours, &self.device_config)) { Running::Ours } else { Running::NotOurs("the switch does not run subc's program".into()) });
+        }
+        Ok(match info.map(|info| difference(&ours, &info)) {
+            None => Running::NotOurs("the switch runs no program".into()),
+            Some(None) => Running::Ours,
+            Some(Some(why)) => Running::NotOurs(format!("the switch runs another program ({why})")),
+        })
+    }
+
+    /// The error of a switch that does not run the program when subc has
+    /// no device config to push.
+    fn cannot_push(&self, why: &str) -> DriverError {
+        self.transient(format!("{why}, and the target has no device config to push subc's (register it with --device-config)"))
+    }
+
+    fn read_all(&mut self) -> Result<Vec<p4v1::Entity>, P4Error> {
+        let info = self.program.as_ref().expect("a program").info.clone();
+        self.call("Read", CALL_TIMEOUT, move |c| Box::pin(async move { c.read_all(&info).await }))
+    }
+
+    fn write(&mut self, batches: Vec<Batch>) -> Result<usize, P4Error> {
+        let limit = CALL_TIMEOUT + Duration::from_millis(100) * batches.len() as u32;
+        self.call("Write", limit, move |c| Box::pin(async move { c.write(&batches).await }))
+    }
+
+    /// What the switch must hold for `pipes`.
+    fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, DriverError> {
+        self.program.as_ref().expect("a program").target.entities(pipes).map_err(|e| self.transient(e))
+    }
+
+    /// The writes that take the switch from what a Read finds to `expected`.
+    fn repair_to(&mut self, expected: &[p4v1::Entity]) -> Result<Repair, P4Error> {
+        let actual = self.read_all()?;
+        let program = self.program.as_ref().expect("a program");
+        Ok(repair(&program.target, expected, &actual, &program.initial))
+    }
+
+    /// A few of a repair's updates in the program's names, for the log.
+    fn sample(&self, r: &Repair) -> Vec<String> {
+        let info = &self.program.as_ref().expect("a program").info;
+        r.batches.iter().flat_map(|b| &b.updates).take(5).map(|u| describe(u, info)).collect()
+    }
+}
+
+impl Driver for P4Driver {
+    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
+        self.image = None;
+        let image = match self.files.load() {
+            Ok(Some(i)) if i.meta == self.meta() => i,
+            Ok(Some(_)) => {
+                tracing::warn!(target_name = %self.name, "the saved image was made for another switch; the target will be installed anew");
+                return Ok(None);
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                tracing::warn!(target_name = %self.name, error = %e, "the saved image cannot be read; the target will be installed anew");
+                return Ok(None);
+            }
+        };
+        let pipes: Vec<&Pipeline> = image.pipelines.iter().collect();
+        self.program_for(&pipes)?;
+        match self.running()? {
+            Running::Ours => {}
+            Running::NotOurs(why) if !self.device_config.is_empty() => {
+                tracing::warn!(target_name = %self.name, reason = %why, "the switch will be installed anew");
+                return Ok(None);
+            }
+            Running::NotOurs(why) => return Err(self.cannot_push(&why)),
+        }
+        let expected = self.entities(&pipes)?;
+        let r = match self.repair_to(&expected) {
+            Ok(r) => r,
+            Err(e) if not_our_program(&e) => {
+                tracing::warn!(target_name = %self.name, error = %e, "the switch cannot be read as subc's program; it will be installed anew");
+                return Ok(None);
+            }
+            Err(e) => return Err(self.transient(e)),
+        };
+        if !r.is_empty() {
+            let sample = self.sample(&r);
+            tracing::warn!(
+                target_name = %self.name, inserts = r.inserts, modifies = r.modifies, deletes = r.deletes, first = ?sample,
+                "the switch differs from the image subc installed; repairing it"
+            );
+            let (inserts, modifies, deletes) = (r.inserts, r.modifies, r.deletes);
+            match self.write(r.batches) {
+                Ok(_) => tracing::info!(target_name = %self.name, inserts, modifies, deletes, "repaired the switch"),
+                Err(e) if keeps_connection(&e) => {
+                    tracing::warn!(target_name = %self.name, error = %e, "the switch refused the repair; it will be installed anew");
+                    return Ok(None);
+                }
+                Err(e) => return Err(self.transient(e)),
+            }
+        }
+        self.image = Some(image.pipelines.clone());
+        Ok(Some(image.pipelines))
+    }
+
+    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+        self.image = None;
+        // A program pushed now has tables sized for these pipelines.
+        self.program = None;
+        self.program_for(pipes)?;
+        if let Running::NotOurs(why) = self.running()? {
+            if self.device_config.is_empty() {
+                return Err(self.cannot_push(&why));
+            }
+            let (info, config) = (self.program.as_ref().expect("a program").info.clone(), self.device_config.clone());
+            tracing::info!(target_name = %self.name, "pushing subc's program to the switch");
+            self.call("SetForwardingPipelineConfig", CALL_TIMEOUT, move |c| Box::pin(async move { c.set_pipeline(&info, config).await }))
+                .map_err(|e| self.transient(e))?;
+        }
+        let expected = self.entities(pipes)?;
+        let r = self.repair_to(&expected).map_err(|e| self.transient(e))?;
+        let (inserts, modifies, deletes) = (r.inserts, r.modifies, r.deletes);
+        self.write(r.batches).map_err(|e| self.transient(e))?;
+        tracing::info!(target_name = %self.name, inserts, modifies, deletes, "installed");
+        let meta = self.meta();
+        self.files.write_base(pipes, &meta)?;
+        self.image = Some(pipes.iter().map(|p| (*p).clone()).collect());
+        Ok(())
+    }
+
+    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+        // Not trusted again until this write and its record succeed.
+        let mut after = self.image.take().ok_or_else(|| DriverError::needs_install("what the switch holds is not known"))?;
+        for d in &update.diffs {
+            let p = after.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
+            p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not fit the image: {e}")))?;
+        }
+        let pipes: Vec<&Pipeline> = after.iter().collect();
+        if self.program.as_ref().is_none_or(|p| p.orders != orders_of(&pipes)) {
+            return Err(DriverError::needs_install("the update is for pipelines of another shape"));
+        }
+        let batches = self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update).map_err(|e| self.transient(e))?;
+        self.write(batches).map_err(|e| self.transient(e))?;
+        let meta = self.meta();
+        self.files.append(update, &pipes, &meta)?;
+        self.image = Some(after);
+        Ok(())
+    }
+
+    fn uninstall(&mut self) -> Result<(), DriverError> {
+        self.image = None;
+        let pipes = match self.files.load() {
+            Ok(Some(i)) => i.pipelines,
+            // Nothing recorded: nothing of subc's is known to be there.
+            _ => return self.files.remove(),
+        };
+        self.program_for(&pipes.iter().collect::<Vec<_>>())?;
+        // A switch that runs another program holds nothing of subc's.
+        if let Running::Ours = self.running()? {
+            let r = self.repair_to(&[]).map_err(|e| self.transient(e))?;
+            let deletes = r.deletes;
+            self.write(r.batches).map_err(|e| self.transient(e))?;
+            tracing::info!(target_name = %self.name, deletes, "removed subc's entries and groups");
+        }
+        self.files.remove()
+    }
+
+    fn describe_ops(&mut self, after: &[&Pipeline], ops: &[(usize, Op)]) -> Vec<Option<String>> {
+        let Ok(program) = self.program_for(after) else { return vec![] };
+        let enc = program.target.encoder();
+        ops.iter()
+            .map(|(p, op)| match after.get(*p).map(|pipe| enc.op(*p, op, pipe)) {
+                Some(Ok(Some(u))) => Some(describe(&u, &program.info)),
+                Some(Ok(None)) | None => None,
+                Some(Err(e)) => Some(format!("cannot be encoded: {e}")),
+            })
+            .collect()
+    }
+}
