@@ -19,6 +19,7 @@
 //! reads as "nothing known", and the deployer installs anew, which
 //! replaces the program atomically.
 
+use super::image::ImageLog;
 use super::{Driver, DriverError};
 use crate::proto;
 use serde_json::{json, Value};
@@ -74,87 +75,29 @@ fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
 }
 
 /// The image a deployment's maps were filled with, kept next to its record
-/// in `/run/subc/<target>`: a base (`image.json`: pipelines and
-/// variable-update ids) and the diffs applied since (`journal.jsonl`, one
-/// line per update), so that an update costs a line, not a rewrite. The
-/// journal is folded into a new base once it outgrows the old one. Lines
-/// carry sequence numbers, so a base written just before a crash is not
-/// replayed twice; a torn last line is ignored (and the read-back check then
-/// fails, which means a reinstall).
-struct ImageFiles {
-    dir: PathBuf,
-    seq: u64,
-    base_bytes: u64,
-    journal_bytes: u64,
-}
+/// in `/run/subc/<target>` as a base and a journal ([`ImageLog`]), with the
+/// variable-update ids as the meta.
+struct ImageFiles(ImageLog);
 
 impl ImageFiles {
     fn new(name: &str) -> ImageFiles {
-        ImageFiles { dir: loader::state_dir(name), seq: 0, base_bytes: 0, journal_bytes: 0 }
-    }
-
-    fn io(&self, what: &str, e: std::io::Error) -> DriverError {
-        DriverError::transient(format!("cannot write {}: {e}", self.dir.join(what).display()))
+        ImageFiles(ImageLog::new(loader::state_dir(name)))
     }
 
     /// Writes the whole image as the new base and drops the journal.
     fn write_base(&mut self, img: &TableImage) -> Result<(), DriverError> {
-        let text = json!({ "seq": self.seq, "pipelines": img.pipelines(), "update_ids": ids_json(img) }).to_string();
-        let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
-        std::fs::create_dir_all(&self.dir)
-            .and_then(|_| std::fs::write(&tmp, &text))
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| self.io("image.json", e))?;
-        match std::fs::remove_file(self.dir.join("journal.jsonl")) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(self.io("journal.jsonl", e)),
-            _ => {}
-        }
-        self.base_bytes = text.len() as u64;
-        self.journal_bytes = 0;
-        Ok(())
+        self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
     }
 
     /// Records an applied update (`img` is the image after it).
     fn append(&mut self, update: &Update, img: &TableImage) -> Result<(), DriverError> {
-        use std::io::Write;
-        self.seq += 1;
-        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "update_ids": ids_json(img) }).to_string();
-        line.push('\n');
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("journal.jsonl")).map_err(|e| self.io("journal.jsonl", e))?;
-        f.write_all(line.as_bytes()).map_err(|e| self.io("journal.jsonl", e))?;
-        self.journal_bytes += line.len() as u64;
-        if self.journal_bytes > self.base_bytes.max(1 << 20) {
-            self.write_base(img)?;
-        }
-        Ok(())
+        self.0.append(update, &img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
     }
 
     /// The base with the journal replayed.
     fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), String> {
-        let text = std::fs::read_to_string(self.dir.join("image.json")).map_err(|e| e.to_string())?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        let mut pipes = super::json::decode(&v["pipelines"].to_string())?;
-        let mut ids = ids_of(&v["update_ids"])?;
-        self.seq = v["seq"].as_u64().unwrap_or(0);
-        self.base_bytes = text.len() as u64;
-        self.journal_bytes = 0;
-        let journal = std::fs::read_to_string(self.dir.join("journal.jsonl")).unwrap_or_default();
-        for line in journal.split_inclusive('\n') {
-            self.journal_bytes += line.len() as u64;
-            let Some(line) = line.strip_suffix('\n') else { break };
-            let Ok(e) = serde_json::from_str::<Value>(line) else { break };
-            let seq = e["seq"].as_u64().unwrap_or(0);
-            if seq <= self.seq {
-                continue;
-            }
-            for d in e["diffs"].as_array().ok_or("a journal line without diffs")? {
-                let d = super::json::decode_diff(d)?;
-                pipes.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(&d).map_err(|e| e.to_string())?;
-            }
-            ids = ids_of(&e["update_ids"])?;
-            self.seq = seq;
-        }
-        Ok((pipes, ids))
+        let image = self.0.load()?.ok_or("no saved image")?;
+        Ok((image.pipelines, ids_of(&image.meta)?))
     }
 }
 
