@@ -12,7 +12,17 @@
 //! packet updates under spin locks) and the same without that stream state
 //! (the generated subscriptions read neither), which isolates the lookups.
 //! `floor_ns` is an XDP program that returns at once: what
-//! `BPF_PROG_TEST_RUN` itself costs per run on this machine.
+//! `BPF_PROG_TEST_RUN` itself costs per run on this machine. `costs_ns`
+//! prices what the stream state needs per packet, each from an XDP program
+//! doing it 8 times, less the floor, over 8: a `bpf_ktime_get_ns()`, a
+//! `bpf_spin_lock` + `bpf_spin_unlock` pair, a call of a global BPF
+//! function, a hash-map lookup that misses, and for comparison a
+//! `bpf_res_spin_lock` pair (kernels from 6.15; null where it does not
+//! load). `ports_per_packet` is the mean number of ports the packets are
+//! forwarded to: the TC hook runs its fan-out loop over them in the same
+//! run (one `subc_tc_copy` call each; no clone, since the bench configures
+//! no egress), the XDP hook hands them to `subc_tc_fanout`, which the
+//! bench does not run.
 
 use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
@@ -48,6 +58,68 @@ fn floor_ns(repeat: u32) -> f64 {
             prog.test_run(input).expect("test run").duration.as_nanos() as f64
         })
         .fold(f64::INFINITY, f64::min)
+}
+
+/// ns per operation: (run of `op` 8 times - run of nothing) / 8.
+fn op_costs(repeat: u32) -> serde_json::Value {
+    const HEAD: &str = r#"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+struct bpf_res_spin_lock { __u32 val; };
+extern int bpf_res_spin_lock(struct bpf_res_spin_lock *lock) __ksym __weak;
+extern void bpf_res_spin_unlock(struct bpf_res_spin_lock *lock) __ksym __weak;
+struct slot { struct bpf_spin_lock lock; __u32 count; };
+struct rslot { struct bpf_res_spin_lock lock; __u32 count; };
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, struct slot); } m SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, struct rslot); } rm SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 64); __type(key, __u64); __type(value, __u64); } hm SEC(".maps");
+__attribute__((noinline)) int f(__u64 *x) { if (!x) return 0; *x += 3; return 0; }
+char _l[] SEC("license") = "GPL";
+SEC("xdp") int subc_cost(struct xdp_md *c) {
+    __u32 k = 0; __u64 acc = c->rx_queue_index + 7;
+    struct slot *s = bpf_map_lookup_elem(&m, &k);
+    if (!s) return XDP_ABORTED;
+"#;
+    let ops = [
+        ("empty", ""),
+        ("bpf_ktime_get_ns", "acc += bpf_ktime_get_ns();"),
+        ("bpf_spin_lock_pair", "bpf_spin_lock(&s->lock); s->count += 1; acc += s->count; bpf_spin_unlock(&s->lock);"),
+        ("global_function_call", "f(&acc);"),
+        ("hash_lookup_miss", "{ __u64 kk = acc; __u64 *x = bpf_map_lookup_elem(&hm, &kk); acc += x ? *x : 1; }"),
+        (
+            "bpf_res_spin_lock_pair",
+            "{ struct rslot *r = bpf_map_lookup_elem(&rm, &k); if (r && !bpf_res_spin_lock(&r->lock)) { r->count += 1; acc += r->count; bpf_res_spin_unlock(&r->lock); } }",
+        ),
+    ];
+    let pkt = packets(1, 1).remove(0);
+    let run = |body: &str| -> Option<f64> {
+        let src = format!("{HEAD}{}    return acc & 1 ? XDP_PASS : XDP_DROP;\n}}\n", format!("    {body}\n").repeat(8));
+        let obj = clang::compile(&src, BuildFlags::default()).ok()?;
+        let o = libbpf_rs::ObjectBuilder::default().open_memory(&obj).ok()?.load().ok()?;
+        let prog = o.progs_mut().next()?;
+        let mut out = vec![0u8; pkt.len() + 64];
+        (0..3)
+            .map(|_| {
+                let input = libbpf_rs::ProgramInput { data_in: Some(&pkt), data_out: Some(&mut out), repeat, ..Default::default() };
+                prog.test_run(input).ok().map(|o| o.duration.as_nanos() as f64)
+            })
+            .try_fold(f64::INFINITY, |a, b| b.map(|b| a.min(b)))
+    };
+    let empty = run("").expect("the empty cost program runs");
+    let mut out = serde_json::json!({ "empty_run": empty });
+    for (name, body) in &ops[1..] {
+        out[*name] = run(body).map(|t| ((t - empty) / 8.0 * 10.0).round() / 10.0).into();
+    }
+    out
+}
+
+/// Mean number of ports the packets are forwarded to (a recording build).
+fn ports_per_packet(src: &str, a: &subc_backend_ebpf::Artifacts, pkts: &[Vec<u8>]) -> f64 {
+    let obj = clang::compile(src, BuildFlags { record: true, ..Default::default() }).expect("clang");
+    let dp = Dataplane::load_with_image(&obj, a.model.clone(), a.image.clone()).expect("loads");
+    let r = dp.runner().expect("runner");
+    let total: usize = pkts.iter().map(|p| r.run(p, 1).expect("BPF_PROG_TEST_RUN").2.map_or(0, |rec| rec.ports.len())).sum();
+    total as f64 / pkts.len() as f64
 }
 
 fn arg(name: &str) -> Option<String> {
@@ -93,7 +165,8 @@ fn main() {
     let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 1000, 100_000]);
     let pkts = packets(16, 42);
     let floor = floor_ns(repeat);
-    println!("{}", serde_json::json!({"floor_ns": floor, "repeat": repeat}));
+    let srso = std::fs::read_to_string("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow").unwrap_or_default();
+    println!("{}", serde_json::json!({"floor_ns": floor, "repeat": repeat, "costs_ns": op_costs(repeat), "spec_rstack_overflow": srso.trim()}));
     let stateless = stateless_spec();
     for (n, spec_name, spec_text) in sizes.iter().flat_map(|n| [(*n, "itch", ITCH_SPEC), (*n, "itch-stateless", stateless.as_str())]) {
         let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });
@@ -117,12 +190,14 @@ fn main() {
         let naive_ns = ns_per_packet(&dp, &pkts, naive_repeat);
         drop(dp);
 
+        let mut ports = None;
         for hook in [Hook::Xdp, Hook::Tc] {
             for ranges in [RangeLookup::Sorted, RangeLookup::Lpm] {
                 let opts = EbpfOptions { hook, ranges, ..Default::default() };
                 let a = write_program(&p.spec, &set.pipelines(), &opts).expect("generates");
                 let counts = a.image.counts();
                 let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
+                let ports = *ports.get_or_insert_with(|| ports_per_packet(&a.source, &a, &pkts));
                 let t = Instant::now();
                 let dp = Dataplane::load_with_image(&obj, a.model, a.image).expect("loads");
                 let fill_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -143,6 +218,7 @@ fn main() {
                     "load_ms": (stats.load_ms * 10.0).round() / 10.0,
                     "load_and_fill_ms": (fill_ms * 10.0).round() / 10.0,
                     "map_bytes": stats.map_bytes,
+                    "ports_per_packet": (ports * 10.0).round() / 10.0,
                     "entries": counts,
                     "pipelines": set.pipeline_count(),
                     "ir_compile_s": (compile_s * 1000.0).round() / 1000.0,
