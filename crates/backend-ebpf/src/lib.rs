@@ -58,8 +58,9 @@ pub enum RangeLookup {
     /// One LPM trie over prefix-expanded ranges, the default entry as the
     /// empty prefix.
     Lpm,
-    /// Per state, intervals sorted by lower bound in one hash-map value,
-    /// searched in log2(K) unrolled steps. Chosen by measurement; see
+    /// Per state, intervals sorted by lower bound in one element of the
+    /// array map of its size class (K intervals), searched in log2(K)
+    /// unrolled steps. Chosen by measurement; see
     /// ARCHITECTURE.md and BENCHMARKS.md.
     Sorted,
 }
