@@ -28,6 +28,19 @@
 //! changed (a state that gained its first ranged entry, or moved to another
 //! size class), and the values of states that moved. The old and new
 //! encodings of exactly those items are compared key by key.
+//!
+//! [`TableImage::plan_in_place`] does this at a cost proportional to the
+//! diff (plus the sizes of the states it touches), whatever the size of the
+//! image: it changes the image in place and logs each change with the value
+//! it replaced, so that the log played backwards restores the image (for
+//! the old encodings, and on any error); only the states whose entries or
+//! leaf changed get a new descriptor; an index kept with the image gives
+//! the entries pointing to a state, each sorted state's interval count, and
+//! how many leaves name each variable update, and the counts follow by
+//! deltas. `encode_reference.rs` keeps the algorithm it replaced (a copy of
+//! the image, everything recomputed) as its oracle: `encode_tests.rs`
+//! checks that both give the same plans, images and errors, and
+//! `benches/plan.rs` measures one against the other.
 
 use crate::layout::MapType;
 use crate::model::{
@@ -108,7 +121,7 @@ enum Item {
 }
 
 /// Free and used indices of the array pools.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Slots {
     next: BTreeMap<Pool, u32>,
     free: BTreeMap<Pool, BTreeSet<u32>>,
@@ -135,6 +148,165 @@ impl Slots {
         for (pool, i) in self.pending.drain(..) {
             self.free.entry(pool).or_default().insert(i);
         }
+    }
+
+    /// [`Slots::recycle`], [`Slots::alloc`] and [`Slots::release`], logged
+    /// for [`Slots::undo`].
+    fn recycle_logged(&mut self, undo: &mut Vec<SlotUndo>) {
+        let pending = std::mem::take(&mut self.pending);
+        let mut created = vec![];
+        for (pool, i) in &pending {
+            if !self.free.contains_key(pool) {
+                created.push(*pool);
+            }
+            self.free.entry(*pool).or_default().insert(*i);
+        }
+        undo.push(SlotUndo::Recycled { pending, created });
+    }
+    fn alloc_logged(&mut self, pool: Pool, cap: u32, what: &str, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
+        if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
+            undo.push(SlotUndo::Popped(pool, i));
+            return Ok(i);
+        }
+        let created = !self.next.contains_key(&pool);
+        let r = self.alloc(pool, cap, what);
+        undo.push(SlotUndo::Bumped { pool, created, bumped: r.is_ok() });
+        r
+    }
+    fn release_logged(&mut self, pool: Pool, i: u32, undo: &mut Vec<SlotUndo>) {
+        self.release(pool, i);
+        undo.push(SlotUndo::Released);
+    }
+    fn undo(&mut self, undo: Vec<SlotUndo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                SlotUndo::Released => {
+                    self.pending.pop();
+                }
+                SlotUndo::Popped(pool, i) => {
+                    self.free.entry(pool).or_default().insert(i);
+                }
+                SlotUndo::Bumped { pool, created, bumped } => {
+                    if bumped {
+                        *self.next.get_mut(&pool).expect("bumped") -= 1;
+                    }
+                    if created {
+                        self.next.remove(&pool);
+                    }
+                }
+                SlotUndo::Recycled { pending, created } => {
+                    for (pool, i) in &pending {
+                        if let Some(f) = self.free.get_mut(pool) {
+                            f.remove(i);
+                        }
+                    }
+                    for pool in created {
+                        self.free.remove(&pool);
+                    }
+                    self.pending = pending;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum SlotUndo {
+    Recycled { pending: Vec<(Pool, u32)>, created: Vec<Pool> },
+    Popped(Pool, u32),
+    Bumped { pool: Pool, created: bool, bumped: bool },
+    Released,
+}
+
+/// One change to an image's pipelines, descriptors or update ids; `val` is
+/// the value the place does not hold now (the old one once applied):
+/// [`TableImage::swap`] exchanges them, so the log replayed backwards
+/// restores the image, and forwards again redoes it.
+#[derive(Clone, Debug)]
+enum Change {
+    Entry { p: usize, t: usize, key: (StateId, Match), val: Option<StateId> },
+    Leaf { p: usize, s: StateId, val: Option<LeafEntry> },
+    Group { p: usize, g: subc_bdd::pipeline::GroupId, val: Option<Vec<u32>> },
+    Root { p: usize, val: StateId },
+    Desc { p: usize, s: StateId, val: Option<Desc> },
+    Id { u: VarUpdate, val: Option<u32> },
+}
+
+/// What [`TableImage::plan_in_place`] changed, for [`TableImage::rollback`].
+#[derive(Clone, Debug)]
+pub struct Undo {
+    log: Vec<Change>,
+    slots: Vec<SlotUndo>,
+    sorted_n: Vec<(usize, (usize, StateId), Option<usize>)>,
+    hist: Vec<(usize, usize)>,
+    named: Vec<(VarUpdate, usize)>,
+    counts: Counts,
+    ids_exact: bool,
+    states_ok: bool,
+    live_gen: u32,
+}
+
+/// Adds `delta` to a multiset count, logging the old count.
+fn add_count<K: Ord + Copy>(m: &mut BTreeMap<K, usize>, k: K, delta: isize, undo: &mut Vec<(K, usize)>) {
+    let old = m.get(&k).copied().unwrap_or(0);
+    undo.push((k, old));
+    set_count(m, k, old.checked_add_signed(delta).expect("counts stay positive"));
+}
+
+fn set_count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, n: usize) {
+    if n == 0 {
+        m.remove(&k);
+    } else {
+        m.insert(k, n);
+    }
+}
+
+/// State -> the entries `(table, state, match)` pointing to it.
+type Preds = HashMap<StateId, BTreeSet<(usize, StateId, Match)>>;
+
+/// What [`TableImage::plan_in_place`] keeps to touch only what a diff
+/// touches, derived from the rest of the image.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Index {
+    /// Per pipeline: state -> the entries `(table, state, match)` pointing to it.
+    preds: Vec<Preds>,
+    /// Per pipeline: `(table, state)` -> intervals of the state's sorted
+    /// value in that table, for states with entries whose home is sorted.
+    sorted_n: Vec<HashMap<(usize, StateId), usize>>,
+    /// How many sorted values have each number of intervals.
+    hist: BTreeMap<usize, usize>,
+    /// How many times the leaves name each variable update.
+    named: BTreeMap<VarUpdate, usize>,
+    /// Whether the update ids are exactly those of the named updates.
+    ids_exact: bool,
+    /// Whether every state id fits a key's state word.
+    states_ok: bool,
+}
+
+impl Index {
+    fn build(pipes: &[Pipeline], ranges: RangeLookup, update_ids: &BTreeMap<VarUpdate, u32>, states_ok: bool) -> Index {
+        let mut ix = Index { preds: vec![HashMap::new(); pipes.len()], sorted_n: vec![HashMap::new(); pipes.len()], states_ok, ..Default::default() };
+        for (p, pipe) in pipes.iter().enumerate() {
+            for (t, table) in pipe.tables.iter().enumerate() {
+                let mut last = None;
+                for ((s, m), n) in &table.entries {
+                    ix.preds[p].entry(*n).or_default().insert((t, *s, *m));
+                    if home(ranges, table.kind, m) == Home::Sorted && last != Some(*s) {
+                        last = Some(*s);
+                        let k = sorted_intervals(table, *s).len();
+                        ix.sorted_n[p].insert((t, *s), k);
+                        *ix.hist.entry(k).or_default() += 1;
+                    }
+                }
+            }
+            for l in pipe.leaves.values() {
+                for u in &l.updates {
+                    *ix.named.entry(*u).or_default() += 1;
+                }
+            }
+        }
+        ix.ids_exact = update_ids.keys().eq(ix.named.keys());
+        ix
     }
 }
 
@@ -180,6 +352,7 @@ pub struct TableImage {
     update_ids: BTreeMap<VarUpdate, u32>,
     live_gen: u32,
     counts: Counts,
+    ix: Index,
 }
 
 /// Level and flags of every state of a pipeline (no slots yet).
@@ -229,12 +402,14 @@ impl TableImage {
             update_ids,
             live_gen: 0,
             counts: crate::model::count(pipes, model.ranges)?,
+            ix: Index::default(),
         };
         for p in 0..pipes.len() {
             img.descs[p] = img.assign_slots(model, p, &HashMap::new())?;
         }
         img.check_capacity(model, &img.counts, &img.counts)?;
         img.check_states()?;
+        img.ix = Index::build(&img.pipes, model.ranges, &img.update_ids, true);
         Ok(img)
     }
 
@@ -244,6 +419,7 @@ impl TableImage {
     pub fn from_parts(model: &Model, pipes: Vec<Pipeline>, update_ids: BTreeMap<VarUpdate, u32>, gen: u32) -> Result<TableImage, EbpfError> {
         let refs: Vec<&Pipeline> = pipes.iter().collect();
         let mut img = TableImage::new(model, &refs)?;
+        img.ix.ids_exact = update_ids.keys().eq(img.ix.named.keys());
         img.update_ids = update_ids;
         Ok(img.with_live_gen(gen))
     }
@@ -309,7 +485,9 @@ impl TableImage {
                 (VarUpdate { var: subc_lang::spec::StateId(var), op, value }, id)
             })
             .collect();
-        Ok(TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts })
+        let mut img = TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default() };
+        img.ix = Index::build(&img.pipes, model.ranges, &img.update_ids, img.check_states().is_ok());
+        Ok(img)
     }
 
     pub fn pipelines(&self) -> &[Pipeline] {
@@ -339,6 +517,17 @@ impl TableImage {
         }
     }
 
+    fn no_class(pool: Pool) -> EbpfError {
+        let c = match pool {
+            Pool::Sorted(c) => c,
+            Pool::Leaf => 0,
+        };
+        EbpfError::Capacity(format!(
+            "a state needs sorted size class {c} ({} intervals), which this program does not have; recompile",
+            SORTED_CLASSES[c as usize]
+        ))
+    }
+
     /// Descriptors of pipeline `p`'s states, keeping the slots of states
     /// that stay in their pool (`old`), allocating for the others.
     fn assign_slots(&mut self, model: &Model, p: usize, old: &HashMap<StateId, Desc>) -> Result<HashMap<StateId, Desc>, EbpfError> {
@@ -357,19 +546,7 @@ impl TableImage {
             match old.get(&s) {
                 Some(o) if o.pool() == Some(pool) => d.idx = o.idx,
                 _ => {
-                    let Some(map) = Self::pool_map(model, pool) else {
-                        return Err(EbpfError::Capacity(format!(
-                            "a state needs sorted size class {} ({} intervals), which this program does not have; recompile",
-                            match pool {
-                                Pool::Sorted(c) => c,
-                                Pool::Leaf => 0,
-                            },
-                            SORTED_CLASSES[match pool {
-                                Pool::Sorted(c) => c as usize,
-                                Pool::Leaf => 0,
-                            }]
-                        )));
-                    };
+                    let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
                     let m = &model.maps[map];
                     d.idx = self.slots.alloc(pool, m.max_entries / 2, &format!("map {}", m.name))?;
                 }
@@ -582,23 +759,195 @@ impl TableImage {
         Ok(())
     }
 
-    /// Plans an update (see the module doc). On success, returns the plan
-    /// and the image after it; `self` is unchanged either way.
+    /// Plans an update (see the module doc) on a copy of this image: on
+    /// success, returns the plan and the image after it; `self` is unchanged
+    /// either way. The copy costs the size of the image; the loader uses
+    /// [`TableImage::plan_in_place`], whose cost follows the diff.
     pub fn plan(&self, model: &Model, update: &Update) -> Result<(UpdatePlan, TableImage), EbpfError> {
         let mut next = self.clone();
-        next.slots.recycle();
+        let (plan, _) = next.plan_in_place(model, update)?;
+        Ok((plan, next))
+    }
+
+    /// Plans an update (see the module doc) and makes this image the one
+    /// after it: the same plan and image as [`TableImage::plan`], at a cost
+    /// proportional to the diff plus the sizes of the states it touches.
+    /// Returns the plan and what [`TableImage::rollback`] needs to restore
+    /// the image before it (if writing the plan to the maps fails). On
+    /// error, `self` is unchanged.
+    pub fn plan_in_place(&mut self, model: &Model, update: &Update) -> Result<(UpdatePlan, Undo), EbpfError> {
+        let mut undo = Undo {
+            log: vec![],
+            slots: vec![],
+            sorted_n: vec![],
+            hist: vec![],
+            named: vec![],
+            counts: self.counts.clone(),
+            ids_exact: self.ix.ids_exact,
+            states_ok: self.ix.states_ok,
+            live_gen: self.live_gen,
+        };
+        match self.plan_steps(model, update, &mut undo) {
+            Ok(plan) => Ok((plan, undo)),
+            Err(e) => {
+                self.rollback(undo);
+                Err(e)
+            }
+        }
+    }
+
+    /// Restores the image [`TableImage::plan_in_place`] started from.
+    pub fn rollback(&mut self, mut undo: Undo) {
+        for c in undo.log.iter_mut().rev() {
+            self.swap(c);
+        }
+        self.slots.undo(undo.slots);
+        for (p, k, old) in undo.sorted_n.into_iter().rev() {
+            match old {
+                Some(n) => self.ix.sorted_n[p].insert(k, n),
+                None => self.ix.sorted_n[p].remove(&k),
+            };
+        }
+        for (k, old) in undo.hist.into_iter().rev() {
+            set_count(&mut self.ix.hist, k, old);
+        }
+        for (k, old) in undo.named.into_iter().rev() {
+            set_count(&mut self.ix.named, k, old);
+        }
+        self.counts = undo.counts;
+        self.ix.ids_exact = undo.ids_exact;
+        self.ix.states_ok = undo.states_ok;
+        self.live_gen = undo.live_gen;
+    }
+
+    /// Exchanges the value at a change's place with the one it holds.
+    fn swap(&mut self, c: &mut Change) {
+        match c {
+            Change::Entry { p, t, key, val } => {
+                let entries = &mut self.pipes[*p].tables[*t].entries;
+                let cur = match val {
+                    Some(v) => entries.insert(*key, *v),
+                    None => entries.remove(key),
+                };
+                let preds = &mut self.ix.preds[*p];
+                if let Some(n) = cur {
+                    if let Some(set) = preds.get_mut(&n) {
+                        set.remove(&(*t, key.0, key.1));
+                        if set.is_empty() {
+                            preds.remove(&n);
+                        }
+                    }
+                }
+                if let Some(n) = val {
+                    preds.entry(*n).or_default().insert((*t, key.0, key.1));
+                }
+                *val = cur;
+            }
+            Change::Leaf { p, s, val } => {
+                let leaves = &mut self.pipes[*p].leaves;
+                *val = match val.take() {
+                    Some(v) => leaves.insert(*s, v),
+                    None => leaves.remove(s),
+                };
+            }
+            Change::Group { p, g, val } => {
+                let groups = &mut self.pipes[*p].groups;
+                *val = match val.take() {
+                    Some(v) => groups.insert(*g, v),
+                    None => groups.remove(g),
+                };
+            }
+            Change::Root { p, val } => std::mem::swap(&mut self.pipes[*p].root, val),
+            Change::Desc { p, s, val } => {
+                let descs = &mut self.descs[*p];
+                *val = match val {
+                    Some(v) => descs.insert(*s, *v),
+                    None => descs.remove(s),
+                };
+            }
+            Change::Id { u, val } => {
+                *val = match val {
+                    Some(v) => self.update_ids.insert(*u, *v),
+                    None => self.update_ids.remove(u),
+                };
+            }
+        }
+    }
+
+    /// Applies one op of a diff as [`Pipeline::apply_op`] does, logged.
+    fn apply_logged(&mut self, p: usize, op: &Op, log: &mut Vec<Change>) -> Result<(), subc_bdd::diff::ApplyError> {
+        use subc_bdd::diff::ApplyError;
+        let pipe = &self.pipes[p];
+        // Whether the place holds something now, and the change.
+        let (present, mut c) = match op {
+            Op::CreateGroup { group, ports } | Op::ChangeGroup { group, ports } => (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: Some(ports.clone()) }),
+            Op::RemoveGroup { group } => (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: None }),
+            Op::InsertLeaf { state, leaf } | Op::ModifyLeaf { state, leaf } => (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: Some(leaf.clone()) }),
+            Op::DeleteLeaf { state } => (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: None }),
+            Op::Insert { table, state, key, next } | Op::Modify { table, state, key, next } => {
+                (pipe.tables[*table].entries.contains_key(&(*state, *key)), Change::Entry { p, t: *table, key: (*state, *key), val: Some(*next) })
+            }
+            Op::Delete { table, state, key } => (pipe.tables[*table].entries.contains_key(&(*state, *key)), Change::Entry { p, t: *table, key: (*state, *key), val: None }),
+            Op::SetRoot { state } => (true, Change::Root { p, val: *state }),
+        };
+        match (matches!(op, Op::CreateGroup { .. } | Op::InsertLeaf { .. } | Op::Insert { .. }), present) {
+            (true, true) => return Err(ApplyError::Exists(op.clone())),
+            (false, false) => return Err(ApplyError::Missing(op.clone())),
+            _ => {}
+        }
+        self.swap(&mut c);
+        log.push(c);
+        Ok(())
+    }
+
+    fn log_change(&mut self, mut c: Change, log: &mut Vec<Change>) {
+        self.swap(&mut c);
+        log.push(c);
+    }
+
+    /// Level and flags of one state, as [`shapes_of`] gives them, from the
+    /// state's entries and the interval counts in the index.
+    fn shape(&self, ranges: RangeLookup, p: usize, s: StateId) -> Option<Desc> {
+        let pipe = &self.pipes[p];
+        if pipe.leaves.contains_key(&s) {
+            return Some(Desc { level: TERMINAL, flags: F_LEAF, idx: 0 });
+        }
+        let mut out: Option<Desc> = None;
+        for (t, table) in pipe.tables.iter().enumerate() {
+            for (m, _) in crate::model::state_entries(table, s) {
+                let d = out.get_or_insert(Desc { level: t as u16, flags: 0, idx: 0 });
+                d.flags |= match home(ranges, table.kind, m) {
+                    Home::Exact => F_EXACT,
+                    Home::Lpm | Home::Sorted => F_RANGED,
+                };
+            }
+        }
+        if let (RangeLookup::Sorted, Some(d)) = (ranges, out.as_mut()) {
+            if d.flags & F_RANGED != 0 {
+                let n = self.ix.sorted_n[p].get(&(d.level as usize, s)).copied().unwrap_or(0);
+                let class = class_for(n).unwrap_or(SORTED_CLASSES.len() - 1) as u16;
+                d.flags |= (class + 1) << CLASS_SHIFT;
+            }
+        }
+        out
+    }
+
+    fn plan_steps(&mut self, model: &Model, update: &Update, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
+        self.slots.recycle_logged(&mut u.slots);
         let mut touched: BTreeSet<Item> = BTreeSet::new();
         let mut changed_pipes = BTreeSet::new();
+        // A state id too large for a key's state word may have come in.
+        let mut big = false;
         for d in &update.diffs {
             let p = d.pipeline;
-            if p >= next.pipes.len() {
-                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", next.pipes.len())));
+            if p >= self.pipes.len() {
+                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", self.pipes.len())));
             }
             changed_pipes.insert(p);
             for op in d.ops() {
                 match &op {
                     Op::Insert { table, state, key, .. } | Op::Modify { table, state, key, .. } | Op::Delete { table, state, key } => {
-                        let kind = next.pipes[p].tables[*table].kind;
+                        let kind = self.pipes[p].tables[*table].kind;
                         touched.insert(Self::item_of(model, p, *table, kind, *state, *key));
                     }
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::DeleteLeaf { state } => {
@@ -606,114 +955,247 @@ impl TableImage {
                     }
                     _ => {}
                 }
-                next.pipes[p].apply_op(&op).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
+                big |= match &op {
+                    Op::Insert { state, next, .. } | Op::Modify { state, next, .. } => *state > MAX_STATE || *next > MAX_STATE,
+                    Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::SetRoot { state } => *state > MAX_STATE,
+                    _ => false,
+                };
+                self.apply_logged(p, &op, &mut u.log).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
             }
         }
-        // Descriptors of the changed pipelines; the values of states that
-        // moved, and the entries pointing to states whose descriptor changed.
-        for &p in &changed_pipes {
-            let new_descs = next.assign_slots(model, p, &self.descs[p])?;
-            let changed: BTreeSet<StateId> = new_descs
-                .iter()
-                .filter(|(s, d)| self.descs[p].get(s) != Some(d))
-                .map(|(s, _)| *s)
-                .chain(self.descs[p].keys().filter(|s| !new_descs.contains_key(s)).copied())
-                .collect();
-            next.descs[p] = new_descs;
-            if changed.is_empty() {
+        // Net changes: the first logged change of a place holds its old value.
+        let mut entry_keys: BTreeMap<(usize, usize, StateId, Match), usize> = BTreeMap::new();
+        let mut leaf_keys: BTreeMap<(usize, StateId), usize> = BTreeMap::new();
+        for (i, c) in u.log.iter().enumerate() {
+            match c {
+                Change::Entry { p, t, key, .. } => {
+                    entry_keys.entry((*p, *t, key.0, key.1)).or_insert(i);
+                }
+                Change::Leaf { p, s, .. } => {
+                    leaf_keys.entry((*p, *s)).or_insert(i);
+                }
+                _ => {}
+            }
+        }
+        let mut dirty: BTreeMap<usize, BTreeSet<StateId>> = changed_pipes.iter().map(|p| (*p, BTreeSet::new())).collect();
+        let mut dirty_tables: BTreeSet<(usize, usize, StateId)> = BTreeSet::new();
+        for (p, t, s, _) in entry_keys.keys() {
+            dirty.entry(*p).or_default().insert(*s);
+            dirty_tables.insert((*p, *t, *s));
+        }
+        for (p, s) in leaf_keys.keys() {
+            dirty.entry(*p).or_default().insert(*s);
+        }
+
+        // Interval counts of the sorted states whose entries changed.
+        let mut counts = self.counts.clone();
+        let mut count_again = false;
+        for &(p, t, s) in &dirty_tables {
+            let table = &self.pipes[p].tables[t];
+            let new = (model.ranges == RangeLookup::Sorted
+                && crate::model::state_entries(table, s).any(|(m, _)| home(RangeLookup::Sorted, table.kind, m) == Home::Sorted))
+            .then(|| sorted_intervals(table, s).len());
+            let old = self.ix.sorted_n[p].get(&(t, s)).copied();
+            if new == old {
                 continue;
             }
-            for s in &changed {
-                let d = next.desc(p, *s);
-                match d.pool() {
-                    Some(Pool::Leaf) => {
-                        touched.insert(Item::Leaf { p, state: *s });
-                    }
-                    Some(Pool::Sorted(_)) => {
-                        touched.insert(Item::Sorted { p, table: d.level as usize, state: *s });
-                    }
-                    None => {}
+            u.sorted_n.push((p, (t, s), old));
+            match new {
+                Some(n) => self.ix.sorted_n[p].insert((t, s), n),
+                None => self.ix.sorted_n[p].remove(&(t, s)),
+            };
+            if let Some(n) = old {
+                add_count(&mut self.ix.hist, n, -1, &mut u.hist);
+                counts.sorted[class_for(n).expect("counted before")] -= 1;
+            }
+            if let Some(n) = new {
+                add_count(&mut self.ix.hist, n, 1, &mut u.hist);
+                match class_for(n) {
+                    Some(c) => counts.sorted[c] += 1,
+                    None => count_again = true,
                 }
             }
-            for (t, table) in next.pipes[p].tables.iter().enumerate() {
-                for ((state, m), n) in &table.entries {
-                    if changed.contains(n) {
-                        touched.insert(Self::item_of(model, p, t, table.kind, *state, *m));
+        }
+
+        // Descriptors of the states whose entries or leaf changed (no other
+        // state's can): keep the slots of states that stay in their pool,
+        // allocate for the others, in pipeline then state order.
+        let mut changed: Vec<(usize, StateId)> = vec![];
+        for (&p, states) in &dirty {
+            for &s in states {
+                let old = self.descs[p].get(&s).copied();
+                let mut new = self.shape(model.ranges, p, s);
+                if let Some(o) = old {
+                    if let Some(pool) = o.pool() {
+                        if new.and_then(|n| n.pool()) != Some(pool) {
+                            self.slots.release_logged(pool, o.idx, &mut u.slots);
+                        }
                     }
+                }
+                if let Some(d) = new.as_mut() {
+                    if let Some(pool) = d.pool() {
+                        match old {
+                            Some(o) if o.pool() == Some(pool) => d.idx = o.idx,
+                            _ => d.idx = self.alloc_slot(model, pool, &mut u.slots)?,
+                        }
+                    }
+                }
+                if new != old {
+                    self.log_change(Change::Desc { p, s, val: new }, &mut u.log);
+                    changed.push((p, s));
+                }
+            }
+        }
+        // The values of states that moved, and the entries pointing to
+        // states whose descriptor changed.
+        for &(p, s) in &changed {
+            let d = self.desc(p, s);
+            match d.pool() {
+                Some(Pool::Leaf) => {
+                    touched.insert(Item::Leaf { p, state: s });
+                }
+                Some(Pool::Sorted(_)) => {
+                    touched.insert(Item::Sorted { p, table: d.level as usize, state: s });
+                }
+                None => {}
+            }
+            if let Some(preds) = self.ix.preds[p].get(&s) {
+                for (t, state, m) in preds {
+                    touched.insert(Self::item_of(model, p, *t, self.pipes[p].tables[*t].kind, *state, *m));
+                }
+            }
+        }
+
+        // Leaves and the variable updates they name.
+        for (&(p, s), &i) in &leaf_keys {
+            let Change::Leaf { val: old, .. } = &u.log[i] else { unreachable!("a leaf change") };
+            let new = self.pipes[p].leaves.get(&s);
+            counts.leaves = counts.leaves + new.is_some() as usize - old.is_some() as usize;
+            if let Some(l) = old {
+                for x in &l.updates {
+                    add_count(&mut self.ix.named, *x, -1, &mut u.named);
+                }
+            }
+            if let Some(l) = new {
+                for x in &l.updates {
+                    add_count(&mut self.ix.named, *x, 1, &mut u.named);
                 }
             }
         }
         // Update ids: keep those of updates still named, reuse free ones.
-        let named = |pipes: &[Pipeline]| -> BTreeSet<VarUpdate> {
-            pipes.iter().flat_map(|p| p.leaves.values().flat_map(|l| l.updates.iter().copied())).collect()
-        };
-        let (now_named, old_named) = (named(&next.pipes), named(&self.pipes));
-        next.update_ids.retain(|u, _| now_named.contains(u) || old_named.contains(u));
-        let used: BTreeSet<u32> = next.update_ids.values().copied().collect();
-        let mut free = (0..model.max_updates).filter(|i| !used.contains(i));
-        let mut fresh = vec![];
-        for u in &now_named {
-            if !next.update_ids.contains_key(u) {
-                let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!("the update needs more than {} distinct variable updates; recompile", model.max_updates)));
-                };
-                next.update_ids.insert(*u, id);
-                fresh.push((*u, id));
-            }
+        let mut first: BTreeMap<VarUpdate, usize> = BTreeMap::new();
+        for (x, old) in &u.named {
+            first.entry(*x).or_insert(*old);
         }
-        next.update_ids.retain(|u, _| now_named.contains(u));
-
-        next.counts = crate::model::count(&next.pipes.iter().collect::<Vec<_>>(), model.ranges)?;
-        self.check_capacity(model, &self.counts, &next.counts)?;
-        next.check_states()?;
-
-        let is_array = |map: usize| model.maps[map].map_type == MapType::Array;
-        let ops_for = |gen: u32| -> (Vec<MapOp>, Vec<MapOp>) {
-            let mut old = Encoded::new();
-            let mut new = Encoded::new();
-            for item in &touched {
-                self.encode_item(model, gen, item, &mut old);
-                next.encode_item(model, gen, item, &mut new);
+        let flipped = first.iter().any(|(x, old)| (*old > 0) != self.ix.named.contains_key(x));
+        let mut fresh = vec![];
+        if flipped || !self.ix.ids_exact {
+            let now_named: BTreeSet<VarUpdate> = self.ix.named.keys().copied().collect();
+            let old_named: BTreeSet<VarUpdate> = now_named
+                .iter()
+                .filter(|x| first.get(x) != Some(&0))
+                .copied()
+                .chain(first.iter().filter(|(_, old)| **old > 0).map(|(x, _)| *x))
+                .collect();
+            let stale: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x) && !old_named.contains(x)).copied().collect();
+            for x in stale {
+                self.log_change(Change::Id { u: x, val: None }, &mut u.log);
             }
-            let mut ops = vec![];
-            let mut undo = vec![];
-            for ((map, key), old_v) in &old {
-                // Array slots are never deleted: nothing points to them any more.
-                if !new.contains_key(&(*map, key.clone())) && !is_array(*map) {
-                    ops.push(MapOp { map: *map, key: key.clone(), value: None });
-                    undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()) });
+            let used: BTreeSet<u32> = self.update_ids.values().copied().collect();
+            let mut free = (0..model.max_updates).filter(|i| !used.contains(i));
+            for x in &now_named {
+                if !self.update_ids.contains_key(x) {
+                    let Some(id) = free.next() else {
+                        return Err(EbpfError::Capacity(format!("the update needs more than {} distinct variable updates; recompile", model.max_updates)));
+                    };
+                    self.log_change(Change::Id { u: *x, val: Some(id) }, &mut u.log);
+                    fresh.push((*x, id));
                 }
             }
-            for ((map, key), v) in &new {
-                let before = old.get(&(*map, key.clone()));
-                if before != Some(v) {
-                    ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()) });
-                    if before.is_some() || !is_array(*map) {
-                        undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned() });
+            let gone: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x)).copied().collect();
+            for x in gone {
+                self.log_change(Change::Id { u: x, val: None }, &mut u.log);
+            }
+            self.ix.ids_exact = true;
+        }
+
+        // Entry counts, from the net changes.
+        for (&(p, t, s, m), &i) in &entry_keys {
+            let Change::Entry { val: old, .. } = &u.log[i] else { unreachable!("an entry change") };
+            let table = &self.pipes[p].tables[t];
+            let now = table.entries.contains_key(&(s, m));
+            if old.is_some() == now {
+                continue;
+            }
+            match home(model.ranges, table.kind, &m) {
+                Home::Exact if now => counts.exact += 1,
+                Home::Exact => counts.exact -= 1,
+                Home::Lpm => {
+                    let n = match m {
+                        Match::Default => Some(1),
+                        _ => prefixes_of(&m, table.width).map(|v| v.len()),
+                    };
+                    match (n, now) {
+                        (Some(n), true) => counts.lpm += n,
+                        (Some(n), false) => counts.lpm -= n,
+                        (None, _) => count_again = true,
                     }
                 }
+                Home::Sorted => {}
             }
-            for (r_new, r_old) in next.root_ops(model, gen).into_iter().zip(self.root_ops(model, gen)) {
-                if r_new != r_old {
-                    undo.push(r_old);
-                    ops.push(r_new);
+        }
+        counts.updates = self.ix.named.len();
+        counts.max_intervals = self.ix.hist.keys().next_back().copied().unwrap_or(0);
+        if count_again {
+            // The error, as counting from scratch reports it.
+            counts = crate::model::count(&self.pipes.iter().collect::<Vec<_>>(), model.ranges)?;
+        }
+        self.check_capacity(model, &u.counts, &counts)?;
+        self.counts = counts;
+        if big || !self.ix.states_ok {
+            self.check_states()?;
+        }
+        self.ix.states_ok = true;
+
+        // The old and new encodings of the touched items: the new ones now,
+        // the old ones with the logged changes swapped back for a moment.
+        let encode = |img: &TableImage| -> (Vec<Encoded>, Vec<Vec<MapOp>>) {
+            let mut enc = vec![Encoded::new(), Encoded::new()];
+            for item in &touched {
+                for gen in 0..2 {
+                    img.encode_item(model, gen, item, &mut enc[gen as usize]);
                 }
             }
-            (ops, undo)
+            (enc, vec![img.root_ops(model, 0), img.root_ops(model, 1)])
         };
+        let (new_enc, new_roots) = encode(self);
+        for c in u.log.iter_mut().rev() {
+            self.swap(c);
+        }
+        let (old_enc, old_roots) = encode(self);
+        for c in u.log.iter_mut() {
+            self.swap(c);
+        }
+
+        let ops_for = |gen: u32| ops_between(model, &old_enc[gen as usize], &new_enc[gen as usize], &old_roots[gen as usize], &new_roots[gen as usize]);
         let inactive_gen = 1 - self.live_gen;
         let (inactive, undo_inactive) = ops_for(inactive_gen);
         let (live, _) = ops_for(self.live_gen);
-        next.live_gen = inactive_gen;
-        let plan = UpdatePlan {
+        self.live_gen = inactive_gen;
+        Ok(UpdatePlan {
             prepare: self.update_table_ops(model, fresh.into_iter()),
             inactive,
             undo_inactive,
             flip: vec![gen_op(model, inactive_gen)],
             live,
             new_gen: inactive_gen,
-        };
-        Ok((plan, next))
+        })
+    }
+
+    fn alloc_slot(&mut self, model: &Model, pool: Pool, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
+        let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
+        let m = &model.maps[map];
+        self.slots.alloc_logged(pool, m.max_entries / 2, &format!("map {}", m.name), undo)
     }
 
     /// The union of the leaves every pipeline gives a packet with these
@@ -761,6 +1243,44 @@ impl TableImage {
         out
     }
 }
+
+/// The operations that take the maps from the `old` encodings (and roots)
+/// of the touched items to the `new` ones, and those that undo them.
+fn ops_between(model: &Model, old: &Encoded, new: &Encoded, old_roots: &[MapOp], new_roots: &[MapOp]) -> (Vec<MapOp>, Vec<MapOp>) {
+    let is_array = |map: usize| model.maps[map].map_type == MapType::Array;
+    let mut ops = vec![];
+    let mut undo = vec![];
+    for ((map, key), old_v) in old {
+        // Array slots are never deleted: nothing points to them any more.
+        if !new.contains_key(&(*map, key.clone())) && !is_array(*map) {
+            ops.push(MapOp { map: *map, key: key.clone(), value: None });
+            undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()) });
+        }
+    }
+    for ((map, key), v) in new {
+        let before = old.get(&(*map, key.clone()));
+        if before != Some(v) {
+            ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()) });
+            if before.is_some() || !is_array(*map) {
+                undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned() });
+            }
+        }
+    }
+    for (r_new, r_old) in new_roots.iter().zip(old_roots) {
+        if r_new != r_old {
+            undo.push(r_old.clone());
+            ops.push(r_new.clone());
+        }
+    }
+    (ops, undo)
+}
+
+#[path = "encode_reference.rs"]
+mod reference;
+
+#[cfg(test)]
+#[path = "encode_tests.rs"]
+mod tests;
 
 fn gen_op(model: &Model, gen: u32) -> MapOp {
     MapOp { map: model.ids.gen, key: 0u32.to_ne_bytes().to_vec(), value: Some(gen.to_ne_bytes().to_vec()) }

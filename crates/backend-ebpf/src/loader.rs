@@ -102,20 +102,30 @@ pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]
 
 /// The update protocol of [`crate::encode`] on `maps`, which hold `image`:
 /// returns the report and the image after the update.
-pub(crate) fn update_maps(maps: &[Option<MapHandle>], model: &Model, image: &TableImage, update: &subc_bdd::Update) -> Result<(UpdateReport, TableImage), EbpfError> {
+/// `image` becomes the image after it; on any error it stays the one before.
+pub(crate) fn update_maps(maps: &[Option<MapHandle>], model: &Model, image: &mut TableImage, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
     let t = Instant::now();
-    let (plan, next) = image.plan(model, update)?;
-    apply_ops(maps, model, &plan.prepare)?;
-    if let Err(e) = apply_ops(maps, model, &plan.inactive) {
-        let _ = apply_ops(maps, model, &plan.undo_inactive);
-        return Err(e);
+    let (plan, undo) = image.plan_in_place(model, update)?;
+    let write = || -> Result<u64, EbpfError> {
+        apply_ops(maps, model, &plan.prepare)?;
+        if let Err(e) = apply_ops(maps, model, &plan.inactive) {
+            let _ = apply_ops(maps, model, &plan.undo_inactive);
+            return Err(e);
+        }
+        apply_ops(maps, model, &plan.flip)?;
+        let g = Instant::now();
+        grace_period();
+        let grace_us = g.elapsed().as_micros() as u64;
+        apply_ops(maps, model, &plan.live)?;
+        Ok(grace_us)
+    };
+    match write() {
+        Ok(grace_us) => Ok(UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 }),
+        Err(e) => {
+            image.rollback(undo);
+            Err(e)
+        }
     }
-    apply_ops(maps, model, &plan.flip)?;
-    let g = Instant::now();
-    grace_period();
-    let grace_us = g.elapsed().as_micros() as u64;
-    apply_ops(maps, model, &plan.live)?;
-    Ok((UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 }, next))
 }
 
 /// Waits until every BPF program run that started before the call has
@@ -192,10 +202,8 @@ impl Dataplane {
     /// capacity error nothing is touched; on a kernel error while writing
     /// the inactive generation, it is restored and the old tables stay live.
     pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
-        let image = self.image.as_ref().ok_or_else(|| EbpfError::Kernel("this data plane was loaded without a table image".into()))?;
-        let (report, next) = update_maps(&self.maps, &self.model, image, update)?;
-        self.image = Some(next);
-        Ok(report)
+        let image = self.image.as_mut().ok_or_else(|| EbpfError::Kernel("this data plane was loaded without a table image".into()))?;
+        update_maps(&self.maps, &self.model, image, update)
     }
 
     /// Writes the egress of every port and the no-match action.

@@ -130,10 +130,8 @@ impl PinnedTables {
 
     /// Applies an IR update atomically, as [`Dataplane::update`] does.
     pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
-        let image = self.image.as_ref().ok_or_else(|| EbpfError::Kernel("the pinned tables were not checked against an image".into()))?;
-        let (report, next) = update_maps(&self.maps, &self.model, image, update)?;
-        self.image = Some(next);
-        Ok(report)
+        let image = self.image.as_mut().ok_or_else(|| EbpfError::Kernel("the pinned tables were not checked against an image".into()))?;
+        update_maps(&self.maps, &self.model, image, update)
     }
 
     /// Applies map operations (e.g. a changed target config).
