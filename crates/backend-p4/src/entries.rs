@@ -567,24 +567,6 @@ pub fn install_ops(p: &Pipeline) -> Vec<Op> {
     d.ops()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonical_byte_strings() {
-        assert_eq!(canonical(0), vec![0]);
-        assert_eq!(canonical(1), vec![1]);
-        assert_eq!(canonical(0x100), vec![1, 0]);
-        assert_eq!(canonical(u64::MAX), vec![0xff; 8]);
-        assert_eq!(canonical_bytes(&[0, 0, 0]), vec![0]);
-        assert_eq!(canonical_bytes(&[0, 7, 0]), vec![7, 0]);
-        assert_eq!(port_bitmap(&[], 256), vec![0]);
-        assert_eq!(port_bitmap(&[0], 256), vec![1]);
-        assert_eq!(port_bitmap(&[1, 9], 16), vec![2, 2]);
-        assert_eq!(port_bitmap(&[255], 256).len(), 32);
-    }
-}
 
 /// What an update does, in the program's names: `insert leaf: state 3 ->
 /// multicast(1)`. Used as comments in `entries.txtpb`.
@@ -667,4 +649,23 @@ pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -
 /// update preceded by a comment saying what it does.
 pub fn entries_text(batches: &[Batch], info: &crate::proto::p4::config::v1::P4Info) -> String {
     crate::proto::write_request_text(&write_request(batches), |u| describe(u, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_byte_strings() {
+        assert_eq!(canonical(0), vec![0]);
+        assert_eq!(canonical(1), vec![1]);
+        assert_eq!(canonical(0x100), vec![1, 0]);
+        assert_eq!(canonical(u64::MAX), vec![0xff; 8]);
+        assert_eq!(canonical_bytes(&[0, 0, 0]), vec![0]);
+        assert_eq!(canonical_bytes(&[0, 7, 0]), vec![7, 0]);
+        assert_eq!(port_bitmap(&[], 256), vec![0]);
+        assert_eq!(port_bitmap(&[0], 256), vec![1]);
+        assert_eq!(port_bitmap(&[1, 9], 16), vec![2, 2]);
+        assert_eq!(port_bitmap(&[255], 256).len(), 32);
+    }
 }

@@ -327,7 +327,7 @@ impl Divider {
     pub const INPUT_BITS: u32 = 48;
 
     pub fn new(d: u64) -> Divider {
-        assert!(d >= 1 && d < 1 << 48, "divisor out of range");
+        assert!((1..1 << 48).contains(&d), "divisor out of range");
         if d.is_power_of_two() {
             return Divider { multiplier: 1, shift: d.trailing_zeros() };
         }

@@ -811,7 +811,7 @@ impl<'a> Simulator<'a> {
                             next = if x >= avg { avg.wrapping_add((x - avg) >> shift) } else { avg.wrapping_sub((avg - x) >> shift) };
                         }
                         if let Some(spike) = spike_meta {
-                            let delta = if next >= avg { next - avg } else { avg - next };
+                            let delta = next.abs_diff(avg);
                             if samples >= *warmup as u64 && delta > (avg >> spike_shift) {
                                 meta.fields.insert(spike.clone(), 1);
                             }

@@ -107,7 +107,9 @@ pub fn measure_orders(spec: &Spec, subs: &[NfSubscription], opts: &crate::Compil
     let step = subs.len().div_ceil(SAMPLE).max(1);
     let sample: Vec<NfSubscription> = subs.iter().step_by(step).cloned().collect();
     let whole = step == 1;
-    let mut best: Option<((usize, usize, usize), Vec<QueryFieldId>, crate::CompiledSet)> = None;
+    // The best candidate so far: its cost (entries, pipelines, nodes), order and compile.
+    type Candidate = ((usize, usize, usize), Vec<QueryFieldId>, crate::CompiledSet);
+    let mut best: Option<Candidate> = None;
     for (i, order) in candidates.into_iter().enumerate() {
         let mut o = opts.clone();
         o.order = Some(order.clone());

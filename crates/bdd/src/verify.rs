@@ -12,6 +12,7 @@
 //!    content (no duplicates), leaves included;
 //! 5. *leaves well formed*: ports below 512, updates sorted without
 //!    duplicates, no drop flag on a forwarding leaf.
+//!
 //! Paths are satisfiable by construction (a field is tested once per path,
 //! so each edge interval is non-empty and reachable); 1 and 2 imply it.
 //!

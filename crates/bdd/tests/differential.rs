@@ -159,7 +159,7 @@ proptest! {
         prop_assert!(u.is_empty(), "unchanged set needs a diff of {} after restart", u.len());
         prop_assert_eq!(&fresh.pipelines().into_iter().cloned().collect::<Vec<_>>(), &deployed);
         // Changed while down (acknowledged but not deployed): the diff is the change.
-        for i in n..n + extra { present[i] = true; }
+        for p in present.iter_mut().skip(n).take(extra) { *p = true; }
         let mut fresh = CompiledSet::compile(&full.spec, &pick(&present), opts).unwrap();
         let u = fresh.adopt(&deployed).unwrap();
         let mut target = deployed.clone();

@@ -294,7 +294,7 @@ impl Checker<'_> {
                     let (ty, need): (Option<FieldType>, Option<String>) = match t {
                         "mac" => (Some(FieldType::Mac), (width != 48).then(|| "a MAC address is 48 bits".into())),
                         "ipv4" => (Some(FieldType::Ipv4), (width != 32).then(|| "an IPv4 address is 32 bits".into())),
-                        "ascii" => (Some(FieldType::Ascii), (width % 8 != 0).then(|| "an ASCII field is a whole number of bytes".into())),
+                        "ascii" => (Some(FieldType::Ascii), (!width.is_multiple_of(8)).then(|| "an ASCII field is a whole number of bytes".into())),
                         "signed" => (Some(FieldType::Signed), (width < 2).then(|| "a signed field needs at least 2 bits".into())),
                         "uint" => (Some(FieldType::Uint), None),
                         _ => (None, None),
@@ -327,7 +327,7 @@ impl Checker<'_> {
             spans.push(f.span);
             offset += width;
         }
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             self.diags.push(
                 Diagnostic::error(Code::HeaderNotByteAligned, format!("header `{}` is {offset} bits, not a whole number of bytes", h.name.text))
                     .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8)),

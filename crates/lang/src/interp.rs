@@ -138,30 +138,27 @@ impl StateStore {
                     }
                     *count = count.wrapping_add(1);
                 }
-                (StateKind::Avg { field, samples }, Slot::Avg { ring, next, sum }) => {
-                    if pkt.valid(field.header) {
-                        let v = pkt.raw(*field);
-                        *sum = *sum + v - ring[*next as usize];
-                        ring[*next as usize] = v;
-                        *next = (*next + 1) % samples;
-                    }
+                // A packet without the averaged field's header leaves the slot as it was.
+                (StateKind::Avg { field, samples }, Slot::Avg { ring, next, sum }) if pkt.valid(field.header) => {
+                    let v = pkt.raw(*field);
+                    *sum = *sum + v - ring[*next as usize];
+                    ring[*next as usize] = v;
+                    *next = (*next + 1) % samples;
                 }
-                (StateKind::Ewma { field, shift, spike_shift, warmup }, Slot::Ewma { ewma, count }) => {
-                    if pkt.valid(field.header) {
-                        let x = pkt.raw(*field) << EWMA_FRACTION_BITS;
-                        let old = *ewma;
-                        let new = if *count == 0 {
-                            x
-                        } else if x >= old {
-                            old + ((x - old) >> shift)
-                        } else {
-                            old - ((old - x) >> shift)
-                        };
-                        let delta = new.abs_diff(old);
-                        spikes[i] = *count >= *warmup && delta > (old >> spike_shift);
-                        *ewma = new;
-                        *count = (*count + 1).min(255);
-                    }
+                (StateKind::Ewma { field, shift, spike_shift, warmup }, Slot::Ewma { ewma, count }) if pkt.valid(field.header) => {
+                    let x = pkt.raw(*field) << EWMA_FRACTION_BITS;
+                    let old = *ewma;
+                    let new = if *count == 0 {
+                        x
+                    } else if x >= old {
+                        old + ((x - old) >> shift)
+                    } else {
+                        old - ((old - x) >> shift)
+                    };
+                    let delta = new.abs_diff(old);
+                    spikes[i] = *count >= *warmup && delta > (old >> spike_shift);
+                    *ewma = new;
+                    *count = (*count + 1).min(255);
                 }
                 _ => {}
             }
