@@ -5,8 +5,9 @@
 //!
 //! The program (P4_16, v1model):
 //! - headers and a parser from the spec; a packet that reaches `accept`
-//!   sets `meta.parsed`, anything else matches nothing (v1model hands
-//!   rejected packets to the ingress anyway, so the flag is what decides);
+//!   sets `meta.parsed`, anything else matches nothing (a select with no
+//!   matching case leaves by `accept` without the flag, see
+//!   [`UNPARSED_EXIT`]; so the flag is what decides);
 //! - `metadata_t` holds one field per query field (packet fields copied from
 //!   valid headers, signed ones with the sign bit flipped; state values
 //!   computed by register logic) and the diagram state `meta.state`;
@@ -88,8 +89,18 @@ pub enum Transition {
     Select { fields: Vec<String>, widths: Vec<u32>, cases: Vec<(Vec<Option<u64>>, String)>, default: String },
 }
 
-/// The parse target names used in transitions.
+/// The parse target names used in transitions: a packet the spec's parse
+/// graph accepts goes to [`PARSED_STATE`], which sets `meta.parsed`.
 pub const PARSED_STATE: &str = "parsed";
+/// Where a packet the spec's parse graph rejects goes: out of the parser
+/// without `meta.parsed`, so the ingress gives it the no-match decision
+/// (docs/semantics.md, "Parse"). Not P4's `reject`: v1model hands rejected
+/// packets to the ingress anyway, p4c's BMv2 back end does not support an
+/// explicit `transition reject` (it warns `unsupported`), and on a target
+/// whose parser drops rejected packets the configured no-match action would
+/// be bypassed. (A header cut short still rejects implicitly, with
+/// `PacketTooShort`; the ingress sees `meta.parsed == 0` either way.)
+pub const UNPARSED_EXIT: &str = "accept";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetaField {
@@ -404,7 +415,7 @@ impl Layout {
         let target = |t: ParseTarget| -> String {
             match t {
                 ParseTarget::Accept => PARSED_STATE.to_string(),
-                ParseTarget::Reject => "reject".to_string(),
+                ParseTarget::Reject => UNPARSED_EXIT.to_string(),
                 ParseTarget::Header(h) => state_names[h.0 as usize].clone(),
             }
         };

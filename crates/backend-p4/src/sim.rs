@@ -19,7 +19,7 @@
 //! the highest priority), with the actions the P4Info names, and the
 //! multicast groups of the replication engine.
 
-use crate::layout::{ActionKind, Divider, Fanout, Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE};
+use crate::layout::{ActionKind, Divider, Fanout, Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
 use crate::p4info::qualified;
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
@@ -712,7 +712,7 @@ impl<'a> Simulator<'a> {
             if at == PARSED_STATE {
                 return Some(pkt);
             }
-            if at == "reject" {
+            if at == UNPARSED_EXIT {
                 return None;
             }
             let state = self.layout.parse_states.iter().find(|s| s.name == at).expect("a parse state");

@@ -77,8 +77,9 @@ parser MyParser(packet_in packet,
 {%- endmatch %}
     }
 {% endfor %}
-    // Only packets that get here are evaluated; v1model passes the others to
-    // the ingress too, with the parser error set.
+    // Only packets that get here are evaluated. The others leave by accept
+    // without the flag (no select case for them) or are cut short (parser
+    // error set); either way the ingress sees meta.parsed == 0.
     state parsed {
         meta.parsed = 1;
         transition accept;
@@ -322,8 +323,13 @@ control MyEgress(inout headers_t hdr,
                  inout standard_metadata_t standard_metadata) {
 {%- if ports_width.is_some() %}
     apply {
-        // Keep the copy only if its port is in the pipelines' union.
-        if (meta.ports != 0 && ((meta.ports >> standard_metadata.egress_port) & 1) == 0) {
+        // Keep the copy only if its port is in the pipelines' union. BMv2
+        // shifts by an amount of at most 8 bits, so the 9-bit port (at most
+        // 510) is shifted in two halves.
+        bit<9> port = standard_metadata.egress_port;
+        bit<8> half = (bit<8>)(port >> 1);
+        bit<8> rest = (bit<8>)(port - (port >> 1));
+        if (meta.ports != 0 && (((meta.ports >> half) >> rest) & 1) == 0) {
             mark_to_drop(standard_metadata);
         }
     }
