@@ -52,6 +52,13 @@ P4RUNTIME_PYTHON="$(cd "$P4RT_VENV/bin" && pwd)/python"
 export P4RUNTIME_PYTHON
 PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "$P4RUNTIME_PYTHON" scripts/p4runtime_fds.py --check proto/p4runtime/p4runtime.fds.bin
 
+log "checking formatting (rustfmt.toml)"
+if cargo fmt --version >/dev/null 2>&1; then
+    cargo fmt --all --check
+else
+    log "rustfmt is not installed: skipping the format check"
+fi
+
 log "building"
 cargo build --workspace --all-targets --locked
 

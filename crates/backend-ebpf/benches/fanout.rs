@@ -134,7 +134,9 @@ fn topology(n: usize) -> Net {
     let bp_mac = mac_of(&broker, "bp").unwrap();
     ip(&["-n", &publisher, "neigh", "replace", "10.9.0.1", "lladdr", &bp_mac, "dev", "pp", "nud", "permanent"]).unwrap();
     // The broker's receive processing on CPU 1.
-    let _ = std::process::Command::new("ip").args(["netns", "exec", &broker, "sh", "-c", "echo 2 > /sys/class/net/bp/queues/rx-0/rps_cpus"]).output();
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "exec", &broker, "sh", "-c", "echo 2 > /sys/class/net/bp/queues/rx-0/rps_cpus"])
+        .output();
     let mut macs = vec![];
     for i in 1..=n {
         let (b, s) = (format!("b{i}"), format!("s{i}"));
@@ -150,7 +152,8 @@ fn topology(n: usize) -> Net {
     in_netns(&subs, move || {
         let o = load(COUNTER_C);
         let fd = prog_fd(&o, "bench_count_drop");
-        let links: Vec<OwnedFd> = (1..=n).map(|i| link_xdp(fd, loader::ifindex(&format!("s{i}")).unwrap(), libbpf_sys::XDP_FLAGS_DRV_MODE)).collect();
+        let links: Vec<OwnedFd> =
+            (1..=n).map(|i| link_xdp(fd, loader::ifindex(&format!("s{i}")).unwrap(), libbpf_sys::XDP_FLAGS_DRV_MODE)).collect();
         let m = o.maps().find(|m| m.name() == "bench_count").unwrap();
         tx.send((libbpf_rs::MapHandle::try_from(&m).unwrap(), links)).unwrap();
     })
@@ -210,7 +213,13 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
                 let i = i + 1;
                 cfg.ports.insert(
                     i as u32,
-                    Egress { interface: format!("b{i}"), dst_mac: Some(mac.clone()), src_mac: None, dst_ip: Some(format!("10.10.{i}.2").parse().unwrap()), dst_port: Some(SUB_PORT) },
+                    Egress {
+                        interface: format!("b{i}"),
+                        dst_mac: Some(mac.clone()),
+                        src_mac: None,
+                        dst_ip: Some(format!("10.10.{i}.2").parse().unwrap()),
+                        dst_port: Some(SUB_PORT),
+                    },
                 );
             }
             dp.configure(&cfg).unwrap();
@@ -316,7 +325,11 @@ fn main() {
                 let (c1, dt) = (count(&net.counter), t0.elapsed().as_secs_f64());
                 let s1 = softnet();
                 if std::env::var("SUBC_BENCH_DEBUG").is_ok() {
-                    eprintln!("{mode:?}: softnet processed per CPU {:?}, dropped {:?}", s1.iter().zip(&s0).map(|(a, b)| a.0 - b.0).collect::<Vec<_>>(), s1.iter().zip(&s0).map(|(a, b)| a.1 - b.1).collect::<Vec<_>>());
+                    eprintln!(
+                        "{mode:?}: softnet processed per CPU {:?}, dropped {:?}",
+                        s1.iter().zip(&s0).map(|(a, b)| a.0 - b.0).collect::<Vec<_>>(),
+                        s1.iter().zip(&s0).map(|(a, b)| a.1 - b.1).collect::<Vec<_>>()
+                    );
                 }
                 stop_p.store(true, Ordering::Relaxed);
                 let sent = hp.join().unwrap();

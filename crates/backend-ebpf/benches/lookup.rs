@@ -136,7 +136,14 @@ fn packets(n: usize, seed: u64) -> Vec<Vec<u8>> {
         .map(|i| {
             let s = rng.pick(&symbols).clone();
             let side = if rng.chance(0.5) { b'B' } else { b'S' };
-            let payload = moldudp_add_order(i as u64, 1 + rng.below(1000) as u16, side, rng.range(1, 1200) as u32, &s, rng.range(1, 2_000_000) as u32);
+            let payload = moldudp_add_order(
+                i as u64,
+                1 + rng.below(1000) as u16,
+                side,
+                rng.range(1, 1200) as u32,
+                &s,
+                rng.range(1, 2_000_000) as u32,
+            );
             udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload)
         })
         .collect()
@@ -166,7 +173,10 @@ fn main() {
     let pkts = packets(16, 42);
     let floor = floor_ns(repeat);
     let srso = std::fs::read_to_string("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow").unwrap_or_default();
-    println!("{}", serde_json::json!({"floor_ns": floor, "repeat": repeat, "costs_ns": op_costs(repeat), "spec_rstack_overflow": srso.trim()}));
+    println!(
+        "{}",
+        serde_json::json!({"floor_ns": floor, "repeat": repeat, "costs_ns": op_costs(repeat), "spec_rstack_overflow": srso.trim()})
+    );
     let stateless = stateless_spec();
     for (n, spec_name, spec_text) in sizes.iter().flat_map(|n| [(*n, "itch", ITCH_SPEC), (*n, "itch-stateless", stateless.as_str())]) {
         let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });

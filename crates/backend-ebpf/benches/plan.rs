@@ -76,7 +76,9 @@ fn main() {
         e.1.push(t_new);
         e.2.push(plan.op_count());
     };
-    for (add, remove, range) in [("add, new stock", "remove, new stock", n + k..n + 2 * k), ("add, ITCH-drawn", "remove, ITCH-drawn", n..n + k)] {
+    for (add, remove, range) in
+        [("add, new stock", "remove, new stock", n + k..n + 2 * k), ("add, ITCH-drawn", "remove, ITCH-drawn", n..n + k)]
+    {
         for i in range.clone() {
             let u = set.add(std::slice::from_ref(&nfs[i])).expect("add");
             step(&mut img, add, &u);

@@ -269,7 +269,11 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
     for f in &needed {
         let fd = spec.field(*f);
         if fd.width > 64 {
-            return Err(EbpfError::Unsupported(format!("field {} is {} bits; the program reads at most 64", spec.field_name(*f), fd.width)));
+            return Err(EbpfError::Unsupported(format!(
+                "field {} is {} bits; the program reads at most 64",
+                spec.field_name(*f),
+                fd.width
+            )));
         }
         field_var.insert(*f, namer.name(&spec.field_name(*f)));
     }
@@ -301,12 +305,8 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
             Some(ParseNext::Select { fields, cases, default }) => {
                 let mut unconditional = false;
                 for c in cases {
-                    let conds: Vec<String> = c
-                        .values
-                        .iter()
-                        .zip(fields)
-                        .filter_map(|(v, f)| v.map(|v| format!("{} == {v:#x}ULL", field_var[f])))
-                        .collect();
+                    let conds: Vec<String> =
+                        c.values.iter().zip(fields).filter_map(|(v, f)| v.map(|v| format!("{} == {v:#x}ULL", field_var[f]))).collect();
                     if conds.is_empty() {
                         next.push(Branch { cond: None, target: label(c.target) });
                         unconditional = true;
@@ -371,7 +371,8 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
             }
             StateKind::Avg { field, samples } => {
                 v.kind = "avg";
-                v.comment = format!("{} = avg({}, samples = {samples}){keyed}", comment_safe(&s.name), comment_safe(&spec.field_name(*field)));
+                v.comment =
+                    format!("{} = avg({}, samples = {samples}){keyed}", comment_safe(&s.name), comment_safe(&spec.field_name(*field)));
                 v.valid = valid_of(*field);
                 v.source = field_var[field].clone();
                 v.ring_mask = samples - 1;
@@ -456,7 +457,13 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
     };
     let mut summary = vec![format!(
         "headers: {}",
-        spec.parser.topo_order.iter().filter(|h| reach.contains(h)).map(|h| comment_safe(&spec.header(*h).name)).collect::<Vec<_>>().join(" -> ")
+        spec.parser
+            .topo_order
+            .iter()
+            .filter(|h| reach.contains(h))
+            .map(|h| comment_safe(&spec.header(*h).name))
+            .collect::<Vec<_>>()
+            .join(" -> ")
     )];
     summary.push(format!("ports: {} (bitmap of {} words)", model.ports, model.port_words));
     let view = ProgramView {

@@ -44,7 +44,8 @@
 
 use crate::layout::MapType;
 use crate::model::{
-    class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES, TERMINAL,
+    class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES,
+    TERMINAL,
 };
 use crate::{EbpfError, RangeLookup};
 use serde::Serialize;
@@ -114,10 +115,22 @@ impl Desc {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Item {
     /// An exact-hash entry, or an LPM entry.
-    Entry { p: usize, table: usize, state: StateId, m: Match },
+    Entry {
+        p: usize,
+        table: usize,
+        state: StateId,
+        m: Match,
+    },
     /// A state's sorted value.
-    Sorted { p: usize, table: usize, state: StateId },
-    Leaf { p: usize, state: StateId },
+    Sorted {
+        p: usize,
+        table: usize,
+        state: StateId,
+    },
+    Leaf {
+        p: usize,
+        state: StateId,
+    },
 }
 
 /// Free and used indices of the array pools.
@@ -285,7 +298,12 @@ struct Index {
 
 impl Index {
     fn build(pipes: &[Pipeline], ranges: RangeLookup, update_ids: &BTreeMap<VarUpdate, u32>, states_ok: bool) -> Index {
-        let mut ix = Index { preds: vec![HashMap::new(); pipes.len()], sorted_n: vec![HashMap::new(); pipes.len()], states_ok, ..Default::default() };
+        let mut ix = Index {
+            preds: vec![HashMap::new(); pipes.len()],
+            sorted_n: vec![HashMap::new(); pipes.len()],
+            states_ok,
+            ..Default::default()
+        };
         for (p, pipe) in pipes.iter().enumerate() {
             for (t, table) in pipe.tables.iter().enumerate() {
                 let mut last = None;
@@ -416,7 +434,12 @@ impl TableImage {
     /// The image of `pipes` with these update ids and generation `gen` live,
     /// slots allocated as [`TableImage::new`] does: what a freshly loaded
     /// set holds. After updates, slots differ; keep [`TableImage::parts`].
-    pub fn from_parts(model: &Model, pipes: Vec<Pipeline>, update_ids: BTreeMap<VarUpdate, u32>, gen: u32) -> Result<TableImage, EbpfError> {
+    pub fn from_parts(
+        model: &Model,
+        pipes: Vec<Pipeline>,
+        update_ids: BTreeMap<VarUpdate, u32>,
+        gen: u32,
+    ) -> Result<TableImage, EbpfError> {
         let refs: Vec<&Pipeline> = pipes.iter().collect();
         let mut img = TableImage::new(model, &refs)?;
         img.ix.ids_exact = update_ids.keys().eq(img.ix.named.keys());
@@ -464,7 +487,10 @@ impl TableImage {
         let counts = crate::model::count(&refs, model.ranges)?;
         let mut descs: Vec<HashMap<StateId, Desc>> = pipelines.iter().map(|p| shapes_of(p, model.ranges)).collect();
         for (p, s, idx) in &parts.slots {
-            let d = descs.get_mut(*p).and_then(|d| d.get_mut(s)).ok_or_else(|| EbpfError::Diff(format!("saved slot for pipeline {p} state {s}, which is not there")))?;
+            let d = descs
+                .get_mut(*p)
+                .and_then(|d| d.get_mut(s))
+                .ok_or_else(|| EbpfError::Diff(format!("saved slot for pipeline {p} state {s}, which is not there")))?;
             d.idx = *idx;
         }
         let mut slots = Slots::default();
@@ -880,14 +906,21 @@ impl TableImage {
         let pipe = &self.pipes[p];
         // Whether the place holds something now, and the change.
         let (present, mut c) = match op {
-            Op::CreateGroup { group, ports } | Op::ChangeGroup { group, ports } => (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: Some(ports.clone()) }),
-            Op::RemoveGroup { group } => (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: None }),
-            Op::InsertLeaf { state, leaf } | Op::ModifyLeaf { state, leaf } => (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: Some(leaf.clone()) }),
-            Op::DeleteLeaf { state } => (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: None }),
-            Op::Insert { table, state, key, next } | Op::Modify { table, state, key, next } => {
-                (pipe.tables[*table].entries.contains_key(&(*state, *key)), Change::Entry { p, t: *table, key: (*state, *key), val: Some(*next) })
+            Op::CreateGroup { group, ports } | Op::ChangeGroup { group, ports } => {
+                (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: Some(ports.clone()) })
             }
-            Op::Delete { table, state, key } => (pipe.tables[*table].entries.contains_key(&(*state, *key)), Change::Entry { p, t: *table, key: (*state, *key), val: None }),
+            Op::RemoveGroup { group } => (pipe.groups.contains_key(group), Change::Group { p, g: *group, val: None }),
+            Op::InsertLeaf { state, leaf } | Op::ModifyLeaf { state, leaf } => {
+                (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: Some(leaf.clone()) })
+            }
+            Op::DeleteLeaf { state } => (pipe.leaves.contains_key(state), Change::Leaf { p, s: *state, val: None }),
+            Op::Insert { table, state, key, next } | Op::Modify { table, state, key, next } => (
+                pipe.tables[*table].entries.contains_key(&(*state, *key)),
+                Change::Entry { p, t: *table, key: (*state, *key), val: Some(*next) },
+            ),
+            Op::Delete { table, state, key } => {
+                (pipe.tables[*table].entries.contains_key(&(*state, *key)), Change::Entry { p, t: *table, key: (*state, *key), val: None })
+            }
             Op::SetRoot { state } => (true, Change::Root { p, val: *state }),
         };
         match (matches!(op, Op::CreateGroup { .. } | Op::InsertLeaf { .. } | Op::Insert { .. }), present) {
@@ -1097,7 +1130,8 @@ impl TableImage {
                 .copied()
                 .chain(first.iter().filter(|(_, old)| **old > 0).map(|(x, _)| *x))
                 .collect();
-            let stale: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x) && !old_named.contains(x)).copied().collect();
+            let stale: Vec<VarUpdate> =
+                self.update_ids.keys().filter(|x| !now_named.contains(x) && !old_named.contains(x)).copied().collect();
             for x in stale {
                 self.log_change(Change::Id { u: x, val: None }, &mut u.log);
             }
@@ -1106,7 +1140,10 @@ impl TableImage {
             for x in &now_named {
                 if !self.update_ids.contains_key(x) {
                     let Some(id) = free.next() else {
-                        return Err(EbpfError::Capacity(format!("the update needs more than {} distinct variable updates; recompile", model.max_updates)));
+                        return Err(EbpfError::Capacity(format!(
+                            "the update needs more than {} distinct variable updates; recompile",
+                            model.max_updates
+                        )));
                     };
                     self.log_change(Change::Id { u: *x, val: Some(id) }, &mut u.log);
                     fresh.push((*x, id));
@@ -1177,7 +1214,9 @@ impl TableImage {
             self.swap(c);
         }
 
-        let ops_for = |gen: u32| ops_between(model, &old_enc[gen as usize], &new_enc[gen as usize], &old_roots[gen as usize], &new_roots[gen as usize]);
+        let ops_for = |gen: u32| {
+            ops_between(model, &old_enc[gen as usize], &new_enc[gen as usize], &old_roots[gen as usize], &new_roots[gen as usize])
+        };
         let inactive_gen = 1 - self.live_gen;
         let (inactive, undo_inactive) = ops_for(inactive_gen);
         let (live, _) = ops_for(self.live_gen);
@@ -1218,7 +1257,9 @@ impl TableImage {
                 }
                 if hit.is_none() && d.flags & F_RANGED != 0 {
                     hit = match model.ranges {
-                        RangeLookup::Sorted => sorted_intervals(table, state).into_iter().find(|(lo, hi, _)| *lo <= v && v <= *hi).map(|x| x.2),
+                        RangeLookup::Sorted => {
+                            sorted_intervals(table, state).into_iter().find(|(lo, hi, _)| *lo <= v && v <= *hi).map(|x| x.2)
+                        }
                         RangeLookup::Lpm => crate::model::state_entries(table, state)
                             .filter(|(m, _)| !matches!(m, Match::Exact { .. } | Match::Default) && m.matches(v, table.width))
                             .max_by_key(|(m, _)| m.prefix_len(table.width))

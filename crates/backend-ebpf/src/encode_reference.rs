@@ -83,7 +83,10 @@ impl TableImage {
         for u in &now_named {
             if !next.update_ids.contains_key(u) {
                 let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!("the update needs more than {} distinct variable updates; recompile", model.max_updates)));
+                    return Err(EbpfError::Capacity(format!(
+                        "the update needs more than {} distinct variable updates; recompile",
+                        model.max_updates
+                    )));
                 };
                 next.update_ids.insert(*u, id);
                 fresh.push((*u, id));

@@ -52,9 +52,7 @@ impl ReadPlan {
         match *self {
             ReadPlan::Load { at, size, shift, width } => (be(at, size) >> shift) & mask(width),
             ReadPlan::Bytes { at, n, shift, width } => (be(at, n) >> shift) & mask(width),
-            ReadPlan::Nine { at, shift, width } => {
-                ((be(at, 8) << (8 - shift)) | (h[(at + 8) as usize] as u64 >> shift)) & mask(width)
-            }
+            ReadPlan::Nine { at, shift, width } => ((be(at, 8) << (8 - shift)) | (h[(at + 8) as usize] as u64 >> shift)) & mask(width),
         }
     }
 
@@ -83,7 +81,11 @@ impl ReadPlan {
                 let parts: Vec<String> = (0..n)
                     .map(|k| {
                         let s = 8 * (n - 1 - k);
-                        if s == 0 { format!("(__u64){base}[{}]", at + k) } else { format!("((__u64){base}[{}] << {s})", at + k) }
+                        if s == 0 {
+                            format!("(__u64){base}[{}]", at + k)
+                        } else {
+                            format!("((__u64){base}[{}] << {s})", at + k)
+                        }
                     })
                     .collect();
                 finish(format!("({})", parts.join(" | ")), shift, width, n * 8)
@@ -91,12 +93,12 @@ impl ReadPlan {
             ReadPlan::Nine { at, shift, width } => {
                 let hi = load(at, 8);
                 let lo = format!("(__u64){base}[{}]", at + 8);
-                let e = if shift == 0 {
-                    format!("(({hi} << 8) | {lo})")
+                let e = if shift == 0 { format!("(({hi} << 8) | {lo})") } else { format!("(({hi} << {}) | ({lo} >> {shift}))", 8 - shift) };
+                if width == 64 {
+                    e
                 } else {
-                    format!("(({hi} << {}) | ({lo} >> {shift}))", 8 - shift)
-                };
-                if width == 64 { e } else { format!("({e} & {:#x}ULL)", mask(width)) }
+                    format!("({e} & {:#x}ULL)", mask(width))
+                }
             }
         }
     }

@@ -43,11 +43,17 @@ impl Scalar {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum FieldType {
-    Scalar { scalar: Scalar },
+    Scalar {
+        scalar: Scalar,
+    },
     /// `struct bpf_spin_lock` (4 bytes, user space never writes it).
     SpinLock,
     /// Another struct of this layout, by name.
-    Struct { name: String, size: u32, align: u32 },
+    Struct {
+        name: String,
+        size: u32,
+        align: u32,
+    },
 }
 
 impl FieldType {
@@ -150,7 +156,14 @@ impl StructBuilder {
     fn pad(mut self, n: u32) -> Self {
         let name = format!("_pad{}", self.pads);
         self.pads += 1;
-        self.s.fields.push(CField { name, ty: FieldType::Scalar { scalar: Scalar::U8 }, count: n, array: true, offset: self.s.size, size: n });
+        self.s.fields.push(CField {
+            name,
+            ty: FieldType::Scalar { scalar: Scalar::U8 },
+            count: n,
+            array: true,
+            offset: self.s.size,
+            size: n,
+        });
         self.s.size += n;
         self
     }

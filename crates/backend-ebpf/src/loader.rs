@@ -103,7 +103,12 @@ pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]
 /// The update protocol of [`crate::encode`] on `maps`, which hold `image`:
 /// returns the report and the image after the update.
 /// `image` becomes the image after it; on any error it stays the one before.
-pub(crate) fn update_maps(maps: &[Option<MapHandle>], model: &Model, image: &mut TableImage, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
+pub(crate) fn update_maps(
+    maps: &[Option<MapHandle>],
+    model: &Model,
+    image: &mut TableImage,
+    update: &subc_bdd::Update,
+) -> Result<UpdateReport, EbpfError> {
     let t = Instant::now();
     let (plan, undo) = image.plan_in_place(model, update)?;
     let write = || -> Result<u64, EbpfError> {
@@ -479,7 +484,13 @@ fn detach_clsact(ifindex: u32) {
 
 /// Attaches `program` (a program of `dp`) to `iface`. With `pin_dir`, the
 /// link is pinned there and outlives the process.
-pub fn attach_program(dp: &Dataplane, program: &str, iface: &str, mode: AttachMode, pin_dir: Option<&Path>) -> Result<Attachment, EbpfError> {
+pub fn attach_program(
+    dp: &Dataplane,
+    program: &str,
+    iface: &str,
+    mode: AttachMode,
+    pin_dir: Option<&Path>,
+) -> Result<Attachment, EbpfError> {
     let idx = ifindex(iface)?;
     let fd = dp.program_fd(program)?;
     let (kind, link) = match mode {
@@ -518,7 +529,15 @@ pub fn attach_program(dp: &Dataplane, program: &str, iface: &str, mode: AttachMo
         link_pin = Some(p);
     }
     let owned_clsact = kind == "clsact" && pin_dir.is_none();
-    Ok(Attachment { iface: iface.to_string(), ifindex: idx, program: program.to_string(), kind: kind.to_string(), link_pin, link, owned_clsact })
+    Ok(Attachment {
+        iface: iface.to_string(),
+        ifindex: idx,
+        program: program.to_string(),
+        kind: kind.to_string(),
+        link_pin,
+        link,
+        owned_clsact,
+    })
 }
 
 /// Attaches a data plane for its hook: `subc_xdp` (and `subc_tc_fanout` on
@@ -574,7 +593,10 @@ impl Deployment {
 
     pub fn open(name: &str) -> Result<(Deployment, Model), EbpfError> {
         let dir = state_dir(name);
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map_err(|e| EbpfError::io(format!("no deployment `{name}` ({})", dir.join(f).display()), e));
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .map_err(|e| EbpfError::io(format!("no deployment `{name}` ({})", dir.join(f).display()), e))
+        };
         let d: Deployment = serde_json::from_str(&read("deployment.json")?).map_err(|e| EbpfError::Target(e.to_string()))?;
         let m = Model::from_maps_json(&read("maps.json")?)?;
         Ok((d, m))
@@ -628,9 +650,20 @@ pub fn status(name: &str) -> Result<Status, EbpfError> {
             _ => h.keys().count(),
         };
         if def.role == MapRole::Generation {
-            live_generation = h.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).ok().flatten().map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap())).unwrap_or(0);
+            live_generation = h
+                .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+                .ok()
+                .flatten()
+                .map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap()))
+                .unwrap_or(0);
         }
-        maps.push(MapStatus { name: def.name.clone(), role: def.role, entries, max_entries: def.max_entries, bytes: memlock(h.as_fd().as_raw_fd()) });
+        maps.push(MapStatus {
+            name: def.name.clone(),
+            role: def.role,
+            entries,
+            max_entries: def.max_entries,
+            bytes: memlock(h.as_fd().as_raw_fd()),
+        });
     }
     let mut programs = vec![];
     for prog in ["subc_xdp", "subc_tc", "subc_tc_fanout"] {

@@ -289,7 +289,11 @@ pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfErr
                 let n = sorted_intervals(t, *s).len();
                 c.max_intervals = c.max_intervals.max(n);
                 let class = class_for(n).ok_or_else(|| {
-                    EbpfError::Unsupported(format!("table {}: a state with {n} intervals (the sorted layout holds {})", t.name, SORTED_CLASSES[SORTED_CLASSES.len() - 1]))
+                    EbpfError::Unsupported(format!(
+                        "table {}: a state with {n} intervals (the sorted layout holds {})",
+                        t.name,
+                        SORTED_CLASSES[SORTED_CLASSES.len() - 1]
+                    ))
                 })?;
                 c.sorted[class] += 1;
             }
@@ -349,7 +353,10 @@ impl Model {
         let pipelines: Vec<Vec<TableShape>> = pipes
             .iter()
             .map(|p| {
-                p.tables.iter().map(|t| TableShape { name: t.name.clone(), field: t.field.0, width: t.width, kind: t.kind.as_str().to_string() }).collect()
+                p.tables
+                    .iter()
+                    .map(|t| TableShape { name: t.name.clone(), field: t.field.0, width: t.width, kind: t.kind.as_str().to_string() })
+                    .collect()
             })
             .collect();
         let vars: Vec<u32> =
@@ -373,14 +380,19 @@ impl Model {
         let next = next_struct();
         let u32k = KV::Scalar { scalar: Scalar::U32 };
         let exact_key = CStruct::builder("subc_exact_key").scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
-        let lpm_key = CStruct::builder("subc_lpm_key").scalar("prefixlen", Scalar::U32).scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
+        let lpm_key = CStruct::builder("subc_lpm_key")
+            .scalar("prefixlen", Scalar::U32)
+            .scalar("sg", Scalar::U32)
+            .scalar("value", Scalar::U64)
+            .finish();
         let sorted: Vec<CStruct> = (0..sorted_classes.len()).map(|c| sorted_struct(c, &next)).collect();
         let mut leaf = CStruct::builder("subc_leaf").array("ports", Scalar::U64, port_words);
         if update_words > 0 {
             leaf = leaf.array("upd", Scalar::U64, update_words);
         }
         let leaf = leaf.scalar("drop", Scalar::U8).finish();
-        let update = CStruct::builder("subc_update").scalar("var", Scalar::U32).scalar("op", Scalar::U32).scalar("value", Scalar::U64).finish();
+        let update =
+            CStruct::builder("subc_update").scalar("var", Scalar::U32).scalar("op", Scalar::U32).scalar("value", Scalar::U64).finish();
         let egress = CStruct::builder("subc_egress")
             .scalar("ifindex", Scalar::U32)
             .scalar("flags", Scalar::U32)
@@ -430,12 +442,17 @@ impl Model {
         let u32v = KV::Scalar { scalar: Scalar::U32 };
         ids.gen = add(&mut maps, plain("subc_gen", MapRole::Generation, MapType::Array, u32k.clone(), u32v.clone(), 1));
         ids.config = add(&mut maps, plain("subc_config", MapRole::Config, MapType::Array, u32k.clone(), KV::Struct(config), 1));
-        ids.roots =
-            add(&mut maps, plain("subc_roots", MapRole::Roots, MapType::Array, u32k.clone(), KV::Struct(next.clone()), 2 * pipes.len().max(1) as u32));
-        ids.exact =
-            add(&mut maps, plain("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(exact_key), KV::Struct(next.clone()), cap.entries(c.exact)));
+        ids.roots = add(
+            &mut maps,
+            plain("subc_roots", MapRole::Roots, MapType::Array, u32k.clone(), KV::Struct(next.clone()), 2 * pipes.len().max(1) as u32),
+        );
+        ids.exact = add(
+            &mut maps,
+            plain("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(exact_key), KV::Struct(next.clone()), cap.entries(c.exact)),
+        );
         if opts.ranges == RangeLookup::Lpm {
-            let mut lpm = plain("subc_lpm", MapRole::Lpm, MapType::LpmTrie, KV::Struct(lpm_key), KV::Struct(next.clone()), cap.entries(c.lpm));
+            let mut lpm =
+                plain("subc_lpm", MapRole::Lpm, MapType::LpmTrie, KV::Struct(lpm_key), KV::Struct(next.clone()), cap.entries(c.lpm));
             lpm.flags = Some("BPF_F_NO_PREALLOC".into());
             ids.lpm = Some(add(&mut maps, lpm));
         }
@@ -444,15 +461,21 @@ impl Model {
             // grow into it; big classes are big, so their minimum shrinks.
             let min = (cap.min_entries >> (2 * k)).max(2);
             let n = Capacity { min_entries: min, ..*cap }.entries(c.sorted[k] + if k > 0 { c.sorted[k - 1] } else { 0 });
-            ids.sorted.push(add(&mut maps, plain(&format!("subc_sorted{k}"), MapRole::Sorted, MapType::Array, u32k.clone(), KV::Struct(st), n)));
+            ids.sorted
+                .push(add(&mut maps, plain(&format!("subc_sorted{k}"), MapRole::Sorted, MapType::Array, u32k.clone(), KV::Struct(st), n)));
         }
-        ids.leaves = add(&mut maps, plain("subc_leaves", MapRole::Leaves, MapType::Array, u32k.clone(), KV::Struct(leaf), cap.entries(c.leaves)));
+        ids.leaves =
+            add(&mut maps, plain("subc_leaves", MapRole::Leaves, MapType::Array, u32k.clone(), KV::Struct(leaf), cap.entries(c.leaves)));
         if update_words > 0 {
-            ids.updates = Some(add(&mut maps, plain("subc_updates", MapRole::Updates, MapType::Array, u32k.clone(), KV::Struct(update), max_updates)));
+            ids.updates = Some(add(
+                &mut maps,
+                plain("subc_updates", MapRole::Updates, MapType::Array, u32k.clone(), KV::Struct(update), max_updates),
+            ));
         }
         ids.egress = add(&mut maps, plain("subc_egress", MapRole::Egress, MapType::Array, u32k.clone(), KV::Struct(egress), spec.ports));
         if opts.hook == Hook::Xdp {
-            ids.devmap = Some(add(&mut maps, plain("subc_devmap", MapRole::Devmap, MapType::Devmap, u32k.clone(), u32v.clone(), spec.ports)));
+            ids.devmap =
+                Some(add(&mut maps, plain("subc_devmap", MapRole::Devmap, MapType::Devmap, u32k.clone(), u32v.clone(), spec.ports)));
         }
         let mut rec = plain("subc_record", MapRole::Record, MapType::Array, u32k.clone(), KV::Struct(record), 1);
         rec.only_if = Some("SUBC_RECORD".into());
@@ -559,7 +582,9 @@ fn state_slot_struct(i: usize, kind: &StateKind) -> CStruct {
     let b = CStruct::builder(&name).lock();
     match kind {
         StateKind::Counter { .. } => b.scalar("count", Scalar::U32).scalar("window", Scalar::U64).finish(),
-        StateKind::Avg { samples, .. } => b.scalar("next", Scalar::U32).scalar("sum", Scalar::U64).array("ring", Scalar::U32, *samples).finish(),
+        StateKind::Avg { samples, .. } => {
+            b.scalar("next", Scalar::U32).scalar("sum", Scalar::U64).array("ring", Scalar::U32, *samples).finish()
+        }
         StateKind::Ewma { .. } => b.scalar("count", Scalar::U32).scalar("ewma", Scalar::U64).finish(),
         StateKind::Var { .. } => b.scalar("value", Scalar::U64).finish(),
     }

@@ -28,8 +28,7 @@ pub fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
     let mut out = vec![];
     for s in subs {
         for cube in &s.cubes {
-            let mut partial: Vec<(Vec<u64>, Vec<u64>)> =
-                vec![(vec![0; q], spec.query_fields.iter().map(|f| mask(f.width)).collect())];
+            let mut partial: Vec<(Vec<u64>, Vec<u64>)> = vec![(vec![0; q], spec.query_fields.iter().map(|f| mask(f.width)).collect())];
             for (f, set) in &cube.0 {
                 let mut next = vec![];
                 for (lo, hi) in &partial {

@@ -21,13 +21,16 @@ use crate::model::Model;
 use crate::EbpfError;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use std::collections::BTreeMap;
-use std::os::fd::{FromRawFd, OwnedFd, AsRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 /// The maps whose contents are the tables (both generations): what a
 /// reopened deployment checks.
 fn is_table_map(role: MapRole) -> bool {
-    matches!(role, MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Lpm | MapRole::Sorted | MapRole::Leaves | MapRole::Updates)
+    matches!(
+        role,
+        MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Lpm | MapRole::Sorted | MapRole::Leaves | MapRole::Updates
+    )
 }
 
 /// A deployment's pinned maps, and the image they hold once checked.
@@ -45,7 +48,9 @@ impl PinnedTables {
             let path = pin_dir.join(&def.name);
             match MapHandle::from_pinned_path(&path) {
                 Ok(h) => maps.push(Some(h)),
-                Err(e) if is_table_map(def.role) && def.only_if.is_none() => return Err(EbpfError::bpf(format!("pinned map {}", path.display()), e)),
+                Err(e) if is_table_map(def.role) && def.only_if.is_none() => {
+                    return Err(EbpfError::bpf(format!("pinned map {}", path.display()), e))
+                }
                 Err(_) => maps.push(None),
             }
         }
@@ -54,7 +59,12 @@ impl PinnedTables {
 
     /// The generation packets read now.
     pub fn live_generation(&self) -> Result<u32, EbpfError> {
-        let id = self.model.maps.iter().position(|m| m.role == MapRole::Generation).ok_or_else(|| EbpfError::Kernel("the model has no generation map".into()))?;
+        let id = self
+            .model
+            .maps
+            .iter()
+            .position(|m| m.role == MapRole::Generation)
+            .ok_or_else(|| EbpfError::Kernel("the model has no generation map".into()))?;
         let m = self.maps[id].as_ref().ok_or_else(|| EbpfError::Kernel("the generation map is not pinned".into()))?;
         let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| EbpfError::bpf("generation map", e))?.unwrap_or_default();
         Ok(v.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))).unwrap_or(0))
@@ -155,7 +165,10 @@ pub fn replace_programs(d: &Deployment, dp: &Dataplane) -> Result<(), EbpfError>
                 let link = unsafe { OwnedFd::from_raw_fd(fd) };
                 let r = unsafe { libbpf_sys::bpf_link_update(link.as_raw_fd(), prog, std::ptr::null()) };
                 if r != 0 {
-                    return Err(EbpfError::io(format!("cannot point the link {} at the new program", pin.display()), std::io::Error::from_raw_os_error(-r)));
+                    return Err(EbpfError::io(
+                        format!("cannot point the link {} at the new program", pin.display()),
+                        std::io::Error::from_raw_os_error(-r),
+                    ));
                 }
             }
             // A clsact filter is replaced in place (same handle and priority).

@@ -92,7 +92,13 @@ pub fn packet_socket(dev: &str) -> Result<OwnedFd, EbpfError> {
             return Err(EbpfError::io(format!("bind AF_PACKET to {dev}"), std::io::Error::last_os_error()));
         }
         let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-        libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32);
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
         Ok(fd)
     }
 }

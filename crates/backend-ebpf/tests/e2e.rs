@@ -50,7 +50,8 @@ fn parse_mac(s: &str) -> [u8; 6] {
 
 /// A UDP datagram to the subscriber port: (payload, frame).
 fn udp_to_subscriber(frame: &[u8]) -> Option<&[u8]> {
-    (frame.len() >= 42 && frame[12..14] == [8, 0] && frame[23] == 17 && u16::from_be_bytes([frame[36], frame[37]]) == SUB_PORT).then(|| &frame[42..])
+    (frame.len() >= 42 && frame[12..14] == [8, 0] && frame[23] == 17 && u16::from_be_bytes([frame[36], frame[37]]) == SUB_PORT)
+        .then(|| &frame[42..])
 }
 
 /// Valid IPv4 header checksum and UDP checksum (or none).
@@ -108,7 +109,13 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         let mac = mac_of(&ns, &s).unwrap();
         cfg.ports.insert(
             *port,
-            Egress { interface: b, dst_mac: Some(mac.clone()), src_mac: None, dst_ip: Some(format!("10.0.{port}.2").parse().unwrap()), dst_port: Some(SUB_PORT) },
+            Egress {
+                interface: b,
+                dst_mac: Some(mac.clone()),
+                src_mac: None,
+                dst_ip: Some(format!("10.0.{port}.2").parse().unwrap()),
+                dst_port: Some(SUB_PORT),
+            },
         );
         // Sockets live in the subscriber's namespace.
         let s2 = s.clone();
@@ -133,7 +140,8 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         let dp = Dataplane::load_with_image(&object, a.model, a.image).unwrap();
         dp.configure(&cfg).unwrap();
         let attached = loader::attach(&dp, "bp", Some(mode), None);
-        let kinds: Result<Vec<String>, String> = attached.as_ref().map(|v| v.iter().map(|a| a.kind.clone()).collect()).map_err(|e| e.to_string());
+        let kinds: Result<Vec<String>, String> =
+            attached.as_ref().map(|v| v.iter().map(|a| a.kind.clone()).collect()).map_err(|e| e.to_string());
         ready_tx.send(kinds).unwrap();
         let _ = done_rx.recv_timeout(Duration::from_secs(60));
         drop(attached);

@@ -34,7 +34,11 @@ fn values(p: &Program, rng: &mut Rng) -> Vec<u64> {
         .enumerate()
         .map(|(i, q)| {
             let m = subc_lang::value::mask(q.width);
-            if !pool[i].is_empty() && rng.chance(0.8) { *rng.pick(&pool[i]) & m } else { rng.next_u64() & m }
+            if !pool[i].is_empty() && rng.chance(0.8) {
+                *rng.pick(&pool[i]) & m
+            } else {
+                rng.next_u64() & m
+            }
         })
         .collect()
 }
@@ -55,7 +59,10 @@ fn layouts() -> [EbpfOptions; 2] {
 #[test]
 fn images_decide_as_the_pipelines_do() {
     let mut sets: Vec<(String, Program)> = EXAMPLES.iter().map(|e| (e.to_string(), example(e))).collect();
-    sets.push(("itch".into(), program(ITCH_SPEC, &itch(&ItchParams { subscriptions: 300, symbols: 10, hosts: 20, seed: 3, ..Default::default() }))));
+    sets.push((
+        "itch".into(),
+        program(ITCH_SPEC, &itch(&ItchParams { subscriptions: 300, symbols: 10, hosts: 20, seed: 3, ..Default::default() })),
+    ));
     let sp = SienaParams { filters: 60, attributes: 6, ports: 16, seed: 4, ..Default::default() };
     sets.push(("siena".into(), program(&siena_spec(sp.attributes, sp.ports), &siena(&sp))));
     for (name, p) in &sets {

@@ -196,7 +196,8 @@ fn random_sets_from_both_generators_verify_and_agree() {
         let sp = SienaParams { filters: 30, attributes: 6, ports: 16, seed, camus_variant: seed == 2, ..Default::default() };
         let p = program(&siena_spec(sp.attributes, sp.ports), &siena(&sp));
         // Small pipelines, so that several pipelines' leaves are unioned.
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { split_nodes: 40, node_budget: 60, ..Default::default() }).unwrap();
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { split_nodes: 40, node_budget: 60, ..Default::default() })
+            .unwrap();
         assert!(seed != 1 || set.pipeline_count() > 1, "the test wants several pipelines");
         for opts in all_options() {
             let dp = load(&p, &set, &opts);
@@ -306,7 +307,13 @@ fn decisions_agree_after_random_diffs() {
 /// Runs `packets` in a loop on another thread while `change` alternates the
 /// set; every decision must be the old set's or the new set's. Returns
 /// (violations, results seen only under A, only under B).
-fn race(dp: &mut Dataplane, packets: &[Vec<u8>], expect_a: &[Outcome], expect_b: &[Outcome], mut change: impl FnMut(&mut Dataplane, usize)) -> (usize, usize, usize) {
+fn race(
+    dp: &mut Dataplane,
+    packets: &[Vec<u8>],
+    expect_a: &[Outcome],
+    expect_b: &[Outcome],
+    mut change: impl FnMut(&mut Dataplane, usize),
+) -> (usize, usize, usize) {
     let runner = dp.runner().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();

@@ -47,10 +47,13 @@ fn pinned_tables_are_read_back_checked_and_updated() {
         // Updates through the reopened maps change what the program decides.
         tables.set_image(image);
         let pkt = subc_workload::packets::moldudp_add_order(1, 1, b'B', 500, "ZZZZ", 10);
-        let pkt = subc_workload::packets::udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [10, 0, 0, 2], 1000, 26400, &pkt);
+        let pkt =
+            subc_workload::packets::udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [10, 0, 0, 2], 1000, 26400, &pkt);
         assert_eq!(dp.test_run(&pkt, 0, NoMatch::Pass, 1).unwrap().record.unwrap().ports, Vec::<u32>::new());
         let add = p.normal_forms.len() as u64 + 1;
-        let nf = program(&std::fs::read_to_string(examples_dir().join("itch/itch.spec")).unwrap(), "stock == ZZZZ : fwd(7)").normal_forms[0].clone();
+        let nf = program(&std::fs::read_to_string(examples_dir().join("itch/itch.spec")).unwrap(), "stock == ZZZZ : fwd(7)").normal_forms
+            [0]
+        .clone();
         let nf = subc_lang::nf::NfSubscription { id: add, ..nf };
         let u = set.add(&[nf]).unwrap();
         tables.update(&u).unwrap();

@@ -219,7 +219,15 @@ impl<'a> Encoder<'a> {
 
     /// The table entry of one field-table entry of the IR; `pipe` is the
     /// pipeline it belongs to (for the leaves, when they are folded).
-    pub fn field_entry(&self, pipeline: usize, level: usize, state: StateId, m: &Match, next: StateId, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
+    pub fn field_entry(
+        &self,
+        pipeline: usize,
+        level: usize,
+        state: StateId,
+        m: &Match,
+        next: StateId,
+        pipe: &Pipeline,
+    ) -> Result<p4v1::TableEntry, Error> {
         let lv = &self.layout.pipelines[pipeline].levels[level];
         let q = &self.layout.queries[lv.query.0 as usize];
         let width = q.width;
@@ -408,7 +416,10 @@ impl<'a> Encoder<'a> {
     /// table's default action that multicasts to it (the group first).
     pub fn fanout_install(&self) -> Result<Vec<Batch>, Error> {
         let ports = self.ports.devices_below(self.layout.ports);
-        let group = update(p4v1::update::Type::Insert, p4v1::entity::Entity::PacketReplicationEngineEntry(self.group(Self::ALL_PORTS_GROUP, &ports)));
+        let group = update(
+            p4v1::update::Type::Insert,
+            p4v1::entity::Entity::PacketReplicationEngineEntry(self.group(Self::ALL_PORTS_GROUP, &ports)),
+        );
         let fanout = p4v1::TableEntry {
             table_id: self.table_id(TableRole::Fanout)?,
             action: Some(p4v1::TableAction {
@@ -422,7 +433,10 @@ impl<'a> Encoder<'a> {
         };
         Ok(vec![
             Batch { label: "create the multicast group of all ports".into(), updates: vec![group] },
-            Batch { label: "multicast to it when several pipelines forward".into(), updates: vec![update(p4v1::update::Type::Modify, p4v1::entity::Entity::TableEntry(fanout))] },
+            Batch {
+                label: "multicast to it when several pipelines forward".into(),
+                updates: vec![update(p4v1::update::Type::Modify, p4v1::entity::Entity::TableEntry(fanout))],
+            },
         ])
     }
 
@@ -439,14 +453,22 @@ impl<'a> Encoder<'a> {
             // With several pipelines, leaves carry port bitmaps, not the IR's
             // per-pipeline groups.
             Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => return Ok(None),
-            Op::CreateGroup { group, ports } => update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?))),
-            Op::ChangeGroup { group, ports } => update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?))),
+            Op::CreateGroup { group, ports } => {
+                update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))
+            }
+            Op::ChangeGroup { group, ports } => {
+                update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))
+            }
             Op::RemoveGroup { group } => update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[]))),
             Op::InsertLeaf { state, leaf } => update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
             Op::ModifyLeaf { state, leaf } => update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
             Op::DeleteLeaf { state } => update(T::Delete, E::TableEntry(self.leaf_key(pipeline, *state)?)),
-            Op::Insert { table, state, key, next } => update(T::Insert, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?)),
-            Op::Modify { table, state, key, next } => update(T::Modify, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?)),
+            Op::Insert { table, state, key, next } => {
+                update(T::Insert, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?))
+            }
+            Op::Modify { table, state, key, next } => {
+                update(T::Modify, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?))
+            }
             Op::Delete { table, state, key } => update(T::Delete, E::TableEntry(self.field_key(pipeline, *table, *state, key, pipe)?)),
             Op::SetRoot { state } => update(T::Modify, E::TableEntry(self.root_entry(pipeline, *state, pipe)?)),
         }))
@@ -567,7 +589,6 @@ pub fn install_ops(p: &Pipeline) -> Vec<Op> {
     d.ops()
 }
 
-
 /// What an update does, in the program's names: `insert leaf: state 3 ->
 /// multicast(1)`. Used as comments in `entries.txtpb`.
 pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -> String {
@@ -617,7 +638,13 @@ pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -
                     format!("{} {v}", fname(m.field_id))
                 })
                 .collect();
-            let key = if e.is_default_action { "default".to_string() } else if keys.is_empty() { "*".into() } else { keys.join(", ") };
+            let key = if e.is_default_action {
+                "default".to_string()
+            } else if keys.is_empty() {
+                "*".into()
+            } else {
+                keys.join(", ")
+            };
             let action = match &e.action {
                 Some(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(a)) }) => format!(" -> {}", action_text(a)),
                 _ => String::new(),

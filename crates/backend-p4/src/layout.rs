@@ -86,7 +86,12 @@ pub enum Transition {
     Goto(String),
     /// `select(fields) { values: target; ...; default: target }`; a `None`
     /// value is a don't-care (`_`).
-    Select { fields: Vec<String>, widths: Vec<u32>, cases: Vec<(Vec<Option<u64>>, String)>, default: String },
+    Select {
+        fields: Vec<String>,
+        widths: Vec<u32>,
+        cases: Vec<(Vec<Option<u64>>, String)>,
+        default: String,
+    },
 }
 
 /// The parse target names used in transitions: a packet the spec's parse
@@ -145,10 +150,37 @@ pub struct SlotKey {
 pub enum StateLogic {
     /// `divide` is the P4 expression of `now_us / window_us` (P4 has no
     /// division of run-time values): see [`Divider`].
-    Counter { window_us: u64, window_reg: String, count_reg: String, divide: String },
-    Avg { header: String, field: String, width: u32, samples: u32, log2: u32, sum_width: u32, ring_reg: String, next_reg: String, sum_reg: String },
-    Ewma { header: String, field: String, shift: u32, spike_shift: u32, warmup: u32, avg_reg: String, samples_reg: String, spike_meta: Option<String> },
-    Var { reg: String, slot_meta: String },
+    Counter {
+        window_us: u64,
+        window_reg: String,
+        count_reg: String,
+        divide: String,
+    },
+    Avg {
+        header: String,
+        field: String,
+        width: u32,
+        samples: u32,
+        log2: u32,
+        sum_width: u32,
+        ring_reg: String,
+        next_reg: String,
+        sum_reg: String,
+    },
+    Ewma {
+        header: String,
+        field: String,
+        shift: u32,
+        spike_shift: u32,
+        warmup: u32,
+        avg_reg: String,
+        samples_reg: String,
+        spike_meta: Option<String>,
+    },
+    Var {
+        reg: String,
+        slot_meta: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -228,9 +260,17 @@ pub enum Stage {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum TableRole {
-    Root { pipeline: usize },
-    Field { pipeline: usize, level: usize, stage: Stage },
-    Leaf { pipeline: usize },
+    Root {
+        pipeline: usize,
+    },
+    Field {
+        pipeline: usize,
+        level: usize,
+        stage: Stage,
+    },
+    Leaf {
+        pipeline: usize,
+    },
     /// Several pipelines: the keyless table whose default action multicasts
     /// to the group of all ports.
     Fanout,
@@ -560,7 +600,10 @@ impl Layout {
                         to_param: String::new(),
                         add_param: String::new(),
                     });
-                    (StateLogic::Var { reg: r, slot_meta }, format!("{}: a variable of {width} bits that subscriptions update{per}", s.name))
+                    (
+                        StateLogic::Var { reg: r, slot_meta },
+                        format!("{}: a variable of {width} bits that subscriptions update{per}", s.name),
+                    )
                 }
             };
             states.push(StateView { source: s.name.clone(), comment, slots, key, value_meta, value_width, logic });

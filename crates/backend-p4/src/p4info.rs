@@ -161,7 +161,8 @@ pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
             let default_id = ids.actions[&action_name(&t.default_action)];
             let arguments = match default {
                 Some(a) if !t.default_args.is_empty() => {
-                    let values: Vec<u64> = t.default_args.split(',').map(|v| v.trim().parse().expect("numeric default arguments")).collect();
+                    let values: Vec<u64> =
+                        t.default_args.split(',').map(|v| v.trim().parse().expect("numeric default arguments")).collect();
                     a.params
                         .iter()
                         .zip(values)
@@ -207,7 +208,12 @@ pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
                     .params
                     .iter()
                     .enumerate()
-                    .map(|(i, p)| cfg::action::Param { id: i as u32 + 1, name: p.name.clone(), bitwidth: p.width as i32, ..Default::default() })
+                    .map(|(i, p)| cfg::action::Param {
+                        id: i as u32 + 1,
+                        name: p.name.clone(),
+                        bitwidth: p.width as i32,
+                        ..Default::default()
+                    })
                     .collect(),
             }
         })

@@ -169,7 +169,9 @@ impl<'a> ProgramTemplate<'a> {
             .iter()
             .map(|t| {
                 let comment = match t.role {
-                    TableRole::Root { pipeline } => Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it).")),
+                    TableRole::Root { pipeline } => {
+                        Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it)."))
+                    }
                     TableRole::Field { level, stage: crate::layout::Stage::Exact, pipeline } => {
                         let lv = &l.pipelines[pipeline].levels[level];
                         Some(match &lv.ranged {

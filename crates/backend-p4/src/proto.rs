@@ -69,11 +69,15 @@ pub fn to_text<M: Named>(msg: &M) -> String {
 /// saying, in the program's names, what it does (`comment` makes it).
 pub fn write_request_text(w: &p4::v1::WriteRequest, comment: impl Fn(&p4::v1::Update) -> String) -> String {
     let desc = pool().get_message_by_name("p4.v1.Update").expect("a known message");
-    let mut out = format!("# proto-file: {}\n# proto-message: {}\n", <p4::v1::WriteRequest as Named>::FILE, <p4::v1::WriteRequest as Named>::NAME);
+    let mut out =
+        format!("# proto-file: {}\n# proto-message: {}\n", <p4::v1::WriteRequest as Named>::FILE, <p4::v1::WriteRequest as Named>::NAME);
     let head = p4::v1::WriteRequest { updates: vec![], ..w.clone() };
     if head != p4::v1::WriteRequest::default() {
-        let dynamic = DynamicMessage::decode(pool().get_message_by_name(<p4::v1::WriteRequest as Named>::NAME).expect("known"), head.encode_to_vec().as_slice())
-            .expect("our own encoding decodes");
+        let dynamic = DynamicMessage::decode(
+            pool().get_message_by_name(<p4::v1::WriteRequest as Named>::NAME).expect("known"),
+            head.encode_to_vec().as_slice(),
+        )
+        .expect("our own encoding decodes");
         out.push('\n');
         write_message(&mut out, &dynamic, 0);
     }

@@ -133,7 +133,10 @@ pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Enti
                 (T::Modify, (*w).clone())
             }
         };
-        steps.entry((rank(&entity, &roles, false), kind as i32)).or_default().push(p4v1::Update { r#type: kind as i32, entity: Some(entity) });
+        steps
+            .entry((rank(&entity, &roles, false), kind as i32))
+            .or_default()
+            .push(p4v1::Update { r#type: kind as i32, entity: Some(entity) });
     }
     for (k, h) in &have {
         if want.contains_key(k) || is_default(h).is_some() {
@@ -142,7 +145,10 @@ pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Enti
             continue;
         }
         out.deletes += 1;
-        steps.entry((rank(h, &roles, true), T::Delete as i32)).or_default().push(p4v1::Update { r#type: T::Delete as i32, entity: Some(without_action(h)) });
+        steps
+            .entry((rank(h, &roles, true), T::Delete as i32))
+            .or_default()
+            .push(p4v1::Update { r#type: T::Delete as i32, entity: Some(without_action(h)) });
     }
     let max = target.options().batch_size.max(1);
     for (((step, _), kind), updates) in steps {
@@ -215,7 +221,8 @@ mod tests {
         assert!(r.inserts > 0 && r.deletes > 0, "{r:?}");
         run(&target, &mut sw, &ea, &info);
         // One entry lost: one insert.
-        let victim = ea.iter().find(|e| matches!(&e.entity, Some(p4v1::entity::Entity::TableEntry(t)) if !t.is_default_action)).unwrap().clone();
+        let victim =
+            ea.iter().find(|e| matches!(&e.entity, Some(p4v1::entity::Entity::TableEntry(t)) if !t.is_default_action)).unwrap().clone();
         sw.apply(&p4v1::Update { r#type: p4v1::update::Type::Delete as i32, entity: Some(victim) }).unwrap();
         let r = run(&target, &mut sw, &ea, &info);
         assert_eq!((r.inserts, r.modifies, r.deletes), (1, 0, 0));

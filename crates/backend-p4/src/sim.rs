@@ -59,9 +59,18 @@ fn invalid(msg: impl Into<String>) -> WriteError {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FieldValue {
     Exact(Vec<u8>),
-    Ternary { value: u64, mask: u64 },
-    Lpm { value: u64, len: u32 },
-    Range { lo: u64, hi: u64 },
+    Ternary {
+        value: u64,
+        mask: u64,
+    },
+    Lpm {
+        value: u64,
+        len: u32,
+    },
+    Range {
+        lo: u64,
+        hi: u64,
+    },
     /// The field was left out: it matches anything.
     Any,
 }
@@ -170,10 +179,8 @@ impl Switch {
             }
             let needs_priority = fields.iter().any(|f| matches!(f.kind, MatchKind::Ternary | MatchKind::Range));
             let d = t.initial_default_action.as_ref().ok_or(format!("{}: no initial default action", p.name))?;
-            let initial_default = ActionCall {
-                action: d.action_id,
-                args: d.arguments.iter().map(|a| crate::entries::canonical_bytes(&a.value)).collect(),
-            };
+            let initial_default =
+                ActionCall { action: d.action_id, args: d.arguments.iter().map(|a| crate::entries::canonical_bytes(&a.value)).collect() };
             tables.insert(
                 p.id,
                 TableInfo {
@@ -314,7 +321,11 @@ impl Switch {
 
     fn apply_table(&mut self, kind: p4v1::update::Type, e: &p4v1::TableEntry) -> Result<(), WriteError> {
         use p4v1::update::Type as T;
-        let t = self.tables.get(&e.table_id).ok_or_else(|| WriteError { code: Code::NotFound, message: format!("no table {}", e.table_id) })?.clone();
+        let t = self
+            .tables
+            .get(&e.table_id)
+            .ok_or_else(|| WriteError { code: Code::NotFound, message: format!("no table {}", e.table_id) })?
+            .clone();
         if e.is_default_action {
             if kind != T::Modify {
                 return Err(invalid(format!("{}: a default entry can only be modified", t.name)));
@@ -335,7 +346,10 @@ impl Switch {
                     return Err(WriteError { code: Code::AlreadyExists, message: format!("{}: the entry exists", t.name) });
                 }
                 if st.entries.len() as i64 >= t.size {
-                    return Err(WriteError { code: Code::ResourceExhausted, message: format!("{}: table full ({} entries)", t.name, t.size) });
+                    return Err(WriteError {
+                        code: Code::ResourceExhausted,
+                        message: format!("{}: table full ({} entries)", t.name, t.size),
+                    });
                 }
                 let action = self.decode_action(&t, &e.action)?;
                 self.state.get_mut(&e.table_id).expect("a table").entries.insert(slot, Entry { key, priority: e.priority, action });
@@ -384,7 +398,9 @@ impl Switch {
         ports.sort_unstable();
         let exists = self.groups.contains_key(&g.multicast_group_id);
         match kind {
-            T::Insert if exists => return Err(WriteError { code: Code::AlreadyExists, message: format!("group {} exists", g.multicast_group_id) }),
+            T::Insert if exists => {
+                return Err(WriteError { code: Code::AlreadyExists, message: format!("group {} exists", g.multicast_group_id) })
+            }
             T::Modify | T::Delete if !exists => {
                 return Err(WriteError { code: Code::NotFound, message: format!("no group {}", g.multicast_group_id) })
             }
@@ -414,7 +430,10 @@ impl Switch {
         let mut out = vec![];
         for (g, ports) in &self.groups {
             #[allow(deprecated)]
-            let replicas = ports.iter().map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), ..Default::default() }).collect();
+            let replicas = ports
+                .iter()
+                .map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), ..Default::default() })
+                .collect();
             out.push(p4v1::Entity {
                 entity: Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p4v1::PacketReplicationEngineEntry {
                     r#type: Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(p4v1::MulticastGroupEntry {
@@ -506,7 +525,13 @@ impl Switch {
             }
             let leaf_id = pv.leaf.as_deref().map(id_of).transpose()?;
             let leaves: BTreeSet<u64> = leaf_id
-                .map(|id| self.state[&id].entries.values().filter_map(|e| if let FieldValue::Exact(b) = &e.key[0] { Some(bytes_to_u64(b)) } else { None }).collect())
+                .map(|id| {
+                    self.state[&id]
+                        .entries
+                        .values()
+                        .filter_map(|e| if let FieldValue::Exact(b) = &e.key[0] { Some(bytes_to_u64(b)) } else { None })
+                        .collect()
+                })
                 .unwrap_or_default();
             let ok_after = |level: usize, s: u64| s == 0 || leaves.contains(&s) || defined[level..].iter().any(|d| d.contains(&s));
             let root_id = id_of(&pv.root)?;
@@ -541,7 +566,9 @@ impl Switch {
             // The fanout multicasts to a group that holds every port a leaf names.
             let fanout = id_of("fanout")?;
             let all: Vec<u32> = match self.state[&fanout].default.as_ref().and_then(group_of) {
-                Some(g) => self.groups.get(&(g as u32)).cloned().ok_or(format!("the fanout multicasts to group {g}, which does not exist"))?,
+                Some(g) => {
+                    self.groups.get(&(g as u32)).cloned().ok_or(format!("the fanout multicasts to group {g}, which does not exist"))?
+                }
                 None => vec![],
             };
             for pv in &layout.pipelines {
@@ -617,7 +644,12 @@ fn table_entity(id: u32, t: &TableInfo, e: Option<&Entry>, action: &ActionCall) 
             action: Some(p4v1::TableAction {
                 r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
                     action_id: action.action,
-                    params: action.args.iter().enumerate().map(|(i, v)| p4v1::action::Param { param_id: i as u32 + 1, value: v.clone() }).collect(),
+                    params: action
+                        .args
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| p4v1::action::Param { param_id: i as u32 + 1, value: v.clone() })
+                        .collect(),
                 })),
             }),
             priority: e.map(|e| e.priority).unwrap_or(0),
@@ -723,7 +755,8 @@ impl<'a> Simulator<'a> {
                 return None;
             }
             let slice = &bytes[cursor..end];
-            let values: Vec<u64> = header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
+            let values: Vec<u64> =
+                header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
             cursor = end;
             pkt.headers.insert(state.header.clone(), values);
             at = match &state.next {
@@ -869,7 +902,8 @@ impl<'a> Simulator<'a> {
         if let Some(decl) = layout.action(&name) {
             for (k, v) in layout.vars.iter().enumerate() {
                 let find = |role: ParamRole| decl.params.iter().position(|p| p.role == role).map(arg);
-                let (Some(set), Some(to), Some(add)) = (find(ParamRole::VarSet(k)), find(ParamRole::VarTo(k)), find(ParamRole::VarAdd(k))) else {
+                let (Some(set), Some(to), Some(add)) = (find(ParamRole::VarSet(k)), find(ParamRole::VarTo(k)), find(ParamRole::VarAdd(k)))
+                else {
                     continue;
                 };
                 let slot = meta.fields.get(&v.slot_meta).copied().unwrap_or(0);
@@ -917,7 +951,12 @@ impl<'a> Simulator<'a> {
             self.apply_table("fanout", &mut meta)?;
         }
         let ports: Vec<u32> = if meta.mcast_grp != 0 {
-            let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(format!("multicast group {} does not exist", meta.mcast_grp))?;
+            let group = self
+                .switch
+                .groups
+                .get(&(meta.mcast_grp as u32))
+                .cloned()
+                .ok_or(format!("multicast group {} does not exist", meta.mcast_grp))?;
             // Several pipelines: the egress drops the copies outside the bitmap.
             group.into_iter().filter(|p| !bitmap || bit_set(&meta.ports, *p)).collect()
         } else if meta.egress_spec != DROP_PORT {

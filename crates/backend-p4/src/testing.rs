@@ -310,7 +310,8 @@ impl P4Runtime for FakeSwitch {
                     }
                 };
                 let refused = reply.is_err();
-                let msg = reply.map(|r| p4v1::StreamMessageResponse { update: Some(p4v1::stream_message_response::Update::Arbitration(r)) });
+                let msg =
+                    reply.map(|r| p4v1::StreamMessageResponse { update: Some(p4v1::stream_message_response::Update::Arbitration(r)) });
                 let _ = tx.send(msg).await;
                 if refused {
                     break;
@@ -391,7 +392,8 @@ impl Drop for TestServer {
 /// result is accepted only if its P4Info is `info` (up to table sizes).
 pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
     let base = Layout::for_orders(spec, &[vec![]], &P4Options::default()).map_err(|e| e.to_string())?;
-    let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> = base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
+    let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> =
+        base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
     let mut orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = vec![];
     for t in &info.tables {
         let name = t.preamble.as_ref().map(|p| p.name.as_str()).unwrap_or("");
@@ -401,7 +403,9 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
         if t.match_fields.is_empty() && !name.ends_with(".fanout") {
             orders.push(vec![]);
         } else if t.match_fields.len() == 2 && exact(0) && exact(1) {
-            let q = by_meta.get(&t.match_fields[1].name).ok_or_else(|| format!("table {name} matches {}, which is no query field", t.match_fields[1].name))?;
+            let q = by_meta
+                .get(&t.match_fields[1].name)
+                .ok_or_else(|| format!("table {name} matches {}, which is no query field", t.match_fields[1].name))?;
             orders.last_mut().ok_or_else(|| format!("table {name} comes before any root table"))?.push(*q);
         }
     }

@@ -41,7 +41,15 @@ fn expected(info: &P4Info, layout: &Layout, writes: &[&[Batch]]) -> Vec<p4v1::En
 }
 
 /// The client flow: install, read back, apply updates, read back.
-async fn run_flow(client: &mut Client, target: &P4Target, set: &mut CompiledSet, full: &subc_lang::Program, install: &[Batch], info: &P4Info, device_config: Vec<u8>) {
+async fn run_flow(
+    client: &mut Client,
+    target: &P4Target,
+    set: &mut CompiledSet,
+    full: &subc_lang::Program,
+    install: &[Batch],
+    info: &P4Info,
+    device_config: Vec<u8>,
+) {
     client.set_pipeline(info, device_config).await.unwrap();
     client.write(install).await.unwrap();
     let layout = target.layout().clone();
@@ -49,7 +57,13 @@ async fn run_flow(client: &mut Client, target: &P4Target, set: &mut CompiledSet,
     let check = |history: &Vec<Vec<Batch>>, held: Vec<p4v1::Entity>, what: &str| {
         let slices: Vec<&[Batch]> = history.iter().map(|h| h.as_slice()).collect();
         let diff = compare(&expected(info, &layout, &slices), &held, &initial_defaults(info));
-        assert!(diff.is_empty(), "{what}: {} missing, {} unexpected; first missing {:?}", diff.missing.len(), diff.unexpected.len(), diff.missing.first());
+        assert!(
+            diff.is_empty(),
+            "{what}: {} missing, {} unexpected; first missing {:?}",
+            diff.missing.len(),
+            diff.unexpected.len(),
+            diff.missing.first()
+        );
     };
     check(&history, client.read_all(info).await.unwrap(), "after the install");
     // Remove half the subscriptions one by one, then add them back.

@@ -30,7 +30,8 @@ fn check(dir: &std::path::Path, map: &PortMap, fold: bool) -> usize {
     for (i, (bytes, ts)) in packets(&p, 7, 800).iter().enumerate() {
         let (want, decision) = reference(&p.subscriptions, &p.spec, &mut state, bytes, *ts);
         let out = sim.run(bytes, *ts).unwrap();
-        let mut back: Vec<u32> = out.ports.iter().map(|d| map.subscription(*d).unwrap_or_else(|| panic!("device port {d} is no port's"))).collect();
+        let mut back: Vec<u32> =
+            out.ports.iter().map(|d| map.subscription(*d).unwrap_or_else(|| panic!("device port {d} is no port's"))).collect();
         back.sort_unstable();
         let mut want = want;
         want.sort_unstable();

@@ -20,7 +20,12 @@ fn itch_one(n: usize) {
     let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let st = stats(&set, secs);
-    let tables: Vec<_> = st.tables.iter().filter(|t| t.entries > 0).map(|t| serde_json::json!({"name": t.name, "entries": t.entries, "tcam": t.tcam})).collect();
+    let tables: Vec<_> = st
+        .tables
+        .iter()
+        .filter(|t| t.entries > 0)
+        .map(|t| serde_json::json!({"name": t.name, "entries": t.entries, "tcam": t.tcam}))
+        .collect();
     println!(
         "{}",
         serde_json::json!({
@@ -65,7 +70,10 @@ fn siena_one(n: usize, constraints: Option<usize>) {
                 }
             }
         }
-        Err(e) => println!("{}", serde_json::json!({"bench": "siena", "filters": n, "constraints": constraints, "error": e.to_string(), "compile_seconds": secs})),
+        Err(e) => println!(
+            "{}",
+            serde_json::json!({"bench": "siena", "filters": n, "constraints": constraints, "error": e.to_string(), "compile_seconds": secs})
+        ),
     }
 }
 
@@ -115,9 +123,13 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("itch-one") => itch_one(args[1].parse().unwrap()),
         Some("siena-one") => siena_one(args[1].parse().unwrap(), args.get(2).and_then(|c| c.parse().ok())),
-        Some("incremental") => incremental(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000), args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000)),
+        Some("incremental") => incremental(
+            args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000),
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
+        ),
         Some("itch") | None => {
-            let sizes: Vec<String> = if args.len() > 1 { args[1..].to_vec() } else { ["1000", "10000", "100000", "1000000"].map(String::from).to_vec() };
+            let sizes: Vec<String> =
+                if args.len() > 1 { args[1..].to_vec() } else { ["1000", "10000", "100000", "1000000"].map(String::from).to_vec() };
             for n in sizes {
                 run_child(&["itch-one".into(), n]);
             }

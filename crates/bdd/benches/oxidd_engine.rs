@@ -338,7 +338,8 @@ fn ours_one(which: &str, n: usize) {
     let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default());
     let secs = t.elapsed().as_secs_f64();
     let build_cpu = cpu_seconds() - cpu;
-    let base = json!({"bench": "oxidd_engine", "engine": "interval-dd", "workload": which, "subscriptions": n, "rss_program_mib": rss_program});
+    let base =
+        json!({"bench": "oxidd_engine", "engine": "interval-dd", "workload": which, "subscriptions": n, "rss_program_mib": rss_program});
     let mut v = base;
     v["peak_rss_mib"] = json!(peak_rss_mib());
     match set {
@@ -346,7 +347,8 @@ fn ours_one(which: &str, n: usize) {
             let st = stats(&set, secs);
             v["build_seconds"] = json!(secs);
             v["build_cpu_seconds"] = json!(build_cpu);
-            v["order"] = json!(st.order.iter().filter(|name| st.tables.iter().any(|t| &t.name == *name && t.entries > 0)).collect::<Vec<_>>());
+            v["order"] =
+                json!(st.order.iter().filter(|name| st.tables.iter().any(|t| &t.name == *name && t.entries > 0)).collect::<Vec<_>>());
             v["nodes"] = json!(st.nodes);
             v["pipelines"] = json!(st.pipelines);
             v["field_entries"] = json!(st.field_entries);
@@ -361,7 +363,8 @@ fn ours_one(which: &str, n: usize) {
                 let opts = CompileOptions { order: Some(set.order(0).to_vec()), ..Default::default() };
                 drop(set);
                 let (t, cpu) = (Instant::now(), cpu_seconds());
-                let again = CompiledSet::compile(&p.spec, &p.normal_forms, opts).map(|s| s.pipelines().iter().map(|p| p.entry_count()).sum::<usize>());
+                let again = CompiledSet::compile(&p.spec, &p.normal_forms, opts)
+                    .map(|s| s.pipelines().iter().map(|p| p.entry_count()).sum::<usize>());
                 v["build_seconds_order_given"] = json!(t.elapsed().as_secs_f64());
                 v["build_cpu_seconds_order_given"] = json!(cpu_seconds() - cpu);
                 assert_eq!(again.ok(), Some(st.entries_total), "the chosen order, given, compiles to the same tables");
@@ -384,14 +387,19 @@ fn compare(which: &str, n: usize, limit: Duration) {
             let ratio = |k: &str| t[k].as_f64().unwrap_or(f64::NAN) / o[k].as_f64().unwrap_or(f64::NAN);
             v["time_ratio"] = json!(ratio("build_seconds"));
             v["cpu_ratio"] = json!(ratio("build_cpu_seconds"));
-            v["cpu_ratio_order_given"] = json!(t["build_cpu_seconds"].as_f64().unwrap_or(f64::NAN) / o["build_cpu_seconds_order_given"].as_f64().unwrap_or(f64::NAN));
+            v["cpu_ratio_order_given"] = json!(
+                t["build_cpu_seconds"].as_f64().unwrap_or(f64::NAN) / o["build_cpu_seconds_order_given"].as_f64().unwrap_or(f64::NAN)
+            );
             v["entries_ratio"] = json!(ratio("entries_total"));
             v["memory_ratio"] = json!(ratio("peak_rss_mib"));
             v["nodes_ratio"] = json!(ratio("nodes"));
         }
         (_, None) => {
             v["oxidd"] = json!(format!("gave up after {} s", limit.as_secs()));
-            println!("{}", json!({"bench": "oxidd_engine", "engine": "oxidd-mtbdd", "workload": which, "subscriptions": n, "timeout_seconds": limit.as_secs()}));
+            println!(
+                "{}",
+                json!({"bench": "oxidd_engine", "engine": "oxidd-mtbdd", "workload": which, "subscriptions": n, "timeout_seconds": limit.as_secs()})
+            );
         }
         (_, Some(t)) => v["oxidd"] = t.get("error").cloned().unwrap_or(json!("no result")),
     }

@@ -201,11 +201,7 @@ impl Builder<'_> {
             level = level.min(rule.first_at_or_after(from));
             last = last.max(rule.last_level());
         }
-        let result = if level == LEAF_LEVEL {
-            self.union_leaf(&active)
-        } else {
-            self.split(&active, level, last <= level)?
-        };
+        let result = if level == LEAF_LEVEL { self.union_leaf(&active) } else { self.split(&active, level, last <= level)? };
         self.memo.insert((from, key), result);
         Ok(result)
     }

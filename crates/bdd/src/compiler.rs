@@ -165,10 +165,8 @@ impl CompiledSet {
         } else {
             choose_order(spec, subs, opts.order.as_deref())
         };
-        let pending: Vec<PendingRule> = subs
-            .iter()
-            .flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions }))
-            .collect();
+        let pending: Vec<PendingRule> =
+            subs.iter().flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions })).collect();
         // One pipeline in the base order, if it fits. A set whose single
         // diagram is much larger than the set itself is better split, so the
         // attempt gets a budget of 16 nodes per rule (plus a constant).
@@ -205,7 +203,12 @@ impl CompiledSet {
     /// Spreads the rules over pipelines: grouped by key field (biggest groups
     /// first), each group in one pipeline of at most `split_nodes` nodes with
     /// its key first, or, if too big, in several filled first-fit.
-    fn compile_split(spec: &Spec, pending: &[PendingRule], base_order: Vec<QueryFieldId>, opts: CompileOptions) -> Result<CompiledSet, CompileError> {
+    fn compile_split(
+        spec: &Spec,
+        pending: &[PendingRule],
+        base_order: Vec<QueryFieldId>,
+        opts: CompileOptions,
+    ) -> Result<CompiledSet, CompileError> {
         let mut set = Self::empty(spec, base_order.clone(), opts);
         let mut groups: BTreeMap<Option<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
         for r in pending {
@@ -220,7 +223,11 @@ impl CompiledSet {
                 order.insert(0, k);
             }
             if set.pipes.len() >= set.opts.max_pipelines {
-                return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: rules[0].sub });
+                return Err(CompileError::TooManyPipelines {
+                    max: set.opts.max_pipelines,
+                    budget: set.opts.split_nodes,
+                    sub: rules[0].sub,
+                });
             }
             let budget = set.opts.split_nodes.min(set.opts.node_budget);
             let p = set.new_pipe(order.clone());
@@ -525,9 +532,7 @@ impl CompiledSet {
     /// Fails, changing nothing, if the target runs a program with other
     /// pipelines or tables.
     pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<Update, CompileError> {
-        let names = |ps: Vec<&Pipeline>| -> Vec<String> {
-            ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect()
-        };
+        let names = |ps: Vec<&Pipeline>| -> Vec<String> { ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect() };
         let ours = names(self.pipelines());
         let theirs = names(deployed.iter().collect());
         if deployed.len() != self.pipes.len() || ours != theirs {

@@ -18,8 +18,8 @@
 //! 7. remove groups.
 
 use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId, DEAD};
-use std::collections::BTreeMap;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TableDiff {
@@ -85,10 +85,7 @@ impl PipelineDiff {
     }
     /// Table and leaf entries touched (groups and root excluded).
     pub fn entry_changes(&self) -> usize {
-        self.tables.iter().map(TableDiff::len).sum::<usize>()
-            + self.leaf_inserts.len()
-            + self.leaf_modifies.len()
-            + self.leaf_deletes.len()
+        self.tables.iter().map(TableDiff::len).sum::<usize>() + self.leaf_inserts.len() + self.leaf_modifies.len() + self.leaf_deletes.len()
     }
 
     /// The diff as ordered steps; see the module doc.

@@ -84,8 +84,7 @@ pub struct Leaf {
 
 impl Leaf {
     pub fn from_actions(a: &Actions) -> Leaf {
-        Leaf { ports: PortSet::from_ports(a.ports.iter().copied()), drop: a.drop, updates: a.updates.iter().copied().collect() }
-            .canonical()
+        Leaf { ports: PortSet::from_ports(a.ports.iter().copied()), drop: a.drop, updates: a.updates.iter().copied().collect() }.canonical()
     }
 
     /// Forwarding wins over dropping, so a forwarding leaf drops the flag.

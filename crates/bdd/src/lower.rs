@@ -271,11 +271,8 @@ impl Lowering {
                 lo = e.hi.wrapping_add(1);
             }
             let new_entries = state_entries(&intervals, f.width, f.kind);
-            let old: BTreeMap<Match, StateId> = if inherited_from.contains_key(n) {
-                self.state_entries_of(level, id).into_iter().collect()
-            } else {
-                BTreeMap::new()
-            };
+            let old: BTreeMap<Match, StateId> =
+                if inherited_from.contains_key(n) { self.state_entries_of(level, id).into_iter().collect() } else { BTreeMap::new() };
             let table = &mut self.pipeline.tables[level];
             let td = &mut diff.tables[level];
             let mut keep: FxHashSet<Match> = FxHashSet::default();
@@ -445,7 +442,13 @@ impl Lowering {
                 next_group - 1
             });
         }
-        let s = |id: StateId| -> StateId { if id == DEAD { DEAD } else { smap[&id] } };
+        let s = |id: StateId| -> StateId {
+            if id == DEAD {
+                DEAD
+            } else {
+                smap[&id]
+            }
+        };
         for v in self.node_state.values_mut() {
             *v = s(*v);
         }

@@ -40,8 +40,7 @@ pub fn distinct_constants(spec: &Spec, subs: &[NfSubscription]) -> BTreeMap<Quer
 pub fn choose_order(spec: &Spec, subs: &[NfSubscription], forced: Option<&[QueryFieldId]>) -> Vec<QueryFieldId> {
     let prefix: Vec<QueryFieldId> = forced.map(<[_]>::to_vec).or_else(|| spec.order.clone()).unwrap_or_default();
     let counts = distinct_constants(spec, subs);
-    let mut rest: Vec<QueryFieldId> =
-        (0..spec.query_fields.len() as u32).map(QueryFieldId).filter(|f| !prefix.contains(f)).collect();
+    let mut rest: Vec<QueryFieldId> = (0..spec.query_fields.len() as u32).map(QueryFieldId).filter(|f| !prefix.contains(f)).collect();
     rest.sort_by_key(|f| {
         let used = counts.get(f).copied();
         let kind = spec.query_field(*f).kind;
@@ -98,7 +97,11 @@ fn permute(items: &[QueryFieldId], prefix: &mut Vec<QueryFieldId>, out: &mut Vec
 /// The candidate order whose compile of a sample is smallest (entries, then
 /// pipelines, then nodes), with the heuristic order winning ties. When the
 /// sample is the whole set, the winning compile is returned too.
-pub fn measure_orders(spec: &Spec, subs: &[NfSubscription], opts: &crate::CompileOptions) -> (Vec<QueryFieldId>, Option<crate::CompiledSet>) {
+pub fn measure_orders(
+    spec: &Spec,
+    subs: &[NfSubscription],
+    opts: &crate::CompileOptions,
+) -> (Vec<QueryFieldId>, Option<crate::CompiledSet>) {
     let candidates = candidate_orders(spec, subs);
     if candidates.len() == 1 || subs.len() < 2 {
         return (candidates.into_iter().next().unwrap_or_default(), None);

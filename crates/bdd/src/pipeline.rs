@@ -46,12 +46,23 @@ pub const DEAD: StateId = 0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Match {
-    Exact { value: u64 },
-    Range { lo: u64, hi: u64 },
+    Exact {
+        value: u64,
+    },
+    Range {
+        lo: u64,
+        hi: u64,
+    },
     /// The top `len` bits of the field equal those of `value`.
-    Prefix { value: u64, len: u32 },
+    Prefix {
+        value: u64,
+        len: u32,
+    },
     /// `field & mask == value`.
-    Ternary { value: u64, mask: u64 },
+    Ternary {
+        value: u64,
+        mask: u64,
+    },
     /// Any value not matched by the state's other entries.
     Default,
 }
@@ -378,7 +389,7 @@ mod tests {
         assert_eq!(range_to_prefixes(0, 255, 8), vec![(0, 0)]);
         assert_eq!(range_to_prefixes(5, 5, 8), vec![(5, 8)]);
         assert_eq!(range_to_prefixes(1, 254, 8).len(), 14); // the 2W-2 worst case
-        // 101, 102-103, 104-111, 112-127, then one block per power of two 2^7..2^31.
+                                                            // 101, 102-103, 104-111, 112-127, then one block per power of two 2^7..2^31.
         assert_eq!(range_to_prefixes(101, u32::MAX as u64, 32).len(), 4 + 25);
         for (lo, hi) in [(3u64, 17u64), (0, 0), (200, 255), (1, 1000)] {
             let ps = range_to_prefixes(lo, hi, 16);

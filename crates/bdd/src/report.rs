@@ -58,7 +58,16 @@ pub fn stats(set: &CompiledSet, compile_seconds: f64) -> Stats {
     for (pi, p) in set.pipelines().iter().enumerate() {
         root_leaves += p.leaves.contains_key(&p.root) as usize;
         for t in &p.tables {
-            let mut s = TableStats { name: t.name.clone(), pipeline: pi, kind: t.kind.as_str().into(), entries: 0, exact: 0, ranged: 0, default: 0, tcam: 0 };
+            let mut s = TableStats {
+                name: t.name.clone(),
+                pipeline: pi,
+                kind: t.kind.as_str().into(),
+                entries: 0,
+                exact: 0,
+                ranged: 0,
+                default: 0,
+                tcam: 0,
+            };
             for (_, m) in t.entries.keys() {
                 s.entries += 1;
                 match m {
@@ -153,7 +162,9 @@ pub fn tables_text(pipes: &[&Pipeline], spec: &Spec) -> String {
 /// The diagrams as Graphviz DOT: one node per diagram node, labelled with its
 /// field; edges labelled with their intervals; leaves as boxes.
 pub fn dot(set: &CompiledSet, spec: &Spec) -> String {
-    let mut out = String::from("digraph subc {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n");
+    let mut out = String::from(
+        "digraph subc {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n  edge [fontname=\"Helvetica\", fontsize=9];\n",
+    );
     let esc = |s: String| s.replace('\\', "\\\\").replace('"', "\\\"");
     for p in 0..set.pipeline_count() {
         let m = set.manager(p);

@@ -101,9 +101,8 @@ pub fn verify_pipeline(p: &Pipeline) -> Result<(), String> {
             return Err(format!("state {s} is both a leaf and a table state"));
         }
     }
-    let exists_after = |s: StateId, t: usize| -> bool {
-        s == DEAD || p.leaves.contains_key(&s) || state_table.get(&s).is_some_and(|u| *u > t)
-    };
+    let exists_after =
+        |s: StateId, t: usize| -> bool { s == DEAD || p.leaves.contains_key(&s) || state_table.get(&s).is_some_and(|u| *u > t) };
     if p.root != DEAD && !p.leaves.contains_key(&p.root) && !state_table.contains_key(&p.root) {
         return Err(format!("root state {} does not exist", p.root));
     }

@@ -125,7 +125,9 @@ impl Sym {
                 let w = self.layout.width(a.field);
                 match &a.test {
                     Test::Cmp(op, v) => self.cmp(a.field, *op, *v),
-                    Test::Prefix { value, len } => self.masked(a.field, *value, subc_lang::value::mask(w) & !subc_lang::value::mask(w - len)),
+                    Test::Prefix { value, len } => {
+                        self.masked(a.field, *value, subc_lang::value::mask(w) & !subc_lang::value::mask(w - len))
+                    }
                     Test::OneOf(vs) => vs.iter().fold(self.f.clone(), |acc, v| self.or(&acc, &self.cmp(a.field, CmpOp::Eq, *v))),
                 }
             }
@@ -147,7 +149,8 @@ impl Sym {
 
     /// The values a table entry matches.
     fn entry(&self, t: &Table, m: &Match) -> BDDFunction {
-        let ivs = |lo, hi| intervals_dd(&[(lo, hi)], t.width, self.layout.base(t.field), &self.t, &self.f, &mut |v, a, b| self.ite(v, a, b));
+        let ivs =
+            |lo, hi| intervals_dd(&[(lo, hi)], t.width, self.layout.base(t.field), &self.t, &self.f, &mut |v, a, b| self.ite(v, a, b));
         match *m {
             Match::Exact { value } => ivs(value, value).expect("node capacity"),
             Match::Range { lo, hi } => ivs(lo, hi).expect("node capacity"),
@@ -206,7 +209,14 @@ struct Atoms {
 }
 
 impl Atoms {
-    fn add(&mut self, sym: &Sym, packets: &BDDFunction, ports: impl IntoIterator<Item = u32>, drop: bool, updates: impl IntoIterator<Item = Update>) {
+    fn add(
+        &mut self,
+        sym: &Sym,
+        packets: &BDDFunction,
+        ports: impl IntoIterator<Item = u32>,
+        drop: bool,
+        updates: impl IntoIterator<Item = Update>,
+    ) {
         let join = |slot: &mut Option<BDDFunction>| *slot = Some(slot.as_ref().map_or(packets.clone(), |d| sym.or(d, packets)));
         let mut forwards = false;
         for p in ports {

@@ -64,7 +64,9 @@ fn scrape(port: u16) -> String {
 /// The value of one sample line of the Prometheus text (`name{labels} value`).
 fn metric(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
-        .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
         .unwrap_or(f64::NAN)
 }
 
@@ -103,7 +105,9 @@ fn main() {
     let metrics_port = free_port();
     let mut server = ServerProc::start(
         dir.path(),
-        &format!("metrics_listen = \"127.0.0.1:{metrics_port}\"\n[limits]\nmax_subscriptions_per_app = 10000000\nmax_subscriptions = 10000000\n"),
+        &format!(
+            "metrics_listen = \"127.0.0.1:{metrics_port}\"\n[limits]\nmax_subscriptions_per_app = 10000000\nmax_subscriptions = 10000000\n"
+        ),
     );
     net.deployment(&t, &server.bpffs_root);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -119,7 +123,10 @@ fn main() {
     // installed set, the next ones what the throughput phases add (the same
     // distribution, so that their rates compare).
     let extra = n_single + n_clients * per_client + n_batches * 1000;
-    let all = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: installed + extra, ..Default::default() });
+    let all = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
+        subscriptions: installed + extra,
+        ..Default::default()
+    });
     let all: Vec<String> = all.lines().map(String::from).collect();
     let (rules, more) = all.split_at(installed);
     let (single_rules, more) = more.split_at(n_single);
@@ -277,7 +284,11 @@ fn main() {
     let config = subc_server::Config::with_spec(itch_spec());
     let (spec, _) = subc_server::core::load_spec(&config).unwrap();
     let stored = |id0: u64, texts: &[String]| -> Vec<StoredSub> {
-        texts.iter().enumerate().map(|(i, t)| StoredSub { id: id0 + i as u64, app: "app0".into(), text: t.clone(), generation: 1, created_ms: 0 }).collect()
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| StoredSub { id: id0 + i as u64, app: "app0".into(), text: t.clone(), generation: 1, created_ms: 0 })
+            .collect()
     };
     let nfs = subc_server::check::check_stored(&spec, &stored(1, rules)).unwrap();
     let opts = subc_server::desired::compile_options(&spec, &config.compile, None).unwrap();

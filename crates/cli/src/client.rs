@@ -393,7 +393,13 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             HookArg::Tc => proto::Hook::Tc,
         };
         let xdp_mode = if a.xdp_generic { proto::XdpMode::Generic } else { proto::XdpMode::Auto };
-        Kind::Ebpf(proto::EbpfTarget { interface: iface.clone(), hook: hook as i32, ports, drop_unmatched: a.drop_unmatched, xdp_mode: xdp_mode as i32 })
+        Kind::Ebpf(proto::EbpfTarget {
+            interface: iface.clone(),
+            hook: hook as i32,
+            ports,
+            drop_unmatched: a.drop_unmatched,
+            xdp_mode: xdp_mode as i32,
+        })
     } else if let Some(addr) = &a.p4runtime {
         let mut ports = HashMap::new();
         for p in &a.ports {
@@ -446,7 +452,16 @@ fn status_json(s: &proto::TargetStatus) -> serde_json::Value {
 
 fn print_status(s: &proto::TargetStatus) -> Result<()> {
     let mut o = out();
-    writeln!(o, "{}: {}, generation {} of {}, {} entries, {} groups", s.name, state_name(s), s.deployed_generation, s.current_generation, s.entries, s.groups)?;
+    writeln!(
+        o,
+        "{}: {}, generation {} of {}, {} entries, {} groups",
+        s.name,
+        state_name(s),
+        s.deployed_generation,
+        s.current_generation,
+        s.entries,
+        s.groups
+    )?;
     if s.last_diff_entries > 0 {
         writeln!(o, "  last deploy wrote {} entries", s.last_diff_entries)?;
     }
@@ -624,15 +639,35 @@ mod tests {
     #[test]
     fn a_p4runtime_registration_carries_every_option() {
         let dir = tempfile::tempdir().unwrap();
-        let info = P4Info { tables: vec![Table { preamble: Some(Preamble { id: 7, name: "MyIngress.root".into(), ..Default::default() }), ..Default::default() }], ..Default::default() };
+        let info = P4Info {
+            tables: vec![Table {
+                preamble: Some(Preamble { id: 7, name: "MyIngress.root".into(), ..Default::default() }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
         let (bin, text, json) = (dir.path().join("p.bin"), dir.path().join("p.txtpb"), dir.path().join("program.json"));
         std::fs::write(&bin, info.encode_to_vec()).unwrap();
         std::fs::write(&text, subc_backend_p4::proto::to_text(&info)).unwrap();
         std::fs::write(&json, b"{\"bmv2\": 1}").unwrap();
         for file in [&bin, &text] {
             let r = parse(&[
-                "sw", "--p4runtime", "127.0.0.1:9559", "--device-id", "0", "--election-id", "9", "--p4info", file.to_str().unwrap(),
-                "--device-config", json.to_str().unwrap(), "--port", "1=11", "--port", "2=12", "--manual",
+                "sw",
+                "--p4runtime",
+                "127.0.0.1:9559",
+                "--device-id",
+                "0",
+                "--election-id",
+                "9",
+                "--p4info",
+                file.to_str().unwrap(),
+                "--device-config",
+                json.to_str().unwrap(),
+                "--port",
+                "1=11",
+                "--port",
+                "2=12",
+                "--manual",
             ])
             .unwrap();
             let Some(Kind::P4runtime(p)) = r.kind else { panic!("a P4Runtime target") };

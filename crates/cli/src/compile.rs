@@ -161,7 +161,10 @@ pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)]) -> Result<()
         }
         None => {
             let mut out = std::io::stdout().lock();
-            let printable: Vec<&(&str, Vec<u8>)> = files.iter().filter(|f| !f.0.ends_with(".json") || files.len() == 1 || !files.iter().any(|g| g.0 == f.0.replace(".json", ".txt"))).collect();
+            let printable: Vec<&(&str, Vec<u8>)> = files
+                .iter()
+                .filter(|f| !f.0.ends_with(".json") || files.len() == 1 || !files.iter().any(|g| g.0 == f.0.replace(".json", ".txt")))
+                .collect();
             for (name, bytes) in printable {
                 if files.len() > 1 {
                     writeln!(out, "==> {name} <==")?;

@@ -99,7 +99,16 @@ fn decision_of(code: u32) -> (bool, Decision) {
 fn verdict_name(hook: Hook, v: u32) -> String {
     let names: &[&str] = match hook {
         Hook::Xdp => &["XDP_ABORTED", "XDP_DROP", "XDP_PASS", "XDP_TX", "XDP_REDIRECT"],
-        Hook::Tc => &["TC_ACT_OK", "TC_ACT_RECLASSIFY", "TC_ACT_SHOT", "TC_ACT_PIPE", "TC_ACT_STOLEN", "TC_ACT_QUEUED", "TC_ACT_REPEAT", "TC_ACT_REDIRECT"],
+        Hook::Tc => &[
+            "TC_ACT_OK",
+            "TC_ACT_RECLASSIFY",
+            "TC_ACT_SHOT",
+            "TC_ACT_PIPE",
+            "TC_ACT_STOLEN",
+            "TC_ACT_QUEUED",
+            "TC_ACT_REPEAT",
+            "TC_ACT_REDIRECT",
+        ],
     };
     names.get(v as usize).map(|s| s.to_string()).unwrap_or_else(|| v.to_string())
 }
@@ -204,7 +213,8 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
                 Decision::Forward => format!("forward to {}", ports.join(",")),
                 d => d.as_str().to_string(),
             };
-            let mut s = format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, r.verdict));
+            let mut s =
+                format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, r.verdict));
             for e in &egress {
                 if let Some(name) = e["interface"].as_str() {
                     s.push_str(&format!("\n              port {} -> {name}", e["port"]));
@@ -274,7 +284,9 @@ fn load_artifacts(dir: &Path) -> Result<(Vec<u8>, Model, Vec<MapOp>)> {
     let object = read("subc.o")?;
     let model = Model::from_maps_json(&String::from_utf8_lossy(&read("maps.json")?))?;
     let entries: Vec<serde_json::Value> = serde_json::from_slice(&read("entries.json")?).context("entries.json")?;
-    let unhex = |s: &str| -> Result<Vec<u8>> { (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("entries.json: bad hex")).collect() };
+    let unhex = |s: &str| -> Result<Vec<u8>> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).context("entries.json: bad hex")).collect()
+    };
     let mut ops = vec![];
     for e in entries {
         let name = e["map"].as_str().context("entries.json: an entry without a map")?;
@@ -340,7 +352,14 @@ pub fn status(name: &str, json: bool) -> Result<ExitCode> {
     }
     writeln!(out, "{}: {:?} hook, live generation {}", s.name, s.hook, s.live_generation)?;
     for a in &s.attachments {
-        writeln!(out, "  {} on {} ({}){}", a.program, a.iface, a.kind, a.link_pin.as_ref().map(|p| format!(", link {}", p.display())).unwrap_or_default())?;
+        writeln!(
+            out,
+            "  {} on {} ({}){}",
+            a.program,
+            a.iface,
+            a.kind,
+            a.link_pin.as_ref().map(|p| format!(", link {}", p.display())).unwrap_or_default()
+        )?;
     }
     for (p, n) in &s.programs {
         writeln!(out, "  program {p}: {n} instructions verified")?;

@@ -59,7 +59,9 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
             updates: b
                 .updates
                 .iter()
-                .filter(|u| matches!(u.entity.as_ref().and_then(|e| e.entity.as_ref()), Some(p4v1::entity::Entity::PacketReplicationEngineEntry(_))))
+                .filter(|u| {
+                    matches!(u.entity.as_ref().and_then(|e| e.entity.as_ref()), Some(p4v1::entity::Entity::PacketReplicationEngineEntry(_)))
+                })
                 .cloned()
                 .collect(),
         })
@@ -99,7 +101,12 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p
         .iter()
         .map(|p| {
             let o = sim.run(&p.data, p.ts_ns).map_err(anyhow::Error::msg)?;
-            Ok(SimResult { parsed: o.parsed, matched: None, ports: o.ports, decision: if o.parsed { o.decision } else { Decision::NoMatch } })
+            Ok(SimResult {
+                parsed: o.parsed,
+                matched: None,
+                ports: o.ports,
+                decision: if o.parsed { o.decision } else { Decision::NoMatch },
+            })
         })
         .collect()
 }

@@ -58,7 +58,11 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
     }
     config.validate()?;
     subc_server::server::init_tracing(&config.log);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("subc-serve").build().context("cannot start the async runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("subc-serve")
+        .build()
+        .context("cannot start the async runtime")?;
     rt.block_on(subc_server::serve(config))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -116,7 +116,18 @@ fn attach_status_detach() {
     let cfg = dir.0.join("target.json");
     std::fs::write(&cfg, format!(r#"{{"no_match": "drop", "ports": {{"1": {{"interface": "{b}", "dst_port": 7000}}}}}}"#)).unwrap();
     let name = tag.clone();
-    let attached = subc(&["attach", out.to_str().unwrap(), "--iface", &a, "--mode", "generic", "--target-config", cfg.to_str().unwrap(), "--name", &name]);
+    let attached = subc(&[
+        "attach",
+        out.to_str().unwrap(),
+        "--iface",
+        &a,
+        "--mode",
+        "generic",
+        "--target-config",
+        cfg.to_str().unwrap(),
+        "--name",
+        &name,
+    ]);
     let detach = || subc(&["detach", &name]);
     if !attached.status.success() {
         let _ = detach();

@@ -65,7 +65,8 @@ fn acknowledged_subscriptions_survive_sigkill_with_adds_in_flight() {
                     }));
                 }
             }
-            eventually("100 acknowledged adds", Duration::from_secs(120), async || (acked.lock().unwrap().len() >= 100).then_some(())).await;
+            eventually("100 acknowledged adds", Duration::from_secs(120), async || (acked.lock().unwrap().len() >= 100).then_some(()))
+                .await;
             server.kill9();
             for task in tasks {
                 task.await.unwrap();
@@ -123,7 +124,10 @@ fn the_data_plane_outlives_the_control_plane() {
             sysctl(&ns, k, "0");
         }
         let mac = mac_of(Some(&ns), "sub");
-        ports.push((port, proto::EbpfEgress { interface: out_if, dst_mac: mac, src_mac: String::new(), dst_ip: format!("10.0.{port}.2"), dst_port: 7000 }));
+        ports.push((
+            port,
+            proto::EbpfEgress { interface: out_if, dst_mac: mac, src_mac: String::new(), dst_ip: format!("10.0.{port}.2"), dst_port: 7000 },
+        ));
         let sock = in_netns(&ns, || {
             let s = std::net::UdpSocket::bind("0.0.0.0:7000").unwrap();
             s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();

@@ -40,15 +40,29 @@ pub enum Item {
     Header(HeaderDecl),
     Parser(ParserDecl),
     /// `query h.f [kind];`
-    Query { field: Path, kind: Option<Name>, span: Span },
+    Query {
+        field: Path,
+        kind: Option<Name>,
+        span: Span,
+    },
     /// `@name(args)`: Camus's annotations (`@query_field`, `@query_field_exact`, `@query_counter`).
-    Annotation { name: Name, args: Vec<Arg>, span: Span },
+    Annotation {
+        name: Name,
+        args: Vec<Arg>,
+        span: Span,
+    },
     /// `state name = kind(args) [per h.f[slots]];`
     State(StateDecl),
     /// `order a.b, c.d;`
-    Order { fields: Vec<Path>, span: Span },
+    Order {
+        fields: Vec<Path>,
+        span: Span,
+    },
     /// `ports N;`
-    Ports { count: u64, span: Span },
+    Ports {
+        count: u64,
+        span: Span,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,9 +117,18 @@ pub struct SelectCase {
 pub enum Arg {
     Path(Path),
     /// An integer with an optional unit (`100us`).
-    Int { value: u64, unit: Option<Name>, span: Span },
+    Int {
+        value: u64,
+        unit: Option<Name>,
+        span: Span,
+    },
     /// `name = value [unit]`
-    Named { name: Name, value: u64, unit: Option<Name>, span: Span },
+    Named {
+        name: Name,
+        value: u64,
+        unit: Option<Name>,
+        span: Span,
+    },
 }
 
 impl Arg {
@@ -171,13 +194,31 @@ pub enum Expr {
     Or(Box<Expr>, Box<Expr>),
     And(Box<Expr>, Box<Expr>),
     Not(Box<Expr>, Span),
-    Cmp { lhs: Operand, op: CmpOp, rhs: Value, span: Span },
+    Cmp {
+        lhs: Operand,
+        op: CmpOp,
+        rhs: Value,
+        span: Span,
+    },
     /// `x in 10.0.0.0/8`
-    InPrefix { lhs: Operand, addr: [u8; 4], len: u64, span: Span },
+    InPrefix {
+        lhs: Operand,
+        addr: [u8; 4],
+        len: u64,
+        span: Span,
+    },
     /// `x in {a, b, c}`
-    InSet { lhs: Operand, values: Vec<Value>, span: Span },
+    InSet {
+        lhs: Operand,
+        values: Vec<Value>,
+        span: Span,
+    },
     /// A boolean-valued call, e.g. `spike(chan_ewma)`.
-    Call { func: Name, args: Vec<Path>, span: Span },
+    Call {
+        func: Name,
+        args: Vec<Path>,
+        span: Span,
+    },
     Bool(bool, Span),
 }
 
@@ -186,9 +227,7 @@ impl Expr {
         match self {
             Expr::Or(a, b) | Expr::And(a, b) => a.span().to(b.span()),
             Expr::Not(_, s) => *s,
-            Expr::Cmp { span, .. } | Expr::InPrefix { span, .. } | Expr::InSet { span, .. } | Expr::Call { span, .. } => {
-                *span
-            }
+            Expr::Cmp { span, .. } | Expr::InPrefix { span, .. } | Expr::InSet { span, .. } | Expr::Call { span, .. } => *span,
             Expr::Bool(_, s) => *s,
         }
     }
@@ -214,7 +253,10 @@ impl Operand {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ValueKind {
-    Int { value: u64, negative: bool },
+    Int {
+        value: u64,
+        negative: bool,
+    },
     Ipv4([u8; 4]),
     Mac([u8; 6]),
     Str(String),

@@ -34,8 +34,7 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
             c.header(h);
         }
     }
-    let parsers: Vec<&ast::ParserDecl> =
-        file.items.iter().filter_map(|i| if let Item::Parser(p) = i { Some(p) } else { None }).collect();
+    let parsers: Vec<&ast::ParserDecl> = file.items.iter().filter_map(|i| if let Item::Parser(p) = i { Some(p) } else { None }).collect();
     let parser = c.parser(&parsers);
     let mut query_fields: Vec<QueryField> = vec![];
     let mut query_spans: Vec<Span> = vec![];
@@ -83,7 +82,14 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
                         None
                     }
                     other => {
-                        let known = ["query_field", "query_field_exact", "query_field_range", "query_field_ternary", "query_field_lpm", "query_counter"];
+                        let known = [
+                            "query_field",
+                            "query_field_exact",
+                            "query_field_range",
+                            "query_field_ternary",
+                            "query_field_lpm",
+                            "query_counter",
+                        ];
                         let mut d = Diagnostic::error(Code::UnknownAnnotation, format!("unknown annotation `@{other}`"))
                             .primary(name.span, "not an annotation subc knows");
                         if let Some(s) = did_you_mean(other, known) {
@@ -193,12 +199,16 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
                         .filter(|(_, q)| q.name.rsplit('.').next() == Some(text.as_str()))
                         .map(|(i, _)| i)
                         .collect();
-                    if hits.len() == 1 { Some(hits[0]) } else { None }
+                    if hits.len() == 1 {
+                        Some(hits[0])
+                    } else {
+                        None
+                    }
                 });
                 match id {
-                    Some(i) if ids.contains(&QueryFieldId(i as u32)) => c.diags.push(
-                        Diagnostic::error(Code::BadOrder, format!("`{text}` appears twice in `order`")).primary(p.span, "repeated"),
-                    ),
+                    Some(i) if ids.contains(&QueryFieldId(i as u32)) => c
+                        .diags
+                        .push(Diagnostic::error(Code::BadOrder, format!("`{text}` appears twice in `order`")).primary(p.span, "repeated")),
                     Some(i) => ids.push(QueryFieldId(i as u32)),
                     None => {
                         let mut d = Diagnostic::error(Code::BadOrder, format!("`{text}` is not a query field"))
@@ -294,7 +304,9 @@ impl Checker<'_> {
                     let (ty, need): (Option<FieldType>, Option<String>) = match t {
                         "mac" => (Some(FieldType::Mac), (width != 48).then(|| "a MAC address is 48 bits".into())),
                         "ipv4" => (Some(FieldType::Ipv4), (width != 32).then(|| "an IPv4 address is 32 bits".into())),
-                        "ascii" => (Some(FieldType::Ascii), (!width.is_multiple_of(8)).then(|| "an ASCII field is a whole number of bytes".into())),
+                        "ascii" => {
+                            (Some(FieldType::Ascii), (!width.is_multiple_of(8)).then(|| "an ASCII field is a whole number of bytes".into()))
+                        }
                         "signed" => (Some(FieldType::Signed), (width < 2).then(|| "a signed field needs at least 2 bits".into())),
                         "uint" => (Some(FieldType::Uint), None),
                         _ => (None, None),
@@ -329,8 +341,11 @@ impl Checker<'_> {
         }
         if !offset.is_multiple_of(8) {
             self.diags.push(
-                Diagnostic::error(Code::HeaderNotByteAligned, format!("header `{}` is {offset} bits, not a whole number of bytes", h.name.text))
-                    .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8)),
+                Diagnostic::error(
+                    Code::HeaderNotByteAligned,
+                    format!("header `{}` is {offset} bits, not a whole number of bytes", h.name.text),
+                )
+                .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8)),
             );
             ok = false;
         }
@@ -402,10 +417,8 @@ impl Checker<'_> {
                         None
                     }
                     _ => {
-                        let names: Vec<String> = hits
-                            .iter()
-                            .map(|r| format!("`{}.{}`", self.headers[r.header.0 as usize].name, f.text))
-                            .collect();
+                        let names: Vec<String> =
+                            hits.iter().map(|r| format!("`{}.{}`", self.headers[r.header.0 as usize].name, f.text)).collect();
                         self.diags.push(
                             Diagnostic::error(Code::AmbiguousField, format!("field name `{}` is ambiguous", f.text))
                                 .primary(f.span, format!("could be {}", names.join(" or ")))
@@ -456,10 +469,8 @@ impl Checker<'_> {
         let start = match &p.start {
             Some(s) => self.target(s),
             None => {
-                self.diags.push(
-                    Diagnostic::error(Code::BadParser, "the parser has no start")
-                        .primary(p.span, "missing `start -> header;`"),
-                );
+                self.diags
+                    .push(Diagnostic::error(Code::BadParser, "the parser has no start").primary(p.span, "missing `start -> header;`"));
                 None
             }
         };
@@ -495,8 +506,11 @@ impl Checker<'_> {
                             }
                             if case.values.len() != refs.len() {
                                 self.diags.push(
-                                    Diagnostic::error(Code::BadSelect, format!("case has {} values but the select has {} fields", case.values.len(), refs.len()))
-                                        .primary(case.span, "wrong number of values"),
+                                    Diagnostic::error(
+                                        Code::BadSelect,
+                                        format!("case has {} values but the select has {} fields", case.values.len(), refs.len()),
+                                    )
+                                    .primary(case.span, "wrong number of values"),
                                 );
                                 continue;
                             }
@@ -536,9 +550,7 @@ impl Checker<'_> {
         fn targets(n: &ParseNext) -> Vec<ParseTarget> {
             match n {
                 ParseNext::Goto(t) => vec![*t],
-                ParseNext::Select { cases, default, .. } => {
-                    cases.iter().map(|c| c.target).chain(std::iter::once(*default)).collect()
-                }
+                ParseNext::Select { cases, default, .. } => cases.iter().map(|c| c.target).chain(std::iter::once(*default)).collect(),
             }
         }
         fn dfs(
@@ -576,8 +588,11 @@ impl Checker<'_> {
                 Err((cycle, None)) => {
                     let names: Vec<&str> = cycle.iter().map(|h| self.headers[h.0 as usize].name.as_str()).collect();
                     self.diags.push(
-                        Diagnostic::error(Code::ParserCycle, format!("the parse graph has a cycle: {} -> {}", names.join(" -> "), names[0]))
-                            .primary(p.span, "a header may be extracted at most once per packet"),
+                        Diagnostic::error(
+                            Code::ParserCycle,
+                            format!("the parse graph has a cycle: {} -> {}", names.join(" -> "), names[0]),
+                        )
+                        .primary(p.span, "a header may be extracted at most once per packet"),
                     );
                     ok = false;
                 }
@@ -585,7 +600,7 @@ impl Checker<'_> {
                     let name = &self.headers[h.0 as usize].name;
                     self.diags.push(
                         Diagnostic::error(Code::BadParser, format!("header `{name}` is extracted but has no transition"))
-                            .primary(p.span, format!("add `{name} -> accept;` or a select"))
+                            .primary(p.span, format!("add `{name} -> accept;` or a select")),
                     );
                     ok = false;
                 }
@@ -642,11 +657,7 @@ impl Checker<'_> {
         spans.push(span);
     }
 
-    fn state(
-        &mut self,
-        d: &ast::StateDecl,
-        parser: &Option<ParseGraph>,
-    ) -> Option<(StateKind, u32, FieldType, Option<StateKey>)> {
+    fn state(&mut self, d: &ast::StateDecl, parser: &Option<ParseGraph>) -> Option<(StateKind, u32, FieldType, Option<StateKey>)> {
         let errors_before = self.diags.error_count();
         let key = match &d.per {
             None => None,
@@ -693,7 +704,8 @@ impl Checker<'_> {
                 Some(Arg::Int { value, unit, span }) => Some((*value, unit.clone(), *span)),
                 Some(other) => {
                     this.diags.push(
-                        Diagnostic::error(Code::BadStateParam, format!("expected a number for `{name}`")).primary(other.span(), "not a number"),
+                        Diagnostic::error(Code::BadStateParam, format!("expected a number for `{name}`"))
+                            .primary(other.span(), "not a number"),
                     );
                     None
                 }
@@ -716,14 +728,18 @@ impl Checker<'_> {
                     let fd = &this.headers[f.header.0 as usize].fields[f.field as usize];
                     if fd.width > 32 {
                         this.diags.push(
-                            Diagnostic::error(Code::BadStateParam, format!("`{}` is {} bits; averages take fields of at most 32 bits", fd.name, fd.width))
-                                .primary(p.span, "too wide to average"),
+                            Diagnostic::error(
+                                Code::BadStateParam,
+                                format!("`{}` is {} bits; averages take fields of at most 32 bits", fd.name, fd.width),
+                            )
+                            .primary(p.span, "too wide to average"),
                         );
                         return None;
                     }
                     if !this.reachable(parser, f.header) {
                         this.diags.push(
-                            Diagnostic::error(Code::Unreachable, "this header is never extracted by the parser").primary(p.span, "no packet has this field"),
+                            Diagnostic::error(Code::Unreachable, "this header is never extracted by the parser")
+                                .primary(p.span, "no packet has this field"),
                         );
                         return None;
                     }
@@ -741,7 +757,8 @@ impl Checker<'_> {
         let range = |this: &mut Self, v: Option<(u64, Option<ast::Name>, Span)>, what: &str, lo: u64, hi: u64| -> Option<u64> {
             let (v, unit, span) = v?;
             if let Some(u) = unit {
-                this.diags.push(Diagnostic::error(Code::BadStateParam, format!("`{what}` takes no unit")).primary(u.span, "unexpected unit"));
+                this.diags
+                    .push(Diagnostic::error(Code::BadStateParam, format!("`{what}` takes no unit")).primary(u.span, "unexpected unit"));
                 return None;
             }
             if v < lo || v > hi {
@@ -771,12 +788,15 @@ impl Checker<'_> {
                     };
                     match v.checked_mul(factor) {
                         Some(0) => {
-                            self.diags.push(Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(span, "window is 0"));
+                            self.diags.push(
+                                Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(span, "window is 0"),
+                            );
                             None
                         }
                         Some(us) if us <= MAX_WINDOW_US => Some(us),
                         _ => {
-                            self.diags.push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(span, "at most 2^40 us"));
+                            self.diags
+                                .push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(span, "at most 2^40 us"));
                             None
                         }
                     }
@@ -857,7 +877,8 @@ impl Checker<'_> {
         };
         if let Some((name, (_, _, span))) = named.iter().next() {
             self.diags.push(
-                Diagnostic::error(Code::BadStateParam, format!("`{}` has no parameter `{name}`", d.kind.text)).primary(*span, "unknown parameter"),
+                Diagnostic::error(Code::BadStateParam, format!("`{}` has no parameter `{name}`", d.kind.text))
+                    .primary(*span, "unknown parameter"),
             );
         }
         if self.diags.error_count() > errors_before {

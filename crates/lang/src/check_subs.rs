@@ -218,9 +218,12 @@ impl SubChecker<'_> {
                                 format!("state ewma_x = ewma({fname}, shift = 3);")
                             };
                             self.diags.push(
-                                Diagnostic::error(Code::NoAverage, format!("the spec declares no {} of `{fname}`", if want_avg { "average" } else { "EWMA" }))
-                                    .primary(*span, "nothing to read")
-                                    .help(format!("declare one in the spec: `{example}`")),
+                                Diagnostic::error(
+                                    Code::NoAverage,
+                                    format!("the spec declares no {} of `{fname}`", if want_avg { "average" } else { "EWMA" }),
+                                )
+                                .primary(*span, "nothing to read")
+                                .help(format!("declare one in the spec: `{example}`")),
                             );
                             None
                         }
@@ -343,7 +346,8 @@ impl SubChecker<'_> {
             }
             _ => {
                 self.diags.push(
-                    Diagnostic::error(Code::UnknownField, format!("`{}` is not a field", p.text())).primary(p.span, "expected `field` or `header.field`"),
+                    Diagnostic::error(Code::UnknownField, format!("`{}` is not a field", p.text()))
+                        .primary(p.span, "expected `field` or `header.field`"),
                 );
                 None
             }
@@ -396,9 +400,7 @@ impl SubChecker<'_> {
                 }
                 Some(*value)
             }
-            (ValueKind::Ipv4(a), _) if w == 32 && matches!(qf.ty, FieldType::Ipv4 | FieldType::Uint) => {
-                Some(u32::from_be_bytes(*a) as u64)
-            }
+            (ValueKind::Ipv4(a), _) if w == 32 && matches!(qf.ty, FieldType::Ipv4 | FieldType::Uint) => Some(u32::from_be_bytes(*a) as u64),
             (ValueKind::Mac(m), _) if w == 48 && matches!(qf.ty, FieldType::Mac | FieldType::Uint) => {
                 Some(m.iter().fold(0u64, |acc, b| (acc << 8) | *b as u64))
             }
@@ -413,8 +415,11 @@ impl SubChecker<'_> {
                     Some(d) => Some(d),
                     None => {
                         self.diags.push(
-                            Diagnostic::error(Code::SymbolTooLong, format!("symbol \"{s}\" is {} characters; `{}` holds {}", s.len(), qf.name, w / 8))
-                                .primary(v.span, "too long"),
+                            Diagnostic::error(
+                                Code::SymbolTooLong,
+                                format!("symbol \"{s}\" is {} characters; `{}` holds {}", s.len(), qf.name, w / 8),
+                            )
+                            .primary(v.span, "too long"),
                         );
                         None
                     }
@@ -455,7 +460,8 @@ impl SubChecker<'_> {
                 ast::Action::Call { func, args, span } if func.text == "fwd" => {
                     if args.is_empty() {
                         self.diags.push(
-                            Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port").primary(*span, "expected at least one port, e.g. `fwd(1)`"),
+                            Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port")
+                                .primary(*span, "expected at least one port, e.g. `fwd(1)`"),
                         );
                         ok = false;
                     }

@@ -245,7 +245,11 @@ impl Diagnostics {
 }
 
 fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 /// Renders one diagnostic rustc-style.
@@ -259,11 +263,7 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
     // Group labels by line so that several labels on one line share the source echo.
     let mut labels: Vec<&Label> = d.labels.iter().collect();
     labels.sort_by_key(|l| (!l.primary, l.span.start));
-    let gutter = labels
-        .iter()
-        .map(|l| sources.file(l.span.file).line_col(l.span.start).0.to_string().len())
-        .max()
-        .unwrap_or(1);
+    let gutter = labels.iter().map(|l| sources.file(l.span.file).line_col(l.span.start).0.to_string().len()).max().unwrap_or(1);
     let pad = " ".repeat(gutter);
     if let Some(first) = labels.first() {
         let f = sources.file(first.span.file);

@@ -55,11 +55,7 @@ pub fn parse_packet(spec: &Spec, bytes: &[u8]) -> Option<ParsedPacket> {
             return None;
         }
         let slice = &bytes[cursor..end];
-        let values: Vec<u64> = header
-            .fields
-            .iter()
-            .map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 })
-            .collect();
+        let values: Vec<u64> = header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
         cursor = end;
         let next = spec.parser.next[h.0 as usize].as_ref()?;
         at = match next {
@@ -174,7 +170,11 @@ impl StateStore {
                         (StateRead::Spike, _) => spikes[state.0 as usize] as u64,
                         (_, Slot::Counter { window, count }) => {
                             let StateKind::Counter { window_us } = s.kind else { unreachable!() };
-                            if *window == ts_ns / (window_us * 1000) { *count as u64 } else { 0 }
+                            if *window == ts_ns / (window_us * 1000) {
+                                *count as u64
+                            } else {
+                                0
+                            }
                         }
                         (_, Slot::Avg { ring, sum, .. }) => sum >> ring.len().trailing_zeros(),
                         (_, Slot::Ewma { ewma, .. }) => (ewma >> EWMA_FRACTION_BITS) & mask(q.width),
@@ -306,8 +306,7 @@ impl<'a> Interpreter<'a> {
             return Outcome { parsed: false, matched: vec![], ports: vec![], decision: Decision::NoMatch };
         };
         let values = self.state.pre_stage(self.spec, &pkt, ts_ns);
-        let matched: Vec<&Subscription> =
-            self.subscriptions.iter().filter(|s| eval_cond(self.spec, &s.cond, &values)).collect();
+        let matched: Vec<&Subscription> = self.subscriptions.iter().filter(|s| eval_cond(self.spec, &s.cond, &values)).collect();
         let actions = union_actions(matched.iter().map(|s| &s.actions));
         self.state.apply_updates(self.spec, &pkt, &actions.updates);
         let mut ids: Vec<SubId> = matched.iter().map(|s| s.id).collect();

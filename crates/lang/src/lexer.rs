@@ -49,14 +49,13 @@ impl fmt::Display for Tok {
     }
 }
 
-const SPEC_KEYWORDS: &[&str] =
-    &["header", "parser", "start", "select", "accept", "reject", "query", "state", "per", "order", "ports"];
+const SPEC_KEYWORDS: &[&str] = &["header", "parser", "start", "select", "accept", "reject", "query", "state", "per", "order", "ports"];
 const SUB_KEYWORDS: &[&str] = &["and", "or", "not", "in", "true", "false"];
 
 /// Longest first, so that `==` wins over `=`.
 const PUNCT: &[&str] = &[
-    "&&", "||", "==", "!=", "<=", ">=", "+=", "-=", "=>", "->", "!", "<", ">", "=", "(", ")", "{", "}", "[", "]",
-    ",", ";", ":", ".", "/", "-", "_", "@",
+    "&&", "||", "==", "!=", "<=", ">=", "+=", "-=", "=>", "->", "!", "<", ">", "=", "(", ")", "{", "}", "[", "]", ",", ";", ":", ".", "/",
+    "-", "_", "@",
 ];
 
 pub type Spanned = (usize, Tok, usize);
@@ -155,8 +154,7 @@ pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diag
             match digits.parse::<u64>() {
                 Ok(v) => toks.push((start, Tok::Int(v), i)),
                 Err(_) => diags.push(
-                    Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits")
-                        .primary(span(start, i), "too large"),
+                    Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits").primary(span(start, i), "too large"),
                 ),
             }
             continue;

@@ -38,17 +38,12 @@ impl Namer {
         if let Some(id) = self.given.get(name) {
             return id.clone();
         }
-        let mut base: String = name
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
-            .collect();
+        let mut base: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
         if base.is_empty() || base.starts_with(|c: char| c.is_ascii_digit()) {
             base.insert(0, 'n');
         }
         let lower = base.to_ascii_lowercase();
-        if self.keywords.contains(base.as_str())
-            || self.reserved_prefixes.iter().any(|p| lower.starts_with(&p.to_ascii_lowercase()))
-        {
+        if self.keywords.contains(base.as_str()) || self.reserved_prefixes.iter().any(|p| lower.starts_with(&p.to_ascii_lowercase())) {
             base.push('_');
         }
         let mut id = base.clone();

@@ -148,9 +148,21 @@ impl IntervalSet {
         match op {
             CmpOp::Eq => IntervalSet::point(v),
             CmpOp::Ne => IntervalSet::point(v).complement(width),
-            CmpOp::Lt => if v == 0 { IntervalSet::empty() } else { IntervalSet::range(0, v - 1) },
+            CmpOp::Lt => {
+                if v == 0 {
+                    IntervalSet::empty()
+                } else {
+                    IntervalSet::range(0, v - 1)
+                }
+            }
             CmpOp::Le => IntervalSet::range(0, v),
-            CmpOp::Gt => if v >= max { IntervalSet::empty() } else { IntervalSet::range(v + 1, max) },
+            CmpOp::Gt => {
+                if v >= max {
+                    IntervalSet::empty()
+                } else {
+                    IntervalSet::range(v + 1, max)
+                }
+            }
             CmpOp::Ge => IntervalSet::range(v, max),
         }
     }
@@ -171,11 +183,8 @@ impl IntervalSet {
 
 impl fmt::Display for IntervalSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self
-            .0
-            .iter()
-            .map(|iv| if iv.is_point() { format!("{}", iv.lo) } else { format!("[{}, {}]", iv.lo, iv.hi) })
-            .collect();
+        let parts: Vec<String> =
+            self.0.iter().map(|iv| if iv.is_point() { format!("{}", iv.lo) } else { format!("[{}, {}]", iv.lo, iv.hi) }).collect();
         write!(f, "{{{}}}", parts.join(", "))
     }
 }

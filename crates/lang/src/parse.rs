@@ -77,16 +77,12 @@ pub fn parse_rule_text(text: &str, file: FileId, base: u32, diags: &mut Diagnost
     if toks.is_empty() {
         return None;
     }
-    let mut logical =
-        toks.iter().filter(|(_, t, _)| matches!(t, Tok::Punct("!" | "&&" | "||") | Tok::Kw("not" | "and" | "or")));
+    let mut logical = toks.iter().filter(|(_, t, _)| matches!(t, Tok::Punct("!" | "&&" | "||") | Tok::Kw("not" | "and" | "or")));
     if let Some((l, _, r)) = logical.nth(MAX_LOGICAL_OPERATORS) {
         diags.push(
-            Diagnostic::error(
-                Code::TooDeep,
-                format!("this condition has more than {MAX_LOGICAL_OPERATORS} `!`, `&&` and `||` operators"),
-            )
-            .primary(Span::new(file, l + base as usize, r + base as usize), "one too many")
-            .help("split it into several subscriptions, or test one field against several values with `in {...}`"),
+            Diagnostic::error(Code::TooDeep, format!("this condition has more than {MAX_LOGICAL_OPERATORS} `!`, `&&` and `||` operators"))
+                .primary(Span::new(file, l + base as usize, r + base as usize), "one too many")
+                .help("split it into several subscriptions, or test one field against several values with `in {...}`"),
         );
         return None;
     }

@@ -36,7 +36,11 @@ pub fn read_pcap(bytes: &[u8]) -> Result<Vec<PcapPacket>, PcapError> {
     };
     let u32_at = |b: &[u8], o: usize| -> u32 {
         let a: [u8; 4] = b[o..o + 4].try_into().unwrap();
-        if big { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) }
+        if big {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        }
     };
     let link = u32_at(bytes, 20) & 0x0fff_ffff;
     if link != 1 {

@@ -35,7 +35,11 @@ fn expr_to_string(e: &Expr, ctx: Prec) -> String {
         Expr::Call { func, args, .. } => (call(func, args), Prec::Not),
         Expr::Bool(b, _) => (b.to_string(), Prec::Not),
     };
-    if prec < ctx { format!("({s})") } else { s }
+    if prec < ctx {
+        format!("({s})")
+    } else {
+        s
+    }
 }
 
 fn call(func: &Name, args: &[Path]) -> String {

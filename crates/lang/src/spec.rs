@@ -225,10 +225,7 @@ impl Spec {
     }
     /// The query field of a packet field, if it is one.
     pub fn query_of_packet_field(&self, f: FieldRef) -> Option<QueryFieldId> {
-        self.query_fields
-            .iter()
-            .position(|q| q.source == QuerySource::Packet(f))
-            .map(|i| QueryFieldId(i as u32))
+        self.query_fields.iter().position(|q| q.source == QuerySource::Packet(f)).map(|i| QueryFieldId(i as u32))
     }
     /// Largest port number plus one.
     pub fn port_count(&self) -> u32 {

@@ -69,10 +69,7 @@ pub fn format_value(ty: FieldType, width: u32, v: u64) -> String {
         FieldType::Ipv4 if width == 32 => {
             format!("{}.{}.{}.{}", v >> 24, (v >> 16) & 255, (v >> 8) & 255, v & 255)
         }
-        FieldType::Mac if width == 48 => (0..6)
-            .map(|k| format!("{:02x}", (v >> (40 - 8 * k)) & 255))
-            .collect::<Vec<_>>()
-            .join(":"),
+        FieldType::Mac if width == 48 => (0..6).map(|k| format!("{:02x}", (v >> (40 - 8 * k)) & 255)).collect::<Vec<_>>().join(":"),
         FieldType::Ascii => {
             let n = width / 8;
             let bytes: Vec<u8> = (0..n).map(|k| ((v >> (8 * (n - 1 - k))) & 255) as u8).collect();

@@ -134,8 +134,7 @@ fn every_code_has_a_snapshot() {
             snapshots.push_str(&text);
         }
     }
-    let missing: Vec<&str> =
-        Code::ALL.iter().map(|c| c.as_str()).filter(|c| !snapshots.contains(&format!("[{c}]"))).collect();
+    let missing: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).filter(|c| !snapshots.contains(&format!("[{c}]"))).collect();
     assert!(missing.is_empty(), "codes with no snapshot in tests/snapshots: {missing:?}");
 }
 

@@ -87,6 +87,10 @@ fn lexical_errors() {
 #[test]
 fn spec_keywords() {
     check(Mode::Spec, "header h { f: 8 ascii; }", "kw(header) id(h) p({) id(f) p(:) int(8) id(ascii) p(;) p(})");
-    check(Mode::Spec, "state c = counter(100us) per h.f[16];", "kw(state) id(c) p(=) id(counter) p(() int(100) id(us) p()) kw(per) id(h) p(.) id(f) p([) int(16) p(]) p(;)");
+    check(
+        Mode::Spec,
+        "state c = counter(100us) per h.f[16];",
+        "kw(state) id(c) p(=) id(counter) p(() int(100) id(us) p()) kw(per) id(h) p(.) id(f) p([) int(16) p(]) p(;)",
+    );
     check(Mode::Spec, "and or not", "id(and) id(or) id(not)");
 }

@@ -71,13 +71,21 @@ impl Api {
             return Err(self.limit("request_bytes", format!("the request has {size} bytes, over the limit of {}", l.max_request_bytes)));
         }
         if req.lines.len() > l.max_lines_per_request {
-            return Err(self.limit("lines_per_request", format!("the request has {} lines, over the limit of {}", req.lines.len(), l.max_lines_per_request)));
+            return Err(self.limit(
+                "lines_per_request",
+                format!("the request has {} lines, over the limit of {}", req.lines.len(), l.max_lines_per_request),
+            ));
         }
         if let Some((i, line)) = req.lines.iter().enumerate().find(|(_, x)| x.len() > l.max_line_bytes) {
-            return Err(self.limit("line_bytes", format!("line {} has {} bytes, over the limit of {}", i + 1, line.len(), l.max_line_bytes)));
+            return Err(
+                self.limit("line_bytes", format!("line {} has {} bytes, over the limit of {}", i + 1, line.len(), l.max_line_bytes))
+            );
         }
         if let Some(i) = req.lines.iter().position(|x| x.contains(['\n', '\r'])) {
-            return Err(Status::invalid_argument(format!("line {} contains a line break: send one subscription per element of `lines`", i + 1)));
+            return Err(Status::invalid_argument(format!(
+                "line {} contains a line break: send one subscription per element of `lines`",
+                i + 1
+            )));
         }
         if req.request_id.len() > 128 || req.source_name.len() > 256 {
             return Err(Status::invalid_argument("request_id is limited to 128 bytes and source_name to 256"));
@@ -118,7 +126,10 @@ impl Subscriptions for Api {
         let who = principal(&request)?;
         let ids = request.into_inner().ids;
         if ids.len() > self.core.config.limits.max_lines_per_request {
-            return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {}", ids.len(), self.core.config.limits.max_lines_per_request)));
+            return Err(self.limit(
+                "lines_per_request",
+                format!("{} ids, over the limit of {}", ids.len(), self.core.config.limits.max_lines_per_request),
+            ));
         }
         let resp = self.core.submit(|reply| WriteOp::Remove { who, ids, reply }).await?;
         Ok(Response::new(resp))
@@ -130,7 +141,9 @@ impl Subscriptions for Api {
         let d = self.core.desired.lock().expect("desired");
         match d.subs.get(&id) {
             None => Err(Status::not_found(format!("no subscription {id}"))),
-            Some(r) if !who.may_touch(&r.app) => Err(Status::permission_denied(format!("subscription {id} belongs to another application"))),
+            Some(r) if !who.may_touch(&r.app) => {
+                Err(Status::permission_denied(format!("subscription {id} belongs to another application")))
+            }
             Some(r) => Ok(Response::new(to_proto(id, r))),
         }
     }
@@ -219,7 +232,9 @@ impl Targets for Api {
         let h = self.core.target(&req.name)?;
         if req.uninstall {
             h.stop();
-            h.uninstall(&self.core.deploy).await.map_err(|e| Status::failed_precondition(format!("uninstalling failed, the target stays registered: {e}")))?;
+            h.uninstall(&self.core.deploy)
+                .await
+                .map_err(|e| Status::failed_precondition(format!("uninstalling failed, the target stays registered: {e}")))?;
         }
         let name = req.name;
         self.core.submit(|reply| WriteOp::Unregister { name, reply }).await?;
@@ -244,7 +259,10 @@ impl Targets for Api {
                             return Ok(());
                         }
                         if p.status.consecutive_failures > 0 {
-                            return Err(Status::unavailable(format!("deploying to {:?} failed (retrying with backoff): {}", h.name, p.status.last_error)));
+                            return Err(Status::unavailable(format!(
+                                "deploying to {:?} failed (retrying with backoff): {}",
+                                h.name, p.status.last_error
+                            )));
                         }
                     }
                 }
@@ -256,7 +274,11 @@ impl Targets for Api {
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(())) => Ok(Response::new(proto::DeployResponse { status: Some(h.status(self.core.generation())) })),
             Ok(Err(s)) => Err(s),
-            Err(_) => Err(Status::deadline_exceeded(format!("{:?} did not reach generation {goal} within {} ms; it keeps trying", h.name, timeout.as_millis()))),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "{:?} did not reach generation {goal} within {} ms; it keeps trying",
+                h.name,
+                timeout.as_millis()
+            ))),
         }
     }
 
@@ -269,14 +291,18 @@ impl Targets for Api {
     async fn plan(&self, request: Request<proto::TargetRequest>) -> Result<Response<proto::PlanResponse>, Status> {
         principal(&request)?.require_admin()?;
         let h = self.core.target(&request.into_inner().name)?;
-        let p = h.plan(&self.core.deploy, self.core.config.deploy.plan_max_ops).await.map_err(|e| Status::unavailable(format!("cannot read the target: {e}")))?;
+        let p = h
+            .plan(&self.core.deploy, self.core.config.deploy.plan_max_ops)
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot read the target: {e}")))?;
         Ok(Response::new(p))
     }
 }
 
 /// Whether `who` may see an event.
 fn visible(who: &Principal, e: &proto::Event) -> bool {
-    let own = matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
+    let own =
+        matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
     who.admin || !own || *who.app == *e.app
 }
 
@@ -348,7 +374,9 @@ impl Events for Api {
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         let _ = tx
-                            .send(Err(Status::aborted(format!("this watcher fell {n} events behind; watch again with replay and after_seq = {last}"))))
+                            .send(Err(Status::aborted(format!(
+                                "this watcher fell {n} events behind; watch again with replay and after_seq = {last}"
+                            ))))
                             .await;
                         return;
                     }

@@ -166,7 +166,8 @@ mod tests {
 
     #[test]
     fn comments_and_blank_lines_are_skipped_and_lines_counted() {
-        let lines: Vec<String> = ["# a comment", "", "stock == GOOGL : fwd(1)", "stock == AAPL && price > 5 : fwd(2)"].map(String::from).to_vec();
+        let lines: Vec<String> =
+            ["# a comment", "", "stock == GOOGL : fwd(1)", "stock == AAPL && price > 5 : fwd(2)"].map(String::from).to_vec();
         let b = check_lines(&itch(), "x.subs", &lines, 4096).unwrap();
         assert_eq!(b.rules.iter().map(|r| r.line).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(b.rules[0].text, "stock == GOOGL : fwd(1)");

@@ -110,10 +110,7 @@ impl SecretSource {
         let value = if let Some(t) = &self.token {
             t.clone()
         } else if let Some(f) = &self.token_file {
-            std::fs::read_to_string(f)
-                .map_err(|e| Error::Config(format!("{what}: cannot read {}: {e}", f.display())))?
-                .trim()
-                .to_string()
+            std::fs::read_to_string(f).map_err(|e| Error::Config(format!("{what}: cannot read {}: {e}", f.display())))?.trim().to_string()
         } else if let Some(v) = &self.token_env {
             std::env::var(v).map_err(|_| Error::Config(format!("{what}: environment variable {v} is not set")))?
         } else {
@@ -341,7 +338,9 @@ impl Config {
         }
         let l = &self.limits;
         if l.max_request_bytes < 1024 || l.max_lines_per_request == 0 || l.max_cubes == 0 || l.compile_timeout_ms == 0 {
-            return Err(Error::Config("limits: max_request_bytes >= 1024, and max_lines_per_request, max_cubes, compile_timeout_ms > 0".into()));
+            return Err(Error::Config(
+                "limits: max_request_bytes >= 1024, and max_lines_per_request, max_cubes, compile_timeout_ms > 0".into(),
+            ));
         }
         if self.deploy.retry_initial_ms == 0 || self.deploy.retry_max_ms < self.deploy.retry_initial_ms {
             return Err(Error::Config("deploy: 0 < retry_initial_ms <= retry_max_ms".into()));

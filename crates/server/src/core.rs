@@ -130,7 +130,8 @@ pub struct Core {
 
 /// Reads and checks the spec file.
 pub fn load_spec(config: &Config) -> Result<(Spec, String), Error> {
-    let text = std::fs::read_to_string(&config.spec).map_err(|e| Error::Config(format!("cannot read the spec {}: {e}", config.spec.display())))?;
+    let text =
+        std::fs::read_to_string(&config.spec).map_err(|e| Error::Config(format!("cannot read the spec {}: {e}", config.spec.display())))?;
     let mut sources = SourceMap::new();
     let f = sources.add(config.spec.display().to_string(), text.clone());
     let mut diags = Diagnostics::default();
@@ -173,14 +174,23 @@ impl Core {
 
         let t = Instant::now();
         let (spec2, subs2) = (spec.clone(), subs.clone());
-        let nfs = tokio::task::spawn_blocking(move || check::check_stored(&spec2, &subs2)).await.map_err(|e| Error::Internal(e.to_string()))?.map_err(Error::Store)?;
+        let nfs = tokio::task::spawn_blocking(move || check::check_stored(&spec2, &subs2))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(Error::Store)?;
         let opts = compile_options(&spec, &config.compile, stored_order.as_deref())?;
         let spec2 = spec.clone();
         let set = tokio::task::spawn_blocking(move || CompiledSet::compile(&spec2, &nfs, opts))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(|e| Error::Compile(e.to_string()))?;
-        tracing::info!(subscriptions = subs.len(), generation, pipelines = set.pipeline_count(), ms = t.elapsed().as_millis() as u64, "compiled the stored set");
+        tracing::info!(
+            subscriptions = subs.len(),
+            generation,
+            pipelines = set.pipeline_count(),
+            ms = t.elapsed().as_millis() as u64,
+            "compiled the stored set"
+        );
         let order = order_names(&spec, &set);
         store.write(|t| {
             if stored_order.is_none() {
@@ -192,7 +202,10 @@ impl Core {
         let metrics = Arc::new(Metrics::new());
         let mut desired = Desired { set, generation, subs: BTreeMap::new(), per_app: HashMap::new(), next_id };
         for s in subs {
-            desired.insert_record(s.id, SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms });
+            desired.insert_record(
+                s.id,
+                SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms },
+            );
         }
         for (app, n) in &desired.per_app {
             metrics.subscriptions.get_or_create(&Metrics::label("app", app)).set(*n as i64);
@@ -254,7 +267,10 @@ impl Core {
             tokio::spawn(deploy::run(h, core.deploy.clone()));
         }
         let c = core.clone();
-        std::thread::Builder::new().name("subc-writer".into()).spawn(move || c.writer_loop(store, rx)).map_err(|e| Error::Internal(e.to_string()))?;
+        std::thread::Builder::new()
+            .name("subc-writer".into())
+            .spawn(move || c.writer_loop(store, rx))
+            .map_err(|e| Error::Internal(e.to_string()))?;
         Ok(core)
     }
 
@@ -485,7 +501,13 @@ impl Core {
             Undo::Removed(recs) => {
                 let stored: Vec<StoredSub> = recs
                     .iter()
-                    .map(|(id, r)| StoredSub { id: *id, app: r.app.to_string(), text: r.text.clone(), generation: r.generation, created_ms: r.created_ms })
+                    .map(|(id, r)| StoredSub {
+                        id: *id,
+                        app: r.app.to_string(),
+                        text: r.text.clone(),
+                        generation: r.generation,
+                        created_ms: r.created_ms,
+                    })
                     .collect();
                 match check::check_stored(&self.spec, &stored) {
                     Ok(nfs) => {
@@ -542,7 +564,13 @@ impl Core {
                     unix_ms: now_ms(),
                     ..Default::default()
                 };
-                Ok(Staged { sql: vec![SqlWrite::DeleteTarget(name.clone())], undo: None, events: vec![event], finish: Finish::Unregister(reply, name), update: None })
+                Ok(Staged {
+                    sql: vec![SqlWrite::DeleteTarget(name.clone())],
+                    undo: None,
+                    events: vec![event],
+                    finish: Finish::Unregister(reply, name),
+                    update: None,
+                })
             }
             WriteOp::Report(r) => {
                 // A target removed meanwhile has nothing left to report to.
@@ -563,19 +591,32 @@ impl Core {
         Status::resource_exhausted(message)
     }
 
-    fn stage_add(&self, d: &mut Desired, who: Principal, batch: CheckedBatch, request_id: String, reply: Reply<proto::AddResponse>) -> Result<Staged, (Finish, Status)> {
+    fn stage_add(
+        &self,
+        d: &mut Desired,
+        who: Principal,
+        batch: CheckedBatch,
+        request_id: String,
+        reply: Reply<proto::AddResponse>,
+    ) -> Result<Staged, (Finish, Status)> {
         let n = batch.rules.len() as u64;
         let limits = &self.config.limits;
         let have = d.count_of(&who.app);
         if have + n > limits.max_subscriptions_per_app {
             let s = self.refuse_limit(
                 "subscriptions_per_app",
-                format!("application {:?} has {have} subscriptions; {n} more would pass its limit of {}", &*who.app, limits.max_subscriptions_per_app),
+                format!(
+                    "application {:?} has {have} subscriptions; {n} more would pass its limit of {}",
+                    &*who.app, limits.max_subscriptions_per_app
+                ),
             );
             return Err((Finish::Add(reply, Default::default()), s));
         }
         if d.subs.len() as u64 + n > limits.max_subscriptions {
-            let s = self.refuse_limit("subscriptions", format!("the server holds {} subscriptions; {n} more would pass its limit of {}", d.subs.len(), limits.max_subscriptions));
+            let s = self.refuse_limit(
+                "subscriptions",
+                format!("the server holds {} subscriptions; {n} more would pass its limit of {}", d.subs.len(), limits.max_subscriptions),
+            );
             return Err((Finish::Add(reply, Default::default()), s));
         }
         let first = d.next_id;
@@ -594,7 +635,14 @@ impl Core {
                     if let Err(e) = d.set.remove(&ids) {
                         tracing::error!(error = %e, "undoing a slow add failed");
                     }
-                    let s = self.refuse_limit("compile_time", format!("compiling took {} ms, over the limit of {} ms; nothing was added", t.elapsed().as_millis(), limits.compile_timeout_ms));
+                    let s = self.refuse_limit(
+                        "compile_time",
+                        format!(
+                            "compiling took {} ms, over the limit of {} ms; nothing was added",
+                            t.elapsed().as_millis(),
+                            limits.compile_timeout_ms
+                        ),
+                    );
                     return Err((Finish::Add(reply, Default::default()), s));
                 }
                 self.metrics.compile_seconds.get_or_create(&Metrics::label("op", "add")).observe(t.elapsed().as_secs_f64());
@@ -606,7 +654,13 @@ impl Core {
                 let stored: Vec<StoredSub> = d
                     .subs
                     .iter()
-                    .map(|(id, r)| StoredSub { id: *id, app: r.app.to_string(), text: r.text.clone(), generation: r.generation, created_ms: r.created_ms })
+                    .map(|(id, r)| StoredSub {
+                        id: *id,
+                        app: r.app.to_string(),
+                        text: r.text.clone(),
+                        generation: r.generation,
+                        created_ms: r.created_ms,
+                    })
                     .collect();
                 let all = match check::check_stored(&self.spec, &stored) {
                     Ok(mut all) => {
@@ -622,7 +676,14 @@ impl Core {
                 match CompiledSet::compile(&self.spec, &all, opts) {
                     Ok(set) => {
                         if t.elapsed() > timeout {
-                            let s = self.refuse_limit("compile_time", format!("recompiling took {} ms, over the limit of {} ms; nothing was added", t.elapsed().as_millis(), limits.compile_timeout_ms));
+                            let s = self.refuse_limit(
+                                "compile_time",
+                                format!(
+                                    "recompiling took {} ms, over the limit of {} ms; nothing was added",
+                                    t.elapsed().as_millis(),
+                                    limits.compile_timeout_ms
+                                ),
+                            );
                             return Err((Finish::Add(reply, Default::default()), s));
                         }
                         tracing::info!(pipelines = set.pipeline_count(), "recompiled the whole set: targets get a new program");
@@ -653,7 +714,13 @@ impl Core {
         for (rule, id) in batch.rules.into_iter().zip(&ids) {
             let rec = SubRecord { app: who.app.clone(), text: rule.text.clone(), generation, created_ms };
             sql.push(SqlWrite::InsertSub(StoredSub { id: *id, app: who.app.to_string(), text: rule.text.clone(), generation, created_ms }));
-            resp.subscriptions.push(proto::Subscription { id: *id, app: who.app.to_string(), text: rule.text, generation, created_unix_ms: created_ms });
+            resp.subscriptions.push(proto::Subscription {
+                id: *id,
+                app: who.app.to_string(),
+                text: rule.text,
+                generation,
+                created_unix_ms: created_ms,
+            });
             resp.lines.push(rule.line);
             d.insert_record(*id, rec);
         }
@@ -672,7 +739,13 @@ impl Core {
         Ok(Staged { sql, undo: Some(undo), events: vec![event], finish: Finish::Add(reply, resp), update: Some((generation, compiled)) })
     }
 
-    fn stage_remove(&self, d: &mut Desired, who: Principal, mut ids: Vec<u64>, reply: Reply<proto::RemoveResponse>) -> Result<Staged, (Finish, Status)> {
+    fn stage_remove(
+        &self,
+        d: &mut Desired,
+        who: Principal,
+        mut ids: Vec<u64>,
+        reply: Reply<proto::RemoveResponse>,
+    ) -> Result<Staged, (Finish, Status)> {
         ids.sort_unstable();
         ids.dedup();
         if ids.is_empty() {

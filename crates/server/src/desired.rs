@@ -103,7 +103,12 @@ pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
 /// same field order, once ids are aligned (`CompiledSet::adopt`): 0 when a
 /// target holds exactly what the subscriptions mean. Used to check targets
 /// after crashes and restarts.
-pub fn distance_to_fresh_compile(spec: &Spec, nfs: &[subc_lang::nf::NfSubscription], held: &[Pipeline], c: &crate::config::CompileConfig) -> Result<usize, String> {
+pub fn distance_to_fresh_compile(
+    spec: &Spec,
+    nfs: &[subc_lang::nf::NfSubscription],
+    held: &[Pipeline],
+    c: &crate::config::CompileConfig,
+) -> Result<usize, String> {
     let mut opts = compile_options(spec, c, None).map_err(|e| e.to_string())?;
     opts.order = held.first().map(|p| p.tables.iter().map(|t| t.field).collect());
     let mut set = CompiledSet::compile(spec, nfs, opts).map_err(|e| e.to_string())?;

@@ -88,13 +88,19 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             Some(tls)
         }
     };
-    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
     let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
     let metrics_listen = config.metrics_listen;
     let max_bytes = config.limits.max_request_bytes;
     let core = Core::start(config).await?;
     let metrics_addr = match metrics_listen {
-        Some(a) => Some(crate::metrics::serve(a, core.metrics.clone()).await.map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?),
+        Some(a) => Some(
+            crate::metrics::serve(a, core.metrics.clone())
+                .await
+                .map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?,
+        ),
         None => None,
     };
 

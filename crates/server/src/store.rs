@@ -123,8 +123,9 @@ impl Store {
 
     /// A second connection for reads that must not wait for the writer.
     pub fn open_reader(path: &Path) -> Result<Store, Error> {
-        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX)
-            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
+        let conn =
+            Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
         conn.execute_batch("PRAGMA busy_timeout=10000;").map_err(sql)?;
         Ok(Store { conn })
     }
@@ -142,7 +143,13 @@ impl Store {
         let mut st = self.conn.prepare("SELECT id, app, text, generation, created_ms FROM subscriptions ORDER BY id").map_err(sql)?;
         let rows = st
             .query_map([], |r| {
-                Ok(StoredSub { id: r.get::<_, i64>(0)? as u64, app: r.get(1)?, text: r.get(2)?, generation: r.get::<_, i64>(3)? as u64, created_ms: r.get(4)? })
+                Ok(StoredSub {
+                    id: r.get::<_, i64>(0)? as u64,
+                    app: r.get(1)?,
+                    text: r.get(2)?,
+                    generation: r.get::<_, i64>(3)? as u64,
+                    created_ms: r.get(4)?,
+                })
             })
             .map_err(sql)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(sql)
@@ -151,17 +158,21 @@ impl Store {
     pub fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
         let mut st = self
             .conn
-            .prepare("SELECT t.registration, t.deployed, s.status FROM targets t LEFT JOIN target_status s ON s.name = t.name ORDER BY t.name")
+            .prepare(
+                "SELECT t.registration, t.deployed, s.status FROM targets t LEFT JOIN target_status s ON s.name = t.name ORDER BY t.name",
+            )
             .map_err(sql)?;
-        let rows = st
-            .query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, bool>(1)?, r.get::<_, Option<Vec<u8>>>(2)?)))
-            .map_err(sql)?;
+        let rows =
+            st.query_map([], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, bool>(1)?, r.get::<_, Option<Vec<u8>>>(2)?))).map_err(sql)?;
         let mut out = vec![];
         for row in rows {
             let (reg, deployed, status) = row.map_err(sql)?;
-            let registration = proto::RegisterTargetRequest::decode(reg.as_slice()).map_err(|e| Error::Store(format!("a stored target does not decode: {e}")))?;
+            let registration = proto::RegisterTargetRequest::decode(reg.as_slice())
+                .map_err(|e| Error::Store(format!("a stored target does not decode: {e}")))?;
             let status = match status {
-                Some(s) => Some(proto::TargetStatus::decode(s.as_slice()).map_err(|e| Error::Store(format!("a stored status does not decode: {e}")))?),
+                Some(s) => Some(
+                    proto::TargetStatus::decode(s.as_slice()).map_err(|e| Error::Store(format!("a stored status does not decode: {e}")))?,
+                ),
                 None => None,
             };
             out.push(StoredTarget { registration, deployed, status });
@@ -172,7 +183,8 @@ impl Store {
     /// Up to `limit` stored events with `seq > after`, oldest first.
     pub fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
         let mut st = self.conn.prepare_cached("SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
-        let rows = st.query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(sql)?;
+        let rows =
+            st.query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(sql)?;
         let mut out = vec![];
         for row in rows {
             let (seq, body) = row.map_err(sql)?;

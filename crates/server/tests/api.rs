@@ -17,7 +17,8 @@ async fn add_get_list_remove() {
         let mut env = Env::new().await;
         let Env { alice, bob, admin, .. } = &mut env;
 
-        let lines = ["# alice's subscriptions", "stock == GOOGL : fwd(1)", "", "stock == AAPL && shares > 100 : fwd(2)", "stock == MSFT : drop"];
+        let lines =
+            ["# alice's subscriptions", "stock == GOOGL : fwd(1)", "", "stock == AAPL && shares > 100 : fwd(2)", "stock == MSFT : drop"];
         let a = alice.subs.add(add_req(&lines)).await.unwrap().into_inner();
         assert_eq!(a.lines, vec![2, 4, 5]);
         assert_eq!(a.subscriptions.iter().map(|s| s.app.as_str()).collect::<Vec<_>>(), vec!["alice"; 3]);
@@ -60,7 +61,8 @@ async fn a_batch_with_one_bad_line_adds_nothing() {
     bounded(60, async {
         let mut env = Env::new().await;
         let Env { alice, .. } = &mut env;
-        let e = alice.subs.add(add_req(&["stock == GOOGL : fwd(1)", "stock == GOOGL : fwd(1", "stock == AAPL : fwd(2)"])).await.unwrap_err();
+        let e =
+            alice.subs.add(add_req(&["stock == GOOGL : fwd(1)", "stock == GOOGL : fwd(1", "stock == AAPL : fwd(2)"])).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         let d = diagnostics_of(&e).expect("diagnostics in the details");
         assert_eq!(d.diagnostics.iter().map(|d| d.line).collect::<Vec<_>>(), vec![2]);
@@ -157,7 +159,11 @@ async fn unauthenticated_and_permission_denied() {
         }
         // Applications may not manage targets.
         let Env { alice, .. } = &mut env;
-        let reg = proto::RegisterTargetRequest { name: "t".into(), kind: Some(proto::register_target_request::Kind::Sim(Default::default())), manual: false };
+        let reg = proto::RegisterTargetRequest {
+            name: "t".into(),
+            kind: Some(proto::register_target_request::Kind::Sim(Default::default())),
+            manual: false,
+        };
         assert_eq!(alice.targets.register(reg.clone()).await.unwrap_err().code(), Code::PermissionDenied);
         assert_eq!(alice.targets.list(proto::ListTargetsRequest {}).await.unwrap_err().code(), Code::PermissionDenied);
         let name = proto::TargetRequest { name: "t".into() };
@@ -200,9 +206,17 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
         .await;
         let Env { admin, alice, bob, .. } = &mut env;
         // A target to read the generation from.
-        let reg = proto::RegisterTargetRequest { name: "probe".into(), kind: Some(proto::register_target_request::Kind::Sim(Default::default())), manual: true };
+        let reg = proto::RegisterTargetRequest {
+            name: "probe".into(),
+            kind: Some(proto::register_target_request::Kind::Sim(Default::default())),
+            manual: true,
+        };
         admin.targets.register(reg).await.unwrap();
-        alice.subs.add(add_req(&["stock == A : fwd(1)", "stock == B : fwd(1)", "stock == C : fwd(1)", "stock == D : fwd(1)"])).await.unwrap();
+        alice
+            .subs
+            .add(add_req(&["stock == A : fwd(1)", "stock == B : fwd(1)", "stock == C : fwd(1)", "stock == D : fwd(1)"]))
+            .await
+            .unwrap();
         let before = snapshot(admin).await;
 
         let exhausted = |e: tonic::Status, what: &str| {
@@ -254,7 +268,8 @@ async fn compile_time_limit_is_resource_exhausted_and_changes_nothing() {
         })
         .await;
         let Env { alice, .. } = &mut env;
-        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 5000, ..Default::default() });
+        let rules =
+            subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 5000, ..Default::default() });
         let lines: Vec<String> = rules.lines().map(String::from).collect();
         let e = alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
@@ -286,7 +301,10 @@ async fn watch_streams_changes_and_hides_other_applications() {
 
         // Alice sees her add and her remove, not bob's add.
         let e1 = alice_events.message().await.unwrap().unwrap();
-        assert_eq!((e1.kind(), e1.app.as_str(), e1.subscription_ids.clone(), e1.generation), (proto::EventKind::SubscriptionsAdded, "alice", ids.clone(), a.generation));
+        assert_eq!(
+            (e1.kind(), e1.app.as_str(), e1.subscription_ids.clone(), e1.generation),
+            (proto::EventKind::SubscriptionsAdded, "alice", ids.clone(), a.generation)
+        );
         let e2 = alice_events.message().await.unwrap().unwrap();
         assert_eq!((e2.kind(), e2.subscription_ids.clone()), (proto::EventKind::SubscriptionsRemoved, vec![ids[0]]));
         assert!(e2.seq > e1.seq);
@@ -346,7 +364,10 @@ async fn health_and_reflection_need_no_token() {
             let s = health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
             assert_eq!(s.status(), tonic_health::pb::health_check_response::ServingStatus::Serving, "{service}");
         }
-        use tonic_reflection::pb::v1::{server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest, server_reflection_response::MessageResponse, ServerReflectionRequest};
+        use tonic_reflection::pb::v1::{
+            server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+            server_reflection_response::MessageResponse, ServerReflectionRequest,
+        };
         let mut refl = ServerReflectionClient::new(channel);
         let req = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
         let mut stream = refl.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();

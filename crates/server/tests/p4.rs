@@ -35,7 +35,13 @@ fn spec_text() -> String {
 /// The ITCH example's subscriptions and some generated ones over ports 1..8.
 fn itch_lines() -> Vec<String> {
     let example = std::fs::read_to_string(repo().join("examples/itch/rules.subs")).unwrap();
-    let more = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 40, symbols: 5, max_shares: 100, hosts: 8, seed: 5 });
+    let more = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
+        subscriptions: 40,
+        symbols: 5,
+        max_shares: 100,
+        hosts: 8,
+        seed: 5,
+    });
     example.lines().chain(more.lines()).filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).map(String::from).collect()
 }
 
@@ -303,7 +309,14 @@ async fn p4runtime_target_against_the_in_process_switch() {
         let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(spec))).await.unwrap();
         let addr = fake.addr.clone();
         // A device config makes subc push its program; its bytes are opaque here.
-        flow(Switch { addr, fake: Some(fake), device_config: b"{\"program\": \"stand-in for BMv2 JSON\"}".to_vec(), p4info: vec![], _child: None }).await;
+        flow(Switch {
+            addr,
+            fake: Some(fake),
+            device_config: b"{\"program\": \"stand-in for BMv2 JSON\"}".to_vec(),
+            p4info: vec![],
+            _child: None,
+        })
+        .await;
     })
     .await;
 }
@@ -331,7 +344,12 @@ async fn p4runtime_target_against_simple_switch_grpc() {
         let program = subc_backend_p4::program::write_program(&spec, &recover_layout(&spec, &info).unwrap());
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("program.p4"), program).unwrap();
-        let out = std::process::Command::new(&p4c).arg("-o").arg(dir.path().join("program.json")).arg(dir.path().join("program.p4")).output().expect("p4c-bm2-ss runs");
+        let out = std::process::Command::new(&p4c)
+            .arg("-o")
+            .arg(dir.path().join("program.json"))
+            .arg(dir.path().join("program.p4"))
+            .output()
+            .expect("p4c-bm2-ss runs");
         assert!(out.status.success(), "p4c-bm2-ss: {}", String::from_utf8_lossy(&out.stderr));
         let json = std::fs::read(dir.path().join("program.json")).unwrap();
 

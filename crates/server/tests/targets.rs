@@ -35,7 +35,8 @@ async fn plan_deploy_and_follow_changes() {
         let mut env = Env::new().await;
         let path = env.dir.path().join("t1.json");
         let Env { alice, admin, .. } = &mut env;
-        let lines: Vec<String> = ["stock == GOOGL : fwd(1)", "stock == GOOGL && shares > 100 : fwd(2)", "stock == AAPL : fwd(1,2)"].map(String::from).to_vec();
+        let lines: Vec<String> =
+            ["stock == GOOGL : fwd(1)", "stock == GOOGL && shares > 100 : fwd(2)", "stock == AAPL : fwd(1,2)"].map(String::from).to_vec();
         let a = alice.subs.add(proto::AddRequest { lines: lines.clone(), ..Default::default() }).await.unwrap().into_inner();
 
         let t = admin.targets.register(sim("t1", &path, false)).await.unwrap().into_inner();
@@ -48,9 +49,23 @@ async fn plan_deploy_and_follow_changes() {
         let plan = admin.targets.plan(proto::TargetRequest { name: "t1".into() }).await.unwrap().into_inner();
         assert!(plan.full_install);
         let entries: usize = plan.inserts as usize;
-        assert_eq!(plan.ops.len() as u64, plan.inserts + plan.groups_changed + plan.modifies + plan.deletes + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64);
+        assert_eq!(
+            plan.ops.len() as u64,
+            plan.inserts
+                + plan.groups_changed
+                + plan.modifies
+                + plan.deletes
+                + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64
+        );
 
-        let s = admin.targets.deploy(proto::DeployRequest { name: "t1".into(), timeout_ms: 10_000 }).await.unwrap().into_inner().status.unwrap();
+        let s = admin
+            .targets
+            .deploy(proto::DeployRequest { name: "t1".into(), timeout_ms: 10_000 })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
         assert_eq!(s.state(), proto::TargetState::InSync);
         assert_eq!(s.deployed_generation, a.generation);
         assert_eq!(s.entries as usize, entries);
@@ -93,9 +108,17 @@ async fn a_manual_target_moves_only_on_deploy() {
         assert!(!plan.full_install && plan.inserts > 0 && plan.to_generation == a.generation, "{plan:?}");
         let s = admin.targets.status(proto::TargetRequest { name: "m".into() }).await.unwrap().into_inner();
         assert!(s.deployed_generation < s.current_generation);
-        let s = admin.targets.deploy(proto::DeployRequest { name: "m".into(), timeout_ms: 10_000 }).await.unwrap().into_inner().status.unwrap();
+        let s =
+            admin.targets.deploy(proto::DeployRequest { name: "m".into(), timeout_ms: 10_000 }).await.unwrap().into_inner().status.unwrap();
         assert_eq!((s.state(), s.deployed_generation), (proto::TargetState::InSync, a.generation));
-        assert_eq!(s.last_diff_entries, plan.inserts + plan.modifies + plan.deletes + plan.groups_changed + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64);
+        assert_eq!(
+            s.last_diff_entries,
+            plan.inserts
+                + plan.modifies
+                + plan.deletes
+                + plan.groups_changed
+                + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64
+        );
         env.stop().await;
     })
     .await;
@@ -139,7 +162,8 @@ async fn a_restart_reconciles_without_rewriting_what_did_not_change() {
     bounded(120, async {
         let mut env = Env::new().await;
         let path = env.dir.path().join("r.json");
-        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 2000, ..Default::default() });
+        let rules =
+            subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 2000, ..Default::default() });
         let lines: Vec<String> = rules.lines().map(String::from).collect();
         {
             let Env { alice, admin, .. } = &mut env;

@@ -21,15 +21,50 @@ fn make_certs(dir: &Path) {
     key("ca");
     openssl(
         dir,
-        &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=subc test CA", "-days", "2", "-out", "ca.pem", "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=subc test CA",
+            "-days",
+            "2",
+            "-out",
+            "ca.pem",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
     );
-    for (name, ext) in [("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"), ("client", "extendedKeyUsage=clientAuth\n")] {
+    for (name, ext) in [
+        ("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ] {
         key(name);
         openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
         std::fs::write(dir.join(format!("{name}.ext")), format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
         openssl(
             dir,
-            &["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem")],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
         );
     }
     // rustls reads PKCS#8 keys.
@@ -66,7 +101,12 @@ async fn tls_with_client_certificates() {
         let mut no_cert = connect(&ClientOptions { client_cert: None, client_key: None, ..opts.clone() }).unwrap();
         assert!(no_cert.subs.list(subc_server::proto::ListRequest::default()).await.is_err());
         // Plaintext to a TLS port fails.
-        let mut plain = connect(&ClientOptions { server: format!("http://127.0.0.1:{}", env.r.addr.port()), token: Some(ALICE.into()), ..Default::default() }).unwrap();
+        let mut plain = connect(&ClientOptions {
+            server: format!("http://127.0.0.1:{}", env.r.addr.port()),
+            token: Some(ALICE.into()),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(plain.subs.list(subc_server::proto::ListRequest::default()).await.is_err());
         env.stop().await;
     })

@@ -82,10 +82,7 @@ fn topic_broker() -> Vec<PcapPacket> {
         ("SUBSCRIB", "sensors", ""),
         ("PUBLISH", "sensors", "t=21.6"),
     ];
-    msgs.iter()
-        .enumerate()
-        .map(|(i, (v, t, m))| PcapPacket { ts_ns: 3_000_000_000 + i as u64 * 1000, data: publish(v, t, m) })
-        .collect()
+    msgs.iter().enumerate().map(|(i, (v, t, m))| PcapPacket { ts_ns: 3_000_000_000 + i as u64 * 1000, data: publish(v, t, m) }).collect()
 }
 
 fn ip_forwarding() -> Vec<PcapPacket> {

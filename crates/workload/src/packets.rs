@@ -31,8 +31,7 @@ pub struct PacketGen<'a> {
 
 impl<'a> PacketGen<'a> {
     pub fn new(spec: &'a Spec, subs: &[NfSubscription]) -> PacketGen<'a> {
-        let mut interesting: Vec<Vec<Vec<u64>>> =
-            spec.headers.iter().map(|h| vec![vec![]; h.fields.len()]).collect();
+        let mut interesting: Vec<Vec<Vec<u64>>> = spec.headers.iter().map(|h| vec![vec![]; h.fields.len()]).collect();
         for sub in subs {
             for cube in &sub.cubes {
                 for (qf, set) in &cube.0 {

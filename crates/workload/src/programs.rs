@@ -20,7 +20,8 @@ pub fn check(spec: &str, rules: &[&str]) -> Result<Program, String> {
 pub fn load_dir(dir: &Path) -> Result<Program, String> {
     let mut spec = None;
     let mut rules = vec![];
-    let mut entries: Vec<_> = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     entries.sort();
     for p in entries {
         let text = || std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()));

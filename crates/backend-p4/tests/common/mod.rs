@@ -111,7 +111,13 @@ pub fn apply_checked(sw: &mut Switch, layout: &Layout, writes: &[p4v1::WriteRequ
 }
 
 /// The reference decision for one packet, advancing the reference state.
-pub fn reference(subs: &[Subscription], spec: &subc_lang::spec::Spec, state: &mut StateStore, bytes: &[u8], ts: u64) -> (Vec<u32>, Decision) {
+pub fn reference(
+    subs: &[Subscription],
+    spec: &subc_lang::spec::Spec,
+    state: &mut StateStore,
+    bytes: &[u8],
+    ts: u64,
+) -> (Vec<u32>, Decision) {
     let Some(pkt) = parse_packet(spec, bytes) else { return (vec![], Decision::NoMatch) };
     let values = state.pre_stage(spec, &pkt, ts);
     let a = union_actions(subs.iter().filter(|s| eval_cond(spec, &s.cond, &values)).map(|s| &s.actions));
@@ -121,7 +127,14 @@ pub fn reference(subs: &[Subscription], spec: &subc_lang::spec::Spec, state: &mu
 
 /// Runs packets through the simulator and the reference; panics on the
 /// first difference.
-pub fn agree(sim: &mut Simulator, subs: &[Subscription], spec: &subc_lang::spec::Spec, state: &mut StateStore, packets: &[(Vec<u8>, u64)], what: &str) {
+pub fn agree(
+    sim: &mut Simulator,
+    subs: &[Subscription],
+    spec: &subc_lang::spec::Spec,
+    state: &mut StateStore,
+    packets: &[(Vec<u8>, u64)],
+    what: &str,
+) {
     for (i, (bytes, ts)) in packets.iter().enumerate() {
         let r = reference(subs, spec, state, bytes, *ts);
         let o = sim.run(bytes, *ts).unwrap_or_else(|e| panic!("{what}: packet {i}: {e}"));

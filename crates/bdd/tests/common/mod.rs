@@ -48,7 +48,14 @@ pub fn example(name: &str) -> Program {
 
 /// The reference decision for a packet and the tables' decision, with the
 /// state of each engine advanced.
-pub fn both(p: &Program, set: &CompiledSet, ref_state: &mut StateStore, tab_state: &mut StateStore, bytes: &[u8], ts: u64) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
+pub fn both(
+    p: &Program,
+    set: &CompiledSet,
+    ref_state: &mut StateStore,
+    tab_state: &mut StateStore,
+    bytes: &[u8],
+    ts: u64,
+) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
     let Some(pkt) = parse_packet(&p.spec, bytes) else {
         return ((vec![], Decision::NoMatch), (vec![], Decision::NoMatch));
     };

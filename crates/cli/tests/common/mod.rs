@@ -13,7 +13,8 @@ use subc_server::client::{connect, ClientOptions, Clients};
 use subc_server::proto;
 
 pub const ADMIN: &str = "admin-token-0001";
-pub const APPS: [(&str, &str); 4] = [("app0", "app0-token-0001"), ("app1", "app1-token-0001"), ("app2", "app2-token-0001"), ("app3", "app3-token-0001")];
+pub const APPS: [(&str, &str); 4] =
+    [("app0", "app0-token-0001"), ("app1", "app1-token-0001"), ("app2", "app2-token-0001"), ("app3", "app3-token-0001")];
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -125,7 +126,13 @@ impl ServerProc {
     }
 
     pub fn client(&self, token: &str) -> Clients {
-        connect(&ClientOptions { server: self.url(), token: Some(token.into()), timeout: Some(Duration::from_secs(30)), ..Default::default() }).unwrap()
+        connect(&ClientOptions {
+            server: self.url(),
+            token: Some(token.into()),
+            timeout: Some(Duration::from_secs(30)),
+            ..Default::default()
+        })
+        .unwrap()
     }
 }
 
@@ -269,7 +276,12 @@ pub async fn list_all(c: &mut Clients) -> Vec<proto::Subscription> {
     let mut out = vec![];
     let mut token = String::new();
     loop {
-        let r = c.subs.list(proto::ListRequest { page_size: 1000, page_token: token.clone(), ..Default::default() }).await.unwrap().into_inner();
+        let r = c
+            .subs
+            .list(proto::ListRequest { page_size: 1000, page_token: token.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
         out.extend(r.subscriptions);
         if r.next_page_token.is_empty() {
             return out;
@@ -282,7 +294,8 @@ pub async fn list_all(c: &mut Clients) -> Vec<proto::Subscription> {
 pub async fn wait_in_sync(c: &mut Clients, target: &str, limit: Duration) -> proto::TargetStatus {
     eventually(&format!("{target} in sync"), limit, async || {
         let s = c.targets.status(proto::TargetRequest { name: target.into() }).await.ok()?.into_inner();
-        (s.deployed_generation == s.current_generation && s.consecutive_failures == 0 && s.state() == proto::TargetState::InSync).then_some(s)
+        (s.deployed_generation == s.current_generation && s.consecutive_failures == 0 && s.state() == proto::TargetState::InSync)
+            .then_some(s)
     })
     .await
 }

@@ -56,11 +56,8 @@ fn err(e: EbpfError) -> DriverError {
 }
 
 fn ids_json(img: &TableImage) -> Value {
-    let ids: Vec<Value> = img
-        .update_ids()
-        .iter()
-        .map(|(u, id)| json!([u.var.0, if u.op == UpdateOp::Set { "set" } else { "add" }, u.value, id]))
-        .collect();
+    let ids: Vec<Value> =
+        img.update_ids().iter().map(|(u, id)| json!([u.var.0, if u.op == UpdateOp::Set { "set" } else { "add" }, u.value, id])).collect();
     Value::Array(ids)
 }
 
@@ -130,7 +127,17 @@ impl EbpfDriver {
             ports.insert(*p, egress(e)?);
         }
         let config = TargetConfig { no_match: if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass }, ports };
-        Ok(EbpfDriver { name: name.to_string(), spec, hook, mode, iface: cfg.interface.clone(), config, pin_dir: bpffs_root.join(name), tables: None, files: ImageFiles::new(name) })
+        Ok(EbpfDriver {
+            name: name.to_string(),
+            spec,
+            hook,
+            mode,
+            iface: cfg.interface.clone(),
+            config,
+            pin_dir: bpffs_root.join(name),
+            tables: None,
+            files: ImageFiles::new(name),
+        })
     }
 
     /// Opens the pins as the tables to update, trusting `image`.

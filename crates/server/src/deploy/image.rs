@@ -113,7 +113,9 @@ impl ImageLog {
     pub fn remove(&mut self) -> Result<(), DriverError> {
         self.seq = 0;
         match std::fs::remove_dir_all(&self.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DriverError::transient(format!("cannot remove {}: {e}", self.dir.display()))),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(DriverError::transient(format!("cannot remove {}: {e}", self.dir.display())))
+            }
             _ => Ok(()),
         }
     }

@@ -25,7 +25,11 @@ fn str_of<'a>(v: &'a Value, key: &str) -> Result<&'a str, String> {
 }
 
 fn u32s(v: &Value) -> Result<Vec<u32>, String> {
-    v.as_array().ok_or("expected a list")?.iter().map(|x| x.as_u64().map(|n| n as u32).ok_or_else(|| "expected a number".to_string())).collect()
+    v.as_array()
+        .ok_or("expected a list")?
+        .iter()
+        .map(|x| x.as_u64().map(|n| n as u32).ok_or_else(|| "expected a number".to_string()))
+        .collect()
 }
 
 fn match_of(v: &Value) -> Result<Match, String> {
@@ -40,7 +44,10 @@ fn match_of(v: &Value) -> Result<Match, String> {
 }
 
 fn kind_of(s: &str) -> Result<MatchKind, String> {
-    [MatchKind::Exact, MatchKind::Range, MatchKind::Ternary, MatchKind::Lpm].into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown match kind {s}"))
+    [MatchKind::Exact, MatchKind::Range, MatchKind::Ternary, MatchKind::Lpm]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+        .ok_or_else(|| format!("unknown match kind {s}"))
 }
 
 fn leaf_of(v: &Value) -> Result<LeafEntry, String> {

@@ -375,7 +375,16 @@ impl TargetHandle {
             Plan::Install(pipes) => {
                 r.full_install = true;
                 for (i, pipe) in pipes.iter().enumerate() {
-                    let empty = Pipeline { tables: pipe.tables.iter().map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() }).collect(), leaves: Default::default(), groups: Default::default(), root: subc_bdd::DEAD };
+                    let empty = Pipeline {
+                        tables: pipe
+                            .tables
+                            .iter()
+                            .map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() })
+                            .collect(),
+                        leaves: Default::default(),
+                        groups: Default::default(),
+                        root: subc_bdd::DEAD,
+                    };
                     let mut d = diff_pipelines(&empty, pipe);
                     d.pipeline = i;
                     tally(&mut r, &d);
@@ -451,11 +460,12 @@ impl TargetHandle {
                 .await
             }
             Plan::Update(update) => {
-                let r = self.with_driver(ctx, {
-                    let update = update.clone();
-                    move |d| d.apply(&update)
-                })
-                .await;
+                let r = self
+                    .with_driver(ctx, {
+                        let update = update.clone();
+                        move |d| d.apply(&update)
+                    })
+                    .await;
                 match r {
                     Ok(()) => {
                         let mut h = self.held.lock().expect("held");

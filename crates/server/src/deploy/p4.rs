@@ -136,7 +136,19 @@ pub struct P4Driver {
 /// answered and refused), or it should be made anew.
 fn keeps_connection(e: &P4Error) -> bool {
     use tonic::Code as C;
-    matches!(e.code(), Some(C::InvalidArgument | C::NotFound | C::AlreadyExists | C::FailedPrecondition | C::OutOfRange | C::ResourceExhausted | C::Unimplemented | C::Unknown))
+    matches!(
+        e.code(),
+        Some(
+            C::InvalidArgument
+                | C::NotFound
+                | C::AlreadyExists
+                | C::FailedPrecondition
+                | C::OutOfRange
+                | C::ResourceExhausted
+                | C::Unimplemented
+                | C::Unknown
+        )
+    )
 }
 
 /// The switch answered a Read or a pipeline query in a way that means it
@@ -196,7 +208,12 @@ impl P4Driver {
 
     /// Runs a client call with a time limit; a failure that may have broken
     /// the connection drops it, so that the next call connects anew.
-    fn call<T>(&mut self, what: &str, limit: Duration, f: impl for<'c> FnOnce(&'c mut Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, P4Error>> + 'c>>) -> Result<T, P4Error> {
+    fn call<T>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        f: impl for<'c> FnOnce(&'c mut Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, P4Error>> + 'c>>,
+    ) -> Result<T, P4Error> {
         if self.client.is_none() {
             let (addr, device, election) = (self.addr.clone(), self.device_id, self.election_id);
             let c = self
@@ -227,7 +244,9 @@ impl P4Driver {
         let orders = orders_of(pipes);
         if self.program.as_ref().is_none_or(|p| p.orders != orders) {
             self.program = None;
-            let make = |fold_leaves: bool| P4Target::for_pipelines(&self.spec, pipes, &P4Options { fold_leaves, ports: self.ports.clone(), ..Default::default() });
+            let make = |fold_leaves: bool| {
+                P4Target::for_pipelines(&self.spec, pipes, &P4Options { fold_leaves, ports: self.ports.clone(), ..Default::default() })
+            };
             let target = make(false).map_err(|e| self.transient(e))?;
             let (target, info) = match &self.given {
                 None => {
@@ -268,7 +287,11 @@ impl P4Driver {
         let (info, cookie) = held.unwrap_or((None, None));
         if !self.device_config.is_empty() {
             // subc pushed it if the cookie says so.
-            return Ok(if cookie == Some(program_cookie(&ours, &self.device_config)) { Running::Ours } else { Running::NotOurs("the switch does not run subc's program".into()) });
+            return Ok(if cookie == Some(program_cookie(&ours, &self.device_config)) {
+                Running::Ours
+            } else {
+                Running::NotOurs("the switch does not run subc's program".into())
+            });
         }
         Ok(match info.map(|info| difference(&ours, &info)) {
             None => Running::NotOurs("the switch runs no program".into()),

@@ -7,9 +7,9 @@
 //! after every change and read back from it, so it survives a restart of
 //! the server as a real target does; a write that fails changes nothing.
 
+use super::json::decode;
 use super::{Driver, DriverError};
 use crate::proto;
-use super::json::decode;
 use std::path::PathBuf;
 use subc_bdd::pipeline::Pipeline;
 use subc_bdd::Update;
@@ -112,7 +112,12 @@ mod tests {
             assert_eq!(back, pipes, "{ex}");
             // Diffs too: from nothing to the set, and back.
             for (i, p) in pipes.iter().enumerate() {
-                let empty = Pipeline { tables: p.tables.iter().map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() }).collect(), leaves: Default::default(), groups: Default::default(), root: subc_bdd::DEAD };
+                let empty = Pipeline {
+                    tables: p.tables.iter().map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() }).collect(),
+                    leaves: Default::default(),
+                    groups: Default::default(),
+                    root: subc_bdd::DEAD,
+                };
                 for d in [subc_bdd::diff::diff_pipelines(&empty, p), subc_bdd::diff::diff_pipelines(p, &empty)] {
                     let mut d = d;
                     d.pipeline = i;

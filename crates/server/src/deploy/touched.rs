@@ -80,8 +80,20 @@ pub fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log: &Upda
                     keys.extend(td.modifies.iter().map(|(s, m, _)| (*s, *m)));
                     keys.extend(td.deletes.iter().copied());
                 }
-                t.leaves.extend(d.leaf_inserts.iter().map(|(s, _)| *s).chain(d.leaf_modifies.iter().map(|(s, _)| *s)).chain(d.leaf_deletes.iter().copied()));
-                t.groups.extend(d.groups_created.iter().map(|(g, _)| *g).chain(d.groups_changed.iter().map(|(g, _)| *g)).chain(d.groups_removed.iter().copied()));
+                t.leaves.extend(
+                    d.leaf_inserts
+                        .iter()
+                        .map(|(s, _)| *s)
+                        .chain(d.leaf_modifies.iter().map(|(s, _)| *s))
+                        .chain(d.leaf_deletes.iter().copied()),
+                );
+                t.groups.extend(
+                    d.groups_created
+                        .iter()
+                        .map(|(g, _)| *g)
+                        .chain(d.groups_changed.iter().map(|(g, _)| *g))
+                        .chain(d.groups_removed.iter().copied()),
+                );
             }
         }
         per
@@ -152,7 +164,12 @@ mod tests {
     #[test]
     fn touched_diffs_equal_full_diffs() {
         let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
-        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 300, symbols: 12, hosts: 6, ..Default::default() });
+        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
+            subscriptions: 300,
+            symbols: 12,
+            hosts: 6,
+            ..Default::default()
+        });
         let mut sources = SourceMap::new();
         let spec = sources.add("itch.spec", spec_text);
         let file = sources.add("rules", rules);

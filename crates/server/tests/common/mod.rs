@@ -65,7 +65,12 @@ pub async fn list_all(c: &mut Clients, page_size: u32) -> Vec<proto::Subscriptio
     let mut out = vec![];
     let mut token = String::new();
     loop {
-        let r = c.subs.list(proto::ListRequest { page_size, page_token: token.clone(), ..Default::default() }).await.expect("list").into_inner();
+        let r = c
+            .subs
+            .list(proto::ListRequest { page_size, page_token: token.clone(), ..Default::default() })
+            .await
+            .expect("list")
+            .into_inner();
         out.extend(r.subscriptions);
         if r.next_page_token.is_empty() {
             return out;
