@@ -55,7 +55,10 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         protobuf-compiler iproute2 util-linux python3 ca-certificates curl >/dev/null
-    if ! rust_ok; then
+    if ! rust_ok && command -v rustup >/dev/null; then
+        log "updating Rust (rustup, stable)"
+        rustup toolchain install stable --profile minimal && rustup default stable
+    elif ! rust_ok; then
         log "installing Rust (rustup, stable)"
         curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
         # shellcheck disable=SC1091

@@ -12,6 +12,20 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
 
+# Rust: the workspace's rust-version, from Cargo.toml.
+RUST_MIN="$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)"
+rust_ok() {
+    command -v cargo >/dev/null && command -v rustc >/dev/null || return 1
+    local have
+    have="$(rustc --version | cut -d' ' -f2)"
+    [ "$(printf '%s\n%s\n' "$RUST_MIN" "$have" | sort -V | head -1)" = "$RUST_MIN" ]
+}
+# A rustup installation of an earlier run.
+if [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+
 if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     log "installing Debian packages"
     SUDO=""
@@ -20,13 +34,21 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         protobuf-compiler graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
-    if ! command -v cargo >/dev/null; then
-        log "installing Rust"
+    if ! rust_ok && command -v rustup >/dev/null; then
+        log "updating Rust (rustup, stable)"
+        rustup toolchain install stable --profile minimal && rustup default stable
+    elif ! rust_ok; then
+        log "installing Rust (rustup, stable)"
         curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
         # shellcheck disable=SC1091
         . "$HOME/.cargo/env"
     fi
+    # The minimal profile has no rustfmt; the format check below needs it.
+    if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+        rustup component add rustfmt
+    fi
 fi
+rust_ok || { echo "error: Rust $RUST_MIN or later (cargo, rustc) is needed" >&2; exit 1; }
 
 log "toolchain: $(cargo --version), $(clang --version | head -1)"
 
@@ -55,6 +77,9 @@ PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "$P4RUNTIME_PYTHON" scripts/p4runt
 log "checking formatting (rustfmt.toml)"
 if cargo fmt --version >/dev/null 2>&1; then
     cargo fmt --all --check
+elif [ "${CI:-}" = true ]; then
+    echo "error: rustfmt is not installed (CI=true: the format check must run)" >&2
+    exit 1
 else
     log "rustfmt is not installed: skipping the format check"
 fi
