@@ -8,7 +8,8 @@
 //!
 //! Where `SIMPLE_SWITCH_GRPC` names BMv2's `simple_switch_grpc` and
 //! `P4C_BM2_SS` names p4c's BMv2 compiler, the same client flow also runs
-//! against a real switch (see the README).
+//! against a real switch (see the README); setting only one of the two is
+//! a mistake the test reports rather than a reason to skip.
 
 mod common;
 
@@ -19,6 +20,7 @@ use subc_backend_p4::entries::Batch;
 use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
 use subc_backend_p4::sim::Switch;
 use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
 use subc_backend_p4::{compile as p4_compile, P4Options, P4Target};
@@ -84,6 +86,35 @@ async fn run_flow(
     check(&history, client.read_all(info).await.unwrap(), "after additions");
 }
 
+/// A backup controller: it asks for arbitration with `election_id` and keeps
+/// its stream open whatever the answer. Returns its RPC client, the
+/// arbitration answer, and the stream (dropping it closes the stream).
+async fn backup(
+    addr: &str,
+    election_id: u64,
+) -> (
+    P4RuntimeClient<tonic::transport::Channel>,
+    p4v1::MasterArbitrationUpdate,
+    (tokio::sync::mpsc::Sender<p4v1::StreamMessageRequest>, tonic::Streaming<p4v1::StreamMessageResponse>),
+) {
+    let mut rpc = P4RuntimeClient::connect(addr.to_string()).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let arbitration = p4v1::MasterArbitrationUpdate {
+        device_id: DEVICE,
+        election_id: Some(p4v1::Uint128 { high: 0, low: election_id }),
+        ..Default::default()
+    };
+    tx.send(p4v1::StreamMessageRequest { update: Some(p4v1::stream_message_request::Update::Arbitration(arbitration)) }).await.unwrap();
+    let mut stream = rpc.stream_channel(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap().into_inner();
+    let answer = loop {
+        let msg = stream.message().await.unwrap().expect("an arbitration answer");
+        if let Some(p4v1::stream_message_response::Update::Arbitration(a)) = msg.update {
+            break a;
+        }
+    };
+    (rpc, answer, (tx, stream))
+}
+
 fn itch_set(n: usize) -> (subc_lang::Program, CompiledSet) {
     let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
     let rules = itch(&ItchParams { subscriptions: n, symbols: 5, max_shares: 100, hosts: 8, seed: 3 });
@@ -128,14 +159,49 @@ async fn client_against_an_in_process_server() {
     backwards.reverse();
     assert!(c.write(&backwards).await.is_err(), "root before its states must be refused");
     assert!(state2.lock().violation.is_some());
+
+    // A non-primary cannot write: a backup controller (a lower election id,
+    // its stream open) is refused with PERMISSION_DENIED before any update
+    // is applied, on a switch where the primary's same write succeeds.
+    let (addr3, state3) = start(Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
+    let mut primary3 = Client::connect(&addr3, DEVICE, 10).await.unwrap();
+    primary3.set_pipeline(&art2.p4info, vec![]).await.unwrap();
+    let (mut rpc, answer, _stream) = backup(&addr3, 7).await;
+    let status = answer.status.expect("an arbitration status");
+    assert_ne!(status.code, tonic::Code::Ok as i32, "election id 7 below 10 is not the primary");
+    assert_eq!(answer.election_id, Some(p4v1::Uint128 { high: 0, low: 10 }), "the answer names the primary");
+    let first = &art2.install[0];
+    let write = p4v1::WriteRequest {
+        device_id: DEVICE,
+        election_id: Some(p4v1::Uint128 { high: 0, low: 7 }),
+        updates: first.updates.clone(),
+        atomicity: p4v1::write_request::Atomicity::ContinueOnError as i32,
+        ..Default::default()
+    };
+    let err = rpc.write(write).await.expect_err("a backup controller cannot write");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    {
+        let st = state3.lock();
+        assert_eq!((st.updates, st.primary), (0, Some(10)), "the refused write applied nothing, the primary stays");
+        assert_eq!(st.log.len(), 1, "the backup's write reached the switch");
+    }
+    assert_eq!(primary3.write(std::slice::from_ref(first)).await.unwrap(), first.updates.len(), "the primary's write succeeds");
+    assert_eq!(state3.lock().updates, first.updates.len());
 }
 
 /// The same flow against BMv2's simple_switch_grpc, where installed.
 #[tokio::test]
 async fn client_against_simple_switch_grpc() {
-    let (Some(ss), Some(p4c)) = (std::env::var_os("SIMPLE_SWITCH_GRPC"), std::env::var_os("P4C_BM2_SS")) else {
-        eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not both set: skipping the BMv2 run");
-        return;
+    let (ss, p4c) = match (std::env::var_os("SIMPLE_SWITCH_GRPC"), std::env::var_os("P4C_BM2_SS")) {
+        (Some(ss), Some(p4c)) => (ss, p4c),
+        (None, None) => {
+            eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not set: skipping the BMv2 run");
+            return;
+        }
+        (ss, _) => {
+            let (set, unset) = if ss.is_some() { ("SIMPLE_SWITCH_GRPC", "P4C_BM2_SS") } else { ("P4C_BM2_SS", "SIMPLE_SWITCH_GRPC") };
+            panic!("{set} is set but {unset} is not: the BMv2 run needs both (the switch, and p4c's BMv2 compiler for its program)");
+        }
     };
     let (p, mut set) = itch_set(60);
     let (target, art) = p4_compile(&p.spec, &set, &P4Options::default()).unwrap();

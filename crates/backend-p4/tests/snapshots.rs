@@ -1,6 +1,7 @@
 //! Snapshots of what the back end writes for every example and every input
 //! of `tests/in`: the P4 program, the P4Info, the install `WriteRequest`
-//! (text format) and the resource report.
+//! (text format) and the resource report; with leaves folded, the same for
+//! two inputs.
 
 mod common;
 
@@ -30,6 +31,7 @@ fn folded_leaves() {
         let (p, set) = compile_dir(&dir);
         let (_, art) = compile(&p.spec, &set, &P4Options { fold_leaves: true, ..Default::default() }).unwrap();
         insta::assert_snapshot!(format!("{name}_folded_program"), art.program);
+        insta::assert_snapshot!(format!("{name}_folded_p4info"), to_text(&art.p4info));
         insta::assert_snapshot!(format!("{name}_folded_entries"), entries_text(&art.install, &art.p4info));
         insta::assert_json_snapshot!(format!("{name}_folded_resources"), art.resources);
     }

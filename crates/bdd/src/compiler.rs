@@ -153,6 +153,21 @@ impl CompiledSet {
                 return Err(CompileError::Duplicate(s.id));
             }
         }
+        let mut set = Self::compile_cubes(spec, subs, opts)?;
+        set.track_cubeless(subs);
+        Ok(set)
+    }
+
+    /// Records the subscriptions that have no cube (a condition that can
+    /// never match, such as `size < 0`): they place no rule, but they were
+    /// accepted, so they count, are refused a second time and can be removed.
+    fn track_cubeless(&mut self, subs: &[NfSubscription]) {
+        for s in subs.iter().filter(|s| s.cubes.is_empty()) {
+            self.subs.entry(s.id).or_default();
+        }
+    }
+
+    fn compile_cubes(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions) -> Result<CompiledSet, CompileError> {
         let base_order = if opts.order.is_none() && spec.order.is_none() {
             let (order, compiled) = crate::order::measure_orders(spec, subs, &opts);
             if let Some(mut set) = compiled {
@@ -475,6 +490,7 @@ impl CompiledSet {
         for (sub, p, r) in placed {
             self.subs.entry(sub).or_default().push((p, r));
         }
+        self.track_cubeless(subs);
         Ok(self.lower_all())
     }
 

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::interp::StateStore;
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, Pipeline};
+use subc_lang::interp::{Interpreter, StateStore};
 use subc_lang::pcap::read_pcap;
 use subc_lang::Program;
 use subc_workload::packets::PacketGen;
@@ -16,31 +16,85 @@ use subc_workload::Rng;
 fn run_random_packets(p: &Program, set: &CompiledSet, seed: u64, n: usize) {
     let gen = PacketGen::new(&p.spec, &p.normal_forms);
     let mut rng = Rng::new(seed);
-    let mut rs = StateStore::new(&p.spec);
+    let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
     let mut ts = StateStore::new(&p.spec);
     for i in 0..n {
         let bytes = gen.packet(&mut rng, 0.05);
         let t = 1_000_000_000 + i as u64 * 37_000;
-        let (r, x) = both(p, set, &mut rs, &mut ts, &bytes, t);
+        let (r, x) = both(&mut interp, set, &mut ts, &bytes, t);
         assert_eq!(r, x, "packet {i} differs: {bytes:02x?}");
     }
 }
 
 #[test]
 fn examples_agree_with_the_interpreter() {
-    for name in ["itch", "ewma-channels", "topic-broker", "ip-forwarding"] {
-        let p = example(name);
+    for name in example_names() {
+        let p = example(&name);
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
         set.verify().unwrap();
-        let pcap = read_pcap(&std::fs::read(repo().join("examples").join(name).join("packets.pcap")).unwrap()).unwrap();
-        let mut rs = StateStore::new(&p.spec);
+        let pcap = read_pcap(&std::fs::read(repo().join("examples").join(&name).join("packets.pcap")).unwrap()).unwrap();
+        let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
         let mut ts = StateStore::new(&p.spec);
         for pkt in &pcap {
-            let (r, x) = both(&p, &set, &mut rs, &mut ts, &pkt.data, pkt.ts_ns);
+            let (r, x) = both(&mut interp, &set, &mut ts, &pkt.data, pkt.ts_ns);
             assert_eq!(r, x, "{name}");
         }
         run_random_packets(&p, &set, 1, 2000);
     }
+}
+
+/// The reference check of `apply_checked` is live: the diffs that fill an
+/// empty set with the ITCH example and empty it again, applied in reverse
+/// order (break before make), each leave a dangling reference.
+#[test]
+fn break_before_make_is_caught() {
+    let p = example("itch");
+    let mut set = CompiledSet::compile(&p.spec, &[], CompileOptions::default()).unwrap();
+    let snapshot = |set: &CompiledSet| -> Vec<Pipeline> { set.pipelines().into_iter().cloned().collect() };
+    let empty = snapshot(&set);
+    let fill = set.add(&p.normal_forms).unwrap();
+    let full = snapshot(&set);
+    let ids: Vec<_> = p.normal_forms.iter().map(|s| s.id).collect();
+    let drain = set.remove(&ids).unwrap();
+    for (what, mut target, update) in [("fill", empty, fill), ("drain", full, drain)] {
+        // In order, every op keeps the references whole.
+        let mut ordered = target.clone();
+        assert!(apply_checked(&mut ordered, &update) > 0, "{what}: an empty diff");
+        // Reversed, some op leaves one dangling.
+        let mut dangling = None;
+        for d in &update.diffs {
+            for op in d.ops().iter().rev() {
+                target[d.pipeline].apply_op(op).unwrap();
+                if let Err(e) = check_references(&target[d.pipeline]) {
+                    dangling.get_or_insert(e);
+                }
+            }
+        }
+        assert!(dangling.is_some(), "{what}: the reversed diff was not caught");
+        assert_eq!(target, ordered, "{what}: reversed ops end where ordered ones do");
+    }
+}
+
+/// A subscription that can never match (`size < 0` on an unsigned field)
+/// has no cube: it places no rule, but it was accepted, so the set counts
+/// it, refuses its id a second time, and removes it with an empty update.
+#[test]
+fn unsatisfiable_subscriptions_are_tracked() {
+    let spec = "header ethernet { dst: 48 mac; src: 48 mac; ethertype: 16; }\n\
+                header h { size: 16; }\n\
+                parser { start -> ethernet; ethernet -> select(ethertype) { 0x88b6: h; } h -> accept; }\n\
+                query h.size;\n";
+    let p = program(spec, &["size < 0 : fwd(1)\nsize > 5 : fwd(2)\n"]);
+    let (never, id) = (&p.normal_forms[0], p.normal_forms[0].id);
+    assert!(never.cubes.is_empty(), "`size < 0` has no cube");
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+    assert_eq!(set.len(), 2, "both subscriptions are recorded");
+    assert_eq!(set.add(std::slice::from_ref(never)).err(), Some(CompileError::Duplicate(id)));
+    assert!(set.remove(&[id]).unwrap().is_empty(), "removing it changes no entry");
+    assert_eq!(set.len(), 1);
+    assert_eq!(set.remove(&[id]).err(), Some(CompileError::Unknown(id)));
+    assert!(set.add(std::slice::from_ref(never)).unwrap().is_empty(), "added again: no entry");
+    assert_eq!(set.subscription_ids().collect::<Vec<_>>(), vec![id, p.normal_forms[1].id]);
 }
 
 proptest! {
@@ -72,12 +126,14 @@ proptest! {
             let k = rng.below(n as u64) as usize;
             let sub = &full.normal_forms[k];
             let mut old = set.pipelines().iter().map(|p| (*p).clone()).collect::<Vec<_>>();
+            // With the default budgets every update applies: neither a
+            // remove (refused only for an unknown id) nor an add (refused
+            // only when the rule fits no pipeline) may fail here.
             let update = if present[k] { set.remove(&[sub.id]).unwrap() } else { set.add(std::slice::from_ref(sub)).unwrap() };
             present[k] = !present[k];
-            // Old pipeline + diff == new pipeline.
-            for d in &update.diffs {
-                old[d.pipeline].apply(d).unwrap();
-            }
+            // Old pipeline + diff == new pipeline, and no op of the ordered
+            // diff leaves a reference to a missing state or group.
+            apply_checked(&mut old, &update);
             let now: Vec<_> = set.pipelines().iter().map(|p| (*p).clone()).collect();
             prop_assert_eq!(&old, &now);
             prop_assert_eq!(set.verify(), Ok(()));
@@ -101,7 +157,7 @@ proptest! {
     }
 
     #[test]
-    fn split_pipelines_agree(seed in 0u64..10_000, n in 10usize..60, steps in 0usize..12) {
+    fn split_pipelines_agree(seed in 0u64..10_000, n in 10usize..60, steps in 1usize..12) {
         // A tiny split size forces several pipelines; adds and removes must
         // keep their union right.
         let full = siena_program(n, seed, false);
@@ -109,19 +165,17 @@ proptest! {
         let opts = CompileOptions { split_nodes: 16, max_pipelines: 512, node_budget: 64, ..Default::default() };
         let mut set = CompiledSet::compile(&full.spec, &full.normal_forms[..half], opts).unwrap();
         let mut present: Vec<bool> = (0..n).map(|i| i < half).collect();
+        let mut target: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
         let mut rng = Rng::new(seed);
+        // Adds may be refused here (a rule that fits no pipeline); a step
+        // then removes a subscription instead, so every step applies a diff
+        // unless a refused add found the set empty.
+        let mut done = vec![];
         for _ in 0..steps {
-            let k = rng.below(n as u64) as usize;
-            let sub = &full.normal_forms[k];
-            let r = if present[k] { set.remove(&[sub.id]) } else { set.add(std::slice::from_ref(sub)) };
-            match r {
-                Ok(_) => present[k] = !present[k],
-                // A rule that fits no pipeline is refused, and nothing changes.
-                Err(subc_bdd::CompileError::NeedsRecompile { .. }) => {}
-                Err(e) => panic!("{e}"),
-            }
+            done.push(random_step(&mut set, &full, &mut present, &mut rng, &mut target, true));
             prop_assert_eq!(set.verify(), Ok(()));
         }
+        prop_assert!(done.iter().any(|s| s.applied()), "no step applied a diff: {:?}", done);
         let subs: Vec<_> = full.subscriptions.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
         let nfs: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
         let p = Program { spec: full.spec.clone(), subscriptions: subs, normal_forms: nfs };
@@ -163,13 +217,13 @@ proptest! {
         let mut fresh = CompiledSet::compile(&full.spec, &pick(&present), opts).unwrap();
         let u = fresh.adopt(&deployed).unwrap();
         let mut target = deployed.clone();
-        for d in &u.diffs { target[d.pipeline].apply(d).unwrap(); }
+        apply_checked(&mut target, &u);
         prop_assert_eq!(&target, &fresh.pipelines().into_iter().cloned().collect::<Vec<_>>());
         prop_assert_eq!(fresh.verify(), Ok(()));
         // And later incremental updates apply to the target directly.
         if let Some(k) = (0..n).find(|k| present[*k]) {
             let u = fresh.remove(&[full.normal_forms[k].id]).unwrap();
-            for d in &u.diffs { target[d.pipeline].apply(d).unwrap(); }
+            apply_checked(&mut target, &u);
             prop_assert_eq!(&target, &fresh.pipelines().into_iter().cloned().collect::<Vec<_>>());
         }
     }

@@ -66,8 +66,10 @@ use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::sim::{Simulator, Switch};
-use subc_lang::interp::{eval_cond, parse_packet, union_actions, Decision, StateStore};
+use subc_bdd::{CompileError, Pipeline, Update};
+use subc_lang::interp::{Decision, Interpreter, StateStore};
 use subc_lang::program::Subscription;
+use subc_workload::Rng;
 
 /// The bytes on the wire, decoded again: what a switch would receive.
 pub fn roundtrip_p4info(info: &P4Info) -> P4Info {
@@ -110,7 +112,9 @@ pub fn apply_checked(sw: &mut Switch, layout: &Layout, writes: &[p4v1::WriteRequ
     }
 }
 
-/// The reference decision for one packet, advancing the reference state.
+/// The reference decision for one packet, advancing the reference state:
+/// the interpreter's own [`Interpreter::run`] over `subs` (which may change
+/// between packets while the state carries on).
 pub fn reference(
     subs: &[Subscription],
     spec: &subc_lang::spec::Spec,
@@ -118,11 +122,60 @@ pub fn reference(
     bytes: &[u8],
     ts: u64,
 ) -> (Vec<u32>, Decision) {
-    let Some(pkt) = parse_packet(spec, bytes) else { return (vec![], Decision::NoMatch) };
-    let values = state.pre_stage(spec, &pkt, ts);
-    let a = union_actions(subs.iter().filter(|s| eval_cond(spec, &s.cond, &values)).map(|s| &s.actions));
-    state.apply_updates(spec, &pkt, &a.updates);
-    (a.ports.iter().copied().collect(), Decision::of(&a.ports, a.drop))
+    let mut interp = Interpreter { spec, subscriptions: subs, state: std::mem::replace(state, StateStore::new(spec)) };
+    let o = interp.run(bytes, ts);
+    *state = interp.state;
+    (o.ports, o.decision)
+}
+
+/// Removes `full`'s `k`th subscription, which is in `set`. `remove` refuses
+/// only an unknown id, so this must succeed (a subscription with no cube,
+/// such as `x < 0`, too: it is removed with an empty update).
+#[track_caller]
+pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> Update {
+    let sub = &full.normal_forms[k];
+    match set.remove(&[sub.id]) {
+        Ok(u) => u,
+        Err(e) => panic!("remove {}: {e}", sub.id),
+    }
+}
+
+/// The next update of a random add/remove sequence over `full`'s
+/// subscriptions (`present[i]`: whether `full`'s `i`th is in `set`), already
+/// made to `set`. The refusals are the ones `CompiledSet` documents:
+/// `remove` refuses only an unknown id, so a remove must succeed; `add` of a
+/// new id refuses only a rule that fits no pipeline (`NeedsRecompile`),
+/// allowed only where `may_refuse` (small budgets), and then nothing may
+/// change: a random present subscription is removed instead. `None` only
+/// when an add was refused and nothing is present.
+#[track_caller]
+pub fn next_update(set: &mut CompiledSet, full: &Program, present: &mut [bool], rng: &mut Rng, may_refuse: bool) -> Option<Update> {
+    let remove = |set: &mut CompiledSet, present: &mut [bool], k: usize| {
+        let u = remove_present(set, full, k);
+        present[k] = false;
+        u
+    };
+    let k = rng.below(present.len() as u64) as usize;
+    if present[k] {
+        return Some(remove(set, present, k));
+    }
+    let sub = &full.normal_forms[k];
+    let before: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+    match set.add(std::slice::from_ref(sub)) {
+        Ok(u) => {
+            present[k] = true;
+            Some(u)
+        }
+        Err(CompileError::NeedsRecompile { sub: id, .. }) if may_refuse => {
+            assert_eq!(id, sub.id, "the refusal names the added subscription");
+            let after: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+            assert!(before == after, "a refused add of {id} changed the pipelines");
+            let live: Vec<usize> = (0..present.len()).filter(|i| present[*i]).collect();
+            let j = *live.get(rng.below(live.len().max(1) as u64) as usize)?;
+            Some(remove(set, present, j))
+        }
+        Err(e) => panic!("add {}: {e}", sub.id),
+    }
 }
 
 /// Runs packets through the simulator and the reference; panics on the

@@ -1,13 +1,16 @@
 //! Shared helpers for the IR's integration tests: loading examples and
-//! generated workloads, and running packets through the reference
-//! interpreter and through compiled tables side by side.
+//! generated workloads, running packets through the reference interpreter
+//! and through compiled tables side by side, and applying diffs op by op
+//! with a dangling-reference check after each.
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use subc_bdd::{CompiledSet, Leaf};
-use subc_lang::interp::{eval_cond, parse_packet, union_actions, Decision, StateStore};
+use subc_bdd::{CompileError, CompiledSet, Leaf, Pipeline, StateId, Update, DEAD};
+use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
 use subc_lang::nf::NfLimits;
+use subc_lang::program::SubId;
 use subc_lang::source::SourceMap;
 use subc_lang::Program;
 use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
@@ -46,34 +49,189 @@ pub fn example(name: &str) -> Program {
     program(&spec.unwrap(), &rules)
 }
 
-/// The reference decision for a packet and the tables' decision, with the
-/// state of each engine advanced.
+/// The examples under `examples/`, by directory name, sorted: every example
+/// added there is covered without editing the tests.
+pub fn example_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 4, "expected at least the four examples, found {names:?}");
+    names
+}
+
+/// The reference decision for a packet (the interpreter's own
+/// [`Interpreter::run`], so the oracle is the one every engine is tested
+/// against) and the tables' decision, with the state of each engine
+/// advanced.
 pub fn both(
-    p: &Program,
+    interp: &mut Interpreter,
     set: &CompiledSet,
-    ref_state: &mut StateStore,
     tab_state: &mut StateStore,
     bytes: &[u8],
     ts: u64,
 ) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
-    let Some(pkt) = parse_packet(&p.spec, bytes) else {
-        return ((vec![], Decision::NoMatch), (vec![], Decision::NoMatch));
+    let o = interp.run(bytes, ts);
+    let r = (o.ports, o.decision);
+    let spec = interp.spec;
+    let Some(pkt) = parse_packet(spec, bytes) else {
+        return (r, (vec![], Decision::NoMatch));
     };
-    let values = ref_state.pre_stage(&p.spec, &pkt, ts);
-    let matched: Vec<_> = p.subscriptions.iter().filter(|s| eval_cond(&p.spec, &s.cond, &values)).map(|s| &s.actions).collect();
-    let a = union_actions(matched);
-    ref_state.apply_updates(&p.spec, &pkt, &a.updates);
-    let r = (a.ports.iter().copied().collect(), Decision::of(&a.ports, a.drop));
-
-    let values = tab_state.pre_stage(&p.spec, &pkt, ts);
+    let values = tab_state.pre_stage(spec, &pkt, ts);
     debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
     let leaf: Leaf = set.eval_tables(&values);
     let diag: Leaf = set.eval_diagram(&values);
     assert_eq!(leaf, diag, "tables and diagram disagree");
     let acts = leaf.to_actions();
-    tab_state.apply_updates(&p.spec, &pkt, &acts.updates);
+    tab_state.apply_updates(spec, &pkt, &acts.updates);
     let t = (acts.ports.iter().copied().collect(), Decision::of(&acts.ports, acts.drop));
     (r, t)
+}
+
+/// The references a target holding `p` follows, checked as the P4 back
+/// end's `Switch::check_references` checks them on a switch: the root and
+/// every entry's next state is [`DEAD`], a leaf state, or a state with
+/// entries in a later table (a packet never moves to a state that has no
+/// entries where it will be looked up), and every leaf's multicast group
+/// exists. Unlike the verifier it does not ask for a finished pipeline
+/// (unused groups, unreachable states are fine), so it holds after every
+/// single op of a diff applied in order.
+pub fn check_references(p: &Pipeline) -> Result<(), String> {
+    let defined: Vec<BTreeSet<StateId>> = p.tables.iter().map(|t| t.entries.keys().map(|(s, _)| *s).collect()).collect();
+    let ok_after = |table: usize, s: StateId| s == DEAD || p.leaves.contains_key(&s) || defined[table..].iter().any(|d| d.contains(&s));
+    if !ok_after(0, p.root) {
+        return Err(format!("the root is state {}, which has no entries", p.root));
+    }
+    for (t, table) in p.tables.iter().enumerate() {
+        for ((state, key), next) in &table.entries {
+            if !ok_after(t + 1, *next) {
+                return Err(format!("{} entry ({state}, {key:?}) points to state {next}, which has no entries after it", table.name));
+            }
+        }
+    }
+    for (state, leaf) in &p.leaves {
+        if let Some(g) = leaf.group {
+            if !p.groups.contains_key(&g) {
+                return Err(format!("leaf {state} multicasts to group {g}, which does not exist"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies an update to the pipelines a target holds, one op at a time in
+/// the diff's order, checking [`check_references`] before the first op and
+/// after every op. Panics on a refused op or a dangling reference; returns
+/// the number of ops applied.
+#[track_caller]
+pub fn apply_checked(target: &mut [Pipeline], update: &Update) -> usize {
+    let mut applied = 0;
+    for d in &update.diffs {
+        let p = &mut target[d.pipeline];
+        if let Err(e) = check_references(p) {
+            panic!("pipeline {} before its diff: {e}", d.pipeline);
+        }
+        for (i, op) in d.ops().iter().enumerate() {
+            p.apply_op(op).unwrap_or_else(|e| panic!("pipeline {}: op {i}: {e}", d.pipeline));
+            if let Err(e) = check_references(p) {
+                panic!("pipeline {}: dangling reference after op {i} ({op:?}): {e}", d.pipeline);
+            }
+            applied += 1;
+        }
+    }
+    applied
+}
+
+/// Removes `full`'s `k`th subscription, which is in `set`. `remove` refuses
+/// only an unknown id, so this must succeed (a subscription with no cube,
+/// such as `x < 0`, too: it is removed with an empty update).
+#[track_caller]
+pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> Update {
+    let sub = &full.normal_forms[k];
+    match set.remove(&[sub.id]) {
+        Ok(u) => u,
+        Err(e) => panic!("remove {}: {e}", sub.id),
+    }
+}
+
+/// What one step of a random add/remove sequence did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Added(SubId),
+    Removed(SubId),
+    /// The add of the first id was refused (`NeedsRecompile`), and the
+    /// second was removed instead.
+    RefusedThenRemoved(SubId, SubId),
+    /// The add was refused and nothing was present to remove: no diff.
+    RefusedOnEmpty(SubId),
+}
+
+impl Step {
+    /// Whether the step applied a diff.
+    pub fn applied(self) -> bool {
+        !matches!(self, Step::RefusedOnEmpty(_))
+    }
+}
+
+/// One step of a random add/remove sequence: toggles a random subscription
+/// of `full` (`present[i]`: whether `full`'s `i`th is in `set`) and applies
+/// the update to `target` op by op ([`apply_checked`]); `target` must then
+/// equal the set's pipelines. The refusals are the ones `CompiledSet`
+/// documents: `remove` only refuses an unknown id, so a remove must succeed;
+/// `add` of a new id only refuses a rule that fits no pipeline
+/// (`NeedsRecompile`), allowed only where `may_refuse` (small budgets), and
+/// then nothing may change. After a refusal the step removes a random
+/// present subscription instead, so that every step applies a diff unless
+/// the set is empty.
+#[track_caller]
+pub fn random_step(
+    set: &mut CompiledSet,
+    full: &Program,
+    present: &mut [bool],
+    rng: &mut Rng,
+    target: &mut [Pipeline],
+    may_refuse: bool,
+) -> Step {
+    let mut remove = |set: &mut CompiledSet, present: &mut [bool], k: usize| {
+        let id = full.normal_forms[k].id;
+        let update = remove_present(set, full, k);
+        apply_checked(target, &update);
+        present[k] = false;
+        id
+    };
+    let k = rng.below(present.len() as u64) as usize;
+    let step = if present[k] {
+        Step::Removed(remove(set, present, k))
+    } else {
+        let sub = &full.normal_forms[k];
+        let before: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+        match set.add(std::slice::from_ref(sub)) {
+            Ok(update) => {
+                apply_checked(target, &update);
+                present[k] = true;
+                Step::Added(sub.id)
+            }
+            Err(CompileError::NeedsRecompile { sub: id, .. }) if may_refuse => {
+                assert_eq!(id, sub.id, "the refusal names the added subscription");
+                let after: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+                assert!(before == after, "a refused add of {id} changed the pipelines");
+                let live: Vec<usize> = (0..present.len()).filter(|i| present[*i]).collect();
+                if live.is_empty() {
+                    Step::RefusedOnEmpty(id)
+                } else {
+                    let j = live[rng.below(live.len() as u64) as usize];
+                    Step::RefusedThenRemoved(id, remove(set, present, j))
+                }
+            }
+            Err(e) => panic!("add {}: {e}", sub.id),
+        }
+    };
+    let now: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+    assert!(target == now.as_slice(), "after {step:?}, old pipelines + diff != new pipelines");
+    step
 }
 
 pub fn itch_program(n: usize, seed: u64) -> Program {
