@@ -466,6 +466,9 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
             .join(" -> ")
     )];
     summary.push(format!("ports: {} (bitmap of {} words)", model.ports, model.port_words));
+    // The naive baseline has no update step (`write_naive` refuses sets
+    // with updates), though the model sizes one when the spec has variables.
+    let update_words = if naive.is_some() { 0 } else { model.update_words };
     let view = ProgramView {
         title,
         summary,
@@ -476,8 +479,8 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         classes,
         port_words: model.port_words,
         port_word_list: (0..model.port_words).collect(),
-        update_words: model.update_words,
-        update_word_list: (0..model.update_words).collect(),
+        update_words,
+        update_word_list: (0..update_words).collect(),
         max_parse_bytes: max_parse_bytes(spec),
         terminal: TERMINAL,
         f_exact: F_EXACT,

@@ -3,7 +3,9 @@
 //! every rule (a box: one interval per query field) is tested one by one in
 //! a `bpf_loop`. Rules are the cubes of the normal forms, with a cube's
 //! multi-interval sets expanded into boxes. Variable updates are not part
-//! of the baseline (the benchmark sets have none).
+//! of the baseline (the benchmark sets have none): [`write_naive`] refuses
+//! a set with any, rather than build a program that decides differently.
+//! `tests/kernel.rs` checks its decisions against the interpreter.
 
 use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
@@ -50,8 +52,12 @@ pub fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
 }
 
 /// The naive program: its source, model (with `subc_rules`) and the rule
-/// entries.
+/// entries. Any hook; `opts.ranges` does not apply (there are no tables).
+/// A set with variable updates is [`EbpfError::Unsupported`].
 pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> Result<(String, Model, Vec<MapOp>), EbpfError> {
+    if let Some(s) = subs.iter().find(|s| !s.actions.updates.is_empty()) {
+        return Err(EbpfError::Unsupported(format!("the naive baseline applies no variable updates, and subscription {} has some", s.id)));
+    }
     let mut model = Model::new(spec, &[], opts)?;
     let rules = boxes(spec, subs);
     let q = spec.query_fields.len() as u32;

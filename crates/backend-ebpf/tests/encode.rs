@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{compile, example, program, EXAMPLES};
+use common::{compile, example, examples, program};
 use subc_backend_ebpf::encode::TableImage;
 use subc_backend_ebpf::{write_program, EbpfOptions, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
@@ -58,7 +58,7 @@ fn layouts() -> [EbpfOptions; 2] {
 
 #[test]
 fn images_decide_as_the_pipelines_do() {
-    let mut sets: Vec<(String, Program)> = EXAMPLES.iter().map(|e| (e.to_string(), example(e))).collect();
+    let mut sets: Vec<(String, Program)> = examples().into_iter().map(|e| (e.clone(), example(&e))).collect();
     sets.push((
         "itch".into(),
         program(ITCH_SPEC, &itch(&ItchParams { subscriptions: 300, symbols: 10, hosts: 20, seed: 3, ..Default::default() })),

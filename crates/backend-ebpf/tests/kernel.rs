@@ -1,18 +1,22 @@
 //! Kernel tests: the verifier accepts every generated program, and the
 //! kernel's decisions through `BPF_PROG_TEST_RUN` equal the reference
 //! interpreter's, packet by packet, including stream state and after
-//! add/remove diffs applied to the live maps, and updates are atomic.
+//! add/remove diffs applied to the live maps, and updates are atomic; and
+//! the naive baseline the lookup bench compares against decides as the
+//! interpreter does too.
 //!
-//! They need root (`CAP_BPF` and `CAP_NET_ADMIN`); without it they skip,
-//! except under `CI=true`, where they fail.
+//! They need root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and
+//! CAP_PERFMON (`loader::can_load_bpf`); without that they skip, except
+//! under `CI=true`, where they fail.
 
 mod common;
 
-use common::{artifacts, compile, example, example_packets, kernel_available, program, EXAMPLES};
+use common::{artifacts, compile, example, example_packets, examples, kernel_available, program};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::loader::{Dataplane, TestRun};
+use subc_backend_ebpf::naive::write_naive;
 use subc_backend_ebpf::target::NoMatch;
-use subc_backend_ebpf::{EbpfOptions, Hook, RangeLookup};
+use subc_backend_ebpf::{EbpfError, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::interp::{Decision, Interpreter, Outcome};
 use subc_lang::Program;
@@ -101,21 +105,24 @@ fn check_packet(ctx: &str, hook: Hook, no_match: NoMatch, r: &TestRun, o: &Outco
 }
 
 /// Runs packets through kernel and interpreter side by side; compares state
-/// every `state_every` packets and at the end.
+/// every `state_every` packets (0: never in between) and once at the end,
+/// whether or not the last packet could run. A packet `BPF_PROG_TEST_RUN`
+/// does not take runs on neither side, so the states stay comparable.
 fn differential(p: &Program, dp: &Dataplane, interp: &mut Interpreter, packets: &[(u64, Vec<u8>)], state_every: usize, ctx: &str) {
     let no_match = NoMatch::Pass;
     for (i, (ts, pkt)) in packets.iter().enumerate() {
-        if !runnable(dp.model.hook, pkt) {
-            continue;
+        if runnable(dp.model.hook, pkt) {
+            let o = interp.run(pkt, *ts);
+            let r = dp.test_run(pkt, *ts, no_match, 1).unwrap_or_else(|e| panic!("{ctx} packet {i} len {} {:02x?}: {e}", pkt.len(), pkt));
+            check_packet(&format!("{ctx}, packet {i}"), dp.model.hook, no_match, &r, &o);
         }
-        let o = interp.run(pkt, *ts);
-        let r = dp.test_run(pkt, *ts, no_match, 1).unwrap_or_else(|e| panic!("{ctx} packet {i} len {} {:02x?}: {e}", pkt.len(), pkt));
-        check_packet(&format!("{ctx}, packet {i}"), dp.model.hook, no_match, &r, &o);
-        if (state_every > 0 && i % state_every == state_every - 1) || i + 1 == packets.len() {
+        if state_every > 0 && i % state_every == state_every - 1 {
             let kernel = dp.read_state(&p.spec).unwrap();
             assert_eq!(kernel, interp.state, "{ctx}: state after packet {i}");
         }
     }
+    let kernel = dp.read_state(&p.spec).unwrap();
+    assert_eq!(kernel, interp.state, "{ctx}: state after the last of {} packets", packets.len());
 }
 
 /// Random packets with increasing timestamps (gaps of 0 to 60 us, so
@@ -132,17 +139,23 @@ fn random_packets(p: &Program, n: usize, seed: u64) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
+/// An example's capture, then 300 random packets after it.
+fn example_and_random_packets(ex: &str, p: &Program) -> Vec<Timed> {
+    let mut packets: Vec<Timed> = example_packets(ex).into_iter().map(|x| (x.ts_ns, x.data)).collect();
+    let last = packets.last().map(|x| x.0).unwrap_or(0);
+    packets.extend(random_packets(p, 300, 7).into_iter().map(|(t, d)| (t + last, d)));
+    packets
+}
+
 #[test]
 fn examples_agree_with_the_interpreter() {
     if !kernel_available("examples_agree_with_the_interpreter") {
         return;
     }
-    for ex in EXAMPLES {
-        let p = example(ex);
+    for ex in examples() {
+        let p = example(&ex);
         let set = compile(&p);
-        let mut packets: Vec<(u64, Vec<u8>)> = example_packets(ex).into_iter().map(|x| (x.ts_ns, x.data)).collect();
-        let last = packets.last().map(|x| x.0).unwrap_or(0);
-        packets.extend(random_packets(&p, 300, 7).into_iter().map(|(t, d)| (t + last, d)));
+        let packets = example_and_random_packets(&ex, &p);
         for opts in all_options() {
             let dp = load(&p, &set, &opts);
             let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
@@ -483,4 +496,93 @@ fn large_sorted_values_agree() {
         let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
         differential(&p, &dp, &mut interp, &random_packets(&p, 300, 21), 0, &format!("large {hook:?}"));
     }
+}
+
+/// The naive baseline of a set (`naive.rs`), loaded and its rules written.
+fn load_naive(p: &Program, opts: &EbpfOptions) -> Dataplane {
+    let (source, model, ops) = write_naive(&p.spec, &p.normal_forms, opts).unwrap_or_else(|e| panic!("naive {opts:?}: {e}"));
+    let obj = clang::compile(&source, BuildFlags::test()).unwrap_or_else(|e| panic!("naive {opts:?}: {e}"));
+    let dp = Dataplane::load(&obj, model).unwrap_or_else(|e| panic!("naive {opts:?}: {e}"));
+    dp.apply(&ops).unwrap_or_else(|e| panic!("naive {opts:?}: writing the rules: {e}"));
+    dp
+}
+
+/// A packet and its time (ns).
+type Timed = (u64, Vec<u8>);
+
+fn has_updates(p: &Program) -> bool {
+    p.normal_forms.iter().any(|n| !n.actions.updates.is_empty())
+}
+
+/// The naive baseline (`naive.rs`, what `benches/lookup.rs` divides by)
+/// decides as the interpreter does, so that "naive / generated" compares
+/// two correct programs: decision, ports, verdict and stream state, packet
+/// by packet, through both hooks, on every example (its capture and random
+/// packets), on random ITCH and Siena sets, and on a set that reads a
+/// variable it never writes (random packets).
+///
+/// The baseline supports every set without variable updates: both hooks,
+/// every kind of stream state (its code is the generated program's), any
+/// number of rules; the ranged layout does not apply to it. It has no
+/// update step, so `write_naive` refuses a set with updates
+/// (`naive_baseline_refuses_variable_updates`); an example with updates is
+/// checked to be refused here rather than skipped silently.
+#[test]
+fn naive_baseline_agrees_with_the_interpreter() {
+    if !kernel_available("naive_baseline_agrees_with_the_interpreter") {
+        return;
+    }
+    let hooks = [Hook::Xdp, Hook::Tc].map(|hook| EbpfOptions { hook, ..Default::default() });
+    // (name, set, packets with their times)
+    let mut sets: Vec<(String, Program, Vec<Timed>)> = vec![];
+    for ex in examples() {
+        let p = example(&ex);
+        if has_updates(&p) {
+            let err = write_naive(&p.spec, &p.normal_forms, &hooks[0]).expect_err(&ex);
+            assert!(matches!(err, EbpfError::Unsupported(_)), "{ex}: {err}");
+            continue;
+        }
+        let packets = example_and_random_packets(&ex, &p);
+        sets.push((ex, p, packets));
+    }
+    for seed in 1..=3u64 {
+        let rules = itch(&ItchParams { subscriptions: 40 * seed as usize, symbols: 8, hosts: 12, seed, ..Default::default() });
+        let p = program(ITCH_SPEC, &rules);
+        let packets = random_packets(&p, 200, seed);
+        sets.push((format!("itch seed {seed}"), p, packets));
+    }
+    for seed in 1..=2u64 {
+        let sp = SienaParams { filters: 30, attributes: 6, ports: 16, seed, camus_variant: seed == 2, ..Default::default() };
+        let p = program(&siena_spec(sp.attributes, sp.ports), &siena(&sp));
+        let packets = random_packets(&p, 200, seed);
+        sets.push((format!("siena seed {seed}"), p, packets));
+    }
+    // A variable the rules read but never write: it stays 0 on both sides.
+    let p = program(
+        &format!("{ITCH_SPEC}\nstate hits = var(8) per add_order.stock_locate[4];\n"),
+        "hits == 0 && shares > 100 : fwd(1)\nhits > 0 : fwd(2)\nstock == GOOGL : drop\n",
+    );
+    let packets = random_packets(&p, 200, 4);
+    sets.push(("a variable read, never written".into(), p, packets));
+    for (name, p, packets) in &sets {
+        for opts in &hooks {
+            let dp = load_naive(p, opts);
+            let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+            differential(p, &dp, &mut interp, packets, 50, &format!("naive, {name}, {:?}", opts.hook));
+        }
+    }
+}
+
+/// The naive baseline has no variable-update step: a set with updates is
+/// refused, not turned into a program that ignores them. A set that only
+/// reads a variable is accepted (the variable stays 0 on both sides).
+#[test]
+fn naive_baseline_refuses_variable_updates() {
+    let spec = format!("{ITCH_SPEC}\nstate hits = var(8);\n");
+    let p = program(&spec, "stock == GOOGL : hits += 1; fwd(1)\nhits > 5 : fwd(2)\n");
+    let err = write_naive(&p.spec, &p.normal_forms, &EbpfOptions::default()).unwrap_err();
+    assert!(matches!(err, EbpfError::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("variable updates"), "{err}");
+    let p = program(&spec, "hits > 5 : fwd(2)\nstock == GOOGL : fwd(1)\n");
+    assert!(write_naive(&p.spec, &p.normal_forms, &EbpfOptions::default()).is_ok());
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{artifacts, compile, example, EXAMPLES};
+use common::{artifacts, compile, example};
 use subc_backend_ebpf::{EbpfOptions, Hook, RangeLookup};
 
 fn check(ex: &str, hook: Hook, ranges: RangeLookup) {
@@ -19,9 +19,9 @@ fn check(ex: &str, hook: Hook, ranges: RangeLookup) {
 
 #[test]
 fn examples() {
-    for ex in EXAMPLES {
+    for ex in common::examples() {
         for hook in [Hook::Tc, Hook::Xdp] {
-            check(ex, hook, RangeLookup::Sorted);
+            check(&ex, hook, RangeLookup::Sorted);
         }
     }
     check("ip-forwarding", Hook::Tc, RangeLookup::Lpm);

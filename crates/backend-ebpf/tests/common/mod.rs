@@ -14,7 +14,20 @@ pub fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
-pub const EXAMPLES: &[&str] = &["itch", "ewma-channels", "topic-broker", "ip-forwarding"];
+/// Every directory under `examples/`, sorted: read from the disk, so that a
+/// new example gets its snapshots and kernel tests without a list to edit.
+pub fn examples() -> Vec<String> {
+    let dir = examples_dir();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_dir())
+        .map(|e| e.file_name().into_string().expect("example names are UTF-8"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no examples under {}", dir.display());
+    names
+}
 
 /// Checks a spec and rules given as text.
 pub fn program(spec: &str, rules: &str) -> Program {
@@ -58,14 +71,17 @@ pub fn artifacts(p: &Program, set: &CompiledSet, opts: &EbpfOptions) -> Artifact
     write_program(&p.spec, &set.pipelines(), opts).expect("generates")
 }
 
+/// What `loader::can_load_bpf` asks of the process.
+const NEEDS: &str = "root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and CAP_PERFMON";
+
 /// Whether kernel tests run: with privileges, or fail loudly under `CI=true`.
 pub fn kernel_available(test: &str) -> bool {
     if subc_backend_ebpf::loader::can_load_bpf() {
         return true;
     }
     if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: CI=true but this process cannot load BPF programs (run as root)");
+        panic!("{test}: CI=true but this process cannot load BPF programs ({NEEDS})");
     }
-    eprintln!("{test}: skipped (not root; set CI=true to make this an error)");
+    eprintln!("{test}: skipped (it needs {NEEDS}; set CI=true to make this an error)");
     false
 }
