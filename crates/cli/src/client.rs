@@ -463,7 +463,7 @@ fn print_status(s: &proto::TargetStatus) -> Result<()> {
         s.groups
     )?;
     if s.last_diff_entries > 0 {
-        writeln!(o, "  last deploy wrote {} entries", s.last_diff_entries)?;
+        writeln!(o, "  last deploy wrote {} updates (entries and groups)", s.last_diff_entries)?;
     }
     if !s.last_error.is_empty() {
         writeln!(o, "  last error ({} in a row): {}", s.consecutive_failures, s.last_error)?;

@@ -163,7 +163,7 @@ fn slot_json(s: &Slot) -> serde_json::Value {
 /// `subc sim --engine ebpf`: every packet through `BPF_PROG_TEST_RUN`.
 pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, ebpf: &EbpfArgs, json: bool) -> Result<ExitCode> {
     if !loader::can_load_bpf() {
-        bail!("--engine ebpf loads a BPF program into the kernel: run as root");
+        bail!("--engine ebpf loads a BPF program into the kernel: run as root, with CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
     let (set, _) = compile_program(program, compiler)?;
     let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;

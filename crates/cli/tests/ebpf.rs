@@ -2,38 +2,12 @@
 //! against the reference engine, and attach, status, detach on a veth pair.
 //! Kernel parts need root; they skip without it, except under `CI=true`.
 
+mod common;
+
+use common::{kernel_available, ok, subc, try_subc_with};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn subc(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_subc")).args(args).current_dir(repo()).output().expect("runs subc")
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-#[track_caller]
-fn ok(out: &std::process::Output) -> String {
-    assert!(out.status.success(), "subc failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn kernel_available(test: &str) -> bool {
-    if unsafe { libc_geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: CI=true but this process cannot load BPF programs (run as root)");
-    }
-    eprintln!("{test}: skipped (not root)");
-    false
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
+use std::time::Duration;
 
 struct TempDir(PathBuf);
 
@@ -85,6 +59,33 @@ fn sim_in_the_kernel_agrees_with_the_reference() {
     assert!(text.contains("forward to 2") && text.contains("state chan_ewma[7]"), "{text}");
 }
 
+/// An eBPF deployment made by `subc attach --name NAME`: `subc detach NAME`
+/// runs on drop unless `detach` already ran it.
+struct Attached {
+    name: String,
+    armed: bool,
+}
+
+impl Attached {
+    fn new(name: &str) -> Attached {
+        Attached { name: name.to_string(), armed: true }
+    }
+
+    /// Detaches now and returns what `subc detach` printed.
+    fn detach(mut self) -> std::process::Output {
+        self.armed = false;
+        subc(&["detach", &self.name])
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = try_subc_with(&["detach", &self.name], &[], Duration::from_secs(60));
+        }
+    }
+}
+
 /// A veth pair in the root namespace, deleted on drop.
 struct Veth(String);
 
@@ -116,7 +117,10 @@ fn attach_status_detach() {
     let cfg = dir.0.join("target.json");
     std::fs::write(&cfg, format!(r#"{{"no_match": "drop", "ports": {{"1": {{"interface": "{b}", "dst_port": 7000}}}}}}"#)).unwrap();
     let name = tag.clone();
-    let attached = subc(&[
+    // From here on the deployment is detached when the test ends, also when
+    // an assertion fails, so no pins are left behind.
+    let attachment = Attached::new(&name);
+    ok(&subc(&[
         "attach",
         out.to_str().unwrap(),
         "--iface",
@@ -127,14 +131,9 @@ fn attach_status_detach() {
         cfg.to_str().unwrap(),
         "--name",
         &name,
-    ]);
-    let detach = || subc(&["detach", &name]);
-    if !attached.status.success() {
-        let _ = detach();
-        panic!("attach: {}", String::from_utf8_lossy(&attached.stderr));
-    }
+    ]));
     let status: serde_json::Value = serde_json::from_str(&ok(&subc(&["status", &name, "--json"]))).unwrap();
-    let _ = detach();
+    ok(&attachment.detach());
     assert_eq!(status["live_generation"], 0);
     let kinds: Vec<&str> = status["attachments"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["xdp-generic", "tcx"]);

@@ -1,13 +1,15 @@
-//! Shared by the tests that run `subc serve` as a process: the server
-//! process (killed on drop), clients, the kernel gate, network namespaces
-//! and veth pairs that are removed on drop (also when a test fails), ITCH
-//! frames, and `BPF_PROG_TEST_RUN` on a pinned program.
+//! Shared by the tests that run the `subc` binary: running a command with
+//! a time limit, the `subc serve` process (killed on drop), clients, the
+//! kernel gate, network namespaces and veth pairs that are removed on drop
+//! (also when a test fails), ITCH frames, and `BPF_PROG_TEST_RUN` on a
+//! pinned program.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use subc_server::client::{connect, ClientOptions, Clients};
 use subc_server::proto;
@@ -22,6 +24,69 @@ pub fn repo() -> PathBuf {
 
 pub fn itch_spec() -> PathBuf {
     repo().join("examples/itch/itch.spec")
+}
+
+/// Runs `subc ARGS` in the repository root with `envs` added, and returns
+/// what it printed, or `None` if it ran longer than `limit` (it is killed).
+/// `SUBC_SERVER` and `SUBC_TOKEN` are cleared first, so the caller's shell
+/// cannot point a test at another server. Never panics once `subc` has
+/// started, so drop guards may call it while a test unwinds.
+pub fn try_subc_with(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_subc"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("SUBC_SERVER")
+        .env_remove("SUBC_TOKEN")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("subc starts");
+    // Both pipes are drained while the child runs, so a long output cannot
+    // block it on a full pipe.
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = vec![];
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let until = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+    status.map(|status| Output { status, stdout, stderr })
+}
+
+/// `try_subc_with`, failing the test on a timeout.
+#[track_caller]
+pub fn subc_with(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> Output {
+    try_subc_with(args, envs, limit).unwrap_or_else(|| panic!("`subc {}` ran longer than {limit:?}", args.join(" ")))
+}
+
+/// Runs `subc ARGS` in the repository root, killed after two minutes.
+#[track_caller]
+pub fn subc(args: &[&str]) -> Output {
+    subc_with(args, &[], Duration::from_secs(120))
+}
+
+/// The standard output of a run that must succeed.
+#[track_caller]
+pub fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "subc failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 /// Whether kernel tests run: as root, or fail loudly under `CI=true`.
@@ -55,9 +120,15 @@ pub struct ServerProc {
 }
 
 impl ServerProc {
-    /// Writes the config (tokens for the admin and four applications, a
-    /// store in `dir`, eBPF pins under a bpffs directory of this test) and starts.
+    /// Writes the config (the ITCH spec, tokens for the admin and four
+    /// applications, a store in `dir`, eBPF pins under a bpffs directory of
+    /// this test) and starts.
     pub fn start(dir: &Path, extra: &str) -> ServerProc {
+        ServerProc::start_with_spec(dir, &itch_spec(), extra)
+    }
+
+    /// As `start`, with another spec.
+    pub fn start_with_spec(dir: &Path, spec: &Path, extra: &str) -> ServerProc {
         let port = free_port();
         let bpffs_root = PathBuf::from("/sys/fs/bpf").join(format!("subc-test-{}", dir.file_name().unwrap().to_string_lossy()));
         let mut apps = String::new();
@@ -66,7 +137,7 @@ impl ServerProc {
         }
         let config = format!(
             "spec = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nstore = \"{}\"\n{extra}\n[auth]\nadmin_token = \"{ADMIN}\"\n{apps}\n[deploy]\nretry_initial_ms = 20\nretry_max_ms = 500\nbpffs_root = \"{}\"\n",
-            itch_spec().display(),
+            spec.display(),
             dir.join("subc.db").display(),
             bpffs_root.display()
         );

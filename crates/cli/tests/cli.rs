@@ -1,0 +1,403 @@
+//! End-to-end tests of `subc`'s user-facing commands, run as a user runs
+//! them: the built binary, from the repository root, on every example
+//! directory. The crates below the CLI test their own parts; these tests
+//! pin what only the binary shows: exit codes, what goes to stdout and what
+//! to stderr, the JSON shapes scripts read (`sim --json`, `--emit stats`,
+//! `resources.json`), the files `compile --target p4` writes, and the
+//! service client (`subc sub ...`, `subc target ...`) against a real
+//! `subc serve` with a simulated target.
+//!
+//! Nothing here needs root. The official `p4runtime` Python package checks
+//! the P4 artifacts when `P4RUNTIME_PYTHON` is set (scripts/test.sh sets
+//! it); under `CI=true` it must be. Every command and every wait is bounded,
+//! and the server is killed when a test ends, also when it fails.
+
+mod common;
+
+use common::*;
+use prost::Message;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+use subc_backend_p4::proto::p4::config::v1::P4Info;
+use subc_backend_p4::proto::p4::v1::WriteRequest;
+
+/// Every example directory, as `examples/<dir>` relative to the repository.
+fn examples() -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(repo().join("examples"))
+        .expect("examples/ exists")
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_dir())
+        .map(|e| format!("examples/{}", e.file_name().to_string_lossy()))
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 4, "expected at least 4 examples, found {dirs:?}");
+    dirs
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+// ---------------------------------------------------------------------------
+// check
+
+#[test]
+fn check_accepts_every_example_silently() {
+    for ex in examples() {
+        let out = subc(&["check", &ex]);
+        assert_eq!(out.status.code(), Some(0), "subc check {ex}: {}", stderr_of(&out));
+        assert!(out.stdout.is_empty(), "subc check {ex} printed to stdout: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(out.stderr.is_empty(), "subc check {ex} printed to stderr: {}", stderr_of(&out));
+    }
+}
+
+#[test]
+fn check_reports_every_error_with_its_location_and_a_summary() {
+    let file = "crates/lang/tests/diagnostics/three_errors.subs";
+    let out = subc(&["check", "--spec", "examples/itch/itch.spec", file]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr_of(&out));
+    assert!(out.stdout.is_empty(), "diagnostics go to stderr only");
+    let err = stderr_of(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    let heads: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with("error[")).collect();
+    assert_eq!(heads.len(), 3, "three `error[` lines:\n{err}");
+
+    // (code, line, column, the underlined text) of each error, in order.
+    let expected = [("E0302", 3, 1, "stok"), ("E0306", 5, 1, "stock > MSFT"), ("E0309", 6, 20, "999")];
+    let source: Vec<String> = std::fs::read_to_string(repo().join(file)).unwrap().lines().map(String::from).collect();
+    for (&i, (code, line, col, underlined)) in heads.iter().zip(expected) {
+        assert!(lines[i].starts_with(&format!("error[{code}]: ")), "{}", lines[i]);
+        assert_eq!(lines[i + 1], format!(" --> {file}:{line}:{col}"), "the location of {code}");
+        // The quoted source line, then the caret line under the span.
+        let gutter = format!("{line} | ");
+        let quoted = lines[i + 3].strip_prefix(&gutter).unwrap_or_else(|| panic!("{code}: quoted line: {}", lines[i + 3]));
+        assert_eq!(quoted, source[line - 1], "{code} quotes its source line");
+        let carets = lines[i + 4].strip_prefix(&format!("{} | ", " ".repeat(gutter.len() - 3))).expect("a caret line");
+        let start = carets.find('^').unwrap_or_else(|| panic!("{code}: no caret in {:?}", lines[i + 4]));
+        let width = carets[start..].chars().take_while(|&c| c == '^').count();
+        assert_eq!(start, col - 1, "{code}: the carets start at the column");
+        assert_eq!(&quoted[start..start + width], underlined, "{code}: the carets underline the span");
+    }
+    assert_eq!(lines.last().copied(), Some("error: 3 errors and 0 warnings emitted"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// sim
+
+/// `subc sim EXAMPLE --json --engine ENGINE`, one object per line, each
+/// checked for the documented shape.
+fn sim_json(example: &str, engine: &str) -> Vec<Value> {
+    let text = ok(&subc(&["sim", example, "--json", "--engine", engine]));
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{example} --engine {engine}: not JSON ({e}): {l}")))
+        .collect();
+    assert!(!rows.is_empty(), "{example} --engine {engine}: no packets");
+    for (i, r) in rows.iter().enumerate() {
+        let keys: BTreeSet<&str> = r.as_object().expect("an object").keys().map(String::as_str).collect();
+        assert_eq!(keys, BTreeSet::from(["packet", "matched", "ports", "decision"]), "{example} --engine {engine}: {r}");
+        assert_eq!(r["packet"], i, "{example} --engine {engine}: packets in order");
+        assert!(r["ports"].as_array().is_some_and(|p| p.iter().all(Value::is_u64)), "{r}");
+        assert!(matches!(r["decision"].as_str(), Some("forward" | "drop" | "no_match")), "{r}");
+        // Only the reference interpreter knows which subscriptions matched.
+        if engine == "ref" {
+            assert!(r["matched"].is_array(), "{r}");
+        } else {
+            assert!(r["matched"].is_null(), "{r}");
+        }
+    }
+    rows
+}
+
+#[test]
+fn sim_engines_agree_on_every_example() {
+    for ex in examples() {
+        let outcome =
+            |rows: &[Value]| -> Vec<(Value, Value)> { rows.iter().map(|r| (r["ports"].clone(), r["decision"].clone())).collect() };
+        let reference = sim_json(&ex, "ref");
+        assert!(reference.iter().any(|r| r["decision"] == "forward"), "{ex}: no packet is forwarded");
+        for engine in ["tables", "p4"] {
+            assert_eq!(outcome(&sim_json(&ex, engine)), outcome(&reference), "{ex}: --engine {engine} against --engine ref");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// compile
+
+const P4_FILES: [&str; 6] = ["program.p4", "program.p4info.txtpb", "entries.txtpb", "entries.bin", "mcast.txtpb", "resources.json"];
+
+#[test]
+fn compile_p4_writes_every_artifact_for_every_example() {
+    let root = tempfile::Builder::new().prefix("subc-cli-p4").tempdir().unwrap();
+    let mut checked = vec![];
+    for ex in examples() {
+        let name = Path::new(&ex).file_name().unwrap().to_string_lossy().into_owned();
+        let out = root.path().join(&name);
+        let run = subc(&["compile", &ex, "--target", "p4", "-o", out.to_str().unwrap()]);
+        ok(&run);
+        assert!(run.stdout.is_empty(), "{ex}: compile -o prints nothing to stdout");
+        let err = stderr_of(&run);
+        assert!(err.starts_with(&format!("wrote {} to ", P4_FILES.join(", "))), "{ex}: {err}");
+        for f in P4_FILES {
+            let len = std::fs::metadata(out.join(f)).unwrap_or_else(|e| panic!("{ex}: {f}: {e}")).len();
+            assert!(len > 0, "{ex}: {f} is empty");
+        }
+
+        let r: Value = serde_json::from_slice(&std::fs::read(out.join("resources.json")).unwrap()).expect("resources.json is JSON");
+        for total in ["subscriptions", "pipelines", "entries", "updates", "writes"] {
+            assert!(r[total].as_u64().is_some_and(|n| n > 0), "{ex}: resources.json {total} = {}", r[total]);
+        }
+        assert!(r["tcam_entries"].as_u64().unwrap() + r["sram_entries"].as_u64().unwrap() > 0, "{ex}: no memory counted");
+        let per_table: u64 = r["tables"].as_array().unwrap().iter().map(|t| t["entries"].as_u64().unwrap()).sum();
+        assert_eq!(per_table, r["entries"].as_u64().unwrap(), "{ex}: the tables' entries add up to the total");
+        assert!(err.contains(&format!("{} entries", r["entries"])), "{ex}: the summary line agrees with resources.json: {err}");
+
+        // The binary and text WriteRequests are the same request.
+        let bin = WriteRequest::decode(std::fs::read(out.join("entries.bin")).unwrap().as_slice()).expect("entries.bin decodes");
+        let text: WriteRequest = subc_backend_p4::proto::from_text(&std::fs::read_to_string(out.join("entries.txtpb")).unwrap())
+            .unwrap_or_else(|e| panic!("{ex}: entries.txtpb: {e}"));
+        assert_eq!(bin, text, "{ex}: entries.bin and entries.txtpb differ");
+        assert!(!bin.updates.is_empty(), "{ex}: nothing to install");
+        checked.push(python_check_dir(&out, root.path().join(format!("{name}-check")).as_path()));
+    }
+    p4runtime_check(&checked);
+}
+
+/// A directory as `scripts/check_p4runtime.py` reads it: the artifacts of
+/// `out`, plus the binary forms `subc compile` does not write
+/// (`p4info.bin`, `mcast.bin`), encoded from the text ones.
+fn python_check_dir(out: &Path, dir: &Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["program.p4info.txtpb", "entries.bin", "entries.txtpb", "mcast.txtpb"] {
+        std::fs::copy(out.join(f), dir.join(f)).unwrap();
+    }
+    let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+    let info: P4Info = subc_backend_p4::proto::from_text(&read("program.p4info.txtpb")).expect("the P4Info text parses");
+    std::fs::write(dir.join("p4info.bin"), info.encode_to_vec()).unwrap();
+    let mcast: WriteRequest = subc_backend_p4::proto::from_text(&read("mcast.txtpb")).expect("mcast.txtpb parses");
+    std::fs::write(dir.join("mcast.bin"), mcast.encode_to_vec()).unwrap();
+    dir.to_path_buf()
+}
+
+/// Runs the official package's check on `dirs`, as
+/// crates/backend-p4/tests/python.rs does.
+fn p4runtime_check(dirs: &[std::path::PathBuf]) {
+    let Some(python) = std::env::var_os("P4RUNTIME_PYTHON") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must check the P4 artifacts: set P4RUNTIME_PYTHON (scripts/test.sh does)"
+        );
+        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
+        return;
+    };
+    let out = Command::new(python)
+        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+        .arg(repo().join("scripts/check_p4runtime.py"))
+        .args(dirs)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "the p4runtime package rejected `subc compile --target p4`:\n{stdout}\n{}", stderr_of(&out));
+    assert!(stdout.contains(&format!("p4runtime package: {} programs", dirs.len())), "{stdout}");
+}
+
+#[test]
+fn compile_emit_stats_prints_the_sizes_as_json() {
+    let out = subc(&["compile", "examples/itch", "--emit", "stats"]);
+    let s: Value = serde_json::from_str(&ok(&out)).expect("stats are JSON");
+    for count in ["nodes", "entries_total", "tcam_entries", "sram_entries", "multicast_groups"] {
+        assert!(s[count].as_u64().is_some_and(|n| n > 0), "{count} = {}", s[count]);
+    }
+    assert!(s["compile_seconds"].as_f64().is_some_and(|t| t >= 0.0), "compile_seconds = {}", s["compile_seconds"]);
+    let tables = s["tables"].as_array().expect("tables");
+    assert!(!tables.is_empty());
+    let in_tables: u64 = tables.iter().map(|t| t["entries"].as_u64().unwrap()).sum();
+    assert_eq!(in_tables + s["leaf_entries"].as_u64().unwrap(), s["entries_total"].as_u64().unwrap(), "field and leaf entries add up");
+    // The P4 target counts the same compile the same way.
+    let dir = tempfile::Builder::new().prefix("subc-cli-stats").tempdir().unwrap();
+    ok(&subc(&["compile", "examples/itch", "--target", "p4", "-o", dir.path().to_str().unwrap()]));
+    let r: Value = serde_json::from_slice(&std::fs::read(dir.path().join("resources.json")).unwrap()).unwrap();
+    for (stat, resource) in [("entries_total", "entries"), ("tcam_entries", "tcam_entries"), ("sram_entries", "sram_entries")] {
+        assert_eq!(s[stat], r[resource], "--emit stats {stat} against resources.json {resource}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The service client
+
+/// `subc` as a client of `server` with `token`.
+struct Client<'a> {
+    server: &'a ServerProc,
+}
+
+impl Client<'_> {
+    #[track_caller]
+    fn run(&self, token: &str, args: &[&str]) -> Output {
+        let url = self.server.url();
+        subc_with(args, &[("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", token)], Duration::from_secs(60))
+    }
+
+    /// Stdout of a command that must succeed, with the server's log on failure.
+    #[track_caller]
+    fn ok(&self, token: &str, args: &[&str]) -> String {
+        let out = self.run(token, args);
+        assert!(
+            out.status.success(),
+            "`subc {}` failed ({}): {}\nserver log:\n{}",
+            args.join(" "),
+            out.status,
+            stderr_of(&out),
+            self.server.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `subc sub ls --json` as the admin: id to text.
+    #[track_caller]
+    fn subscriptions(&self) -> BTreeMap<u64, String> {
+        let v: Value = serde_json::from_str(&self.ok(ADMIN, &["sub", "ls", "--json"])).unwrap();
+        v.as_array().unwrap().iter().map(|s| (s["id"].as_u64().unwrap(), s["text"].as_str().unwrap().to_string())).collect()
+    }
+
+    #[track_caller]
+    fn status(&self, target: &str) -> Value {
+        serde_json::from_str(&self.ok(ADMIN, &["target", "status", target, "--json"])).unwrap()
+    }
+
+    /// Polls `target status` until `done` holds, for at most 30 seconds.
+    #[track_caller]
+    fn wait_status(&self, target: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.status(target);
+            if done(&s) {
+                return s;
+            }
+            assert!(Instant::now() < until, "timed out waiting for {target}: {what}; last status {s}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `added N subscription(s) at generation G: ID ID ...` as (G, ids).
+#[track_caller]
+fn parse_added(stdout: &str) -> (u64, Vec<u64>) {
+    let rest = stdout.trim().strip_prefix("added ").unwrap_or_else(|| panic!("{stdout}"));
+    let (n, rest) = rest.split_once(" subscription(s) at generation ").unwrap_or_else(|| panic!("{stdout}"));
+    let (generation, ids) = rest.split_once(": ").unwrap_or_else(|| panic!("{stdout}"));
+    let ids: Vec<u64> = ids.split(' ').map(|i| i.parse().unwrap()).collect();
+    assert_eq!(n.parse::<usize>().unwrap(), ids.len(), "{stdout}");
+    (generation.parse().unwrap(), ids)
+}
+
+/// The rules of a file: its lines without comments and blank lines.
+fn rule_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+#[test]
+fn the_service_client_commands_against_a_live_server() {
+    let dir = tempfile::Builder::new().prefix("subc-cli-svc").tempdir().unwrap();
+    let server = ServerProc::start_with_spec(dir.path(), &repo().join("examples/topic-broker/broker.spec"), "");
+    let c = Client { server: &server };
+    let app = APPS[0];
+    let rules_file = repo().join("examples/topic-broker/rules.subs");
+    let rules = rule_lines(&rules_file);
+
+    // An application adds the example's rules in one batch.
+    let (g1, ids) = parse_added(&c.ok(app.1, &["sub", "add", rules_file.to_str().unwrap()]));
+    assert_eq!(ids.len(), rules.len(), "one subscription per rule");
+    assert!(g1 >= 1);
+    let subs = c.subscriptions();
+    assert_eq!(subs.keys().copied().collect::<Vec<_>>(), ids);
+    assert_eq!(subs.values().cloned().collect::<Vec<_>>(), rules, "stored as written, in order");
+    let listed = c.ok(ADMIN, &["sub", "ls"]);
+    assert_eq!(listed.lines().count(), rules.len(), "{listed}");
+    for (line, (id, text)) in listed.lines().zip(&subs) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!((words[0], words[1]), (id.to_string().as_str(), app.0), "{line}");
+        assert!(line.ends_with(text.as_str()), "{line}");
+    }
+
+    // Targets are the admin's; an application may not register one.
+    let tables = dir.path().join("tb.json");
+    let sim = ["target", "add", "tb", "--sim", tables.to_str().unwrap()];
+    let refused = c.run(app.1, &sim);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr_of(&refused).contains("PermissionDenied"), "{}", stderr_of(&refused));
+    assert_eq!(c.ok(ADMIN, &sim).trim(), "registered tb; `subc target deploy tb` installs it");
+    let registered = c.status("tb");
+    assert_eq!((registered["state"].as_str(), registered["deployed_generation"].as_u64()), (Some("registered"), Some(0)), "{registered}");
+
+    // The plan of the first deploy installs what `subc compile` makes of the same rules.
+    let stats: Value = serde_json::from_str(&ok(&subc(&["compile", "examples/topic-broker", "--emit", "stats"]))).unwrap();
+    let (entries, groups) = (stats["entries_total"].as_u64().unwrap(), stats["multicast_groups"].as_u64().unwrap());
+    assert_eq!(
+        c.ok(ADMIN, &["target", "plan", "tb"]).trim(),
+        format!("tb: a full install from generation 0 to {g1}: {entries} inserts, 0 modifies, 0 deletes, {groups} group changes")
+    );
+    assert!(!tables.exists(), "planning writes nothing");
+
+    let deployed = c.ok(ADMIN, &["target", "deploy", "tb", "--timeout", "30"]);
+    assert_eq!(deployed.lines().next(), Some(format!("tb: in sync, generation {g1} of {g1}, {entries} entries, {groups} groups").as_str()));
+    let pipes: Value = serde_json::from_slice(&std::fs::read(&tables).expect("the sim target's tables file")).unwrap();
+    assert!(pipes.as_array().is_some_and(|p| !p.is_empty()), "the file holds the pipelines");
+    let s = c.status("tb");
+    assert_eq!(
+        (s["state"].as_str(), s["deployed_generation"].as_u64(), s["current_generation"].as_u64()),
+        (Some("in sync"), Some(g1), Some(g1))
+    );
+    assert_eq!((s["entries"].as_u64(), s["groups"].as_u64(), s["consecutive_failures"].as_u64()), (Some(entries), Some(groups), Some(0)));
+
+    // Removing one subscription makes a generation the deployed target follows.
+    let gone = ids[1];
+    let removed = c.ok(app.1, &["sub", "rm", &gone.to_string()]);
+    let g2: u64 =
+        removed.trim().strip_prefix("removed 1 subscription(s) at generation ").unwrap_or_else(|| panic!("{removed}")).parse().unwrap();
+    assert!(g2 > g1, "{removed}");
+    let s = c.wait_status("tb", "the removal deployed", |s| s["deployed_generation"] == g2 && s["state"] == "in sync");
+    assert!(s["entries"].as_u64().unwrap() < entries, "fewer entries after a removal: {s}");
+    let after_rm = c.subscriptions();
+    assert_eq!(after_rm.len(), rules.len() - 1);
+    assert!(!after_rm.contains_key(&gone));
+
+    // A file with a bad line is refused whole, with `subc check`'s
+    // diagnostic pointing into it, and nothing changes.
+    let bad = dir.path().join("bad.subs");
+    std::fs::write(&bad, "verb == PUBLISH && topic == news : fwd(7)\nverb == PUBLISH && topc == x : fwd(1)\n").unwrap();
+    let refused = c.run(app.1, &["sub", "add", bad.to_str().unwrap()]);
+    let err = stderr_of(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(refused.stdout.is_empty());
+    assert!(err.contains("error[E0302]: unknown field `topc`"), "{err}");
+    assert!(err.contains(&format!(" --> {}:2:20", bad.display())), "{err}");
+    assert_eq!(c.subscriptions(), after_rm, "the good line of the refused file was not added");
+    assert_eq!(c.status("tb")["current_generation"], g2, "no new generation");
+
+    let ls = c.ok(ADMIN, &["target", "ls"]);
+    let mut ls_lines = ls.lines();
+    assert_eq!(ls_lines.next(), Some(format!("tb [sim {}]", tables.display()).as_str()), "{ls}");
+    assert!(ls_lines.next().is_some_and(|l| l.starts_with(&format!("tb: in sync, generation {g2} of {g2}, "))), "{ls}");
+    let ls_json: Value = serde_json::from_str(&c.ok(ADMIN, &["target", "ls", "--json"])).unwrap();
+    assert_eq!(ls_json.as_array().map(Vec::len), Some(1), "{ls_json}");
+
+    // Removing the target with --uninstall empties it; it is then unknown.
+    assert_eq!(c.ok(ADMIN, &["target", "rm", "tb", "--uninstall"]).trim(), "removed tb");
+    assert!(!tables.exists(), "--uninstall removed the sim target's tables");
+    assert_eq!(c.ok(ADMIN, &["target", "ls"]), "");
+    let unknown = c.run(ADMIN, &["target", "status", "tb"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(stderr_of(&unknown).contains("NotFound"), "{}", stderr_of(&unknown));
+    // The subscriptions stay.
+    assert_eq!(c.subscriptions(), after_rm);
+}
