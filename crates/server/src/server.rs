@@ -1,20 +1,25 @@
 //! Serving: the tonic server with the three subc services behind the token
 //! interceptor, the standard health service and server reflection (so
-//! `grpcurl` works without the proto file), optional TLS, and the metrics
-//! endpoint.
+//! `grpcurl` works without the proto file), optional TLS, the metrics
+//! endpoint, and the RESOURCE_EXHAUSTED of requests the transport refuses as
+//! too large.
 
 use crate::api::Api;
 use crate::auth::Authenticator;
 use crate::config::{Config, LogFormat};
 use crate::core::Core;
+use crate::metrics::Metrics;
 use crate::proto::{events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
 use crate::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
+use tonic::server::NamedService;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Code, Status};
 
 /// A started server.
 pub struct Running {
@@ -105,15 +110,22 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     };
 
     let api = Api { core: core.clone() };
-    // Requests up to 4x the limit are decoded so that the handler can refuse
-    // them with RESOURCE_EXHAUSTED; past that tonic itself refuses them (OUT_OF_RANGE).
+    // Requests up to 4x the limit are decoded, so that the Add handler can
+    // refuse them with a message counting lines and bytes (and Register can
+    // carry a P4 program of a few megabytes); past that the transport refuses
+    // them before decoding, and `SizeRefusal` gives that refusal the status
+    // every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
+    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics.clone() };
     let a1 = auth.clone();
-    let subs = InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r));
+    let subs = refusal(max_bytes, "limits.max_request_bytes")
+        .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r)));
     let a2 = auth.clone();
-    let targets = InterceptedService::new(TargetsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a2.intercept(r));
+    let targets = refusal(hard_cap, "4 x limits.max_request_bytes")
+        .wrap(InterceptedService::new(TargetsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a2.intercept(r)));
     let a3 = auth.clone();
-    let events = InterceptedService::new(EventsServer::new(api).max_decoding_message_size(hard_cap), move |r| a3.intercept(r));
+    let events = refusal(hard_cap, "4 x limits.max_request_bytes")
+        .wrap(InterceptedService::new(EventsServer::new(api).max_decoding_message_size(hard_cap), move |r| a3.intercept(r)));
 
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<SubscriptionsServer<Api>>().await;
@@ -150,6 +162,90 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     });
     tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
     Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), join })
+}
+
+/// What a service answers to a request over its transport cap (the
+/// decoding limit), and how to count it.
+#[derive(Clone)]
+struct SizeRefusal {
+    /// The limit to name in the message, in bytes.
+    limit: usize,
+    /// Its name in the configuration.
+    name: &'static str,
+    metrics: Arc<Metrics>,
+}
+
+impl SizeRefusal {
+    fn wrap<S>(self, inner: S) -> SizeRefused<S> {
+        SizeRefused { inner, refusal: self }
+    }
+
+    /// RESOURCE_EXHAUSTED for tonic's refusal of a message over the decoding
+    /// limit, `None` for any other response.
+    ///
+    /// tonic refuses such a message before any handler runs, with
+    /// OUT_OF_RANGE ("decoded message length too large: found N bytes") in a
+    /// trailers-only response, so the status is in the response headers. No
+    /// handler of ours answers OUT_OF_RANGE, and the message is checked too.
+    fn status_for(&self, headers: &http::HeaderMap) -> Option<Status> {
+        if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
+            return None;
+        }
+        let s = Status::from_header_map(headers)?;
+        let message = s.message();
+        if s.code() != Code::OutOfRange || !message.contains("message length too large") {
+            return None;
+        }
+        let found = message.split("found ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
+        self.metrics.limit_refusals.get_or_create(&Metrics::label("limit", "request_bytes")).inc();
+        Some(Status::resource_exhausted(match found {
+            Some(n) => format!("the request has {n} bytes, over the limit of {} ({})", self.limit, self.name),
+            None => format!("the request is over the limit of {} bytes ({})", self.limit, self.name),
+        }))
+    }
+}
+
+/// A gRPC service whose transport-level size refusals are RESOURCE_EXHAUSTED.
+#[derive(Clone)]
+struct SizeRefused<S> {
+    inner: S,
+    refusal: SizeRefusal,
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for SizeRefused<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let response = self.inner.call(request);
+        let refusal = self.refusal.clone();
+        Box::pin(async move {
+            let mut response = response.await?;
+            if let Some(status) = refusal.status_for(response.headers()) {
+                // Replaces grpc-status and grpc-message; the body of a
+                // trailers-only response is empty.
+                if let Err(e) = status.add_header(response.headers_mut()) {
+                    tracing::warn!(error = %e, "cannot rewrite a size refusal");
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+impl<S: NamedService> NamedService for SizeRefused<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.

@@ -184,11 +184,37 @@ async fn unauthenticated_and_permission_denied() {
     .await;
 }
 
-/// The state a refusal must leave untouched: every subscription and the generation.
-async fn snapshot(admin: &mut subc_server::client::Clients) -> (Vec<proto::Subscription>, u64) {
+/// The state a refusal must leave untouched: every subscription, the
+/// generation, and the event log.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    subs: Vec<proto::Subscription>,
+    generation: u64,
+    events: Vec<proto::Event>,
+}
+
+async fn snapshot(admin: &mut subc_server::client::Clients, core: &subc_server::core::Core) -> Snapshot {
     let subs = list_all(admin, 1000).await;
     let t = admin.targets.status(proto::TargetRequest { name: "probe".into() }).await.unwrap().into_inner();
-    (subs, t.current_generation)
+    let events = core.read_events(0, 100_000).unwrap();
+    Snapshot { subs, generation: t.current_generation, events }
+}
+
+/// Registers the target `probe` (to read the generation from).
+async fn register_probe(admin: &mut subc_server::client::Clients) {
+    let reg = proto::RegisterTargetRequest {
+        name: "probe".into(),
+        kind: Some(proto::register_target_request::Kind::Sim(Default::default())),
+        manual: true,
+    };
+    admin.targets.register(reg).await.unwrap();
+}
+
+#[track_caller]
+fn assert_exhausted(r: Result<impl std::fmt::Debug, tonic::Status>, what: &str) -> tonic::Status {
+    let e = r.expect_err(what);
+    assert_eq!(e.code(), Code::ResourceExhausted, "{what}: {e:?}");
+    e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,57 +230,114 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
             cfg.limits.max_watchers = 1;
         })
         .await;
-        let Env { admin, alice, bob, .. } = &mut env;
-        // A target to read the generation from.
-        let reg = proto::RegisterTargetRequest {
-            name: "probe".into(),
-            kind: Some(proto::register_target_request::Kind::Sim(Default::default())),
-            manual: true,
-        };
-        admin.targets.register(reg).await.unwrap();
-        alice
+        let Env { admin, alice, bob, r, .. } = &mut env;
+        let core = r.core.clone();
+        register_probe(admin).await;
+        let added = alice
             .subs
             .add(add_req(&["stock == A : fwd(1)", "stock == B : fwd(1)", "stock == C : fwd(1)", "stock == D : fwd(1)"]))
             .await
-            .unwrap();
-        let before = snapshot(admin).await;
+            .unwrap()
+            .into_inner();
+        let before = snapshot(admin, &core).await;
+        assert_eq!((before.subs.len(), before.events.len()), (4, 2), "{before:?}");
 
-        let exhausted = |e: tonic::Status, what: &str| {
-            assert_eq!(e.code(), Code::ResourceExhausted, "{what}: {e:?}");
-        };
         // Subscriptions per application: 4 + 2 > 5.
-        exhausted(alice.subs.add(add_req(&["stock == E : fwd(1)", "stock == F : fwd(1)"])).await.unwrap_err(), "per app");
-        assert_eq!(snapshot(admin).await, before);
+        assert_exhausted(alice.subs.add(add_req(&["stock == E : fwd(1)", "stock == F : fwd(1)"])).await, "per app");
+        assert_eq!(snapshot(admin, &core).await, before);
         // Subscriptions in all: 4 + 5 > 8.
         let five: Vec<String> = (0..5).map(|i| format!("stock == B{i} : fwd(1)")).collect();
         let five: Vec<&str> = five.iter().map(String::as_str).collect();
-        exhausted(bob.subs.add(add_req(&five)).await.unwrap_err(), "in all");
-        assert_eq!(snapshot(admin).await, before);
-        // Request size.
+        assert_exhausted(bob.subs.add(add_req(&five)).await, "in all");
+        assert_eq!(snapshot(admin, &core).await, before);
+        // Request size: over the limit (the handler refuses it)...
         let big: Vec<String> = (0..19).map(|i| format!("stock == S{i} && shares > {} : fwd(1)", "1".repeat(100))).collect();
         let big: Vec<&str> = big.iter().map(String::as_str).collect();
-        exhausted(bob.subs.add(add_req(&big)).await.unwrap_err(), "request bytes");
+        let e = assert_exhausted(bob.subs.add(add_req(&big)).await, "request bytes");
+        assert!(e.message().contains("over the limit of 2048"), "{}", e.message());
+        // ... and over four times the limit (the transport refuses it before
+        // decoding; the status is the same).
+        let huge: Vec<String> = (0..60).map(|i| format!("stock == H{i} && shares > {} : fwd(1)", "1".repeat(150))).collect();
+        let huge = proto::AddRequest { lines: huge, ..Default::default() };
+        assert!(prost::Message::encoded_len(&huge) > 4 * 2048);
+        let e = assert_exhausted(bob.subs.add(huge).await, "request bytes, over 4x");
+        assert!(e.message().contains("over the limit of 2048 (limits.max_request_bytes)"), "{}", e.message());
+        assert_eq!(snapshot(admin, &core).await, before);
         // Lines per request.
         let many = vec!["# a comment"; 21];
-        exhausted(bob.subs.add(add_req(&many)).await.unwrap_err(), "lines");
+        assert_exhausted(bob.subs.add(add_req(&many)).await, "lines");
         // Line length.
         let long = format!("stock == A : fwd(1) # {}", "x".repeat(300));
-        exhausted(bob.subs.add(add_req(&[&long])).await.unwrap_err(), "line bytes");
+        assert_exhausted(bob.subs.add(add_req(&[&long])).await, "line bytes");
+        // Ids of one Remove: alice's four and seventeen more, over 20.
+        let mut ids: Vec<u64> = added.subscriptions.iter().map(|s| s.id).collect();
+        ids.extend(1000..1017);
+        assert_exhausted(alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await, "ids per remove");
+        assert_exhausted(admin.subs.remove(proto::RemoveRequest { ids }).await, "ids per remove, admin");
+        assert_eq!(snapshot(admin, &core).await, before);
         // Normal-form size: 3 x 3 conjunctions over distinct pairs of fields, none mergeable.
-        let e = bob
-            .subs
-            .add(add_req(&["(shares > 1 || price > 1 || side == B) && (stock == A || my_counter > 1 || avg(price) > 1) : fwd(1)"]))
-            .await
-            .unwrap_err();
+        let e = assert_exhausted(
+            bob.subs
+                .add(add_req(&["(shares > 1 || price > 1 || side == B) && (stock == A || my_counter > 1 || avg(price) > 1) : fwd(1)"]))
+                .await,
+            "normal form",
+        );
         let d = diagnostics_of(&e).expect("the normal-form refusal carries its diagnostic");
         assert_eq!(d.diagnostics[0].code, "E0320");
-        exhausted(e, "normal form");
-        assert_eq!(snapshot(admin).await, before);
+        assert_eq!(snapshot(admin, &core).await, before);
         // Watchers.
         let _first = alice.events.watch(proto::WatchRequest::default()).await.unwrap();
-        let e = bob.events.watch(proto::WatchRequest::default()).await.map(|_| ()).unwrap_err();
-        exhausted(e, "watchers");
-        assert_eq!(snapshot(admin).await, before);
+        assert_exhausted(bob.events.watch(proto::WatchRequest::default()).await.map(|_| ()), "watchers");
+        assert_eq!(snapshot(admin, &core).await, before);
+        // Every refusal was counted, per limit.
+        let text = core.metrics.render();
+        for (limit, n) in [
+            ("subscriptions_per_app", 1),
+            ("subscriptions", 1),
+            ("request_bytes", 2),
+            ("lines_per_request", 3),
+            ("line_bytes", 1),
+            ("normal_form", 1),
+            ("watchers", 1),
+        ] {
+            let line = format!("subc_limit_refusals_total{{limit=\"{limit}\"}} {n}");
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        env.stop().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiler_capacity_is_resource_exhausted_and_changes_nothing() {
+    bounded(120, async {
+        // One pipeline of at most 64 diagram nodes.
+        let mut env = Env::with(|cfg| {
+            cfg.compile.node_budget = 64;
+            cfg.compile.split_nodes = 64;
+            cfg.compile.max_pipelines = 1;
+        })
+        .await;
+        let Env { admin, alice, bob, r, .. } = &mut env;
+        let core = r.core.clone();
+        register_probe(admin).await;
+        alice.subs.add(add_req(&["stock == A : fwd(1)", "stock == B : fwd(2)", "stock == C && shares > 10 : fwd(3)"])).await.unwrap();
+        let before = snapshot(admin, &core).await;
+
+        // Eighty stocks, each with its own shares threshold: a node per
+        // stock, more than the pipeline holds and more than a recompile can
+        // spread over one pipeline.
+        let wide: Vec<String> = (0..80).map(|i| format!("stock == W{i:02} && shares > {} : fwd(4)", 10 * i + 1)).collect();
+        let e = assert_exhausted(bob.subs.add(proto::AddRequest { lines: wide, ..Default::default() }).await, "compiler capacity");
+        assert!(e.message().contains("the compiler's capacity"), "{}", e.message());
+        assert_eq!(snapshot(admin, &core).await, before);
+
+        // The set is intact: a change that fits goes through, on top of it.
+        let more = alice.subs.add(add_req(&["stock == D : fwd(1)"])).await.unwrap().into_inner();
+        assert_eq!(more.generation, before.generation + 1);
+        assert_eq!(list_all(admin, 100).await.len(), 4);
+        let text = core.metrics.render();
+        assert!(text.lines().any(|l| l == "subc_limit_refusals_total{limit=\"compiler_capacity\"} 1"), "{text}");
         env.stop().await;
     })
     .await;
