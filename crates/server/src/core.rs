@@ -68,6 +68,7 @@ enum SqlWrite {
     DeleteTarget(String),
     Status(proto::TargetStatus),
     Deployed(String),
+    Meta { key: &'static str, value: String },
 }
 
 /// How to undo a staged change in memory if the commit fails.
@@ -390,6 +391,7 @@ impl Core {
                         SqlWrite::DeleteTarget(name) => t.delete_target(name)?,
                         SqlWrite::Status(st) => t.put_status(st)?,
                         SqlWrite::Deployed(name) => t.set_deployed(name)?,
+                        SqlWrite::Meta { key, value } => t.set_meta(key, value)?,
                     }
                 }
                 let mut ss = vec![];
@@ -709,7 +711,14 @@ impl Core {
         d.next_id = first + n;
         let generation = d.generation;
         let created_ms = now_ms();
-        let mut sql = Vec::with_capacity(batch.rules.len() + 1);
+        let mut sql = Vec::with_capacity(batch.rules.len() + 2);
+        if matches!(undo, Undo::Recompiled { .. }) {
+            // A restart compiles the stored set in the stored order: keep it the
+            // order this recompile chose, so the restart rebuilds these pipelines
+            // and reconciles the targets instead of reinstalling them.
+            let order = serde_json::to_string(&order_names(&self.spec, &d.set)).expect("names serialize");
+            sql.push(SqlWrite::Meta { key: "order", value: order });
+        }
         let mut resp = proto::AddResponse { generation, warnings: batch.warnings, ..Default::default() };
         for (rule, id) in batch.rules.into_iter().zip(&ids) {
             let rec = SubRecord { app: who.app.clone(), text: rule.text.clone(), generation, created_ms };

@@ -1,0 +1,107 @@
+//! A full recompile (an add that does not fit the pipelines) may choose a new
+//! field order; the store must keep that order, so that a restart compiles
+//! the same pipelines the targets hold and reconciles them without writing.
+
+mod common;
+
+use common::*;
+use subc_bdd::pipeline::Pipeline;
+use subc_server::proto::{self, register_target_request::Kind};
+use subc_server::Config;
+
+fn sim(name: &str, path: &std::path::Path) -> proto::RegisterTargetRequest {
+    proto::RegisterTargetRequest {
+        name: name.into(),
+        kind: Some(Kind::Sim(proto::SimTarget { path: path.display().to_string() })),
+        manual: false,
+    }
+}
+
+/// One pipeline of at most 200 diagram nodes: twenty stocks and then twenty
+/// shares/price rules do not fit incrementally in the stock-first order
+/// chosen at first start (each rule is copied under every stock), but a full
+/// recompile fits by putting `shares` first (34 nodes; 86 in the old order).
+fn small_compiler(cfg: &mut Config) {
+    cfg.compile.node_budget = 200;
+    cfg.compile.split_nodes = 200;
+    cfg.compile.max_pipelines = 1;
+}
+
+/// The field order the store keeps (`meta` row "order").
+fn stored_order(dir: &std::path::Path) -> Vec<String> {
+    let db = rusqlite::Connection::open_with_flags(dir.join("subc.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let text: String = db.query_row("SELECT value FROM meta WHERE key = 'order'", [], |r| r.get(0)).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The field order of the first pipeline a sim target holds, by name.
+fn held_order(path: &std::path::Path, spec: &subc_lang::spec::Spec) -> Vec<String> {
+    let held: Vec<Pipeline> = subc_server::deploy::json::decode(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(held.len(), 1, "one pipeline");
+    held[0].tables.iter().map(|t| spec.query_field(t.field).name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
+    bounded(120, async {
+        let mut env = Env::with(small_compiler).await;
+        let dir = env.dir.path().to_path_buf();
+        let path = dir.join("t.json");
+        let core = env.r.core.clone();
+        let first_order = stored_order(&dir);
+        assert_eq!(first_order.first().map(String::as_str), Some("add_order.stock"), "{first_order:?}");
+        let generation = {
+            let Env { alice, admin, .. } = &mut env;
+            let stocks: Vec<String> = (0..20).map(|i| format!("stock == S{i:02} : fwd({})", 1 + i % 4)).collect();
+            alice.subs.add(proto::AddRequest { lines: stocks, ..Default::default() }).await.unwrap();
+            admin.targets.register(sim("t", &path)).await.unwrap();
+            admin.targets.deploy(proto::DeployRequest { name: "t".into(), timeout_ms: 10_000 }).await.unwrap();
+            assert_eq!(held_order(&path, &core.spec), first_order);
+
+            // Rules without a stock: they do not fit the pipeline as it is,
+            // and the whole set is recompiled in a new order.
+            let more: Vec<String> =
+                (0..20).map(|i| format!("shares > {} && price < {} : fwd({})", 100 * (i + 1), 5000 + 37 * i, 1 + i % 4)).collect();
+            let g = alice.subs.add(proto::AddRequest { lines: more, ..Default::default() }).await.unwrap().into_inner().generation;
+            let text = core.metrics.render();
+            assert!(text.lines().any(|l| l == "subc_compile_seconds_count{op=\"recompile\"} 1"), "{text}");
+            let s = wait_deployed(admin, "t", g).await;
+            assert_eq!(s.state(), proto::TargetState::InSync);
+            g
+        };
+        let recompiled_order = held_order(&path, &core.spec);
+        assert_ne!(recompiled_order, first_order, "the recompile chose a new order");
+        drop(core);
+        let before = std::fs::read_to_string(&path).unwrap();
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let dir_guard = env.stop().await;
+
+        // Restart on the same store and configuration: the set compiles into
+        // the pipelines the target holds, so reconciling writes nothing.
+        let mut cfg = config(dir_guard.path());
+        small_compiler(&mut cfg);
+        let r = start(cfg).await;
+        let mut admin = client(&r, Some(ADMIN));
+        let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+        let reconciled = loop {
+            let e = replay.message().await.unwrap().unwrap();
+            if e.kind() == proto::EventKind::Reconciled {
+                break e;
+            }
+        };
+        assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
+        let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
+        assert_eq!(
+            (s.state(), s.deployed_generation, s.current_generation, s.last_diff_entries),
+            (proto::TargetState::InSync, generation, generation, 0),
+            "{s:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before, "the target's tables are unchanged");
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified, "the file was not rewritten");
+        assert_eq!(stored_order(dir_guard.path()), recompiled_order, "the store keeps the recompiled order");
+        assert_eq!(subc_server::desired::order_names(&r.core.spec, &r.core.desired.lock().unwrap().set), recompiled_order);
+        r.shutdown().await.unwrap();
+        drop(dir_guard);
+    })
+    .await;
+}
