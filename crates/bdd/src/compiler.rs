@@ -603,6 +603,12 @@ impl CompiledSet {
     pub fn pipeline_count(&self) -> usize {
         self.pipes.len()
     }
+    /// The order every pipeline's order derives from (a split pipeline moves
+    /// its key to the front): compiling the same set with this order given
+    /// rebuilds the same pipelines.
+    pub fn base_order(&self) -> &[QueryFieldId] {
+        &self.base_order
+    }
     /// The field order of pipeline `p`.
     pub fn order(&self, p: usize) -> &[QueryFieldId] {
         &self.pipes[p].order

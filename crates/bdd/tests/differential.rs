@@ -97,6 +97,32 @@ fn unsatisfiable_subscriptions_are_tracked() {
     assert_eq!(set.subscription_ids().collect::<Vec<_>>(), vec![id, p.normal_forms[1].id]);
 }
 
+/// What the server keeps across restarts: compiling a set again with its
+/// `base_order` given rebuilds the same pipelines, split ones included. Each
+/// split pipeline moves its key to the front of the base order, so pipeline
+/// 0's order alone would not give the others back; the sets here include
+/// splits where it differs from the base order.
+#[test]
+fn the_base_order_rebuilds_the_same_pipelines() {
+    let opts = CompileOptions { split_nodes: 16, max_pipelines: 512, node_budget: 64, ..Default::default() };
+    let mut first_differs = 0;
+    for seed in 0..30 {
+        let p = siena_program(10 + 2 * seed as usize, seed, false);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts.clone()).unwrap();
+        let given = CompileOptions { order: Some(set.base_order().to_vec()), ..opts.clone() };
+        let again = CompiledSet::compile(&p.spec, &p.normal_forms, given).unwrap();
+        assert_eq!(again.base_order(), set.base_order(), "seed {seed}");
+        assert_eq!(again.pipelines(), set.pipelines(), "seed {seed}");
+        if set.order(0) != set.base_order() {
+            let by_first = CompileOptions { order: Some(set.order(0).to_vec()), ..opts.clone() };
+            if CompiledSet::compile(&p.spec, &p.normal_forms, by_first).unwrap().pipelines() != set.pipelines() {
+                first_differs += 1;
+            }
+        }
+    }
+    assert!(first_differs > 0, "no set where pipeline 0's order rebuilds other pipelines: the test shows nothing");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

@@ -90,13 +90,12 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
     Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines })
 }
 
-/// The names of pipeline 0's field order (what the store keeps so that a
-/// restart compiles into the same tables the targets hold).
+/// The names of the set's base field order (what the store keeps so that a
+/// restart compiles into the same tables the targets hold). Not pipeline 0's
+/// order: after a split each pipeline moves its own key to the front of the
+/// base order, and only the base order gives every pipeline back.
 pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
-    if set.pipeline_count() == 0 {
-        return vec![];
-    }
-    set.order(0).iter().map(|q| spec.query_field(*q).name.clone()).collect()
+    set.base_order().iter().map(|q| spec.query_field(*q).name.clone()).collect()
 }
 
 /// How many entries separate `held` from a fresh compile of `nfs` in the
