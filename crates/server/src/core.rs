@@ -501,16 +501,7 @@ impl Core {
                 }
             }
             Undo::Removed(recs) => {
-                let stored: Vec<StoredSub> = recs
-                    .iter()
-                    .map(|(id, r)| StoredSub {
-                        id: *id,
-                        app: r.app.to_string(),
-                        text: r.text.clone(),
-                        generation: r.generation,
-                        created_ms: r.created_ms,
-                    })
-                    .collect();
+                let stored: Vec<StoredSub> = recs.iter().map(|(id, r)| r.stored(*id)).collect();
                 match check::check_stored(&self.spec, &stored) {
                     Ok(nfs) => {
                         if let Err(e) = d.set.add(&nfs) {
@@ -653,17 +644,7 @@ impl Core {
             Err(CompileError::NeedsRecompile { .. }) => {
                 // The pipelines are full: spread the whole set anew. Targets
                 // then get a new program (a full install).
-                let stored: Vec<StoredSub> = d
-                    .subs
-                    .iter()
-                    .map(|(id, r)| StoredSub {
-                        id: *id,
-                        app: r.app.to_string(),
-                        text: r.text.clone(),
-                        generation: r.generation,
-                        created_ms: r.created_ms,
-                    })
-                    .collect();
+                let stored: Vec<StoredSub> = d.subs.iter().map(|(id, r)| r.stored(*id)).collect();
                 let all = match check::check_stored(&self.spec, &stored) {
                     Ok(mut all) => {
                         all.extend(nfs.iter().cloned());

@@ -7,6 +7,7 @@
 //! commit means a deployer never sees a change that is not yet durable, so a
 //! target never forwards for a subscription the store could still lose.
 
+use crate::store::StoredSub;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use subc_bdd::pipeline::Pipeline;
@@ -22,6 +23,13 @@ pub struct SubRecord {
     pub text: String,
     pub generation: u64,
     pub created_ms: i64,
+}
+
+impl SubRecord {
+    /// The stored row of subscription `id` (to check it again as it was stored).
+    pub fn stored(&self, id: u64) -> StoredSub {
+        StoredSub { id, app: self.app.to_string(), text: self.text.clone(), generation: self.generation, created_ms: self.created_ms }
+    }
 }
 
 pub struct Desired {

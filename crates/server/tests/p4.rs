@@ -280,12 +280,7 @@ async fn flow(sw: Switch) {
     let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
     let s = deploy(&mut admin, "sw").await;
     assert_eq!((s.state(), s.last_diff_entries), (proto::TargetState::InSync, 0), "{s:?}");
-    let reconciled = loop {
-        let e = events.message().await.unwrap().unwrap();
-        if e.kind() == proto::EventKind::Reconciled {
-            break e;
-        }
-    };
+    let reconciled = next_event(&mut events, proto::EventKind::Reconciled).await;
     assert_eq!((reconciled.target.as_str(), reconciled.entries), ("sw", 0));
     assert_eq!(written(&sw.fake), mark + 1, "nothing else was written");
     agree(&info, &held, &current(&lines), 4, "after the restart");

@@ -83,12 +83,7 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
         let r = start(cfg).await;
         let mut admin = client(&r, Some(ADMIN));
         let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        let reconciled = loop {
-            let e = replay.message().await.unwrap().unwrap();
-            if e.kind() == proto::EventKind::Reconciled {
-                break e;
-            }
-        };
+        let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
         assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
         let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
         assert_eq!(

@@ -189,12 +189,7 @@ async fn a_restart_reconciles_without_rewriting_what_did_not_change() {
         let r = start(cfg).await;
         let mut admin = client(&r, Some(ADMIN));
         let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        let reconciled = loop {
-            let e = replay.message().await.unwrap().unwrap();
-            if e.kind() == proto::EventKind::Reconciled {
-                break e;
-            }
-        };
+        let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
         assert_eq!((reconciled.target.as_str(), reconciled.entries), ("r", 0), "{reconciled:?}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified, "the file was not rewritten");

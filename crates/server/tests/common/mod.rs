@@ -90,6 +90,17 @@ pub async fn wait_deployed(c: &mut Clients, target: &str, generation: u64) -> pr
     }
 }
 
+/// The next event of `kind` on `events` (earlier ones of other kinds are
+/// passed over).
+pub async fn next_event(events: &mut tonic::Streaming<proto::Event>, kind: proto::EventKind) -> proto::Event {
+    loop {
+        let e = events.message().await.expect("event stream").expect("stream open");
+        if e.kind() == kind {
+            return e;
+        }
+    }
+}
+
 /// A running server with a fresh store and a client per token.
 pub struct Env {
     pub dir: tempfile::TempDir,
