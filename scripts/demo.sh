@@ -250,7 +250,7 @@ for line in sys.stdin:
     e = json.loads(line)
     who = e["target"] or e["app"]
     ids, entries = e["subscription_ids"], e["entries"]
-    extra = "ids %s" % ids if ids else ("%d entries written" % entries if entries else "")
+    extra = "ids %s" % ids if ids else ("%d entries and groups written" % entries if entries else "")
     print("    %3d  %-32s generation %d  %-10s %s" % (e["seq"], e["kind"], e["generation"], who, extra))' || true
 
 log "metrics (http://127.0.0.1:$METRICS_PORT/metrics)"

@@ -80,7 +80,11 @@ impl Metrics {
         let target_generation = Family::<Labels, Gauge>::default();
         registry.register("target_generation", "The generation a target holds", target_generation.clone());
         let diff_entries = Family::<Labels, Counter>::default();
-        registry.register("diff_entries", "Entries written to a target (inserts, modifies, deletes)", diff_entries.clone());
+        registry.register(
+            "diff_entries",
+            "Table entries and multicast groups written to a target (inserts, modifies, deletes)",
+            diff_entries.clone(),
+        );
         let deploy_failures = Family::<Labels, Counter>::default();
         registry.register("deploy_failures", "Failed deploy attempts per target", deploy_failures.clone());
         let limit_refusals = Family::<Labels, Counter>::default();
