@@ -61,6 +61,18 @@ impl Default for CompileOptions {
     }
 }
 
+/// The shape of a compiled set, apart from its rules: the base order and,
+/// per pipeline, its field order and node budget. With each subscription's
+/// [`CompiledSet::placement_of`], [`CompiledSet::compile_placed`] rebuilds
+/// the same pipelines, however the set got its shape (a split, then
+/// incremental adds placing rules first-fit), which a fresh compile may not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub base_order: Vec<QueryFieldId>,
+    /// Per pipeline: its field order and node budget.
+    pub pipelines: Vec<(Vec<QueryFieldId>, usize)>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CompileError {
     #[error("subscription {sub} alone needs more than {budget} diagram nodes")]
@@ -336,12 +348,19 @@ impl CompiledSet {
     }
 
     /// Stores a rule in pipeline `p` (not yet indexed or in the diagram).
+    /// `cube`'s constraints in pipeline `p`, by level.
+    fn constraints(&self, p: usize, cube: &Cube) -> Vec<(u32, subc_lang::nf::IntervalSet)> {
+        let level_of = &self.pipes[p].level_of;
+        let mut constraints: Vec<(u32, subc_lang::nf::IntervalSet)> =
+            cube.0.iter().map(|(f, set)| (level_of[f.0 as usize], set.clone())).collect();
+        constraints.sort_by_key(|(l, _)| *l);
+        constraints
+    }
+
     fn make_rule(&mut self, p: usize, cube: &Cube, actions: &Actions) -> u32 {
         let leaf = self.managers[p].leaf(Leaf::from_actions(actions));
+        let constraints = self.constraints(p, cube);
         let pipe = &mut self.pipes[p];
-        let mut constraints: Vec<(u32, subc_lang::nf::IntervalSet)> =
-            cube.0.iter().map(|(f, set)| (pipe.level_of[f.0 as usize], set.clone())).collect();
-        constraints.sort_by_key(|(l, _)| *l);
         let rule = Rule { constraints, leaf };
         match pipe.free_rule_slots.pop() {
             Some(k) => {
@@ -609,6 +628,68 @@ impl CompiledSet {
     pub fn base_order(&self) -> &[QueryFieldId] {
         &self.base_order
     }
+    /// The set's [`Layout`].
+    pub fn layout(&self) -> Layout {
+        Layout { base_order: self.base_order.clone(), pipelines: self.pipes.iter().map(|p| (p.order.clone(), p.budget)).collect() }
+    }
+
+    /// The pipeline each of `sub`'s cubes is in, in cube order (`sub` as it
+    /// was added); `None` when `sub` is not in the set as given.
+    pub fn placement_of(&self, sub: &NfSubscription) -> Option<Vec<usize>> {
+        let mut held = self.subs.get(&sub.id)?.clone();
+        let mut out = Vec::with_capacity(sub.cubes.len());
+        for cube in &sub.cubes {
+            let at = held.iter().position(|(p, r)| self.pipes[*p].rules[*r as usize].constraints == self.constraints(*p, cube))?;
+            out.push(held.swap_remove(at).0);
+        }
+        held.is_empty().then_some(out)
+    }
+
+    /// Rebuilds a set in `layout` with each subscription's cubes in the
+    /// pipelines `placement` gives ([`CompiledSet::placement_of`] of the set
+    /// that had this layout): the same functions per pipeline, so the same
+    /// pipelines up to state renaming ([`CompiledSet::adopt`] aligns them).
+    /// `None` when a subscription has no placement or one that does not fit
+    /// the layout; the caller then compiles afresh.
+    pub fn compile_placed(
+        spec: &Spec,
+        subs: &[NfSubscription],
+        opts: CompileOptions,
+        layout: &Layout,
+        placement: impl Fn(SubId) -> Option<Vec<usize>>,
+    ) -> Option<CompiledSet> {
+        let mut seen = std::collections::BTreeSet::new();
+        if layout.pipelines.is_empty() || !subs.iter().all(|s| seen.insert(s.id)) {
+            return None;
+        }
+        let fields = spec.query_fields.len() as u32;
+        let valid = |o: &[QueryFieldId]| o.iter().all(|q| q.0 < fields);
+        if !valid(&layout.base_order) || !layout.pipelines.iter().all(|(o, _)| valid(o)) {
+            return None;
+        }
+        let mut per_pipe: Vec<Vec<PendingRule>> = vec![vec![]; layout.pipelines.len()];
+        for s in subs {
+            let at = placement(s.id)?;
+            if at.len() != s.cubes.len() {
+                return None;
+            }
+            for (cube, p) in s.cubes.iter().zip(at) {
+                per_pipe.get_mut(p)?.push(PendingRule { sub: s.id, cube, actions: &s.actions });
+            }
+        }
+        let mut set = Self::empty(spec, layout.base_order.clone(), opts);
+        for ((order, budget), rules) in layout.pipelines.iter().zip(&per_pipe) {
+            let p = set.new_pipe(order.clone());
+            set.pipes[p].budget = *budget;
+            // These rules were in one pipeline together, within its budget;
+            // the diagram is canonical, so rebuilding them needs no more.
+            set.fill_pipe(p, rules, usize::MAX / 2).ok()?;
+        }
+        set.lower_new();
+        set.track_cubeless(subs);
+        Some(set)
+    }
+
     /// The field order of pipeline `p`.
     pub fn order(&self, p: usize) -> &[QueryFieldId] {
         &self.pipes[p].order

@@ -31,6 +31,6 @@ pub mod pipeline;
 pub mod report;
 pub mod verify;
 
-pub use compiler::{CompileError, CompileOptions, CompiledSet, Update};
+pub use compiler::{CompileError, CompileOptions, CompiledSet, Layout, Update};
 pub use leaf::{Leaf, PortSet};
 pub use pipeline::{Pipeline, StateId, DEAD};

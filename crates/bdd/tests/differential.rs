@@ -97,6 +97,47 @@ fn unsatisfiable_subscriptions_are_tracked() {
     assert_eq!(set.subscription_ids().collect::<Vec<_>>(), vec![id, p.normal_forms[1].id]);
 }
 
+/// What the server keeps across restarts, for a set whose shape comes from
+/// its history (a split, then adds placed first-fit and removes): its layout
+/// and each subscription's placement rebuild the same pipelines, which
+/// `adopt` then matches with nothing to write. A fresh compile of the same
+/// subscriptions does not always (counted, so the test shows something).
+#[test]
+fn layout_and_placements_rebuild_a_set_with_a_history() {
+    let opts = CompileOptions { split_nodes: 16, max_pipelines: 512, node_budget: 64, ..Default::default() };
+    let mut fresh_differs = 0;
+    for seed in 0..20u64 {
+        let n = 20 + seed as usize;
+        let full = siena_program(n, seed, false);
+        let mut set = CompiledSet::compile(&full.spec, &full.normal_forms[..n / 2], opts.clone()).unwrap();
+        let mut present: Vec<bool> = (0..n).map(|i| i < n / 2).collect();
+        let mut rng = Rng::new(seed);
+        let mut target: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+        for _ in 0..n {
+            random_step(&mut set, &full, &mut present, &mut rng, &mut target, true);
+        }
+        let nfs: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
+        let held: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+        let placement = |id| set.placement_of(nfs.iter().find(|s| s.id == id)?);
+        for s in &nfs {
+            let at = placement(s.id).unwrap_or_else(|| panic!("seed {seed}: no placement for {}", s.id));
+            assert_eq!(at.len(), s.cubes.len());
+        }
+        let mut again = CompiledSet::compile_placed(&full.spec, &nfs, opts.clone(), &set.layout(), placement).expect("placed");
+        assert_eq!(again.layout(), set.layout(), "seed {seed}");
+        assert!(again.adopt(&held).unwrap().is_empty(), "seed {seed}: the rebuilt set needs writes");
+        assert_eq!(again.pipelines().into_iter().cloned().collect::<Vec<_>>(), held, "seed {seed}");
+        assert_eq!(again.verify(), Ok(()));
+
+        let given = CompileOptions { order: Some(set.base_order().to_vec()), ..opts.clone() };
+        let mut fresh = CompiledSet::compile(&full.spec, &nfs, given).unwrap();
+        if fresh.adopt(&held).map_or(true, |u| !u.is_empty()) {
+            fresh_differs += 1;
+        }
+    }
+    assert!(fresh_differs > 0, "every fresh compile matched its history: the test shows nothing");
+}
+
 /// What the server keeps across restarts: compiling a set again with its
 /// `base_order` given rebuilds the same pipelines, split ones included. Each
 /// split pipeline moves its key to the front of the base order, so pipeline

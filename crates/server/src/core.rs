@@ -25,7 +25,7 @@ use crate::auth::Principal;
 use crate::check::{self, CheckedBatch};
 use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle, TargetReport};
-use crate::desired::{compile_options, order_names, Desired, SubRecord};
+use crate::desired::{compile_options, layout_json, order_names, parse_layout, placement_json, Desired, SubRecord};
 use crate::metrics::Metrics;
 use crate::proto;
 use crate::store::{now_ms, Store, StoredSub};
@@ -69,6 +69,8 @@ enum SqlWrite {
     Status(proto::TargetStatus),
     Deployed(String),
     Meta { key: &'static str, value: String },
+    Placement { id: u64, pipes: String },
+    ClearPlacements,
 }
 
 /// How to undo a staged change in memory if the commit fails.
@@ -180,15 +182,29 @@ impl Core {
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(Error::Store)?;
         let opts = compile_options(&spec, &config.compile, stored_order.as_deref())?;
+        // The pipelines the targets hold: the stored layout with every rule in
+        // the pipeline it was placed in (a fresh compile may group a split set
+        // otherwise); without them, a fresh compile in the stored order.
+        let layout = store.meta("layout")?.and_then(|text| parse_layout(&spec, &text));
+        let placements: HashMap<u64, Vec<usize>> =
+            store.load_placements()?.into_iter().filter_map(|(id, text)| Some((id, serde_json::from_str(&text).ok()?))).collect();
         let spec2 = spec.clone();
-        let set = tokio::task::spawn_blocking(move || CompiledSet::compile(&spec2, &nfs, opts))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(|e| Error::Compile(e.to_string()))?;
+        let (set, placed, nfs) = tokio::task::spawn_blocking(move || {
+            let placed =
+                layout.and_then(|l| CompiledSet::compile_placed(&spec2, &nfs, opts.clone(), &l, |id| placements.get(&id).cloned()));
+            match placed {
+                Some(set) => Ok((set, true, nfs)),
+                None => CompiledSet::compile(&spec2, &nfs, opts).map(|set| (set, false, nfs)),
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?
+        .map_err(|e| Error::Compile(e.to_string()))?;
         tracing::info!(
             subscriptions = subs.len(),
             generation,
             pipelines = set.pipeline_count(),
+            placed,
             ms = t.elapsed().as_millis() as u64,
             "compiled the stored set"
         );
@@ -196,6 +212,15 @@ impl Core {
         store.write(|t| {
             if stored_order.is_none() {
                 t.set_meta("order", &serde_json::to_string(&order).expect("names serialize"))?;
+            }
+            if !placed {
+                t.set_meta("layout", &layout_json(&spec, &set))?;
+                t.clear_placements()?;
+                for nf in &nfs {
+                    if let Some(pipes) = placement_json(&set, nf) {
+                        t.put_placement(nf.id, &pipes)?;
+                    }
+                }
             }
             t.set_meta("spec", &spec_text)
         })?;
@@ -392,6 +417,8 @@ impl Core {
                         SqlWrite::Status(st) => t.put_status(st)?,
                         SqlWrite::Deployed(name) => t.set_deployed(name)?,
                         SqlWrite::Meta { key, value } => t.set_meta(key, value)?,
+                        SqlWrite::Placement { id, pipes } => t.put_placement(*id, pipes)?,
+                        SqlWrite::ClearPlacements => t.clear_placements()?,
                     }
                 }
                 let mut ss = vec![];
@@ -621,6 +648,9 @@ impl Core {
         let t = Instant::now();
         let timeout = Duration::from_millis(limits.compile_timeout_ms);
         let mut compiled = None;
+        let pipelines_before = d.set.pipeline_count();
+        // After a recompile, every subscription's placement (the new layout's).
+        let mut recompiled_placements: Vec<(u64, String)> = vec![];
         let undo = match d.set.add(&nfs) {
             Ok(u) => {
                 compiled = Some(u);
@@ -671,6 +701,7 @@ impl Core {
                         }
                         tracing::info!(pipelines = set.pipeline_count(), "recompiled the whole set: targets get a new program");
                         self.metrics.compile_seconds.get_or_create(&Metrics::label("op", "recompile")).observe(t.elapsed().as_secs_f64());
+                        recompiled_placements = all.iter().filter_map(|nf| Some((nf.id, placement_json(&set, nf)?))).collect();
                         let old = std::mem::replace(&mut d.set, set);
                         Undo::Recompiled { old: Box::new(old), ids: ids.clone() }
                     }
@@ -693,12 +724,26 @@ impl Core {
         let generation = d.generation;
         let created_ms = now_ms();
         let mut sql = Vec::with_capacity(batch.rules.len() + 2);
+        // A restart rebuilds the pipelines from the stored layout and
+        // placements (else compiles afresh in the stored order): keep them
+        // what this change made, so the restart reconciles the targets with
+        // nothing to write.
         if matches!(undo, Undo::Recompiled { .. }) {
-            // A restart compiles the stored set in the stored order: keep it the
-            // order this recompile chose, so the restart rebuilds these pipelines
-            // and reconciles the targets instead of reinstalling them.
             let order = serde_json::to_string(&order_names(&self.spec, &d.set)).expect("names serialize");
             sql.push(SqlWrite::Meta { key: "order", value: order });
+            sql.push(SqlWrite::ClearPlacements);
+            for (id, pipes) in recompiled_placements {
+                sql.push(SqlWrite::Placement { id, pipes });
+            }
+        } else {
+            for nf in &nfs {
+                if let Some(pipes) = placement_json(&d.set, nf) {
+                    sql.push(SqlWrite::Placement { id: nf.id, pipes });
+                }
+            }
+        }
+        if matches!(undo, Undo::Recompiled { .. }) || d.set.pipeline_count() != pipelines_before {
+            sql.push(SqlWrite::Meta { key: "layout", value: layout_json(&self.spec, &d.set) });
         }
         let mut resp = proto::AddResponse { generation, warnings: batch.warnings, ..Default::default() };
         for (rule, id) in batch.rules.into_iter().zip(&ids) {

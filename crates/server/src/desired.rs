@@ -11,7 +11,7 @@ use crate::store::StoredSub;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use subc_bdd::pipeline::Pipeline;
-use subc_bdd::{CompileOptions, CompiledSet};
+use subc_bdd::{CompileOptions, CompiledSet, Layout};
 use subc_lang::program::SubId;
 use subc_lang::spec::{QueryFieldId, Spec};
 
@@ -104,6 +104,35 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
 /// base order, and only the base order gives every pipeline back.
 pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
     set.base_order().iter().map(|q| spec.query_field(*q).name.clone()).collect()
+}
+
+/// The set's layout as the store keeps it (meta "layout"): field names, so
+/// that a spec whose query fields moved cannot misread it.
+pub fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
+    let names = |o: &[QueryFieldId]| -> Vec<String> { o.iter().map(|q| spec.query_field(*q).name.clone()).collect() };
+    let layout = set.layout();
+    let pipelines: Vec<serde_json::Value> =
+        layout.pipelines.iter().map(|(order, budget)| serde_json::json!({ "order": names(order), "budget": budget })).collect();
+    serde_json::json!({ "base": names(&layout.base_order), "pipelines": pipelines }).to_string()
+}
+
+/// [`layout_json`] read back; `None` when it does not fit `spec`.
+pub fn parse_layout(spec: &Spec, text: &str) -> Option<Layout> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let ids = |v: &serde_json::Value| -> Option<Vec<QueryFieldId>> {
+        v.as_array()?.iter().map(|n| spec.query_field_by_name(n.as_str()?)).collect()
+    };
+    let pipelines = v["pipelines"]
+        .as_array()?
+        .iter()
+        .map(|p| Some((ids(&p["order"])?, usize::try_from(p["budget"].as_u64()?).ok()?)))
+        .collect::<Option<Vec<_>>>()?;
+    Some(Layout { base_order: ids(&v["base"])?, pipelines })
+}
+
+/// A subscription's placement as the store keeps it (a JSON array).
+pub fn placement_json(set: &CompiledSet, nf: &subc_lang::nf::NfSubscription) -> Option<String> {
+    set.placement_of(nf).map(|p| serde_json::to_string(&p).expect("numbers serialize"))
 }
 
 /// How many entries separate `held` from a fresh compile of `nfs` in the

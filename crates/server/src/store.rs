@@ -5,7 +5,9 @@
 //! generation it was last seen holding and its status; an event log for
 //! `Watch` replays; the replies of recent `Add`s by idempotency key; and a few
 //! meta values (schema version, current generation, next subscription id,
-//! the spec text the subscriptions were checked against, the field order).
+//! the spec text the subscriptions were checked against, the field order,
+//! the pipelines' layout); and per subscription, the pipelines its rules
+//! were placed in.
 //!
 //! Invariants:
 //! - One writer: the service's writer thread owns the only writing
@@ -17,7 +19,8 @@
 //! - Subscription ids are never reused: `next_id` only grows, in the same
 //!   transaction as the insert.
 //! - Compiled state (diagrams, tables) is never stored: it is a function of
-//!   the subscriptions and is rebuilt at startup; targets are read back.
+//!   the subscriptions, the layout and the placements, and is rebuilt at
+//!   startup; targets are read back.
 
 use crate::config::Durability;
 use crate::proto;
@@ -38,6 +41,14 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     created_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS subscriptions_by_app ON subscriptions(app, id);
+-- Per subscription, the pipeline of each of its cubes (a JSON array), with
+-- the set's layout in meta 'layout': a restart rebuilds the same pipelines
+-- from them (CompiledSet::compile_placed). A row may be missing (a store of
+-- an earlier version); the set is then compiled afresh.
+CREATE TABLE IF NOT EXISTS placements (
+    id INTEGER PRIMARY KEY,
+    pipes TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS requests (
     app TEXT NOT NULL,
     request_id TEXT NOT NULL,
@@ -155,6 +166,14 @@ impl Store {
         rows.collect::<Result<Vec<_>, _>>().map_err(sql)
     }
 
+    /// Every stored placement: subscription id and the JSON array of its
+    /// cubes' pipelines.
+    pub fn load_placements(&self) -> Result<Vec<(u64, String)>, Error> {
+        let mut st = self.conn.prepare("SELECT id, pipes FROM placements").map_err(sql)?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))).map_err(sql)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(sql)
+    }
+
     pub fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
         let mut st = self
             .conn
@@ -240,6 +259,23 @@ impl Txn<'_> {
         if n != 1 {
             return Err(Error::Store(format!("subscription {id} is not in the store")));
         }
+        self.tx.prepare_cached("DELETE FROM placements WHERE id = ?1").map_err(sql)?.execute([id as i64]).map_err(sql)?;
+        Ok(())
+    }
+
+    /// Sets subscription `id`'s placement (a JSON array).
+    pub fn put_placement(&self, id: u64, pipes: &str) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT OR REPLACE INTO placements VALUES (?1, ?2)")
+            .map_err(sql)?
+            .execute(params![id as i64, pipes])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Forgets every placement (before a new layout's are written).
+    pub fn clear_placements(&self) -> Result<(), Error> {
+        self.tx.execute("DELETE FROM placements", []).map_err(sql)?;
         Ok(())
     }
 

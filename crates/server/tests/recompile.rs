@@ -100,3 +100,74 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
     })
     .await;
 }
+
+/// Small split pipelines: a set over several fields spreads over many of
+/// them, and later adds go first-fit into whichever has room.
+fn split_compiler(cfg: &mut Config) {
+    cfg.compile.node_budget = 64;
+    cfg.compile.split_nodes = 16;
+    cfg.compile.max_pipelines = 64;
+}
+
+/// A set spread over several pipelines by a recompile and then by adds
+/// placed first-fit has a shape that a fresh compile may not give back; the
+/// store keeps the layout and each rule's pipeline, so a restart rebuilds
+/// exactly what the target holds and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_adds_to_split_pipelines_writes_nothing() {
+    bounded(120, async {
+        let mut env = Env::with(split_compiler).await;
+        let dir = env.dir.path().to_path_buf();
+        let path = dir.join("t.json");
+        let core = env.r.core.clone();
+        let mut rng = subc_workload::Rng::new(1);
+        let mut rule = move || {
+            let stock = format!("S{:02}", rng.below(30));
+            let shares = 1 + rng.below(900);
+            let price = 1 + rng.below(9000);
+            let port = 1 + rng.below(8);
+            match rng.below(4) {
+                0 => format!("stock == {stock} && shares > {shares} : fwd({port})"),
+                1 => format!("shares > {shares} && price < {price} : fwd({port})"),
+                2 => format!("price > {price} && side == \"B\" : fwd({port})"),
+                _ => format!("stock == {stock} && price < {price} && shares < {shares} : fwd({port})"),
+            }
+        };
+        let generation = {
+            let Env { alice, admin, .. } = &mut env;
+            admin.targets.register(sim("t", &path)).await.unwrap();
+            admin.targets.deploy(proto::DeployRequest { name: "t".into(), timeout_ms: 10_000 }).await.unwrap();
+            let mut g = 0;
+            for batch in 0..12 {
+                let lines: Vec<String> = (0..if batch == 0 { 40 } else { 4 }).map(|_| rule()).collect();
+                match alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await {
+                    Ok(r) => g = r.into_inner().generation,
+                    Err(e) => assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}"),
+                }
+            }
+            assert!(g > 0);
+            let s = wait_deployed(admin, "t", g).await;
+            assert_eq!(s.state(), proto::TargetState::InSync);
+            g
+        };
+        let held: Vec<Pipeline> = subc_server::deploy::json::decode(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(held.len() > 1, "the set is split ({} pipeline)", held.len());
+        drop(core);
+        let before = std::fs::read_to_string(&path).unwrap();
+        let dir_guard = env.stop().await;
+
+        let mut cfg = config(dir_guard.path());
+        split_compiler(&mut cfg);
+        let r = start(cfg).await;
+        let mut admin = client(&r, Some(ADMIN));
+        let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+        let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
+        assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
+        let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
+        assert_eq!((s.state(), s.deployed_generation, s.last_diff_entries), (proto::TargetState::InSync, generation, 0), "{s:?}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), before, "the target's tables are unchanged");
+        r.shutdown().await.unwrap();
+        drop(dir_guard);
+    })
+    .await;
+}
