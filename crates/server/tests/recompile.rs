@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use subc_bdd::pipeline::Pipeline;
 use subc_server::proto::{self, register_target_request::Kind};
-use subc_server::Config;
+use subc_server::{Config, Running};
 
 fn sim(name: &str, path: &std::path::Path) -> proto::RegisterTargetRequest {
     proto::RegisterTargetRequest {
@@ -39,6 +39,33 @@ fn held_order(path: &std::path::Path, spec: &subc_lang::spec::Spec) -> Vec<Strin
     let held: Vec<Pipeline> = subc_server::deploy::json::decode(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(held.len(), 1, "one pipeline");
     held[0].tables.iter().map(|t| spec.query_field(t.field).name.clone()).collect()
+}
+
+/// Restarts a server on `dir`'s store with `adjust`ed configuration and
+/// checks that reconciling sim target "t" (tables in `path`, `before` as it
+/// was written at `generation`) writes nothing; returns the new server.
+async fn restart_writes_nothing(
+    dir: &std::path::Path,
+    adjust: fn(&mut Config),
+    path: &std::path::Path,
+    before: &str,
+    generation: u64,
+) -> Running {
+    let mut cfg = config(dir);
+    adjust(&mut cfg);
+    let r = start(cfg).await;
+    let mut admin = client(&r, Some(ADMIN));
+    let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+    let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
+    assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
+    let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
+    assert_eq!(
+        (s.state(), s.deployed_generation, s.current_generation, s.last_diff_entries),
+        (proto::TargetState::InSync, generation, generation, 0),
+        "{s:?}"
+    );
+    assert_eq!(std::fs::read_to_string(path).unwrap(), before, "the target's tables are unchanged");
+    r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,20 +105,7 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
 
         // Restart on the same store and configuration: the set compiles into
         // the pipelines the target holds, so reconciling writes nothing.
-        let mut cfg = config(dir_guard.path());
-        small_compiler(&mut cfg);
-        let r = start(cfg).await;
-        let mut admin = client(&r, Some(ADMIN));
-        let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
-        assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
-        let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
-        assert_eq!(
-            (s.state(), s.deployed_generation, s.current_generation, s.last_diff_entries),
-            (proto::TargetState::InSync, generation, generation, 0),
-            "{s:?}"
-        );
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), before, "the target's tables are unchanged");
+        let r = restart_writes_nothing(dir_guard.path(), small_compiler, &path, &before, generation).await;
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified, "the file was not rewritten");
         assert_eq!(stored_order(dir_guard.path()), recompiled_order, "the store keeps the recompiled order");
         assert_eq!(subc_server::desired::order_names(&r.core.spec, &r.core.desired.lock().unwrap().set), recompiled_order);
@@ -156,16 +170,7 @@ async fn a_restart_after_adds_to_split_pipelines_writes_nothing() {
         let before = std::fs::read_to_string(&path).unwrap();
         let dir_guard = env.stop().await;
 
-        let mut cfg = config(dir_guard.path());
-        split_compiler(&mut cfg);
-        let r = start(cfg).await;
-        let mut admin = client(&r, Some(ADMIN));
-        let mut replay = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        let reconciled = next_event(&mut replay, proto::EventKind::Reconciled).await;
-        assert_eq!((reconciled.target.as_str(), reconciled.entries), ("t", 0), "{reconciled:?}");
-        let s = admin.targets.status(proto::TargetRequest { name: "t".into() }).await.unwrap().into_inner();
-        assert_eq!((s.state(), s.deployed_generation, s.last_diff_entries), (proto::TargetState::InSync, generation, 0), "{s:?}");
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), before, "the target's tables are unchanged");
+        let r = restart_writes_nothing(dir_guard.path(), split_compiler, &path, &before, generation).await;
         r.shutdown().await.unwrap();
         drop(dir_guard);
     })
