@@ -35,19 +35,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-# Rust: the workspace's rust-version, from Cargo.toml.
-RUST_MIN="$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)"
-rust_ok() {
-    command -v cargo >/dev/null && command -v rustc >/dev/null || return 1
-    local have
-    have="$(rustc --version | cut -d' ' -f2)"
-    [ "$(printf '%s\n%s\n' "$RUST_MIN" "$have" | sort -V | head -1)" = "$RUST_MIN" ]
-}
-# A rustup installation of an earlier run (sudo does not keep the user's PATH).
-if [ -f "$HOME/.cargo/env" ]; then
-    # shellcheck disable=SC1091
-    . "$HOME/.cargo/env"
-fi
+# shellcheck source=scripts/rust.sh
+. scripts/rust.sh
 
 if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     log "installing Debian packages"
@@ -55,15 +44,7 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         protobuf-compiler iproute2 util-linux python3 ca-certificates curl >/dev/null
-    if ! rust_ok && command -v rustup >/dev/null; then
-        log "updating Rust (rustup, stable)"
-        rustup toolchain install stable --profile minimal && rustup default stable
-    elif ! rust_ok; then
-        log "installing Rust (rustup, stable)"
-        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-        # shellcheck disable=SC1091
-        . "$HOME/.cargo/env"
-    fi
+    install_rust
 fi
 rust_ok || die "Rust $RUST_MIN or later (cargo, rustc) is needed: run without SUBC_SKIP_INSTALL=1, or install it with rustup"
 

@@ -12,19 +12,8 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
 
-# Rust: the workspace's rust-version, from Cargo.toml.
-RUST_MIN="$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)"
-rust_ok() {
-    command -v cargo >/dev/null && command -v rustc >/dev/null || return 1
-    local have
-    have="$(rustc --version | cut -d' ' -f2)"
-    [ "$(printf '%s\n%s\n' "$RUST_MIN" "$have" | sort -V | head -1)" = "$RUST_MIN" ]
-}
-# A rustup installation of an earlier run.
-if [ -f "$HOME/.cargo/env" ]; then
-    # shellcheck disable=SC1091
-    . "$HOME/.cargo/env"
-fi
+# shellcheck source=scripts/rust.sh
+. scripts/rust.sh
 
 if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     log "installing Debian packages"
@@ -34,15 +23,7 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         protobuf-compiler graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
-    if ! rust_ok && command -v rustup >/dev/null; then
-        log "updating Rust (rustup, stable)"
-        rustup toolchain install stable --profile minimal && rustup default stable
-    elif ! rust_ok; then
-        log "installing Rust (rustup, stable)"
-        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-        # shellcheck disable=SC1091
-        . "$HOME/.cargo/env"
-    fi
+    install_rust
     # The minimal profile has no rustfmt; the format check below needs it.
     if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
         rustup component add rustfmt
