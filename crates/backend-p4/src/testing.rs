@@ -422,3 +422,18 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
     }
     Err(format!("the P4Info is not one subc generates for this spec: {last}"))
 }
+
+/// BMv2's tools for the tests that also run against a real switch: the
+/// paths in `SIMPLE_SWITCH_GRPC` (the switch) and `P4C_BM2_SS` (p4c's BMv2
+/// compiler, for its program), or `None` when neither is set. One without
+/// the other is a mistake the test reports rather than a reason to skip.
+pub fn bmv2_tools() -> Option<(std::ffi::OsString, std::ffi::OsString)> {
+    match (std::env::var_os("SIMPLE_SWITCH_GRPC"), std::env::var_os("P4C_BM2_SS")) {
+        (Some(ss), Some(p4c)) => Some((ss, p4c)),
+        (None, None) => None,
+        (ss, _) => {
+            let (set, unset) = if ss.is_some() { ("SIMPLE_SWITCH_GRPC", "P4C_BM2_SS") } else { ("P4C_BM2_SS", "SIMPLE_SWITCH_GRPC") };
+            panic!("{set} is set but {unset} is not: the BMv2 run needs both (the switch, and p4c's BMv2 compiler for its program)");
+        }
+    }
+}
