@@ -24,6 +24,7 @@ use crate::diagram::{Edge, Manager, NodeId, EMPTY, LEAF_LEVEL};
 use crate::hash::FxHashMap;
 use crate::leaf::{Leaf, PortSet};
 use std::collections::BTreeMap;
+use std::time::Instant;
 use subc_lang::nf::IntervalSet;
 use subc_lang::program::Update;
 
@@ -97,11 +98,65 @@ fn rule_key(i: u32) -> u128 {
     ((mix() as u128) << 64) | mix() as u128
 }
 
-/// Why a build stopped.
+/// Why a build or a splice stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BudgetExceeded {
-    /// Inner nodes created when it stopped.
-    pub nodes: usize,
+pub enum BuildStop {
+    /// The node budget, or the work it allows, ran out; `nodes` is the
+    /// manager's inner-node count when it stopped.
+    Budget { nodes: usize },
+    /// The operation's [`Deadline`] passed.
+    Deadline,
+}
+
+/// When a compiler operation must give up. Builds and splices check it
+/// cooperatively, every [`Deadline::CHECK_EVERY`] steps, so that one
+/// expensive change cannot hold the compiler (and the service's writer)
+/// past its limit: it stops with [`BuildStop::Deadline`] and its caller
+/// undoes what it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// No deadline.
+    pub const NONE: Deadline = Deadline(None);
+    /// Steps between two reads of the clock.
+    const CHECK_EVERY: u32 = 256;
+
+    pub fn at(t: Option<Instant>) -> Deadline {
+        Deadline(t)
+    }
+    pub fn instant(&self) -> Option<Instant> {
+        self.0
+    }
+    /// Whether the deadline has passed (reads the clock).
+    pub fn passed(&self) -> bool {
+        self.0.is_some_and(|t| Instant::now() >= t)
+    }
+}
+
+/// Reads the clock every [`Deadline::CHECK_EVERY`] calls.
+struct DeadlineCheck {
+    deadline: Deadline,
+    countdown: u32,
+}
+
+impl DeadlineCheck {
+    fn new(deadline: Deadline) -> DeadlineCheck {
+        DeadlineCheck { deadline, countdown: Deadline::CHECK_EVERY }
+    }
+    fn tick(&mut self) -> Result<(), BuildStop> {
+        if self.deadline.0.is_none() {
+            return Ok(());
+        }
+        self.countdown -= 1;
+        if self.countdown == 0 {
+            self.countdown = Deadline::CHECK_EVERY;
+            if self.deadline.passed() {
+                return Err(BuildStop::Deadline);
+            }
+        }
+        Ok(())
+    }
 }
 
 struct Builder<'a> {
@@ -114,20 +169,21 @@ struct Builder<'a> {
     /// map exponentially many distinct rule subsets onto few nodes, so the
     /// node count alone does not bound the time a build takes.
     work_left: u64,
+    deadline: DeadlineCheck,
 }
 
 /// Rule visits a build may spend per node of its budget.
 const WORK_PER_NODE: u64 = 64;
 
 /// Builds the diagram of the rules `active` (indices into `rules`). Fails if
-/// the manager would hold more than `node_limit` inner nodes, or if the
-/// build would take more than about `WORK_PER_NODE` rule visits per node it
-/// may create.
-pub fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit: usize) -> Result<NodeId, BudgetExceeded> {
+/// the manager would hold more than `node_limit` inner nodes, if the build
+/// would take more than about `WORK_PER_NODE` rule visits per node it may
+/// create, or when `deadline` passes.
+pub fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit: usize, deadline: Deadline) -> Result<NodeId, BuildStop> {
     let key = active.iter().fold(0u128, |k, r| k ^ rule_key(*r));
     let room = node_limit.saturating_sub(m.inner_count()) as u64;
     let work_left = room.saturating_mul(WORK_PER_NODE).saturating_add(16 * active.len() as u64 + 4096);
-    let mut b = Builder { m, rules, memo: FxHashMap::default(), node_limit, work_left };
+    let mut b = Builder { m, rules, memo: FxHashMap::default(), node_limit, work_left, deadline: DeadlineCheck::new(deadline) };
     b.go(active.to_vec(), 0, key)
 }
 
@@ -183,7 +239,7 @@ impl Builder<'_> {
         self.m.leaf(acc)
     }
 
-    fn go(&mut self, active: Vec<u32>, from: u32, key: u128) -> Result<NodeId, BudgetExceeded> {
+    fn go(&mut self, active: Vec<u32>, from: u32, key: u128) -> Result<NodeId, BuildStop> {
         if active.is_empty() {
             return Ok(EMPTY);
         }
@@ -191,8 +247,9 @@ impl Builder<'_> {
             return Ok(n);
         }
         if self.m.inner_count() > self.node_limit || self.work_left < active.len() as u64 {
-            return Err(BudgetExceeded { nodes: self.m.inner_count() });
+            return Err(BuildStop::Budget { nodes: self.m.inner_count() });
         }
+        self.deadline.tick()?;
         self.work_left -= active.len() as u64;
         let mut level = LEAF_LEVEL;
         let mut last = 0;
@@ -208,7 +265,7 @@ impl Builder<'_> {
 
     /// Splits `active` at `level`. With `leaves_below`, no rule constrains a
     /// deeper level, so children are leaves computed by the counting sweep.
-    fn split(&mut self, active: &[u32], level: u32, leaves_below: bool) -> Result<NodeId, BudgetExceeded> {
+    fn split(&mut self, active: &[u32], level: u32, leaves_below: bool) -> Result<NodeId, BuildStop> {
         let max = self.m.max_value(level);
         let rules = self.rules;
         // Group rules by their constraint at this level.
@@ -253,6 +310,7 @@ impl Builder<'_> {
             let mut k = 0;
             let mut pos = 0u64;
             loop {
+                self.deadline.tick()?;
                 while k < events.len() && events[k].0 == pos {
                     acc.add(&group_leaves[events[k].1 as usize], events[k].2);
                     k += 1;
@@ -274,6 +332,7 @@ impl Builder<'_> {
             let mut k = 0;
             let mut pos = 0u64;
             loop {
+                self.deadline.tick()?;
                 while k < events.len() && events[k].0 == pos {
                     let g = events[k].1 as usize;
                     on[g] = events[k].2 > 0;
@@ -306,75 +365,84 @@ impl Builder<'_> {
 }
 
 /// The diagram that equals `inside` within the box `bx` and `outside`
-/// elsewhere (`ite(bx, inside, outside)`).
-pub fn splice(m: &mut Manager, outside: NodeId, inside: NodeId, bx: &[(u32, IntervalSet)]) -> NodeId {
-    let mut memo: FxHashMap<(NodeId, NodeId, usize), NodeId> = FxHashMap::default();
-    splice_rec(m, outside, inside, bx, 0, &mut memo)
+/// elsewhere (`ite(bx, inside, outside)`); stops when `deadline` passes.
+pub fn splice(
+    m: &mut Manager,
+    outside: NodeId,
+    inside: NodeId,
+    bx: &[(u32, IntervalSet)],
+    deadline: Deadline,
+) -> Result<NodeId, BuildStop> {
+    let mut s = Splicer { bx, memo: FxHashMap::default(), deadline: DeadlineCheck::new(deadline) };
+    s.go(m, outside, inside, 0)
 }
 
-fn splice_rec(
-    m: &mut Manager,
-    d: NodeId,
-    r: NodeId,
-    bx: &[(u32, IntervalSet)],
-    bi: usize,
-    memo: &mut FxHashMap<(NodeId, NodeId, usize), NodeId>,
-) -> NodeId {
-    if bi == bx.len() || d == r {
-        return r;
-    }
-    if let Some(&n) = memo.get(&(d, r, bi)) {
-        return n;
-    }
-    let level = m.level(d).min(m.level(r)).min(bx[bi].0);
-    let max = m.max_value(level);
-    let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
-        if m.level(n) == level {
-            m.edges(n).to_vec()
-        } else {
-            vec![Edge { hi: max, child: n }]
+struct Splicer<'a> {
+    bx: &'a [(u32, IntervalSet)],
+    memo: FxHashMap<(NodeId, NodeId, usize), NodeId>,
+    deadline: DeadlineCheck,
+}
+
+impl Splicer<'_> {
+    fn go(&mut self, m: &mut Manager, d: NodeId, r: NodeId, bi: usize) -> Result<NodeId, BuildStop> {
+        let bx = self.bx;
+        if bi == bx.len() || d == r {
+            return Ok(r);
         }
-    };
-    let de = part(m, d);
-    let re = part(m, r);
-    // The box at this level, as (hi, inside) runs covering the domain.
-    let (se, next_bi): (Vec<(u64, bool)>, usize) = if bx[bi].0 == level {
-        let mut v = vec![];
-        let mut at = 0u64;
-        for iv in bx[bi].1.intervals() {
-            if iv.lo > at {
-                v.push((iv.lo - 1, false));
+        if let Some(&n) = self.memo.get(&(d, r, bi)) {
+            return Ok(n);
+        }
+        self.deadline.tick()?;
+        let level = m.level(d).min(m.level(r)).min(bx[bi].0);
+        let max = m.max_value(level);
+        let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
+            if m.level(n) == level {
+                m.edges(n).to_vec()
+            } else {
+                vec![Edge { hi: max, child: n }]
             }
-            v.push((iv.hi, true));
-            at = iv.hi.wrapping_add(1);
+        };
+        let de = part(m, d);
+        let re = part(m, r);
+        // The box at this level, as (hi, inside) runs covering the domain.
+        let (se, next_bi): (Vec<(u64, bool)>, usize) = if bx[bi].0 == level {
+            let mut v = vec![];
+            let mut at = 0u64;
+            for iv in bx[bi].1.intervals() {
+                if iv.lo > at {
+                    v.push((iv.lo - 1, false));
+                }
+                v.push((iv.hi, true));
+                at = iv.hi.wrapping_add(1);
+            }
+            if v.last().map(|x| x.0) != Some(max) {
+                v.push((max, false));
+            }
+            (v, bi + 1)
+        } else {
+            (vec![(max, true)], bi)
+        };
+        let (mut i, mut j, mut k) = (0, 0, 0);
+        let mut edges = vec![];
+        loop {
+            let hi = de[i].hi.min(re[j].hi).min(se[k].0);
+            let child = if se[k].1 { self.go(m, de[i].child, re[j].child, next_bi)? } else { de[i].child };
+            edges.push(Edge { hi, child });
+            if hi == max {
+                break;
+            }
+            if de[i].hi == hi {
+                i += 1;
+            }
+            if re[j].hi == hi {
+                j += 1;
+            }
+            if se[k].0 == hi {
+                k += 1;
+            }
         }
-        if v.last().map(|x| x.0) != Some(max) {
-            v.push((max, false));
-        }
-        (v, bi + 1)
-    } else {
-        (vec![(max, true)], bi)
-    };
-    let (mut i, mut j, mut k) = (0, 0, 0);
-    let mut edges = vec![];
-    loop {
-        let hi = de[i].hi.min(re[j].hi).min(se[k].0);
-        let child = if se[k].1 { splice_rec(m, de[i].child, re[j].child, bx, next_bi, memo) } else { de[i].child };
-        edges.push(Edge { hi, child });
-        if hi == max {
-            break;
-        }
-        if de[i].hi == hi {
-            i += 1;
-        }
-        if re[j].hi == hi {
-            j += 1;
-        }
-        if se[k].0 == hi {
-            k += 1;
-        }
+        let n = m.mk(level, &mut edges);
+        self.memo.insert((d, r, bi), n);
+        Ok(n)
     }
-    let n = m.mk(level, &mut edges);
-    memo.insert((d, r, bi), n);
-    n
 }

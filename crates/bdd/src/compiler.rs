@@ -26,7 +26,7 @@
 //! (back ends generate code for a fixed number); a rule that fits no
 //! pipeline is an error that asks for a full recompile.
 
-use crate::build::{build, splice, Rule};
+use crate::build::{build, splice, BuildStop, Deadline, Rule};
 use crate::diagram::{Manager, NodeId, EMPTY};
 use crate::diff::PipelineDiff;
 use crate::index::RuleIndex;
@@ -34,7 +34,8 @@ use crate::leaf::Leaf;
 use crate::lower::{FieldInfo, Lowering};
 use crate::order::choose_order;
 use crate::pipeline::Pipeline;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 use subc_lang::nf::{Cube, NfSubscription};
 use subc_lang::program::{Actions, SubId};
 use subc_lang::spec::{QueryFieldId, Spec};
@@ -96,7 +97,22 @@ pub enum CompileError {
     ProgramMismatch { target: usize, ours: usize, target_tables: Vec<String>, our_tables: Vec<String> },
     #[error("subscription {0} is not in the set")]
     Unknown(SubId),
+    #[error("the compiler gave up at the operation's deadline; nothing changed")]
+    DeadlineExceeded,
 }
+
+impl From<BuildStop> for CompileError {
+    /// Only a deadline is an error of its own: callers turn a spent budget
+    /// into the error that names their subscription and pipeline.
+    fn from(_: BuildStop) -> CompileError {
+        CompileError::DeadlineExceeded
+    }
+}
+
+/// Splicing changed rules in or out one at a time costs about this many
+/// times more, per root edge, than a rebuild costs per rule, before
+/// [`CompiledSet`] rebuilds a pipeline instead.
+const REBUILD_FACTOR: usize = 4;
 
 /// One pipeline: its own order, node store, rules, diagram and lowering.
 #[derive(Clone)]
@@ -132,6 +148,9 @@ pub struct CompiledSet {
     /// Per subscription: (pipeline, rule slot) of each of its cubes.
     subs: BTreeMap<SubId, Vec<(usize, u32)>>,
     opts: CompileOptions,
+    /// The deadline of the operation under way ([`Deadline::NONE`] between
+    /// operations): builds and splices stop when it passes.
+    deadline: Deadline,
 }
 
 /// What an update did.
@@ -159,13 +178,25 @@ fn coverage(set: &subc_lang::nf::IntervalSet, width: u32) -> f64 {
 impl CompiledSet {
     /// Compiles `subs` (normal forms checked against `spec`).
     pub fn compile(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions) -> Result<CompiledSet, CompileError> {
-        let mut seen = std::collections::BTreeSet::new();
+        Self::compile_until(spec, subs, opts, None)
+    }
+
+    /// [`CompiledSet::compile`], giving up with
+    /// [`CompileError::DeadlineExceeded`] when `deadline` passes.
+    pub fn compile_until(
+        spec: &Spec,
+        subs: &[NfSubscription],
+        opts: CompileOptions,
+        deadline: Option<Instant>,
+    ) -> Result<CompiledSet, CompileError> {
+        let mut seen = BTreeSet::new();
         for s in subs {
             if !seen.insert(s.id) {
                 return Err(CompileError::Duplicate(s.id));
             }
         }
-        let mut set = Self::compile_cubes(spec, subs, opts)?;
+        let mut set = Self::compile_cubes(spec, subs, opts, Deadline::at(deadline))?;
+        set.deadline = Deadline::NONE;
         set.track_cubeless(subs);
         Ok(set)
     }
@@ -179,9 +210,9 @@ impl CompiledSet {
         }
     }
 
-    fn compile_cubes(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions) -> Result<CompiledSet, CompileError> {
+    fn compile_cubes(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions, deadline: Deadline) -> Result<CompiledSet, CompileError> {
         let base_order = if opts.order.is_none() && spec.order.is_none() {
-            let (order, compiled) = crate::order::measure_orders(spec, subs, &opts);
+            let (order, compiled) = crate::order::measure_orders(spec, subs, &opts, deadline)?;
             if let Some(mut set) = compiled {
                 // The sample was the whole set: keep that compile, but let
                 // later changes measure again (the order is now fixed).
@@ -197,10 +228,14 @@ impl CompiledSet {
         // One pipeline in the base order, if it fits. A set whose single
         // diagram is much larger than the set itself is better split, so the
         // attempt gets a budget of 16 nodes per rule (plus a constant).
-        let mut single = Self::empty(spec, base_order.clone(), opts.clone());
+        let mut single = Self::empty(spec, base_order.clone(), opts.clone(), deadline);
         let first_budget = opts.node_budget.min(16 * pending.len() + 10_000);
         let p0 = single.new_pipe(base_order.clone());
-        if single.fill_pipe(p0, &pending, first_budget).is_ok() {
+        let filled = single.fill_pipe(p0, &pending, first_budget);
+        if filled == Err(BuildStop::Deadline) {
+            return Err(CompileError::DeadlineExceeded);
+        }
+        if filled.is_ok() {
             single.lower_new();
             // A single diagram with many more nodes than rules is multiplying
             // rules that do not share fields; splitting may be much smaller.
@@ -209,22 +244,22 @@ impl CompiledSet {
             if single.node_count() <= 8 * pending.len() + 64 || opts.max_pipelines < 2 {
                 return Ok(single);
             }
-            return Ok(match Self::compile_split(spec, &pending, base_order, opts) {
+            return Ok(match Self::compile_split(spec, &pending, base_order, opts, deadline) {
                 Ok(split) if 2 * split.entry_count() < single.entry_count() => split,
                 _ => single,
             });
         }
-        Self::compile_split(spec, &pending, base_order, opts)
+        Self::compile_split(spec, &pending, base_order, opts, deadline)
     }
 
-    fn empty(spec: &Spec, base_order: Vec<QueryFieldId>, opts: CompileOptions) -> CompiledSet {
+    fn empty(spec: &Spec, base_order: Vec<QueryFieldId>, opts: CompileOptions, deadline: Deadline) -> CompiledSet {
         let spec_fields: Vec<FieldInfo> = spec
             .query_fields
             .iter()
             .enumerate()
             .map(|(i, qf)| FieldInfo { query_field: QueryFieldId(i as u32), name: qf.name.clone(), width: qf.width, kind: qf.kind })
             .collect();
-        CompiledSet { spec_fields, base_order, pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts }
+        CompiledSet { spec_fields, base_order, pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts, deadline }
     }
 
     /// Spreads the rules over pipelines: grouped by key field (biggest groups
@@ -235,8 +270,9 @@ impl CompiledSet {
         pending: &[PendingRule],
         base_order: Vec<QueryFieldId>,
         opts: CompileOptions,
+        deadline: Deadline,
     ) -> Result<CompiledSet, CompileError> {
-        let mut set = Self::empty(spec, base_order.clone(), opts);
+        let mut set = Self::empty(spec, base_order.clone(), opts, deadline);
         let mut groups: BTreeMap<Option<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
         for r in pending {
             groups.entry(set.key_of(r.cube)).or_default().push(r.clone());
@@ -259,8 +295,10 @@ impl CompiledSet {
             let budget = set.opts.split_nodes.min(set.opts.node_budget);
             let p = set.new_pipe(order.clone());
             set.pipes[p].budget = budget;
-            if set.fill_pipe(p, &rules, budget).is_ok() {
-                continue;
+            match set.fill_pipe(p, &rules, budget) {
+                Ok(()) => continue,
+                Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                Err(BuildStop::Budget { .. }) => {}
             }
             // Too big for one pipeline: fill pipelines of this key first-fit.
             set.drop_last_pipe();
@@ -268,9 +306,13 @@ impl CompiledSet {
             for r in &rules {
                 let mut placed = false;
                 for &p in open.iter().rev() {
-                    if set.try_splice_new(p, r).is_ok() {
-                        placed = true;
-                        break;
+                    match set.try_splice_new(p, r) {
+                        Ok(()) => {
+                            placed = true;
+                            break;
+                        }
+                        Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                        Err(BuildStop::Budget { .. }) => {}
                     }
                 }
                 if placed {
@@ -281,10 +323,11 @@ impl CompiledSet {
                 }
                 let p = set.new_pipe(order.clone());
                 set.pipes[p].budget = budget;
-                if set.try_splice_new(p, r).is_err() {
-                    return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget });
+                match set.try_splice_new(p, r) {
+                    Ok(()) => open.push(p),
+                    Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                    Err(BuildStop::Budget { .. }) => return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget }),
                 }
-                open.push(p);
             }
         }
         set.lower_new();
@@ -380,8 +423,8 @@ impl CompiledSet {
     }
 
     /// Builds pipeline `p` from scratch with `rules`; fails over `budget`
-    /// nodes (and then stores nothing).
-    fn fill_pipe(&mut self, p: usize, rules: &[PendingRule], budget: usize) -> Result<(), ()> {
+    /// nodes or at the deadline (and then stores nothing).
+    fn fill_pipe(&mut self, p: usize, rules: &[PendingRule], budget: usize) -> Result<(), BuildStop> {
         let mut slots = vec![];
         for r in rules {
             let slot = self.make_rule(p, r.cube, r.actions);
@@ -389,13 +432,13 @@ impl CompiledSet {
         }
         let ids: Vec<u32> = slots.iter().map(|s| s.1).collect();
         let start = self.managers[p].inner_count();
-        let root = match build(&mut self.managers[p], &self.pipes[p].rules, &ids, start + budget) {
+        let root = match build(&mut self.managers[p], &self.pipes[p].rules, &ids, start + budget, self.deadline) {
             Ok(root) => root,
-            Err(_) => {
+            Err(stop) => {
                 for id in ids {
                     self.free_rule(p, id);
                 }
-                return Err(());
+                return Err(stop);
             }
         };
         let pipe = &mut self.pipes[p];
@@ -411,7 +454,7 @@ impl CompiledSet {
     }
 
     /// Adds one pending rule to pipeline `p` by splicing, within budget.
-    fn try_splice_new(&mut self, p: usize, r: &PendingRule) -> Result<(), ()> {
+    fn try_splice_new(&mut self, p: usize, r: &PendingRule) -> Result<(), BuildStop> {
         let slot = self.try_add_rule(p, r.cube, r.actions)?;
         self.subs.entry(r.sub).or_default().push((p, slot));
         Ok(())
@@ -419,7 +462,7 @@ impl CompiledSet {
 
     /// Stores, indexes and splices one rule into pipeline `p` if the
     /// diagram stays within the pipeline's budget; otherwise changes nothing.
-    fn try_add_rule(&mut self, p: usize, cube: &Cube, actions: &Actions) -> Result<u32, ()> {
+    fn try_add_rule(&mut self, p: usize, cube: &Cube, actions: &Actions) -> Result<u32, BuildStop> {
         let slot = self.make_rule(p, cube, actions);
         let rule = self.pipes[p].rules[slot as usize].clone();
         self.pipes[p].index.insert(slot, &rule);
@@ -432,34 +475,105 @@ impl CompiledSet {
                 self.pipes[p].size_estimate += self.managers[p].inner_count() - start;
                 Ok(slot)
             }
-            Err(()) => {
+            Err(stop) => {
                 self.pipes[p].index.remove(slot, &rule);
                 self.free_rule(p, slot);
-                Err(())
+                Err(stop)
             }
         }
     }
 
     /// Splices rule `r` (already indexed) into pipeline `p`'s diagram; fails
-    /// when the manager passes `limit` nodes.
-    fn splice_rule(&mut self, p: usize, root: NodeId, r: u32, limit: usize) -> Result<NodeId, ()> {
+    /// when the manager passes `limit` nodes, or at the deadline.
+    fn splice_rule(&mut self, p: usize, root: NodeId, r: u32, limit: usize) -> Result<NodeId, BuildStop> {
         let pipe = &self.pipes[p];
         let bx = pipe.rules[r as usize].constraints.clone();
         let cands = pipe.index.intersecting(&pipe.rules, &bx);
         let m = &mut self.managers[p];
-        let region = build(m, &self.pipes[p].rules, &cands, limit).map_err(|_| ())?;
-        let root = splice(m, root, region, &bx);
+        let region = build(m, &self.pipes[p].rules, &cands, limit, self.deadline)?;
+        let root = splice(m, root, region, &bx, self.deadline)?;
         if m.inner_count() > limit {
-            return Err(());
+            return Err(BuildStop::Budget { nodes: m.inner_count() });
         }
         Ok(root)
     }
 
-    /// Compacts a pipeline's node arena when garbage dominates it.
+    /// Whether rebuilding pipeline `p`'s diagram from all its rules costs
+    /// less than splicing `changed` rules in or out one at a time. A splice
+    /// copies at least the root node, so splicing costs about `changed ×
+    /// root edges`, where the root grows by the boundaries the new rules
+    /// add at its level (`new_root_boundaries`); a build costs a few steps
+    /// per rule. A set like `price == i` (one node with an edge per
+    /// constant) is quadratic one at a time and linear rebuilt; Camus's ITCH
+    /// shape (a root of a hundred stocks over small subtrees) is the other
+    /// way round.
+    fn rebuild_is_cheaper(&self, p: usize, changed: usize, new_root_boundaries: usize) -> bool {
+        let root_edges = self.managers[p].edges(self.pipes[p].root).len().max(1) + new_root_boundaries;
+        let rules = self.pipes[p].index.len();
+        changed.saturating_mul(root_edges) > REBUILD_FACTOR * (rules + changed)
+    }
+
+    /// How many distinct interval boundaries `rules` would add to pipeline
+    /// `p`'s root node (when the root is a leaf, to the node at the first
+    /// level they constrain).
+    fn new_root_boundaries(&self, p: usize, rules: &[&PendingRule]) -> usize {
+        let m = &self.managers[p];
+        let pipe = &self.pipes[p];
+        let root = pipe.root;
+        let first_constrained = || rules.iter().flat_map(|r| r.cube.0.iter().map(|(f, _)| pipe.level_of[f.0 as usize])).min();
+        let level = if root.is_leaf() { first_constrained() } else { Some(m.level(root)) };
+        let Some(field) = level.and_then(|l| pipe.order.get(l as usize)) else { return 0 };
+        let his: Vec<u64> = m.edges(root).iter().map(|e| e.hi).collect();
+        let mut new: BTreeSet<u64> = BTreeSet::new();
+        for r in rules {
+            let Some((_, set)) = r.cube.0.iter().find(|(f, _)| f == field) else { continue };
+            for iv in set.intervals() {
+                let ends = [iv.lo.checked_sub(1), Some(iv.hi)];
+                new.extend(ends.into_iter().flatten().filter(|b| his.binary_search(b).is_err()));
+            }
+        }
+        new.len()
+    }
+
+    /// Puts `rules` into pipeline `p` by rebuilding its diagram from all of
+    /// its rules, if the result stays within the pipeline's budget. Returns
+    /// whether it did; when it did not (or at the deadline), it changed
+    /// nothing.
+    fn try_rebuild_adding(&mut self, p: usize, rules: &[&PendingRule], placed: &mut Vec<(SubId, usize, u32)>) -> Result<bool, BuildStop> {
+        let slots: Vec<u32> = rules.iter().map(|r| self.make_rule(p, r.cube, r.actions)).collect();
+        let mut active = self.pipes[p].index.all();
+        active.extend_from_slice(&slots);
+        let start = self.managers[p].inner_count();
+        let limit = start.saturating_add(self.pipes[p].budget);
+        match build(&mut self.managers[p], &self.pipes[p].rules, &active, limit, self.deadline) {
+            Ok(root) => {
+                let pipe = &mut self.pipes[p];
+                for (r, slot) in rules.iter().zip(&slots) {
+                    pipe.index.insert(*slot, &pipe.rules[*slot as usize]);
+                    placed.push((r.sub, p, *slot));
+                }
+                pipe.root = root;
+                pipe.size_estimate = self.managers[p].reachable(&[root]).len();
+                Ok(true)
+            }
+            Err(stop) => {
+                for slot in slots {
+                    self.free_rule(p, slot);
+                }
+                match stop {
+                    BuildStop::Deadline => Err(stop),
+                    BuildStop::Budget { .. } => Ok(false),
+                }
+            }
+        }
+    }
+
+    /// Compacts a pipeline's node arena when garbage dominates it
+    /// ([`Manager::wants_collection`]).
     fn maybe_collect_garbage(&mut self, p: usize) {
         let m = &mut self.managers[p];
         let pipe = &mut self.pipes[p];
-        if m.inner_count() > 4 * pipe.size_estimate.max(pipe.lowering.inner_nodes()) + 100_000 {
+        if m.wants_collection() {
             let mut roots = [pipe.root, pipe.lowering.root_node()];
             let map = m.collect_garbage(&mut roots);
             pipe.root = roots[0];
@@ -470,7 +584,14 @@ impl CompiledSet {
 
     /// Adds subscriptions. On error nothing changes.
     pub fn add(&mut self, subs: &[NfSubscription]) -> Result<Update, CompileError> {
-        let mut seen = std::collections::BTreeSet::new();
+        self.add_until(subs, None)
+    }
+
+    /// [`CompiledSet::add`], giving up with
+    /// [`CompileError::DeadlineExceeded`] (and changing nothing) when
+    /// `deadline` passes.
+    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<Update, CompileError> {
+        let mut seen = BTreeSet::new();
         for s in subs {
             if self.subs.contains_key(&s.id) || !seen.insert(s.id) {
                 return Err(CompileError::Duplicate(s.id));
@@ -481,23 +602,16 @@ impl CompiledSet {
             self.new_pipe(order);
         }
         let saved: Vec<(NodeId, usize)> = self.pipes.iter().map(|p| (p.root, p.size_estimate)).collect();
+        let pending: Vec<PendingRule> =
+            subs.iter().flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions })).collect();
         let mut placed: Vec<(SubId, usize, u32)> = vec![];
-        let mut failure = None;
-        'subs: for s in subs {
-            for cube in &s.cubes {
-                match self.place(s.id, cube, &s.actions) {
-                    Ok((p, r)) => placed.push((s.id, p, r)),
-                    Err(e) => {
-                        failure = Some(e);
-                        break 'subs;
-                    }
-                }
-            }
-        }
-        if let Some(e) = failure {
+        self.deadline = Deadline::at(deadline);
+        let result = self.place_all(&pending, &mut placed);
+        self.deadline = Deadline::NONE;
+        if let Err(e) = result {
             for (_, p, r) in placed {
-                let rule = self.pipes[p].rules[r as usize].clone();
-                self.pipes[p].index.remove(r, &rule);
+                let pipe = &mut self.pipes[p];
+                pipe.index.remove(r, &pipe.rules[r as usize]);
                 self.free_rule(p, r);
             }
             for (pipe, (root, est)) in self.pipes.iter_mut().zip(saved) {
@@ -513,6 +627,41 @@ impl CompiledSet {
         Ok(self.lower_all())
     }
 
+    /// Places every pending rule. Each goes first to its preferred pipeline
+    /// ([`CompiledSet::preferred_pipe`]); a pipeline that takes many rules
+    /// at once is rebuilt in one build when that costs less than splicing
+    /// each ([`CompiledSet::rebuild_is_cheaper`]). The rest are placed one
+    /// at a time, first-fit, in the order given.
+    fn place_all(&mut self, pending: &[PendingRule], placed: &mut Vec<(SubId, usize, u32)>) -> Result<(), CompileError> {
+        let mut by_pipe: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, r) in pending.iter().enumerate() {
+            by_pipe.entry(self.preferred_pipe(r.cube)).or_default().push(i);
+        }
+        let mut one_at_a_time: Vec<usize> = vec![];
+        for (p, rules) in by_pipe {
+            let batch: Vec<&PendingRule> = rules.iter().map(|i| &pending[*i]).collect();
+            let boundaries = self.new_root_boundaries(p, &batch);
+            if self.rebuild_is_cheaper(p, rules.len(), boundaries) && self.try_rebuild_adding(p, &batch, placed)? {
+                continue;
+            }
+            one_at_a_time.extend(rules);
+        }
+        one_at_a_time.sort_unstable();
+        for i in one_at_a_time {
+            let r = &pending[i];
+            let (p, slot) = self.place(r.sub, r.cube, r.actions)?;
+            placed.push((r.sub, p, slot));
+        }
+        Ok(())
+    }
+
+    /// The pipeline a new rule tries first: the first whose order starts
+    /// with the rule's key, else pipeline 0.
+    fn preferred_pipe(&self, cube: &Cube) -> usize {
+        let key = self.key_of(cube);
+        key.and_then(|k| self.pipes.iter().position(|p| p.order.first() == Some(&k))).unwrap_or(0)
+    }
+
     /// Puts one new rule into a pipeline: one with the rule's key first,
     /// then any other, the first whose diagram stays within budget.
     fn place(&mut self, sub: SubId, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
@@ -520,44 +669,75 @@ impl CompiledSet {
         let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
         candidates.sort_by_key(|p| (key.is_none_or(|k| self.pipes[*p].order.first() != Some(&k)), *p));
         for p in candidates {
-            if let Ok(r) = self.try_add_rule(p, cube, actions) {
-                return Ok((p, r));
+            match self.try_add_rule(p, cube, actions) {
+                Ok(r) => return Ok((p, r)),
+                Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                Err(BuildStop::Budget { .. }) => {}
             }
         }
         Err(CompileError::NeedsRecompile { sub, pipelines: self.pipes.len(), budget: self.opts.node_budget })
     }
 
     /// Removes subscriptions. On error (an unknown id) nothing changes.
+    ///
+    /// A removal cannot fail once its ids are known: the function inside
+    /// each removed rule's box is rebuilt from fewer rules than before, so
+    /// it needs no more nodes than the diagram had, and no deadline applies
+    /// (it costs no more than the adds did).
     pub fn remove(&mut self, ids: &[SubId]) -> Result<Update, CompileError> {
         for id in ids {
             if !self.subs.contains_key(id) {
                 return Err(CompileError::Unknown(*id));
             }
         }
+        let mut by_pipe: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for id in ids {
             let Some(rules) = self.subs.remove(id) else { continue };
-            for (p, r) in &rules {
-                let rule = self.pipes[*p].rules[*r as usize].clone();
-                self.pipes[*p].index.remove(*r, &rule);
-            }
-            for (p, r) in &rules {
-                let pipe = &self.pipes[*p];
-                let bx = pipe.rules[*r as usize].constraints.clone();
-                let cands = pipe.index.intersecting(&pipe.rules, &bx);
-                let m = &mut self.managers[*p];
-                let start = m.inner_count();
-                // The new function's diagram inside the box is built from
-                // fewer rules than before, so it cannot exceed the budget.
-                let region = build(m, &self.pipes[*p].rules, &cands, usize::MAX).expect("no limit");
-                let root = splice(m, self.pipes[*p].root, region, &bx);
-                self.pipes[*p].root = root;
-                self.pipes[*p].size_estimate += m.inner_count() - start;
-            }
             for (p, r) in rules {
+                by_pipe.entry(p).or_default().push(r);
+            }
+        }
+        for (p, slots) in by_pipe {
+            let rebuild = self.rebuild_is_cheaper(p, slots.len(), 0);
+            for r in &slots {
+                let pipe = &mut self.pipes[p];
+                pipe.index.remove(*r, &pipe.rules[*r as usize]);
+            }
+            if rebuild {
+                self.rebuild_unbounded(p);
+            } else {
+                for r in &slots {
+                    self.splice_out(p, *r);
+                }
+            }
+            for r in slots {
                 self.free_rule(p, r);
             }
         }
         Ok(self.lower_all())
+    }
+
+    /// Rebuilds pipeline `p`'s diagram from the rules its index holds.
+    fn rebuild_unbounded(&mut self, p: usize) {
+        let active = self.pipes[p].index.all();
+        let m = &mut self.managers[p];
+        let root = build(m, &self.pipes[p].rules, &active, usize::MAX, Deadline::NONE).expect("a build without budget or deadline");
+        self.pipes[p].root = root;
+        self.pipes[p].size_estimate = m.reachable(&[root]).len();
+    }
+
+    /// Rebuilds the diagram of pipeline `p` inside rule `r`'s box from the
+    /// rules its index still holds (`r` is no longer indexed).
+    fn splice_out(&mut self, p: usize, r: u32) {
+        let pipe = &self.pipes[p];
+        let bx = pipe.rules[r as usize].constraints.clone();
+        let cands = pipe.index.intersecting(&pipe.rules, &bx);
+        let m = &mut self.managers[p];
+        let start = m.inner_count();
+        let region = build(m, &self.pipes[p].rules, &cands, usize::MAX, Deadline::NONE).expect("a build without budget or deadline");
+        let root = splice(m, self.pipes[p].root, region, &bx, Deadline::NONE).expect("a splice without deadline");
+        self.pipes[p].root = root;
+        self.pipes[p].size_estimate += m.inner_count() - start;
     }
 
     /// After a restart: renames this compile's state and group ids to match
@@ -677,7 +857,7 @@ impl CompiledSet {
                 per_pipe.get_mut(p)?.push(PendingRule { sub: s.id, cube, actions: &s.actions });
             }
         }
-        let mut set = Self::empty(spec, layout.base_order.clone(), opts);
+        let mut set = Self::empty(spec, layout.base_order.clone(), opts, Deadline::NONE);
         for ((order, budget), rules) in layout.pipelines.iter().zip(&per_pipe) {
             let p = set.new_pipe(order.clone());
             set.pipes[p].budget = *budget;
@@ -717,6 +897,23 @@ impl CompiledSet {
     pub fn node_count(&self) -> usize {
         self.pipes.iter().map(|p| p.lowering.inner_nodes()).sum()
     }
+    /// An estimate of the heap bytes the set holds: diagrams (with any
+    /// garbage not yet collected), rules, indexes and lowered pipelines.
+    /// Deterministic, unlike a process's RSS, so a service can refuse a
+    /// change that would take it past a memory limit.
+    pub fn heap_bytes(&self) -> usize {
+        let rules: usize = self
+            .pipes
+            .iter()
+            .flat_map(|p| &p.rules)
+            .map(|r| std::mem::size_of::<Rule>() + r.constraints.iter().map(|(_, set)| 32 + 16 * set.intervals().len()).sum::<usize>())
+            .sum();
+        let index: usize = self.pipes.iter().map(|p| p.index.len() * (p.fields.len() + 1) * 16).sum();
+        let managers: usize = self.managers.iter().map(Manager::heap_bytes).sum();
+        let lowerings: usize = self.pipes.iter().map(|p| p.lowering.heap_bytes()).sum();
+        managers + rules + index + lowerings + self.subs.len() * 64
+    }
+
     pub fn options(&self) -> &CompileOptions {
         &self.opts
     }

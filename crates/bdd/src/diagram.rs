@@ -81,7 +81,15 @@ pub struct Manager {
     leaves: Vec<Leaf>,
     leaf_index: FxHashMap<Leaf, u32>,
     build: FxBuild,
+    /// Arena bytes that were live after the last [`Manager::collect_garbage`].
+    live_bytes_at_collection: usize,
 }
+
+/// Garbage a manager may hold beyond its live size before
+/// [`Manager::wants_collection`] says so: small enough that a server's
+/// memory follows what is installed, large enough that small diagrams are
+/// not compacted after every change.
+const GARBAGE_SLACK_BYTES: usize = 4 << 20;
 
 impl Manager {
     /// A manager for fields of the given widths, in level order.
@@ -95,6 +103,7 @@ impl Manager {
             leaves: vec![],
             leaf_index: FxHashMap::default(),
             build: FxBuild::default(),
+            live_bytes_at_collection: 0,
         };
         let empty = m.leaf(Leaf::default());
         debug_assert_eq!(empty, EMPTY);
@@ -116,6 +125,30 @@ impl Manager {
     }
     pub fn leaf_count(&self) -> usize {
         self.leaves.len()
+    }
+
+    /// Bytes the inner-node arena and its unique table hold, live or not.
+    /// Every path copy a change makes stays here until a collection, so
+    /// this, not the node count, is what a collection must follow: a change
+    /// under a node with many edges makes one node and many edges.
+    pub fn arena_bytes(&self) -> usize {
+        let per_node = std::mem::size_of::<Inner>() + std::mem::size_of::<u64>() + std::mem::size_of::<u32>();
+        self.nodes.capacity() * per_node + self.edges.capacity() * std::mem::size_of::<Edge>()
+    }
+
+    /// Bytes the manager holds: its arena (live or not) and its leaves.
+    pub fn heap_bytes(&self) -> usize {
+        let per_leaf = 2 * std::mem::size_of::<Leaf>() + 16;
+        let updates: usize = self.leaves.iter().map(|l| 2 * l.updates.capacity() * std::mem::size_of::<subc_lang::program::Update>()).sum();
+        self.arena_bytes() + self.leaves.capacity() * per_leaf + updates
+    }
+
+    /// Whether garbage dominates the arena: it holds more than twice what
+    /// was live after the last collection, plus a small slack. Collecting
+    /// costs time proportional to the live part, so collecting only then
+    /// keeps the cost amortized over the garbage made since.
+    pub fn wants_collection(&self) -> bool {
+        self.arena_bytes() > 2 * self.live_bytes_at_collection + GARBAGE_SLACK_BYTES
     }
 
     /// The hash-consed leaf for an action set.
@@ -266,10 +299,14 @@ impl Manager {
     pub fn collect_garbage(&mut self, roots: &mut [NodeId]) -> FxHashMap<NodeId, NodeId> {
         let live = self.reachable(roots);
         let mut map: FxHashMap<NodeId, NodeId> = FxHashMap::default();
-        let old_nodes = std::mem::take(&mut self.nodes);
-        let old_edges = std::mem::take(&mut self.edges);
-        self.hashes.clear();
-        self.unique.clear();
+        let live_nodes = live.iter().filter(|n| !n.is_leaf()).count();
+        let live_edges: usize = live.iter().map(|n| self.edges(*n).len()).sum();
+        // Fresh, exactly sized arenas: the old ones (and their capacity) go
+        // back to the allocator.
+        let old_nodes = std::mem::replace(&mut self.nodes, Vec::with_capacity(live_nodes));
+        let old_edges = std::mem::replace(&mut self.edges, Vec::with_capacity(live_edges));
+        self.hashes = Vec::with_capacity(live_nodes);
+        self.unique = HashTable::with_capacity(live_nodes);
         for n in live {
             if n.is_leaf() {
                 continue;
@@ -287,6 +324,7 @@ impl Manager {
                 *r = map[r];
             }
         }
+        self.live_bytes_at_collection = self.arena_bytes();
         map
     }
 }

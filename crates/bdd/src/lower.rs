@@ -86,6 +86,17 @@ impl Lowering {
     pub fn fields(&self) -> &[FieldInfo] {
         &self.fields
     }
+    /// An estimate of the bytes this lowering holds: its maps from nodes to
+    /// states and reference counts, and the pipeline's entries (B-tree
+    /// entries cost about twice their key and value).
+    pub fn heap_bytes(&self) -> usize {
+        let per_map_entry = 32;
+        let entries: usize = self.pipeline.tables.iter().map(|t| t.entries.len()).sum();
+        (self.node_state.capacity() + self.refs.capacity() + self.groups.capacity()) * per_map_entry
+            + entries * 2 * std::mem::size_of::<((StateId, Match), StateId)>()
+            + self.pipeline.leaves.len() * 2 * (std::mem::size_of::<StateId>() + std::mem::size_of::<crate::pipeline::LeafEntry>())
+    }
+
     /// Live inner nodes (states of field tables).
     pub fn inner_nodes(&self) -> usize {
         self.node_state.keys().filter(|n| !n.is_leaf()).count()

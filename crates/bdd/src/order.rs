@@ -97,14 +97,16 @@ fn permute(items: &[QueryFieldId], prefix: &mut Vec<QueryFieldId>, out: &mut Vec
 /// The candidate order whose compile of a sample is smallest (entries, then
 /// pipelines, then nodes), with the heuristic order winning ties. When the
 /// sample is the whole set, the winning compile is returned too.
+/// Fails only when `deadline` passes.
 pub fn measure_orders(
     spec: &Spec,
     subs: &[NfSubscription],
     opts: &crate::CompileOptions,
-) -> (Vec<QueryFieldId>, Option<crate::CompiledSet>) {
+    deadline: crate::build::Deadline,
+) -> Result<(Vec<QueryFieldId>, Option<crate::CompiledSet>), crate::CompileError> {
     let candidates = candidate_orders(spec, subs);
     if candidates.len() == 1 || subs.len() < 2 {
-        return (candidates.into_iter().next().unwrap_or_default(), None);
+        return Ok((candidates.into_iter().next().unwrap_or_default(), None));
     }
     // A deterministic sample spread over the whole set.
     let step = subs.len().div_ceil(SAMPLE).max(1);
@@ -116,12 +118,16 @@ pub fn measure_orders(
     for (i, order) in candidates.into_iter().enumerate() {
         let mut o = opts.clone();
         o.order = Some(order.clone());
-        if let Ok(set) = crate::CompiledSet::compile(spec, &sample, o) {
+        let compiled = crate::CompiledSet::compile_until(spec, &sample, o, deadline.instant());
+        if compiled.as_ref().err() == Some(&crate::CompileError::DeadlineExceeded) {
+            return Err(crate::CompileError::DeadlineExceeded);
+        }
+        if let Ok(set) = compiled {
             // A set split over pipelines orders each pipeline by its key
             // field first; the base order then matters little, and
             // measuring every candidate would cost a split each.
             if i == 0 && set.pipeline_count() > 1 {
-                return (order, whole.then_some(set));
+                return Ok((order, whole.then_some(set)));
             }
             let entries: usize = set.pipelines().iter().map(|p| p.entry_count()).sum();
             let key = (entries, set.pipeline_count(), set.node_count());
@@ -130,8 +136,8 @@ pub fn measure_orders(
             }
         }
     }
-    match best {
+    Ok(match best {
         Some((_, order, set)) => (order, whole.then_some(set)),
         None => (choose_order(spec, subs, None), None),
-    }
+    })
 }
