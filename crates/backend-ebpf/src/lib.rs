@@ -104,6 +104,10 @@ pub enum EbpfError {
     Template(String),
     #[error("clang failed: {0}")]
     Clang(String),
+    /// clang ran out of [`clang::ClangOptions::timeout`]; it and every
+    /// process it started were killed.
+    #[error("clang (`{clang}`) did not finish within its time limit of {} s and was killed, with every process it started", .limit.as_secs_f64())]
+    ClangTimeout { clang: String, limit: std::time::Duration },
     #[error("target config: {0}")]
     Target(String),
     #[error("{context}: {source}")]
