@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use subc_backend_ebpf::clang::{self, BuildFlags};
+use std::time::Duration;
+use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
 use subc_backend_ebpf::loader::{self, AttachMode, Dataplane, Deployment};
 use subc_backend_ebpf::target::TargetConfig;
-use subc_backend_ebpf::{write_program, Capacity, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_backend_ebpf::{write_program, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
 use subc_lang::interp::{Decision, Slot, StateStore};
 use subc_lang::pcap::PcapPacket;
 use subc_lang::Program;
@@ -48,6 +49,18 @@ pub struct EbpfArgs {
     /// rewrites. Test runs really transmit TC's clones on those interfaces.
     #[arg(long, value_name = "FILE")]
     pub target_config: Option<PathBuf>,
+    /// eBPF: how many seconds clang may spend compiling the generated C.
+    /// When they run out, clang and every process it started are killed and
+    /// the command fails naming this limit, instead of hanging. The examples
+    /// compile in about a second; sets of tens of thousands of subscriptions
+    /// or a spec with thousands of headers can take minutes: raise it for
+    /// those.
+    #[arg(long, value_name = "SECS", default_value_t = ClangOptions::DEFAULT_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub clang_timeout: u64,
+    /// eBPF: the clang to run, a name looked up in PATH or a path (for
+    /// another version than the default one, e.g. `clang-19`).
+    #[arg(long, value_name = "PATH", env = "SUBC_CLANG", default_value = "clang")]
+    pub clang: PathBuf,
 }
 
 impl EbpfArgs {
@@ -64,6 +77,20 @@ impl EbpfArgs {
             capacity: Capacity { headroom: self.headroom, ..Capacity::default() },
         }
     }
+
+    pub fn clang_options(&self) -> ClangOptions {
+        ClangOptions { clang: self.clang.clone(), timeout: Duration::from_secs(self.clang_timeout) }
+    }
+
+    /// Compiles generated C with this command line's clang and limit.
+    fn compile_object(&self, source: &str, flags: BuildFlags) -> Result<Vec<u8>> {
+        clang::compile_with(source, flags, &self.clang_options()).map_err(|e| match e {
+            EbpfError::ClangTimeout { .. } => {
+                anyhow::Error::new(e).context("compiling the generated C (--clang-timeout SECS gives clang longer)")
+            }
+            e => e.into(),
+        })
+    }
 }
 
 /// `subc compile --target ebpf -o DIR`: `subc.c`, `subc.o`, `maps.json`,
@@ -74,7 +101,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out:
     };
     let (set, _) = compile_program(program, compiler)?;
     let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
-    let object = clang::compile(&a.source, BuildFlags::default())?;
+    let object = ebpf.compile_object(&a.source, BuildFlags::default())?;
     write_outputs(
         Some(out),
         &[
@@ -167,7 +194,7 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
     }
     let (set, _) = compile_program(program, compiler)?;
     let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
-    let object = clang::compile(&a.source, BuildFlags::test())?;
+    let object = ebpf.compile_object(&a.source, BuildFlags::test())?;
     let dp = Dataplane::load_with_image(&object, a.model, a.image)?;
     let cfg = read_target_config(ebpf.target_config.as_deref())?;
     dp.configure(&cfg)?;
