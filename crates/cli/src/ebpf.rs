@@ -188,6 +188,12 @@ fn slot_json(s: &Slot) -> serde_json::Value {
 }
 
 /// `subc sim --engine ebpf`: every packet through `BPF_PROG_TEST_RUN`.
+///
+/// A packet the kernel does not run (a frame of a size `BPF_PROG_TEST_RUN`
+/// refuses, or any other failure of its test run) gets a line with its
+/// error instead of a decision, and the run goes on with the next packet;
+/// the exit status is 1 if any packet failed. Errors that are not one
+/// packet's (reading the maps back) end the run, naming the packet.
 pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, ebpf: &EbpfArgs, json: bool) -> Result<ExitCode> {
     if !loader::can_load_bpf() {
         bail!("--engine ebpf loads a BPF program into the kernel: run as root, with CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
@@ -198,63 +204,22 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
     let dp = Dataplane::load_with_image(&object, a.model, a.image)?;
     let cfg = read_target_config(ebpf.target_config.as_deref())?;
     dp.configure(&cfg)?;
-    let hook = dp.model.hook;
     let mut state = dp.read_state(&program.spec)?;
     let mut out = std::io::stdout().lock();
+    let mut failed = vec![];
     for (i, p) in packets.iter().enumerate() {
-        if p.data.len() < 14 {
-            writeln!(out, "packet {i:>4}: skipped ({} bytes; BPF_PROG_TEST_RUN needs an Ethernet header)", p.data.len())?;
-            continue;
-        }
-        dp.clear_record()?;
-        let r = dp.test_run(&p.data, p.ts_ns, cfg.no_match, 1)?;
-        let rec = r.record.clone().unwrap_or(loader::Record { decision: 0, drop: false, ports: vec![] });
-        let (parsed, decision) = decision_of(rec.decision);
-        let after = dp.read_state(&program.spec)?;
-        let changes = state_changes(program, &state, &after);
-        state = after;
-        let egress: Vec<serde_json::Value> = rec
-            .ports
-            .iter()
-            .map(|port| match cfg.ports.get(port) {
-                Some(e) => serde_json::json!({"port": port, "interface": e.interface}),
-                None => serde_json::json!({"port": port, "interface": null}),
-            })
-            .collect();
-        let rw = rewritten(&p.data, &r.data);
-        let line = if json {
-            serde_json::json!({
-                "packet": i,
-                "matched": null,
-                "ports": rec.ports,
-                "decision": decision.as_str(),
-                "verdict": verdict_name(hook, r.verdict),
-                "egress": egress,
-                "rewritten": rw,
-                "state": changes,
-            })
-            .to_string()
-        } else {
-            let ports: Vec<String> = rec.ports.iter().map(u32::to_string).collect();
-            let what = match decision {
-                Decision::Forward => format!("forward to {}", ports.join(",")),
-                d => d.as_str().to_string(),
-            };
-            let mut s =
-                format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, r.verdict));
-            for e in &egress {
-                if let Some(name) = e["interface"].as_str() {
-                    s.push_str(&format!("\n              port {} -> {name}", e["port"]));
-                }
+        dp.clear_record().with_context(|| format!("packet {i}"))?;
+        let line = match dp.test_run(&p.data, p.ts_ns, cfg.no_match, 1) {
+            Ok(run) => {
+                let after = dp.read_state(&program.spec).with_context(|| format!("packet {i}"))?;
+                let changes = state_changes(program, &state, &after);
+                state = after;
+                decided_line(i, dp.model.hook, &cfg, &p.data, &run, &changes, json)
             }
-            if !rw.is_empty() {
-                let parts: Vec<String> = rw.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                s.push_str(&format!("\n              rewritten {}", parts.join(" ")));
+            Err(e) => {
+                failed.push(i);
+                error_line(i, &e, json)
             }
-            for c in &changes {
-                s.push_str(&format!("\n              state {}[{}] = {}", c["state"].as_str().unwrap_or(""), c["slot"], c["value"]));
-            }
-            s
         };
         match writeln!(out, "{line}") {
             Ok(()) => {}
@@ -262,7 +227,84 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    if failed.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let shown: Vec<String> = failed.iter().take(10).map(usize::to_string).collect();
+    let more = if failed.len() > shown.len() { ", ..." } else { "" };
+    eprintln!(
+        "error: {} of {} packets did not run in the kernel (packets {}{more}; see their lines)",
+        failed.len(),
+        packets.len(),
+        shown.join(", ")
+    );
+    Ok(ExitCode::from(1))
+}
+
+/// The line of a packet the kernel decided: the JSON object every engine
+/// prints (plus verdict, egress, rewrites and state changes), or text.
+fn decided_line(
+    i: usize,
+    hook: Hook,
+    cfg: &TargetConfig,
+    packet: &[u8],
+    run: &loader::TestRun,
+    changes: &[serde_json::Value],
+    json: bool,
+) -> String {
+    let rec = run.record.clone().unwrap_or(loader::Record { decision: 0, drop: false, ports: vec![] });
+    let (parsed, decision) = decision_of(rec.decision);
+    let egress: Vec<serde_json::Value> = rec
+        .ports
+        .iter()
+        .map(|port| match cfg.ports.get(port) {
+            Some(e) => serde_json::json!({"port": port, "interface": e.interface}),
+            None => serde_json::json!({"port": port, "interface": null}),
+        })
+        .collect();
+    let rw = rewritten(packet, &run.data);
+    if json {
+        return serde_json::json!({
+            "packet": i,
+            "matched": null,
+            "ports": rec.ports,
+            "decision": decision.as_str(),
+            "verdict": verdict_name(hook, run.verdict),
+            "egress": egress,
+            "rewritten": rw,
+            "state": changes,
+        })
+        .to_string();
+    }
+    let ports: Vec<String> = rec.ports.iter().map(u32::to_string).collect();
+    let what = match decision {
+        Decision::Forward => format!("forward to {}", ports.join(",")),
+        d => d.as_str().to_string(),
+    };
+    let mut s = format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, run.verdict));
+    for e in &egress {
+        if let Some(name) = e["interface"].as_str() {
+            s.push_str(&format!("\n              port {} -> {name}", e["port"]));
+        }
+    }
+    if !rw.is_empty() {
+        let parts: Vec<String> = rw.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        s.push_str(&format!("\n              rewritten {}", parts.join(" ")));
+    }
+    for c in changes {
+        s.push_str(&format!("\n              state {}[{}] = {}", c["state"].as_str().unwrap_or(""), c["slot"], c["value"]));
+    }
+    s
+}
+
+/// The line of a packet the kernel did not run: `{"packet": N, "error": ...}`
+/// or `packet N: error: ...`.
+fn error_line(i: usize, e: &EbpfError, json: bool) -> String {
+    if json {
+        serde_json::json!({"packet": i, "error": e.to_string()}).to_string()
+    } else {
+        format!("packet {i:>4}: error: {e}")
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]

@@ -107,6 +107,80 @@ fn compile_kills_a_slow_clang_at_its_time_limit() {
     }
 }
 
+/// A pcap of four frames: two the reference forwards, then a 20-byte
+/// frame (TC's `BPF_PROG_TEST_RUN` refuses an IPv4 EtherType without a
+/// whole IPv4 header on recent kernels; XDP takes it) and a 200 KB frame
+/// (beyond what either hook takes: a page for TC, a page and the most
+/// fragments an XDP buffer has), between them.
+fn odd_frames_pcap(dir: &Path) -> std::path::PathBuf {
+    use subc_lang::pcap::{write_pcap, PcapPacket};
+    let itch = subc_workload::examples::example_packets("itch").unwrap();
+    let (a, b) = (&itch[2], &itch[4]);
+    let mut huge = b.data.clone();
+    huge.resize(200 * 1024, 0);
+    let packets = [
+        a.clone(),
+        PcapPacket { ts_ns: a.ts_ns + 1, data: a.data[..20].to_vec() },
+        PcapPacket { ts_ns: a.ts_ns + 2, data: huge },
+        PcapPacket { ts_ns: b.ts_ns, data: b.data.clone() },
+    ];
+    let path = dir.join("odd.pcap");
+    std::fs::write(&path, write_pcap(&packets)).unwrap();
+    path
+}
+
+/// A frame the kernel will not test-run is that packet's error, not the
+/// run's: every packet gets its line, in order, the others are decided as
+/// the reference decides them, and the exit status says that some failed.
+#[test]
+fn sim_in_the_kernel_reports_refused_frames_and_goes_on() {
+    if !kernel_available("sim_in_the_kernel_reports_refused_frames_and_goes_on") {
+        return;
+    }
+    let dir = tempdir("frames");
+    let pcap = odd_frames_pcap(dir.path());
+    let pcap = pcap.to_str().unwrap();
+    let json_lines = |s: &str| -> Vec<serde_json::Value> { s.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    let reference = json_lines(&ok(&subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ref", "--json"])));
+    assert_eq!(reference[0]["ports"], serde_json::json!([5]));
+    assert_eq!(reference[3]["ports"], serde_json::json!([4]));
+    for hook in ["tc", "xdp"] {
+        let out = subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ebpf", "--hook", hook, "--json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{hook}: {stderr}");
+        let lines = json_lines(&String::from_utf8(out.stdout).unwrap());
+        assert_eq!(lines.len(), 4, "{hook}: {lines:?}\n{stderr}");
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(l["packet"], i, "{hook}: {l}");
+            let error = l.get("error").and_then(|e| e.as_str());
+            match (i, error) {
+                (0 | 3, None) => {
+                    assert_eq!((&l["ports"], &l["decision"]), (&reference[i]["ports"], &reference[i]["decision"]), "{hook}: {l}")
+                }
+                // Decided (XDP, older kernels' TC): as the reference, which
+                // cannot parse it.
+                (1, None) => {
+                    assert_eq!((&l["ports"], &l["decision"]), (&reference[1]["ports"], &serde_json::json!("no_match")), "{hook}: {l}")
+                }
+                (1, Some(e)) => assert!(hook == "tc" && e.contains("20-byte") && e.contains("EtherType 0x0800"), "{hook}: {e}"),
+                (2, Some(e)) => assert!(e.contains("204800-byte") && e.contains(" bytes"), "{hook}: {e}"),
+                _ => panic!("{hook}: packet {i}: {l}"),
+            }
+            if error.is_some() {
+                assert_eq!(l.as_object().unwrap().len(), 2, "an error line holds the packet and the error: {l}");
+            }
+        }
+    }
+    let out = subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ebpf"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let heads: Vec<&str> = text.lines().filter(|l| l.starts_with("packet")).collect();
+    assert_eq!(heads.len(), 4, "{text}");
+    assert!(heads[0].starts_with("packet    0: forward to 5"), "{text}");
+    assert!(heads[2].starts_with("packet    2: error: ") && heads[2].contains("204800-byte"), "{text}");
+    assert!(heads[3].starts_with("packet    3: forward to 4"), "{text}");
+}
+
 /// An eBPF deployment made by `subc attach --name NAME`: `subc detach NAME`
 /// runs on drop unless `detach` already ran it.
 struct Attached {
