@@ -9,7 +9,8 @@
 //!   [`clang`] (C to a BPF object; a compiler, no kernel);
 //! - [`loader`]: libbpf-rs. Load, pin under bpffs, attach (XDP native or
 //!   generic, TC through tcx or clsact), fill maps, apply updates, detach,
-//!   status, and `BPF_PROG_TEST_RUN`; [`testnet`]: network namespaces for
+//!   status, and `BPF_PROG_TEST_RUN`; [`frames`]: which frames
+//!   `BPF_PROG_TEST_RUN` takes, measured; [`testnet`]: network namespaces for
 //!   the end-to-end test and the fan-out benchmark; [`pinned`]: a deployment reopened from
 //!   its pins by another process (maps read back and checked, updates,
 //!   programs replaced under live attachments).
@@ -23,6 +24,7 @@ pub mod clang;
 pub mod codegen;
 pub mod encode;
 pub mod fieldread;
+pub mod frames;
 pub mod layout;
 pub mod loader;
 pub mod model;
@@ -104,6 +106,10 @@ pub enum EbpfError {
     Template(String),
     #[error("clang failed: {0}")]
     Clang(String),
+    /// clang ran out of [`clang::ClangOptions::timeout`]; it and every
+    /// process it started were killed.
+    #[error("clang (`{clang}`) did not finish within its time limit of {} s and was killed, with every process it started", .limit.as_secs_f64())]
+    ClangTimeout { clang: String, limit: std::time::Duration },
     #[error("target config: {0}")]
     Target(String),
     #[error("{context}: {source}")]
@@ -120,6 +126,10 @@ pub enum EbpfError {
     },
     #[error("{0}")]
     Kernel(String),
+    /// `BPF_PROG_TEST_RUN` takes no frame of this size for any program of
+    /// the hook's type (see [`frames`]): the frame was not run.
+    #[error("BPF_PROG_TEST_RUN refuses this {len}-byte frame: {limits}")]
+    FrameRefused { len: usize, limits: frames::FrameLimits },
 }
 
 impl EbpfError {

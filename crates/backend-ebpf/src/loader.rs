@@ -29,6 +29,17 @@ use std::time::{Duration, Instant};
 use subc_lang::interp::{Slot, StateStore};
 use subc_lang::spec::{Spec, StateKind};
 
+/// Why `BPF_PROG_TEST_RUN` failed on `packet`: the frame itself if the
+/// kernel refuses it for a program that does nothing, else the program.
+fn test_run_error(hook: Hook, packet: &[u8], e: libbpf_rs::Error) -> EbpfError {
+    if let Ok(true) = crate::frames::refuses(hook, packet) {
+        if let Ok(Some(limits)) = crate::frames::frame_limits(hook, packet) {
+            return EbpfError::FrameRefused { len: packet.len(), limits };
+        }
+    }
+    EbpfError::bpf("BPF_PROG_TEST_RUN", e)
+}
+
 /// A loaded program and its maps.
 pub struct Dataplane {
     obj: Object,
@@ -226,14 +237,19 @@ impl Dataplane {
     }
 
     /// Runs one packet through the deciding program with `BPF_PROG_TEST_RUN`
-    /// (`now_ns` is the clock of builds with `SUBC_CLOCK_MAP`).
+    /// (`now_ns` is the clock of builds with `SUBC_CLOCK_MAP`). A frame the
+    /// kernel test-runs for no program of this hook (too short, too long)
+    /// is [`EbpfError::FrameRefused`], with the kernel's limits.
     pub fn test_run(&self, packet: &[u8], now_ns: u64, no_match: NoMatch, repeat: u32) -> Result<TestRun, EbpfError> {
         self.apply(&[config_op(&self.model, no_match, now_ns)])?;
         let name = self.main_program_name();
         let prog = self.obj.progs_mut().find(|p| p.name() == name).ok_or_else(|| EbpfError::Kernel(format!("no program {name}")))?;
         let mut out = vec![0u8; packet.len() + 256];
         let input = ProgramInput { data_in: Some(packet), data_out: Some(&mut out), repeat, ..Default::default() };
-        let o = prog.test_run(input).map_err(|e| EbpfError::bpf("BPF_PROG_TEST_RUN", e))?;
+        let o = match prog.test_run(input) {
+            Ok(o) => o,
+            Err(e) => return Err(test_run_error(self.model.hook, packet, e)),
+        };
         let verdict = o.return_value;
         let ns = o.duration.as_nanos() as u64;
         let data = o.data.map(|d| d.to_vec()).unwrap_or_default();

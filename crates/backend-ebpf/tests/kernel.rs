@@ -164,6 +164,47 @@ fn examples_agree_with_the_interpreter() {
     }
 }
 
+/// Frames `BPF_PROG_TEST_RUN` does not take (a 13-byte frame, a 200 KB
+/// one, and a frame one byte longer than the measured limit) are
+/// `FrameRefused` with the kernel's limits and change no state; a frame of
+/// exactly the limit runs. So the limits measured with a do-nothing program
+/// are the generated program's.
+#[test]
+fn refused_frames_name_the_kernels_limits() {
+    if !kernel_available("refused_frames_name_the_kernels_limits") {
+        return;
+    }
+    let p = example("itch");
+    let set = compile(&p);
+    let good = example_packets("itch")[2].data.clone();
+    for hook in [Hook::Xdp, Hook::Tc] {
+        let dp = load(&p, &set, &EbpfOptions { hook, ..Default::default() });
+        let limits = subc_backend_ebpf::frames::frame_limits(hook, &good).unwrap().expect("a full frame runs");
+        assert_eq!(limits.ethertype, Some(0x0800));
+        assert!(limits.min >= 14 && limits.max >= 1514 && limits.max < 200 * 1024, "{limits:?}");
+        let before = dp.read_state(&p.spec).unwrap();
+        let sized = |len: usize| {
+            let mut f = good.clone();
+            f.resize(len, 0);
+            f
+        };
+        for frame in [good[..13].to_vec(), sized(200 * 1024), sized(limits.max + 1)] {
+            match dp.test_run(&frame, 1, NoMatch::Pass, 1) {
+                Err(EbpfError::FrameRefused { len, limits: l }) => {
+                    assert_eq!(len, frame.len());
+                    assert_eq!((l.hook, l.max), (hook, limits.max), "{hook:?}: {l}");
+                    let message = EbpfError::FrameRefused { len, limits: l }.to_string();
+                    assert!(message.contains(&format!("{len}-byte")) && message.contains(&format!("to {} bytes", l.max)), "{message}");
+                }
+                r => panic!("{hook:?}, {} bytes: {:?}", frame.len(), r.map(|r| r.verdict)),
+            }
+        }
+        assert_eq!(dp.read_state(&p.spec).unwrap(), before, "{hook:?}: a refused frame changed state");
+        dp.test_run(&sized(limits.max), 1, NoMatch::Pass, 1).unwrap_or_else(|e| panic!("{hook:?}: {e}"));
+        dp.test_run(&sized(limits.min), 1, NoMatch::Pass, 1).unwrap_or_else(|e| panic!("{hook:?}: {e}"));
+    }
+}
+
 #[test]
 fn ewma_spike_triggers_and_clears() {
     if !kernel_available("ewma_spike_triggers_and_clears") {

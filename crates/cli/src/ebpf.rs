@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use subc_backend_ebpf::clang::{self, BuildFlags};
+use std::time::Duration;
+use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
 use subc_backend_ebpf::loader::{self, AttachMode, Dataplane, Deployment};
 use subc_backend_ebpf::target::TargetConfig;
-use subc_backend_ebpf::{write_program, Capacity, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_backend_ebpf::{write_program, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
 use subc_lang::interp::{Decision, Slot, StateStore};
 use subc_lang::pcap::PcapPacket;
 use subc_lang::Program;
@@ -48,6 +49,18 @@ pub struct EbpfArgs {
     /// rewrites. Test runs really transmit TC's clones on those interfaces.
     #[arg(long, value_name = "FILE")]
     pub target_config: Option<PathBuf>,
+    /// eBPF: how many seconds clang may spend compiling the generated C.
+    /// When they run out, clang and every process it started are killed and
+    /// the command fails naming this limit, instead of hanging. The examples
+    /// compile in about a second; sets of tens of thousands of subscriptions
+    /// or a spec with thousands of headers can take minutes: raise it for
+    /// those.
+    #[arg(long, value_name = "SECS", default_value_t = ClangOptions::DEFAULT_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub clang_timeout: u64,
+    /// eBPF: the clang to run, a name looked up in PATH or a path (for
+    /// another version than the default one, e.g. `clang-19`).
+    #[arg(long, value_name = "PATH", env = "SUBC_CLANG", default_value = "clang")]
+    pub clang: PathBuf,
 }
 
 impl EbpfArgs {
@@ -64,6 +77,20 @@ impl EbpfArgs {
             capacity: Capacity { headroom: self.headroom, ..Capacity::default() },
         }
     }
+
+    pub fn clang_options(&self) -> ClangOptions {
+        ClangOptions { clang: self.clang.clone(), timeout: Duration::from_secs(self.clang_timeout) }
+    }
+
+    /// Compiles generated C with this command line's clang and limit.
+    fn compile_object(&self, source: &str, flags: BuildFlags) -> Result<Vec<u8>> {
+        clang::compile_with(source, flags, &self.clang_options()).map_err(|e| match e {
+            EbpfError::ClangTimeout { .. } => {
+                anyhow::Error::new(e).context("compiling the generated C (--clang-timeout SECS gives clang longer)")
+            }
+            e => e.into(),
+        })
+    }
 }
 
 /// `subc compile --target ebpf -o DIR`: `subc.c`, `subc.o`, `maps.json`,
@@ -74,7 +101,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out:
     };
     let (set, _) = compile_program(program, compiler)?;
     let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
-    let object = clang::compile(&a.source, BuildFlags::default())?;
+    let object = ebpf.compile_object(&a.source, BuildFlags::default())?;
     write_outputs(
         Some(out),
         &[
@@ -161,73 +188,38 @@ fn slot_json(s: &Slot) -> serde_json::Value {
 }
 
 /// `subc sim --engine ebpf`: every packet through `BPF_PROG_TEST_RUN`.
+///
+/// A packet the kernel does not run (a frame of a size `BPF_PROG_TEST_RUN`
+/// refuses, or any other failure of its test run) gets a line with its
+/// error instead of a decision, and the run goes on with the next packet;
+/// the exit status is 1 if any packet failed. Errors that are not one
+/// packet's (reading the maps back) end the run, naming the packet.
 pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, ebpf: &EbpfArgs, json: bool) -> Result<ExitCode> {
     if !loader::can_load_bpf() {
         bail!("--engine ebpf loads a BPF program into the kernel: run as root, with CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
     let (set, _) = compile_program(program, compiler)?;
     let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
-    let object = clang::compile(&a.source, BuildFlags::test())?;
+    let object = ebpf.compile_object(&a.source, BuildFlags::test())?;
     let dp = Dataplane::load_with_image(&object, a.model, a.image)?;
     let cfg = read_target_config(ebpf.target_config.as_deref())?;
     dp.configure(&cfg)?;
-    let hook = dp.model.hook;
     let mut state = dp.read_state(&program.spec)?;
     let mut out = std::io::stdout().lock();
+    let mut failed = vec![];
     for (i, p) in packets.iter().enumerate() {
-        if p.data.len() < 14 {
-            writeln!(out, "packet {i:>4}: skipped ({} bytes; BPF_PROG_TEST_RUN needs an Ethernet header)", p.data.len())?;
-            continue;
-        }
-        dp.clear_record()?;
-        let r = dp.test_run(&p.data, p.ts_ns, cfg.no_match, 1)?;
-        let rec = r.record.clone().unwrap_or(loader::Record { decision: 0, drop: false, ports: vec![] });
-        let (parsed, decision) = decision_of(rec.decision);
-        let after = dp.read_state(&program.spec)?;
-        let changes = state_changes(program, &state, &after);
-        state = after;
-        let egress: Vec<serde_json::Value> = rec
-            .ports
-            .iter()
-            .map(|port| match cfg.ports.get(port) {
-                Some(e) => serde_json::json!({"port": port, "interface": e.interface}),
-                None => serde_json::json!({"port": port, "interface": null}),
-            })
-            .collect();
-        let rw = rewritten(&p.data, &r.data);
-        let line = if json {
-            serde_json::json!({
-                "packet": i,
-                "matched": null,
-                "ports": rec.ports,
-                "decision": decision.as_str(),
-                "verdict": verdict_name(hook, r.verdict),
-                "egress": egress,
-                "rewritten": rw,
-                "state": changes,
-            })
-            .to_string()
-        } else {
-            let ports: Vec<String> = rec.ports.iter().map(u32::to_string).collect();
-            let what = match decision {
-                Decision::Forward => format!("forward to {}", ports.join(",")),
-                d => d.as_str().to_string(),
-            };
-            let mut s =
-                format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, r.verdict));
-            for e in &egress {
-                if let Some(name) = e["interface"].as_str() {
-                    s.push_str(&format!("\n              port {} -> {name}", e["port"]));
-                }
+        dp.clear_record().with_context(|| format!("packet {i}"))?;
+        let line = match dp.test_run(&p.data, p.ts_ns, cfg.no_match, 1) {
+            Ok(run) => {
+                let after = dp.read_state(&program.spec).with_context(|| format!("packet {i}"))?;
+                let changes = state_changes(program, &state, &after);
+                state = after;
+                decided_line(i, dp.model.hook, &cfg, &p.data, &run, &changes, json)
             }
-            if !rw.is_empty() {
-                let parts: Vec<String> = rw.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                s.push_str(&format!("\n              rewritten {}", parts.join(" ")));
+            Err(e) => {
+                failed.push(i);
+                error_line(i, &e, json)
             }
-            for c in &changes {
-                s.push_str(&format!("\n              state {}[{}] = {}", c["state"].as_str().unwrap_or(""), c["slot"], c["value"]));
-            }
-            s
         };
         match writeln!(out, "{line}") {
             Ok(()) => {}
@@ -235,7 +227,84 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    if failed.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let shown: Vec<String> = failed.iter().take(10).map(usize::to_string).collect();
+    let more = if failed.len() > shown.len() { ", ..." } else { "" };
+    eprintln!(
+        "error: {} of {} packets did not run in the kernel (packets {}{more}; see their lines)",
+        failed.len(),
+        packets.len(),
+        shown.join(", ")
+    );
+    Ok(ExitCode::from(1))
+}
+
+/// The line of a packet the kernel decided: the JSON object every engine
+/// prints (plus verdict, egress, rewrites and state changes), or text.
+fn decided_line(
+    i: usize,
+    hook: Hook,
+    cfg: &TargetConfig,
+    packet: &[u8],
+    run: &loader::TestRun,
+    changes: &[serde_json::Value],
+    json: bool,
+) -> String {
+    let rec = run.record.clone().unwrap_or(loader::Record { decision: 0, drop: false, ports: vec![] });
+    let (parsed, decision) = decision_of(rec.decision);
+    let egress: Vec<serde_json::Value> = rec
+        .ports
+        .iter()
+        .map(|port| match cfg.ports.get(port) {
+            Some(e) => serde_json::json!({"port": port, "interface": e.interface}),
+            None => serde_json::json!({"port": port, "interface": null}),
+        })
+        .collect();
+    let rw = rewritten(packet, &run.data);
+    if json {
+        return serde_json::json!({
+            "packet": i,
+            "matched": null,
+            "ports": rec.ports,
+            "decision": decision.as_str(),
+            "verdict": verdict_name(hook, run.verdict),
+            "egress": egress,
+            "rewritten": rw,
+            "state": changes,
+        })
+        .to_string();
+    }
+    let ports: Vec<String> = rec.ports.iter().map(u32::to_string).collect();
+    let what = match decision {
+        Decision::Forward => format!("forward to {}", ports.join(",")),
+        d => d.as_str().to_string(),
+    };
+    let mut s = format!("packet {i:>4}: {what}{}  [{}]", if parsed { "" } else { " (did not parse)" }, verdict_name(hook, run.verdict));
+    for e in &egress {
+        if let Some(name) = e["interface"].as_str() {
+            s.push_str(&format!("\n              port {} -> {name}", e["port"]));
+        }
+    }
+    if !rw.is_empty() {
+        let parts: Vec<String> = rw.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        s.push_str(&format!("\n              rewritten {}", parts.join(" ")));
+    }
+    for c in changes {
+        s.push_str(&format!("\n              state {}[{}] = {}", c["state"].as_str().unwrap_or(""), c["slot"], c["value"]));
+    }
+    s
+}
+
+/// The line of a packet the kernel did not run: `{"packet": N, "error": ...}`
+/// or `packet N: error: ...`.
+fn error_line(i: usize, e: &EbpfError, json: bool) -> String {
+    if json {
+        serde_json::json!({"packet": i, "error": e.to_string()}).to_string()
+    } else {
+        format!("packet {i:>4}: error: {e}")
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]

@@ -75,6 +75,9 @@ pub struct SimArgs {
     /// One JSON object per packet: packet, matched, ports, decision. Only the
     /// reference engine knows which subscriptions matched; the others print
     /// `"matched": null`. Diff two engines' outputs on `ports` and `decision`.
+    /// A packet the kernel does not run (`--engine ebpf`: a frame shorter or
+    /// longer than BPF_PROG_TEST_RUN takes) prints `{"packet": N, "error": "..."}`
+    /// instead, the run goes on, and the exit status is 1.
     #[arg(long)]
     json: bool,
     #[command(flatten)]

@@ -4,30 +4,20 @@
 
 mod common;
 
-use common::{kernel_available, ok, subc, try_subc_with};
-use std::path::{Path, PathBuf};
+use common::{kernel_available, ok, subc, subc_with, try_subc_with};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir(tag: &str) -> TempDir {
-    let d = std::env::temp_dir().join(format!("subc-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
+/// A fresh directory of an unpredictable name, removed on drop.
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("subc-cli-{tag}")).tempdir().unwrap()
 }
 
 #[test]
 fn compile_writes_source_object_layout_and_entries() {
     let dir = tempdir("compile");
-    let out = dir.0.join("out");
+    let out = dir.path().join("out");
     ok(&subc(&["compile", "examples/topic-broker", "--target", "ebpf", "--hook", "xdp", "-o", out.to_str().unwrap()]));
     let c = std::fs::read_to_string(out.join("subc.c")).unwrap();
     assert!(c.contains("SEC(\"xdp\")") && c.contains("int subc_tc_fanout"));
@@ -57,6 +47,138 @@ fn sim_in_the_kernel_agrees_with_the_reference() {
     assert_eq!(decisions("ebpf"), decisions("ref"));
     let text = ok(&subc(&["sim", "examples/ewma-channels", "--engine", "ebpf"]));
     assert!(text.contains("forward to 2") && text.contains("state chan_ewma[7]"), "{text}");
+}
+
+/// A "clang" that never finishes: a shell script that records its pid and
+/// its child's (a long `sleep`) in `dir`, then waits for the child.
+fn slow_clang(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("clang");
+    let script = format!("#!/bin/sh\necho $$ > {d}/clang.pid\nsleep 300 &\necho $! > {d}/child.pid\nwait\n", d = dir.display());
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Whether the process recorded in `pid_file` is gone: no such pid, or a
+/// zombie nobody reaped (a container's init may not reap orphans). Waits
+/// up to five seconds for a killed process to exit.
+fn gone(pid_file: &Path) -> bool {
+    let pid = std::fs::read_to_string(pid_file).unwrap_or_else(|e| panic!("{}: {e}", pid_file.display()));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let dead = match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X')),
+        };
+        if dead || Instant::now() > until {
+            return dead;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// clang on a spec with 10,000 headers ran for more than 200 s, and `subc
+/// compile` waited. With `--clang-timeout` it fails at the limit, names
+/// it, and leaves neither clang nor anything it started running.
+#[test]
+fn compile_kills_a_slow_clang_at_its_time_limit() {
+    let dir = tempdir("slow-clang");
+    let fake = slow_clang(dir.path());
+    let out = dir.path().join("out");
+    let t = Instant::now();
+    let run = subc_with(
+        &["compile", "examples/topic-broker", "--target", "ebpf", "-o", out.to_str().unwrap(), "--clang-timeout", "1"],
+        &[("SUBC_CLANG", fake.to_str().unwrap())],
+        Duration::from_secs(120),
+    );
+    let took = t.elapsed();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("time limit of 1 s") && stderr.contains("--clang-timeout"), "{stderr}");
+    // The limit plus a margin for a loaded machine; the fake sleeps 300 s.
+    assert!(took < Duration::from_secs(1 + 10), "took {took:?}");
+    assert!(gone(&dir.path().join("clang.pid")) && gone(&dir.path().join("child.pid")), "clang or its child outlived the limit");
+    assert!(!out.exists(), "a failed compile wrote {}", out.display());
+    // The option is on every command that compiles eBPF, explained.
+    for cmd in ["compile", "sim"] {
+        let help = ok(&subc(&[cmd, "--help"]));
+        assert!(help.contains("--clang-timeout <SECS>") && help.contains("SUBC_CLANG"), "{cmd}: {help}");
+    }
+}
+
+/// A pcap of four frames: two the reference forwards, then a 20-byte
+/// frame (TC's `BPF_PROG_TEST_RUN` refuses an IPv4 EtherType without a
+/// whole IPv4 header on recent kernels; XDP takes it) and a 200 KB frame
+/// (beyond what either hook takes: a page for TC, a page and the most
+/// fragments an XDP buffer has), between them.
+fn odd_frames_pcap(dir: &Path) -> std::path::PathBuf {
+    use subc_lang::pcap::{write_pcap, PcapPacket};
+    let itch = subc_workload::examples::example_packets("itch").unwrap();
+    let (a, b) = (&itch[2], &itch[4]);
+    let mut huge = b.data.clone();
+    huge.resize(200 * 1024, 0);
+    let packets = [
+        a.clone(),
+        PcapPacket { ts_ns: a.ts_ns + 1, data: a.data[..20].to_vec() },
+        PcapPacket { ts_ns: a.ts_ns + 2, data: huge },
+        PcapPacket { ts_ns: b.ts_ns, data: b.data.clone() },
+    ];
+    let path = dir.join("odd.pcap");
+    std::fs::write(&path, write_pcap(&packets)).unwrap();
+    path
+}
+
+/// A frame the kernel will not test-run is that packet's error, not the
+/// run's: every packet gets its line, in order, the others are decided as
+/// the reference decides them, and the exit status says that some failed.
+#[test]
+fn sim_in_the_kernel_reports_refused_frames_and_goes_on() {
+    if !kernel_available("sim_in_the_kernel_reports_refused_frames_and_goes_on") {
+        return;
+    }
+    let dir = tempdir("frames");
+    let pcap = odd_frames_pcap(dir.path());
+    let pcap = pcap.to_str().unwrap();
+    let json_lines = |s: &str| -> Vec<serde_json::Value> { s.lines().map(|l| serde_json::from_str(l).unwrap()).collect() };
+    let reference = json_lines(&ok(&subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ref", "--json"])));
+    assert_eq!(reference[0]["ports"], serde_json::json!([5]));
+    assert_eq!(reference[3]["ports"], serde_json::json!([4]));
+    for hook in ["tc", "xdp"] {
+        let out = subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ebpf", "--hook", hook, "--json"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{hook}: {stderr}");
+        let lines = json_lines(&String::from_utf8(out.stdout).unwrap());
+        assert_eq!(lines.len(), 4, "{hook}: {lines:?}\n{stderr}");
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(l["packet"], i, "{hook}: {l}");
+            let error = l.get("error").and_then(|e| e.as_str());
+            match (i, error) {
+                (0 | 3, None) => {
+                    assert_eq!((&l["ports"], &l["decision"]), (&reference[i]["ports"], &reference[i]["decision"]), "{hook}: {l}")
+                }
+                // Decided (XDP, older kernels' TC): as the reference, which
+                // cannot parse it.
+                (1, None) => {
+                    assert_eq!((&l["ports"], &l["decision"]), (&reference[1]["ports"], &serde_json::json!("no_match")), "{hook}: {l}")
+                }
+                (1, Some(e)) => assert!(hook == "tc" && e.contains("20-byte") && e.contains("EtherType 0x0800"), "{hook}: {e}"),
+                (2, Some(e)) => assert!(e.contains("204800-byte") && e.contains(" bytes"), "{hook}: {e}"),
+                _ => panic!("{hook}: packet {i}: {l}"),
+            }
+            if error.is_some() {
+                assert_eq!(l.as_object().unwrap().len(), 2, "an error line holds the packet and the error: {l}");
+            }
+        }
+    }
+    let out = subc(&["sim", "examples/itch", "--pcap", pcap, "--engine", "ebpf"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let heads: Vec<&str> = text.lines().filter(|l| l.starts_with("packet")).collect();
+    assert_eq!(heads.len(), 4, "{text}");
+    assert!(heads[0].starts_with("packet    0: forward to 5"), "{text}");
+    assert!(heads[2].starts_with("packet    2: error: ") && heads[2].contains("204800-byte"), "{text}");
+    assert!(heads[3].starts_with("packet    3: forward to 4"), "{text}");
 }
 
 /// An eBPF deployment made by `subc attach --name NAME`: `subc detach NAME`
@@ -104,7 +226,7 @@ fn attach_status_detach() {
         let _ = Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).output();
     }
     let dir = tempdir("attach");
-    let out = dir.0.join("out");
+    let out = dir.path().join("out");
     ok(&subc(&["compile", "examples/topic-broker", "--target", "ebpf", "--hook", "xdp", "-o", out.to_str().unwrap()]));
     let tag = format!("sct{}", std::process::id() % 100_000);
     let (a, b) = (format!("{tag}a"), format!("{tag}b"));
@@ -114,7 +236,7 @@ fn attach_status_detach() {
     for d in [&a, &b] {
         Command::new("ip").args(["link", "set", d, "up"]).status().unwrap();
     }
-    let cfg = dir.0.join("target.json");
+    let cfg = dir.path().join("target.json");
     std::fs::write(&cfg, format!(r#"{{"no_match": "drop", "ports": {{"1": {{"interface": "{b}", "dst_port": 7000}}}}}}"#)).unwrap();
     let name = tag.clone();
     // From here on the deployment is detached when the test ends, also when
