@@ -65,6 +65,17 @@ pub enum Item {
     },
 }
 
+impl Item {
+    pub fn span(&self) -> Span {
+        match self {
+            Item::Header(h) => h.span,
+            Item::Parser(p) => p.span,
+            Item::State(s) => s.span,
+            Item::Query { span, .. } | Item::Annotation { span, .. } | Item::Order { span, .. } | Item::Ports { span, .. } => *span,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderDecl {
     pub name: Name,

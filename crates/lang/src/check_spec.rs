@@ -4,12 +4,19 @@
 //! Every problem is reported, not just the first: a bad header does not stop
 //! the parser block from being checked. Items that fail are left out of the
 //! checked [`Spec`]; [`check_spec`] returns `None` if any error was found.
+//!
+//! Checking takes time near-linear in the size of the spec: every lookup by
+//! name goes through a hash map built as the names are declared, the parse
+//! graph is walked with an explicit stack (a chain of a hundred thousand
+//! headers must not overflow the thread's stack), and did-you-mean searches
+//! share one work budget ([`Suggester`]). A spec with tens of thousands of
+//! fields is unusual but valid, and a server checks what clients send it.
 
 use crate::ast::{self, Arg, Item};
-use crate::diag::{did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::diag::{did_you_mean, list_names, quoted, Code, Diagnostic, Diagnostics, Suggester};
 use crate::source::Span;
 use crate::spec::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Default number of logical ports when the spec has no `ports` declaration.
 pub const DEFAULT_PORTS: u32 = 256;
@@ -24,11 +31,64 @@ struct Checker<'a> {
     headers: Vec<Header>,
     header_spans: Vec<Span>,
     field_spans: Vec<Vec<Span>>,
+    /// The declared headers by name.
+    header_ids: HashMap<String, HeaderId>,
+    /// Per header, its fields by name.
+    field_ids: Vec<HashMap<String, u32>>,
+    /// Every field of a name, in header order: what a bare field name may mean.
+    fields_by_name: HashMap<String, Vec<FieldRef>>,
+    /// Per header, whether the parse graph extracts it. `None` until the
+    /// parser is checked, and if it has errors: every header then counts as
+    /// extracted, so that one error does not cascade.
+    extracted: Option<Vec<bool>>,
+    suggest: Suggester,
+}
+
+/// The query fields in id order, with an index by name that gives the first
+/// field of a name, as a scan would.
+#[derive(Default)]
+struct QueryFields {
+    fields: Vec<QueryField>,
+    by_name: HashMap<String, usize>,
+}
+
+impl QueryFields {
+    fn push(&mut self, q: QueryField) {
+        self.by_name.entry(q.name.clone()).or_insert(self.fields.len());
+        self.fields.push(q);
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+}
+
+/// The state variables in id order, and their names.
+#[derive(Default)]
+struct StateVars {
+    vars: Vec<StateVar>,
+    names: HashSet<String>,
+}
+
+/// How far the spec's text reaches (the end of its last item): the input
+/// size that the did-you-mean budget grows with.
+fn extent(file: &ast::SpecFile) -> usize {
+    file.items.iter().map(|i| i.span().end as usize).max().unwrap_or(0)
 }
 
 pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec> {
-    let errors_before = diags.error_count();
-    let mut c = Checker { diags, headers: vec![], header_spans: vec![], field_spans: vec![] };
+    let errors_before = diags.mark();
+    let mut c = Checker {
+        diags,
+        headers: vec![],
+        header_spans: vec![],
+        field_spans: vec![],
+        header_ids: HashMap::new(),
+        field_ids: vec![],
+        fields_by_name: HashMap::new(),
+        extracted: None,
+        suggest: Suggester::for_input(extent(file)),
+    };
     for item in &file.items {
         if let Item::Header(h) = item {
             c.header(h);
@@ -36,7 +96,14 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
     }
     let parsers: Vec<&ast::ParserDecl> = file.items.iter().filter_map(|i| if let Item::Parser(p) = i { Some(p) } else { None }).collect();
     let parser = c.parser(&parsers);
-    let mut query_fields: Vec<QueryField> = vec![];
+    c.extracted = parser.as_ref().map(|p| {
+        let mut extracted = vec![false; c.headers.len()];
+        for h in &p.topo_order {
+            extracted[h.0 as usize] = true;
+        }
+        extracted
+    });
+    let mut query_fields = QueryFields::default();
     let mut query_spans: Vec<Span> = vec![];
     let mut counters_from_annotations: Vec<(ast::Name, u64, Span)> = vec![];
     let mut ports = None;
@@ -52,15 +119,16 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
                         "lpm" => Some(MatchKind::Lpm),
                         other => {
                             c.diags.push(
-                                Diagnostic::error(Code::UnknownAnnotation, format!("unknown match kind `{other}`"))
-                                    .primary(k.span, "expected `exact`, `range`, `ternary` or `lpm`"),
+                                Diagnostic::error(Code::UnknownAnnotation, format!("unknown match kind `{}`", quoted(other)))
+                                    .primary(k.span, "expected `exact`, `range`, `ternary` or `lpm`")
+                                    .quoting(other),
                             );
                             None
                         }
                     },
                 };
                 if let Some(kind) = kind {
-                    c.query(field, kind, *span, &parser, &mut query_fields, &mut query_spans);
+                    c.query(field, kind, *span, &mut query_fields, &mut query_spans);
                 }
             }
             Item::Annotation { name, args, span } => {
@@ -90,8 +158,9 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
                             "query_field_lpm",
                             "query_counter",
                         ];
-                        let mut d = Diagnostic::error(Code::UnknownAnnotation, format!("unknown annotation `@{other}`"))
-                            .primary(name.span, "not an annotation subc knows");
+                        let mut d = Diagnostic::error(Code::UnknownAnnotation, format!("unknown annotation `@{}`", quoted(other)))
+                            .primary(name.span, "not an annotation subc knows")
+                            .quoting(other);
                         if let Some(s) = did_you_mean(other, known) {
                             d = d.help(format!("did you mean `@{s}`?"));
                         }
@@ -101,10 +170,11 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
                 };
                 if let Some(kind) = kind {
                     match args.as_slice() {
-                        [Arg::Path(p)] => c.query(p, kind, *span, &parser, &mut query_fields, &mut query_spans),
+                        [Arg::Path(p)] => c.query(p, kind, *span, &mut query_fields, &mut query_spans),
                         _ => c.diags.push(
-                            Diagnostic::error(Code::BadStateParam, format!("`@{}` takes one field", name.text))
-                                .primary(*span, "expected `(header.field)`"),
+                            Diagnostic::error(Code::BadStateParam, format!("`@{}` takes one field", quoted(&name.text)))
+                                .primary(*span, "expected `(header.field)`")
+                                .quoting(&name.text),
                         ),
                     }
                 }
@@ -126,19 +196,20 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
     }
 
     // State: Camus counters first (they come from annotations), then `state` items in order.
-    let mut states: Vec<StateVar> = vec![];
+    let mut states = StateVars::default();
     let mut state_spans: Vec<Span> = vec![];
-    let taken_names = |c: &Checker, states: &[StateVar], qf: &[QueryField], name: &str| -> Option<String> {
-        if states.iter().any(|s| s.name == name) {
+    let taken_names = |c: &Checker, states: &StateVars, qf: &QueryFields, name: &str| -> Option<String> {
+        if states.names.contains(name) {
             return Some("another state variable".into());
         }
-        if c.headers.iter().any(|h| h.name == name) {
+        if c.header_ids.contains_key(name) {
             return Some("a header".into());
         }
-        if let Some(h) = c.headers.iter().find(|h| h.fields.iter().any(|f| f.name == name)) {
-            return Some(format!("a field of header `{}`", h.name));
+        // The first header with such a field: the list is in header order.
+        if let Some(f) = c.fields_by_name.get(name).and_then(|refs| refs.first()) {
+            return Some(format!("a field of header `{}`", quoted(&c.headers[f.header.0 as usize].name)));
         }
-        if qf.iter().any(|q| q.name == name) {
+        if qf.position(name).is_some() {
             return Some("a query field".into());
         }
         if ["avg", "ewma", "spike", "fwd", "drop"].contains(&name) {
@@ -149,7 +220,9 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
     for (name, window, span) in &counters_from_annotations {
         if let Some(what) = taken_names(&c, &states, &query_fields, &name.text) {
             c.diags.push(
-                Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", name.text)).primary(name.span, "name taken"),
+                Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", quoted(&name.text)))
+                    .primary(name.span, "name taken")
+                    .quoting(&name.text),
             );
             continue;
         }
@@ -168,12 +241,13 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
         if let Item::State(decl) = item {
             if let Some(what) = taken_names(&c, &states, &query_fields, &decl.name.text) {
                 c.diags.push(
-                    Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", decl.name.text))
-                        .primary(decl.name.span, "name taken"),
+                    Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", quoted(&decl.name.text)))
+                        .primary(decl.name.span, "name taken")
+                        .quoting(&decl.name.text),
                 );
                 continue;
             }
-            if let Some((kind, width, ty, key)) = c.state(decl, &parser) {
+            if let Some((kind, width, ty, key)) = c.state(decl) {
                 push_state(&mut states, &mut query_fields, &decl.name.text, kind, key, width, ty);
                 state_spans.push(decl.span);
             }
@@ -182,39 +256,47 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
 
     // Field order.
     let mut order = None;
+    // For each last segment of a query field's name (`f` of `h.f`), the
+    // first field with it and how many there are; built at the first `order`.
+    let mut by_last_segment: Option<HashMap<&str, (usize, usize)>> = None;
     for item in &file.items {
         if let Item::Order { fields, span } = item {
             if order.is_some() {
                 c.diags.push(Diagnostic::error(Code::BadOrder, "`order` is declared twice").primary(*span, "second declaration"));
                 continue;
             }
+            let by_last_segment = by_last_segment.get_or_insert_with(|| {
+                let mut map: HashMap<&str, (usize, usize)> = HashMap::new();
+                for (i, q) in query_fields.fields.iter().enumerate() {
+                    let last = q.name.rsplit('.').next().unwrap_or(&q.name);
+                    map.entry(last).or_insert((i, 0)).1 += 1;
+                }
+                map
+            });
             let mut ids = vec![];
+            let mut listed = HashSet::new();
             for p in fields {
                 let text = p.text();
-                let id = query_fields.iter().position(|q| q.name == text).or_else(|| {
+                let id = query_fields.position(&text).or_else(|| {
                     // A bare field name that is unique among query fields.
-                    let hits: Vec<usize> = query_fields
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, q)| q.name.rsplit('.').next() == Some(text.as_str()))
-                        .map(|(i, _)| i)
-                        .collect();
-                    if hits.len() == 1 {
-                        Some(hits[0])
-                    } else {
-                        None
+                    match by_last_segment.get(text.as_str()) {
+                        Some(&(i, 1)) => Some(i),
+                        _ => None,
                     }
                 });
                 match id {
-                    Some(i) if ids.contains(&QueryFieldId(i as u32)) => c
-                        .diags
-                        .push(Diagnostic::error(Code::BadOrder, format!("`{text}` appears twice in `order`")).primary(p.span, "repeated")),
+                    Some(i) if !listed.insert(i) => c.diags.push(
+                        Diagnostic::error(Code::BadOrder, format!("`{}` appears twice in `order`", quoted(&text)))
+                            .primary(p.span, "repeated")
+                            .quoting(&text),
+                    ),
                     Some(i) => ids.push(QueryFieldId(i as u32)),
                     None => {
-                        let mut d = Diagnostic::error(Code::BadOrder, format!("`{text}` is not a query field"))
-                            .primary(p.span, "`order` lists query fields and state variables");
-                        if let Some(s) = did_you_mean(&text, query_fields.iter().map(|q| q.name.as_str())) {
-                            d = d.help(format!("did you mean `{s}`?"));
+                        let mut d = Diagnostic::error(Code::BadOrder, format!("`{}` is not a query field", quoted(&text)))
+                            .primary(p.span, "`order` lists query fields and state variables")
+                            .quoting(&text);
+                        if let Some(s) = c.suggest.did_you_mean(&text, query_fields.fields.iter().map(|q| q.name.as_str())) {
+                            d = d.help(format!("did you mean `{}`?", quoted(s)));
                         }
                         c.diags.push(d);
                     }
@@ -225,23 +307,16 @@ pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec>
     }
 
     let _ = (&query_spans, &state_spans);
-    if c.diags.error_count() > errors_before {
+    if c.diags.has_errors_since(errors_before) {
         return None;
     }
+    let (query_fields, states) = (query_fields.fields, states.vars);
     Some(Spec { headers: c.headers, parser: parser?, query_fields, states, order, ports: ports.unwrap_or(DEFAULT_PORTS) })
 }
 
-fn push_state(
-    states: &mut Vec<StateVar>,
-    qf: &mut Vec<QueryField>,
-    name: &str,
-    kind: StateKind,
-    key: Option<StateKey>,
-    width: u32,
-    ty: FieldType,
-) {
-    let id = StateId(states.len() as u32);
-    let value_field = QueryFieldId(qf.len() as u32);
+fn push_state(states: &mut StateVars, qf: &mut QueryFields, name: &str, kind: StateKind, key: Option<StateKey>, width: u32, ty: FieldType) {
+    let id = StateId(states.vars.len() as u32);
+    let value_field = QueryFieldId(qf.fields.len() as u32);
     qf.push(QueryField {
         name: name.to_string(),
         width,
@@ -250,7 +325,7 @@ fn push_state(
         source: QuerySource::State { state: id, read: StateRead::Value },
     });
     let spike_field = if matches!(kind, StateKind::Ewma { .. }) {
-        let sid = QueryFieldId(qf.len() as u32);
+        let sid = QueryFieldId(qf.fields.len() as u32);
         qf.push(QueryField {
             name: format!("spike({name})"),
             width: 1,
@@ -262,37 +337,45 @@ fn push_state(
     } else {
         None
     };
-    states.push(StateVar { name: name.to_string(), kind, key, value_field, spike_field });
+    states.names.insert(name.to_string());
+    states.vars.push(StateVar { name: name.to_string(), kind, key, value_field, spike_field });
 }
 
 impl Checker<'_> {
     fn header(&mut self, h: &ast::HeaderDecl) {
-        if let Some(i) = self.headers.iter().position(|x| x.name == h.name.text) {
+        if let Some(i) = self.header_ids.get(&h.name.text) {
             self.diags.push(
-                Diagnostic::error(Code::DuplicateHeader, format!("header `{}` is declared twice", h.name.text))
+                Diagnostic::error(Code::DuplicateHeader, format!("header `{}` is declared twice", quoted(&h.name.text)))
                     .primary(h.name.span, "declared again here")
-                    .secondary(self.header_spans[i], "first declared here"),
+                    .secondary(self.header_spans[i.0 as usize], "first declared here")
+                    .quoting(&h.name.text),
             );
             return;
         }
         let mut fields: Vec<Field> = vec![];
+        let mut field_ids: HashMap<String, u32> = HashMap::new();
         let mut spans: Vec<Span> = vec![];
         let mut offset = 0u32;
         let mut ok = true;
         for f in &h.fields {
-            if let Some(i) = fields.iter().position(|x| x.name == f.name.text) {
+            if let Some(&i) = field_ids.get(&f.name.text) {
                 self.diags.push(
-                    Diagnostic::error(Code::DuplicateField, format!("field `{}` appears twice in header `{}`", f.name.text, h.name.text))
-                        .primary(f.name.span, "declared again here")
-                        .secondary(spans[i], "first declared here"),
+                    Diagnostic::error(
+                        Code::DuplicateField,
+                        format!("field `{}` appears twice in header `{}`", quoted(&f.name.text), quoted(&h.name.text)),
+                    )
+                    .primary(f.name.span, "declared again here")
+                    .secondary(spans[i as usize], "first declared here")
+                    .quoting(&f.name.text),
                 );
                 ok = false;
                 continue;
             }
             if f.width == 0 || f.width > 128 {
                 self.diags.push(
-                    Diagnostic::error(Code::BadFieldWidth, format!("field `{}` is {} bits wide", f.name.text, f.width))
-                        .primary(f.width_span, "a field is 1 to 128 bits wide"),
+                    Diagnostic::error(Code::BadFieldWidth, format!("field `{}` is {} bits wide", quoted(&f.name.text), f.width))
+                        .primary(f.width_span, "a field is 1 to 128 bits wide")
+                        .quoting(&f.name.text),
                 );
                 ok = false;
                 continue;
@@ -316,15 +399,20 @@ impl Checker<'_> {
                         (Some(ty), None) => ty,
                         (Some(_), Some(need)) => {
                             self.diags.push(
-                                Diagnostic::error(Code::BadFieldType, format!("field `{}` is {width} bits but typed `{t}`", f.name.text))
-                                    .primary(tspan, need),
+                                Diagnostic::error(
+                                    Code::BadFieldType,
+                                    format!("field `{}` is {width} bits but typed `{t}`", quoted(&f.name.text)),
+                                )
+                                .primary(tspan, need)
+                                .quoting(&f.name.text),
                             );
                             ok = false;
                             continue;
                         }
                         (None, _) => {
-                            let mut d = Diagnostic::error(Code::BadFieldType, format!("unknown field type `{t}`"))
-                                .primary(tspan, "expected `uint`, `signed`, `mac`, `ipv4` or `ascii`");
+                            let mut d = Diagnostic::error(Code::BadFieldType, format!("unknown field type `{}`", quoted(t)))
+                                .primary(tspan, "expected `uint`, `signed`, `mac`, `ipv4` or `ascii`")
+                                .quoting(t);
                             if let Some(s) = did_you_mean(t, ["uint", "signed", "mac", "ipv4", "ascii"]) {
                                 d = d.help(format!("did you mean `{s}`?"));
                             }
@@ -335,6 +423,7 @@ impl Checker<'_> {
                     }
                 }
             };
+            field_ids.insert(f.name.text.clone(), fields.len() as u32);
             fields.push(Field { name: f.name.text.clone(), width, offset, ty });
             spans.push(f.span);
             offset += width;
@@ -343,27 +432,35 @@ impl Checker<'_> {
             self.diags.push(
                 Diagnostic::error(
                     Code::HeaderNotByteAligned,
-                    format!("header `{}` is {offset} bits, not a whole number of bytes", h.name.text),
+                    format!("header `{}` is {offset} bits, not a whole number of bytes", quoted(&h.name.text)),
                 )
-                .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8)),
+                .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8))
+                .quoting(&h.name.text),
             );
             ok = false;
         }
         // Keep even a broken header so later references resolve and do not cascade.
         let _ = ok;
+        let id = HeaderId(self.headers.len() as u32);
+        for (i, f) in fields.iter().enumerate() {
+            self.fields_by_name.entry(f.name.clone()).or_default().push(FieldRef { header: id, field: i as u32 });
+        }
+        self.header_ids.insert(h.name.text.clone(), id);
+        self.field_ids.push(field_ids);
         self.headers.push(Header { name: h.name.text.clone(), fields, bytes: offset / 8 });
         self.header_spans.push(h.name.span);
         self.field_spans.push(spans);
     }
 
     fn header_id(&mut self, name: &ast::Name) -> Option<HeaderId> {
-        match self.headers.iter().position(|h| h.name == name.text) {
-            Some(i) => Some(HeaderId(i as u32)),
+        match self.header_ids.get(&name.text) {
+            Some(&id) => Some(id),
             None => {
-                let mut d = Diagnostic::error(Code::SpecUnknownHeader, format!("unknown header `{}`", name.text))
-                    .primary(name.span, "no header of this name is declared");
-                if let Some(s) = did_you_mean(&name.text, self.headers.iter().map(|h| h.name.as_str())) {
-                    d = d.help(format!("did you mean `{s}`?"));
+                let mut d = Diagnostic::error(Code::SpecUnknownHeader, format!("unknown header `{}`", quoted(&name.text)))
+                    .primary(name.span, "no header of this name is declared")
+                    .quoting(&name.text);
+                if let Some(s) = self.suggest.did_you_mean(&name.text, self.headers.iter().map(|h| h.name.as_str())) {
+                    d = d.help(format!("did you mean `{}`?", quoted(s)));
                 }
                 self.diags.push(d);
                 None
@@ -372,19 +469,19 @@ impl Checker<'_> {
     }
 
     fn field_of(&mut self, h: HeaderId, name: &ast::Name) -> Option<FieldRef> {
-        let header = &self.headers[h.0 as usize];
-        match header.fields.iter().position(|f| f.name == name.text) {
-            Some(i) => Some(FieldRef { header: h, field: i as u32 }),
-            None => {
-                let mut d = Diagnostic::error(Code::SpecUnknownField, format!("header `{}` has no field `{}`", header.name, name.text))
-                    .primary(name.span, "unknown field");
-                if let Some(s) = did_you_mean(&name.text, header.fields.iter().map(|f| f.name.as_str())) {
-                    d = d.help(format!("did you mean `{s}`?"));
-                }
-                self.diags.push(d);
-                None
-            }
+        if let Some(&i) = self.field_ids[h.0 as usize].get(&name.text) {
+            return Some(FieldRef { header: h, field: i });
         }
+        let header = &self.headers[h.0 as usize];
+        let mut d =
+            Diagnostic::error(Code::SpecUnknownField, format!("header `{}` has no field `{}`", quoted(&header.name), quoted(&name.text)))
+                .primary(name.span, "unknown field")
+                .quoting(&name.text);
+        if let Some(s) = self.suggest.did_you_mean(&name.text, header.fields.iter().map(|f| f.name.as_str())) {
+            d = d.help(format!("did you mean `{}`?", quoted(s)));
+        }
+        self.diags.push(d);
+        None
     }
 
     /// Resolves `h.f`, or a bare `f` that exactly one header has.
@@ -395,43 +492,35 @@ impl Checker<'_> {
                 self.field_of(h, f)
             }
             [f] => {
-                let hits: Vec<FieldRef> = self
-                    .headers
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(hi, h)| {
-                        h.fields
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, x)| x.name == f.text)
-                            .map(move |(fi, _)| FieldRef { header: HeaderId(hi as u32), field: fi as u32 })
-                    })
-                    .collect();
-                match hits.len() {
-                    1 => Some(hits[0]),
-                    0 => {
+                let hits = self.fields_by_name.get(&f.text).map(Vec::as_slice).unwrap_or_default();
+                match hits {
+                    [hit] => Some(*hit),
+                    [] => {
                         self.diags.push(
-                            Diagnostic::error(Code::SpecUnknownField, format!("no header has a field `{}`", f.text))
-                                .primary(f.span, "unknown field"),
+                            Diagnostic::error(Code::SpecUnknownField, format!("no header has a field `{}`", quoted(&f.text)))
+                                .primary(f.span, "unknown field")
+                                .quoting(&f.text),
                         );
                         None
                     }
                     _ => {
-                        let names: Vec<String> =
-                            hits.iter().map(|r| format!("`{}.{}`", self.headers[r.header.0 as usize].name, f.text)).collect();
-                        self.diags.push(
-                            Diagnostic::error(Code::AmbiguousField, format!("field name `{}` is ambiguous", f.text))
-                                .primary(f.span, format!("could be {}", names.join(" or ")))
-                                .help("write the header name too, as in `header.field`"),
-                        );
+                        let names =
+                            hits.iter().map(|r| format!("`{}.{}`", quoted(&self.headers[r.header.0 as usize].name), quoted(&f.text)));
+                        let d = Diagnostic::error(Code::AmbiguousField, format!("field name `{}` is ambiguous", quoted(&f.text)))
+                            .primary(f.span, format!("could be {}", list_names(names, " or ")))
+                            .help("write the header name too, as in `header.field`")
+                            .quoting(&f.text);
+                        self.diags.push(d);
                         None
                     }
                 }
             }
             _ => {
+                let text = p.text();
                 self.diags.push(
-                    Diagnostic::error(Code::SpecUnknownField, format!("`{}` is not a field", p.text()))
-                        .primary(p.span, "expected `header.field`"),
+                    Diagnostic::error(Code::SpecUnknownField, format!("`{}` is not a field", quoted(&text)))
+                        .primary(p.span, "expected `header.field`")
+                        .quoting(&text),
                 );
                 None
             }
@@ -465,7 +554,7 @@ impl Checker<'_> {
                 *first
             }
         };
-        let errors_before = self.diags.error_count();
+        let errors_before = self.diags.mark();
         let start = match &p.start {
             Some(s) => self.target(s),
             None => {
@@ -480,9 +569,10 @@ impl Checker<'_> {
             let Some(from) = self.header_id(&t.from) else { continue };
             if let Some(prev) = seen.get(&from) {
                 self.diags.push(
-                    Diagnostic::error(Code::BadParser, format!("header `{}` has two transitions", t.from.text))
+                    Diagnostic::error(Code::BadParser, format!("header `{}` has two transitions", quoted(&t.from.text)))
                         .primary(t.from.span, "second transition")
-                        .secondary(*prev, "first transition"),
+                        .secondary(*prev, "first transition")
+                        .quoting(&t.from.text),
                 );
                 continue;
             }
@@ -539,68 +629,34 @@ impl Checker<'_> {
                 next[from.0 as usize] = Some(n);
             }
         }
-        if self.diags.error_count() > errors_before {
+        if self.diags.has_errors_since(errors_before) {
             return None;
         }
         let start = start?;
         // Reachability, missing transitions and cycles, by depth-first search.
-        let mut color = vec![0u8; self.headers.len()];
         let mut topo = vec![];
         let mut ok = true;
-        fn targets(n: &ParseNext) -> Vec<ParseTarget> {
-            match n {
-                ParseNext::Goto(t) => vec![*t],
-                ParseNext::Select { cases, default, .. } => cases.iter().map(|c| c.target).chain(std::iter::once(*default)).collect(),
-            }
-        }
-        fn dfs(
-            h: HeaderId,
-            next: &[Option<ParseNext>],
-            color: &mut [u8],
-            topo: &mut Vec<HeaderId>,
-            path: &mut Vec<HeaderId>,
-        ) -> Result<(), (Vec<HeaderId>, Option<HeaderId>)> {
-            let i = h.0 as usize;
-            if color[i] == 2 {
-                return Ok(());
-            }
-            if color[i] == 1 {
-                let pos = path.iter().position(|x| *x == h).unwrap_or(0);
-                return Err((path[pos..].to_vec(), None));
-            }
-            color[i] = 1;
-            path.push(h);
-            let Some(n) = &next[i] else { return Err((vec![], Some(h))) };
-            for t in targets(n) {
-                if let ParseTarget::Header(x) = t {
-                    dfs(x, next, color, topo, path)?;
-                }
-            }
-            path.pop();
-            color[i] = 2;
-            topo.push(h);
-            Ok(())
-        }
         if let ParseTarget::Header(h) = start {
-            let mut path = vec![];
-            match dfs(h, &next, &mut color, &mut topo, &mut path) {
-                Ok(()) => {}
-                Err((cycle, None)) => {
-                    let names: Vec<&str> = cycle.iter().map(|h| self.headers[h.0 as usize].name.as_str()).collect();
+            match walk(h, &next) {
+                Ok(order) => topo = order,
+                Err(WalkError::Cycle(cycle)) => {
+                    let names = cycle.iter().map(|h| quoted(&self.headers[h.0 as usize].name).to_string());
+                    let first = &self.headers[cycle[0].0 as usize].name;
                     self.diags.push(
                         Diagnostic::error(
                             Code::ParserCycle,
-                            format!("the parse graph has a cycle: {} -> {}", names.join(" -> "), names[0]),
+                            format!("the parse graph has a cycle: {} -> {}", list_names(names, " -> "), quoted(first)),
                         )
                         .primary(p.span, "a header may be extracted at most once per packet"),
                     );
                     ok = false;
                 }
-                Err((_, Some(h))) => {
+                Err(WalkError::NoTransition(h)) => {
                     let name = &self.headers[h.0 as usize].name;
                     self.diags.push(
-                        Diagnostic::error(Code::BadParser, format!("header `{name}` is extracted but has no transition"))
-                            .primary(p.span, format!("add `{name} -> accept;` or a select")),
+                        Diagnostic::error(Code::BadParser, format!("header `{}` is extracted but has no transition", quoted(name)))
+                            .primary(p.span, format!("add `{} -> accept;` or a select", quoted(name)))
+                            .quoting(name),
                     );
                     ok = false;
                 }
@@ -613,43 +669,41 @@ impl Checker<'_> {
         Some(ParseGraph { start, next, topo_order: topo })
     }
 
-    fn reachable(&self, parser: &Option<ParseGraph>, h: HeaderId) -> bool {
-        parser.as_ref().is_none_or(|p| p.topo_order.contains(&h))
+    fn reachable(&self, h: HeaderId) -> bool {
+        self.extracted.as_ref().is_none_or(|e| e[h.0 as usize])
     }
 
-    fn query(
-        &mut self,
-        p: &ast::Path,
-        kind: MatchKind,
-        span: Span,
-        parser: &Option<ParseGraph>,
-        qf: &mut Vec<QueryField>,
-        spans: &mut Vec<Span>,
-    ) {
+    fn query(&mut self, p: &ast::Path, kind: MatchKind, span: Span, qf: &mut QueryFields, spans: &mut Vec<Span>) {
         let Some(r) = self.field_path(p) else { return };
         let hname = self.headers[r.header.0 as usize].name.clone();
         let f = self.headers[r.header.0 as usize].fields[r.field as usize].clone();
         let name = format!("{hname}.{}", f.name);
-        if let Some(i) = qf.iter().position(|q| q.name == name) {
+        if let Some(i) = qf.position(&name) {
             self.diags.push(
-                Diagnostic::error(Code::DuplicateName, format!("`{name}` is declared as a query field twice"))
+                Diagnostic::error(Code::DuplicateName, format!("`{}` is declared as a query field twice", quoted(&name)))
                     .primary(span, "second declaration")
-                    .secondary(spans[i], "first declaration"),
+                    .secondary(spans[i], "first declaration")
+                    .quoting(&name),
             );
             return;
         }
         if f.width > 64 {
             self.diags.push(
-                Diagnostic::error(Code::QueryFieldTooWide, format!("`{name}` is {} bits; query fields are at most 64 bits", f.width))
-                    .primary(p.span, "too wide to match on"),
+                Diagnostic::error(
+                    Code::QueryFieldTooWide,
+                    format!("`{}` is {} bits; query fields are at most 64 bits", quoted(&name), f.width),
+                )
+                .primary(p.span, "too wide to match on")
+                .quoting(&name),
             );
             return;
         }
-        if !self.reachable(parser, r.header) {
+        if !self.reachable(r.header) {
             self.diags.push(
-                Diagnostic::error(Code::Unreachable, format!("header `{hname}` is never extracted by the parser"))
+                Diagnostic::error(Code::Unreachable, format!("header `{}` is never extracted by the parser", quoted(&hname)))
                     .primary(p.span, "no packet can have this field")
-                    .help(format!("add a transition to `{hname}` in the `parser` block")),
+                    .help(format!("add a transition to `{}` in the `parser` block", quoted(&hname)))
+                    .quoting(&hname),
             );
             return;
         }
@@ -657,8 +711,8 @@ impl Checker<'_> {
         spans.push(span);
     }
 
-    fn state(&mut self, d: &ast::StateDecl, parser: &Option<ParseGraph>) -> Option<(StateKind, u32, FieldType, Option<StateKey>)> {
-        let errors_before = self.diags.error_count();
+    fn state(&mut self, d: &ast::StateDecl) -> Option<(StateKind, u32, FieldType, Option<StateKey>)> {
+        let errors_before = self.diags.mark();
         let key = match &d.per {
             None => None,
             Some(k) => {
@@ -675,7 +729,7 @@ impl Checker<'_> {
                             Diagnostic::error(Code::QueryFieldTooWide, "a state key is at most 64 bits").primary(k.field.span, "too wide"),
                         );
                     }
-                    if !self.reachable(parser, f.header) {
+                    if !self.reachable(f.header) {
                         self.diags.push(
                             Diagnostic::error(Code::Unreachable, "the key's header is never extracted by the parser")
                                 .primary(k.field.span, "no packet has this field"),
@@ -730,13 +784,14 @@ impl Checker<'_> {
                         this.diags.push(
                             Diagnostic::error(
                                 Code::BadStateParam,
-                                format!("`{}` is {} bits; averages take fields of at most 32 bits", fd.name, fd.width),
+                                format!("`{}` is {} bits; averages take fields of at most 32 bits", quoted(&fd.name), fd.width),
                             )
-                            .primary(p.span, "too wide to average"),
+                            .primary(p.span, "too wide to average")
+                            .quoting(&fd.name),
                         );
                         return None;
                     }
-                    if !this.reachable(parser, f.header) {
+                    if !this.reachable(f.header) {
                         this.diags.push(
                             Diagnostic::error(Code::Unreachable, "this header is never extracted by the parser")
                                 .primary(p.span, "no packet has this field"),
@@ -780,8 +835,9 @@ impl Checker<'_> {
                         Some("s") => 1_000_000,
                         Some(other) => {
                             self.diags.push(
-                                Diagnostic::error(Code::BadStateParam, format!("unknown time unit `{other}`"))
-                                    .primary(unit.as_ref().map(|u| u.span).unwrap_or(span), "expected `us`, `ms` or `s`"),
+                                Diagnostic::error(Code::BadStateParam, format!("unknown time unit `{}`", quoted(other)))
+                                    .primary(unit.as_ref().map(|u| u.span).unwrap_or(span), "expected `us`, `ms` or `s`")
+                                    .quoting(other),
                             );
                             return None;
                         }
@@ -866,8 +922,9 @@ impl Checker<'_> {
                 range(self, w, "width", 1, 64).map(|w| (StateKind::Var { width: w as u32 }, w as u32, FieldType::Uint))
             }
             other => {
-                let mut diag = Diagnostic::error(Code::UnknownAnnotation, format!("unknown state kind `{other}`"))
-                    .primary(d.kind.span, "expected `counter`, `avg`, `ewma` or `var`");
+                let mut diag = Diagnostic::error(Code::UnknownAnnotation, format!("unknown state kind `{}`", quoted(other)))
+                    .primary(d.kind.span, "expected `counter`, `avg`, `ewma` or `var`")
+                    .quoting(other);
                 if let Some(s) = did_you_mean(other, ["counter", "avg", "ewma", "var"]) {
                     diag = diag.help(format!("did you mean `{s}`?"));
                 }
@@ -877,13 +934,84 @@ impl Checker<'_> {
         };
         if let Some((name, (_, _, span))) = named.iter().next() {
             self.diags.push(
-                Diagnostic::error(Code::BadStateParam, format!("`{}` has no parameter `{name}`", d.kind.text))
-                    .primary(*span, "unknown parameter"),
+                Diagnostic::error(Code::BadStateParam, format!("`{}` has no parameter `{}`", quoted(&d.kind.text), quoted(name)))
+                    .primary(*span, "unknown parameter")
+                    .quoting(name),
             );
         }
-        if self.diags.error_count() > errors_before {
+        if self.diags.has_errors_since(errors_before) {
             return None;
         }
         result.map(|(k, w, t)| (k, w, t, key))
+    }
+}
+
+/// How a walk of the parse graph can fail.
+enum WalkError {
+    /// The headers of a cycle, in order.
+    Cycle(Vec<HeaderId>),
+    /// A header the graph extracts but that has no transition.
+    NoTransition(HeaderId),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Visit {
+    New,
+    Open,
+    Done,
+}
+
+/// Where a parse state may go: the goto, or every case and then the default.
+fn targets(n: &ParseNext) -> Vec<ParseTarget> {
+    match n {
+        ParseNext::Goto(t) => vec![*t],
+        ParseNext::Select { cases, default, .. } => cases.iter().map(|c| c.target).chain(std::iter::once(*default)).collect(),
+    }
+}
+
+/// Walks the parse graph depth first from `start`, in the order of each
+/// header's targets, and returns the headers it extracts in postorder
+/// (reversed, a topological order). The first cycle or missing transition
+/// met stops the walk.
+///
+/// The path from `start` is an explicit stack rather than the call stack:
+/// a parser that chains a hundred thousand headers is valid, and recursion
+/// that deep would overflow the thread's stack and abort the process.
+fn walk(start: HeaderId, next: &[Option<ParseNext>]) -> Result<Vec<HeaderId>, WalkError> {
+    let mut visit = vec![Visit::New; next.len()];
+    let mut postorder = vec![];
+    // The open headers from `start`, each with its targets and how many of
+    // them have been entered.
+    let mut path: Vec<(HeaderId, Vec<ParseTarget>, usize)> = vec![];
+    let mut enter = Some(start);
+    loop {
+        if let Some(h) = enter.take() {
+            match visit[h.0 as usize] {
+                Visit::Done => {}
+                Visit::Open => {
+                    let at = path.iter().position(|(x, ..)| *x == h).unwrap_or(0);
+                    return Err(WalkError::Cycle(path[at..].iter().map(|(x, ..)| *x).collect()));
+                }
+                Visit::New => {
+                    visit[h.0 as usize] = Visit::Open;
+                    let Some(n) = &next[h.0 as usize] else { return Err(WalkError::NoTransition(h)) };
+                    path.push((h, targets(n), 0));
+                }
+            }
+        }
+        let Some((h, targets, entered)) = path.last_mut() else { return Ok(postorder) };
+        match targets.get(*entered).copied() {
+            Some(t) => {
+                *entered += 1;
+                if let ParseTarget::Header(x) = t {
+                    enter = Some(x);
+                }
+            }
+            None => {
+                visit[h.0 as usize] = Visit::Done;
+                postorder.push(*h);
+                path.pop();
+            }
+        }
     }
 }

@@ -4,29 +4,169 @@
 //! Name resolution for a one-word operand: a state variable first, then a
 //! query field whose field name is unique among query fields, then a field
 //! unique among all headers (which is then reported as not queryable).
+//!
+//! A rules file is checked by one [`RuleChecker`], which indexes the spec's
+//! names once and shares one did-you-mean budget ([`Suggester`]) across the
+//! rules: checking a rule then costs the same however large the spec, and a
+//! file of a hundred thousand misspelled rules stays linear.
 
 use crate::ast::{self, CmpOp, Expr, Operand, ValueKind};
-use crate::diag::{did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::diag::{did_you_mean, list_names, quoted, Code, Diagnostic, Diagnostics, Suggester};
 use crate::program::*;
 use crate::source::Span;
 use crate::spec::*;
 use crate::value::{ascii_domain, mask, signed_domain};
-use std::collections::BTreeSet;
+use std::cell::OnceCell;
+use std::collections::{BTreeSet, HashMap};
 
 /// Checks one parsed rule. Returns `None` if it has errors (reported to `diags`).
+///
+/// This indexes the spec for the one rule; to check many, use a
+/// [`RuleChecker`] (as [`crate::check_rules_file`] does).
 pub fn check_rule(spec: &Spec, rule: &ast::Rule, id: SubId, text: &str, diags: &mut Diagnostics) -> Option<Subscription> {
-    let before = diags.error_count();
-    let mut c = SubChecker { spec, diags };
-    let cond = c.expr(&rule.cond);
-    let actions = c.actions(&rule.actions);
-    if c.diags.error_count() > before {
-        return None;
+    RuleChecker::new(spec, text.len()).check(rule, id, text, diags)
+}
+
+/// Checks the rules of one input against a spec.
+pub(crate) struct RuleChecker<'a> {
+    index: SpecIndex<'a>,
+    suggest: Suggester,
+}
+
+impl<'a> RuleChecker<'a> {
+    /// A checker for an input of `input_bytes` bytes (the size the
+    /// did-you-mean budget grows with).
+    pub(crate) fn new(spec: &'a Spec, input_bytes: usize) -> RuleChecker<'a> {
+        RuleChecker { index: SpecIndex::new(spec), suggest: Suggester::for_input(input_bytes) }
     }
-    Some(Subscription { id, text: text.trim().to_string(), span: rule.span, cond: cond?, actions: actions? })
+
+    /// [`check_rule`], with this checker's index and budget.
+    pub(crate) fn check(&mut self, rule: &ast::Rule, id: SubId, text: &str, diags: &mut Diagnostics) -> Option<Subscription> {
+        let before = diags.mark();
+        let mut c = SubChecker { spec: self.index.spec, index: &self.index, suggest: &mut self.suggest, diags };
+        let cond = c.expr(&rule.cond);
+        let actions = c.actions(&rule.actions);
+        if c.diags.has_errors_since(before) {
+            return None;
+        }
+        Some(Subscription { id, text: text.trim().to_string(), span: rule.span, cond: cond?, actions: actions? })
+    }
+}
+
+/// The spec's names as hash maps. Each answers what a scan of the spec
+/// would: the first match, and lists in declaration order.
+struct SpecIndex<'a> {
+    spec: &'a Spec,
+    headers: HashMap<&'a str, HeaderId>,
+    /// Per header, its fields by name.
+    fields: Vec<HashMap<&'a str, u32>>,
+    /// What each bare field name may mean.
+    bare_names: HashMap<&'a str, BareName>,
+    states: HashMap<&'a str, StateId>,
+    /// The query field of each packet field that is one.
+    packet_queries: HashMap<FieldRef, QueryFieldId>,
+    /// The averages (`true`) and EWMAs (`false`) of each field, in state order.
+    averages: HashMap<(FieldRef, bool), Vec<StateId>>,
+    /// The query fields' names, each reversed and all sorted, to find
+    /// whether one ends with a word. Only an error needs it.
+    reversed_query_names: OnceCell<Vec<Vec<u8>>>,
+}
+
+impl<'a> SpecIndex<'a> {
+    fn new(spec: &'a Spec) -> SpecIndex<'a> {
+        let mut headers = HashMap::new();
+        let mut fields = Vec::with_capacity(spec.headers.len());
+        let mut bare_names: HashMap<&str, BareName> = HashMap::new();
+        for (hi, h) in spec.headers.iter().enumerate() {
+            let id = HeaderId(hi as u32);
+            headers.entry(h.name.as_str()).or_insert(id);
+            let mut by_name = HashMap::new();
+            for (fi, f) in h.fields.iter().enumerate() {
+                by_name.entry(f.name.as_str()).or_insert(fi as u32);
+                bare_names.entry(f.name.as_str()).or_default().fields.push(FieldRef { header: id, field: fi as u32 });
+            }
+            fields.push(by_name);
+        }
+        let mut states = HashMap::new();
+        let mut averages: HashMap<(FieldRef, bool), Vec<StateId>> = HashMap::new();
+        for (si, s) in spec.states.iter().enumerate() {
+            let id = StateId(si as u32);
+            states.entry(s.name.as_str()).or_insert(id);
+            match s.kind {
+                StateKind::Avg { field, .. } => averages.entry((field, true)).or_default().push(id),
+                StateKind::Ewma { field, .. } => averages.entry((field, false)).or_default().push(id),
+                _ => {}
+            }
+        }
+        let mut packet_queries = HashMap::new();
+        for (qi, q) in spec.query_fields.iter().enumerate() {
+            if let QuerySource::Packet(f) = q.source {
+                packet_queries.entry(f).or_insert(QueryFieldId(qi as u32));
+            }
+        }
+        for bare in bare_names.values_mut() {
+            let mut queried = bare.fields.iter().filter(|f| packet_queries.contains_key(f));
+            bare.queried = match (queried.next(), queried.next()) {
+                (Some(only), None) => Some(*only),
+                _ => None,
+            };
+        }
+        SpecIndex { spec, headers, fields, bare_names, states, packet_queries, averages, reversed_query_names: OnceCell::new() }
+    }
+
+    fn header(&self, name: &str) -> Option<HeaderId> {
+        self.headers.get(name).copied()
+    }
+
+    fn field(&self, h: HeaderId, name: &str) -> Option<FieldRef> {
+        self.fields[h.0 as usize].get(name).map(|&field| FieldRef { header: h, field })
+    }
+
+    fn bare_name(&self, name: &str) -> Option<&BareName> {
+        self.bare_names.get(name)
+    }
+
+    fn state(&self, name: &str) -> Option<StateId> {
+        self.states.get(name).copied()
+    }
+
+    fn query_of_packet_field(&self, f: FieldRef) -> Option<QueryFieldId> {
+        self.packet_queries.get(&f).copied()
+    }
+
+    /// The averages (or EWMAs) of `f`, in state order.
+    fn averages_of(&self, f: FieldRef, avg: bool) -> &[StateId] {
+        self.averages.get(&(f, avg)).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// Whether some query field's name ends with `word`.
+    fn query_name_ends_with(&self, word: &str) -> bool {
+        let names = self.reversed_query_names.get_or_init(|| {
+            let mut names: Vec<Vec<u8>> = self.spec.query_fields.iter().map(|q| q.name.bytes().rev().collect()).collect();
+            names.sort_unstable();
+            names
+        });
+        // The reversed names that start with the reversed word are sorted
+        // together, from the first name not less than it.
+        let word: Vec<u8> = word.bytes().rev().collect();
+        let at = names.partition_point(|n| *n < word);
+        names.get(at).is_some_and(|n| n.starts_with(&word))
+    }
+}
+
+/// What a bare field name may mean.
+#[derive(Default)]
+struct BareName {
+    /// Every field of that name, in header order.
+    fields: Vec<FieldRef>,
+    /// The one of them that is a query field, if exactly one is.
+    queried: Option<FieldRef>,
 }
 
 struct SubChecker<'a> {
     spec: &'a Spec,
+    index: &'a SpecIndex<'a>,
+    suggest: &'a mut Suggester,
     diags: &'a mut Diagnostics,
 }
 
@@ -57,10 +197,11 @@ impl SubChecker<'_> {
             Expr::Or(..) | Expr::And(..) | Expr::Not(..) | Expr::Bool(..) => self.expr(e),
             Expr::Call { func, args, span } => {
                 if func.text != "spike" {
-                    let mut d = Diagnostic::error(Code::UnknownFunction, format!("`{}(...)` is not a condition", func.text))
-                        .primary(func.span, "the only boolean function is `spike(ewma)`");
+                    let mut d = Diagnostic::error(Code::UnknownFunction, format!("`{}(...)` is not a condition", quoted(&func.text)))
+                        .primary(func.span, "the only boolean function is `spike(ewma)`")
+                        .quoting(&func.text);
                     if ["avg", "ewma"].contains(&func.text.as_str()) {
-                        d = d.help(format!("compare it: `{}(...) > 50`", func.text));
+                        d = d.help(format!("compare it: `{}(...) > 50`", quoted(&func.text)));
                     }
                     self.diags.push(d);
                     return None;
@@ -71,7 +212,7 @@ impl SubChecker<'_> {
                     Some(f) => Some(Cond::Atom(Atom { field: f, test: Test::Cmp(CmpOp::Eq, 1), span: *span })),
                     None => {
                         self.diags.push(
-                            Diagnostic::error(Code::NotEwma, format!("`{}` is not an EWMA", sv.name))
+                            Diagnostic::error(Code::NotEwma, format!("`{}` is not an EWMA", quoted(&sv.name)))
                                 .primary(args[0].span, "`spike` takes a state declared with `ewma(...)`"),
                         );
                         None
@@ -83,8 +224,8 @@ impl SubChecker<'_> {
                 let qf = self.spec.query_field(field);
                 if qf.kind == MatchKind::Exact && !matches!(op, CmpOp::Eq | CmpOp::Ne) {
                     self.diags.push(
-                        Diagnostic::error(Code::OperatorNotAllowed, format!("`{}` is not allowed on `{}`", op.as_str(), qf.name))
-                            .primary(*span, format!("`{}` is an exact-match field: only `==`, `!=` and `in {{...}}`", qf.name))
+                        Diagnostic::error(Code::OperatorNotAllowed, format!("`{}` is not allowed on `{}`", op.as_str(), quoted(&qf.name)))
+                            .primary(*span, format!("`{}` is an exact-match field: only `==`, `!=` and `in {{...}}`", quoted(&qf.name)))
                             .help("declare it with `@query_field` (range) to compare with `<` and `>`"),
                     );
                     return None;
@@ -97,16 +238,16 @@ impl SubChecker<'_> {
                 let qf = self.spec.query_field(field);
                 if qf.kind == MatchKind::Exact {
                     self.diags.push(
-                        Diagnostic::error(Code::OperatorNotAllowed, format!("a prefix match is not allowed on `{}`", qf.name))
-                            .primary(*span, format!("`{}` is an exact-match field", qf.name))
+                        Diagnostic::error(Code::OperatorNotAllowed, format!("a prefix match is not allowed on `{}`", quoted(&qf.name)))
+                            .primary(*span, format!("`{}` is an exact-match field", quoted(&qf.name)))
                             .help("declare it with `query <field> lpm;` to match prefixes"),
                     );
                     return None;
                 }
                 if qf.width != 32 || !matches!(qf.ty, FieldType::Ipv4 | FieldType::Uint) {
                     self.diags.push(
-                        Diagnostic::error(Code::TypeMismatch, format!("an IPv4 prefix cannot match `{}`", qf.name))
-                            .primary(*span, format!("`{}` is {} bits, not an IPv4 address", qf.name, qf.width)),
+                        Diagnostic::error(Code::TypeMismatch, format!("an IPv4 prefix cannot match `{}`", quoted(&qf.name)))
+                            .primary(*span, format!("`{}` is {} bits, not an IPv4 address", quoted(&qf.name), qf.width)),
                     );
                     return None;
                 }
@@ -158,7 +299,7 @@ impl SubChecker<'_> {
 
     fn one_state_arg(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<StateId> {
         match args {
-            [p] if p.segments.len() == 1 => match self.spec.state_by_name(&p.segments[0].text) {
+            [p] if p.segments.len() == 1 => match self.index.state(&p.segments[0].text) {
                 Some(s) => Some(s),
                 None => {
                     self.unknown_state(&p.segments[0]);
@@ -167,8 +308,9 @@ impl SubChecker<'_> {
             },
             _ => {
                 self.diags.push(
-                    Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one state variable", func.text))
-                        .primary(span, "expected e.g. `spike(chan_ewma)`"),
+                    Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one state variable", quoted(&func.text)))
+                        .primary(span, "expected e.g. `spike(chan_ewma)`")
+                        .quoting(&func.text),
                 );
                 None
             }
@@ -176,10 +318,11 @@ impl SubChecker<'_> {
     }
 
     fn unknown_state(&mut self, n: &ast::Name) {
-        let mut d = Diagnostic::error(Code::UnknownState, format!("unknown state variable `{}`", n.text))
-            .primary(n.span, "not declared in the spec");
-        if let Some(s) = did_you_mean(&n.text, self.spec.states.iter().map(|s| s.name.as_str())) {
-            d = d.help(format!("did you mean `{s}`?"));
+        let mut d = Diagnostic::error(Code::UnknownState, format!("unknown state variable `{}`", quoted(&n.text)))
+            .primary(n.span, "not declared in the spec")
+            .quoting(&n.text);
+        if let Some(s) = self.suggest.did_you_mean(&n.text, self.spec.states.iter().map(|s| s.name.as_str())) {
+            d = d.help(format!("did you mean `{}`?", quoted(s)));
         }
         self.diags.push(d);
     }
@@ -192,26 +335,17 @@ impl SubChecker<'_> {
                     let want_avg = func.text == "avg";
                     let [p] = args.as_slice() else {
                         self.diags.push(
-                            Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one field", func.text))
-                                .primary(*span, format!("expected e.g. `{}(price)`", func.text)),
+                            Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one field", quoted(&func.text)))
+                                .primary(*span, format!("expected e.g. `{}(price)`", quoted(&func.text))),
                         );
                         return None;
                     };
                     let f = self.packet_field(p)?;
-                    let hits: Vec<&StateVar> = self
-                        .spec
-                        .states
-                        .iter()
-                        .filter(|s| match s.kind {
-                            StateKind::Avg { field, .. } => want_avg && field == f,
-                            StateKind::Ewma { field, .. } => !want_avg && field == f,
-                            _ => false,
-                        })
-                        .collect();
-                    match hits.as_slice() {
-                        [s] => Some(s.value_field),
+                    match self.index.averages_of(f, want_avg) {
+                        [s] => Some(self.spec.state(*s).value_field),
                         [] => {
                             let fname = self.spec.field_name(f);
+                            let fname = quoted(&fname);
                             let example = if want_avg {
                                 format!("state avg_x = avg({fname}, samples = 8);")
                             } else {
@@ -228,19 +362,23 @@ impl SubChecker<'_> {
                             None
                         }
                         many => {
-                            let names: Vec<String> = many.iter().map(|s| format!("`{}`", s.name)).collect();
+                            let names = many.iter().map(|s| format!("`{}`", quoted(&self.spec.state(*s).name)));
                             self.diags.push(
-                                Diagnostic::error(Code::NoAverage, format!("several states average `{}`", self.spec.field_name(f)))
-                                    .primary(*span, format!("could be {}", names.join(" or ")))
-                                    .help("name the state variable instead"),
+                                Diagnostic::error(
+                                    Code::NoAverage,
+                                    format!("several states average `{}`", quoted(&self.spec.field_name(f))),
+                                )
+                                .primary(*span, format!("could be {}", list_names(names, " or ")))
+                                .help("name the state variable instead"),
                             );
                             None
                         }
                     }
                 }
                 other => {
-                    let mut d = Diagnostic::error(Code::UnknownFunction, format!("unknown function `{other}`"))
-                        .primary(func.span, "expected `avg(field)` or `ewma(field)`");
+                    let mut d = Diagnostic::error(Code::UnknownFunction, format!("unknown function `{}`", quoted(other)))
+                        .primary(func.span, "expected `avg(field)` or `ewma(field)`")
+                        .quoting(other);
                     if let Some(s) = did_you_mean(other, ["avg", "ewma", "spike"]) {
                         d = d.help(format!("did you mean `{s}`?"));
                     }
@@ -250,15 +388,16 @@ impl SubChecker<'_> {
             },
             Operand::Path(p) => {
                 if let [n] = p.segments.as_slice() {
-                    if let Some(s) = self.spec.state_by_name(&n.text) {
+                    if let Some(s) = self.index.state(&n.text) {
                         return Some(self.spec.state(s).value_field);
                     }
                 }
                 let f = self.packet_field(p)?;
-                match self.spec.query_of_packet_field(f) {
+                match self.index.query_of_packet_field(f) {
                     Some(q) => Some(q),
                     None => {
                         let name = self.spec.field_name(f);
+                        let name = quoted(&name);
                         self.diags.push(
                             Diagnostic::error(Code::NotQueryable, format!("`{name}` is not a query field"))
                                 .primary(p.span, "the spec does not let subscriptions match on this field")
@@ -276,78 +415,70 @@ impl SubChecker<'_> {
         let spec = self.spec;
         match p.segments.as_slice() {
             [h, f] => {
-                let Some(hid) = spec.header_by_name(&h.text) else {
-                    let mut d = Diagnostic::error(Code::UnknownHeader, format!("unknown header `{}`", h.text))
-                        .primary(h.span, "no header of this name in the spec");
-                    if let Some(s) = did_you_mean(&h.text, spec.headers.iter().map(|h| h.name.as_str())) {
-                        d = d.help(format!("did you mean `{s}`?"));
+                let Some(hid) = self.index.header(&h.text) else {
+                    let mut d = Diagnostic::error(Code::UnknownHeader, format!("unknown header `{}`", quoted(&h.text)))
+                        .primary(h.span, "no header of this name in the spec")
+                        .quoting(&h.text);
+                    if let Some(s) = self.suggest.did_you_mean(&h.text, spec.headers.iter().map(|h| h.name.as_str())) {
+                        d = d.help(format!("did you mean `{}`?", quoted(s)));
                     }
                     self.diags.push(d);
                     return None;
                 };
-                let header = spec.header(hid);
-                match header.fields.iter().position(|x| x.name == f.text) {
-                    Some(i) => Some(FieldRef { header: hid, field: i as u32 }),
-                    None => {
-                        let mut d = Diagnostic::error(Code::UnknownField, format!("header `{}` has no field `{}`", header.name, f.text))
-                            .primary(f.span, "unknown field");
-                        if let Some(s) = did_you_mean(&f.text, header.fields.iter().map(|x| x.name.as_str())) {
-                            d = d.help(format!("did you mean `{s}`?"));
-                        }
-                        self.diags.push(d);
-                        None
-                    }
+                if let Some(r) = self.index.field(hid, &f.text) {
+                    return Some(r);
                 }
+                let header = spec.header(hid);
+                let mut d =
+                    Diagnostic::error(Code::UnknownField, format!("header `{}` has no field `{}`", quoted(&header.name), quoted(&f.text)))
+                        .primary(f.span, "unknown field")
+                        .quoting(&f.text);
+                if let Some(s) = self.suggest.did_you_mean(&f.text, header.fields.iter().map(|x| x.name.as_str())) {
+                    d = d.help(format!("did you mean `{}`?", quoted(s)));
+                }
+                self.diags.push(d);
+                None
             }
             [f] => {
-                let all: Vec<FieldRef> = spec
-                    .headers
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(hi, h)| {
-                        h.fields
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, x)| x.name == f.text)
-                            .map(move |(fi, _)| FieldRef { header: HeaderId(hi as u32), field: fi as u32 })
-                    })
-                    .collect();
-                let queried: Vec<FieldRef> = all.iter().copied().filter(|r| spec.query_of_packet_field(*r).is_some()).collect();
-                if queried.len() == 1 {
-                    return Some(queried[0]);
+                let bare = self.index.bare_name(&f.text);
+                if let Some(r) = bare.and_then(|b| b.queried) {
+                    return Some(r);
                 }
-                match all.len() {
-                    1 => Some(all[0]),
-                    0 => {
-                        let names: Vec<String> = spec
+                match bare.map(|b| b.fields.as_slice()).unwrap_or_default() {
+                    [r] => Some(*r),
+                    [] => {
+                        let mut d = Diagnostic::error(Code::UnknownField, format!("unknown field `{}`", quoted(&f.text)))
+                            .primary(f.span, "no header has this field, and no state has this name")
+                            .quoting(&f.text);
+                        let names = spec
                             .query_fields
                             .iter()
-                            .map(|q| q.name.rsplit('.').next().unwrap_or(&q.name).to_string())
-                            .chain(spec.states.iter().map(|s| s.name.clone()))
-                            .collect();
-                        let mut d = Diagnostic::error(Code::UnknownField, format!("unknown field `{}`", f.text))
-                            .primary(f.span, "no header has this field, and no state has this name");
-                        if let Some(s) = did_you_mean(&f.text, names.iter().map(String::as_str)) {
-                            d = d.help(format!("did you mean `{s}`?"));
+                            .map(|q| q.name.rsplit('.').next().unwrap_or(&q.name))
+                            .chain(spec.states.iter().map(|s| s.name.as_str()));
+                        if let Some(s) = self.suggest.did_you_mean(&f.text, names) {
+                            d = d.help(format!("did you mean `{}`?", quoted(s)));
                         }
                         self.diags.push(d);
                         None
                     }
-                    _ => {
-                        let names: Vec<String> = all.iter().map(|r| format!("`{}`", spec.field_name(*r))).collect();
+                    all => {
+                        let names = all.iter().map(|r| format!("`{}`", quoted(&spec.field_name(*r))));
                         self.diags.push(
-                            Diagnostic::error(Code::AmbiguousField, format!("field name `{}` is ambiguous", f.text))
-                                .primary(f.span, format!("could be {}", names.join(" or ")))
-                                .help("write the header too, as in `header.field`"),
+                            Diagnostic::error(Code::AmbiguousField, format!("field name `{}` is ambiguous", quoted(&f.text)))
+                                .primary(f.span, format!("could be {}", list_names(names, " or ")))
+                                .help("write the header too, as in `header.field`")
+                                .quoting(&f.text),
                         );
                         None
                     }
                 }
             }
             _ => {
+                let text = p.text();
                 self.diags.push(
-                    Diagnostic::error(Code::UnknownField, format!("`{}` is not a field", p.text()))
-                        .primary(p.span, "expected `field` or `header.field`"),
+                    Diagnostic::error(Code::UnknownField, format!("`{}` is not a field", quoted(&text)))
+                        .primary(p.span, "expected `field` or `header.field`")
+                        .quoting(&text),
                 );
                 None
             }
@@ -360,8 +491,8 @@ impl SubChecker<'_> {
         let w = qf.width;
         let too_wide = |this: &mut Self, shown: String| {
             this.diags.push(
-                Diagnostic::error(Code::ConstantTooWide, format!("{shown} does not fit in `{}`", qf.name))
-                    .primary(v.span, format!("`{}` is {w} bits wide", qf.name)),
+                Diagnostic::error(Code::ConstantTooWide, format!("{shown} does not fit in `{}`", quoted(&qf.name)))
+                    .primary(v.span, format!("`{}` is {w} bits wide", quoted(&qf.name))),
             );
         };
         match (&v.kind, qf.ty) {
@@ -380,7 +511,7 @@ impl SubChecker<'_> {
                     return Some(0);
                 }
                 self.diags.push(
-                    Diagnostic::error(Code::NegativeUnsigned, format!("`{}` is unsigned", qf.name))
+                    Diagnostic::error(Code::NegativeUnsigned, format!("`{}` is unsigned", quoted(&qf.name)))
                         .primary(v.span, "negative constant")
                         .help("declare the field `signed` in the spec to compare with negative numbers"),
                 );
@@ -417,7 +548,7 @@ impl SubChecker<'_> {
                         self.diags.push(
                             Diagnostic::error(
                                 Code::SymbolTooLong,
-                                format!("symbol \"{s}\" is {} characters; `{}` holds {}", s.len(), qf.name, w / 8),
+                                format!("symbol \"{}\" is {} characters; `{}` holds {}", quoted(s), s.len(), quoted(&qf.name), w / 8),
                             )
                             .primary(v.span, "too long"),
                         );
@@ -426,9 +557,11 @@ impl SubChecker<'_> {
                 }
             }
             (ValueKind::Word(word), _) => {
-                let mut d = Diagnostic::error(Code::UnknownConstant, format!("`{word}` is not a constant of `{}`", qf.name))
-                    .primary(v.span, format!("`{}` is {}", qf.name, describe(qf)));
-                if self.spec.state_by_name(word).is_some() || self.spec.query_fields.iter().any(|q| q.name.ends_with(word.as_str())) {
+                let mut d =
+                    Diagnostic::error(Code::UnknownConstant, format!("`{}` is not a constant of `{}`", quoted(word), quoted(&qf.name)))
+                        .primary(v.span, format!("`{}` is {}", quoted(&qf.name), describe(qf)))
+                        .quoting(word);
+                if self.index.state(word).is_some() || self.index.query_name_ends_with(word) {
                     d = d.note("subscriptions compare fields with constants, not with other fields");
                 }
                 self.diags.push(d);
@@ -442,8 +575,8 @@ impl SubChecker<'_> {
                     _ => "this constant",
                 };
                 self.diags.push(
-                    Diagnostic::error(Code::TypeMismatch, format!("{what} cannot be compared with `{}`", qf.name))
-                        .primary(v.span, format!("`{}` is {}", qf.name, describe(qf))),
+                    Diagnostic::error(Code::TypeMismatch, format!("{what} cannot be compared with `{}`", quoted(&qf.name)))
+                        .primary(v.span, format!("`{}` is {}", quoted(&qf.name), describe(qf))),
                 );
                 None
             }
@@ -484,7 +617,7 @@ impl SubChecker<'_> {
                     drop_span = Some(n.span);
                 }
                 ast::Action::Update { target, op, value, .. } => {
-                    let Some(sid) = self.spec.state_by_name(&target.text) else {
+                    let Some(sid) = self.index.state(&target.text) else {
                         self.unknown_state(target);
                         ok = false;
                         continue;
@@ -492,7 +625,7 @@ impl SubChecker<'_> {
                     let sv = self.spec.state(sid);
                     let StateKind::Var { width } = sv.kind else {
                         self.diags.push(
-                            Diagnostic::error(Code::NotAssignable, format!("`{}` cannot be assigned", sv.name))
+                            Diagnostic::error(Code::NotAssignable, format!("`{}` cannot be assigned", quoted(&sv.name)))
                                 .primary(target.span, "only the data plane updates counters, averages and EWMAs")
                                 .help("declare a variable with `state name = var(32);` to update it from actions"),
                         );
@@ -503,8 +636,8 @@ impl SubChecker<'_> {
                         ValueKind::Int { value: c, negative: false } if *c <= mask(width) => *c,
                         ValueKind::Int { value: c, negative: false } => {
                             self.diags.push(
-                                Diagnostic::error(Code::ConstantTooWide, format!("{c} does not fit in `{}`", sv.name))
-                                    .primary(value.span, format!("`{}` is {width} bits wide", sv.name)),
+                                Diagnostic::error(Code::ConstantTooWide, format!("{c} does not fit in `{}`", quoted(&sv.name)))
+                                    .primary(value.span, format!("`{}` is {width} bits wide", quoted(&sv.name))),
                             );
                             ok = false;
                             continue;
@@ -527,12 +660,13 @@ impl SubChecker<'_> {
                 }
                 other => {
                     let what = match other {
-                        ast::Action::Call { func, .. } => format!("{}(...)", func.text),
+                        ast::Action::Call { func, .. } => format!("{}(...)", quoted(&func.text)),
                         ast::Action::Word(n) => n.text.clone(),
                         ast::Action::Update { target, .. } => target.text.clone(),
                     };
-                    let mut d = Diagnostic::error(Code::UnknownAction, format!("unknown action `{what}`"))
-                        .primary(other.span(), "expected `fwd(ports)`, `drop` or `variable += n`");
+                    let mut d = Diagnostic::error(Code::UnknownAction, format!("unknown action `{}`", quoted(&what)))
+                        .primary(other.span(), "expected `fwd(ports)`, `drop` or `variable += n`")
+                        .quoting(&what);
                     let head = what.split('(').next().unwrap_or("");
                     if let Some(s) = did_you_mean(head, ["fwd", "drop"]) {
                         d = d.help(format!("did you mean `{s}`?"));

@@ -6,10 +6,40 @@
 //! way rustc does: `error[E0302]: ...`, then `--> file:line:col`, the source
 //! line, and a caret underline. The rendered text is snapshot-tested for every
 //! code (`tests/diagnostics.rs`), so a change in wording shows in review.
+//!
+//! One diagnostic prints a few kilobytes at most, whatever the input: user
+//! text is quoted through [`quoted`] (at most [`MAX_QUOTED_CHARS`]
+//! characters), lists of names stop after [`MAX_LISTED_NAMES`]
+//! ([`list_names`]), every message, label, note and help is cut at
+//! [`MAX_TEXT_BYTES`] when printed, and a source line longer than
+//! [`MAX_ECHOED_LINE_BYTES`] is echoed as a window around each label. None of
+//! these limits is reached by a diagnostic about an ordinary file, so those
+//! render exactly as they always have. The same holds for the flat record
+//! ([`Diagnostic::to_record`]).
 
-use crate::source::{SourceMap, Span};
+use crate::source::{SourceFile, SourceMap, Span};
 use serde::Serialize;
-use std::fmt::Write;
+use std::borrow::Cow;
+use std::fmt::{self, Write};
+
+/// The most characters of one user-written name, symbol or literal that a
+/// diagnostic quotes; a longer one is cut and ends in `…`.
+pub const MAX_QUOTED_CHARS: usize = 64;
+/// The most names a message lists (`could be `a.x` or `b.x``); the rest are
+/// counted.
+pub const MAX_LISTED_NAMES: usize = 8;
+/// The most bytes of one message, label, note or help that is printed (and
+/// put in a record). Every text a checker writes is far shorter once its
+/// names are [`quoted`]: this bounds what a future message could forget to.
+pub const MAX_TEXT_BYTES: usize = 512;
+/// Source lines up to this many bytes are echoed whole under a diagnostic.
+pub const MAX_ECHOED_LINE_BYTES: usize = 1024;
+/// Of a longer line, each label gets a window of this many characters ...
+pub const SNIPPET_WINDOW_CHARS: usize = 160;
+/// ... of which up to this many come before the label's start.
+const SNIPPET_CONTEXT_CHARS: usize = 40;
+/// The most bytes of the labelled text that a record's `snippet` holds.
+pub const MAX_SNIPPET_BYTES: usize = 1024;
 
 /// How bad it is. Errors stop compilation; warnings do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
@@ -148,6 +178,16 @@ impl Diagnostic {
         self
     }
 
+    /// Notes how long `text` really is if the diagnostic can only quote its
+    /// beginning (see [`quoted`]); does nothing for ordinary names.
+    pub fn quoting(self, text: &str) -> Diagnostic {
+        if !is_cut(text) {
+            return self;
+        }
+        let note = format!("`{}` is shortened here: it is {} bytes long", quoted(text), text.len());
+        self.note(note)
+    }
+
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
@@ -163,22 +203,22 @@ impl Diagnostic {
                 let f = sources.file(span.file);
                 let (line, column) = f.line_col(span.start);
                 let (end_line, end_column) = f.line_col(span.end);
-                (f.name.clone(), line, column, end_line, end_column, sources.snippet(span).to_string())
+                (f.name.clone(), line, column, end_line, end_column, cut_bytes(sources.snippet(span), MAX_SNIPPET_BYTES).into_owned())
             }
             None => (String::new(), 0, 0, 0, 0, String::new()),
         };
         DiagnosticRecord {
             severity: self.severity,
             code: self.code.as_str().to_string(),
-            message: self.message.clone(),
+            message: capped(&self.message).into_owned(),
             file,
             line,
             column,
             end_line,
             end_column,
             snippet,
-            label: self.labels.iter().find(|l| l.primary).map(|l| l.message.clone()).unwrap_or_default(),
-            help: self.help.clone(),
+            label: self.labels.iter().find(|l| l.primary).map(|l| capped(&l.message).into_owned()).unwrap_or_default(),
+            help: self.help.as_deref().map(|h| capped(h).into_owned()),
             rendered: render(self, sources),
         }
     }
@@ -214,6 +254,18 @@ impl Diagnostics {
     }
     pub fn error_count(&self) -> usize {
         self.0.iter().filter(|d| d.is_error()).count()
+    }
+    /// Where the list ends now. With [`Diagnostics::has_errors_since`] a step
+    /// learns whether it reported an error by looking at its own diagnostics
+    /// only: counting all errors once per rule would make checking a file
+    /// quadratic in its number of errors.
+    pub fn mark(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether an error was added after `mark` (from [`Diagnostics::mark`];
+    /// the list must not have been sorted in between).
+    pub fn has_errors_since(&self, mark: usize) -> bool {
+        self.0.get(mark..).is_some_and(|added| added.iter().any(Diagnostic::is_error))
     }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -259,7 +311,7 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
         Severity::Error => "error",
         Severity::Warning => "warning",
     };
-    let _ = writeln!(out, "{}[{}]: {}", sev, d.code.as_str(), d.message);
+    let _ = writeln!(out, "{}[{}]: {}", sev, d.code.as_str(), capped(&d.message));
     // Group labels by line so that several labels on one line share the source echo.
     let mut labels: Vec<&Label> = d.labels.iter().collect();
     labels.sort_by_key(|l| (!l.primary, l.span.start));
@@ -280,11 +332,17 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
         }
     }
     by_line.sort_by_key(|(f, l, _)| (*f, *l));
-    for (_, line, ls) in by_line {
+    for (_, line, mut ls) in by_line {
         let f = sources.file(ls[0].span.file);
         let text = f.line_text(line);
+        if text.len() > MAX_ECHOED_LINE_BYTES {
+            ls.sort_by_key(|l| l.span.start);
+            for l in ls {
+                echo_window(&mut out, gutter, f, line, l);
+            }
+            continue;
+        }
         let _ = writeln!(out, "{:>gutter$} | {}", line, text.replace('\t', " "));
-        let mut ls = ls.clone();
         ls.sort_by_key(|l| std::cmp::Reverse(l.span.start));
         for l in ls {
             let (_, col) = f.line_col(l.span.start);
@@ -292,35 +350,326 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
             let end = l.span.end.min(line_end).max(l.span.start);
             let (_, end_col) = f.line_col(end);
             let width = (end_col.saturating_sub(col)).max(1);
-            let mark = if l.primary { "^" } else { "-" };
-            let _ = writeln!(
-                out,
-                "{pad} | {}{}{}{}",
-                " ".repeat(col - 1),
-                mark.repeat(width),
-                if l.message.is_empty() { "" } else { " " },
-                l.message
-            );
+            underline(&mut out, &pad, col - 1, width, l);
         }
     }
     if !d.labels.is_empty() && (d.help.is_some() || !d.notes.is_empty()) {
         let _ = writeln!(out, "{pad} |");
     }
     for n in &d.notes {
-        let _ = writeln!(out, "{pad} = note: {n}");
+        let _ = writeln!(out, "{pad} = note: {}", capped(n));
     }
     if let Some(h) = &d.help {
-        let _ = writeln!(out, "{pad} = help: {h}");
+        let _ = writeln!(out, "{pad} = help: {}", capped(h));
     }
     out
 }
 
-/// Suggests the closest of `candidates` to `name`, if any is close enough.
+/// Writes a label's underline: `skip` columns of spaces, `width` marks, the message.
+fn underline(out: &mut String, pad: &str, skip: usize, width: usize, l: &Label) {
+    let mark = if l.primary { "^" } else { "-" };
+    let message = capped(&l.message);
+    let _ = writeln!(out, "{pad} | {}{}{}{}", " ".repeat(skip), mark.repeat(width), if message.is_empty() { "" } else { " " }, message);
+}
+
+/// Echoes the part of a long source line around one label, with `…` where
+/// the line goes on, and underlines what of the label is in view. Columns
+/// are characters, as on a short line.
+fn echo_window(out: &mut String, gutter: usize, f: &SourceFile, line: usize, l: &Label) {
+    let text = f.line_text(line);
+    let line_start = f.line_start(line);
+    let in_line = |offset: u32| floor_char_boundary(text, offset.saturating_sub(line_start) as usize);
+    let start = in_line(l.span.start);
+    let end = in_line(l.span.end).max(start);
+    let from = text[..start].char_indices().rev().take(SNIPPET_CONTEXT_CHARS).last().map_or(start, |(i, _)| i);
+    let to = text[from..].char_indices().nth(SNIPPET_WINDOW_CHARS).map_or(text.len(), |(i, _)| from + i);
+    let open = if from > 0 { "…" } else { "" };
+    let close = if to < text.len() { "…" } else { "" };
+    let _ = writeln!(out, "{line:>gutter$} | {open}{}{close}", text[from..to].replace('\t', " "));
+    let skip = open.chars().count() + text[from..start].chars().count();
+    let width = text[start..end.min(to)].chars().count().max(1);
+    underline(out, &" ".repeat(gutter), skip, width, l);
+}
+
+/// The largest character boundary of `text` at or before `i` (clamped to its length).
+fn floor_char_boundary(text: &str, i: usize) -> usize {
+    let mut i = i.min(text.len());
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// `text` cut to at most `max` bytes, ending in `…` if it was cut.
+fn cut_bytes(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let keep = floor_char_boundary(text, max.saturating_sub('…'.len_utf8()));
+    Cow::Owned(format!("{}…", &text[..keep]))
+}
+
+/// A message, label, note or help as printed: at most [`MAX_TEXT_BYTES`].
+fn capped(text: &str) -> Cow<'_, str> {
+    cut_bytes(text, MAX_TEXT_BYTES)
+}
+
+/// User-written text (a name, a symbol, a literal) as a diagnostic quotes
+/// it: whole if it has at most [`MAX_QUOTED_CHARS`] characters, else its
+/// first ones and `…`. Quoting a 10 MB name costs as little as quoting a
+/// short one. Pair it with [`Diagnostic::quoting`] to note the full length.
+pub fn quoted(text: &str) -> Quoted<'_> {
+    Quoted(text)
+}
+
+/// See [`quoted`].
+#[derive(Clone, Copy, Debug)]
+pub struct Quoted<'a>(&'a str);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match cut_at(self.0) {
+            Some(cut) => write!(f, "{}…", &self.0[..cut]),
+            None => f.write_str(self.0),
+        }
+    }
+}
+
+/// Where [`quoted`] cuts `text`, if it does.
+fn cut_at(text: &str) -> Option<usize> {
+    if text.len() <= MAX_QUOTED_CHARS {
+        return None;
+    }
+    text.char_indices().nth(MAX_QUOTED_CHARS).map(|(i, _)| i)
+}
+
+fn is_cut(text: &str) -> bool {
+    cut_at(text).is_some()
+}
+
+/// Joins names for a message (`` `a.x` or `b.x` ``), each already quoted,
+/// listing at most [`MAX_LISTED_NAMES`] and counting the rest:
+/// `` `a` or `b` or … (12 in all) ``. Only the listed names are formatted.
+pub fn list_names(names: impl ExactSizeIterator<Item = String>, sep: &str) -> String {
+    let total = names.len();
+    let mut out = names.take(MAX_LISTED_NAMES).collect::<Vec<_>>().join(sep);
+    if total > MAX_LISTED_NAMES {
+        let _ = write!(out, "{sep}… ({total} in all)");
+    }
+    out
+}
+
+/// Suggests the closest of `candidates` to `name`, if any is close enough:
+/// at most a third of the longer one's length away (and at least 1) in
+/// Damerau-Levenshtein distance, ties going to the alphabetically first.
+/// A name of more than [`MAX_QUOTED_CHARS`] characters gets no suggestion:
+/// nobody mistypes one, and the distance costs the product of the lengths.
+///
+/// This looks at every candidate; where the candidates are the names of the
+/// input itself, use a [`Suggester`], which bounds the work.
 pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    candidates
-        .into_iter()
-        .map(|c| (strsim::damerau_levenshtein(name, c), c))
-        .filter(|(d, c)| *d <= (name.len().max(c.len()) / 3).max(1))
-        .min_by_key(|(d, c)| (*d, *c))
-        .map(|(_, c)| c)
+    let mut unlimited = u64::MAX;
+    closest(name, candidates, &mut unlimited)
+}
+
+/// Did-you-mean for the names of one input, within a work budget.
+///
+/// Each search is an edit distance against every candidate, so a file with
+/// as many misspelled references as declarations would take time quadratic
+/// in its size. The budget grows with the input ([`Suggester::PER_BYTE`]
+/// units per byte on top of [`Suggester::BASE`]; a unit is one candidate
+/// looked at or one cell of an edit-distance table), which keeps all the
+/// searches of a run linear in its input; once it is spent, diagnostics come
+/// without suggestions. Ordinary files use a small fraction of it, so their
+/// diagnostics are the same as with [`did_you_mean`].
+#[derive(Clone, Debug)]
+pub(crate) struct Suggester {
+    budget: u64,
+}
+
+impl Suggester {
+    /// Work allowed whatever the input's size: a few hundred typos against a
+    /// few hundred names.
+    const BASE: u64 = 1 << 22;
+    /// Work allowed per byte of input.
+    const PER_BYTE: u64 = 16;
+
+    /// A budget for checking an input of `bytes` bytes.
+    pub(crate) fn for_input(bytes: usize) -> Suggester {
+        Suggester { budget: Self::BASE.saturating_add(Self::PER_BYTE.saturating_mul(bytes as u64)) }
+    }
+
+    /// [`did_you_mean`], or `None` once the budget is spent.
+    pub(crate) fn did_you_mean<'a>(&mut self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+        closest(name, candidates, &mut self.budget)
+    }
+}
+
+/// The search of [`did_you_mean`], spending `budget`; `None` (and the
+/// budget zeroed) if it would overspend.
+///
+/// Before paying for an edit distance it tries two lower bounds, both exact
+/// reasons to skip a candidate: the difference in length, and (for ASCII)
+/// the characters one has that the other lacks. A candidate is skipped when
+/// a bound exceeds the threshold or the best distance found so far.
+fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>, budget: &mut u64) -> Option<&'a str> {
+    let spend = |budget: &mut u64, units: usize| -> Option<()> {
+        match budget.checked_sub(units as u64) {
+            Some(left) => {
+                *budget = left;
+                Some(())
+            }
+            None => {
+                *budget = 0;
+                None
+            }
+        }
+    };
+    if *budget == 0 || is_cut(name) {
+        return None;
+    }
+    let name_chars = name.chars().count();
+    let name_bytes = name.is_ascii().then(|| ByteCounts::of(name));
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        let bound = (name.len().max(c.len()) / 3).max(1);
+        // Only a distance up to this can be a better suggestion (an equal
+        // one still can, by coming first alphabetically).
+        let limit = best.map_or(bound, |(d, _)| d.min(bound));
+        // One edit changes the length by at most one character, so a
+        // candidate whose length differs by more than `limit` is too far
+        // away; counting its characters stops as soon as that is clear.
+        let c_chars = c.chars().take(name_chars + limit + 1).count();
+        spend(budget, 1 + 2 * c_chars)?;
+        if c_chars.abs_diff(name_chars) > limit {
+            continue;
+        }
+        // Equal counts of bytes and characters: `c` is ASCII.
+        if let Some(counts) = name_bytes.as_ref().filter(|_| c_chars == c.len()) {
+            if counts.bag_distance(c) > limit {
+                continue;
+            }
+        }
+        spend(budget, (name_chars + 2) * (c_chars + 2))?;
+        let d = strsim::damerau_levenshtein(name, c);
+        if d <= bound && best.is_none_or(|b| (d, c) < b) {
+            best = Some((d, c));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+/// How often each byte occurs in an ASCII name, and its length.
+struct ByteCounts {
+    counts: [u8; 128],
+    len: usize,
+}
+
+impl ByteCounts {
+    /// Counts of `name`, which is ASCII and at most [`MAX_QUOTED_CHARS`] long.
+    fn of(name: &str) -> ByteCounts {
+        let mut counts = [0u8; 128];
+        for b in name.bytes() {
+            counts[b as usize & 127] += 1;
+        }
+        ByteCounts { counts, len: name.len() }
+    }
+
+    /// The bag distance to the ASCII `other`: the larger of the number of
+    /// characters each has beyond what they share. Every edit changes it by
+    /// at most one (a transposition not at all), so it is a lower bound of
+    /// the Damerau-Levenshtein distance.
+    fn bag_distance(&self, other: &str) -> usize {
+        let mut left = self.counts;
+        let mut shared = 0;
+        for b in other.bytes() {
+            let n = &mut left[b as usize & 127];
+            if *n > 0 {
+                *n -= 1;
+                shared += 1;
+            }
+        }
+        (self.len - shared).max(other.len() - shared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The search before the length and bag bounds and the budget: an edit
+    /// distance to every candidate. The oracle for [`did_you_mean`].
+    fn closest_by_scan<'a>(name: &str, candidates: &[&'a str]) -> Option<&'a str> {
+        candidates
+            .iter()
+            .map(|c| (strsim::damerau_levenshtein(name, c), *c))
+            .filter(|(d, c)| *d <= (name.len().max(c.len()) / 3).max(1))
+            .min_by_key(|(d, c)| (*d, *c))
+            .map(|(_, c)| c)
+    }
+
+    proptest! {
+        /// Small alphabets, so that many candidates are near each other.
+        #[test]
+        fn did_you_mean_finds_what_a_scan_finds(
+            name in "[ab_x]{0,12}",
+            candidates in prop::collection::vec("[ab_x]{0,16}", 0..24),
+        ) {
+            let candidates: Vec<&str> = candidates.iter().map(String::as_str).collect();
+            prop_assert_eq!(did_you_mean(&name, candidates.iter().copied()), closest_by_scan(&name, &candidates));
+        }
+
+        /// Characters of several bytes, where the bag bound does not apply.
+        #[test]
+        fn did_you_mean_finds_what_a_scan_finds_beyond_ascii(
+            name in "[aé_]{0,8}",
+            candidates in prop::collection::vec("[aéb]{0,10}", 0..16),
+        ) {
+            let candidates: Vec<&str> = candidates.iter().map(String::as_str).collect();
+            prop_assert_eq!(did_you_mean(&name, candidates.iter().copied()), closest_by_scan(&name, &candidates));
+        }
+    }
+
+    #[test]
+    fn a_spent_budget_suggests_nothing() {
+        let mut plenty = Suggester::for_input(0);
+        assert_eq!(plenty.did_you_mean("stok", ["stock", "price"]), Some("stock"));
+        let mut spent = Suggester { budget: 3 };
+        assert_eq!(spent.did_you_mean("stok", ["stock", "price"]), None);
+        assert_eq!(spent.budget, 0);
+        assert_eq!(spent.did_you_mean("stok", ["stock"]), None);
+    }
+
+    #[test]
+    fn long_names_get_no_suggestion() {
+        let long = "a".repeat(MAX_QUOTED_CHARS + 1);
+        let near = format!("{long}b");
+        assert_eq!(did_you_mean(&long, [near.as_str()]), None);
+        let longest = "a".repeat(MAX_QUOTED_CHARS);
+        let near = format!("{longest}b");
+        assert_eq!(did_you_mean(&longest, [near.as_str()]), Some(near.as_str()));
+    }
+
+    #[test]
+    fn quoting_cuts_at_a_character() {
+        assert_eq!(quoted("stock").to_string(), "stock");
+        let exact = "é".repeat(MAX_QUOTED_CHARS);
+        assert_eq!(quoted(&exact).to_string(), exact);
+        assert_eq!(quoted(&format!("{exact}é")).to_string(), format!("{exact}…"));
+        assert!(!is_cut(&exact));
+        assert_eq!(cut_bytes("aé", 2), "…");
+        assert_eq!(cut_bytes("abcdé", 5), "ab…");
+        assert_eq!(cut_bytes("abcdé", 6), "abcdé");
+        assert_eq!(cut_bytes("abcéd", 5), "ab…");
+        assert_eq!(cut_bytes("abcéd", 4), "a…");
+    }
+
+    #[test]
+    fn lists_of_names_stop_at_the_limit() {
+        let names = |n: usize| (0..n).map(|i| format!("`h{i}`"));
+        assert_eq!(list_names(names(2), " or "), "`h0` or `h1`");
+        assert_eq!(list_names(names(MAX_LISTED_NAMES), " or ").matches(" or ").count(), MAX_LISTED_NAMES - 1);
+        assert_eq!(list_names(names(100), " or "), "`h0` or `h1` or `h2` or `h3` or `h4` or `h5` or `h6` or `h7` or … (100 in all)");
+    }
 }

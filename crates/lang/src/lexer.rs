@@ -11,7 +11,7 @@
 //! when all six hex pairs are present; `00:1b:21` is a bad MAC address, not
 //! three tokens), `100us` an integer followed by a unit.
 
-use crate::diag::{Code, Diagnostic};
+use crate::diag::{quoted, Code, Diagnostic};
 use crate::source::{FileId, Span};
 use std::fmt;
 
@@ -35,15 +35,25 @@ pub enum Tok {
     Punct(&'static str),
 }
 
+impl Tok {
+    /// The user-written text a name or string token carries (`""` for others).
+    pub fn text(&self) -> &str {
+        match self {
+            Tok::Ident(s) | Tok::Str(s) => s,
+            _ => "",
+        }
+    }
+}
+
 impl fmt::Display for Tok {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Tok::Ident(s) => write!(f, "`{s}`"),
+            Tok::Ident(s) => write!(f, "`{}`", quoted(s)),
             Tok::Kw(s) => write!(f, "keyword `{s}`"),
             Tok::Int(n) => write!(f, "integer `{n}`"),
             Tok::Ipv4(a) => write!(f, "address `{}.{}.{}.{}`", a[0], a[1], a[2], a[3]),
             Tok::Mac(_) => write!(f, "MAC address"),
-            Tok::Str(s) => write!(f, "string \"{s}\""),
+            Tok::Str(s) => write!(f, "string \"{}\"", quoted(s)),
             Tok::Punct(p) => write!(f, "`{p}`"),
         }
     }
@@ -89,9 +99,11 @@ pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diag
             continue;
         }
         if let Some(len) = mac_like_at(&bytes[i..]) {
+            let literal = &text[start..start + len];
             diags.push(
-                Diagnostic::error(Code::BadMac, format!("`{}` is not a MAC address", &text[start..start + len]))
-                    .primary(span(start, start + len), "expected six pairs of hex digits separated by `:` or `-`"),
+                Diagnostic::error(Code::BadMac, format!("`{}` is not a MAC address", quoted(literal)))
+                    .primary(span(start, start + len), "expected six pairs of hex digits separated by `:` or `-`")
+                    .quoting(literal),
             );
             i += len;
             continue;
@@ -144,8 +156,9 @@ pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diag
                 match parse_ipv4(s) {
                     Some(a) => toks.push((start, Tok::Ipv4(a), i)),
                     None => diags.push(
-                        Diagnostic::error(Code::BadIpv4, format!("`{s}` is not an IPv4 address"))
-                            .primary(span(start, i), "expected four numbers from 0 to 255 separated by dots"),
+                        Diagnostic::error(Code::BadIpv4, format!("`{}` is not an IPv4 address", quoted(s)))
+                            .primary(span(start, i), "expected four numbers from 0 to 255 separated by dots")
+                            .quoting(s),
                     ),
                 }
                 continue;

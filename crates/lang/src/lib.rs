@@ -74,12 +74,15 @@ pub fn check_rules_file(
     // is checked and dropped before the next line is parsed.
     let mut subs = Vec::with_capacity(f.line_count());
     let mut nfs = Vec::with_capacity(f.line_count());
+    // One checker for the file: it indexes the spec once, and its
+    // did-you-mean budget is the file's.
+    let mut checker = check_subs::RuleChecker::new(spec, f.text.len());
     for line in 1..=f.line_count() {
         let text = f.line_text(line);
         let Some(rule) = parse::parse_rule_text(text, file, f.line_start(line), diags) else { continue };
         let id = *next_id;
         *next_id += 1;
-        let Some(sub) = check_subs::check_rule(spec, &rule, id, text, diags) else { continue };
+        let Some(sub) = checker.check(&rule, id, text, diags) else { continue };
         match nf::normalize(spec, &sub, limits) {
             Ok(n) => {
                 if n.cubes.is_empty() {

@@ -139,7 +139,7 @@ fn parse_error_to_diag(e: ParseError<usize, Tok, ()>, file: FileId, base: u32, e
     match e {
         ParseError::UnrecognizedToken { token: (l, tok, r), expected } => {
             let exp = describe_expected(&expected);
-            Diagnostic::error(Code::SyntaxError, format!("unexpected {tok}")).primary(span(l, r), exp)
+            Diagnostic::error(Code::SyntaxError, format!("unexpected {tok}")).primary(span(l, r), exp).quoting(tok.text())
         }
         ParseError::UnrecognizedEof { location, expected } => {
             let at = location.min(end);
@@ -148,7 +148,7 @@ fn parse_error_to_diag(e: ParseError<usize, Tok, ()>, file: FileId, base: u32, e
                 .primary(span(at, at + 1), if exp.is_empty() { "input ends here".to_string() } else { exp })
         }
         ParseError::ExtraToken { token: (l, tok, r) } => {
-            Diagnostic::error(Code::SyntaxError, format!("unexpected {tok}")).primary(span(l, r), "extra token")
+            Diagnostic::error(Code::SyntaxError, format!("unexpected {tok}")).primary(span(l, r), "extra token").quoting(tok.text())
         }
         ParseError::InvalidToken { location } => {
             Diagnostic::error(Code::UnexpectedChar, "invalid token").primary(span(location, location + 1), "here")

@@ -3,6 +3,11 @@
 //! Every syntax node carries a [`Span`] (file id plus byte range) so that any
 //! diagnostic can name `file:line:col` and underline the offending text. The
 //! [`SourceMap`] owns the texts; nothing else in the crate keeps a copy.
+//!
+//! Turning an offset into `line:col` costs a binary search over the line
+//! starts and a count of at most `2 * CHAR_MARK_BYTES` bytes, however long
+//! the line: a file that is one 50 MB line with thousands of diagnostics
+//! must not count its characters once per diagnostic.
 
 use serde::Serialize;
 
@@ -34,12 +39,24 @@ impl Span {
     }
 }
 
+/// Distance in bytes between two entries of [`SourceFile`]'s character
+/// counts: the most bytes one column lookup counts.
+pub const CHAR_MARK_BYTES: usize = 1024;
+
 /// One source file: a display name and its text.
 #[derive(Debug, Clone)]
 pub struct SourceFile {
     pub name: String,
     pub text: String,
     line_starts: Vec<u32>,
+    /// Entry `k` is the number of characters in the first
+    /// `k * CHAR_MARK_BYTES` bytes of `text`.
+    chars_before_mark: Vec<u32>,
+}
+
+/// Whether `b` starts a character (is not a UTF-8 continuation byte).
+fn starts_char(b: u8) -> bool {
+    b & 0xC0 != 0x80
 }
 
 impl SourceFile {
@@ -50,7 +67,21 @@ impl SourceFile {
                 line_starts.push(i as u32 + 1);
             }
         }
-        SourceFile { name, text, line_starts }
+        let mut chars_before_mark = vec![0];
+        let mut chars = 0u32;
+        for block in text.as_bytes().chunks(CHAR_MARK_BYTES) {
+            chars += block.iter().filter(|b| starts_char(**b)).count() as u32;
+            chars_before_mark.push(chars);
+        }
+        SourceFile { name, text, line_starts, chars_before_mark }
+    }
+
+    /// Number of characters before byte `offset`, which is at most the
+    /// text's length and on a character boundary.
+    fn chars_before(&self, offset: usize) -> usize {
+        let mark = offset / CHAR_MARK_BYTES;
+        let counted = self.text.as_bytes()[mark * CHAR_MARK_BYTES..offset].iter().filter(|b| starts_char(**b)).count();
+        self.chars_before_mark[mark] as usize + counted
     }
 
     /// 1-based line and column (column counted in characters) of a byte offset.
@@ -62,7 +93,15 @@ impl SourceFile {
         };
         let start = self.line_starts[line] as usize;
         let end = (offset as usize).max(start);
-        let col = self.text.get(start..end).map(|s| s.chars().count()).unwrap_or(end - start);
+        // Off a character boundary there are no characters to count: the
+        // column is then in bytes.
+        let col = if !(self.text.is_char_boundary(start) && self.text.is_char_boundary(end)) {
+            end - start
+        } else if end - start <= CHAR_MARK_BYTES {
+            self.text[start..end].chars().count()
+        } else {
+            self.chars_before(end) - self.chars_before(start)
+        };
         (line + 1, col + 1)
     }
 
@@ -106,5 +145,45 @@ impl SourceMap {
     pub fn snippet(&self, span: Span) -> &str {
         let text = &self.file(span.file).text;
         text.get(span.start as usize..span.end as usize).unwrap_or("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// `line_col` as it was: the characters from the line's start, counted
+    /// each time. The oracle for the counts kept every `CHAR_MARK_BYTES`.
+    fn line_col_by_counting(text: &str, offset: usize) -> (usize, usize) {
+        let offset = offset.min(text.len());
+        let start = text[..floor(text, offset)].rfind('\n').map_or(0, |i| i + 1);
+        let line = text[..start].matches('\n').count() + 1;
+        let col = text.get(start..offset).map(|s| s.chars().count()).unwrap_or(offset - start);
+        (line, col + 1)
+    }
+
+    fn floor(text: &str, mut i: usize) -> usize {
+        while !text.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    }
+
+    proptest! {
+        /// Long lines of one- and two-byte characters, with a few line
+        /// breaks, at every offset (on a character boundary or not).
+        #[test]
+        fn columns_are_counted_characters(
+            parts in prop::collection::vec(("[aé]{0,3000}", any::<bool>()), 1..4),
+            picks in prop::collection::vec(any::<prop::sample::Index>(), 64),
+        ) {
+            let text: String = parts.iter().map(|(s, nl)| if *nl { format!("{s}\n") } else { s.clone() }).collect();
+            let file = SourceFile::new("t".into(), text.clone());
+            for pick in picks {
+                let offset = pick.index(text.len() + 2);
+                prop_assert_eq!(file.line_col(offset as u32), line_col_by_counting(&text, offset), "at {}", offset);
+            }
+        }
     }
 }

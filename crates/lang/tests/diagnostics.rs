@@ -176,3 +176,67 @@ fn normal_form_over_the_default_limit() {
     let smaller = format!("{} && {} : fwd(1)\n", pairs("shares", "price"), pairs("my_counter", "avg_price"));
     assert!(check(&smaller).is_empty());
 }
+
+/// A name, symbol or literal of 10 MB, in each place a diagnostic quotes
+/// user text: every diagnostic renders, and flattens to a record, in under
+/// 4 KB (it used to print the text three times or more, and look for a
+/// did-you-mean with an edit distance quadratic in its length).
+#[test]
+fn a_10_mb_name_prints_a_few_kilobytes() {
+    const LIMIT: usize = 4096;
+    let long = "x".repeat(10 << 20);
+    let spaces = " ".repeat(10 << 20);
+    let dots = ".1".repeat(5 << 20);
+    // (what, spec or `None` for the ITCH spec, rules, the codes expected)
+    let cases: Vec<(&str, Option<String>, String, &[&str])> = vec![
+        ("symbol", None, format!("stock == \"{long}\" : fwd(1)\n"), &["E0307"]),
+        ("unknown field", None, format!("{long} == 1 : fwd(1)\n"), &["E0302"]),
+        ("unknown header", None, format!("{long}.shares > 1 : fwd(1)\n"), &["E0301"]),
+        ("field of a header", None, format!("add_order.{long} > 1 : fwd(1)\n"), &["E0302"]),
+        ("bare symbol", None, format!("stock == {long} : fwd(1)\n"), &["E0307"]),
+        ("word", None, format!("shares == {long} : fwd(1)\n"), &["E0317"]),
+        ("action", None, format!("shares > 1 : {long}\n"), &["E0323"]),
+        ("unexpected token", None, format!("shares > 1 : fwd(1) {long}\n"), &["E0102"]),
+        ("bad MAC address", None, format!("shares == 1:2:{long} : fwd(1)\n"), &["E0106"]),
+        ("bad IPv4 address", None, format!("shares == 1.2{dots} : fwd(1)\n"), &["E0105"]),
+        ("far into a line", None, format!("shares > 1 &&{spaces}sharez > 1 : fwd(1)\n"), &["E0302"]),
+        (
+            "spec: unknown field",
+            Some(format!("header h {{ a: 8; }}\nparser {{ start -> h; h -> accept; }}\nquery {long};\n")),
+            String::new(),
+            &["E0206"],
+        ),
+        (
+            "spec: header declared twice",
+            Some(format!("header {long} {{ a: 8; }}\nheader {long} {{ a: 8; }}\nparser {{ start -> {long}; {long} -> accept; }}\n")),
+            String::new(),
+            &["E0201"],
+        ),
+        (
+            "spec: annotation",
+            Some(format!("header h {{ a: 8; }}\nparser {{ start -> h; h -> accept; }}\n@{long}(h.a)\n")),
+            String::new(),
+            &["E0218"],
+        ),
+    ];
+    for (what, spec, rules, expected) in cases {
+        let mut sources = SourceMap::new();
+        let spec = match spec {
+            Some(text) => sources.add("long.spec", text),
+            None => {
+                let (name, text) = common::example_spec("itch");
+                sources.add(name, text)
+            }
+        };
+        let rules = sources.add("long.subs", rules);
+        let (_, diags) = subc_lang::check_program(&sources, spec, &[rules], NfLimits::default());
+        let found: Vec<&str> = diags.0.iter().map(|d| d.code.as_str()).collect();
+        assert_eq!(found, expected, "{what}");
+        for d in &diags.0 {
+            let rendered = subc_lang::diag::render(d, &sources);
+            assert!(rendered.len() < LIMIT, "{what}: {} bytes rendered:\n{rendered}", rendered.len());
+            let record = serde_json::to_string(&d.to_record(&sources)).expect("a record serializes");
+            assert!(record.len() < LIMIT, "{what}: a record of {} bytes", record.len());
+        }
+    }
+}

@@ -1,7 +1,10 @@
 //! Helpers shared by the language crate's integration tests: where the
-//! example directories are, and how to load and check them.
+//! example directories are, and how to load and check them; [`large`]
+//! writes inputs far larger than the examples.
 
 #![allow(dead_code)] // Each test binary uses a different subset.
+
+pub mod large;
 
 use std::path::{Path, PathBuf};
 use subc_lang::diag::Diagnostics;
