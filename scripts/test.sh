@@ -28,6 +28,10 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
         rustup component add rustfmt
     fi
+    # Nor clippy, which the lint step below runs.
+    if ! cargo clippy --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+        rustup component add clippy
+    fi
 fi
 rust_ok || { echo "error: Rust $RUST_MIN or later (cargo, rustc) is needed" >&2; exit 1; }
 
@@ -55,6 +59,22 @@ P4RUNTIME_PYTHON="$(cd "$P4RT_VENV/bin" && pwd)/python"
 export P4RUNTIME_PYTHON
 PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "$P4RUNTIME_PYTHON" scripts/p4runtime_fds.py --check proto/p4runtime/p4runtime.fds.bin
 
+# The server's refusals are also read by an independent client, Python
+# grpcio (crates/server/tests/python_client.rs), in a virtual environment of
+# its own: its protobuf is the current one, which the p4runtime package's
+# generated code cannot use.
+GRPC_VENV="${CARGO_TARGET_DIR:-target}/grpcio-venv"
+GRPC_REQUIREMENTS=crates/server/tests/python/requirements.txt
+if ! cmp -s "$GRPC_REQUIREMENTS" "$GRPC_VENV/requirements.txt"; then
+    log "installing Python grpcio into $GRPC_VENV"
+    rm -rf "$GRPC_VENV"
+    python3 -m venv "$GRPC_VENV"
+    "$GRPC_VENV/bin/pip" install -q --disable-pip-version-check -r "$GRPC_REQUIREMENTS"
+    cp "$GRPC_REQUIREMENTS" "$GRPC_VENV/requirements.txt"
+fi
+SUBC_PYTHON="$(cd "$GRPC_VENV/bin" && pwd)/python"
+export SUBC_PYTHON
+
 log "checking formatting (rustfmt.toml)"
 if cargo fmt --version >/dev/null 2>&1; then
     cargo fmt --all --check
@@ -64,6 +84,9 @@ elif [ "${CI:-}" = true ]; then
 else
     log "rustfmt is not installed: skipping the format check"
 fi
+
+log "linting (clippy, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "building"
 cargo build --workspace --all-targets --locked

@@ -112,6 +112,10 @@ pub enum EbpfError {
     ClangTimeout { clang: String, limit: std::time::Duration },
     #[error("target config: {0}")]
     Target(String),
+    /// A deployment name that is not one plain path component: it would
+    /// name a path outside the deployments' directory.
+    #[error("deployment name {name:?} is not a plain file name (no `/`, `.` or `..`)")]
+    BadName { name: String },
     #[error("{context}: {source}")]
     Io {
         context: String,

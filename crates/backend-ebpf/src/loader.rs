@@ -588,17 +588,28 @@ pub struct Deployment {
 }
 
 /// Where `subc` keeps deployment records.
-pub fn state_dir(name: &str) -> PathBuf {
-    PathBuf::from("/run/subc").join(name)
+pub fn state_dir(name: &str) -> Result<PathBuf, EbpfError> {
+    below("/run/subc", name)
 }
 
-pub fn default_pin_dir(name: &str) -> PathBuf {
-    PathBuf::from("/sys/fs/bpf/subc").join(name)
+pub fn default_pin_dir(name: &str) -> Result<PathBuf, EbpfError> {
+    below("/sys/fs/bpf/subc", name)
+}
+
+/// `root/name`, for a deployment name that is one plain path component
+/// (no separator, not `.` or `..`, no NUL): whatever a caller passes, the
+/// path stays inside `root`, so removing a deployment cannot remove more.
+fn below(root: &str, name: &str) -> Result<PathBuf, EbpfError> {
+    let mut parts = Path::new(name).components();
+    match (parts.next(), parts.next()) {
+        (Some(std::path::Component::Normal(c)), None) if c == name && !name.contains('\0') => Ok(Path::new(root).join(name)),
+        _ => Err(EbpfError::BadName { name: name.chars().take(64).collect() }),
+    }
 }
 
 impl Deployment {
     pub fn save(&self, model: &Model) -> Result<(), EbpfError> {
-        let dir = state_dir(&self.name);
+        let dir = state_dir(&self.name)?;
         std::fs::create_dir_all(&dir).map_err(|e| EbpfError::io(format!("cannot create {}", dir.display()), e))?;
         let write = |name: &str, text: String| {
             std::fs::write(dir.join(name), text).map_err(|e| EbpfError::io(format!("cannot write {}", dir.join(name).display()), e))
@@ -608,7 +619,7 @@ impl Deployment {
     }
 
     pub fn open(name: &str) -> Result<(Deployment, Model), EbpfError> {
-        let dir = state_dir(name);
+        let dir = state_dir(name)?;
         let read = |f: &str| {
             std::fs::read_to_string(dir.join(f))
                 .map_err(|e| EbpfError::io(format!("no deployment `{name}` ({})", dir.join(f).display()), e))
@@ -629,7 +640,9 @@ impl Deployment {
             }
         }
         let _ = std::fs::remove_dir_all(&self.pin_dir);
-        let _ = std::fs::remove_dir_all(state_dir(&self.name));
+        if let Ok(dir) = state_dir(&self.name) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         Ok(())
     }
 }

@@ -138,9 +138,10 @@ impl Manager {
 
     /// Bytes the manager holds: its arena (live or not) and its leaves.
     pub fn heap_bytes(&self) -> usize {
-        let per_leaf = 2 * std::mem::size_of::<Leaf>() + 16;
-        let updates: usize = self.leaves.iter().map(|l| 2 * l.updates.capacity() * std::mem::size_of::<subc_lang::program::Update>()).sum();
-        self.arena_bytes() + self.leaves.capacity() * per_leaf + updates
+        // A leaf is stored twice (the arena and the index), with a few
+        // variable updates at most.
+        let per_leaf = 2 * (std::mem::size_of::<Leaf>() + 16);
+        self.arena_bytes() + self.leaves.capacity() * per_leaf
     }
 
     /// Whether garbage dominates the arena: it holds more than twice what

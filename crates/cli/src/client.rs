@@ -224,15 +224,19 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
 }
 
-/// Prints a failed call: diagnostics as `subc check` prints them, anything
-/// else as `error: CODE: message`. Returns the exit code.
+/// Prints a failed call: diagnostics as `subc check` prints them (those
+/// the status carries), anything else as `error: CODE: message`. Returns
+/// the exit code.
 fn report(s: tonic::Status) -> ExitCode {
-    match s.code() {
-        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted if subc_server::api::diagnostics_of(&s).is_some() => {
-            eprint!("{}", s.message());
+    match (s.code(), subc_server::api::diagnostics_of(&s)) {
+        (tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted, Some(d)) => {
+            for x in &d.diagnostics {
+                eprintln!("{}", x.rendered);
+            }
+            eprintln!("{}", s.message());
             ExitCode::from(1)
         }
-        code => {
+        (code, _) => {
             eprintln!("error: {code:?}: {}", s.message());
             ExitCode::from(2)
         }
@@ -270,8 +274,16 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     name = "<request>".into();
                 }
                 let req = proto::AddRequest { lines, source_name: name, request_id: request_id.clone().unwrap_or_default() };
-                let r = match c.subs.add(req).await {
+                let r = match c.subs.add(req.clone()).await {
                     Ok(r) => r.into_inner(),
+                    // A status carries the first diagnostics; Check has every one.
+                    Err(s) if subc_server::api::diagnostics_of(&s).is_some() => match c.subs.check(req).await {
+                        Ok(full) if !full.get_ref().ok => {
+                            eprint!("{}", full.into_inner().rendered);
+                            return Ok(ExitCode::from(1));
+                        }
+                        _ => return Ok(report(s)),
+                    },
                     Err(s) => return Ok(report(s)),
                 };
                 for w in &r.warnings {

@@ -336,9 +336,15 @@ pub struct AttachArgs {
     /// and the no-match action. See `subc_backend_ebpf::target`.
     #[arg(long, value_name = "FILE")]
     pub target_config: Option<PathBuf>,
-    /// Name of the deployment (pins under /sys/fs/bpf/subc/NAME).
-    #[arg(long, default_value = "subc")]
+    /// Name of the deployment (pins under /sys/fs/bpf/subc/NAME): 1 to 64 of
+    /// letters, digits, `_` and `-`.
+    #[arg(long, default_value = "subc", value_parser = deployment_name)]
     pub name: String,
+}
+
+/// A deployment name, checked as the service checks target names.
+pub fn deployment_name(s: &str) -> Result<String, String> {
+    subc_server::names::check_name("deployment name", s).map(|_| s.to_string()).map_err(|e| e.to_string())
 }
 
 fn read_target_config(path: Option<&Path>) -> Result<TargetConfig> {
@@ -379,7 +385,7 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
     let dp = Dataplane::load(&object, model)?;
     dp.apply(&ops)?;
     dp.configure(&cfg)?;
-    let pin_dir = loader::default_pin_dir(&args.name);
+    let pin_dir = loader::default_pin_dir(&args.name)?;
     dp.pin(&pin_dir)?;
     let mode = match (args.mode, dp.model.hook) {
         (ModeArg::Auto, Hook::Xdp) => AttachMode::XdpAuto,

@@ -75,11 +75,13 @@ enum Command {
     /// Detach an attached eBPF deployment and remove its pins.
     Detach {
         /// The deployment's name, as given to `subc attach --name` (default `subc`).
+        #[arg(value_parser = ebpf::deployment_name)]
         name: String,
     },
     /// Show an attached eBPF deployment: attachments, programs, maps.
     Status {
         /// The deployment's name, as given to `subc attach --name` (default `subc`).
+        #[arg(value_parser = ebpf::deployment_name)]
         name: String,
         /// Print the status as JSON.
         #[arg(long)]

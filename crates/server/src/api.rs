@@ -7,12 +7,12 @@
 
 use crate::auth::{principal, Principal};
 use crate::check::{self, Rejection};
-use crate::core::{Core, WriteOp};
+use crate::core::Core;
 use crate::metrics::Metrics;
 use crate::proto::{self, events_server::Events, subscriptions_server::Subscriptions, targets_server::Targets};
+use crate::writer::WriteOp;
 use prost::Message;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_stream::Stream;
@@ -20,31 +20,85 @@ use tonic::{Request, Response, Status};
 
 /// The type URL of the diagnostics in status details.
 pub const DIAGNOSTICS_TYPE_URL: &str = "type.googleapis.com/subc.v1.Diagnostics";
-/// Largest encoded details, so that message and details fit a 16 KiB trailer.
-const MAX_DETAILS_BYTES: usize = 5 * 1024;
+/// Largest percent-encoded status message (`grpc-message`).
+const MAX_MESSAGE_BYTES: usize = 1024;
+/// Largest encoded details (`grpc-status-details-bin`, before its base64):
+/// with the message and the other headers, reply metadata stays under
+/// 8 KiB, the smallest limit of common clients (grpcio's default).
+const MAX_DETAILS_BYTES: usize = 4608;
+/// What of a diagnostic's text is kept when the whole does not fit.
+const TRIMMED_TEXT_BYTES: usize = 512;
 
 #[derive(Clone)]
 pub struct Api {
     pub core: Arc<Core>,
 }
 
-/// A status carrying diagnostics: the rendered text as the message, and a
-/// `google.rpc.Status` with a `subc.v1.Diagnostics` in the details.
-pub fn rejection_status(r: Rejection) -> Status {
-    let code = if r.only_limits { tonic::Code::ResourceExhausted } else { tonic::Code::InvalidArgument };
-    let mut diags = proto::Diagnostics { diagnostics: vec![], total: r.total as u32 };
-    for d in r.diagnostics {
-        if diags.encoded_len() + d.encoded_len() + 8 > MAX_DETAILS_BYTES {
+/// The length of `s` percent-encoded as gRPC encodes a status message.
+fn encoded_len(s: &str) -> usize {
+    s.bytes().map(|b| if (0x20..=0x7e).contains(&b) && b != b'%' { 1 } else { 3 }).sum()
+}
+
+/// `s` cut, at a character boundary, to at most `max` encoded bytes.
+fn cut_encoded(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut n = 0;
+    for c in s.chars() {
+        let mut buf = [0u8; 4];
+        let w = encoded_len(c.encode_utf8(&mut buf));
+        if n + w > max.saturating_sub(3) {
+            out.push_str("...");
             break;
         }
-        diags.diagnostics.push(d);
+        n += w;
+        out.push(c);
     }
+    out
+}
+
+fn cut_bytes(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut at = max;
+        while !s.is_char_boundary(at) {
+            at -= 1;
+        }
+        s.truncate(at);
+        s.push('…');
+    }
+}
+
+/// As many of `diagnostics` as fit [`MAX_DETAILS_BYTES`], in order; one
+/// whose text is too long for what is left goes in with its text cut.
+fn fit_details(diagnostics: Vec<proto::Diagnostic>, total: usize) -> proto::Diagnostics {
+    let mut out = proto::Diagnostics { diagnostics: vec![], total: total as u32 };
+    for mut d in diagnostics {
+        if out.encoded_len() + d.encoded_len() + 8 > MAX_DETAILS_BYTES {
+            for text in [&mut d.rendered, &mut d.snippet, &mut d.message, &mut d.label, &mut d.help, &mut d.file] {
+                cut_bytes(text, TRIMMED_TEXT_BYTES);
+            }
+            if out.encoded_len() + d.encoded_len() + 8 > MAX_DETAILS_BYTES {
+                break;
+            }
+        }
+        out.diagnostics.push(d);
+    }
+    out
+}
+
+/// A status refusing subscription text: a one-line summary as the message,
+/// and a `google.rpc.Status` with a `subc.v1.Diagnostics` (the first
+/// diagnostics and the total) in the details; together well under 8 KiB.
+/// `Check` returns everything.
+pub fn rejection_status(r: Rejection) -> Status {
+    let code = if r.only_limits { tonic::Code::ResourceExhausted } else { tonic::Code::InvalidArgument };
+    let message = cut_encoded(&r.summary(), MAX_MESSAGE_BYTES);
+    let details = fit_details(r.diagnostics, r.total);
     let status = proto::RpcStatus {
         code: code as i32,
         message: format!("{} diagnostic(s)", r.total),
-        details: vec![proto::AnyMessage { type_url: DIAGNOSTICS_TYPE_URL.into(), value: diags.encode_to_vec() }],
+        details: vec![proto::AnyMessage { type_url: DIAGNOSTICS_TYPE_URL.into(), value: details.encode_to_vec() }],
     };
-    Status::with_details(code, r.message, status.encode_to_vec().into())
+    Status::with_details(code, message, status.encode_to_vec().into())
 }
 
 /// The diagnostics in a status's details, if it carries any.
@@ -53,19 +107,15 @@ pub fn diagnostics_of(s: &Status) -> Option<proto::Diagnostics> {
     st.details.iter().find(|a| a.type_url == DIAGNOSTICS_TYPE_URL).and_then(|a| proto::Diagnostics::decode(a.value.as_slice()).ok())
 }
 
-fn to_proto(id: u64, r: &crate::desired::SubRecord) -> proto::Subscription {
-    proto::Subscription { id, app: r.app.to_string(), text: r.text.clone(), generation: r.generation, created_unix_ms: r.created_ms }
-}
-
 impl Api {
     fn limit(&self, which: &str, message: String) -> Status {
-        self.core.metrics.limit_refusals.get_or_create(&Metrics::label("limit", which)).inc();
+        self.core.metrics().limit_refusals.get_or_create(&Metrics::label("limit", which)).inc();
         Status::resource_exhausted(message)
     }
 
     /// Checks an Add request's size limits and shape.
     fn check_add_limits(&self, req: &proto::AddRequest) -> Result<(), Status> {
-        let l = &self.core.config.limits;
+        let l = &self.core.config().limits;
         let size = req.encoded_len();
         if size > l.max_request_bytes {
             return Err(self.limit("request_bytes", format!("the request has {size} bytes, over the limit of {}", l.max_request_bytes)));
@@ -100,17 +150,14 @@ impl Subscriptions for Api {
         let who = principal(&request)?;
         let req = request.into_inner();
         self.check_add_limits(&req)?;
-        let spec = self.core.spec.clone();
-        let max_cubes = self.core.config.limits.max_cubes;
+        let fingerprint = crate::writer::request_fingerprint(&req.source_name, &req.lines);
         let proto::AddRequest { lines, source_name, request_id } = req;
-        let checked = tokio::task::spawn_blocking(move || check::check_lines(&spec, &source_name, &lines, max_cubes))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
-        let batch = match checked {
+        let received = std::time::Instant::now();
+        let batch = match self.check(source_name, lines).await? {
             Ok(b) => b,
             Err(r) => {
                 if r.only_limits {
-                    self.core.metrics.limit_refusals.get_or_create(&Metrics::label("limit", "normal_form")).inc();
+                    self.core.metrics().limit_refusals.get_or_create(&Metrics::label("limit", "normal_form")).inc();
                 }
                 return Err(rejection_status(r));
             }
@@ -118,18 +165,16 @@ impl Subscriptions for Api {
         if batch.rules.is_empty() {
             return Err(Status::invalid_argument("the request holds no subscription (only blank lines or comments)"));
         }
-        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, reply }).await?;
+        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, fingerprint, received, reply }).await?;
         Ok(Response::new(resp))
     }
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
         let who = principal(&request)?;
         let ids = request.into_inner().ids;
-        if ids.len() > self.core.config.limits.max_lines_per_request {
-            return Err(self.limit(
-                "lines_per_request",
-                format!("{} ids, over the limit of {}", ids.len(), self.core.config.limits.max_lines_per_request),
-            ));
+        let max = self.core.config().limits.max_lines_per_request;
+        if ids.len() > max {
+            return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {max}", ids.len())));
         }
         let resp = self.core.submit(|reply| WriteOp::Remove { who, ids, reply }).await?;
         Ok(Response::new(resp))
@@ -137,15 +182,7 @@ impl Subscriptions for Api {
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Subscription>, Status> {
         let who = principal(&request)?;
-        let id = request.into_inner().id;
-        let d = self.core.desired.lock().expect("desired");
-        match d.subs.get(&id) {
-            None => Err(Status::not_found(format!("no subscription {id}"))),
-            Some(r) if !who.may_touch(&r.app) => {
-                Err(Status::permission_denied(format!("subscription {id} belongs to another application")))
-            }
-            Some(r) => Ok(Response::new(to_proto(id, r))),
-        }
+        Ok(Response::new(self.core.subscription(&who, request.into_inner().id)?))
     }
 
     async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
@@ -167,30 +204,28 @@ impl Subscriptions for Api {
         } else {
             Some(who.app.to_string())
         };
-        let d = self.core.desired.lock().expect("desired");
-        let visible = |r: &crate::desired::SubRecord| app_filter.as_deref().is_none_or(|a| *r.app == *a);
-        let total = match &app_filter {
-            None => d.subs.len() as u64,
-            Some(a) => d.count_of(a),
-        };
-        let mut out = proto::ListResponse { total, ..Default::default() };
-        let mut last = None;
-        let mut more = false;
-        for (id, r) in d.subs.range(after.saturating_add(1)..) {
-            if !visible(r) {
-                continue;
-            }
-            if out.subscriptions.len() == size {
-                more = true;
-                break;
-            }
-            out.subscriptions.push(to_proto(*id, r));
-            last = Some(*id);
-        }
-        if more {
-            out.next_page_token = last.map(|l| l.to_string()).unwrap_or_default();
-        }
-        Ok(Response::new(out))
+        Ok(Response::new(self.core.list(app_filter.as_deref(), after, size)))
+    }
+
+    async fn check(&self, request: Request<proto::AddRequest>) -> Result<Response<proto::CheckResponse>, Status> {
+        principal(&request)?;
+        let req = request.into_inner();
+        self.check_add_limits(&req)?;
+        let (spec, max_cubes) = (self.core.spec().clone(), self.core.config().limits.max_cubes);
+        let report = tokio::task::spawn_blocking(move || check::check_report(&spec, &req.source_name, &req.lines, max_cubes))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(report))
+    }
+}
+
+impl Api {
+    /// Checks a request's text on a blocking thread.
+    async fn check(&self, source_name: String, lines: Vec<String>) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
+        let (spec, max_cubes) = (self.core.spec().clone(), self.core.config().limits.max_cubes);
+        tokio::task::spawn_blocking(move || check::check_lines(&spec, &source_name, &lines, max_cubes))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))
     }
 }
 
@@ -222,7 +257,7 @@ impl Targets for Api {
 
     async fn list(&self, request: Request<proto::ListTargetsRequest>) -> Result<Response<proto::ListTargetsResponse>, Status> {
         principal(&request)?.require_admin()?;
-        let hs: Vec<_> = self.core.targets.lock().expect("targets").values().cloned().collect();
+        let hs = self.core.targets();
         Ok(Response::new(proto::ListTargetsResponse { targets: hs.iter().map(|h| target_proto(&self.core, h)).collect() }))
     }
 
@@ -232,7 +267,7 @@ impl Targets for Api {
         let h = self.core.target(&req.name)?;
         if req.uninstall {
             h.stop();
-            h.uninstall(&self.core.deploy)
+            h.uninstall(self.core.deploy_ctx())
                 .await
                 .map_err(|e| Status::failed_precondition(format!("uninstalling failed, the target stays registered: {e}")))?;
         }
@@ -292,7 +327,7 @@ impl Targets for Api {
         principal(&request)?.require_admin()?;
         let h = self.core.target(&request.into_inner().name)?;
         let p = h
-            .plan(&self.core.deploy, self.core.config.deploy.plan_max_ops)
+            .plan(self.core.deploy_ctx(), self.core.config().deploy.plan_max_ops)
             .await
             .map_err(|e| Status::unavailable(format!("cannot read the target: {e}")))?;
         Ok(Response::new(p))
@@ -308,14 +343,6 @@ fn visible(who: &Principal, e: &proto::Event) -> bool {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Send>>;
 
-/// Decrements the watcher count when a stream ends.
-struct WatchGuard(Arc<Core>);
-impl Drop for WatchGuard {
-    fn drop(&mut self) {
-        self.0.watchers.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[tonic::async_trait]
 impl Events for Api {
     type WatchStream = EventStream;
@@ -324,16 +351,15 @@ impl Events for Api {
         let who = principal(&request)?;
         let req = request.into_inner();
         let core = self.core.clone();
-        if core.watchers.fetch_add(1, Ordering::SeqCst) >= core.config.limits.max_watchers {
-            core.watchers.fetch_sub(1, Ordering::SeqCst);
-            return Err(self.limit("watchers", format!("{} watchers are connected, the limit", core.config.limits.max_watchers)));
-        }
-        let guard = WatchGuard(core.clone());
+        let Some(slot) = core.claim_watcher() else {
+            let max = core.config().limits.max_watchers;
+            return Err(self.limit("watchers", format!("{max} watchers are connected, the limit")));
+        };
         // Subscribe before replaying, so nothing falls between the two.
-        let mut live = core.events.subscribe();
+        let mut live = core.subscribe_events();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<proto::Event, Status>>(256);
         tokio::spawn(async move {
-            let _guard = guard;
+            let _slot = slot;
             let mut last = req.after_seq;
             if req.replay {
                 loop {
@@ -355,7 +381,7 @@ impl Events for Api {
                     }
                 }
             }
-            let mut closing = core.closing.subscribe();
+            let mut closing = core.closing();
             loop {
                 let next = tokio::select! {
                     e = live.recv() => e,

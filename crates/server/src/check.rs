@@ -12,11 +12,10 @@ use subc_lang::nf::{NfLimits, NfSubscription};
 use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
 
-/// Most diagnostics rendered into a status message, and carried in its
-/// details: both travel in HTTP/2 trailers, which clients cap (often at 16 KiB).
-pub const MAX_REPORTED: usize = 20;
-/// Most bytes of rendered text in a status message.
-pub const MAX_MESSAGE_BYTES: usize = 6 * 1024;
+/// Most diagnostics a `Check` reply carries, and renders.
+pub const MAX_REPORTED: usize = 1000;
+/// Most bytes of rendered text in a `Check` reply.
+pub const MAX_RENDERED_BYTES: usize = 1 << 20;
 
 /// One checked subscription of a request.
 #[derive(Clone, Debug)]
@@ -41,10 +40,36 @@ pub struct Rejection {
     /// `INVALID_ARGUMENT`.
     pub only_limits: bool,
     /// The diagnostics rendered as `subc check` prints them (the first
-    /// [`MAX_REPORTED`], and a line saying how many more there were).
-    pub message: String,
+    /// [`MAX_REPORTED`], at most [`MAX_RENDERED_BYTES`], and a line saying
+    /// how many more there were).
+    pub rendered: String,
+    /// The first diagnostics, as records, in order.
     pub diagnostics: Vec<proto::Diagnostic>,
     pub total: usize,
+}
+
+impl Rejection {
+    /// A one-line summary for a status message: the first error and how
+    /// many more there are, with user text cut short (a status message
+    /// travels in reply metadata, which clients cap).
+    pub fn summary(&self) -> String {
+        let first = self.diagnostics.iter().find(|d| d.severity == "error").or(self.diagnostics.first());
+        let Some(d) = first else { return format!("{} diagnostic(s)", self.total) };
+        let message: String = d.message.chars().take(160).collect();
+        let cut = if message.len() < d.message.len() { "…" } else { "" };
+        let more = match self.total {
+            0 | 1 => String::new(),
+            n => format!(" (and {} more; Check returns them all)", n - 1),
+        };
+        format!(
+            "{}[{}]: {message}{cut} at {}:{}:{}{more}",
+            d.severity,
+            d.code,
+            d.file.chars().take(64).collect::<String>(),
+            d.line,
+            d.column
+        )
+    }
 }
 
 pub fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
@@ -69,14 +94,14 @@ pub fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
 }
 
 /// Renders diagnostics as `subc check` does, stopping at the first
-/// [`MAX_REPORTED`] or [`MAX_MESSAGE_BYTES`].
+/// [`MAX_REPORTED`] or [`MAX_RENDERED_BYTES`].
 fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto::Diagnostic>) {
     let mut shown = Diagnostics::default();
     let mut records = vec![];
     let mut bytes = 0;
     for d in &diags.0 {
         let r = d.to_record(sources);
-        if records.len() == MAX_REPORTED || bytes + r.rendered.len() > MAX_MESSAGE_BYTES {
+        if records.len() == MAX_REPORTED || bytes + r.rendered.len() > MAX_RENDERED_BYTES {
             break;
         }
         bytes += r.rendered.len() + 1;
@@ -108,8 +133,8 @@ pub fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: 
     diags.sort();
     if diags.has_errors() {
         let only_limits = diags.0.iter().filter(|d| d.is_error()).all(|d| d.code == Code::NormalFormTooLarge);
-        let (message, diagnostics) = render_capped(&diags, &sources);
-        return Err(Rejection { only_limits, message, diagnostics, total: diags.0.len() });
+        let (rendered, diagnostics) = render_capped(&diags, &sources);
+        return Err(Rejection { only_limits, rendered, diagnostics, total: diags.0.len() });
     }
     let f = sources.file(file);
     let rules = subs
@@ -119,6 +144,17 @@ pub fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: 
         .collect();
     let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| to_proto(d.to_record(&sources))).collect();
     Ok(CheckedBatch { rules, warnings })
+}
+
+/// What the `Check` RPC answers for the lines of a request.
+pub fn check_report(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> proto::CheckResponse {
+    match check_lines(spec, source_name, lines, max_cubes) {
+        Ok(b) => {
+            let rendered = b.warnings.iter().map(|w| w.rendered.clone() + "\n").collect();
+            proto::CheckResponse { ok: true, total: b.warnings.len() as u32, diagnostics: b.warnings, rendered }
+        }
+        Err(r) => proto::CheckResponse { ok: false, diagnostics: r.diagnostics, total: r.total as u32, rendered: r.rendered },
+    }
 }
 
 /// Checks the stored subscriptions again (at startup, against the spec the
@@ -181,17 +217,19 @@ mod tests {
         assert_eq!(r.diagnostics.len(), 1);
         let d = &r.diagnostics[0];
         assert_eq!((d.code.as_str(), d.line, d.column, d.snippet.as_str()), ("E0302", 2, 1, "stok"));
-        assert!(r.message.starts_with("error[E0302]"), "{}", r.message);
-        assert!(r.message.contains("--> x.subs:2:1"), "{}", r.message);
-        assert!(r.message.ends_with("error: 1 error and 0 warnings emitted\n"), "{}", r.message);
+        assert!(r.rendered.starts_with("error[E0302]"), "{}", r.rendered);
+        assert!(r.rendered.contains("--> x.subs:2:1"), "{}", r.rendered);
+        assert!(r.rendered.ends_with("error: 1 error and 0 warnings emitted\n"), "{}", r.rendered);
+        assert_eq!(r.summary(), "error[E0302]: unknown field `stok` at x.subs:2:1");
     }
 
     #[test]
     fn many_errors_are_capped() {
-        let lines: Vec<String> = (0..100).map(|i| format!("nosuch{i} == 1 : fwd(1)")).collect();
+        let lines: Vec<String> = (0..1100).map(|i| format!("nosuch{i} == 1 : fwd(1)")).collect();
         let r = check_lines(&itch(), "", &lines, 4096).unwrap_err();
-        assert_eq!(r.total, 100);
+        assert_eq!(r.total, 1100);
         assert_eq!(r.diagnostics.len(), MAX_REPORTED);
-        assert!(r.message.contains("80 not shown"), "{}", r.message);
+        assert!(r.rendered.contains("100 not shown"), "{}", &r.rendered[r.rendered.len() - 200..]);
+        assert!(r.summary().ends_with("(and 1099 more; Check returns them all)"), "{}", r.summary());
     }
 }

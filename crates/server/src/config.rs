@@ -183,10 +183,17 @@ pub struct Limits {
     pub max_line_bytes: usize,
     /// Most conjunctions one subscription's normal form may have (E0320 beyond).
     pub max_cubes: usize,
-    /// Longest one change may spend in the incremental compiler.
+    /// Longest one change may spend in the compiler: checked while it runs,
+    /// so a change that would take longer is given up at the limit.
     pub compile_timeout_ms: u64,
+    /// Most bytes the compiled set may hold (the IR's own estimate of its
+    /// diagrams, rules and tables); a change that would take it past this is
+    /// refused.
+    pub max_compiler_bytes: usize,
     /// Most concurrent Watch streams.
     pub max_watchers: usize,
+    /// Most registered targets.
+    pub max_targets: usize,
 }
 
 impl Default for Limits {
@@ -199,7 +206,9 @@ impl Default for Limits {
             max_line_bytes: 4096,
             max_cubes: 4096,
             compile_timeout_ms: 10_000,
+            max_compiler_bytes: 8 << 30,
             max_watchers: 256,
+            max_targets: 1024,
         }
     }
 }
@@ -316,9 +325,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), Error> {
         let mut names = std::collections::BTreeSet::new();
         for a in &self.auth.apps {
-            if !crate::valid_name(&a.name) {
-                return Err(Error::Config(format!("application name {:?}: use 1 to 64 of [A-Za-z0-9_.-]", a.name)));
-            }
+            crate::names::check_name("auth.apps.name", &a.name).map_err(|e| Error::Config(e.to_string()))?;
             if a.name == crate::auth::ADMIN_APP {
                 return Err(Error::Config(format!("application name {:?} is reserved for the administrator", a.name)));
             }
@@ -336,14 +343,39 @@ impl Config {
                 self.listen
             )));
         }
-        let l = &self.limits;
-        if l.max_request_bytes < 1024 || l.max_lines_per_request == 0 || l.max_cubes == 0 || l.compile_timeout_ms == 0 {
-            return Err(Error::Config(
-                "limits: max_request_bytes >= 1024, and max_lines_per_request, max_cubes, compile_timeout_ms > 0".into(),
-            ));
-        }
-        if self.deploy.retry_initial_ms == 0 || self.deploy.retry_max_ms < self.deploy.retry_initial_ms {
-            return Err(Error::Config("deploy: 0 < retry_initial_ms <= retry_max_ms".into()));
+        self.validate_ranges()
+    }
+
+    /// Every numeric setting that makes no sense is refused, naming its key.
+    fn validate_ranges(&self) -> Result<(), Error> {
+        let (l, c, d) = (&self.limits, &self.compile, &self.deploy);
+        let at_least = |key: &str, value: u64, min: u64| -> Result<(), Error> {
+            if value < min {
+                return Err(Error::Config(format!("{key} = {value}: it must be at least {min}")));
+            }
+            Ok(())
+        };
+        at_least("limits.max_request_bytes", l.max_request_bytes as u64, 1024)?;
+        at_least("limits.max_lines_per_request", l.max_lines_per_request as u64, 1)?;
+        at_least("limits.max_line_bytes", l.max_line_bytes as u64, 16)?;
+        at_least("limits.max_cubes", l.max_cubes as u64, 1)?;
+        at_least("limits.compile_timeout_ms", l.compile_timeout_ms, 1)?;
+        at_least("limits.max_compiler_bytes", l.max_compiler_bytes as u64, 1 << 20)?;
+        at_least("limits.max_subscriptions", l.max_subscriptions, 1)?;
+        at_least("limits.max_subscriptions_per_app", l.max_subscriptions_per_app, 1)?;
+        at_least("limits.max_targets", l.max_targets as u64, 1)?;
+        at_least("compile.node_budget", c.node_budget as u64, 1)?;
+        at_least("compile.split_nodes", c.split_nodes as u64, 1)?;
+        at_least("compile.max_pipelines", c.max_pipelines as u64, 1)?;
+        at_least("deploy.retry_initial_ms", d.retry_initial_ms, 1)?;
+        at_least("deploy.retry_max_ms", d.retry_max_ms, d.retry_initial_ms)?;
+        at_least("deploy.reconcile_timeout_ms", d.reconcile_timeout_ms, 1)?;
+        at_least("deploy.plan_max_ops", d.plan_max_ops as u64, 1)?;
+        if let Some(order) = &c.order {
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(dup) = order.iter().find(|n| !seen.insert(n.as_str())) {
+                return Err(Error::Config(format!("compile.order names `{dup}` twice")));
+            }
         }
         Ok(())
     }

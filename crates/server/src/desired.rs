@@ -1,22 +1,32 @@
-//! The desired state: the committed subscription set and its compiled
-//! pipelines.
+//! The desired state, in two copies with one owner each.
 //!
-//! One [`Desired`] lives behind a mutex shared by the writer (which changes
-//! it and commits the change to the store while holding the lock) and the
-//! deployers (which diff targets against it). Holding the lock across the
-//! commit means a deployer never sees a change that is not yet durable, so a
-//! target never forwards for a subscription the store could still lose.
+//! [`Desired`] is the writer's working copy: the subscription set and its
+//! compiled pipelines, changed by each staged request and undone if the
+//! commit fails. Only the writer thread holds it, so compiling and
+//! committing take no lock anyone else waits on.
+//!
+//! [`Committed`] is what everyone else sees: the subscriptions, the
+//! pipelines and the compiler's recent updates as of the last commit. The
+//! writer publishes each committed batch into it (records, and each
+//! update's diffs applied to its copy of the pipelines: a cost that follows
+//! the change, not the set) under a write lock held for just that. Readers
+//! (List, Get, Status, Plan) and deployers take the read lock briefly, so
+//! they never wait for a compile or an fsync, and never see a change that
+//! is not yet durable: a target never forwards for a subscription the store
+//! could still lose.
 
+use crate::deploy::touched::UpdateLog;
 use crate::store::StoredSub;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 use subc_bdd::pipeline::Pipeline;
-use subc_bdd::{CompileOptions, CompiledSet, Layout};
+use subc_bdd::{CompileOptions, CompiledSet, Layout, Update};
 use subc_lang::program::SubId;
 use subc_lang::spec::{QueryFieldId, Spec};
 
 /// What the server keeps in memory per subscription (the normal form lives
-/// only inside the compiled set).
+/// only inside the compiled set). Shared by both copies of the state.
 #[derive(Clone, Debug)]
 pub struct SubRecord {
     pub app: Arc<str>,
@@ -32,12 +42,64 @@ impl SubRecord {
     }
 }
 
+/// The subscriptions by id, with a count per application.
+#[derive(Clone, Default)]
+pub struct SubIndex {
+    by_id: BTreeMap<SubId, Arc<SubRecord>>,
+    per_app: HashMap<Arc<str>, u64>,
+}
+
+impl SubIndex {
+    pub fn get(&self, id: SubId) -> Option<&Arc<SubRecord>> {
+        self.by_id.get(&id)
+    }
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+    /// Subscriptions of `app`.
+    pub fn count_of(&self, app: &str) -> u64 {
+        self.per_app.get(app).copied().unwrap_or(0)
+    }
+    pub fn apps(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
+        self.per_app.iter().map(|(a, n)| (a, *n))
+    }
+    /// Subscriptions with an id of at least `from`, in id order.
+    pub fn from_id(&self, from: SubId) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
+        self.by_id.range(from..).map(|(id, r)| (*id, r))
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
+        self.by_id.iter().map(|(id, r)| (*id, r))
+    }
+    pub fn insert(&mut self, id: SubId, rec: Arc<SubRecord>) {
+        *self.per_app.entry(rec.app.clone()).or_default() += 1;
+        if let Some(old) = self.by_id.insert(id, rec) {
+            self.uncount(&old.app);
+        }
+    }
+    pub fn remove(&mut self, id: SubId) -> Option<Arc<SubRecord>> {
+        let rec = self.by_id.remove(&id)?;
+        self.uncount(&rec.app);
+        Some(rec)
+    }
+    fn uncount(&mut self, app: &Arc<str>) {
+        if let Some(n) = self.per_app.get_mut(app) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_app.remove(app);
+            }
+        }
+    }
+}
+
+/// The writer's working copy of the state.
 pub struct Desired {
     pub set: CompiledSet,
     /// Changes committed so far; the store's `generation`.
     pub generation: u64,
-    pub subs: BTreeMap<SubId, SubRecord>,
-    pub per_app: HashMap<Arc<str>, u64>,
+    pub subs: SubIndex,
     /// The next subscription id; ids are never reused.
     pub next_id: SubId,
 }
@@ -52,30 +114,113 @@ pub fn shape_of<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Shape {
 }
 
 impl Desired {
-    pub fn pipelines(&self) -> Vec<&Pipeline> {
-        self.set.pipelines()
-    }
-
     pub fn shape(&self) -> Shape {
         shape_of(self.set.pipelines())
     }
+}
 
-    /// Subscriptions of `app`.
-    pub fn count_of(&self, app: &str) -> u64 {
-        self.per_app.get(app).copied().unwrap_or(0)
-    }
+/// One committed change, as the writer publishes it.
+#[derive(Default)]
+pub struct Publish {
+    pub added: Vec<(SubId, Arc<SubRecord>)>,
+    pub removed: Vec<SubId>,
+    /// The generation the change made and the compiler's update (`None`
+    /// for a full recompile).
+    pub update: Option<(u64, Option<Update>)>,
+}
 
-    pub fn insert_record(&mut self, id: SubId, rec: SubRecord) {
-        *self.per_app.entry(rec.app.clone()).or_default() += 1;
-        self.subs.insert(id, rec);
-    }
+/// The state as of the last commit: what readers and deployers see.
+pub struct Committed {
+    generation: u64,
+    subs: SubIndex,
+    pipelines: Vec<Pipeline>,
+    base_order: Vec<QueryFieldId>,
+    /// The compiler's update of each recent generation, for diffs over only
+    /// the keys they touched (`touched.rs`).
+    log: UpdateLog,
+}
 
-    pub fn remove_record(&mut self, id: SubId) -> Option<SubRecord> {
-        let rec = self.subs.remove(&id)?;
-        if let Some(n) = self.per_app.get_mut(&rec.app) {
-            *n -= 1;
+impl Committed {
+    /// The state of a writer's copy (at startup, before any change).
+    pub fn of(d: &Desired) -> Committed {
+        Committed {
+            generation: d.generation,
+            subs: d.subs.clone(),
+            pipelines: d.set.pipelines().into_iter().cloned().collect(),
+            base_order: d.set.base_order().to_vec(),
+            log: UpdateLog::default(),
         }
-        Some(rec)
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    pub fn subs(&self) -> &SubIndex {
+        &self.subs
+    }
+    pub fn pipelines(&self) -> Vec<&Pipeline> {
+        self.pipelines.iter().collect()
+    }
+    pub fn shape(&self) -> Shape {
+        shape_of(&self.pipelines)
+    }
+    /// The set's base field order (see [`CompiledSet::base_order`]).
+    pub fn base_order(&self) -> &[QueryFieldId] {
+        &self.base_order
+    }
+    pub fn log(&self) -> &UpdateLog {
+        &self.log
+    }
+
+    /// Replaces the pipelines (after startup renamed their ids).
+    pub fn reset_pipelines(&mut self, pipes: Vec<Pipeline>) {
+        self.pipelines = pipes;
+    }
+
+    /// Publishes one committed batch: its changes in order, then the
+    /// generation. `d` is the writer's copy after the batch, from which the
+    /// pipelines are copied whole only when a change replaced them (a full
+    /// recompile) or a diff does not apply (which would be a bug in the
+    /// IR's diffs, logged).
+    pub fn publish(&mut self, changes: Vec<Publish>, d: &Desired, committed: Instant) {
+        let mut copy_whole = false;
+        for c in changes {
+            for id in c.removed {
+                self.subs.remove(id);
+            }
+            for (id, rec) in c.added {
+                self.subs.insert(id, rec);
+            }
+            let Some((generation, update)) = c.update else { continue };
+            match &update {
+                Some(u) if !copy_whole => {
+                    for diff in &u.diffs {
+                        let applied = self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff));
+                        if !matches!(applied, Some(Ok(()))) {
+                            tracing::error!(
+                                generation,
+                                pipeline = diff.pipeline,
+                                "a committed diff does not apply to the published pipelines; copying them whole"
+                            );
+                            copy_whole = true;
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => copy_whole = true,
+            }
+            self.log.record(generation, update, committed);
+        }
+        if copy_whole {
+            self.pipelines = d.set.pipelines().into_iter().cloned().collect();
+            self.base_order = d.set.base_order().to_vec();
+        }
+        self.generation = d.generation;
+    }
+
+    /// Forgets the logged updates every incrementally diffed target holds.
+    pub fn forget_updates_through(&mut self, generation: u64) {
+        self.log.forget_through(generation);
     }
 }
 

@@ -29,8 +29,10 @@ pub mod core;
 pub mod deploy;
 pub mod desired;
 pub mod metrics;
+pub mod names;
 pub mod server;
 pub mod store;
+mod writer;
 
 /// The generated protobuf and gRPC code of `proto/subc.proto`.
 pub mod proto {
@@ -42,6 +44,7 @@ pub mod proto {
 
 pub use config::Config;
 pub use server::{serve, start, Running};
+pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +69,4 @@ pub enum Error {
     Transport(#[from] tonic::transport::Error),
     #[error("internal: {0}")]
     Internal(String),
-}
-
-/// Names of applications and targets: 1 to 64 of `[A-Za-z0-9_.-]`.
-pub fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }

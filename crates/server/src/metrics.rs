@@ -44,6 +44,11 @@ pub struct Metrics {
     pub deploy_failures: Family<Labels, Counter>,
     /// Requests refused by a limit, per limit.
     pub limit_refusals: Family<Labels, Counter>,
+    /// The compiled set's heap bytes (the IR's estimate, which
+    /// `limits.max_compiler_bytes` bounds), and the generations the update
+    /// log holds for targets that are behind.
+    pub compiler_bytes: Gauge,
+    pub logged_generations: Gauge,
 }
 
 impl Default for Metrics {
@@ -89,8 +94,18 @@ impl Metrics {
         registry.register("deploy_failures", "Failed deploy attempts per target", deploy_failures.clone());
         let limit_refusals = Family::<Labels, Counter>::default();
         registry.register("limit_refusals", "Requests refused with RESOURCE_EXHAUSTED, per limit", limit_refusals.clone());
+        let compiler_bytes = Gauge::default();
+        registry.register("compiler_bytes", "Heap bytes the compiled set holds (the compiler's estimate)", compiler_bytes.clone());
+        let logged_generations = Gauge::default();
+        registry.register(
+            "logged_generations",
+            "Generations whose updates are kept for targets that do not hold them yet",
+            logged_generations.clone(),
+        );
         Metrics {
             registry,
+            compiler_bytes,
+            logged_generations,
             subscriptions,
             generation,
             compile_seconds,

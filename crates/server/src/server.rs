@@ -33,12 +33,9 @@ pub struct Running {
 impl Running {
     /// Stops accepting calls, lets running ones finish, and returns.
     pub async fn shutdown(mut self) -> Result<(), Error> {
-        self.core.closing.send_replace(true);
+        self.core.begin_shutdown();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
-        }
-        for h in self.core.targets.lock().expect("targets").values() {
-            h.stop();
         }
         match tokio::time::timeout(std::time::Duration::from_secs(10), &mut self.join).await {
             Ok(r) => r.map_err(|e| Error::Internal(e.to_string()))?,
@@ -102,7 +99,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let core = Core::start(config).await?;
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
-            crate::metrics::serve(a, core.metrics.clone())
+            crate::metrics::serve(a, core.metrics().clone())
                 .await
                 .map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?,
         ),
@@ -116,7 +113,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     // them before decoding, and `SizeRefusal` gives that refusal the status
     // every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
-    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics.clone() };
+    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone() };
     let a1 = auth.clone();
     let subs = refusal(max_bytes, "limits.max_request_bytes")
         .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r)));
@@ -264,7 +261,7 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         _ = signals => {}
     }
     tracing::info!("shutting down");
-    running.core.closing.send_replace(true);
+    running.core.begin_shutdown();
     if let Some(s) = stop {
         let _ = s.send(());
     }

@@ -49,11 +49,14 @@ CREATE TABLE IF NOT EXISTS placements (
     id INTEGER PRIMARY KEY,
     pipes TEXT NOT NULL
 );
+-- A reused request_id with other content is refused: `fingerprint` is the
+-- request's (request_fingerprint), NULL in rows of stores from before it.
 CREATE TABLE IF NOT EXISTS requests (
     app TEXT NOT NULL,
     request_id TEXT NOT NULL,
     reply BLOB NOT NULL,
     created_ms INTEGER NOT NULL,
+    fingerprint TEXT,
     PRIMARY KEY (app, request_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS targets (
@@ -71,6 +74,26 @@ CREATE TABLE IF NOT EXISTS events (
     body BLOB NOT NULL
 );
 ";
+
+/// Columns added to tables after schema version 1 created them (a store
+/// of an earlier build gets them, empty, when it is opened).
+fn add_missing_columns(conn: &Connection) -> Result<(), Error> {
+    let has: bool = conn
+        .query_row("SELECT COUNT(*) FROM pragma_table_info('requests') WHERE name = 'fingerprint'", [], |r| r.get::<_, i64>(0))
+        .map_err(sql)?
+        > 0;
+    if !has {
+        conn.execute_batch("ALTER TABLE requests ADD COLUMN fingerprint TEXT").map_err(sql)?;
+    }
+    Ok(())
+}
+
+/// The reply of an earlier `Add` with an idempotency key, and the
+/// fingerprint of its request (`None` in rows from before fingerprints).
+pub struct StoredReply {
+    pub reply: Vec<u8>,
+    pub fingerprint: Option<String>,
+}
 
 /// A stored subscription.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,6 +144,7 @@ impl Store {
         };
         conn.execute_batch(&format!("PRAGMA synchronous={sync}; PRAGMA busy_timeout=10000;")).map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
+        add_missing_columns(&conn)?;
         let store = Store { conn };
         match store.meta("schema_version")? {
             None => {
@@ -215,11 +239,11 @@ impl Store {
     }
 
     /// The stored reply of an earlier `Add` with this idempotency key.
-    pub fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<Vec<u8>>, Error> {
+    pub fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
         self.conn
-            .prepare_cached("SELECT reply FROM requests WHERE app = ?1 AND request_id = ?2")
+            .prepare_cached("SELECT reply, fingerprint FROM requests WHERE app = ?1 AND request_id = ?2")
             .map_err(sql)?
-            .query_row(params![app, request_id], |r| r.get(0))
+            .query_row(params![app, request_id], |r| Ok(StoredReply { reply: r.get(0)?, fingerprint: r.get(1)? }))
             .optional()
             .map_err(sql)
     }
@@ -279,11 +303,11 @@ impl Txn<'_> {
         Ok(())
     }
 
-    pub fn put_request(&self, app: &str, request_id: &str, reply: &[u8]) -> Result<(), Error> {
+    pub fn put_request(&self, app: &str, request_id: &str, reply: &[u8], fingerprint: &str) -> Result<(), Error> {
         self.tx
-            .prepare_cached("INSERT OR REPLACE INTO requests VALUES (?1, ?2, ?3, ?4)")
+            .prepare_cached("INSERT OR REPLACE INTO requests (app, request_id, reply, created_ms, fingerprint) VALUES (?1, ?2, ?3, ?4, ?5)")
             .map_err(sql)?
-            .execute(params![app, request_id, reply, now_ms()])
+            .execute(params![app, request_id, reply, now_ms(), fingerprint])
             .map_err(sql)?;
         Ok(())
     }

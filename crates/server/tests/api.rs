@@ -38,8 +38,18 @@ async fn add_get_list_remove() {
 
         let got = alice.subs.get(proto::GetRequest { id: ids[0] }).await.unwrap().into_inner();
         assert_eq!(got, a.subscriptions[0]);
-        assert_eq!(bob.subs.get(proto::GetRequest { id: ids[0] }).await.unwrap_err().code(), Code::PermissionDenied);
-        assert_eq!(bob.subs.remove(proto::RemoveRequest { ids: vec![ids[0]] }).await.unwrap_err().code(), Code::PermissionDenied);
+        // Another application's id answers exactly as an unknown id does:
+        // ids cannot be probed.
+        let unknown = ids.iter().max().unwrap() + 1000;
+        let answers = |e: tonic::Status, id: u64| (e.code(), e.message().replace(&id.to_string(), "ID"));
+        let theirs = answers(bob.subs.get(proto::GetRequest { id: ids[0] }).await.unwrap_err(), ids[0]);
+        let nobodys = answers(bob.subs.get(proto::GetRequest { id: unknown }).await.unwrap_err(), unknown);
+        assert_eq!(theirs, nobodys);
+        assert_eq!(theirs.0, Code::NotFound);
+        let theirs = answers(bob.subs.remove(proto::RemoveRequest { ids: vec![ids[0]] }).await.unwrap_err(), ids[0]);
+        let nobodys = answers(bob.subs.remove(proto::RemoveRequest { ids: vec![unknown] }).await.unwrap_err(), unknown);
+        assert_eq!(theirs, nobodys);
+        assert_eq!(theirs.0, Code::NotFound);
         assert_eq!(alice.subs.get(proto::GetRequest { id: 999_999 }).await.unwrap_err().code(), Code::NotFound);
 
         // Removing two at once, one of them unknown, removes nothing.
@@ -109,10 +119,15 @@ async fn invalid_corpus_gets_the_diagnostics_of_subc_check() {
                 .collect();
             let lines: Vec<String> = text.lines().map(String::from).collect();
             let req = proto::AddRequest { lines, source_name: name.clone(), ..Default::default() };
-            let e = alice.subs.add(req).await.unwrap_err();
+            let e = alice.subs.add(req.clone()).await.unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument, "{name}: {}", e.message());
             let (rendered, records) = subc_check(&name, &text);
-            assert_eq!(e.message(), rendered, "{name}: the message is what `subc check` prints");
+            // The status summarizes; Check has the text `subc check` prints.
+            let first = &records[0];
+            assert!(e.message().starts_with(&format!("error[{}]: ", first.code)), "{name}: {}", e.message());
+            let full = alice.subs.check(req).await.unwrap().into_inner();
+            assert!(!full.ok, "{name}");
+            assert_eq!(full.rendered, rendered, "{name}: Check renders what `subc check` prints");
             let d = diagnostics_of(&e).expect("diagnostics in the details");
             assert_eq!(d.total as usize, records.len(), "{name}");
             assert_eq!(d.diagnostics.iter().map(|d| d.code.clone()).collect::<Vec<_>>(), expect, "{name}");
@@ -139,7 +154,7 @@ async fn many_errors_fit_in_the_trailers() {
         assert_eq!(e.code(), Code::InvalidArgument);
         let d = diagnostics_of(&e).unwrap();
         assert!(d.total >= 2000 && !d.diagnostics.is_empty(), "{} of {}", d.diagnostics.len(), d.total);
-        assert!(e.message().contains("not shown"));
+        assert!(e.message().contains("more; Check returns them all"), "{}", e.message());
         env.stop().await;
     })
     .await;
@@ -290,7 +305,7 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
         assert_exhausted(bob.events.watch(proto::WatchRequest::default()).await.map(|_| ()), "watchers");
         assert_eq!(snapshot(admin, &core).await, before);
         // Every refusal was counted, per limit.
-        let text = core.metrics.render();
+        let text = core.metrics().render();
         for (limit, n) in [
             ("subscriptions_per_app", 1),
             ("subscriptions", 1),
@@ -336,7 +351,7 @@ async fn compiler_capacity_is_resource_exhausted_and_changes_nothing() {
         let more = alice.subs.add(add_req(&["stock == D : fwd(1)"])).await.unwrap().into_inner();
         assert_eq!(more.generation, before.generation + 1);
         assert_eq!(list_all(admin, 100).await.len(), 4);
-        let text = core.metrics.render();
+        let text = core.metrics().render();
         assert!(text.lines().any(|l| l == "subc_limit_refusals_total{limit=\"compiler_capacity\"} 1"), "{text}");
         env.stop().await;
     })

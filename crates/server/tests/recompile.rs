@@ -17,13 +17,13 @@ fn sim(name: &str, path: &std::path::Path) -> proto::RegisterTargetRequest {
     }
 }
 
-/// One pipeline of at most 200 diagram nodes: twenty stocks and then twenty
+/// One pipeline of at most 60 diagram nodes: twenty stocks and then twenty
 /// shares/price rules do not fit incrementally in the stock-first order
 /// chosen at first start (each rule is copied under every stock), but a full
 /// recompile fits by putting `shares` first (34 nodes; 86 in the old order).
 fn small_compiler(cfg: &mut Config) {
-    cfg.compile.node_budget = 200;
-    cfg.compile.split_nodes = 200;
+    cfg.compile.node_budget = 60;
+    cfg.compile.split_nodes = 60;
     cfg.compile.max_pipelines = 1;
 }
 
@@ -83,20 +83,20 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
             alice.subs.add(proto::AddRequest { lines: stocks, ..Default::default() }).await.unwrap();
             admin.targets.register(sim("t", &path)).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: "t".into(), timeout_ms: 10_000 }).await.unwrap();
-            assert_eq!(held_order(&path, &core.spec), first_order);
+            assert_eq!(held_order(&path, core.spec()), first_order);
 
             // Rules without a stock: they do not fit the pipeline as it is,
             // and the whole set is recompiled in a new order.
             let more: Vec<String> =
                 (0..20).map(|i| format!("shares > {} && price < {} : fwd({})", 100 * (i + 1), 5000 + 37 * i, 1 + i % 4)).collect();
             let g = alice.subs.add(proto::AddRequest { lines: more, ..Default::default() }).await.unwrap().into_inner().generation;
-            let text = core.metrics.render();
+            let text = core.metrics().render();
             assert!(text.lines().any(|l| l == "subc_compile_seconds_count{op=\"recompile\"} 1"), "{text}");
             let s = wait_deployed(admin, "t", g).await;
             assert_eq!(s.state(), proto::TargetState::InSync);
             g
         };
-        let recompiled_order = held_order(&path, &core.spec);
+        let recompiled_order = held_order(&path, core.spec());
         assert_ne!(recompiled_order, first_order, "the recompile chose a new order");
         drop(core);
         let before = std::fs::read_to_string(&path).unwrap();
@@ -108,7 +108,7 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
         let r = restart_writes_nothing(dir_guard.path(), small_compiler, &path, &before, generation).await;
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), modified, "the file was not rewritten");
         assert_eq!(stored_order(dir_guard.path()), recompiled_order, "the store keeps the recompiled order");
-        assert_eq!(subc_server::desired::order_names(&r.core.spec, &r.core.desired.lock().unwrap().set), recompiled_order);
+        assert_eq!(r.core.base_order_names(), recompiled_order);
         r.shutdown().await.unwrap();
         drop(dir_guard);
     })

@@ -267,7 +267,7 @@ impl Drop for Cleanup {
         for (name, root) in &self.deployments {
             let _ = std::fs::remove_dir_all(root.join(name));
             let _ = std::fs::remove_dir(root);
-            let _ = std::fs::remove_dir_all(subc_backend_ebpf::loader::state_dir(name));
+            let _ = std::fs::remove_dir_all(subc_backend_ebpf::loader::state_dir(name).unwrap());
         }
     }
 }

@@ -77,8 +77,8 @@ fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
 struct ImageFiles(ImageLog);
 
 impl ImageFiles {
-    fn new(name: &str) -> ImageFiles {
-        ImageFiles(ImageLog::new(loader::state_dir(name)))
+    fn new(name: &str) -> Result<ImageFiles, DriverError> {
+        Ok(ImageFiles(ImageLog::new(loader::state_dir(name).map_err(err)?)))
     }
 
     /// Writes the whole image as the new base and drops the journal.
@@ -134,9 +134,9 @@ impl EbpfDriver {
             mode,
             iface: cfg.interface.clone(),
             config,
-            pin_dir: bpffs_root.join(name),
+            pin_dir: crate::names::child_path(bpffs_root, "target name", name).map_err(|e| DriverError::transient(e.to_string()))?,
             tables: None,
-            files: ImageFiles::new(name),
+            files: ImageFiles::new(name)?,
         })
     }
 
@@ -225,5 +225,5 @@ impl Driver for EbpfDriver {
 /// The pipelines the server recorded as installed on eBPF target `name`
 /// (base and journal), for checking a target from outside the server.
 pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, String> {
-    ImageFiles::new(name).load().map(|(p, _)| p)
+    ImageFiles::new(name).map_err(|e| e.to_string())?.load().map(|(p, _)| p)
 }

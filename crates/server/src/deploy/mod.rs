@@ -18,8 +18,10 @@
 //! every change unless it was registered `manual`, in which case it moves
 //! only on `Deploy`.
 //!
-//! Lock order: a target's `held`, the desired state, the update log. The driver runs on
-//! a blocking thread and is never called with either lock held.
+//! Lock order: a target's `held`, then the committed state (read). The
+//! driver runs on a blocking thread and is never called with either held.
+//! The writer never takes `held`, and holds the committed state's write
+//! lock only to publish a batch it has already compiled and committed.
 
 pub mod ebpf;
 pub mod image;
@@ -28,12 +30,12 @@ pub mod p4;
 pub mod sim;
 pub mod touched;
 
-use crate::desired::{shape_of, Desired, Shape};
+use crate::desired::{shape_of, Committed, Shape};
 use crate::metrics::Metrics;
 use crate::proto::{self, register_target_request::Kind};
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::diff::diff_pipelines;
 use subc_bdd::pipeline::Pipeline;
@@ -132,33 +134,68 @@ pub struct TargetReport {
 pub struct DeployCtx {
     pub spec: Arc<Spec>,
     pub config: Arc<crate::config::Config>,
-    pub desired: Arc<Mutex<Desired>>,
+    /// The state as of the last commit (see `desired.rs`).
+    pub committed: Arc<RwLock<Committed>>,
     pub generation: watch::Sender<u64>,
     pub metrics: Arc<Metrics>,
     pub report: Box<dyn Fn(TargetReport) + Send + Sync>,
-    /// (generation, when it was committed), for the commit-to-live histogram.
-    pub commit_times: Mutex<VecDeque<(u64, Instant)>>,
-    /// The compiler's update of each recent generation (see `touched`).
-    pub updates: Mutex<touched::UpdateLog>,
+    /// Per target that diffs incrementally, the generation it holds: the
+    /// update log keeps only the generations after the lowest of them.
+    floors: Mutex<BTreeMap<String, u64>>,
 }
 
 impl DeployCtx {
-    pub fn note_commit(&self, generation: u64, at: Instant) {
-        let mut q = self.commit_times.lock().expect("commit times");
-        q.push_back((generation, at));
-        while q.len() > 100_000 {
-            q.pop_front();
+    pub fn new(
+        spec: Arc<Spec>,
+        config: Arc<crate::config::Config>,
+        committed: Arc<RwLock<Committed>>,
+        generation: u64,
+        metrics: Arc<Metrics>,
+        report: Box<dyn Fn(TargetReport) + Send + Sync>,
+    ) -> DeployCtx {
+        DeployCtx {
+            spec,
+            config,
+            committed,
+            generation: watch::Sender::new(generation),
+            metrics,
+            report,
+            floors: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    pub fn committed(&self) -> std::sync::RwLockReadGuard<'_, Committed> {
+        self.committed.read().expect("committed state")
+    }
+
+    /// Records that `target` holds `generation` (or, with `None`, that it
+    /// will be read back or installed whole), and lets the update log forget
+    /// what no target needs any more.
+    fn set_floor(&self, target: &str, generation: Option<u64>) {
+        {
+            let mut floors = self.floors.lock().expect("floors");
+            match generation {
+                Some(g) => floors.insert(target.to_string(), g),
+                None => floors.remove(target),
+            };
+        }
+        self.forget_unneeded(&mut self.committed.write().expect("committed state"));
+    }
+
+    /// Drops the logged updates of generations every incrementally diffed
+    /// target holds (all of them when there is no such target). Takes the
+    /// floors' lock inside the committed state's: the one order they nest in.
+    pub fn forget_unneeded(&self, c: &mut Committed) {
+        let lowest = self.floors.lock().expect("floors").values().min().copied();
+        c.forget_updates_through(lowest.unwrap_or_else(|| c.generation()));
+        self.metrics.logged_generations.set(c.log().len() as i64);
     }
 
     fn observe_live(&self, target: &str, from: u64, to: u64) {
         let now = Instant::now();
-        let q = self.commit_times.lock().expect("commit times");
         let h = self.metrics.commit_to_live_seconds.get_or_create(&Metrics::label("target", target));
-        for (g, at) in q.iter() {
-            if *g > from && *g <= to {
-                h.observe(now.duration_since(*at).as_secs_f64());
-            }
+        for at in self.committed().log().commit_times(from, to) {
+            h.observe(now.duration_since(at).as_secs_f64());
         }
     }
 }
@@ -207,12 +244,12 @@ fn counts(held: &Held) -> (u64, u64) {
     }
 }
 
-/// The plan that takes a target holding `held` (generation `from`) to `d`.
-pub fn plan(held: &Held, from: u64, d: &Desired, log: &touched::UpdateLog) -> Plan {
-    let pipes = d.pipelines();
+/// The plan that takes a target holding `held` (generation `from`) to `c`.
+pub fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
+    let pipes = c.pipelines();
     match held {
-        Held::Pipes(h) if shape_of(h.iter()) == d.shape() => {
-            let diffs = touched::diffs(h, &pipes, from, d.generation, log);
+        Held::Pipes(h) if shape_of(h.iter()) == c.shape() => {
+            let diffs = touched::diffs(h, &pipes, from, c.generation(), c.log());
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
@@ -275,6 +312,10 @@ impl TargetHandle {
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
     }
 
     fn held_generation(&self) -> (bool, u64) {
@@ -362,11 +403,10 @@ impl TargetHandle {
         let p4 = matches!(self.registration.kind, Some(Kind::P4runtime(_)));
         let (p, from, to, after) = {
             let h = self.held.lock().expect("held");
-            let d = ctx.desired.lock().expect("desired");
+            let c = ctx.committed();
             let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
-            let log = ctx.updates.lock().expect("update log");
-            let after: Option<Vec<Pipeline>> = p4.then(|| d.pipelines().into_iter().cloned().collect());
-            (plan(&held, h.generation, &d, &log), h.generation, d.generation, after)
+            let after: Option<Vec<Pipeline>> = p4.then(|| c.pipelines().into_iter().cloned().collect());
+            (plan(&held, h.generation, &c), h.generation, c.generation(), after)
         };
         let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
         let mut ops = vec![];
@@ -443,9 +483,8 @@ impl TargetHandle {
         let t = Instant::now();
         let (plan, generation, from) = {
             let h = self.held.lock().expect("held");
-            let d = ctx.desired.lock().expect("desired");
-            let log = ctx.updates.lock().expect("update log");
-            (plan(&h.held, h.generation, &d, &log), d.generation, h.generation)
+            let c = ctx.committed();
+            (plan(&h.held, h.generation, &c), c.generation(), h.generation)
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         let written = plan.entries();
@@ -481,8 +520,8 @@ impl TargetHandle {
                     Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
                         // The program cannot take the update: install the set as a whole.
                         let (pipes, generation_now) = {
-                            let d = ctx.desired.lock().expect("desired");
-                            (d.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), d.generation)
+                            let c = ctx.committed();
+                            (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
                         };
                         tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
                         let r = self
@@ -516,6 +555,8 @@ impl TargetHandle {
                     (e, g, h.generation)
                 };
                 ctx.observe_live(&self.name, from, held_gen);
+                let known = !matches!(self.held.lock().expect("held").held, Held::Unknown);
+                ctx.set_floor(&self.name, known.then_some(held_gen));
                 ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
                 ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
                 ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
@@ -566,6 +607,7 @@ impl TargetHandle {
     /// longer trusted.
     fn failed(&self, ctx: &DeployCtx, e: DriverError, generation: u64) -> Result<(), DriverError> {
         self.held.lock().expect("held").held = Held::Unknown;
+        ctx.set_floor(&self.name, None);
         ctx.metrics.deploy_failures.get_or_create(&Metrics::label("target", &self.name)).inc();
         tracing::warn!(target_name = %self.name, error = %e, "deploy failed");
         let status = self.set_progress(|p| {
@@ -641,6 +683,7 @@ pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
             _ = tokio::time::sleep_until(sleep_until) => {}
         }
     }
+    ctx.set_floor(&h.name, None);
     // Close the target's connection (a P4Runtime controller's stream) now,
     // not when the handle goes.
     let driver = h.driver.clone();
@@ -663,9 +706,7 @@ pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Resul
 
 /// Checks a registration's fields (not whether the target is reachable).
 pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
-    if !crate::valid_name(&reg.name) {
-        return Err(format!("target name {:?}: use 1 to 64 of [A-Za-z0-9_.-]", reg.name));
-    }
+    crate::names::check_name("target name", &reg.name).map_err(|e| e.to_string())?;
     match &reg.kind {
         None => Err("give the target's kind: ebpf, p4runtime or sim".into()),
         Some(Kind::Ebpf(e)) => {
@@ -685,6 +726,6 @@ pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), S
             p4::given_p4info(p)?;
             Ok(())
         }
-        Some(Kind::Sim(_)) => Ok(()),
+        Some(Kind::Sim(s)) => sim::check_path(&s.path),
     }
 }

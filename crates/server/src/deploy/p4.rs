@@ -176,9 +176,10 @@ pub fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, Stri
     Ok(Some(info))
 }
 
-/// Where a target's image is kept: `<data_dir>/targets/<name>`.
-pub fn image_dir(data_dir: &Path, name: &str) -> std::path::PathBuf {
-    data_dir.join("targets").join(name)
+/// Where a target's image is kept: `<data_dir>/targets/<name>`, for a
+/// name that is an identifier (`names.rs`).
+pub fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBuf, crate::names::NameError> {
+    crate::names::child_path(&data_dir.join("targets"), "target name", name)
 }
 
 impl P4Driver {
@@ -197,7 +198,7 @@ impl P4Driver {
             client: None,
             program: None,
             image: None,
-            files: ImageLog::new(image_dir(data_dir, name)),
+            files: ImageLog::new(image_dir(data_dir, name).map_err(|e| DriverError::transient(e.to_string()))?),
         })
     }
 

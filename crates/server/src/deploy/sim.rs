@@ -19,6 +19,22 @@ pub struct SimDriver {
     pipes: Option<Vec<Pipeline>>,
 }
 
+/// Checks a sim target's file: empty (in memory), or a file that may not
+/// exist yet. A directory would fail every deploy. (A missing directory is
+/// not refused: it may be created later, and deploys are retried.)
+pub fn check_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    if path.contains('\0') {
+        return Err("a sim target's path may not contain NUL".into());
+    }
+    if std::path::Path::new(path).is_dir() {
+        return Err(format!("a sim target's path must be a file, and {path:?} is a directory"));
+    }
+    Ok(())
+}
+
 impl SimDriver {
     pub fn new(cfg: &proto::SimTarget) -> Result<SimDriver, DriverError> {
         let path = (!cfg.path.is_empty()).then(|| PathBuf::from(&cfg.path));

@@ -11,6 +11,7 @@
 //! restart, a log that forgot) falls back to the full comparison.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
 use subc_bdd::diff::{diff_pipelines, PipelineDiff, TableDiff};
 use subc_bdd::pipeline::{GroupId, Match, Pipeline, StateId};
 use subc_bdd::Update;
@@ -23,25 +24,67 @@ struct Touched {
     groups: BTreeSet<GroupId>,
 }
 
-/// The updates of recent generations; `None` for a generation that
-/// replaced the pipelines as a whole.
+/// The updates of recent generations, with when each was committed; `None`
+/// for a generation that replaced the pipelines as a whole.
+///
+/// It keeps only what a target may still need: the writer records every
+/// generation, and [`UpdateLog::forget_through`] drops those every target
+/// that diffs incrementally already holds (a target that does not is read
+/// back and diffed in full), so with targets in step the log stays small
+/// however long the service runs.
 #[derive(Default)]
 pub struct UpdateLog {
-    log: VecDeque<(u64, Option<Update>)>,
+    log: VecDeque<Logged>,
     ops: usize,
 }
 
-/// Most operations the log keeps before forgetting old generations.
+struct Logged {
+    generation: u64,
+    update: Option<Update>,
+    committed: Instant,
+}
+
+/// Most operations the log keeps before forgetting old generations, even
+/// those a target still needs (it then diffs in full).
 const MAX_LOGGED_OPS: usize = 1_000_000;
 
 impl UpdateLog {
-    pub fn record(&mut self, generation: u64, update: Option<Update>) {
+    pub fn record(&mut self, generation: u64, update: Option<Update>, committed: Instant) {
         self.ops += update.as_ref().map_or(0, Update::len);
-        self.log.push_back((generation, update));
+        self.log.push_back(Logged { generation, update, committed });
         while self.ops > MAX_LOGGED_OPS || self.log.len() > 100_000 {
-            let Some((_, u)) = self.log.pop_front() else { break };
-            self.ops -= u.as_ref().map_or(0, Update::len);
+            self.pop_front();
         }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(l) = self.log.pop_front() {
+            self.ops -= l.update.as_ref().map_or(0, Update::len);
+        }
+    }
+
+    /// Forgets the generations up to and including `generation`.
+    pub fn forget_through(&mut self, generation: u64) {
+        while self.log.front().is_some_and(|l| l.generation <= generation) {
+            self.pop_front();
+        }
+        if self.log.is_empty() {
+            self.log.shrink_to_fit();
+        }
+    }
+
+    /// How many generations the log holds.
+    pub fn len(&self) -> usize {
+        self.log.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+
+    /// When each logged generation in `from + 1 ..= to` was committed.
+    pub fn commit_times(&self, from: u64, to: u64) -> impl Iterator<Item = Instant> + '_ {
+        self.log.iter().filter(move |l| l.generation > from && l.generation <= to).map(|l| l.committed)
     }
 
     /// The updates of generations `from + 1 ..= to`, if all are logged.
@@ -49,16 +92,16 @@ impl UpdateLog {
         if from >= to {
             return Some(vec![]);
         }
-        let first = self.log.front()?.0;
+        let first = self.log.front()?.generation;
         if first > from + 1 {
             return None;
         }
         let mut out = vec![];
-        for (g, u) in self.log.iter().skip((from + 1 - first) as usize) {
-            if *g > to {
+        for l in self.log.iter().skip((from + 1 - first) as usize) {
+            if l.generation > to {
                 break;
             }
-            out.push(u.as_ref()?);
+            out.push(l.update.as_ref()?);
         }
         (out.len() as u64 == to - from).then_some(out)
     }
@@ -194,7 +237,7 @@ mod tests {
                 let ids: Vec<u64> = (0..k).map(|_| live.swap_remove(rng.below(live.len() as u64) as usize)).collect();
                 set.remove(&ids).unwrap()
             };
-            log.record(history.len() as u64, Some(u));
+            log.record(history.len() as u64, Some(u), Instant::now());
             history.push(set.pipelines().into_iter().cloned().collect());
         }
         let to = history.len() as u64 - 1;
@@ -215,7 +258,7 @@ mod tests {
         }
         // A gap in the log falls back to the full diff.
         let mut short = UpdateLog::default();
-        short.record(to, None);
+        short.record(to, None, Instant::now());
         assert!(short.since(1, to).is_none());
     }
 }

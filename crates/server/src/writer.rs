@@ -1,0 +1,716 @@
+//! The single writer: every change goes through it.
+//!
+//! Adds, removes, target registrations and deploy reports are queued to one
+//! thread, which owns the writer's copy of the state ([`Desired`]) and the
+//! store's only writing connection. It takes whatever changes are queued
+//! (group commit: under load, many changes share one transaction and one
+//! fsync), stages each against its copy (checking limits and ownership,
+//! running the incremental compiler under the configured deadline), writes
+//! them to the store in one transaction, and only then publishes them to the
+//! committed state and replies. If the commit fails, every change of the
+//! batch is undone in its copy and refused; nothing was published.
+//!
+//! A change that is refused (a limit, an unknown id, a reused idempotency
+//! key) is refused alone and before anything of it is applied.
+//!
+//! The phases have types of their own: a [`Staged`] change carries the
+//! [`SqlWrite`]s to commit, the [`Undo`] that reverses it in memory, the
+//! [`Publish`] that shows it to readers, and the [`Finish`] that replies.
+
+// A refusal hands its reply sender back with the status: large, but one per
+// request and never in a loop.
+#![allow(clippy::result_large_err)]
+
+use crate::auth::Principal;
+use crate::check::{self, CheckedBatch};
+use crate::core::{Core, Reply};
+use crate::deploy::{TargetHandle, TargetReport};
+use crate::desired::{compile_options, layout_json, order_names, placement_json, Desired, Publish, SubRecord};
+use crate::metrics::Metrics;
+use crate::proto;
+use crate::store::{now_ms, Store, StoredSub};
+use crate::Error;
+use prost::Message;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use subc_bdd::{CompileError, CompiledSet, Update};
+use subc_lang::nf::NfSubscription;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Most changes one transaction carries.
+const MAX_BATCH: usize = 512;
+/// How long idempotency keys are remembered.
+const REQUEST_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
+
+/// A change for the writer.
+pub(crate) enum WriteOp {
+    Add {
+        who: Principal,
+        batch: CheckedBatch,
+        request_id: String,
+        /// What the request carried (`request_fingerprint`): a reused
+        /// `request_id` with other content is refused, not replayed.
+        fingerprint: String,
+        /// When the request arrived: the compile time limit counts from
+        /// here, so that checking and queueing are part of it.
+        received: Instant,
+        reply: Reply<proto::AddResponse>,
+    },
+    Remove {
+        who: Principal,
+        ids: Vec<u64>,
+        reply: Reply<proto::RemoveResponse>,
+    },
+    Register {
+        reg: proto::RegisterTargetRequest,
+        reply: Reply<Arc<TargetHandle>>,
+    },
+    Unregister {
+        name: String,
+        reply: Reply<()>,
+    },
+    Report(TargetReport),
+}
+
+/// A fingerprint of an Add request's content (its lines and source name):
+/// 128-bit FNV-1a, stable across versions and platforms, since the store
+/// keeps it with the reply.
+pub fn request_fingerprint(source_name: &str, lines: &[String]) -> String {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h = OFFSET;
+    let mut eat = |bytes: &[u8]| {
+        for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            h ^= *b as u128;
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    eat(source_name.as_bytes());
+    for l in lines {
+        eat(l.as_bytes());
+    }
+    format!("{h:032x}")
+}
+
+/// A store write of one staged change.
+enum SqlWrite {
+    InsertSub(StoredSub),
+    DeleteSub(u64),
+    Request { app: String, request_id: String, reply: Vec<u8>, fingerprint: String },
+    PutTarget(proto::RegisterTargetRequest),
+    DeleteTarget(String),
+    Status(proto::TargetStatus),
+    Deployed(String),
+    Meta { key: &'static str, value: String },
+    Placement { id: u64, pipes: String },
+    ClearPlacements,
+}
+
+/// How to undo a staged change in memory if the commit fails.
+enum Undo {
+    Added(Vec<u64>),
+    Removed(Vec<(u64, Arc<SubRecord>)>),
+    Recompiled { old: Box<CompiledSet>, ids: Vec<u64> },
+}
+
+/// What to do once the batch is committed.
+enum Finish {
+    Add(Reply<proto::AddResponse>, proto::AddResponse),
+    Remove(Reply<proto::RemoveResponse>, proto::RemoveResponse),
+    Register(Reply<Arc<TargetHandle>>, proto::RegisterTargetRequest),
+    Unregister(Reply<()>, String),
+    Nothing,
+}
+
+impl Finish {
+    fn fail(self, s: Status) {
+        match self {
+            Finish::Add(r, _) => drop(r.send(Err(s))),
+            Finish::Remove(r, _) => drop(r.send(Err(s))),
+            Finish::Register(r, _) => drop(r.send(Err(s))),
+            Finish::Unregister(r, _) => drop(r.send(Err(s))),
+            Finish::Nothing => {}
+        }
+    }
+}
+
+/// One change, applied to the writer's copy and not yet committed.
+struct Staged {
+    sql: Vec<SqlWrite>,
+    undo: Option<Undo>,
+    events: Vec<proto::Event>,
+    finish: Finish,
+    publish: Publish,
+}
+
+impl Staged {
+    /// A change with nothing to write or undo.
+    fn only(sql: Vec<SqlWrite>, events: Vec<proto::Event>, finish: Finish) -> Staged {
+        Staged { sql, undo: None, events, finish, publish: Publish::default() }
+    }
+}
+
+/// What compiling an add did.
+struct Compiled {
+    undo: Undo,
+    /// The compiler's update; `None` after a full recompile.
+    update: Option<Update>,
+    /// After a recompile, every subscription's placement in the new layout.
+    placements: Option<Vec<(u64, String)>>,
+}
+
+/// Idempotency keys and target names claimed earlier in one batch.
+#[derive(Default)]
+struct Claims {
+    /// Per key, the index of its staged change and its fingerprint.
+    keys: HashMap<(Arc<str>, String), (usize, String)>,
+    names: BTreeSet<String>,
+    /// Later requests with a key claimed in this batch: they get the first
+    /// one's reply.
+    duplicates: Vec<(usize, Reply<proto::AddResponse>)>,
+}
+
+fn event(kind: proto::EventKind, generation: u64) -> proto::Event {
+    proto::Event { kind: kind as i32, generation, unix_ms: now_ms(), ..Default::default() }
+}
+
+fn reused_request_id(request_id: &str) -> Status {
+    Status::already_exists(format!(
+        "request_id {request_id:?} was used for a request with other lines; nothing was added (use a new request_id for new lines)"
+    ))
+}
+
+/// The writer thread's state.
+pub(crate) struct Writer {
+    core: Arc<Core>,
+    store: Store,
+    d: Desired,
+}
+
+impl Writer {
+    pub(crate) fn new(core: Arc<Core>, store: Store, d: Desired) -> Writer {
+        Writer { core, store, d }
+    }
+
+    /// Takes queued changes in batches until every sender is gone.
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
+        let mut commits: u64 = 0;
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            commits += 1;
+            self.process(batch, commits.is_multiple_of(256));
+        }
+        tracing::debug!("writer stopped");
+    }
+
+    /// Stages, commits and publishes one batch.
+    fn process(&mut self, batch: Vec<WriteOp>, prune: bool) {
+        let n = batch.len();
+        let (gen0, next0) = (self.d.generation, self.d.next_id);
+        let mut claims = Claims::default();
+        let mut staged: Vec<Staged> = Vec::with_capacity(n);
+        for op in batch {
+            let Some(op) = self.claim_request_id(op, &mut claims, staged.len()) else { continue };
+            staged.push(self.stage(op, &mut claims.names).unwrap_or_else(|(finish, status)| {
+                finish.fail(status);
+                Staged::only(vec![], vec![], Finish::Nothing)
+            }));
+        }
+        let t = Instant::now();
+        let result = self.commit(&staged, gen0, prune);
+        let metrics = self.core.metrics();
+        metrics.commit_seconds.observe(t.elapsed().as_secs_f64());
+        metrics.batch_size.observe(n as f64);
+        match result {
+            Err(e) => self.roll_back(staged, claims.duplicates, gen0, next0, e),
+            Ok(seqs) => self.publish_and_reply(staged, seqs, claims.duplicates, gen0),
+        }
+    }
+
+    /// Replays or refuses an Add whose idempotency key was seen before (in
+    /// the store or earlier in this batch); otherwise claims its key and
+    /// gives the change back.
+    fn claim_request_id(&self, op: WriteOp, claims: &mut Claims, index: usize) -> Option<WriteOp> {
+        let WriteOp::Add { who, batch, request_id, fingerprint, received, reply } = op else { return Some(op) };
+        if request_id.is_empty() {
+            return Some(WriteOp::Add { who, batch, request_id, fingerprint, received, reply });
+        }
+        let key = (who.app.clone(), request_id.clone());
+        if let Some((i, first)) = claims.keys.get(&key) {
+            if *first == fingerprint {
+                claims.duplicates.push((*i, reply));
+            } else {
+                let _ = reply.send(Err(reused_request_id(&request_id)));
+            }
+            return None;
+        }
+        match self.store.request_reply(&who.app, &request_id) {
+            Ok(Some(stored)) if stored.fingerprint.as_ref().is_some_and(|f| *f != fingerprint) => {
+                let _ = reply.send(Err(reused_request_id(&request_id)));
+                None
+            }
+            Ok(Some(stored)) => {
+                let mut r = proto::AddResponse::decode(stored.reply.as_slice()).unwrap_or_default();
+                r.replayed = true;
+                let _ = reply.send(Ok(r));
+                None
+            }
+            Ok(None) => {
+                claims.keys.insert(key, (index, fingerprint.clone()));
+                Some(WriteOp::Add { who, batch, request_id, fingerprint, received, reply })
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Status::unavailable(e.to_string())));
+                None
+            }
+        }
+    }
+
+    /// Writes a batch's changes in one transaction; the event sequence
+    /// numbers of each change.
+    fn commit(&mut self, staged: &[Staged], gen0: u64, prune: bool) -> Result<Vec<Vec<u64>>, Error> {
+        let (generation, next_id) = (self.d.generation, self.d.next_id);
+        let changed = generation != gen0;
+        let keep = self.core.config().events_keep;
+        self.store.write(|t| {
+            let mut seqs = vec![];
+            for s in staged {
+                for w in &s.sql {
+                    match w {
+                        SqlWrite::InsertSub(sub) => t.insert_sub(sub)?,
+                        SqlWrite::DeleteSub(id) => t.delete_sub(*id)?,
+                        SqlWrite::Request { app, request_id, reply, fingerprint } => t.put_request(app, request_id, reply, fingerprint)?,
+                        SqlWrite::PutTarget(reg) => t.put_target(reg)?,
+                        SqlWrite::DeleteTarget(name) => t.delete_target(name)?,
+                        SqlWrite::Status(st) => t.put_status(st)?,
+                        SqlWrite::Deployed(name) => t.set_deployed(name)?,
+                        SqlWrite::Meta { key, value } => t.set_meta(key, value)?,
+                        SqlWrite::Placement { id, pipes } => t.put_placement(*id, pipes)?,
+                        SqlWrite::ClearPlacements => t.clear_placements()?,
+                    }
+                }
+                seqs.push(s.events.iter().map(|e| t.append_event(e)).collect::<Result<Vec<u64>, Error>>()?);
+            }
+            if changed {
+                t.set_meta("generation", &generation.to_string())?;
+                t.set_meta("next_id", &next_id.to_string())?;
+            }
+            if prune {
+                t.prune_events(keep)?;
+                t.prune_requests(REQUEST_KEY_TTL_MS)?;
+            }
+            Ok(seqs)
+        })
+    }
+
+    /// After a failed commit: undoes every staged change in memory and
+    /// refuses them all.
+    fn roll_back(&mut self, mut staged: Vec<Staged>, duplicates: Vec<(usize, Reply<proto::AddResponse>)>, gen0: u64, next0: u64, e: Error) {
+        tracing::error!(error = %e, changes = staged.len(), "commit failed; the batch is undone");
+        for s in staged.iter_mut().rev() {
+            if let Some(u) = s.undo.take() {
+                self.undo(u);
+            }
+        }
+        self.d.generation = gen0;
+        self.d.next_id = next0;
+        for s in staged {
+            s.finish.fail(Status::unavailable(format!("the store could not commit: {e}")));
+        }
+        for (_, r) in duplicates {
+            let _ = r.send(Err(Status::unavailable(format!("the store could not commit: {e}"))));
+        }
+    }
+
+    /// After the commit: publishes the batch to readers and deployers,
+    /// sends its events, and replies.
+    fn publish_and_reply(
+        &mut self,
+        staged: Vec<Staged>,
+        seqs: Vec<Vec<u64>>,
+        duplicates: Vec<(usize, Reply<proto::AddResponse>)>,
+        gen0: u64,
+    ) {
+        let mut finishes = vec![];
+        let mut publishes = vec![];
+        let mut events = vec![];
+        for (s, ss) in staged.into_iter().zip(seqs) {
+            publishes.push(s.publish);
+            finishes.push(s.finish);
+            events.extend(s.events.into_iter().zip(ss).map(|(mut e, seq)| {
+                e.seq = seq;
+                e
+            }));
+        }
+        self.core.publish(publishes, &self.d, Instant::now());
+        let generation = self.d.generation;
+        if generation != gen0 {
+            self.core.metrics().generation.set(generation as i64);
+            self.core.metrics().compiler_bytes.set(self.d.set.heap_bytes() as i64);
+            self.core.deploy_ctx().generation.send_replace(generation);
+        }
+        for e in events {
+            self.core.publish_event(e);
+        }
+        let mut add_replies: HashMap<usize, proto::AddResponse> = HashMap::new();
+        for (i, finish) in finishes.into_iter().enumerate() {
+            self.finish(i, finish, &mut add_replies);
+        }
+        for (i, r) in duplicates {
+            let resp = add_replies.get(&i).cloned().map(|mut a| {
+                a.replayed = true;
+                a
+            });
+            let _ = r.send(resp.ok_or_else(|| Status::aborted("the first request with this request_id failed; retry")));
+        }
+    }
+
+    fn finish(&self, i: usize, finish: Finish, add_replies: &mut HashMap<usize, proto::AddResponse>) {
+        match finish {
+            Finish::Add(r, resp) => {
+                add_replies.insert(i, resp.clone());
+                let _ = r.send(Ok(resp));
+            }
+            Finish::Remove(r, resp) => drop(r.send(Ok(resp))),
+            Finish::Register(r, reg) => {
+                let h = TargetHandle::new(reg, false, None);
+                self.core.insert_target(h.clone());
+                self.core.spawn_target(h.clone());
+                let _ = r.send(Ok(h));
+            }
+            Finish::Unregister(r, name) => {
+                if let Some(h) = self.core.remove_target(&name) {
+                    h.stop();
+                }
+                let _ = r.send(Ok(()));
+            }
+            Finish::Nothing => {}
+        }
+    }
+
+    fn app_gauge(&self, app: &str) -> prometheus_client::metrics::gauge::Gauge {
+        self.core.metrics().subscriptions.get_or_create(&Metrics::label("app", app)).clone()
+    }
+
+    fn undo(&mut self, u: Undo) {
+        match u {
+            Undo::Added(ids) => {
+                if let Err(e) = self.d.set.remove(&ids) {
+                    tracing::error!(error = %e, "undoing an add failed");
+                }
+                self.forget_records(&ids);
+            }
+            Undo::Removed(recs) => {
+                let stored: Vec<StoredSub> = recs.iter().map(|(id, r)| r.stored(*id)).collect();
+                match check::check_stored(self.core.spec(), &stored) {
+                    Ok(nfs) => {
+                        if let Err(e) = self.d.set.add(&nfs) {
+                            tracing::error!(error = %e, "undoing a remove failed");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "undoing a remove failed"),
+                }
+                for (id, rec) in recs {
+                    self.app_gauge(&rec.app).inc();
+                    self.d.subs.insert(id, rec);
+                }
+            }
+            Undo::Recompiled { old, ids } => {
+                self.d.set = *old;
+                self.forget_records(&ids);
+            }
+        }
+    }
+
+    /// Drops the records of `ids` that were inserted (an undone add).
+    fn forget_records(&mut self, ids: &[u64]) {
+        for id in ids {
+            if let Some(rec) = self.d.subs.remove(*id) {
+                self.app_gauge(&rec.app).dec();
+            }
+        }
+    }
+
+    /// Applies one change to the writer's copy and says what to write; on
+    /// refusal nothing of it was applied.
+    fn stage(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Result<Staged, (Finish, Status)> {
+        match op {
+            WriteOp::Add { who, batch, request_id, fingerprint, received, reply } => {
+                match self.stage_add(who, batch, request_id, fingerprint, received) {
+                    Ok((staged, resp)) => Ok(Staged { finish: Finish::Add(reply, resp), ..staged }),
+                    Err(s) => Err((Finish::Add(reply, Default::default()), s)),
+                }
+            }
+            WriteOp::Remove { who, ids, reply } => match self.stage_remove(&who, ids) {
+                Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
+                Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
+            },
+            WriteOp::Register { reg, reply } => {
+                if self.core.has_target(&reg.name) || names.contains(&reg.name) {
+                    let s = Status::already_exists(format!("a target named {:?} is registered", reg.name));
+                    return Err((Finish::Register(reply, reg), s));
+                }
+                let max = self.core.config().limits.max_targets;
+                if self.core.targets().len() + names.len() >= max {
+                    let s = self.refuse_limit("targets", format!("{max} targets are registered, the limit (limits.max_targets)"));
+                    return Err((Finish::Register(reply, reg), s));
+                }
+                names.insert(reg.name.clone());
+                let e = proto::Event { target: reg.name.clone(), ..event(proto::EventKind::TargetRegistered, self.d.generation) };
+                Ok(Staged::only(vec![SqlWrite::PutTarget(reg.clone())], vec![e], Finish::Register(reply, reg)))
+            }
+            WriteOp::Unregister { name, reply } => {
+                if !self.core.has_target(&name) {
+                    return Err((Finish::Unregister(reply, name.clone()), Status::not_found(format!("no target named {name:?}"))));
+                }
+                let e = proto::Event { target: name.clone(), ..event(proto::EventKind::TargetRemoved, self.d.generation) };
+                Ok(Staged::only(vec![SqlWrite::DeleteTarget(name.clone())], vec![e], Finish::Unregister(reply, name)))
+            }
+            WriteOp::Report(r) => {
+                // A target removed meanwhile has nothing left to report to.
+                if !self.core.has_target(&r.status.name) {
+                    return Ok(Staged::only(vec![], vec![], Finish::Nothing));
+                }
+                let mut sql = vec![SqlWrite::Status(r.status.clone())];
+                if r.mark_deployed {
+                    sql.push(SqlWrite::Deployed(r.status.name.clone()));
+                }
+                Ok(Staged::only(sql, r.event.into_iter().collect(), Finish::Nothing))
+            }
+        }
+    }
+
+    fn refuse_limit(&self, which: &str, message: String) -> Status {
+        self.core.metrics().limit_refusals.get_or_create(&Metrics::label("limit", which)).inc();
+        Status::resource_exhausted(message)
+    }
+
+    /// Stages an Add: the counts, the compile, then the records.
+    fn stage_add(
+        &mut self,
+        who: Principal,
+        batch: CheckedBatch,
+        request_id: String,
+        fingerprint: String,
+        received: Instant,
+    ) -> Result<(Staged, proto::AddResponse), Status> {
+        let n = batch.rules.len() as u64;
+        self.check_counts(&who, n)?;
+        let first = self.d.next_id;
+        let nfs: Vec<NfSubscription> =
+            batch.rules.iter().enumerate().map(|(i, r)| NfSubscription { id: first + i as u64, ..r.nf.clone() }).collect();
+        let compiled = self.compile_add(&nfs, received)?;
+        self.d.generation += 1;
+        self.d.next_id = first + n;
+        Ok(self.record_add(who, batch, &nfs, compiled, request_id, fingerprint))
+    }
+
+    /// Refuses an Add that would pass the per-application or total count.
+    fn check_counts(&self, who: &Principal, n: u64) -> Result<(), Status> {
+        let limits = &self.core.config().limits;
+        let have = self.d.subs.count_of(&who.app);
+        if have + n > limits.max_subscriptions_per_app {
+            return Err(self.refuse_limit(
+                "subscriptions_per_app",
+                format!(
+                    "application {:?} has {have} subscriptions; {n} more would pass its limit of {}",
+                    &*who.app, limits.max_subscriptions_per_app
+                ),
+            ));
+        }
+        let total = self.d.subs.len() as u64;
+        if total + n > limits.max_subscriptions {
+            return Err(self.refuse_limit(
+                "subscriptions",
+                format!("the server holds {total} subscriptions; {n} more would pass its limit of {}", limits.max_subscriptions),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Compiles new subscriptions into the set: incrementally, or by a full
+    /// recompile when the pipelines are full; within the compile time limit
+    /// (counted from when the request arrived, and checked while the
+    /// compiler runs) and the memory limit. On refusal the set is as it was.
+    fn compile_add(&mut self, nfs: &[NfSubscription], received: Instant) -> Result<Compiled, Status> {
+        let config = self.core.config().clone();
+        let limits = &config.limits;
+        let t = Instant::now();
+        let deadline = received + Duration::from_millis(limits.compile_timeout_ms);
+        let ids: Vec<u64> = nfs.iter().map(|n| n.id).collect();
+        let compiled = match self.d.set.add_until(nfs, Some(deadline)) {
+            Ok(u) => {
+                self.observe_compile("add", t);
+                Compiled { undo: Undo::Added(ids), update: Some(u), placements: None }
+            }
+            Err(CompileError::NeedsRecompile { .. }) => self.recompile_with(nfs, ids, t, deadline)?,
+            Err(CompileError::DeadlineExceeded) => return Err(self.compile_time_refusal("compiling")),
+            Err(e @ (CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. })) => {
+                return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")))
+            }
+            Err(e) => return Err(Status::internal(format!("compiler: {e}"))),
+        };
+        let bytes = self.d.set.heap_bytes();
+        let limit = limits.max_compiler_bytes;
+        if bytes > limit {
+            self.undo(compiled.undo);
+            return Err(self.refuse_limit(
+                "compiler_memory",
+                format!(
+                    "the compiled set would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
+                    bytes >> 20,
+                    limit >> 20
+                ),
+            ));
+        }
+        Ok(compiled)
+    }
+
+    fn compile_time_refusal(&self, what: &str) -> Status {
+        let limit = self.core.config().limits.compile_timeout_ms;
+        self.refuse_limit(
+            "compile_time",
+            format!("{what} took longer than the limit of {limit} ms (limits.compile_timeout_ms); nothing was added"),
+        )
+    }
+
+    fn observe_compile(&self, op: &str, since: Instant) {
+        self.core.metrics().compile_seconds.get_or_create(&Metrics::label("op", op)).observe(since.elapsed().as_secs_f64());
+    }
+
+    /// The pipelines are full: spreads the whole set anew. Targets then get
+    /// a new program (a full install).
+    fn recompile_with(&mut self, nfs: &[NfSubscription], ids: Vec<u64>, t: Instant, deadline: Instant) -> Result<Compiled, Status> {
+        let spec = self.core.spec().clone();
+        let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
+        let mut all = check::check_stored(&spec, &stored).map_err(Status::internal)?;
+        all.extend(nfs.iter().cloned());
+        let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
+        let set = match CompiledSet::compile_until(&spec, &all, opts, Some(deadline)) {
+            Ok(set) => set,
+            Err(CompileError::DeadlineExceeded) => return Err(self.compile_time_refusal("recompiling the whole set")),
+            Err(e) => return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}"))),
+        };
+        tracing::info!(pipelines = set.pipeline_count(), "recompiled the whole set: targets get a new program");
+        self.observe_compile("recompile", t);
+        let placements = all.iter().filter_map(|nf| Some((nf.id, placement_json(&set, nf)?))).collect();
+        let old = std::mem::replace(&mut self.d.set, set);
+        Ok(Compiled { undo: Undo::Recompiled { old: Box::new(old), ids }, update: None, placements: Some(placements) })
+    }
+
+    /// The records, store writes, reply and event of a compiled Add.
+    fn record_add(
+        &mut self,
+        who: Principal,
+        batch: CheckedBatch,
+        nfs: &[NfSubscription],
+        compiled: Compiled,
+        request_id: String,
+        fingerprint: String,
+    ) -> (Staged, proto::AddResponse) {
+        let generation = self.d.generation;
+        let created_ms = now_ms();
+        let mut sql = self.shape_writes(nfs, &compiled);
+        let mut resp = proto::AddResponse { generation, warnings: batch.warnings, ..Default::default() };
+        let mut added = Vec::with_capacity(nfs.len());
+        for (rule, nf) in batch.rules.into_iter().zip(nfs) {
+            let rec = Arc::new(SubRecord { app: who.app.clone(), text: rule.text, generation, created_ms });
+            sql.push(SqlWrite::InsertSub(rec.stored(nf.id)));
+            resp.subscriptions.push(crate::core::to_proto(nf.id, &rec));
+            resp.lines.push(rule.line);
+            self.d.subs.insert(nf.id, rec.clone());
+            added.push((nf.id, rec));
+        }
+        self.app_gauge(&who.app).inc_by(nfs.len() as i64);
+        if !request_id.is_empty() {
+            sql.push(SqlWrite::Request { app: who.app.to_string(), request_id, reply: resp.encode_to_vec(), fingerprint });
+        }
+        let ids: Vec<u64> = nfs.iter().map(|n| n.id).collect();
+        let e = proto::Event {
+            app: who.app.to_string(),
+            subscription_ids: ids,
+            unix_ms: created_ms,
+            ..event(proto::EventKind::SubscriptionsAdded, generation)
+        };
+        let publish = Publish { added, removed: vec![], update: Some((generation, compiled.update)) };
+        (Staged { sql, undo: Some(compiled.undo), events: vec![e], finish: Finish::Nothing, publish }, resp)
+    }
+
+    /// What the store must keep so that a restart rebuilds the pipelines
+    /// this change made (and reconciles the targets with nothing to write):
+    /// the new subscriptions' placements; after a recompile, the order and
+    /// every placement; the layout whenever the pipelines changed.
+    fn shape_writes(&self, nfs: &[NfSubscription], compiled: &Compiled) -> Vec<SqlWrite> {
+        let spec = self.core.spec();
+        let mut sql = vec![];
+        match &compiled.placements {
+            Some(all) => {
+                let order = serde_json::to_string(&order_names(spec, &self.d.set)).expect("names serialize");
+                sql.push(SqlWrite::Meta { key: "order", value: order });
+                sql.push(SqlWrite::ClearPlacements);
+                sql.extend(all.iter().map(|(id, pipes)| SqlWrite::Placement { id: *id, pipes: pipes.clone() }));
+            }
+            None => {
+                sql.extend(nfs.iter().filter_map(|nf| Some(SqlWrite::Placement { id: nf.id, pipes: placement_json(&self.d.set, nf)? })))
+            }
+        }
+        let layout_changed = match &compiled.undo {
+            Undo::Recompiled { .. } => true,
+            _ => self.core.committed().pipelines().len() != self.d.set.pipeline_count(),
+        };
+        if layout_changed {
+            sql.push(SqlWrite::Meta { key: "layout", value: layout_json(spec, &self.d.set) });
+        }
+        sql
+    }
+
+    /// Stages a Remove. An id that does not exist, or that belongs to
+    /// another application, answers NOT_FOUND alike (ids cannot be probed).
+    fn stage_remove(&mut self, who: &Principal, mut ids: Vec<u64>) -> Result<(Staged, proto::RemoveResponse), Status> {
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            return Err(Status::invalid_argument("no subscription ids given"));
+        }
+        if let Some(id) = ids.iter().find(|id| !self.d.subs.get(**id).is_some_and(|r| who.may_touch(&r.app))) {
+            return Err(Status::not_found(format!("no subscription {id}")));
+        }
+        let t = Instant::now();
+        let update = self.d.set.remove(&ids).map_err(|e| Status::internal(format!("compiler: {e}")))?;
+        self.observe_compile("remove", t);
+        self.d.generation += 1;
+        let generation = self.d.generation;
+        let mut removed = vec![];
+        let mut per_app: BTreeMap<Arc<str>, Vec<u64>> = BTreeMap::new();
+        for id in &ids {
+            let rec = self.d.subs.remove(*id).expect("checked above");
+            self.app_gauge(&rec.app).dec();
+            per_app.entry(rec.app.clone()).or_default().push(*id);
+            removed.push((*id, rec));
+        }
+        let events = per_app
+            .into_iter()
+            .map(|(app, ids)| proto::Event {
+                app: app.to_string(),
+                subscription_ids: ids,
+                ..event(proto::EventKind::SubscriptionsRemoved, generation)
+            })
+            .collect();
+        let staged = Staged {
+            sql: ids.iter().map(|id| SqlWrite::DeleteSub(*id)).collect(),
+            undo: Some(Undo::Removed(removed)),
+            events,
+            finish: Finish::Nothing,
+            publish: Publish { added: vec![], removed: ids, update: Some((generation, Some(update))) },
+        };
+        Ok((staged, proto::RemoveResponse { generation }))
+    }
+}
