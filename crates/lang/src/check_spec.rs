@@ -78,243 +78,65 @@ fn extent(file: &ast::SpecFile) -> usize {
 
 pub fn check_spec(file: &ast::SpecFile, diags: &mut Diagnostics) -> Option<Spec> {
     let errors_before = diags.mark();
-    let mut c = Checker {
-        diags,
-        headers: vec![],
-        header_spans: vec![],
-        field_spans: vec![],
-        header_ids: HashMap::new(),
-        field_ids: vec![],
-        fields_by_name: HashMap::new(),
-        extracted: None,
-        suggest: Suggester::for_input(extent(file)),
-    };
+    let mut c = Checker::new(diags, extent(file));
     for item in &file.items {
         if let Item::Header(h) = item {
             c.header(h);
         }
     }
-    let parsers: Vec<&ast::ParserDecl> = file.items.iter().filter_map(|i| if let Item::Parser(p) = i { Some(p) } else { None }).collect();
-    let parser = c.parser(&parsers);
-    c.extracted = parser.as_ref().map(|p| {
-        let mut extracted = vec![false; c.headers.len()];
-        for h in &p.topo_order {
-            extracted[h.0 as usize] = true;
-        }
-        extracted
-    });
-    let mut query_fields = QueryFields::default();
-    let mut query_spans: Vec<Span> = vec![];
-    let mut counters_from_annotations: Vec<(ast::Name, u64, Span)> = vec![];
-    let mut ports = None;
-    for item in &file.items {
-        match item {
-            Item::Query { field, kind, span } => {
-                let kind = match kind {
-                    None => Some(MatchKind::Range),
-                    Some(k) => match k.text.as_str() {
-                        "exact" => Some(MatchKind::Exact),
-                        "range" => Some(MatchKind::Range),
-                        "ternary" => Some(MatchKind::Ternary),
-                        "lpm" => Some(MatchKind::Lpm),
-                        other => {
-                            c.diags.push(
-                                Diagnostic::error(Code::UnknownAnnotation, format!("unknown match kind `{}`", quoted(other)))
-                                    .primary(k.span, "expected `exact`, `range`, `ternary` or `lpm`")
-                                    .quoting(other),
-                            );
-                            None
-                        }
-                    },
-                };
-                if let Some(kind) = kind {
-                    c.query(field, kind, *span, &mut query_fields, &mut query_spans);
-                }
-            }
-            Item::Annotation { name, args, span } => {
-                let kind = match name.text.as_str() {
-                    "query_field" | "query_field_range" => Some(MatchKind::Range),
-                    "query_field_exact" => Some(MatchKind::Exact),
-                    "query_field_ternary" => Some(MatchKind::Ternary),
-                    "query_field_lpm" => Some(MatchKind::Lpm),
-                    "query_counter" => {
-                        match args.as_slice() {
-                            [Arg::Path(p), Arg::Int { value, unit: None, .. }] if p.segments.len() == 1 => {
-                                counters_from_annotations.push((p.segments[0].clone(), *value, *span));
-                            }
-                            _ => c.diags.push(
-                                Diagnostic::error(Code::BadStateParam, "`@query_counter` takes a name and a window in microseconds")
-                                    .primary(*span, "expected `@query_counter(name, window_us)`"),
-                            ),
-                        }
-                        None
-                    }
-                    other => {
-                        let known = [
-                            "query_field",
-                            "query_field_exact",
-                            "query_field_range",
-                            "query_field_ternary",
-                            "query_field_lpm",
-                            "query_counter",
-                        ];
-                        let mut d = Diagnostic::error(Code::UnknownAnnotation, format!("unknown annotation `@{}`", quoted(other)))
-                            .primary(name.span, "not an annotation subc knows")
-                            .quoting(other);
-                        if let Some(s) = did_you_mean(other, known) {
-                            d = d.help(format!("did you mean `@{s}`?"));
-                        }
-                        c.diags.push(d);
-                        None
-                    }
-                };
-                if let Some(kind) = kind {
-                    match args.as_slice() {
-                        [Arg::Path(p)] => c.query(p, kind, *span, &mut query_fields, &mut query_spans),
-                        _ => c.diags.push(
-                            Diagnostic::error(Code::BadStateParam, format!("`@{}` takes one field", quoted(&name.text)))
-                                .primary(*span, "expected `(header.field)`")
-                                .quoting(&name.text),
-                        ),
-                    }
-                }
-            }
-            Item::Ports { count, span } => {
-                if ports.is_some() {
-                    c.diags.push(Diagnostic::error(Code::BadPorts, "`ports` is declared twice").primary(*span, "second declaration"));
-                } else if *count == 0 || *count > MAX_PORTS as u64 {
-                    c.diags.push(
-                        Diagnostic::error(Code::BadPorts, format!("{count} ports is out of range"))
-                            .primary(*span, format!("expected 1 to {MAX_PORTS}")),
-                    );
-                } else {
-                    ports = Some(*count as u32);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    // State: Camus counters first (they come from annotations), then `state` items in order.
-    let mut states = StateVars::default();
-    let mut state_spans: Vec<Span> = vec![];
-    let taken_names = |c: &Checker, states: &StateVars, qf: &QueryFields, name: &str| -> Option<String> {
-        if states.names.contains(name) {
-            return Some("another state variable".into());
-        }
-        if c.header_ids.contains_key(name) {
-            return Some("a header".into());
-        }
-        // The first header with such a field: the list is in header order.
-        if let Some(f) = c.fields_by_name.get(name).and_then(|refs| refs.first()) {
-            return Some(format!("a field of header `{}`", quoted(&c.headers[f.header.0 as usize].name)));
-        }
-        if qf.position(name).is_some() {
-            return Some("a query field".into());
-        }
-        if ["avg", "ewma", "spike", "fwd", "drop"].contains(&name) {
-            return Some("a built-in name".into());
-        }
-        None
-    };
-    for (name, window, span) in &counters_from_annotations {
-        if let Some(what) = taken_names(&c, &states, &query_fields, &name.text) {
-            c.diags.push(
-                Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", quoted(&name.text)))
-                    .primary(name.span, "name taken")
-                    .quoting(&name.text),
-            );
-            continue;
-        }
-        if *window == 0 {
-            c.diags.push(Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(*span, "window is 0"));
-            continue;
-        }
-        if *window > MAX_WINDOW_US {
-            c.diags.push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(*span, "at most 2^40 us"));
-            continue;
-        }
-        push_state(&mut states, &mut query_fields, &name.text, StateKind::Counter { window_us: *window }, None, 32, FieldType::Uint);
-        state_spans.push(*span);
-    }
-    for item in &file.items {
-        if let Item::State(decl) = item {
-            if let Some(what) = taken_names(&c, &states, &query_fields, &decl.name.text) {
-                c.diags.push(
-                    Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", quoted(&decl.name.text)))
-                        .primary(decl.name.span, "name taken")
-                        .quoting(&decl.name.text),
-                );
-                continue;
-            }
-            if let Some((kind, width, ty, key)) = c.state(decl) {
-                push_state(&mut states, &mut query_fields, &decl.name.text, kind, key, width, ty);
-                state_spans.push(decl.span);
-            }
-        }
-    }
-
-    // Field order.
-    let mut order = None;
-    // For each last segment of a query field's name (`f` of `h.f`), the
-    // first field with it and how many there are; built at the first `order`.
-    let mut by_last_segment: Option<HashMap<&str, (usize, usize)>> = None;
-    for item in &file.items {
-        if let Item::Order { fields, span } = item {
-            if order.is_some() {
-                c.diags.push(Diagnostic::error(Code::BadOrder, "`order` is declared twice").primary(*span, "second declaration"));
-                continue;
-            }
-            let by_last_segment = by_last_segment.get_or_insert_with(|| {
-                let mut map: HashMap<&str, (usize, usize)> = HashMap::new();
-                for (i, q) in query_fields.fields.iter().enumerate() {
-                    let last = q.name.rsplit('.').next().unwrap_or(&q.name);
-                    map.entry(last).or_insert((i, 0)).1 += 1;
-                }
-                map
-            });
-            let mut ids = vec![];
-            let mut listed = HashSet::new();
-            for p in fields {
-                let text = p.text();
-                let id = query_fields.position(&text).or_else(|| {
-                    // A bare field name that is unique among query fields.
-                    match by_last_segment.get(text.as_str()) {
-                        Some(&(i, 1)) => Some(i),
-                        _ => None,
-                    }
-                });
-                match id {
-                    Some(i) if !listed.insert(i) => c.diags.push(
-                        Diagnostic::error(Code::BadOrder, format!("`{}` appears twice in `order`", quoted(&text)))
-                            .primary(p.span, "repeated")
-                            .quoting(&text),
-                    ),
-                    Some(i) => ids.push(QueryFieldId(i as u32)),
-                    None => {
-                        let mut d = Diagnostic::error(Code::BadOrder, format!("`{}` is not a query field", quoted(&text)))
-                            .primary(p.span, "`order` lists query fields and state variables")
-                            .quoting(&text);
-                        if let Some(s) = c.suggest.did_you_mean(&text, query_fields.fields.iter().map(|q| q.name.as_str())) {
-                            d = d.help(format!("did you mean `{}`?", quoted(s)));
-                        }
-                        c.diags.push(d);
-                    }
-                }
-            }
-            order = Some(ids);
-        }
-    }
-
-    let _ = (&query_spans, &state_spans);
+    let parser = c.check_parser(file);
+    let mut decls = c.declare_queries(file);
+    let states = c.declare_states(file, &decls.counters, &mut decls.query_fields);
+    let order = c.field_order(file, &decls.query_fields);
     if c.diags.has_errors_since(errors_before) {
         return None;
     }
-    let (query_fields, states) = (query_fields.fields, states.vars);
-    Some(Spec { headers: c.headers, parser: parser?, query_fields, states, order, ports: ports.unwrap_or(DEFAULT_PORTS) })
+    Some(Spec {
+        headers: c.headers,
+        parser: parser?,
+        query_fields: decls.query_fields.fields,
+        states: states.vars,
+        order,
+        ports: decls.ports.unwrap_or(DEFAULT_PORTS),
+    })
 }
 
-fn push_state(states: &mut StateVars, qf: &mut QueryFields, name: &str, kind: StateKind, key: Option<StateKey>, width: u32, ty: FieldType) {
+/// What the `query`, annotation and `ports` items declare.
+#[derive(Default)]
+struct Declared {
+    query_fields: QueryFields,
+    /// Where each packet query field is declared, by id. They are declared
+    /// before any state variable adds its query fields, so ids and indices
+    /// agree.
+    query_spans: Vec<Span>,
+    /// The `@query_counter(name, window_us)` annotations, which become state
+    /// variables once every query field is known.
+    counters: Vec<(ast::Name, u64, Span)>,
+    ports: Option<u32>,
+}
+
+/// What a checked state declaration adds to the spec besides its name and key.
+struct StateShape {
+    kind: StateKind,
+    /// The width of the value a subscription reads.
+    width: u32,
+    ty: FieldType,
+}
+
+/// For each last segment of a query field's name (`f` of `h.f`), the first
+/// field with it and how many there are: a bare name in `order` means the
+/// field only if it is the only one.
+fn by_last_segment(qf: &QueryFields) -> HashMap<&str, (usize, usize)> {
+    let mut map: HashMap<&str, (usize, usize)> = HashMap::new();
+    for (i, q) in qf.fields.iter().enumerate() {
+        let last = q.name.rsplit('.').next().unwrap_or(&q.name);
+        map.entry(last).or_insert((i, 0)).1 += 1;
+    }
+    map
+}
+
+fn push_state(states: &mut StateVars, qf: &mut QueryFields, name: &str, shape: StateShape, key: Option<StateKey>) {
+    let StateShape { kind, width, ty } = shape;
     let id = StateId(states.vars.len() as u32);
     let value_field = QueryFieldId(qf.fields.len() as u32);
     qf.push(QueryField {
@@ -341,6 +163,283 @@ fn push_state(states: &mut StateVars, qf: &mut QueryFields, name: &str, kind: St
     states.vars.push(StateVar { name: name.to_string(), kind, key, value_field, spike_field });
 }
 
+impl<'a> Checker<'a> {
+    fn new(diags: &'a mut Diagnostics, input_bytes: usize) -> Checker<'a> {
+        Checker {
+            diags,
+            headers: vec![],
+            header_spans: vec![],
+            field_spans: vec![],
+            header_ids: HashMap::new(),
+            field_ids: vec![],
+            fields_by_name: HashMap::new(),
+            extracted: None,
+            suggest: Suggester::for_input(input_bytes),
+        }
+    }
+}
+
+/// The phases of [`check_spec`] after the headers, in order: each needs what
+/// the ones before it declared.
+impl Checker<'_> {
+    /// Checks the `parser` block and records which headers it extracts, so
+    /// that later phases can report fields no packet has.
+    fn check_parser(&mut self, file: &ast::SpecFile) -> Option<ParseGraph> {
+        let parsers: Vec<&ast::ParserDecl> =
+            file.items.iter().filter_map(|i| if let Item::Parser(p) = i { Some(p) } else { None }).collect();
+        let parser = self.parser(&parsers);
+        self.extracted = parser.as_ref().map(|p| {
+            let mut extracted = vec![false; self.headers.len()];
+            for h in &p.topo_order {
+                extracted[h.0 as usize] = true;
+            }
+            extracted
+        });
+        parser
+    }
+
+    /// Declares the packet query fields (`query` items and `@query_field`
+    /// annotations), collects the `@query_counter` annotations, and reads
+    /// `ports`.
+    fn declare_queries(&mut self, file: &ast::SpecFile) -> Declared {
+        let mut decls = Declared::default();
+        for item in &file.items {
+            match item {
+                Item::Query { field, kind, span } => {
+                    if let Some(kind) = self.match_kind(kind.as_ref()) {
+                        self.query(field, kind, *span, &mut decls);
+                    }
+                }
+                Item::Annotation { name, args, span } => self.annotation(name, args, *span, &mut decls),
+                Item::Ports { count, span } => self.ports(*count, *span, &mut decls.ports),
+                _ => {}
+            }
+        }
+        decls
+    }
+
+    /// Declares the state variables: the `@query_counter`s first, then the
+    /// `state` items in order. Each adds its value (and an EWMA its spike
+    /// bit) to the query fields.
+    fn declare_states(&mut self, file: &ast::SpecFile, counters: &[(ast::Name, u64, Span)], qf: &mut QueryFields) -> StateVars {
+        let mut states = StateVars::default();
+        for (name, window, span) in counters {
+            if self.report_taken_name(&states, qf, name) {
+                continue;
+            }
+            if let Some(window_us) = self.counter_window(Some(*window), *span) {
+                let shape = StateShape { kind: StateKind::Counter { window_us }, width: 32, ty: FieldType::Uint };
+                push_state(&mut states, qf, &name.text, shape, None);
+            }
+        }
+        for item in &file.items {
+            if let Item::State(decl) = item {
+                if self.report_taken_name(&states, qf, &decl.name) {
+                    continue;
+                }
+                if let Some((shape, key)) = self.state(decl) {
+                    push_state(&mut states, qf, &decl.name.text, shape, key);
+                }
+            }
+        }
+        states
+    }
+
+    /// The `order` item, if there is one, as query field ids.
+    fn field_order(&mut self, file: &ast::SpecFile, qf: &QueryFields) -> Option<Vec<QueryFieldId>> {
+        let mut order = None;
+        // Built at the first `order`: most specs have none.
+        let mut last_segments = None;
+        for item in &file.items {
+            if let Item::Order { fields, span } = item {
+                if order.is_some() {
+                    self.diags.push(Diagnostic::error(Code::BadOrder, "`order` is declared twice").primary(*span, "second declaration"));
+                    continue;
+                }
+                let last_segments = last_segments.get_or_insert_with(|| by_last_segment(qf));
+                order = Some(self.order_ids(fields, qf, last_segments));
+            }
+        }
+        order
+    }
+}
+
+/// The items of the query phase, one method each.
+impl Checker<'_> {
+    /// The match kind a `query` item names; range if it names none.
+    fn match_kind(&mut self, kind: Option<&ast::Name>) -> Option<MatchKind> {
+        let Some(k) = kind else { return Some(MatchKind::Range) };
+        match k.text.as_str() {
+            "exact" => Some(MatchKind::Exact),
+            "range" => Some(MatchKind::Range),
+            "ternary" => Some(MatchKind::Ternary),
+            "lpm" => Some(MatchKind::Lpm),
+            other => {
+                self.diags.push(
+                    Diagnostic::error(Code::UnknownAnnotation, format!("unknown match kind `{}`", quoted(other)))
+                        .primary(k.span, "expected `exact`, `range`, `ternary` or `lpm`")
+                        .quoting(other),
+                );
+                None
+            }
+        }
+    }
+
+    /// `@query_field...(h.f)` declares a query field; `@query_counter(name,
+    /// window_us)` a counter, kept for the state phase.
+    fn annotation(&mut self, name: &ast::Name, args: &[Arg], span: Span, decls: &mut Declared) {
+        let kind = match name.text.as_str() {
+            "query_field" | "query_field_range" => MatchKind::Range,
+            "query_field_exact" => MatchKind::Exact,
+            "query_field_ternary" => MatchKind::Ternary,
+            "query_field_lpm" => MatchKind::Lpm,
+            "query_counter" => {
+                self.query_counter(args, span, &mut decls.counters);
+                return;
+            }
+            other => {
+                self.unknown_annotation(name, other);
+                return;
+            }
+        };
+        match args {
+            [Arg::Path(p)] => self.query(p, kind, span, decls),
+            _ => self.diags.push(
+                Diagnostic::error(Code::BadStateParam, format!("`@{}` takes one field", quoted(&name.text)))
+                    .primary(span, "expected `(header.field)`")
+                    .quoting(&name.text),
+            ),
+        }
+    }
+
+    fn query_counter(&mut self, args: &[Arg], span: Span, counters: &mut Vec<(ast::Name, u64, Span)>) {
+        match args {
+            [Arg::Path(p), Arg::Int { value, unit: None, .. }] if p.segments.len() == 1 => {
+                counters.push((p.segments[0].clone(), *value, span));
+            }
+            _ => self.diags.push(
+                Diagnostic::error(Code::BadStateParam, "`@query_counter` takes a name and a window in microseconds")
+                    .primary(span, "expected `@query_counter(name, window_us)`"),
+            ),
+        }
+    }
+
+    fn unknown_annotation(&mut self, name: &ast::Name, other: &str) {
+        let known = ["query_field", "query_field_exact", "query_field_range", "query_field_ternary", "query_field_lpm", "query_counter"];
+        let mut d = Diagnostic::error(Code::UnknownAnnotation, format!("unknown annotation `@{}`", quoted(other)))
+            .primary(name.span, "not an annotation subc knows")
+            .quoting(other);
+        if let Some(s) = did_you_mean(other, known) {
+            d = d.help(format!("did you mean `@{s}`?"));
+        }
+        self.diags.push(d);
+    }
+
+    /// `ports N;`, at most once and in range.
+    fn ports(&mut self, count: u64, span: Span, ports: &mut Option<u32>) {
+        if ports.is_some() {
+            self.diags.push(Diagnostic::error(Code::BadPorts, "`ports` is declared twice").primary(span, "second declaration"));
+        } else if count == 0 || count > MAX_PORTS as u64 {
+            self.diags.push(
+                Diagnostic::error(Code::BadPorts, format!("{count} ports is out of range"))
+                    .primary(span, format!("expected 1 to {MAX_PORTS}")),
+            );
+        } else {
+            *ports = Some(count as u32);
+        }
+    }
+}
+
+/// Names in the state phase and fields in the `order` item.
+impl Checker<'_> {
+    /// Reports `name` if a state variable may not have it, and says whether
+    /// it did.
+    fn report_taken_name(&mut self, states: &StateVars, qf: &QueryFields, name: &ast::Name) -> bool {
+        let Some(what) = self.taken_by(states, qf, &name.text) else { return false };
+        self.diags.push(
+            Diagnostic::error(Code::DuplicateName, format!("`{}` is already {what}", quoted(&name.text)))
+                .primary(name.span, "name taken")
+                .quoting(&name.text),
+        );
+        true
+    }
+
+    /// What already has the name `name`, if anything does. A subscription
+    /// names state variables by a bare word, so that word must mean nothing
+    /// else.
+    fn taken_by(&self, states: &StateVars, qf: &QueryFields, name: &str) -> Option<String> {
+        if states.names.contains(name) {
+            return Some("another state variable".into());
+        }
+        if self.header_ids.contains_key(name) {
+            return Some("a header".into());
+        }
+        // The first header with such a field: the list is in header order.
+        if let Some(f) = self.fields_by_name.get(name).and_then(|refs| refs.first()) {
+            return Some(format!("a field of header `{}`", quoted(&self.headers[f.header.0 as usize].name)));
+        }
+        if qf.position(name).is_some() {
+            return Some("a query field".into());
+        }
+        if ["avg", "ewma", "spike", "fwd", "drop"].contains(&name) {
+            return Some("a built-in name".into());
+        }
+        None
+    }
+
+    /// The fields an `order` item lists, as ids: a query field's full name,
+    /// or a bare field name that is unique among query fields.
+    fn order_ids(&mut self, fields: &[ast::Path], qf: &QueryFields, last_segments: &HashMap<&str, (usize, usize)>) -> Vec<QueryFieldId> {
+        let mut ids = vec![];
+        let mut listed = HashSet::new();
+        for p in fields {
+            let text = p.text();
+            let id = qf.position(&text).or_else(|| match last_segments.get(text.as_str()) {
+                Some(&(i, 1)) => Some(i),
+                _ => None,
+            });
+            match id {
+                Some(i) if !listed.insert(i) => self.diags.push(
+                    Diagnostic::error(Code::BadOrder, format!("`{}` appears twice in `order`", quoted(&text)))
+                        .primary(p.span, "repeated")
+                        .quoting(&text),
+                ),
+                Some(i) => ids.push(QueryFieldId(i as u32)),
+                None => {
+                    let mut d = Diagnostic::error(Code::BadOrder, format!("`{}` is not a query field", quoted(&text)))
+                        .primary(p.span, "`order` lists query fields and state variables")
+                        .quoting(&text);
+                    if let Some(s) = self.suggest.did_you_mean(&text, qf.fields.iter().map(|q| q.name.as_str())) {
+                        d = d.help(format!("did you mean `{}`?", quoted(s)));
+                    }
+                    self.diags.push(d);
+                }
+            }
+        }
+        ids
+    }
+}
+
+/// A header's fields as checked so far: the good ones, laid out in order.
+#[derive(Default)]
+struct HeaderLayout {
+    fields: Vec<Field>,
+    ids: HashMap<String, u32>,
+    spans: Vec<Span>,
+    /// The width of the fields so far: the offset of the next one.
+    bits: u32,
+}
+
+impl HeaderLayout {
+    fn push(&mut self, f: &ast::FieldDecl, width: u32, ty: FieldType) {
+        self.ids.insert(f.name.text.clone(), self.fields.len() as u32);
+        self.fields.push(Field { name: f.name.text.clone(), width, offset: self.bits, ty });
+        self.spans.push(f.span);
+        self.bits += width;
+    }
+}
+
+/// Headers: their fields, widths and types.
 impl Checker<'_> {
     fn header(&mut self, h: &ast::HeaderDecl) {
         if let Some(i) = self.header_ids.get(&h.name.text) {
@@ -352,23 +451,26 @@ impl Checker<'_> {
             );
             return;
         }
-        let mut fields: Vec<Field> = vec![];
-        let mut field_ids: HashMap<String, u32> = HashMap::new();
-        let mut spans: Vec<Span> = vec![];
-        let mut offset = 0u32;
-        let mut ok = true;
+        let layout = self.header_fields(h);
+        self.check_byte_aligned(h, layout.bits);
+        // Keep even a broken header so later references resolve and do not cascade.
+        self.declare_header(h, layout);
+    }
+
+    /// Lays out the fields of `h` in order, leaving out the ones with errors.
+    fn header_fields(&mut self, h: &ast::HeaderDecl) -> HeaderLayout {
+        let mut layout = HeaderLayout::default();
         for f in &h.fields {
-            if let Some(&i) = field_ids.get(&f.name.text) {
+            if let Some(&i) = layout.ids.get(&f.name.text) {
                 self.diags.push(
                     Diagnostic::error(
                         Code::DuplicateField,
                         format!("field `{}` appears twice in header `{}`", quoted(&f.name.text), quoted(&h.name.text)),
                     )
                     .primary(f.name.span, "declared again here")
-                    .secondary(spans[i as usize], "first declared here")
+                    .secondary(layout.spans[i as usize], "first declared here")
                     .quoting(&f.name.text),
                 );
-                ok = false;
                 continue;
             }
             if f.width == 0 || f.width > 128 {
@@ -377,81 +479,83 @@ impl Checker<'_> {
                         .primary(f.width_span, "a field is 1 to 128 bits wide")
                         .quoting(&f.name.text),
                 );
-                ok = false;
                 continue;
             }
             let width = f.width as u32;
-            let ty = match f.ty.as_ref().map(|t| t.text.as_str()) {
-                None => FieldType::Uint,
-                Some(t) => {
-                    let (ty, need): (Option<FieldType>, Option<String>) = match t {
-                        "mac" => (Some(FieldType::Mac), (width != 48).then(|| "a MAC address is 48 bits".into())),
-                        "ipv4" => (Some(FieldType::Ipv4), (width != 32).then(|| "an IPv4 address is 32 bits".into())),
-                        "ascii" => {
-                            (Some(FieldType::Ascii), (!width.is_multiple_of(8)).then(|| "an ASCII field is a whole number of bytes".into()))
-                        }
-                        "signed" => (Some(FieldType::Signed), (width < 2).then(|| "a signed field needs at least 2 bits".into())),
-                        "uint" => (Some(FieldType::Uint), None),
-                        _ => (None, None),
-                    };
-                    let tspan = f.ty.as_ref().map(|t| t.span).unwrap_or(f.span);
-                    match (ty, need) {
-                        (Some(ty), None) => ty,
-                        (Some(_), Some(need)) => {
-                            self.diags.push(
-                                Diagnostic::error(
-                                    Code::BadFieldType,
-                                    format!("field `{}` is {width} bits but typed `{t}`", quoted(&f.name.text)),
-                                )
-                                .primary(tspan, need)
-                                .quoting(&f.name.text),
-                            );
-                            ok = false;
-                            continue;
-                        }
-                        (None, _) => {
-                            let mut d = Diagnostic::error(Code::BadFieldType, format!("unknown field type `{}`", quoted(t)))
-                                .primary(tspan, "expected `uint`, `signed`, `mac`, `ipv4` or `ascii`")
-                                .quoting(t);
-                            if let Some(s) = did_you_mean(t, ["uint", "signed", "mac", "ipv4", "ascii"]) {
-                                d = d.help(format!("did you mean `{s}`?"));
-                            }
-                            self.diags.push(d);
-                            ok = false;
-                            continue;
-                        }
-                    }
-                }
-            };
-            field_ids.insert(f.name.text.clone(), fields.len() as u32);
-            fields.push(Field { name: f.name.text.clone(), width, offset, ty });
-            spans.push(f.span);
-            offset += width;
+            if let Some(ty) = self.field_type(f, width) {
+                layout.push(f, width, ty);
+            }
         }
-        if !offset.is_multiple_of(8) {
+        layout
+    }
+
+    /// The type a field declares, if it is known and fits the field's width;
+    /// `uint` if it declares none.
+    fn field_type(&mut self, f: &ast::FieldDecl, width: u32) -> Option<FieldType> {
+        let Some(tname) = &f.ty else { return Some(FieldType::Uint) };
+        let t = tname.text.as_str();
+        let (ty, need): (Option<FieldType>, Option<String>) = match t {
+            "mac" => (Some(FieldType::Mac), (width != 48).then(|| "a MAC address is 48 bits".into())),
+            "ipv4" => (Some(FieldType::Ipv4), (width != 32).then(|| "an IPv4 address is 32 bits".into())),
+            "ascii" => (Some(FieldType::Ascii), (!width.is_multiple_of(8)).then(|| "an ASCII field is a whole number of bytes".into())),
+            "signed" => (Some(FieldType::Signed), (width < 2).then(|| "a signed field needs at least 2 bits".into())),
+            "uint" => (Some(FieldType::Uint), None),
+            _ => (None, None),
+        };
+        match (ty, need) {
+            (Some(ty), None) => Some(ty),
+            (Some(_), Some(need)) => {
+                self.diags.push(
+                    Diagnostic::error(Code::BadFieldType, format!("field `{}` is {width} bits but typed `{t}`", quoted(&f.name.text)))
+                        .primary(tname.span, need)
+                        .quoting(&f.name.text),
+                );
+                None
+            }
+            (None, _) => {
+                let mut d = Diagnostic::error(Code::BadFieldType, format!("unknown field type `{}`", quoted(t)))
+                    .primary(tname.span, "expected `uint`, `signed`, `mac`, `ipv4` or `ascii`")
+                    .quoting(t);
+                if let Some(s) = did_you_mean(t, ["uint", "signed", "mac", "ipv4", "ascii"]) {
+                    d = d.help(format!("did you mean `{s}`?"));
+                }
+                self.diags.push(d);
+                None
+            }
+        }
+    }
+
+    /// Reports a header whose fields do not add up to whole bytes: packets
+    /// are parsed a byte at a time.
+    fn check_byte_aligned(&mut self, h: &ast::HeaderDecl, bits: u32) {
+        if !bits.is_multiple_of(8) {
             self.diags.push(
                 Diagnostic::error(
                     Code::HeaderNotByteAligned,
-                    format!("header `{}` is {offset} bits, not a whole number of bytes", quoted(&h.name.text)),
+                    format!("header `{}` is {bits} bits, not a whole number of bytes", quoted(&h.name.text)),
                 )
-                .primary(h.name.span, format!("{} bits short of the next byte", 8 - offset % 8))
+                .primary(h.name.span, format!("{} bits short of the next byte", 8 - bits % 8))
                 .quoting(&h.name.text),
             );
-            ok = false;
         }
-        // Keep even a broken header so later references resolve and do not cascade.
-        let _ = ok;
+    }
+
+    /// Adds a header and indexes its name and fields' names.
+    fn declare_header(&mut self, h: &ast::HeaderDecl, layout: HeaderLayout) {
         let id = HeaderId(self.headers.len() as u32);
-        for (i, f) in fields.iter().enumerate() {
+        for (i, f) in layout.fields.iter().enumerate() {
             self.fields_by_name.entry(f.name.clone()).or_default().push(FieldRef { header: id, field: i as u32 });
         }
         self.header_ids.insert(h.name.text.clone(), id);
-        self.field_ids.push(field_ids);
-        self.headers.push(Header { name: h.name.text.clone(), fields, bytes: offset / 8 });
+        self.field_ids.push(layout.ids);
+        self.headers.push(Header { name: h.name.text.clone(), fields: layout.fields, bytes: layout.bits / 8 });
         self.header_spans.push(h.name.span);
-        self.field_spans.push(spans);
+        self.field_spans.push(layout.spans);
     }
+}
 
+/// Names: headers, fields and parse targets, each resolved or reported.
+impl Checker<'_> {
     fn header_id(&mut self, name: &ast::Name) -> Option<HeaderId> {
         match self.header_ids.get(&name.text) {
             Some(&id) => Some(id),
@@ -535,145 +639,14 @@ impl Checker<'_> {
         }
     }
 
-    fn parser(&mut self, parsers: &[&ast::ParserDecl]) -> Option<ParseGraph> {
-        let p = match parsers {
-            [] => {
-                self.diags.push(
-                    Diagnostic::error(Code::BadParser, "the spec has no `parser` block")
-                        .help("add `parser { start -> ethernet; ethernet -> accept; }` naming your headers"),
-                );
-                return None;
-            }
-            [p] => *p,
-            [first, second, ..] => {
-                self.diags.push(
-                    Diagnostic::error(Code::BadParser, "the spec has more than one `parser` block")
-                        .primary(second.span, "second parser block")
-                        .secondary(first.span, "first parser block"),
-                );
-                *first
-            }
-        };
-        let errors_before = self.diags.mark();
-        let start = match &p.start {
-            Some(s) => self.target(s),
-            None => {
-                self.diags
-                    .push(Diagnostic::error(Code::BadParser, "the parser has no start").primary(p.span, "missing `start -> header;`"));
-                None
-            }
-        };
-        let mut next: Vec<Option<ParseNext>> = vec![None; self.headers.len()];
-        let mut seen: HashMap<HeaderId, Span> = HashMap::new();
-        for t in &p.transitions {
-            let Some(from) = self.header_id(&t.from) else { continue };
-            if let Some(prev) = seen.get(&from) {
-                self.diags.push(
-                    Diagnostic::error(Code::BadParser, format!("header `{}` has two transitions", quoted(&t.from.text)))
-                        .primary(t.from.span, "second transition")
-                        .secondary(*prev, "first transition")
-                        .quoting(&t.from.text),
-                );
-                continue;
-            }
-            seen.insert(from, t.from.span);
-            let n = match &t.to {
-                ast::TransitionTarget::Goto(n) => self.target(n).map(ParseNext::Goto),
-                ast::TransitionTarget::Select { fields, cases } => {
-                    let refs: Vec<Option<FieldRef>> = fields.iter().map(|f| self.field_of(from, f)).collect();
-                    if refs.iter().any(Option::is_none) {
-                        None
-                    } else {
-                        let refs: Vec<FieldRef> = refs.into_iter().flatten().collect();
-                        let mut out_cases = vec![];
-                        let mut default = ParseTarget::Reject;
-                        for case in cases {
-                            let Some(target) = self.target(&case.target) else { continue };
-                            let all_wild = case.values.iter().all(Option::is_none);
-                            if all_wild && case.values.len() == 1 {
-                                default = target;
-                                continue;
-                            }
-                            if case.values.len() != refs.len() {
-                                self.diags.push(
-                                    Diagnostic::error(
-                                        Code::BadSelect,
-                                        format!("case has {} values but the select has {} fields", case.values.len(), refs.len()),
-                                    )
-                                    .primary(case.span, "wrong number of values"),
-                                );
-                                continue;
-                            }
-                            let mut bad = false;
-                            for (v, r) in case.values.iter().zip(&refs) {
-                                if let Some((v, span)) = v {
-                                    let w = self.headers[r.header.0 as usize].fields[r.field as usize].width;
-                                    if w < 64 && *v >> w != 0 {
-                                        self.diags.push(
-                                            Diagnostic::error(Code::BadSelect, format!("{v} does not fit in {w} bits"))
-                                                .primary(*span, format!("the field is {w} bits wide")),
-                                        );
-                                        bad = true;
-                                    }
-                                }
-                            }
-                            if !bad {
-                                out_cases.push(SelectCase { values: case.values.iter().map(|v| v.map(|x| x.0)).collect(), target });
-                            }
-                        }
-                        Some(ParseNext::Select { fields: refs, cases: out_cases, default })
-                    }
-                }
-            };
-            if let Some(n) = n {
-                next[from.0 as usize] = Some(n);
-            }
-        }
-        if self.diags.has_errors_since(errors_before) {
-            return None;
-        }
-        let start = start?;
-        // Reachability, missing transitions and cycles, by depth-first search.
-        let mut topo = vec![];
-        let mut ok = true;
-        if let ParseTarget::Header(h) = start {
-            match walk(h, &next) {
-                Ok(order) => topo = order,
-                Err(WalkError::Cycle(cycle)) => {
-                    let names = cycle.iter().map(|h| quoted(&self.headers[h.0 as usize].name).to_string());
-                    let first = &self.headers[cycle[0].0 as usize].name;
-                    self.diags.push(
-                        Diagnostic::error(
-                            Code::ParserCycle,
-                            format!("the parse graph has a cycle: {} -> {}", list_names(names, " -> "), quoted(first)),
-                        )
-                        .primary(p.span, "a header may be extracted at most once per packet"),
-                    );
-                    ok = false;
-                }
-                Err(WalkError::NoTransition(h)) => {
-                    let name = &self.headers[h.0 as usize].name;
-                    self.diags.push(
-                        Diagnostic::error(Code::BadParser, format!("header `{}` is extracted but has no transition", quoted(name)))
-                            .primary(p.span, format!("add `{} -> accept;` or a select", quoted(name)))
-                            .quoting(name),
-                    );
-                    ok = false;
-                }
-            }
-        }
-        if !ok {
-            return None;
-        }
-        topo.reverse();
-        Some(ParseGraph { start, next, topo_order: topo })
-    }
-
     fn reachable(&self, h: HeaderId) -> bool {
         self.extracted.as_ref().is_none_or(|e| e[h.0 as usize])
     }
 
-    fn query(&mut self, p: &ast::Path, kind: MatchKind, span: Span, qf: &mut QueryFields, spans: &mut Vec<Span>) {
+    /// Declares the packet field `p` a query field of match kind `kind`: it
+    /// must be declared once, fit in 64 bits, and be extracted by the parser.
+    fn query(&mut self, p: &ast::Path, kind: MatchKind, span: Span, decls: &mut Declared) {
+        let (qf, spans) = (&mut decls.query_fields, &mut decls.query_spans);
         let Some(r) = self.field_path(p) else { return };
         let hname = self.headers[r.header.0 as usize].name.clone();
         let f = self.headers[r.header.0 as usize].fields[r.field as usize].clone();
@@ -710,217 +683,246 @@ impl Checker<'_> {
         qf.push(QueryField { name, width: f.width, kind, ty: f.ty, source: QuerySource::Packet(r) });
         spans.push(span);
     }
+}
 
-    fn state(&mut self, d: &ast::StateDecl) -> Option<(StateKind, u32, FieldType, Option<StateKey>)> {
+/// The parse graph.
+impl Checker<'_> {
+    fn parser(&mut self, parsers: &[&ast::ParserDecl]) -> Option<ParseGraph> {
+        let p = self.the_parser_block(parsers)?;
         let errors_before = self.diags.mark();
-        let key = match &d.per {
-            None => None,
-            Some(k) => {
-                let field = self.field_path(&k.field);
-                if !(k.slots.is_power_of_two() && k.slots <= 65536) {
-                    self.diags.push(
-                        Diagnostic::error(Code::BadSlots, format!("{} slots is not a power of two from 1 to 65536", k.slots))
-                            .primary(k.slots_span, "the slot is the key modulo the slot count, so it must be a power of two"),
-                    );
-                }
-                if let Some(f) = field {
-                    if self.headers[f.header.0 as usize].fields[f.field as usize].width > 64 {
-                        self.diags.push(
-                            Diagnostic::error(Code::QueryFieldTooWide, "a state key is at most 64 bits").primary(k.field.span, "too wide"),
-                        );
-                    }
-                    if !self.reachable(f.header) {
-                        self.diags.push(
-                            Diagnostic::error(Code::Unreachable, "the key's header is never extracted by the parser")
-                                .primary(k.field.span, "no packet has this field"),
-                        );
-                    }
-                }
-                field.map(|field| StateKey { field, slots: k.slots as u32 })
+        let start = match &p.start {
+            Some(s) => self.target(s),
+            None => {
+                self.diags
+                    .push(Diagnostic::error(Code::BadParser, "the parser has no start").primary(p.span, "missing `start -> header;`"));
+                None
             }
         };
-        // Sort arguments into positional and named.
-        let mut positional: Vec<&Arg> = vec![];
-        let mut named: BTreeMap<&str, (u64, Option<&ast::Name>, Span)> = BTreeMap::new();
-        for a in &d.args {
+        let next = self.transitions(p);
+        if self.diags.has_errors_since(errors_before) {
+            return None;
+        }
+        let start = start?;
+        let topo_order = match start {
+            ParseTarget::Header(h) => self.topological_order(h, &next, p.span)?,
+            ParseTarget::Accept | ParseTarget::Reject => vec![],
+        };
+        Some(ParseGraph { start, next, topo_order })
+    }
+
+    /// The one `parser` block; if there are several, the first, with an error.
+    fn the_parser_block<'p>(&mut self, parsers: &[&'p ast::ParserDecl]) -> Option<&'p ast::ParserDecl> {
+        match parsers {
+            [] => {
+                self.diags.push(
+                    Diagnostic::error(Code::BadParser, "the spec has no `parser` block")
+                        .help("add `parser { start -> ethernet; ethernet -> accept; }` naming your headers"),
+                );
+                None
+            }
+            [p] => Some(*p),
+            [first, second, ..] => {
+                self.diags.push(
+                    Diagnostic::error(Code::BadParser, "the spec has more than one `parser` block")
+                        .primary(second.span, "second parser block")
+                        .secondary(first.span, "first parser block"),
+                );
+                Some(*first)
+            }
+        }
+    }
+
+    /// Each header's transition, by header id: at most one per header.
+    fn transitions(&mut self, p: &ast::ParserDecl) -> Vec<Option<ParseNext>> {
+        let mut next: Vec<Option<ParseNext>> = vec![None; self.headers.len()];
+        let mut seen: HashMap<HeaderId, Span> = HashMap::new();
+        for t in &p.transitions {
+            let Some(from) = self.header_id(&t.from) else { continue };
+            if let Some(prev) = seen.get(&from) {
+                self.diags.push(
+                    Diagnostic::error(Code::BadParser, format!("header `{}` has two transitions", quoted(&t.from.text)))
+                        .primary(t.from.span, "second transition")
+                        .secondary(*prev, "first transition")
+                        .quoting(&t.from.text),
+                );
+                continue;
+            }
+            seen.insert(from, t.from.span);
+            let n = match &t.to {
+                ast::TransitionTarget::Goto(n) => self.target(n).map(ParseNext::Goto),
+                ast::TransitionTarget::Select { fields, cases } => self.select(from, fields, cases),
+            };
+            if let Some(n) = n {
+                next[from.0 as usize] = Some(n);
+            }
+        }
+        next
+    }
+
+    /// `from -> select(fields) { cases }`, on fields of `from`. A lone `_`
+    /// case is the default; without one, the default is `reject`.
+    fn select(&mut self, from: HeaderId, fields: &[ast::Name], cases: &[ast::SelectCase]) -> Option<ParseNext> {
+        let refs: Vec<Option<FieldRef>> = fields.iter().map(|f| self.field_of(from, f)).collect();
+        if refs.iter().any(Option::is_none) {
+            return None;
+        }
+        let refs: Vec<FieldRef> = refs.into_iter().flatten().collect();
+        let mut out_cases = vec![];
+        let mut default = ParseTarget::Reject;
+        for case in cases {
+            let Some(target) = self.target(&case.target) else { continue };
+            let all_wild = case.values.iter().all(Option::is_none);
+            if all_wild && case.values.len() == 1 {
+                default = target;
+                continue;
+            }
+            if let Some(values) = self.case_values(case, &refs) {
+                out_cases.push(SelectCase { values, target });
+            }
+        }
+        Some(ParseNext::Select { fields: refs, cases: out_cases, default })
+    }
+
+    /// A select case's values, if there is one per selected field and each
+    /// fits its field.
+    fn case_values(&mut self, case: &ast::SelectCase, refs: &[FieldRef]) -> Option<Vec<Option<u64>>> {
+        if case.values.len() != refs.len() {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::BadSelect,
+                    format!("case has {} values but the select has {} fields", case.values.len(), refs.len()),
+                )
+                .primary(case.span, "wrong number of values"),
+            );
+            return None;
+        }
+        let mut bad = false;
+        for (v, r) in case.values.iter().zip(refs) {
+            if let Some((v, span)) = v {
+                let w = self.headers[r.header.0 as usize].fields[r.field as usize].width;
+                if w < 64 && *v >> w != 0 {
+                    self.diags.push(
+                        Diagnostic::error(Code::BadSelect, format!("{v} does not fit in {w} bits"))
+                            .primary(*span, format!("the field is {w} bits wide")),
+                    );
+                    bad = true;
+                }
+            }
+        }
+        (!bad).then(|| case.values.iter().map(|v| v.map(|x| x.0)).collect())
+    }
+
+    /// The headers extracted from `start` on, in topological order; `None`
+    /// (with an error) if the graph has a cycle or a header without a
+    /// transition.
+    fn topological_order(&mut self, start: HeaderId, next: &[Option<ParseNext>], parser_span: Span) -> Option<Vec<HeaderId>> {
+        match walk(start, next) {
+            Ok(mut postorder) => {
+                postorder.reverse();
+                Some(postorder)
+            }
+            Err(WalkError::Cycle(cycle)) => {
+                let names = cycle.iter().map(|h| quoted(&self.headers[h.0 as usize].name).to_string());
+                let first = &self.headers[cycle[0].0 as usize].name;
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::ParserCycle,
+                        format!("the parse graph has a cycle: {} -> {}", list_names(names, " -> "), quoted(first)),
+                    )
+                    .primary(parser_span, "a header may be extracted at most once per packet"),
+                );
+                None
+            }
+            Err(WalkError::NoTransition(h)) => {
+                let name = &self.headers[h.0 as usize].name;
+                self.diags.push(
+                    Diagnostic::error(Code::BadParser, format!("header `{}` is extracted but has no transition", quoted(name)))
+                        .primary(parser_span, format!("add `{} -> accept;` or a select", quoted(name)))
+                        .quoting(name),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// An integer argument of a state kind: its value, its unit if it has one,
+/// and where it is.
+struct IntArg<'d> {
+    value: u64,
+    unit: Option<&'d ast::Name>,
+    span: Span,
+}
+
+/// The arguments of a state declaration, sorted into positional and named.
+/// Each parameter is taken once, by name or else by position; the named
+/// arguments left over name no parameter of the kind.
+struct StateArgs<'d> {
+    decl: &'d ast::StateDecl,
+    positional: Vec<&'d Arg>,
+    named: BTreeMap<&'d str, IntArg<'d>>,
+}
+
+impl<'d> StateArgs<'d> {
+    fn new(decl: &'d ast::StateDecl) -> StateArgs<'d> {
+        let mut positional = vec![];
+        let mut named = BTreeMap::new();
+        for a in &decl.args {
             match a {
                 Arg::Named { name, value, unit, span } => {
-                    named.insert(name.text.as_str(), (*value, unit.as_ref(), *span));
+                    named.insert(name.text.as_str(), IntArg { value: *value, unit: unit.as_ref(), span: *span });
                 }
                 other => positional.push(other),
             }
         }
-        let mut take_int = |this: &mut Self, pos: usize, name: &str, default: Option<u64>| -> Option<(u64, Option<ast::Name>, Span)> {
-            if let Some((v, u, s)) = named.remove(name) {
-                return Some((v, u.cloned(), s));
-            }
-            match positional.get(pos) {
-                Some(Arg::Int { value, unit, span }) => Some((*value, unit.clone(), *span)),
-                Some(other) => {
-                    this.diags.push(
-                        Diagnostic::error(Code::BadStateParam, format!("expected a number for `{name}`"))
-                            .primary(other.span(), "not a number"),
-                    );
-                    None
-                }
-                None => match default {
-                    Some(v) => Some((v, None, d.span)),
-                    None => {
-                        this.diags.push(
-                            Diagnostic::error(Code::BadStateParam, format!("`{}` needs `{name}`", d.kind.text))
-                                .primary(d.span, format!("missing `{name}`")),
-                        );
-                        None
-                    }
-                },
-            }
-        };
-        let source_field = |this: &mut Self| -> Option<FieldRef> {
-            match d.args.first() {
-                Some(Arg::Path(p)) => {
-                    let f = this.field_path(p)?;
-                    let fd = &this.headers[f.header.0 as usize].fields[f.field as usize];
-                    if fd.width > 32 {
-                        this.diags.push(
-                            Diagnostic::error(
-                                Code::BadStateParam,
-                                format!("`{}` is {} bits; averages take fields of at most 32 bits", quoted(&fd.name), fd.width),
-                            )
-                            .primary(p.span, "too wide to average")
-                            .quoting(&fd.name),
-                        );
-                        return None;
-                    }
-                    if !this.reachable(f.header) {
-                        this.diags.push(
-                            Diagnostic::error(Code::Unreachable, "this header is never extracted by the parser")
-                                .primary(p.span, "no packet has this field"),
-                        );
-                        return None;
-                    }
-                    Some(f)
-                }
-                _ => {
-                    this.diags.push(
-                        Diagnostic::error(Code::BadStateParam, format!("`{}` needs the field it averages first", d.kind.text))
-                            .primary(d.span, "expected e.g. `avg(header.field, samples = 8)`"),
-                    );
-                    None
-                }
-            }
-        };
-        let range = |this: &mut Self, v: Option<(u64, Option<ast::Name>, Span)>, what: &str, lo: u64, hi: u64| -> Option<u64> {
-            let (v, unit, span) = v?;
-            if let Some(u) = unit {
-                this.diags
-                    .push(Diagnostic::error(Code::BadStateParam, format!("`{what}` takes no unit")).primary(u.span, "unexpected unit"));
-                return None;
-            }
-            if v < lo || v > hi {
-                this.diags.push(
-                    Diagnostic::error(Code::BadStateParam, format!("`{what}` = {v} is out of range"))
-                        .primary(span, format!("expected {lo} to {hi}")),
+        StateArgs { decl, positional, named }
+    }
+
+    /// The integer parameter `name`: named, or else at position `pos`, or
+    /// else `default`. Reports it if it is not a number, or if it is missing
+    /// and has no default.
+    fn take_int(&mut self, diags: &mut Diagnostics, pos: usize, name: &str, default: Option<u64>) -> Option<IntArg<'d>> {
+        if let Some(arg) = self.named.remove(name) {
+            return Some(arg);
+        }
+        let d = self.decl;
+        match self.positional.get(pos) {
+            Some(Arg::Int { value, unit, span }) => Some(IntArg { value: *value, unit: unit.as_ref(), span: *span }),
+            Some(other) => {
+                diags.push(
+                    Diagnostic::error(Code::BadStateParam, format!("expected a number for `{name}`")).primary(other.span(), "not a number"),
                 );
-                return None;
+                None
             }
-            Some(v)
-        };
-        let result = match d.kind.text.as_str() {
-            "counter" => {
-                let w = take_int(self, 0, "window", None);
-                let window_us = w.and_then(|(v, unit, span)| {
-                    let factor = match unit.as_ref().map(|u| u.text.as_str()) {
-                        None | Some("us") => 1,
-                        Some("ms") => 1_000,
-                        Some("s") => 1_000_000,
-                        Some(other) => {
-                            self.diags.push(
-                                Diagnostic::error(Code::BadStateParam, format!("unknown time unit `{}`", quoted(other)))
-                                    .primary(unit.as_ref().map(|u| u.span).unwrap_or(span), "expected `us`, `ms` or `s`")
-                                    .quoting(other),
-                            );
-                            return None;
-                        }
-                    };
-                    match v.checked_mul(factor) {
-                        Some(0) => {
-                            self.diags.push(
-                                Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(span, "window is 0"),
-                            );
-                            None
-                        }
-                        Some(us) if us <= MAX_WINDOW_US => Some(us),
-                        _ => {
-                            self.diags
-                                .push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(span, "at most 2^40 us"));
-                            None
-                        }
-                    }
-                });
-                window_us.map(|window_us| (StateKind::Counter { window_us }, 32, FieldType::Uint))
-            }
-            "avg" => {
-                let f = source_field(self);
-                let samples = take_int(self, 1, "samples", Some(8));
-                let samples = range(self, samples, "samples", 1, 64).and_then(|s| {
-                    if s.is_power_of_two() {
-                        Some(s as u32)
-                    } else {
-                        self.diags.push(
-                            Diagnostic::error(Code::BadStateParam, format!("`samples` = {s} is not a power of two"))
-                                .primary(d.span, "the average is a shift of the sum, so samples must be a power of two"),
-                        );
-                        None
-                    }
-                });
-                match (f, samples) {
-                    (Some(field), Some(samples)) => {
-                        let fd = &self.headers[field.header.0 as usize].fields[field.field as usize];
-                        if fd.ty == FieldType::Signed {
-                            self.diags.push(
-                                Diagnostic::error(Code::BadStateParam, "an average takes unsigned fields only")
-                                    .primary(d.span, "the source field is signed"),
-                            );
-                            None
-                        } else {
-                            Some((StateKind::Avg { field, samples }, fd.width, FieldType::Uint))
-                        }
-                    }
-                    _ => None,
+            None => match default {
+                Some(value) => Some(IntArg { value, unit: None, span: d.span }),
+                None => {
+                    diags.push(
+                        Diagnostic::error(Code::BadStateParam, format!("`{}` needs `{name}`", d.kind.text))
+                            .primary(d.span, format!("missing `{name}`")),
+                    );
+                    None
                 }
-            }
-            "ewma" => {
-                let f = source_field(self);
-                let shift = take_int(self, 1, "shift", Some(3));
-                let shift = range(self, shift, "shift", 1, 16);
-                let spike = take_int(self, 2, "spike", Some(2));
-                let spike = range(self, spike, "spike", 0, 16);
-                let warmup = take_int(self, 3, "warmup", Some(10));
-                let warmup = range(self, warmup, "warmup", 0, 255);
-                match (f, shift, spike, warmup) {
-                    (Some(field), Some(shift), Some(spike_shift), Some(warmup)) => {
-                        let fd = &self.headers[field.header.0 as usize].fields[field.field as usize];
-                        if fd.ty == FieldType::Signed {
-                            self.diags.push(
-                                Diagnostic::error(Code::BadStateParam, "an EWMA averages unsigned fields only")
-                                    .primary(d.span, "the source field is signed"),
-                            );
-                            None
-                        } else {
-                            Some((
-                                StateKind::Ewma { field, shift: shift as u32, spike_shift: spike_shift as u32, warmup: warmup as u32 },
-                                fd.width,
-                                FieldType::Uint,
-                            ))
-                        }
-                    }
-                    _ => None,
-                }
-            }
-            "var" => {
-                let w = take_int(self, 0, "width", Some(32));
-                range(self, w, "width", 1, 64).map(|w| (StateKind::Var { width: w as u32 }, w as u32, FieldType::Uint))
-            }
+            },
+        }
+    }
+}
+
+/// State declarations: one method per kind, and the checks they share.
+impl Checker<'_> {
+    fn state(&mut self, d: &ast::StateDecl) -> Option<(StateShape, Option<StateKey>)> {
+        let errors_before = self.diags.mark();
+        let key = d.per.as_ref().and_then(|k| self.state_key(k));
+        let mut args = StateArgs::new(d);
+        let shape = match d.kind.text.as_str() {
+            "counter" => self.counter_state(&mut args),
+            "avg" => self.avg_state(&mut args),
+            "ewma" => self.ewma_state(&mut args),
+            "var" => self.int_param(&mut args, 0, "width", Some(32), 1, 64).map(|w| StateShape {
+                kind: StateKind::Var { width: w as u32 },
+                width: w as u32,
+                ty: FieldType::Uint,
+            }),
             other => {
                 let mut diag = Diagnostic::error(Code::UnknownAnnotation, format!("unknown state kind `{}`", quoted(other)))
                     .primary(d.kind.span, "expected `counter`, `avg`, `ewma` or `var`")
@@ -932,17 +934,174 @@ impl Checker<'_> {
                 None
             }
         };
-        if let Some((name, (_, _, span))) = named.iter().next() {
+        if let Some((name, arg)) = args.named.iter().next() {
             self.diags.push(
                 Diagnostic::error(Code::BadStateParam, format!("`{}` has no parameter `{}`", quoted(&d.kind.text), quoted(name)))
-                    .primary(*span, "unknown parameter")
+                    .primary(arg.span, "unknown parameter")
                     .quoting(name),
             );
         }
         if self.diags.has_errors_since(errors_before) {
             return None;
         }
-        result.map(|(k, w, t)| (k, w, t, key))
+        shape.map(|shape| (shape, key))
+    }
+
+    /// `per h.f[slots]`: a field of at most 64 bits that the parser
+    /// extracts, and a power-of-two slot count.
+    fn state_key(&mut self, k: &ast::KeyDecl) -> Option<StateKey> {
+        let field = self.field_path(&k.field);
+        if !(k.slots.is_power_of_two() && k.slots <= 65536) {
+            self.diags.push(
+                Diagnostic::error(Code::BadSlots, format!("{} slots is not a power of two from 1 to 65536", k.slots))
+                    .primary(k.slots_span, "the slot is the key modulo the slot count, so it must be a power of two"),
+            );
+        }
+        if let Some(f) = field {
+            if self.headers[f.header.0 as usize].fields[f.field as usize].width > 64 {
+                self.diags
+                    .push(Diagnostic::error(Code::QueryFieldTooWide, "a state key is at most 64 bits").primary(k.field.span, "too wide"));
+            }
+            if !self.reachable(f.header) {
+                self.diags.push(
+                    Diagnostic::error(Code::Unreachable, "the key's header is never extracted by the parser")
+                        .primary(k.field.span, "no packet has this field"),
+                );
+            }
+        }
+        field.map(|field| StateKey { field, slots: k.slots as u32 })
+    }
+
+    /// `counter(window)`, the window in `us` (the default), `ms` or `s`.
+    fn counter_state(&mut self, args: &mut StateArgs) -> Option<StateShape> {
+        let w = args.take_int(self.diags, 0, "window", None)?;
+        let factor = match w.unit.map(|u| u.text.as_str()) {
+            None | Some("us") => 1,
+            Some("ms") => 1_000,
+            Some("s") => 1_000_000,
+            Some(other) => {
+                self.diags.push(
+                    Diagnostic::error(Code::BadStateParam, format!("unknown time unit `{}`", quoted(other)))
+                        .primary(w.unit.map_or(w.span, |u| u.span), "expected `us`, `ms` or `s`")
+                        .quoting(other),
+                );
+                return None;
+            }
+        };
+        let window_us = self.counter_window(w.value.checked_mul(factor), w.span)?;
+        Some(StateShape { kind: StateKind::Counter { window_us }, width: 32, ty: FieldType::Uint })
+    }
+
+    /// A counter window in microseconds (`None` if it overflowed): positive,
+    /// and at most [`MAX_WINDOW_US`] so that engines can compute window
+    /// numbers without overflow.
+    fn counter_window(&mut self, window_us: Option<u64>, span: Span) -> Option<u64> {
+        match window_us {
+            Some(0) => {
+                self.diags.push(Diagnostic::error(Code::BadStateParam, "a counter window must be positive").primary(span, "window is 0"));
+                None
+            }
+            Some(us) if us <= MAX_WINDOW_US => Some(us),
+            _ => {
+                self.diags.push(Diagnostic::error(Code::BadStateParam, "the window is too long").primary(span, "at most 2^40 us"));
+                None
+            }
+        }
+    }
+
+    /// `avg(field, samples)`: the mean of the last `samples` values.
+    fn avg_state(&mut self, args: &mut StateArgs) -> Option<StateShape> {
+        let d = args.decl;
+        let field = self.averaged_field(d);
+        let samples = self.int_param(args, 1, "samples", Some(8), 1, 64).and_then(|s| {
+            if s.is_power_of_two() {
+                Some(s as u32)
+            } else {
+                self.diags.push(
+                    Diagnostic::error(Code::BadStateParam, format!("`samples` = {s} is not a power of two"))
+                        .primary(d.span, "the average is a shift of the sum, so samples must be a power of two"),
+                );
+                None
+            }
+        });
+        let (field, samples) = (field?, samples?);
+        let width = self.unsigned_width(field, d.span, "an average takes unsigned fields only")?;
+        Some(StateShape { kind: StateKind::Avg { field, samples }, width, ty: FieldType::Uint })
+    }
+
+    /// `ewma(field, shift, spike, warmup)`.
+    fn ewma_state(&mut self, args: &mut StateArgs) -> Option<StateShape> {
+        let d = args.decl;
+        let field = self.averaged_field(d);
+        let shift = self.int_param(args, 1, "shift", Some(3), 1, 16);
+        let spike_shift = self.int_param(args, 2, "spike", Some(2), 0, 16);
+        let warmup = self.int_param(args, 3, "warmup", Some(10), 0, 255);
+        let (field, shift, spike_shift, warmup) = (field?, shift?, spike_shift?, warmup?);
+        let width = self.unsigned_width(field, d.span, "an EWMA averages unsigned fields only")?;
+        let kind = StateKind::Ewma { field, shift: shift as u32, spike_shift: spike_shift as u32, warmup: warmup as u32 };
+        Some(StateShape { kind, width, ty: FieldType::Uint })
+    }
+
+    /// The integer parameter `name` (see [`StateArgs::take_int`]), unitless
+    /// and from `lo` to `hi`.
+    fn int_param(&mut self, args: &mut StateArgs, pos: usize, name: &str, default: Option<u64>, lo: u64, hi: u64) -> Option<u64> {
+        let IntArg { value, unit, span } = args.take_int(self.diags, pos, name, default)?;
+        if let Some(u) = unit {
+            self.diags.push(Diagnostic::error(Code::BadStateParam, format!("`{name}` takes no unit")).primary(u.span, "unexpected unit"));
+            return None;
+        }
+        if value < lo || value > hi {
+            self.diags.push(
+                Diagnostic::error(Code::BadStateParam, format!("`{name}` = {value} is out of range"))
+                    .primary(span, format!("expected {lo} to {hi}")),
+            );
+            return None;
+        }
+        Some(value)
+    }
+
+    /// The field an average or EWMA reads, its first argument: at most 32
+    /// bits, and extracted by the parser.
+    fn averaged_field(&mut self, d: &ast::StateDecl) -> Option<FieldRef> {
+        let Some(Arg::Path(p)) = d.args.first() else {
+            self.diags.push(
+                Diagnostic::error(Code::BadStateParam, format!("`{}` needs the field it averages first", d.kind.text))
+                    .primary(d.span, "expected e.g. `avg(header.field, samples = 8)`"),
+            );
+            return None;
+        };
+        let f = self.field_path(p)?;
+        let fd = &self.headers[f.header.0 as usize].fields[f.field as usize];
+        if fd.width > 32 {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::BadStateParam,
+                    format!("`{}` is {} bits; averages take fields of at most 32 bits", quoted(&fd.name), fd.width),
+                )
+                .primary(p.span, "too wide to average")
+                .quoting(&fd.name),
+            );
+            return None;
+        }
+        if !self.reachable(f.header) {
+            self.diags.push(
+                Diagnostic::error(Code::Unreachable, "this header is never extracted by the parser")
+                    .primary(p.span, "no packet has this field"),
+            );
+            return None;
+        }
+        Some(f)
+    }
+
+    /// The width of an averaged field, which must be unsigned: the sums and
+    /// shifts that docs/semantics.md defines averages by are unsigned.
+    fn unsigned_width(&mut self, field: FieldRef, span: Span, message: &str) -> Option<u32> {
+        let fd = &self.headers[field.header.0 as usize].fields[field.field as usize];
+        if fd.ty == FieldType::Signed {
+            self.diags.push(Diagnostic::error(Code::BadStateParam, message).primary(span, "the source field is signed"));
+            return None;
+        }
+        Some(fd.width)
     }
 }
 

@@ -190,111 +190,121 @@ impl SubChecker<'_> {
         }
     }
 
-    /// A comparison, a prefix or set test, or a boolean call.
+    /// A comparison, a prefix or set test, or a boolean call. Each kind has
+    /// its own method; they are called only from here, so their frames stay
+    /// out of the recursion of [`Self::expr`].
     #[inline(never)]
     fn atom(&mut self, e: &Expr) -> Option<Cond> {
         match e {
             Expr::Or(..) | Expr::And(..) | Expr::Not(..) | Expr::Bool(..) => self.expr(e),
-            Expr::Call { func, args, span } => {
-                if func.text != "spike" {
-                    let mut d = Diagnostic::error(Code::UnknownFunction, format!("`{}(...)` is not a condition", quoted(&func.text)))
-                        .primary(func.span, "the only boolean function is `spike(ewma)`")
-                        .quoting(&func.text);
-                    if ["avg", "ewma"].contains(&func.text.as_str()) {
-                        d = d.help(format!("compare it: `{}(...) > 50`", quoted(&func.text)));
-                    }
-                    self.diags.push(d);
-                    return None;
-                }
-                let state = self.one_state_arg(func, args, *span)?;
-                let sv = self.spec.state(state);
-                match sv.spike_field {
-                    Some(f) => Some(Cond::Atom(Atom { field: f, test: Test::Cmp(CmpOp::Eq, 1), span: *span })),
-                    None => {
-                        self.diags.push(
-                            Diagnostic::error(Code::NotEwma, format!("`{}` is not an EWMA", quoted(&sv.name)))
-                                .primary(args[0].span, "`spike` takes a state declared with `ewma(...)`"),
-                        );
-                        None
-                    }
-                }
+            Expr::Call { func, args, span } => self.spike_call(func, args, *span),
+            Expr::Cmp { lhs, op, rhs, span } => self.comparison(lhs, *op, rhs, *span),
+            Expr::InPrefix { lhs, addr, len, span } => self.prefix_test(lhs, *addr, *len, *span),
+            Expr::InSet { lhs, values, span } => self.set_test(lhs, values, *span),
+        }
+    }
+
+    /// `spike(ewma)`, the only function that is a condition.
+    fn spike_call(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<Cond> {
+        if func.text != "spike" {
+            let mut d = Diagnostic::error(Code::UnknownFunction, format!("`{}(...)` is not a condition", quoted(&func.text)))
+                .primary(func.span, "the only boolean function is `spike(ewma)`")
+                .quoting(&func.text);
+            if ["avg", "ewma"].contains(&func.text.as_str()) {
+                d = d.help(format!("compare it: `{}(...) > 50`", quoted(&func.text)));
             }
-            Expr::Cmp { lhs, op, rhs, span } => {
-                let field = self.operand(lhs)?;
-                let qf = self.spec.query_field(field);
-                if qf.kind == MatchKind::Exact && !matches!(op, CmpOp::Eq | CmpOp::Ne) {
-                    self.diags.push(
-                        Diagnostic::error(Code::OperatorNotAllowed, format!("`{}` is not allowed on `{}`", op.as_str(), quoted(&qf.name)))
-                            .primary(*span, format!("`{}` is an exact-match field: only `==`, `!=` and `in {{...}}`", quoted(&qf.name)))
-                            .help("declare it with `@query_field` (range) to compare with `<` and `>`"),
-                    );
-                    return None;
-                }
-                let v = self.constant(field, rhs)?;
-                Some(Cond::Atom(Atom { field, test: Test::Cmp(*op, v), span: *span }))
-            }
-            Expr::InPrefix { lhs, addr, len, span } => {
-                let field = self.operand(lhs)?;
-                let qf = self.spec.query_field(field);
-                if qf.kind == MatchKind::Exact {
-                    self.diags.push(
-                        Diagnostic::error(Code::OperatorNotAllowed, format!("a prefix match is not allowed on `{}`", quoted(&qf.name)))
-                            .primary(*span, format!("`{}` is an exact-match field", quoted(&qf.name)))
-                            .help("declare it with `query <field> lpm;` to match prefixes"),
-                    );
-                    return None;
-                }
-                if qf.width != 32 || !matches!(qf.ty, FieldType::Ipv4 | FieldType::Uint) {
-                    self.diags.push(
-                        Diagnostic::error(Code::TypeMismatch, format!("an IPv4 prefix cannot match `{}`", quoted(&qf.name)))
-                            .primary(*span, format!("`{}` is {} bits, not an IPv4 address", quoted(&qf.name), qf.width)),
-                    );
-                    return None;
-                }
-                if *len > 32 {
-                    self.diags.push(
-                        Diagnostic::error(Code::BadPrefix, format!("prefix length {len} is longer than 32"))
-                            .primary(*span, "an IPv4 prefix is 0 to 32 bits"),
-                    );
-                    return None;
-                }
-                let value = u32::from_be_bytes(*addr) as u64;
-                let keep = if *len == 0 { 0 } else { mask(32) & !mask(32 - *len as u32) };
-                if value & !keep != 0 {
-                    let fixed = value & keep;
-                    self.diags.push(
-                        Diagnostic::error(Code::BadPrefix, "the prefix has host bits set")
-                            .primary(*span, format!("bits after the first {len} are not zero"))
-                            .help(format!(
-                                "did you mean `{}.{}.{}.{}/{len}`?",
-                                fixed >> 24,
-                                (fixed >> 16) & 255,
-                                (fixed >> 8) & 255,
-                                fixed & 255
-                            )),
-                    );
-                    return None;
-                }
-                Some(Cond::Atom(Atom { field, test: Test::Prefix { value, len: *len as u32 }, span: *span }))
-            }
-            Expr::InSet { lhs, values, span } => {
-                let field = self.operand(lhs)?;
-                let mut out = vec![];
-                let mut ok = true;
-                for v in values {
-                    match self.constant(field, v) {
-                        Some(x) => out.push(x),
-                        None => ok = false,
-                    }
-                }
-                if !ok {
-                    return None;
-                }
-                out.sort_unstable();
-                out.dedup();
-                Some(Cond::Atom(Atom { field, test: Test::OneOf(out), span: *span }))
+            self.diags.push(d);
+            return None;
+        }
+        let state = self.one_state_arg(func, args, span)?;
+        let sv = self.spec.state(state);
+        match sv.spike_field {
+            Some(f) => Some(Cond::Atom(Atom { field: f, test: Test::Cmp(CmpOp::Eq, 1), span })),
+            None => {
+                self.diags.push(
+                    Diagnostic::error(Code::NotEwma, format!("`{}` is not an EWMA", quoted(&sv.name)))
+                        .primary(args[0].span, "`spike` takes a state declared with `ewma(...)`"),
+                );
+                None
             }
         }
+    }
+
+    /// `operand op constant`; an exact-match field allows only equality.
+    fn comparison(&mut self, lhs: &Operand, op: CmpOp, rhs: &ast::Value, span: Span) -> Option<Cond> {
+        let field = self.operand(lhs)?;
+        let qf = self.spec.query_field(field);
+        if qf.kind == MatchKind::Exact && !matches!(op, CmpOp::Eq | CmpOp::Ne) {
+            self.diags.push(
+                Diagnostic::error(Code::OperatorNotAllowed, format!("`{}` is not allowed on `{}`", op.as_str(), quoted(&qf.name)))
+                    .primary(span, format!("`{}` is an exact-match field: only `==`, `!=` and `in {{...}}`", quoted(&qf.name)))
+                    .help("declare it with `@query_field` (range) to compare with `<` and `>`"),
+            );
+            return None;
+        }
+        let v = self.constant(field, rhs)?;
+        Some(Cond::Atom(Atom { field, test: Test::Cmp(op, v), span }))
+    }
+
+    /// `operand in a.b.c.d/len`: an IPv4 prefix with no host bits set, on a
+    /// 32-bit field that is not exact-match.
+    fn prefix_test(&mut self, lhs: &Operand, addr: [u8; 4], len: u64, span: Span) -> Option<Cond> {
+        let field = self.operand(lhs)?;
+        let qf = self.spec.query_field(field);
+        if qf.kind == MatchKind::Exact {
+            self.diags.push(
+                Diagnostic::error(Code::OperatorNotAllowed, format!("a prefix match is not allowed on `{}`", quoted(&qf.name)))
+                    .primary(span, format!("`{}` is an exact-match field", quoted(&qf.name)))
+                    .help("declare it with `query <field> lpm;` to match prefixes"),
+            );
+            return None;
+        }
+        if qf.width != 32 || !matches!(qf.ty, FieldType::Ipv4 | FieldType::Uint) {
+            self.diags.push(
+                Diagnostic::error(Code::TypeMismatch, format!("an IPv4 prefix cannot match `{}`", quoted(&qf.name)))
+                    .primary(span, format!("`{}` is {} bits, not an IPv4 address", quoted(&qf.name), qf.width)),
+            );
+            return None;
+        }
+        if len > 32 {
+            self.diags.push(
+                Diagnostic::error(Code::BadPrefix, format!("prefix length {len} is longer than 32"))
+                    .primary(span, "an IPv4 prefix is 0 to 32 bits"),
+            );
+            return None;
+        }
+        let value = u32::from_be_bytes(addr) as u64;
+        let keep = if len == 0 { 0 } else { mask(32) & !mask(32 - len as u32) };
+        if value & !keep != 0 {
+            let fixed = value & keep;
+            self.diags.push(
+                Diagnostic::error(Code::BadPrefix, "the prefix has host bits set")
+                    .primary(span, format!("bits after the first {len} are not zero"))
+                    .help(format!("did you mean `{}.{}.{}.{}/{len}`?", fixed >> 24, (fixed >> 16) & 255, (fixed >> 8) & 255, fixed & 255)),
+            );
+            return None;
+        }
+        Some(Cond::Atom(Atom { field, test: Test::Prefix { value, len: len as u32 }, span }))
+    }
+
+    /// `operand in {constants}`. Every constant is checked, so that all the
+    /// bad ones are reported.
+    fn set_test(&mut self, lhs: &Operand, values: &[ast::Value], span: Span) -> Option<Cond> {
+        let field = self.operand(lhs)?;
+        let mut out = vec![];
+        let mut ok = true;
+        for v in values {
+            match self.constant(field, v) {
+                Some(x) => out.push(x),
+                None => ok = false,
+            }
+        }
+        if !ok {
+            return None;
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(Cond::Atom(Atom { field, test: Test::OneOf(out), span }))
     }
 
     fn one_state_arg(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<StateId> {
@@ -331,50 +341,7 @@ impl SubChecker<'_> {
     fn operand(&mut self, o: &Operand) -> Option<QueryFieldId> {
         match o {
             Operand::Call { func, args, span } => match func.text.as_str() {
-                "avg" | "ewma" => {
-                    let want_avg = func.text == "avg";
-                    let [p] = args.as_slice() else {
-                        self.diags.push(
-                            Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one field", quoted(&func.text)))
-                                .primary(*span, format!("expected e.g. `{}(price)`", quoted(&func.text))),
-                        );
-                        return None;
-                    };
-                    let f = self.packet_field(p)?;
-                    match self.index.averages_of(f, want_avg) {
-                        [s] => Some(self.spec.state(*s).value_field),
-                        [] => {
-                            let fname = self.spec.field_name(f);
-                            let fname = quoted(&fname);
-                            let example = if want_avg {
-                                format!("state avg_x = avg({fname}, samples = 8);")
-                            } else {
-                                format!("state ewma_x = ewma({fname}, shift = 3);")
-                            };
-                            self.diags.push(
-                                Diagnostic::error(
-                                    Code::NoAverage,
-                                    format!("the spec declares no {} of `{fname}`", if want_avg { "average" } else { "EWMA" }),
-                                )
-                                .primary(*span, "nothing to read")
-                                .help(format!("declare one in the spec: `{example}`")),
-                            );
-                            None
-                        }
-                        many => {
-                            let names = many.iter().map(|s| format!("`{}`", quoted(&self.spec.state(*s).name)));
-                            self.diags.push(
-                                Diagnostic::error(
-                                    Code::NoAverage,
-                                    format!("several states average `{}`", quoted(&self.spec.field_name(f))),
-                                )
-                                .primary(*span, format!("could be {}", list_names(names, " or ")))
-                                .help("name the state variable instead"),
-                            );
-                            None
-                        }
-                    }
-                }
+                "avg" | "ewma" => self.average_of(func, args, *span),
                 other => {
                     let mut d = Diagnostic::error(Code::UnknownFunction, format!("unknown function `{}`", quoted(other)))
                         .primary(func.span, "expected `avg(field)` or `ewma(field)`")
@@ -406,6 +373,50 @@ impl SubChecker<'_> {
                         None
                     }
                 }
+            }
+        }
+    }
+
+    /// `avg(field)` or `ewma(field)`: the value of the one state variable
+    /// that averages the field that way.
+    fn average_of(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<QueryFieldId> {
+        let want_avg = func.text == "avg";
+        let [p] = args else {
+            self.diags.push(
+                Diagnostic::error(Code::UnknownFunction, format!("`{}` takes one field", quoted(&func.text)))
+                    .primary(span, format!("expected e.g. `{}(price)`", quoted(&func.text))),
+            );
+            return None;
+        };
+        let f = self.packet_field(p)?;
+        match self.index.averages_of(f, want_avg) {
+            [s] => Some(self.spec.state(*s).value_field),
+            [] => {
+                let fname = self.spec.field_name(f);
+                let fname = quoted(&fname);
+                let example = if want_avg {
+                    format!("state avg_x = avg({fname}, samples = 8);")
+                } else {
+                    format!("state ewma_x = ewma({fname}, shift = 3);")
+                };
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::NoAverage,
+                        format!("the spec declares no {} of `{fname}`", if want_avg { "average" } else { "EWMA" }),
+                    )
+                    .primary(span, "nothing to read")
+                    .help(format!("declare one in the spec: `{example}`")),
+                );
+                None
+            }
+            many => {
+                let names = many.iter().map(|s| format!("`{}`", quoted(&self.spec.state(*s).name)));
+                self.diags.push(
+                    Diagnostic::error(Code::NoAverage, format!("several states average `{}`", quoted(&self.spec.field_name(f))))
+                        .primary(span, format!("could be {}", list_names(names, " or ")))
+                        .help("name the state variable instead"),
+                );
+                None
             }
         }
     }
@@ -517,13 +528,6 @@ impl SubChecker<'_> {
                 );
                 None
             }
-            (ValueKind::Int { value, .. }, FieldType::Ascii) => {
-                if *value > mask(w) {
-                    too_wide(self, value.to_string());
-                    return None;
-                }
-                Some(*value)
-            }
             (ValueKind::Int { value, .. }, _) => {
                 if *value > mask(w) {
                     too_wide(self, value.to_string());
@@ -583,6 +587,8 @@ impl SubChecker<'_> {
         }
     }
 
+    /// The actions of a rule. Every action is checked, so that all the bad
+    /// ones are reported, and a rule may not both forward and drop.
     fn actions(&mut self, actions: &[ast::Action]) -> Option<Actions> {
         let mut out = Actions { ports: BTreeSet::new(), drop: false, updates: BTreeSet::new() };
         let mut ok = true;
@@ -591,87 +597,21 @@ impl SubChecker<'_> {
         for a in actions {
             match a {
                 ast::Action::Call { func, args, span } if func.text == "fwd" => {
-                    if args.is_empty() {
-                        self.diags.push(
-                            Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port")
-                                .primary(*span, "expected at least one port, e.g. `fwd(1)`"),
-                        );
-                        ok = false;
-                    }
-                    for (p, pspan) in args {
-                        if *p >= self.spec.ports as u64 {
-                            self.diags.push(
-                                Diagnostic::error(Code::PortOutOfRange, format!("port {p} is out of range"))
-                                    .primary(*pspan, format!("ports are 0 to {}", self.spec.ports - 1))
-                                    .help("raise the limit with `ports N;` in the spec"),
-                            );
-                            ok = false;
-                        } else {
-                            out.ports.insert(*p as u32);
-                        }
-                    }
+                    ok &= self.fwd(args, *span, &mut out.ports);
                     fwd_span = Some(*span);
                 }
                 ast::Action::Word(n) if n.text == "drop" => {
                     out.drop = true;
                     drop_span = Some(n.span);
                 }
-                ast::Action::Update { target, op, value, .. } => {
-                    let Some(sid) = self.index.state(&target.text) else {
-                        self.unknown_state(target);
-                        ok = false;
-                        continue;
-                    };
-                    let sv = self.spec.state(sid);
-                    let StateKind::Var { width } = sv.kind else {
-                        self.diags.push(
-                            Diagnostic::error(Code::NotAssignable, format!("`{}` cannot be assigned", quoted(&sv.name)))
-                                .primary(target.span, "only the data plane updates counters, averages and EWMAs")
-                                .help("declare a variable with `state name = var(32);` to update it from actions"),
-                        );
-                        ok = false;
-                        continue;
-                    };
-                    let c = match &value.kind {
-                        ValueKind::Int { value: c, negative: false } if *c <= mask(width) => *c,
-                        ValueKind::Int { value: c, negative: false } => {
-                            self.diags.push(
-                                Diagnostic::error(Code::ConstantTooWide, format!("{c} does not fit in `{}`", quoted(&sv.name)))
-                                    .primary(value.span, format!("`{}` is {width} bits wide", quoted(&sv.name))),
-                            );
-                            ok = false;
-                            continue;
-                        }
-                        _ => {
-                            self.diags.push(
-                                Diagnostic::error(Code::TypeMismatch, "a variable update takes a non-negative integer")
-                                    .primary(value.span, "expected an integer"),
-                            );
-                            ok = false;
-                            continue;
-                        }
-                    };
-                    let (op, v) = match op {
-                        ast::AssignOp::Set => (UpdateOp::Set, c),
-                        ast::AssignOp::Add => (UpdateOp::Add, c),
-                        ast::AssignOp::Sub => (UpdateOp::Add, (c.wrapping_neg()) & mask(width)),
-                    };
-                    out.updates.insert(Update { var: sid, op, value: v });
-                }
-                other => {
-                    let what = match other {
-                        ast::Action::Call { func, .. } => format!("{}(...)", quoted(&func.text)),
-                        ast::Action::Word(n) => n.text.clone(),
-                        ast::Action::Update { target, .. } => target.text.clone(),
-                    };
-                    let mut d = Diagnostic::error(Code::UnknownAction, format!("unknown action `{}`", quoted(&what)))
-                        .primary(other.span(), "expected `fwd(ports)`, `drop` or `variable += n`")
-                        .quoting(&what);
-                    let head = what.split('(').next().unwrap_or("");
-                    if let Some(s) = did_you_mean(head, ["fwd", "drop"]) {
-                        d = d.help(format!("did you mean `{s}`?"));
+                ast::Action::Update { target, op, value, .. } => match self.update(target, *op, value) {
+                    Some(u) => {
+                        out.updates.insert(u);
                     }
-                    self.diags.push(d);
+                    None => ok = false,
+                },
+                other => {
+                    self.unknown_action(other);
                     ok = false;
                 }
             }
@@ -685,6 +625,89 @@ impl SubChecker<'_> {
             ok = false;
         }
         ok.then_some(out)
+    }
+
+    /// `fwd(ports)`: adds the ports that are in range to `ports`, and returns
+    /// whether all of them were (and there was at least one).
+    fn fwd(&mut self, args: &[(u64, Span)], span: Span, ports: &mut BTreeSet<u32>) -> bool {
+        let mut ok = true;
+        if args.is_empty() {
+            self.diags.push(
+                Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port").primary(span, "expected at least one port, e.g. `fwd(1)`"),
+            );
+            ok = false;
+        }
+        for (p, pspan) in args {
+            if *p >= self.spec.ports as u64 {
+                self.diags.push(
+                    Diagnostic::error(Code::PortOutOfRange, format!("port {p} is out of range"))
+                        .primary(*pspan, format!("ports are 0 to {}", self.spec.ports - 1))
+                        .help("raise the limit with `ports N;` in the spec"),
+                );
+                ok = false;
+            } else {
+                ports.insert(*p as u32);
+            }
+        }
+        ok
+    }
+
+    /// `variable = n`, `+= n` or `-= n` on a `var` state. A subtraction is
+    /// stored as the addition of the negated constant, modulo the width.
+    fn update(&mut self, target: &ast::Name, op: ast::AssignOp, value: &ast::Value) -> Option<Update> {
+        let Some(sid) = self.index.state(&target.text) else {
+            self.unknown_state(target);
+            return None;
+        };
+        let sv = self.spec.state(sid);
+        let StateKind::Var { width } = sv.kind else {
+            self.diags.push(
+                Diagnostic::error(Code::NotAssignable, format!("`{}` cannot be assigned", quoted(&sv.name)))
+                    .primary(target.span, "only the data plane updates counters, averages and EWMAs")
+                    .help("declare a variable with `state name = var(32);` to update it from actions"),
+            );
+            return None;
+        };
+        let c = match &value.kind {
+            ValueKind::Int { value: c, negative: false } if *c <= mask(width) => *c,
+            ValueKind::Int { value: c, negative: false } => {
+                self.diags.push(
+                    Diagnostic::error(Code::ConstantTooWide, format!("{c} does not fit in `{}`", quoted(&sv.name)))
+                        .primary(value.span, format!("`{}` is {width} bits wide", quoted(&sv.name))),
+                );
+                return None;
+            }
+            _ => {
+                self.diags.push(
+                    Diagnostic::error(Code::TypeMismatch, "a variable update takes a non-negative integer")
+                        .primary(value.span, "expected an integer"),
+                );
+                return None;
+            }
+        };
+        let (op, v) = match op {
+            ast::AssignOp::Set => (UpdateOp::Set, c),
+            ast::AssignOp::Add => (UpdateOp::Add, c),
+            ast::AssignOp::Sub => (UpdateOp::Add, (c.wrapping_neg()) & mask(width)),
+        };
+        Some(Update { var: sid, op, value: v })
+    }
+
+    /// Any other action: a call that is not `fwd`, or a word that is not `drop`.
+    fn unknown_action(&mut self, a: &ast::Action) {
+        let what = match a {
+            ast::Action::Call { func, .. } => format!("{}(...)", quoted(&func.text)),
+            ast::Action::Word(n) => n.text.clone(),
+            ast::Action::Update { target, .. } => target.text.clone(),
+        };
+        let mut d = Diagnostic::error(Code::UnknownAction, format!("unknown action `{}`", quoted(&what)))
+            .primary(a.span(), "expected `fwd(ports)`, `drop` or `variable += n`")
+            .quoting(&what);
+        let head = what.split('(').next().unwrap_or("");
+        if let Some(s) = did_you_mean(head, ["fwd", "drop"]) {
+            d = d.help(format!("did you mean `{s}`?"));
+        }
+        self.diags.push(d);
     }
 }
 

@@ -76,133 +76,181 @@ pub type MacBytes = [u8; 6];
 /// Lexes `text` (a whole spec, or one subscription line). Byte offsets in the
 /// result are relative to `text`; `base` is added to the spans of diagnostics.
 pub fn lex(text: &str, mode: Mode, file: FileId, base: u32, diags: &mut Vec<Diagnostic>) -> Vec<Spanned> {
-    let bytes = text.as_bytes();
-    let mut toks = Vec::new();
-    let mut i = 0;
-    let span = |s: usize, e: usize| Span::new(file, s + base as usize, e + base as usize);
-    while i < bytes.len() {
-        let c = bytes[i];
+    let mut lexer = Lexer { text, bytes: text.as_bytes(), mode, file, base, i: 0, toks: Vec::new(), diags };
+    while lexer.i < lexer.bytes.len() {
+        lexer.next_token();
+    }
+    lexer.toks
+}
+
+/// The state of one [`lex`] call: where it is in the text, the tokens so far,
+/// and where lexical errors go.
+struct Lexer<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    mode: Mode,
+    file: FileId,
+    base: u32,
+    /// The byte offset of the next character to lex.
+    i: usize,
+    toks: Vec<Spanned>,
+    diags: &'a mut Vec<Diagnostic>,
+}
+
+impl Lexer<'_> {
+    /// The span of a diagnostic about `text[s..e]`, in the file's offsets.
+    fn span(&self, s: usize, e: usize) -> Span {
+        Span::new(self.file, s + self.base as usize, e + self.base as usize)
+    }
+
+    fn push(&mut self, start: usize, tok: Tok, end: usize) {
+        self.toks.push((start, tok, end));
+    }
+
+    fn advance_while(&mut self, keep: impl Fn(u8) -> bool) {
+        while self.i < self.bytes.len() && keep(self.bytes[self.i]) {
+            self.i += 1;
+        }
+    }
+
+    /// Lexes what starts at `self.i`: skips white space or a comment, or
+    /// pushes one token, or reports one bad literal or character. Each step
+    /// moves forward, so the loop in [`lex`] ends.
+    fn next_token(&mut self) {
+        let start = self.i;
+        let c = self.bytes[start];
         if c.is_ascii_whitespace() {
-            i += 1;
-            continue;
+            self.i += 1;
+        } else if c == b'#' {
+            self.advance_while(|b| b != b'\n');
+        } else if let Some((mac, len)) = mac_at(&self.bytes[start..]) {
+            self.push(start, Tok::Mac(mac), start + len);
+            self.i += len;
+        } else if let Some(len) = mac_like_at(&self.bytes[start..]) {
+            self.bad_mac(start, len);
+        } else if c.is_ascii_alphabetic()
+            || (c == b'_' && self.bytes.get(start + 1).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_'))
+        {
+            self.word();
+        } else if c == b'0' && matches!(self.bytes.get(start + 1), Some(b'x' | b'X')) {
+            self.hex_number();
+        } else if c.is_ascii_digit() {
+            self.decimal_or_ipv4();
+        } else if c == b'"' {
+            self.string();
+        } else if let Some(p) = PUNCT.iter().find(|p| self.text[start..].starts_with(**p)) {
+            self.push(start, Tok::Punct(p), start + p.len());
+            self.i += p.len();
+        } else {
+            self.unexpected_char();
         }
-        if c == b'#' {
-            while i < bytes.len() && bytes[i] != b'\n' {
-                i += 1;
-            }
-            continue;
+    }
+
+    fn bad_mac(&mut self, start: usize, len: usize) {
+        let literal = &self.text[start..start + len];
+        self.diags.push(
+            Diagnostic::error(Code::BadMac, format!("`{}` is not a MAC address", quoted(literal)))
+                .primary(self.span(start, start + len), "expected six pairs of hex digits separated by `:` or `-`")
+                .quoting(literal),
+        );
+        self.i += len;
+    }
+
+    /// A name, or a keyword of the current mode.
+    fn word(&mut self) {
+        let start = self.i;
+        self.advance_while(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let word = &self.text[start..self.i];
+        let kws = if self.mode == Mode::Spec { SPEC_KEYWORDS } else { SUB_KEYWORDS };
+        let tok = match kws.iter().find(|k| **k == word) {
+            Some(k) => Tok::Kw(k),
+            None => Tok::Ident(word.to_string()),
+        };
+        self.push(start, tok, self.i);
+    }
+
+    /// `0x` and hex digits, with `_` between them allowed.
+    fn hex_number(&mut self) {
+        let start = self.i;
+        self.i += 2;
+        let ds = self.i;
+        self.advance_while(|b| b.is_ascii_hexdigit() || b == b'_');
+        let digits: String = self.text[ds..self.i].chars().filter(|c| *c != '_').collect();
+        // An empty string is an error for `from_str_radix` too, so test it first.
+        match u64::from_str_radix(&digits, 16) {
+            _ if digits.is_empty() => self.diags.push(
+                Diagnostic::error(Code::UnexpectedChar, "hexadecimal literal has no digits")
+                    .primary(self.span(start, self.i), "expected hex digits after `0x`"),
+            ),
+            Ok(v) => self.push(start, Tok::Int(v), self.i),
+            Err(_) => self.number_too_large(start),
         }
-        let start = i;
-        if let Some((mac, len)) = mac_at(&bytes[i..]) {
-            toks.push((start, Tok::Mac(mac), start + len));
-            i += len;
-            continue;
+    }
+
+    /// Decimal digits (with `_` allowed), or a dotted quad if a `.` and a
+    /// digit follow them.
+    fn decimal_or_ipv4(&mut self) {
+        let start = self.i;
+        self.advance_while(|b| b.is_ascii_digit() || b == b'_');
+        if self.bytes.get(self.i) == Some(&b'.') && self.bytes.get(self.i + 1).is_some_and(|b| b.is_ascii_digit()) {
+            self.ipv4(start);
+            return;
         }
-        if let Some(len) = mac_like_at(&bytes[i..]) {
-            let literal = &text[start..start + len];
-            diags.push(
-                Diagnostic::error(Code::BadMac, format!("`{}` is not a MAC address", quoted(literal)))
-                    .primary(span(start, start + len), "expected six pairs of hex digits separated by `:` or `-`")
-                    .quoting(literal),
-            );
-            i += len;
-            continue;
+        let digits: String = self.text[start..self.i].chars().filter(|c| *c != '_').collect();
+        match digits.parse::<u64>() {
+            Ok(v) => self.push(start, Tok::Int(v), self.i),
+            Err(_) => self.number_too_large(start),
         }
-        if c.is_ascii_alphabetic() || (c == b'_' && bytes.get(i + 1).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')) {
-            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
-                i += 1;
-            }
-            let word = &text[start..i];
-            let kws = if mode == Mode::Spec { SPEC_KEYWORDS } else { SUB_KEYWORDS };
-            let tok = match kws.iter().find(|k| **k == word) {
-                Some(k) => Tok::Kw(k),
-                None => Tok::Ident(word.to_string()),
-            };
-            toks.push((start, tok, i));
-            continue;
+    }
+
+    /// The rest of a dotted quad that starts at `start`.
+    fn ipv4(&mut self, start: usize) {
+        self.advance_while(|b| b.is_ascii_digit() || b == b'.');
+        let s = &self.text[start..self.i];
+        match parse_ipv4(s) {
+            Some(a) => self.push(start, Tok::Ipv4(a), self.i),
+            None => self.diags.push(
+                Diagnostic::error(Code::BadIpv4, format!("`{}` is not an IPv4 address", quoted(s)))
+                    .primary(self.span(start, self.i), "expected four numbers from 0 to 255 separated by dots")
+                    .quoting(s),
+            ),
         }
-        if c.is_ascii_digit() {
-            // Hexadecimal.
-            if c == b'0' && matches!(bytes.get(i + 1), Some(b'x' | b'X')) {
-                i += 2;
-                let ds = i;
-                while i < bytes.len() && (bytes[i].is_ascii_hexdigit() || bytes[i] == b'_') {
-                    i += 1;
-                }
-                let digits: String = text[ds..i].chars().filter(|c| *c != '_').collect();
-                // An empty string is an error for `from_str_radix` too, so test it first.
-                match u64::from_str_radix(&digits, 16) {
-                    _ if digits.is_empty() => diags.push(
-                        Diagnostic::error(Code::UnexpectedChar, "hexadecimal literal has no digits")
-                            .primary(span(start, i), "expected hex digits after `0x`"),
-                    ),
-                    Ok(v) => toks.push((start, Tok::Int(v), i)),
-                    Err(_) => diags.push(
-                        Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits")
-                            .primary(span(start, i), "too large"),
-                    ),
-                }
-                continue;
-            }
-            while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'_') {
-                i += 1;
-            }
-            // A dotted quad: digits '.' digit ...
-            if bytes.get(i) == Some(&b'.') && bytes.get(i + 1).is_some_and(|b| b.is_ascii_digit()) {
-                while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
-                    i += 1;
-                }
-                let s = &text[start..i];
-                match parse_ipv4(s) {
-                    Some(a) => toks.push((start, Tok::Ipv4(a), i)),
-                    None => diags.push(
-                        Diagnostic::error(Code::BadIpv4, format!("`{}` is not an IPv4 address", quoted(s)))
-                            .primary(span(start, i), "expected four numbers from 0 to 255 separated by dots")
-                            .quoting(s),
-                    ),
-                }
-                continue;
-            }
-            let digits: String = text[start..i].chars().filter(|c| *c != '_').collect();
-            match digits.parse::<u64>() {
-                Ok(v) => toks.push((start, Tok::Int(v), i)),
-                Err(_) => diags.push(
-                    Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits").primary(span(start, i), "too large"),
-                ),
-            }
-            continue;
-        }
-        if c == b'"' {
-            i += 1;
-            let content_start = i;
-            while i < bytes.len() && bytes[i] != b'"' && bytes[i] != b'\n' {
-                i += 1;
-            }
-            if i < bytes.len() && bytes[i] == b'"' {
-                toks.push((start, Tok::Str(text[content_start..i].to_string()), i + 1));
-                i += 1;
-            } else {
-                diags.push(
-                    Diagnostic::error(Code::UnterminatedString, "unterminated string literal")
-                        .primary(span(start, i), "this string has no closing `\"`"),
-                );
-            }
-            continue;
-        }
-        if let Some(p) = PUNCT.iter().find(|p| text[i..].starts_with(**p)) {
-            toks.push((start, Tok::Punct(p), i + p.len()));
-            i += p.len();
-            continue;
-        }
-        // Skip one whole character (it may be multi-byte).
-        let ch = text[i..].chars().next().unwrap_or('?');
-        i += ch.len_utf8();
-        diags.push(
-            Diagnostic::error(Code::UnexpectedChar, format!("unexpected character `{}`", ch.escape_debug()))
-                .primary(span(start, i), "no token starts with this character"),
+    }
+
+    fn number_too_large(&mut self, start: usize) {
+        self.diags.push(
+            Diagnostic::error(Code::NumberTooLarge, "integer literal does not fit in 64 bits")
+                .primary(self.span(start, self.i), "too large"),
         );
     }
-    toks
+
+    /// A string literal, which ends at its closing quote on the same line.
+    fn string(&mut self) {
+        let start = self.i;
+        self.i += 1;
+        let content_start = self.i;
+        self.advance_while(|b| b != b'"' && b != b'\n');
+        if self.bytes.get(self.i) == Some(&b'"') {
+            self.push(start, Tok::Str(self.text[content_start..self.i].to_string()), self.i + 1);
+            self.i += 1;
+        } else {
+            self.diags.push(
+                Diagnostic::error(Code::UnterminatedString, "unterminated string literal")
+                    .primary(self.span(start, self.i), "this string has no closing `\"`"),
+            );
+        }
+    }
+
+    /// Skips one whole character, which may be several bytes, and reports it.
+    fn unexpected_char(&mut self) {
+        let start = self.i;
+        let ch = self.text[start..].chars().next().unwrap_or('?');
+        self.i += ch.len_utf8();
+        self.diags.push(
+            Diagnostic::error(Code::UnexpectedChar, format!("unexpected character `{}`", ch.escape_debug()))
+                .primary(self.span(start, self.i), "no token starts with this character"),
+        );
+    }
 }
 
 fn parse_ipv4(s: &str) -> Option<[u8; 4]> {
