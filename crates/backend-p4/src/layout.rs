@@ -34,6 +34,7 @@
 use crate::names::P4Namer;
 use crate::{Error, P4Options};
 use serde::Serialize;
+use subc_bdd::pipeline::Pipeline;
 use subc_bdd::CompiledSet;
 use subc_lang::spec::{FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead};
 use subc_lang::value::mask;
@@ -417,13 +418,19 @@ fn query_base(spec: &Spec, q: QueryFieldId) -> String {
     }
 }
 
+/// The pipelines' field orders, read from their tables (one table per field,
+/// in lookup order): all of the pipelines a program depends on. Pipelines
+/// with the same orders run on the same program, whatever their entries.
+pub fn field_orders(pipes: &[&Pipeline]) -> Vec<Vec<QueryFieldId>> {
+    pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
+}
+
 impl Layout {
     /// Decides the program for `spec` and the pipelines of `set` (their
     /// number and field orders are fixed for the program's lifetime).
     /// Tables get the minimum size; see [`Layout::size_tables`].
     pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<Layout, Error> {
-        let orders: Vec<Vec<QueryFieldId>> = (0..set.pipeline_count()).map(|p| set.order(p).to_vec()).collect();
-        Layout::for_orders(spec, &orders, opts)
+        Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
     }
 
     /// As [`Layout::new`], from the pipelines' field orders alone.
