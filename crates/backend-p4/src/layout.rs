@@ -34,8 +34,11 @@
 use crate::names::P4Namer;
 use crate::{Error, P4Options};
 use serde::Serialize;
+use subc_bdd::pipeline::Pipeline;
 use subc_bdd::CompiledSet;
-use subc_lang::spec::{FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead};
+use subc_lang::spec::{
+    FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead, StateVar,
+};
 use subc_lang::value::mask;
 
 /// Width of `meta.state` and of state parameters (`state_t`).
@@ -417,13 +420,19 @@ fn query_base(spec: &Spec, q: QueryFieldId) -> String {
     }
 }
 
+/// The pipelines' field orders, read from their tables (one table per field,
+/// in lookup order): all of the pipelines a program depends on. Pipelines
+/// with the same orders run on the same program, whatever their entries.
+pub fn field_orders(pipes: &[&Pipeline]) -> Vec<Vec<QueryFieldId>> {
+    pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
+}
+
 impl Layout {
     /// Decides the program for `spec` and the pipelines of `set` (their
     /// number and field orders are fixed for the program's lifetime).
     /// Tables get the minimum size; see [`Layout::size_tables`].
     pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<Layout, Error> {
-        let orders: Vec<Vec<QueryFieldId>> = (0..set.pipeline_count()).map(|p| set.order(p).to_vec()).collect();
-        Layout::for_orders(spec, &orders, opts)
+        Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
     }
 
     /// As [`Layout::new`], from the pipelines' field orders alone.
@@ -431,371 +440,19 @@ impl Layout {
         if orders.is_empty() {
             return Err(Error::NoPipeline);
         }
-        let mut global = P4Namer::global();
-        let mut hdr_namer = P4Namer::struct_fields(&[]);
-
-        // Headers.
-        let mut headers = vec![];
-        for h in &spec.headers {
-            let mut fnamer = P4Namer::header_fields();
-            headers.push(HeaderView {
-                source: h.name.clone(),
-                type_name: global.fresh(&format!("{}_t", h.name)),
-                instance: hdr_namer.fresh(&h.name),
-                fields: h.fields.iter().map(|f| FieldView { name: fnamer.fresh(&f.name), width: f.width }).collect(),
-            });
-        }
-        let field_expr = |f: FieldRef| -> (String, String) {
-            let h = &headers[f.header.0 as usize];
-            (h.instance.clone(), h.fields[f.field as usize].name.clone())
-        };
-
-        // Parser.
-        let state_names: Vec<String> = spec.headers.iter().map(|h| global.fresh(&format!("parse_{}", h.name))).collect();
-        let target = |t: ParseTarget| -> String {
-            match t {
-                ParseTarget::Accept => PARSED_STATE.to_string(),
-                ParseTarget::Reject => UNPARSED_EXIT.to_string(),
-                ParseTarget::Header(h) => state_names[h.0 as usize].clone(),
-            }
-        };
-        let mut parse_states = vec![];
-        for h in &spec.parser.topo_order {
-            let Some(next) = &spec.parser.next[h.0 as usize] else { continue };
-            let next = match next {
-                ParseNext::Goto(t) => Transition::Goto(target(*t)),
-                ParseNext::Select { fields, cases, default } => Transition::Select {
-                    fields: fields
-                        .iter()
-                        .map(|f| {
-                            let (i, n) = field_expr(*f);
-                            format!("hdr.{i}.{n}")
-                        })
-                        .collect(),
-                    widths: fields.iter().map(|f| spec.field(*f).width).collect(),
-                    cases: cases.iter().map(|c| (c.values.clone(), target(c.target))).collect(),
-                    default: target(*default),
-                },
-            };
-            parse_states.push(ParseStateView {
-                name: state_names[h.0 as usize].clone(),
-                header: headers[h.0 as usize].instance.clone(),
-                next,
-            });
-        }
-        let start = target(spec.parser.start);
-
-        // Metadata: the generator's own fields first, so that they keep
-        // their plain names.
-        let mut meta_namer = P4Namer::struct_fields(&["parsed", "state", "ports"]);
-        let mut meta = vec![MetaField { name: "parsed".into(), width: 1, comment: "the packet reached accept".into() }];
-        let queries: Vec<QueryView> = spec
-            .query_fields
-            .iter()
-            .enumerate()
-            .map(|(i, qf)| {
-                let id = QueryFieldId(i as u32);
-                let name = meta_namer.fresh(&query_base(spec, id));
-                let value = match qf.source {
-                    QuerySource::Packet(f) => {
-                        let (header, field) = field_expr(f);
-                        let flip = if qf.ty == FieldType::Signed { 1u64 << (qf.width - 1) } else { 0 };
-                        QueryValue::Packet { header, field, flip }
-                    }
-                    QuerySource::State { state, read } => QueryValue::State { state: state.0 as usize, read },
-                };
-                meta.push(MetaField { name: name.clone(), width: qf.width, comment: format!("query field {}", qf.name) });
-                QueryView { id, source: qf.name.clone(), meta: name, width: qf.width, kind: qf.kind, value }
-            })
-            .collect();
-
-        // State.
-        let mut registers = vec![];
-        let mut states = vec![];
-        let mut vars = vec![];
-        let mut uses_time = false;
-        let reg = |global: &mut P4Namer, base: String, width: u32, size: u64, registers: &mut Vec<RegisterDecl>| -> String {
-            let name = global.fresh(&base);
-            registers.push(RegisterDecl { name: name.clone(), width, size });
-            name
-        };
-        for (si, s) in spec.states.iter().enumerate() {
-            let slots = s.slots();
-            let key = s.key.map(|k| {
-                let (header, field) = field_expr(k.field);
-                let width = spec.field(k.field).width;
-                SlotKey { header, field, width, mask: (k.slots as u64 - 1) & mask(width) }
-            });
-            let value_meta = queries[s.value_field.0 as usize].meta.clone();
-            let value_width = s.value_width(spec);
-            let per = match &s.key {
-                Some(k) => format!(", per {} ({} slots)", spec.field_name(k.field), k.slots),
-                None => String::new(),
-            };
-            let (logic, comment) = match &s.kind {
-                StateKind::Counter { window_us } => {
-                    uses_time = true;
-                    (
-                        StateLogic::Counter {
-                            window_us: *window_us,
-                            divide: Divider::new(*window_us).p4("now_us"),
-                            window_reg: reg(&mut global, format!("{}_window", s.name), 48, slots as u64, &mut registers),
-                            count_reg: reg(&mut global, format!("{}_count", s.name), 32, slots as u64, &mut registers),
-                        },
-                        format!("{}: packets per tumbling window of {} us{per}", s.name, window_us),
-                    )
-                }
-                StateKind::Avg { field, samples } => {
-                    let (header, fname) = field_expr(*field);
-                    let width = spec.field(*field).width;
-                    let sum_width = width + log2(*samples).max(1);
-                    (
-                        StateLogic::Avg {
-                            header,
-                            field: fname,
-                            width,
-                            samples: *samples,
-                            log2: log2(*samples),
-                            sum_width,
-                            ring_reg: reg(&mut global, format!("{}_ring", s.name), width, slots as u64 * *samples as u64, &mut registers),
-                            next_reg: reg(&mut global, format!("{}_next", s.name), 8, slots as u64, &mut registers),
-                            sum_reg: reg(&mut global, format!("{}_sum", s.name), sum_width, slots as u64, &mut registers),
-                        },
-                        format!("{}: mean of the last {} samples of {}{per}", s.name, samples, spec.field_name(*field)),
-                    )
-                }
-                StateKind::Ewma { field, shift, spike_shift, warmup } => {
-                    let (header, fname) = field_expr(*field);
-                    let spike_meta = s.spike_field.map(|q| queries[q.0 as usize].meta.clone());
-                    (
-                        StateLogic::Ewma {
-                            header,
-                            field: fname,
-                            shift: *shift,
-                            spike_shift: *spike_shift,
-                            warmup: *warmup,
-                            avg_reg: reg(&mut global, format!("{}_avg", s.name), 64, slots as u64, &mut registers),
-                            samples_reg: reg(&mut global, format!("{}_samples", s.name), 8, slots as u64, &mut registers),
-                            spike_meta,
-                        },
-                        format!(
-                            "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples{per}",
-                            s.name,
-                            spec.field_name(*field)
-                        ),
-                    )
-                }
-                StateKind::Var { width } => {
-                    let r = reg(&mut global, s.name.clone(), *width, slots as u64, &mut registers);
-                    let slot_meta = meta_namer.fresh(&format!("{}_slot", s.name));
-                    meta.push(MetaField { name: slot_meta.clone(), width: 32, comment: format!("the slot of {}", s.name) });
-                    vars.push(VarView {
-                        state: si,
-                        source: s.name.clone(),
-                        width: *width,
-                        reg: r.clone(),
-                        value_meta: value_meta.clone(),
-                        slot_meta: slot_meta.clone(),
-                        set_param: String::new(),
-                        to_param: String::new(),
-                        add_param: String::new(),
-                    });
-                    (
-                        StateLogic::Var { reg: r, slot_meta },
-                        format!("{}: a variable of {width} bits that subscriptions update{per}", s.name),
-                    )
-                }
-            };
-            states.push(StateView { source: s.name.clone(), comment, slots, key, value_meta, value_width, logic });
-        }
-        // Update parameters: one namespace per action, the same names in each.
-        let mut param_namer = P4Namer::struct_fields(&["next", "port", "group", "ports"]);
-        for v in &mut vars {
-            v.set_param = param_namer.fresh(&format!("{}_set", v.source));
-            v.to_param = param_namer.fresh(&format!("{}_to", v.source));
-            v.add_param = param_namer.fresh(&format!("{}_add", v.source));
-        }
-        meta.push(MetaField { name: "state".into(), width: STATE_WIDTH, comment: "the decision diagram's state".into() });
-
-        let fanout = if orders.len() == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
-        if let Fanout::Bitmap { width } = fanout {
-            meta.push(MetaField { name: "ports".into(), width, comment: "the union of the pipelines' ports, one bit per port".into() });
-        }
-
-        // Actions.
-        let update_params: Vec<ParamDecl> = vars
-            .iter()
-            .enumerate()
-            .flat_map(|(k, v)| {
-                [
-                    ParamDecl { name: v.set_param.clone(), ty: "bit<1>".into(), width: 1, role: ParamRole::VarSet(k) },
-                    ParamDecl { name: v.to_param.clone(), ty: format!("bit<{}>", v.width), width: v.width, role: ParamRole::VarTo(k) },
-                    ParamDecl { name: v.add_param.clone(), ty: format!("bit<{}>", v.width), width: v.width, role: ParamRole::VarAdd(k) },
-                ]
-            })
-            .collect();
-        let with_updates = |mut ps: Vec<ParamDecl>, direct: bool| -> Vec<ParamDecl> {
-            if direct {
-                ps.extend(update_params.iter().cloned());
-            }
-            ps
-        };
-        let direct = fanout == Fanout::Direct;
-        let port = ParamDecl { name: "port".into(), ty: "bit<9>".into(), width: PORT_WIDTH, role: ParamRole::Port };
-        let group = ParamDecl { name: "group".into(), ty: "bit<16>".into(), width: GROUP_WIDTH, role: ParamRole::Group };
-        let mut actions = vec![ActionDecl {
-            name: "set_state".into(),
-            kind: ActionKind::SetState,
-            params: vec![ParamDecl { name: "next".into(), ty: "state_t".into(), width: STATE_WIDTH, role: ParamRole::Next }],
-        }];
-        if direct {
-            actions.push(ActionDecl { name: "forward".into(), kind: ActionKind::Forward, params: with_updates(vec![port], direct) });
-        }
-        actions.push(ActionDecl { name: "multicast".into(), kind: ActionKind::Multicast, params: with_updates(vec![group], direct) });
-        actions.push(ActionDecl { name: "drop".into(), kind: ActionKind::Drop, params: with_updates(vec![], direct) });
-        if direct && !vars.is_empty() {
-            actions.push(ActionDecl { name: "update".into(), kind: ActionKind::Update, params: update_params.clone() });
-        }
-        if let Fanout::Bitmap { width } = fanout {
-            actions.push(ActionDecl {
-                name: "add_ports".into(),
-                kind: ActionKind::AddPorts,
-                params: vec![ParamDecl { name: "ports".into(), ty: "ports_t".into(), width, role: ParamRole::Ports }],
-            });
-        }
-
-        // Tables.
-        let multi = orders.len() > 1;
-        let mut tables = vec![];
-        let mut pipelines = vec![];
-        let state_key = || KeyDecl { expr: "meta.state".into(), width: STATE_WIDTH, kind: MatchKind::Exact };
-        let leaf_actions: Vec<String> = if direct {
-            let mut a = vec!["forward".to_string(), "multicast".into(), "drop".into()];
-            if !vars.is_empty() {
-                a.push("update".into());
-            }
-            a.push("NoAction".into());
-            a
-        } else {
-            vec!["add_ports".into(), "drop".into(), "NoAction".into()]
-        };
-        // Folded leaves: the entries that lead to a leaf carry its action, so
-        // field tables (and the root, when the root is a leaf) take the leaf
-        // actions too, and there is no leaf table. After a leaf action the
-        // state stays that of the table's own level, which no later table
-        // has entries for, so the rest of the pipeline misses.
-        let fold = opts.fold_leaves;
-        let folded: Vec<String> = leaf_actions.iter().filter(|a| *a != "NoAction").cloned().collect();
-        let field_actions: Vec<String> = if fold {
-            std::iter::once("set_state".to_string()).chain(folded.iter().cloned()).chain(std::iter::once("NoAction".to_string())).collect()
-        } else {
-            vec!["set_state".into(), "NoAction".into()]
-        };
-        let root_actions: Vec<String> =
-            if fold { std::iter::once("set_state".to_string()).chain(folded.iter().cloned()).collect() } else { vec!["set_state".into()] };
-        for (p, order) in orders.iter().enumerate() {
-            let prefix = if multi { format!("p{p}_") } else { String::new() };
-            // The generator's own names are reserved; with several pipelines
-            // they get a prefix and go through the namer like the rest.
-            let own = |global: &mut P4Namer, name: &str| if multi { global.fresh(&format!("{prefix}{name}")) } else { name.to_string() };
-            let root = own(&mut global, "root");
-            tables.push(TableDecl {
-                name: root.clone(),
-                role: TableRole::Root { pipeline: p },
-                keys: vec![],
-                actions: root_actions.clone(),
-                default_action: "set_state".into(),
-                default_args: "0".into(),
-                size: 1,
-            });
-            let mut levels = vec![];
-            for (level, q) in order.iter().enumerate() {
-                let qv = &queries[q.0 as usize];
-                let base = format!("{prefix}{}", query_base(spec, *q));
-                let field_key = |kind: MatchKind| KeyDecl { expr: format!("meta.{}", qv.meta), width: qv.width, kind };
-                let exact = global.fresh(&format!("{base}_exact"));
-                tables.push(TableDecl {
-                    name: exact.clone(),
-                    role: TableRole::Field { pipeline: p, level, stage: Stage::Exact },
-                    keys: vec![state_key(), field_key(MatchKind::Exact)],
-                    actions: field_actions.clone(),
-                    default_action: "NoAction".into(),
-                    default_args: String::new(),
-                    size: opts.min_table_size,
-                });
-                let ranged = if qv.kind != MatchKind::Exact {
-                    let name = global.fresh(&format!("{base}_{}", qv.kind.as_str()));
-                    tables.push(TableDecl {
-                        name: name.clone(),
-                        role: TableRole::Field { pipeline: p, level, stage: Stage::Ranged },
-                        keys: vec![state_key(), field_key(qv.kind)],
-                        actions: field_actions.clone(),
-                        default_action: "NoAction".into(),
-                        default_args: String::new(),
-                        size: opts.min_table_size,
-                    });
-                    Some(name)
-                } else {
-                    None
-                };
-                let default = global.fresh(&format!("{base}_default"));
-                tables.push(TableDecl {
-                    name: default.clone(),
-                    role: TableRole::Field { pipeline: p, level, stage: Stage::Default },
-                    keys: vec![state_key()],
-                    actions: field_actions.clone(),
-                    default_action: "NoAction".into(),
-                    default_args: String::new(),
-                    size: opts.min_table_size,
-                });
-                levels.push(LevelView { query: *q, source: qv.source.clone(), exact, ranged, default });
-            }
-            let leaf = if fold {
-                None
-            } else {
-                let leaf = own(&mut global, "leaf");
-                tables.push(TableDecl {
-                    name: leaf.clone(),
-                    role: TableRole::Leaf { pipeline: p },
-                    keys: vec![state_key()],
-                    actions: leaf_actions.clone(),
-                    default_action: "NoAction".into(),
-                    default_args: String::new(),
-                    size: opts.min_table_size,
-                });
-                Some(leaf)
-            };
-            pipelines.push(PipelineView { root, levels, leaf });
-        }
-        if let Fanout::Bitmap { .. } = fanout {
-            tables.push(TableDecl {
-                name: "fanout".into(),
-                role: TableRole::Fanout,
-                keys: vec![],
-                actions: vec!["multicast".into(), "NoAction".into()],
-                default_action: "NoAction".into(),
-                default_args: String::new(),
-                size: 1,
-            });
-        }
-
-        Ok(Layout {
-            headers,
-            start,
-            parse_states,
-            meta,
-            queries,
-            states,
-            vars,
-            registers,
-            actions,
-            tables,
-            pipelines,
-            fanout,
-            fold_leaves: fold,
-            ports: spec.ports,
-            uses_time,
-        })
+        // The phases keep this order: most take names from P4's one global
+        // namespace, where the first to ask gets the plain name, so the
+        // order decides the program's identifiers.
+        let mut b = Builder::new(spec, opts, orders.len());
+        b.declare_headers();
+        b.declare_parser();
+        b.declare_query_metadata();
+        b.declare_states();
+        b.name_update_params();
+        b.declare_pipeline_metadata();
+        b.declare_actions();
+        b.declare_tables(orders);
+        Ok(b.layout)
     }
 
     pub fn table(&self, name: &str) -> Option<&TableDecl> {
@@ -819,6 +476,441 @@ impl Layout {
             let want = (*n as u64).saturating_mul(opts.headroom.max(1)).next_power_of_two();
             t.size = t.size.max(want).max(opts.min_table_size);
         }
+    }
+}
+
+/// [`Layout::for_orders`], phase by phase: each phase fills in its part of
+/// `layout`, reading the parts the phases before it filled in.
+struct Builder<'a> {
+    spec: &'a Spec,
+    opts: &'a P4Options,
+    /// Types, parser states, registers and tables: P4's global namespace.
+    global: P4Namer,
+    /// The fields of `metadata_t`; the generator's own fields are reserved,
+    /// so that they keep their plain names.
+    meta_namer: P4Namer,
+    layout: Layout,
+}
+
+/// The key every table but the roots and the fanout match first.
+fn state_key() -> KeyDecl {
+    KeyDecl { expr: "meta.state".into(), width: STATE_WIDTH, kind: MatchKind::Exact }
+}
+
+/// The actions each kind of table offers.
+struct TableActions {
+    root: Vec<String>,
+    field: Vec<String>,
+    leaf: Vec<String>,
+}
+
+impl TableActions {
+    fn of(layout: &Layout) -> TableActions {
+        let leaf: Vec<String> = if layout.fanout == Fanout::Direct {
+            let mut a = vec!["forward".to_string(), "multicast".into(), "drop".into()];
+            if !layout.vars.is_empty() {
+                a.push("update".into());
+            }
+            a.push("NoAction".into());
+            a
+        } else {
+            vec!["add_ports".into(), "drop".into(), "NoAction".into()]
+        };
+        if !layout.fold_leaves {
+            return TableActions { root: vec!["set_state".into()], field: vec!["set_state".into(), "NoAction".into()], leaf };
+        }
+        // Folded leaves: the entries that lead to a leaf carry its action, so
+        // field tables (and the root, when the root is a leaf) take the leaf
+        // actions too, and there is no leaf table. After a leaf action the
+        // state stays that of the table's own level, which no later table
+        // has entries for, so the rest of the pipeline misses.
+        let folded = leaf.iter().filter(|a| *a != "NoAction").cloned();
+        let root: Vec<String> = std::iter::once("set_state".to_string()).chain(folded).collect();
+        let field = root.iter().cloned().chain(std::iter::once("NoAction".to_string())).collect();
+        TableActions { root, field, leaf }
+    }
+}
+
+impl<'a> Builder<'a> {
+    fn new(spec: &'a Spec, opts: &'a P4Options, pipelines: usize) -> Builder<'a> {
+        let fanout = if pipelines == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
+        let layout = Layout {
+            headers: vec![],
+            start: String::new(),
+            parse_states: vec![],
+            meta: vec![],
+            queries: vec![],
+            states: vec![],
+            vars: vec![],
+            registers: vec![],
+            actions: vec![],
+            tables: vec![],
+            pipelines: vec![],
+            fanout,
+            fold_leaves: opts.fold_leaves,
+            ports: spec.ports,
+            uses_time: false,
+        };
+        let meta_namer = P4Namer::struct_fields(&["parsed", "state", "ports"]);
+        Builder { spec, opts, global: P4Namer::global(), meta_namer, layout }
+    }
+
+    /// The header instance and field name of a spec field.
+    fn field_expr(&self, f: FieldRef) -> (String, String) {
+        let h = &self.layout.headers[f.header.0 as usize];
+        (h.instance.clone(), h.fields[f.field as usize].name.clone())
+    }
+
+    /// A header type and instance per spec header (instances, and each
+    /// header's fields, have namespaces of their own).
+    fn declare_headers(&mut self) {
+        let mut instances = P4Namer::struct_fields(&[]);
+        for h in &self.spec.headers {
+            let mut fields = P4Namer::header_fields();
+            self.layout.headers.push(HeaderView {
+                source: h.name.clone(),
+                type_name: self.global.fresh(&format!("{}_t", h.name)),
+                instance: instances.fresh(&h.name),
+                fields: h.fields.iter().map(|f| FieldView { name: fields.fresh(&f.name), width: f.width }).collect(),
+            });
+        }
+    }
+
+    /// A parser state per header the parse graph goes on from, and where
+    /// `start` goes.
+    fn declare_parser(&mut self) {
+        let spec = self.spec;
+        let state_names: Vec<String> = spec.headers.iter().map(|h| self.global.fresh(&format!("parse_{}", h.name))).collect();
+        let target = |t: ParseTarget| -> String {
+            match t {
+                ParseTarget::Accept => PARSED_STATE.to_string(),
+                ParseTarget::Reject => UNPARSED_EXIT.to_string(),
+                ParseTarget::Header(h) => state_names[h.0 as usize].clone(),
+            }
+        };
+        for h in &spec.parser.topo_order {
+            let Some(next) = &spec.parser.next[h.0 as usize] else { continue };
+            let next = match next {
+                ParseNext::Goto(t) => Transition::Goto(target(*t)),
+                ParseNext::Select { fields, cases, default } => Transition::Select {
+                    fields: fields
+                        .iter()
+                        .map(|f| {
+                            let (i, n) = self.field_expr(*f);
+                            format!("hdr.{i}.{n}")
+                        })
+                        .collect(),
+                    widths: fields.iter().map(|f| spec.field(*f).width).collect(),
+                    cases: cases.iter().map(|c| (c.values.clone(), target(c.target))).collect(),
+                    default: target(*default),
+                },
+            };
+            let header = self.layout.headers[h.0 as usize].instance.clone();
+            self.layout.parse_states.push(ParseStateView { name: state_names[h.0 as usize].clone(), header, next });
+        }
+        self.layout.start = target(spec.parser.start);
+    }
+
+    /// `meta.parsed`, then a metadata field per query field, and where each
+    /// query field's value comes from.
+    fn declare_query_metadata(&mut self) {
+        let spec = self.spec;
+        self.layout.meta.push(MetaField { name: "parsed".into(), width: 1, comment: "the packet reached accept".into() });
+        for (i, qf) in spec.query_fields.iter().enumerate() {
+            let id = QueryFieldId(i as u32);
+            let name = self.meta_namer.fresh(&query_base(spec, id));
+            let value = match qf.source {
+                QuerySource::Packet(f) => {
+                    let (header, field) = self.field_expr(f);
+                    let flip = if qf.ty == FieldType::Signed { 1u64 << (qf.width - 1) } else { 0 };
+                    QueryValue::Packet { header, field, flip }
+                }
+                QuerySource::State { state, read } => QueryValue::State { state: state.0 as usize, read },
+            };
+            self.layout.meta.push(MetaField { name: name.clone(), width: qf.width, comment: format!("query field {}", qf.name) });
+            self.layout.queries.push(QueryView { id, source: qf.name.clone(), meta: name, width: qf.width, kind: qf.kind, value });
+        }
+    }
+
+    /// The register logic of each state variable, its registers, and the
+    /// variables that leaf actions update.
+    fn declare_states(&mut self) {
+        let spec = self.spec;
+        for (si, s) in spec.states.iter().enumerate() {
+            let slots = s.slots();
+            let key = s.key.map(|k| {
+                let (header, field) = self.field_expr(k.field);
+                let width = spec.field(k.field).width;
+                SlotKey { header, field, width, mask: (k.slots as u64 - 1) & mask(width) }
+            });
+            let value_meta = self.layout.queries[s.value_field.0 as usize].meta.clone();
+            let per = match &s.key {
+                Some(k) => format!(", per {} ({} slots)", spec.field_name(k.field), k.slots),
+                None => String::new(),
+            };
+            let (logic, what) = match &s.kind {
+                StateKind::Counter { window_us } => self.counter_logic(s, slots as u64, *window_us),
+                StateKind::Avg { field, samples } => self.average_logic(s, slots as u64, *field, *samples),
+                StateKind::Ewma { field, shift, spike_shift, warmup } => {
+                    self.ewma_logic(s, slots as u64, *field, *shift, *spike_shift, *warmup)
+                }
+                StateKind::Var { width } => self.variable_logic(si, s, slots as u64, *width, &value_meta),
+            };
+            let value_width = s.value_width(spec);
+            self.layout.states.push(StateView {
+                source: s.name.clone(),
+                comment: format!("{what}{per}"),
+                slots,
+                key,
+                value_meta,
+                value_width,
+                logic,
+            });
+        }
+    }
+
+    /// Declares a register of `size` cells of `width` bits; returns its name.
+    fn register(&mut self, base: &str, width: u32, size: u64) -> String {
+        let name = self.global.fresh(base);
+        self.layout.registers.push(RegisterDecl { name: name.clone(), width, size });
+        name
+    }
+
+    /// A counter of packets per tumbling window: the window it counts in
+    /// and the count, per slot.
+    fn counter_logic(&mut self, s: &StateVar, slots: u64, window_us: u64) -> (StateLogic, String) {
+        self.layout.uses_time = true;
+        let logic = StateLogic::Counter {
+            window_us,
+            divide: Divider::new(window_us).p4("now_us"),
+            window_reg: self.register(&format!("{}_window", s.name), 48, slots),
+            count_reg: self.register(&format!("{}_count", s.name), 32, slots),
+        };
+        (logic, format!("{}: packets per tumbling window of {} us", s.name, window_us))
+    }
+
+    /// A mean of the last `samples` values: a ring of them, the ring's next
+    /// index and their sum, per slot.
+    fn average_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, samples: u32) -> (StateLogic, String) {
+        let (header, fname) = self.field_expr(field);
+        let width = self.spec.field(field).width;
+        let sum_width = width + log2(samples).max(1);
+        let logic = StateLogic::Avg {
+            header,
+            field: fname,
+            width,
+            samples,
+            log2: log2(samples),
+            sum_width,
+            ring_reg: self.register(&format!("{}_ring", s.name), width, slots * samples as u64),
+            next_reg: self.register(&format!("{}_next", s.name), 8, slots),
+            sum_reg: self.register(&format!("{}_sum", s.name), sum_width, slots),
+        };
+        (logic, format!("{}: mean of the last {} samples of {}", s.name, samples, self.spec.field_name(field)))
+    }
+
+    /// An exponentially weighted moving average with weight `2^-shift` and
+    /// its spike bit: the average and the samples seen, per slot.
+    fn ewma_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, shift: u32, spike_shift: u32, warmup: u32) -> (StateLogic, String) {
+        let (header, fname) = self.field_expr(field);
+        let spike_meta = s.spike_field.map(|q| self.layout.queries[q.0 as usize].meta.clone());
+        let logic = StateLogic::Ewma {
+            header,
+            field: fname,
+            shift,
+            spike_shift,
+            warmup,
+            avg_reg: self.register(&format!("{}_avg", s.name), 64, slots),
+            samples_reg: self.register(&format!("{}_samples", s.name), 8, slots),
+            spike_meta,
+        };
+        let what = format!(
+            "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples",
+            s.name,
+            self.spec.field_name(field)
+        );
+        (logic, what)
+    }
+
+    /// A variable that leaf actions update: its register, and the metadata
+    /// field that holds the packet's slot for the update. Its update
+    /// parameters are named later, by [`Builder::name_update_params`].
+    fn variable_logic(&mut self, state: usize, s: &StateVar, slots: u64, width: u32, value_meta: &str) -> (StateLogic, String) {
+        let reg = self.register(&s.name, width, slots);
+        let slot_meta = self.meta_namer.fresh(&format!("{}_slot", s.name));
+        self.layout.meta.push(MetaField { name: slot_meta.clone(), width: 32, comment: format!("the slot of {}", s.name) });
+        self.layout.vars.push(VarView {
+            state,
+            source: s.name.clone(),
+            width,
+            reg: reg.clone(),
+            value_meta: value_meta.to_string(),
+            slot_meta: slot_meta.clone(),
+            set_param: String::new(),
+            to_param: String::new(),
+            add_param: String::new(),
+        });
+        (StateLogic::Var { reg, slot_meta }, format!("{}: a variable of {width} bits that subscriptions update", s.name))
+    }
+
+    /// The variables' update parameters: one namespace per action, the same
+    /// names in each.
+    fn name_update_params(&mut self) {
+        let mut params = P4Namer::struct_fields(&["next", "port", "group", "ports"]);
+        for v in &mut self.layout.vars {
+            v.set_param = params.fresh(&format!("{}_set", v.source));
+            v.to_param = params.fresh(&format!("{}_to", v.source));
+            v.add_param = params.fresh(&format!("{}_add", v.source));
+        }
+    }
+
+    /// The metadata the pipelines use: the diagram's state, and with several
+    /// pipelines the bitmap of their ports.
+    fn declare_pipeline_metadata(&mut self) {
+        self.layout.meta.push(MetaField { name: "state".into(), width: STATE_WIDTH, comment: "the decision diagram's state".into() });
+        if let Fanout::Bitmap { width } = self.layout.fanout {
+            self.layout.meta.push(MetaField {
+                name: "ports".into(),
+                width,
+                comment: "the union of the pipelines' ports, one bit per port".into(),
+            });
+        }
+    }
+
+    /// The parameters of a leaf action that update the variables.
+    fn update_params(&self) -> Vec<ParamDecl> {
+        self.layout
+            .vars
+            .iter()
+            .enumerate()
+            .flat_map(|(k, v)| {
+                [
+                    ParamDecl { name: v.set_param.clone(), ty: "bit<1>".into(), width: 1, role: ParamRole::VarSet(k) },
+                    ParamDecl { name: v.to_param.clone(), ty: format!("bit<{}>", v.width), width: v.width, role: ParamRole::VarTo(k) },
+                    ParamDecl { name: v.add_param.clone(), ty: format!("bit<{}>", v.width), width: v.width, role: ParamRole::VarAdd(k) },
+                ]
+            })
+            .collect()
+    }
+
+    /// `set_state`, then the leaf actions: with one pipeline they forward,
+    /// multicast, drop or only update, and carry the variables' updates;
+    /// with several they add ports to the bitmap or drop.
+    fn declare_actions(&mut self) {
+        let direct = self.layout.fanout == Fanout::Direct;
+        let update_params = if direct { self.update_params() } else { vec![] };
+        let leaf = |name: &str, kind: ActionKind, first: Option<ParamDecl>| ActionDecl {
+            name: name.into(),
+            kind,
+            params: first.into_iter().chain(update_params.iter().cloned()).collect(),
+        };
+        let next = ParamDecl { name: "next".into(), ty: "state_t".into(), width: STATE_WIDTH, role: ParamRole::Next };
+        let port = ParamDecl { name: "port".into(), ty: "bit<9>".into(), width: PORT_WIDTH, role: ParamRole::Port };
+        let group = ParamDecl { name: "group".into(), ty: "bit<16>".into(), width: GROUP_WIDTH, role: ParamRole::Group };
+        let mut actions = vec![ActionDecl { name: "set_state".into(), kind: ActionKind::SetState, params: vec![next] }];
+        if direct {
+            actions.push(leaf("forward", ActionKind::Forward, Some(port)));
+        }
+        actions.push(leaf("multicast", ActionKind::Multicast, Some(group)));
+        actions.push(leaf("drop", ActionKind::Drop, None));
+        if direct && !self.layout.vars.is_empty() {
+            actions.push(leaf("update", ActionKind::Update, None));
+        }
+        if let Fanout::Bitmap { width } = self.layout.fanout {
+            let ports = ParamDecl { name: "ports".into(), ty: "ports_t".into(), width, role: ParamRole::Ports };
+            actions.push(ActionDecl { name: "add_ports".into(), kind: ActionKind::AddPorts, params: vec![ports] });
+        }
+        self.layout.actions = actions;
+    }
+
+    /// Each pipeline's tables in the order they apply, then, with several
+    /// pipelines, the `fanout` table.
+    fn declare_tables(&mut self, orders: &[Vec<QueryFieldId>]) {
+        let actions = TableActions::of(&self.layout);
+        for (p, order) in orders.iter().enumerate() {
+            // The generator's own names are reserved; with several pipelines
+            // they get a prefix and go through the namer like the rest.
+            let prefix = if orders.len() > 1 { Some(format!("p{p}_")) } else { None };
+            let pipeline = self.declare_pipeline(p, order, prefix.as_deref(), &actions);
+            self.layout.pipelines.push(pipeline);
+        }
+        if let Fanout::Bitmap { .. } = self.layout.fanout {
+            self.layout.tables.push(TableDecl {
+                name: "fanout".into(),
+                role: TableRole::Fanout,
+                keys: vec![],
+                actions: vec!["multicast".into(), "NoAction".into()],
+                default_action: "NoAction".into(),
+                default_args: String::new(),
+                size: 1,
+            });
+        }
+    }
+
+    /// A pipeline's root table, its levels' tables, and its leaf table
+    /// unless leaves are folded.
+    fn declare_pipeline(&mut self, p: usize, order: &[QueryFieldId], prefix: Option<&str>, actions: &TableActions) -> PipelineView {
+        let own = |global: &mut P4Namer, name: &str| match prefix {
+            Some(prefix) => global.fresh(&format!("{prefix}{name}")),
+            None => name.to_string(),
+        };
+        let root = own(&mut self.global, "root");
+        self.layout.tables.push(TableDecl {
+            name: root.clone(),
+            role: TableRole::Root { pipeline: p },
+            keys: vec![],
+            actions: actions.root.clone(),
+            default_action: "set_state".into(),
+            default_args: "0".into(),
+            size: 1,
+        });
+        let prefix = prefix.unwrap_or("");
+        let levels = order.iter().enumerate().map(|(level, q)| self.declare_level(p, level, *q, prefix, &actions.field)).collect();
+        let leaf = if self.layout.fold_leaves {
+            None
+        } else {
+            let leaf = own(&mut self.global, "leaf");
+            self.push_entry_table(leaf.clone(), TableRole::Leaf { pipeline: p }, vec![state_key()], &actions.leaf);
+            Some(leaf)
+        };
+        PipelineView { root, levels, leaf }
+    }
+
+    /// The tables of one level, keyed on the state and the level's field:
+    /// `_exact`, the field's ranged kind unless it is exact, `_default`.
+    fn declare_level(&mut self, pipeline: usize, level: usize, q: QueryFieldId, prefix: &str, actions: &[String]) -> LevelView {
+        let qv = &self.layout.queries[q.0 as usize];
+        let (kind, source) = (qv.kind, qv.source.clone());
+        let field_key = {
+            let (expr, width) = (format!("meta.{}", qv.meta), qv.width);
+            move |kind: MatchKind| KeyDecl { expr: expr.clone(), width, kind }
+        };
+        let role = |stage: Stage| TableRole::Field { pipeline, level, stage };
+        let base = format!("{prefix}{}", query_base(self.spec, q));
+        let exact = self.global.fresh(&format!("{base}_exact"));
+        self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state_key(), field_key(MatchKind::Exact)], actions);
+        let ranged = (kind != MatchKind::Exact).then(|| {
+            let name = self.global.fresh(&format!("{base}_{}", kind.as_str()));
+            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state_key(), field_key(kind)], actions);
+            name
+        });
+        let default = self.global.fresh(&format!("{base}_default"));
+        self.push_entry_table(default.clone(), role(Stage::Default), vec![state_key()], actions);
+        LevelView { query: q, source, exact, ranged, default }
+    }
+
+    /// Declares a table the control plane fills: a miss runs `NoAction`, and
+    /// it starts at the smallest size ([`Layout::size_tables`] grows it).
+    fn push_entry_table(&mut self, name: String, role: TableRole, keys: Vec<KeyDecl>, actions: &[String]) {
+        self.layout.tables.push(TableDecl {
+            name,
+            role,
+            keys,
+            actions: actions.to_vec(),
+            default_action: "NoAction".into(),
+            default_args: String::new(),
+            size: self.opts.min_table_size,
+        });
     }
 }
 

@@ -141,8 +141,7 @@ impl P4Target {
     /// As [`P4Target::new`], from the pipelines alone (their tables give the
     /// field orders).
     pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
-        let orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect();
-        let mut layout = Layout::for_orders(spec, &orders, opts)?;
+        let mut layout = Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
         let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);

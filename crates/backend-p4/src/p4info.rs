@@ -10,7 +10,7 @@
 //! other symbol shares. With `P4TEST` set, a test compares this P4Info with
 //! the one p4c writes for the same program.
 
-use crate::layout::{Layout, INGRESS};
+use crate::layout::{Layout, RegisterDecl, TableDecl, INGRESS};
 use crate::proto::p4::config::v1 as cfg;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::MatchKind;
@@ -140,109 +140,115 @@ fn full_width_bytes(v: u64, width: u32) -> Vec<u8> {
 
 /// The P4Info of `layout`.
 pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
-    let actions = used_actions(layout);
-    let mut all: BTreeSet<String> = BTreeSet::new();
-    all.extend(ids.tables.keys().cloned());
-    all.extend(ids.actions.keys().cloned());
-    all.extend(ids.registers.keys().cloned());
-    let preamble = |name: String, id: u32, annotations: Vec<String>| cfg::Preamble {
-        id,
-        alias: alias(&name, &all),
-        name,
-        annotations,
-        ..Default::default()
-    };
-    let tables = layout
-        .tables
-        .iter()
-        .map(|t| {
-            let name = qualified(&t.name);
-            let default = layout.action(&t.default_action);
-            let default_id = ids.actions[&action_name(&t.default_action)];
-            let arguments = match default {
-                Some(a) if !t.default_args.is_empty() => {
-                    let values: Vec<u64> =
-                        t.default_args.split(',').map(|v| v.trim().parse().expect("numeric default arguments")).collect();
-                    a.params
-                        .iter()
-                        .zip(values)
-                        .enumerate()
-                        .map(|(i, (p, v))| cfg::table_action_call::Argument { param_id: i as u32 + 1, value: full_width_bytes(v, p.width) })
-                        .collect()
-                }
-                _ => vec![],
-            };
-            cfg::Table {
-                preamble: Some(preamble(name.clone(), ids.tables[&name], vec![])),
-                match_fields: t
-                    .keys
-                    .iter()
-                    .enumerate()
-                    .map(|(i, k)| cfg::MatchField {
-                        id: i as u32 + 1,
-                        name: k.expr.clone(),
-                        bitwidth: k.width as i32,
-                        r#match: Some(cfg::match_field::Match::MatchType(match_type(k.kind))),
-                        ..Default::default()
-                    })
-                    .collect(),
-                action_refs: t.actions.iter().map(|a| cfg::ActionRef { id: ids.actions[&action_name(a)], ..Default::default() }).collect(),
-                initial_default_action: Some(cfg::TableActionCall { action_id: default_id, arguments }),
-                size: t.size as i64,
-                ..Default::default()
-            }
-        })
-        .collect();
-    let actions = actions
-        .iter()
-        .map(|a| {
-            let name = action_name(a);
-            let id = ids.actions[&name];
-            if a == "NoAction" {
-                return cfg::Action { preamble: Some(preamble(name, id, vec!["@noWarn(\"unused\")".into()])), params: vec![] };
-            }
-            let decl = layout.action(a).expect("a declared action");
-            cfg::Action {
-                preamble: Some(preamble(name, id, vec![])),
-                params: decl
-                    .params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| cfg::action::Param {
-                        id: i as u32 + 1,
-                        name: p.name.clone(),
-                        bitwidth: p.width as i32,
-                        ..Default::default()
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
-    let registers = layout
-        .registers
-        .iter()
-        .map(|r| {
-            let name = qualified(&r.name);
-            let id = ids.registers[&name];
-            cfg::Register {
-                preamble: Some(preamble(name, id, vec![])),
-                type_spec: Some(cfg::P4DataTypeSpec {
-                    type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
-                        type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: r.width as i32 })),
-                        ..Default::default()
-                    })),
-                }),
-                size: r.size as i32,
-                ..Default::default()
-            }
-        })
-        .collect();
+    let preambles = Preambles::new(ids);
     cfg::P4Info {
         pkg_info: Some(cfg::PkgInfo { arch: "v1model".into(), ..Default::default() }),
-        tables,
-        actions,
-        registers,
+        tables: layout.tables.iter().map(|t| table_info(layout, ids, &preambles, t)).collect(),
+        actions: used_actions(layout).iter().map(|a| action_info(layout, ids, &preambles, a)).collect(),
+        registers: layout.registers.iter().map(|r| register_info(ids, &preambles, r)).collect(),
         type_info: Some(Default::default()),
+        ..Default::default()
+    }
+}
+
+/// Makes the preambles of one program's objects: aliases are unique among
+/// all of its tables, actions and registers.
+struct Preambles {
+    all: BTreeSet<String>,
+}
+
+impl Preambles {
+    fn new(ids: &Ids) -> Preambles {
+        let mut all: BTreeSet<String> = BTreeSet::new();
+        all.extend(ids.tables.keys().cloned());
+        all.extend(ids.actions.keys().cloned());
+        all.extend(ids.registers.keys().cloned());
+        Preambles { all }
+    }
+
+    fn preamble(&self, name: String, id: u32, annotations: Vec<String>) -> Option<cfg::Preamble> {
+        Some(cfg::Preamble { id, alias: alias(&name, &self.all), name, annotations, ..Default::default() })
+    }
+}
+
+/// A table: its match fields named by their key expressions, its actions,
+/// and the default action it starts with.
+fn table_info(layout: &Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) -> cfg::Table {
+    let name = qualified(&t.name);
+    cfg::Table {
+        preamble: preambles.preamble(name.clone(), ids.tables[&name], vec![]),
+        match_fields: t
+            .keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| cfg::MatchField {
+                id: i as u32 + 1,
+                name: k.expr.clone(),
+                bitwidth: k.width as i32,
+                r#match: Some(cfg::match_field::Match::MatchType(match_type(k.kind))),
+                ..Default::default()
+            })
+            .collect(),
+        action_refs: t.actions.iter().map(|a| cfg::ActionRef { id: ids.actions[&action_name(a)], ..Default::default() }).collect(),
+        initial_default_action: Some(cfg::TableActionCall {
+            action_id: ids.actions[&action_name(&t.default_action)],
+            arguments: default_arguments(layout, t),
+        }),
+        size: t.size as i64,
+        ..Default::default()
+    }
+}
+
+/// The arguments of a table's default action, from the numbers the program
+/// writes (`set_state(0)`).
+fn default_arguments(layout: &Layout, t: &TableDecl) -> Vec<cfg::table_action_call::Argument> {
+    match layout.action(&t.default_action) {
+        Some(a) if !t.default_args.is_empty() => {
+            let values: Vec<u64> = t.default_args.split(',').map(|v| v.trim().parse().expect("numeric default arguments")).collect();
+            a.params
+                .iter()
+                .zip(values)
+                .enumerate()
+                .map(|(i, (p, v))| cfg::table_action_call::Argument { param_id: i as u32 + 1, value: full_width_bytes(v, p.width) })
+                .collect()
+        }
+        _ => vec![],
+    }
+}
+
+/// An action and its parameters (`NoAction` comes from `core.p4`, with its
+/// annotation).
+fn action_info(layout: &Layout, ids: &Ids, preambles: &Preambles, a: &str) -> cfg::Action {
+    let name = action_name(a);
+    let id = ids.actions[&name];
+    if a == "NoAction" {
+        return cfg::Action { preamble: preambles.preamble(name, id, vec!["@noWarn(\"unused\")".into()]), params: vec![] };
+    }
+    let decl = layout.action(a).expect("a declared action");
+    cfg::Action {
+        preamble: preambles.preamble(name, id, vec![]),
+        params: decl
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| cfg::action::Param { id: i as u32 + 1, name: p.name.clone(), bitwidth: p.width as i32, ..Default::default() })
+            .collect(),
+    }
+}
+
+/// A register of `bit<width>` cells.
+fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Register {
+    let name = qualified(&r.name);
+    let id = ids.registers[&name];
+    cfg::Register {
+        preamble: preambles.preamble(name, id, vec![]),
+        type_spec: Some(cfg::P4DataTypeSpec {
+            type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
+                type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: r.width as i32 })),
+                ..Default::default()
+            })),
+        }),
+        size: r.size as i32,
         ..Default::default()
     }
 }

@@ -2,7 +2,9 @@
 //! template needs already made, and the askama template that prints it
 //! (`templates/program.p4`). The template only loops and picks snippets.
 
-use crate::layout::{Fanout, Layout, StateLogic, StateView, TableRole, Transition, STATE_WIDTH};
+use crate::layout::{
+    Fanout, Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
+};
 use askama::Template;
 use subc_lang::spec::{MatchKind, Spec};
 
@@ -92,156 +94,171 @@ fn match_kind(k: MatchKind) -> &'static str {
 
 impl<'a> ProgramTemplate<'a> {
     pub fn new(spec: &Spec, l: &'a Layout) -> ProgramTemplate<'a> {
-        let pipelines = l
-            .pipelines
-            .iter()
-            .enumerate()
-            .map(|(i, p)| PipelineRow {
-                index: i,
-                order: p.levels.iter().map(|x| x.source.as_str()).collect::<Vec<_>>().join(", "),
-                root: p.root.clone(),
-                levels: p.levels.clone(),
-                leaf: p.leaf.clone(),
-            })
-            .collect();
-        let widest = l.meta.iter().map(|m| meta_type(m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
-        let meta = l
-            .meta
-            .iter()
-            .map(|m| {
-                let ty = meta_type(&m.name, m.width);
-                let pad = " ".repeat(widest + 2 - ty.len() - m.name.len());
-                MetaRow { ty, name: m.name.clone(), pad, comment: m.comment.clone() }
-            })
-            .collect();
-        let parse_states = l
-            .parse_states
-            .iter()
-            .map(|s| match &s.next {
-                Transition::Goto(t) => ParseRow { name: s.name.clone(), header: s.header.clone(), select: None, goto: t.clone() },
-                Transition::Select { fields, widths, cases, default } => {
-                    let keyset = |vals: &[Option<u64>]| -> String {
-                        let parts: Vec<String> =
-                            vals.iter().zip(widths).map(|(v, w)| v.map(|v| literal(v, *w)).unwrap_or_else(|| "_".into())).collect();
-                        if parts.len() == 1 {
-                            parts[0].clone()
-                        } else {
-                            format!("({})", parts.join(", "))
-                        }
-                    };
-                    ParseRow {
-                        name: s.name.clone(),
-                        header: s.header.clone(),
-                        select: Some(SelectRow {
-                            key: fields.join(", "),
-                            cases: cases.iter().map(|(v, t)| (keyset(v), t.clone())).collect(),
-                            default: default.clone(),
-                        }),
-                        goto: String::new(),
-                    }
-                }
-            })
-            .collect();
-        let var_params: Vec<String> = l
-            .vars
-            .iter()
-            .map(|v| format!("bit<1> {}, bit<{w}> {}, bit<{w}> {}", v.set_param, v.to_param, v.add_param, w = v.width))
-            .collect();
-        let signature = |name: &str, first: Option<&str>| -> String {
-            let mut parts: Vec<String> = first.map(|f| vec![f.to_string()]).unwrap_or_default();
-            parts.extend(var_params.iter().cloned());
-            // Continuation lines line up after `    action name(`.
-            let indent = " ".repeat(4 + "action ".len() + name.len() + 1);
-            format!("{name}({})", parts.join(&format!(",\n{indent}")))
-        };
-        let updates = l
-            .vars
-            .iter()
-            .map(|v| {
-                format!(
-                    "{}.write(meta.{}, ({} == 1 ? {} : meta.{}) + {});",
-                    v.reg, v.slot_meta, v.set_param, v.to_param, v.value_meta, v.add_param
-                )
-            })
-            .collect();
-        let tables = l
-            .tables
-            .iter()
-            .map(|t| {
-                let comment = match t.role {
-                    TableRole::Root { pipeline } => {
-                        Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it)."))
-                    }
-                    TableRole::Field { level, stage: crate::layout::Stage::Exact, pipeline } => {
-                        let lv = &l.pipelines[pipeline].levels[level];
-                        Some(match &lv.ranged {
-                            Some(_) => format!(
-                                "Pipeline {pipeline}, {}: the state's exact entries, then its {} entries, then its default.",
-                                lv.source,
-                                l.queries[lv.query.0 as usize].kind.as_str()
-                            ),
-                            None => format!("Pipeline {pipeline}, {}: the state's exact entries, then its default.", lv.source),
-                        })
-                    }
-                    TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
-                    TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
-                    _ => None,
-                };
-                let default_action = if t.default_args.is_empty() && t.default_action == "NoAction" {
-                    "NoAction()".to_string()
-                } else {
-                    format!("{}({})", t.default_action, t.default_args)
-                };
-                TableRow {
-                    name: t.name.clone(),
-                    comment,
-                    keys: t.keys.iter().map(|k| (k.expr.clone(), match_kind(k.kind))).collect(),
-                    actions: t.actions.clone(),
-                    default_action,
-                    size: t.size,
-                }
-            })
-            .collect();
-        let mut copies: Vec<CopyRow> = vec![];
-        let mut flips = vec![];
-        for q in &l.queries {
-            if let crate::layout::QueryValue::Packet { header, field, flip } = &q.value {
-                match copies.iter_mut().find(|c| &c.header == header) {
-                    Some(c) => c.assigns.push((q.meta.clone(), field.clone())),
-                    None => copies.push(CopyRow { header: header.clone(), assigns: vec![(q.meta.clone(), field.clone())] }),
-                }
-                if *flip != 0 {
-                    flips.push((q.meta.clone(), format!("{}w0x{:x}", q.width, flip)));
-                }
-            }
-        }
-        let emit_order = spec.parser.topo_order.iter().map(|h| l.headers[h.0 as usize].instance.clone()).collect();
+        let (copies, flips) = header_copies(l);
         ProgramTemplate {
-            pipelines,
+            pipelines: pipeline_rows(l),
             state_width: STATE_WIDTH,
             ports_width: match l.fanout {
                 Fanout::Bitmap { width } => Some(width),
                 Fanout::Direct => None,
             },
             headers: &l.headers,
-            meta,
+            meta: meta_rows(l),
             start: &l.start,
-            parse_states,
+            parse_states: l.parse_states.iter().map(parse_row).collect(),
             registers: &l.registers,
             direct: l.fanout == Fanout::Direct,
-            sig_forward: signature("forward", Some("bit<9> port")),
-            sig_multicast: signature("multicast", Some("bit<16> group")),
-            sig_drop: signature("drop", None),
-            sig_update: signature("update", None),
-            updates,
-            tables,
+            sig_forward: action_signature(l, "forward", Some("bit<9> port")),
+            sig_multicast: action_signature(l, "multicast", Some("bit<16> group")),
+            sig_drop: action_signature(l, "drop", None),
+            sig_update: action_signature(l, "update", None),
+            updates: variable_updates(l),
+            tables: l.tables.iter().map(|t| table_row(l, t)).collect(),
             copies,
             flips,
             states: &l.states,
             uses_time: l.uses_time,
-            emit_order,
+            emit_order: spec.parser.topo_order.iter().map(|h| l.headers[h.0 as usize].instance.clone()).collect(),
         }
     }
+}
+
+/// Each pipeline's tables, and its field order for the comment above them.
+fn pipeline_rows(l: &Layout) -> Vec<PipelineRow> {
+    l.pipelines
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PipelineRow {
+            index: i,
+            order: p.levels.iter().map(|x| x.source.as_str()).collect::<Vec<_>>().join(", "),
+            root: p.root.clone(),
+            levels: p.levels.clone(),
+            leaf: p.leaf.clone(),
+        })
+        .collect()
+}
+
+/// The fields of `metadata_t`, their comments lined up in one column.
+fn meta_rows(l: &Layout) -> Vec<MetaRow> {
+    let widest = l.meta.iter().map(|m| meta_type(m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
+    l.meta
+        .iter()
+        .map(|m| {
+            let ty = meta_type(&m.name, m.width);
+            let pad = " ".repeat(widest + 2 - ty.len() - m.name.len());
+            MetaRow { ty, name: m.name.clone(), pad, comment: m.comment.clone() }
+        })
+        .collect()
+}
+
+/// A parser state, its select's keysets written as P4 literals.
+fn parse_row(s: &ParseStateView) -> ParseRow {
+    match &s.next {
+        Transition::Goto(t) => ParseRow { name: s.name.clone(), header: s.header.clone(), select: None, goto: t.clone() },
+        Transition::Select { fields, widths, cases, default } => {
+            let keyset = |vals: &[Option<u64>]| -> String {
+                let parts: Vec<String> =
+                    vals.iter().zip(widths).map(|(v, w)| v.map(|v| literal(v, *w)).unwrap_or_else(|| "_".into())).collect();
+                if parts.len() == 1 {
+                    parts[0].clone()
+                } else {
+                    format!("({})", parts.join(", "))
+                }
+            };
+            ParseRow {
+                name: s.name.clone(),
+                header: s.header.clone(),
+                select: Some(SelectRow {
+                    key: fields.join(", "),
+                    cases: cases.iter().map(|(v, t)| (keyset(v), t.clone())).collect(),
+                    default: default.clone(),
+                }),
+                goto: String::new(),
+            }
+        }
+    }
+}
+
+/// The signature of a leaf action (`forward(bit<9> port, ...)`): its own
+/// parameter, then the variables' update parameters, one line per variable.
+fn action_signature(l: &Layout, name: &str, first: Option<&str>) -> String {
+    let mut parts: Vec<String> = first.map(|f| vec![f.to_string()]).unwrap_or_default();
+    parts.extend(l.vars.iter().map(|v| format!("bit<1> {}, bit<{w}> {}, bit<{w}> {}", v.set_param, v.to_param, v.add_param, w = v.width)));
+    // Continuation lines line up after `    action name(`.
+    let indent = " ".repeat(4 + "action ".len() + name.len() + 1);
+    format!("{name}({})", parts.join(&format!(",\n{indent}")))
+}
+
+/// One register write per variable: `v = (set ? to : v) + add`.
+fn variable_updates(l: &Layout) -> Vec<String> {
+    l.vars
+        .iter()
+        .map(|v| {
+            format!(
+                "{}.write(meta.{}, ({} == 1 ? {} : meta.{}) + {});",
+                v.reg, v.slot_meta, v.set_param, v.to_param, v.value_meta, v.add_param
+            )
+        })
+        .collect()
+}
+
+/// A table as the template prints it.
+fn table_row(l: &Layout, t: &TableDecl) -> TableRow {
+    let default_action = if t.default_args.is_empty() && t.default_action == "NoAction" {
+        "NoAction()".to_string()
+    } else {
+        format!("{}({})", t.default_action, t.default_args)
+    };
+    TableRow {
+        name: t.name.clone(),
+        comment: table_comment(l, t.role),
+        keys: t.keys.iter().map(|k| (k.expr.clone(), match_kind(k.kind))).collect(),
+        actions: t.actions.clone(),
+        default_action,
+        size: t.size,
+    }
+}
+
+/// The comment above a table: what it is for. A level's ranged and default
+/// tables share the comment above its exact table.
+fn table_comment(l: &Layout, role: TableRole) -> Option<String> {
+    match role {
+        TableRole::Root { pipeline } => Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it).")),
+        TableRole::Field { level, stage: Stage::Exact, pipeline } => {
+            let lv = &l.pipelines[pipeline].levels[level];
+            Some(match &lv.ranged {
+                Some(_) => format!(
+                    "Pipeline {pipeline}, {}: the state's exact entries, then its {} entries, then its default.",
+                    lv.source,
+                    l.queries[lv.query.0 as usize].kind.as_str()
+                ),
+                None => format!("Pipeline {pipeline}, {}: the state's exact entries, then its default.", lv.source),
+            })
+        }
+        TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
+        TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
+        TableRole::Field { .. } => None,
+    }
+}
+
+/// The copies of packet fields into metadata, grouped by header (each
+/// header's copies go under one validity check), and the sign bits to flip
+/// after them.
+fn header_copies(l: &Layout) -> (Vec<CopyRow>, Vec<(String, String)>) {
+    let mut copies: Vec<CopyRow> = vec![];
+    let mut flips = vec![];
+    for q in &l.queries {
+        if let QueryValue::Packet { header, field, flip } = &q.value {
+            match copies.iter_mut().find(|c| &c.header == header) {
+                Some(c) => c.assigns.push((q.meta.clone(), field.clone())),
+                None => copies.push(CopyRow { header: header.clone(), assigns: vec![(q.meta.clone(), field.clone())] }),
+            }
+            if *flip != 0 {
+                flips.push((q.meta.clone(), format!("{}w0x{:x}", q.width, flip)));
+            }
+        }
+    }
+    (copies, flips)
 }
 
 /// The generator's metadata fields use the program's typedefs.

@@ -188,9 +188,21 @@ fn c_escape(bytes: &[u8]) -> String {
     s
 }
 
+/// Why a text is not a message in the protobuf text format ([`from_text`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TextFormatError {
+    /// Not the text format of the message (the error has the line and column).
+    #[error(transparent)]
+    Parse(#[from] prost_reflect::text_format::ParseError),
+    /// Parsed, but the generated type does not decode it: the generated code
+    /// and the descriptors disagree.
+    #[error(transparent)]
+    Decode(#[from] prost::DecodeError),
+}
+
 /// Parses the protobuf text format (comments allowed).
-pub fn from_text<M: Named>(text: &str) -> Result<M, String> {
+pub fn from_text<M: Named>(text: &str) -> Result<M, TextFormatError> {
     let desc = pool().get_message_by_name(M::NAME).expect("a known message");
-    let dynamic = DynamicMessage::parse_text_format(desc, text).map_err(|e| e.to_string())?;
-    M::decode(dynamic.encode_to_vec().as_slice()).map_err(|e| e.to_string())
+    let dynamic = DynamicMessage::parse_text_format(desc, text)?;
+    Ok(M::decode(dynamic.encode_to_vec().as_slice())?)
 }

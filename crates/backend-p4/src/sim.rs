@@ -50,6 +50,60 @@ impl std::fmt::Display for WriteError {
     }
 }
 
+/// Why a P4Info cannot run on a [`Switch`]: it lacks what a P4Runtime
+/// target needs to check and apply updates.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum P4InfoError {
+    /// `what` is the object, with its article: `an action`, `a table`.
+    #[error("{what} without preamble")]
+    NoPreamble { what: &'static str },
+    #[error("{field}: unsupported match type")]
+    UnsupportedMatchType { field: String },
+    #[error("{field}: no match type")]
+    NoMatchType { field: String },
+    #[error("{table}: no initial default action")]
+    NoInitialDefault { table: String },
+}
+
+/// Why the [`Simulator`] cannot run the program, or a packet through it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    P4Info(#[from] P4InfoError),
+    #[error("the P4Info has no table {table}")]
+    NoTable { table: String },
+    /// `action` is the P4Info's (fully qualified) name.
+    #[error("the P4Info's action {action} is not in the program")]
+    NoAction { action: String },
+    /// Two entries match with the same priority: P4Runtime leaves the
+    /// choice to the target, so the program's behaviour is undefined.
+    #[error("{table}: two matching entries of the same priority")]
+    TiedEntries { table: String },
+    #[error("unknown action {id}")]
+    UnknownActionId { id: u32 },
+    #[error("multicast group {group} does not exist")]
+    NoGroup { group: u64 },
+}
+
+/// A reference the program's entries make that nothing answers: what
+/// make-before-break ordering rules out ([`Switch::check_references`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReferenceError {
+    /// The layout names a table the switch's P4Info does not have.
+    #[error("no table {table}")]
+    NoTable { table: String },
+    #[error("pipeline {pipeline}: the root is state {state}, which has no entries")]
+    RootWithoutEntries { pipeline: usize, state: u64 },
+    #[error("pipeline {pipeline}: an entry of {table} points to state {state}, which has no entries after it")]
+    StateWithoutEntries { pipeline: usize, table: String, state: u64 },
+    #[error("pipeline {pipeline}: an action multicasts to group {group}, which does not exist")]
+    NoGroup { pipeline: usize, group: u64 },
+    #[error("the fanout multicasts to group {group}, which does not exist")]
+    NoFanoutGroup { group: u64 },
+    #[error("a leaf forwards to port {port}, which the fanout's group does not reach")]
+    PortOutsideFanout { port: u32 },
+}
+
 fn invalid(msg: impl Into<String>) -> WriteError {
     WriteError { code: Code::InvalidArgument, message: msg.into() }
 }
@@ -160,25 +214,27 @@ fn match_kind(t: i32) -> Option<MatchKind> {
 
 impl Switch {
     /// A target running the program `info` describes, with empty tables.
-    pub fn new(info: &cfg::P4Info) -> Result<Switch, String> {
+    pub fn new(info: &cfg::P4Info) -> Result<Switch, P4InfoError> {
         let mut actions = BTreeMap::new();
         for a in &info.actions {
-            let p = a.preamble.as_ref().ok_or("an action without preamble")?;
+            let p = a.preamble.as_ref().ok_or(P4InfoError::NoPreamble { what: "an action" })?;
             actions.insert(p.id, ActionInfo { name: p.name.clone(), params: a.params.iter().map(|x| (x.id, x.bitwidth as u32)).collect() });
         }
         let mut tables = BTreeMap::new();
         for t in &info.tables {
-            let p = t.preamble.as_ref().ok_or("a table without preamble")?;
+            let p = t.preamble.as_ref().ok_or(P4InfoError::NoPreamble { what: "a table" })?;
             let mut fields = vec![];
             for f in &t.match_fields {
                 let kind = match &f.r#match {
-                    Some(cfg::match_field::Match::MatchType(k)) => match_kind(*k).ok_or(format!("{}: unsupported match type", f.name))?,
-                    _ => return Err(format!("{}: no match type", f.name)),
+                    Some(cfg::match_field::Match::MatchType(k)) => {
+                        match_kind(*k).ok_or_else(|| P4InfoError::UnsupportedMatchType { field: f.name.clone() })?
+                    }
+                    _ => return Err(P4InfoError::NoMatchType { field: f.name.clone() }),
                 };
                 fields.push(FieldInfo { id: f.id, width: f.bitwidth as u32, kind });
             }
             let needs_priority = fields.iter().any(|f| matches!(f.kind, MatchKind::Ternary | MatchKind::Range));
-            let d = t.initial_default_action.as_ref().ok_or(format!("{}: no initial default action", p.name))?;
+            let d = t.initial_default_action.as_ref().ok_or_else(|| P4InfoError::NoInitialDefault { table: p.name.clone() })?;
             let initial_default =
                 ActionCall { action: d.action_id, args: d.arguments.iter().map(|a| crate::entries::canonical_bytes(&a.value)).collect() };
             tables.insert(
@@ -459,7 +515,7 @@ impl Switch {
     /// The action a lookup of `table` with `values` (one per match field,
     /// canonical bytes for exact fields, integers otherwise) executes, and
     /// whether it hit.
-    pub fn lookup(&self, table: u32, values: &[KeyValue]) -> Result<(ActionCall, bool), String> {
+    pub fn lookup(&self, table: u32, values: &[KeyValue]) -> Result<(ActionCall, bool), SimError> {
         let t = &self.tables[&table];
         let st = &self.state[&table];
         let mut best: Option<(&Entry, (u32, i32))> = None;
@@ -492,7 +548,7 @@ impl Switch {
             }
         }
         if tie {
-            return Err(format!("{}: two matching entries of the same priority", t.name));
+            return Err(SimError::TiedEntries { table: t.name.clone() });
         }
         Ok(match best {
             Some((e, _)) => (e.action.clone(), true),
@@ -501,8 +557,8 @@ impl Switch {
     }
 
     /// Checks the references the program's entries make (see the module doc).
-    pub fn check_references(&self, layout: &Layout) -> Result<(), String> {
-        let id_of = |name: &str| self.table_id(&qualified(name)).ok_or(format!("no table {name}"));
+    pub fn check_references(&self, layout: &Layout) -> Result<(), ReferenceError> {
+        let id_of = |name: &str| self.table_id(&qualified(name)).ok_or_else(|| ReferenceError::NoTable { table: name.to_string() });
         let state_of = |a: &ActionCall| -> Option<u64> {
             (self.action_name(a.action) == Some("MyIngress.set_state")).then(|| bytes_to_u64(&a.args[0]))
         };
@@ -538,7 +594,7 @@ impl Switch {
             let root = self.state[&root_id].default.clone().unwrap_or_else(|| self.tables[&root_id].initial_default.clone());
             if let Some(s) = state_of(&root) {
                 if !ok_after(0, s) {
-                    return Err(format!("pipeline {p}: the root is state {s}, which has no entries"));
+                    return Err(ReferenceError::RootWithoutEntries { pipeline: p, state: s });
                 }
             }
             for (level, lv) in pv.levels.iter().enumerate() {
@@ -546,7 +602,7 @@ impl Switch {
                     for e in self.state[&id_of(name)?].entries.values() {
                         if let Some(s) = state_of(&e.action) {
                             if !ok_after(level + 1, s) {
-                                return Err(format!("pipeline {p}: an entry of {name} points to state {s}, which has no entries after it"));
+                                return Err(ReferenceError::StateWithoutEntries { pipeline: p, table: name.clone(), state: s });
                             }
                         }
                     }
@@ -557,7 +613,7 @@ impl Switch {
             for a in calls.chain(std::iter::once(root.clone())) {
                 if let Some(g) = group_of(&a) {
                     if !self.groups.contains_key(&(g as u32)) {
-                        return Err(format!("pipeline {p}: an action multicasts to group {g}, which does not exist"));
+                        return Err(ReferenceError::NoGroup { pipeline: p, group: g });
                     }
                 }
             }
@@ -566,16 +622,14 @@ impl Switch {
             // The fanout multicasts to a group that holds every port a leaf names.
             let fanout = id_of("fanout")?;
             let all: Vec<u32> = match self.state[&fanout].default.as_ref().and_then(group_of) {
-                Some(g) => {
-                    self.groups.get(&(g as u32)).cloned().ok_or(format!("the fanout multicasts to group {g}, which does not exist"))?
-                }
+                Some(g) => self.groups.get(&(g as u32)).cloned().ok_or(ReferenceError::NoFanoutGroup { group: g })?,
                 None => vec![],
             };
             for pv in &layout.pipelines {
                 for id in self.pipeline_tables(pv, &id_of)? {
                     for a in self.calls(id).into_iter().filter(|a| self.action_name(a.action) == Some("MyIngress.add_ports")) {
                         if let Some(p) = (0..a.args[0].len() as u32 * 8).find(|p| bit_set(&a.args[0], *p) && !all.contains(p)) {
-                            return Err(format!("a leaf forwards to port {p}, which the fanout's group does not reach"));
+                            return Err(ReferenceError::PortOutsideFanout { port: p });
                         }
                     }
                 }
@@ -587,7 +641,11 @@ impl Switch {
 
 impl Switch {
     /// The ids of one pipeline's tables: root, field tables, leaf.
-    fn pipeline_tables(&self, pv: &crate::layout::PipelineView, id_of: &dyn Fn(&str) -> Result<u32, String>) -> Result<Vec<u32>, String> {
+    fn pipeline_tables(
+        &self,
+        pv: &crate::layout::PipelineView,
+        id_of: &dyn Fn(&str) -> Result<u32, ReferenceError>,
+    ) -> Result<Vec<u32>, ReferenceError> {
         let mut names: Vec<&str> = vec![pv.root.as_str()];
         for lv in &pv.levels {
             names.extend([Some(lv.exact.as_str()), lv.ranged.as_deref(), Some(lv.default.as_str())].into_iter().flatten());
@@ -715,12 +773,12 @@ struct Meta {
 impl<'a> Simulator<'a> {
     /// A switch running the program of `layout` (for `spec`), described to
     /// the control plane by `info`; no entries yet.
-    pub fn new(spec: &'a Spec, layout: &'a Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, String> {
+    pub fn new(spec: &'a Spec, layout: &'a Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, SimError> {
         let switch = Switch::new(info)?;
         let registers = layout.registers.iter().map(|r| (r.name.clone(), vec![0u128; r.size as usize])).collect();
         let mut table_ids = HashMap::new();
         for t in &layout.tables {
-            let id = switch.table_id(&qualified(&t.name)).ok_or(format!("the P4Info has no table {}", t.name))?;
+            let id = switch.table_id(&qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
             table_ids.insert(t.name.clone(), id);
         }
         let mut action_kinds = HashMap::new();
@@ -729,7 +787,7 @@ impl<'a> Simulator<'a> {
             let kind = if short == "NoAction" {
                 ActionKind::NoAction
             } else {
-                layout.action(short).ok_or(format!("the P4Info's action {} is not in the program", a.name))?.kind
+                layout.action(short).ok_or_else(|| SimError::NoAction { action: a.name.clone() })?.kind
             };
             action_kinds.insert(*id, kind);
         }
@@ -862,7 +920,7 @@ impl<'a> Simulator<'a> {
         }
     }
 
-    fn apply_table(&mut self, name: &str, meta: &mut Meta) -> Result<bool, String> {
+    fn apply_table(&mut self, name: &str, meta: &mut Meta) -> Result<bool, SimError> {
         let id = self.table_ids[name];
         let decl = self.layout.table(name).expect("a table of the layout");
         let values: Vec<KeyValue> = decl
@@ -880,8 +938,8 @@ impl<'a> Simulator<'a> {
         Ok(hit)
     }
 
-    fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), String> {
-        let kind = *self.action_kinds.get(&call.action).ok_or(format!("unknown action {}", call.action))?;
+    fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), SimError> {
+        let kind = *self.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
         let name = self.switch.action_name(call.action).unwrap_or("").strip_prefix("MyIngress.").unwrap_or("NoAction").to_string();
         let arg = |i: usize| bytes_to_u64(&call.args[i]);
         match kind {
@@ -916,7 +974,7 @@ impl<'a> Simulator<'a> {
     }
 
     /// Runs one packet that arrived at `ts_ns` (nanoseconds).
-    pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, String> {
+    pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
         let Some(pkt) = self.parse(bytes) else {
             return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch });
         };
@@ -951,12 +1009,7 @@ impl<'a> Simulator<'a> {
             self.apply_table("fanout", &mut meta)?;
         }
         let ports: Vec<u32> = if meta.mcast_grp != 0 {
-            let group = self
-                .switch
-                .groups
-                .get(&(meta.mcast_grp as u32))
-                .cloned()
-                .ok_or(format!("multicast group {} does not exist", meta.mcast_grp))?;
+            let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(SimError::NoGroup { group: meta.mcast_grp })?;
             // Several pipelines: the egress drops the copies outside the bitmap.
             group.into_iter().filter(|p| !bitmap || bit_set(&meta.ports, *p)).collect()
         } else if meta.egress_spec != DROP_PORT {

@@ -167,7 +167,7 @@ impl P4Runtime for FakeSwitch {
             let check = sw.total_entries() <= PER_UPDATE_CHECKS || n + 1 == w.updates.len();
             if let Err(v) = if check { sw.check_references(layout) } else { Ok(()) } {
                 *sw = before;
-                st.violation.get_or_insert(v.clone());
+                st.violation.get_or_insert(v.to_string());
                 return Err(Status::failed_precondition(format!("the write would leave a dangling reference: {v}")));
             }
         }
@@ -232,10 +232,10 @@ impl P4Runtime for FakeSwitch {
         Self::check_primary(&st, r.device_id, r.election_id)?;
         let config = r.config.ok_or_else(|| Status::invalid_argument("no config"))?;
         let info = config.p4info.clone().ok_or_else(|| Status::invalid_argument("no P4Info"))?;
-        let sw = Switch::new(&info).map_err(Status::invalid_argument)?;
+        let sw = Switch::new(&info).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let layout = match &self.checks {
             Checks::Layout(l) => (**l).clone(),
-            Checks::Recover(spec) => recover_layout(spec, &info).map_err(Status::invalid_argument)?,
+            Checks::Recover(spec) => recover_layout(spec, &info).map_err(|e| Status::invalid_argument(e.to_string()))?,
         };
         match A::try_from(r.action) {
             Ok(A::Verify) => {}
@@ -385,13 +385,29 @@ impl Drop for TestServer {
     }
 }
 
+/// Why a P4Info is not that of a program subc generates ([`recover_layout`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    /// No program has the pipelines the P4Info's tables describe.
+    #[error(transparent)]
+    Layout(#[from] crate::Error),
+    #[error("table {table} matches {field}, which is no query field")]
+    NoQueryField { table: String, field: String },
+    #[error("table {table} comes before any root table")]
+    BeforeRoot { table: String },
+    /// The program of the pipelines the tables describe has another P4Info,
+    /// leaves folded or not; `difference` is the last, in words.
+    #[error("the P4Info is not one subc generates for this spec: {difference}")]
+    NotGenerated { difference: String },
+}
+
 /// The layout of the program subc generates for `spec` whose P4Info is
 /// `info`: the pipelines' field orders are read from the tables (a keyless
 /// table other than `fanout` starts a pipeline, each table keyed on the
 /// state and an exact field starts a level), leaves folded or not, and the
 /// result is accepted only if its P4Info is `info` (up to table sizes).
-pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
-    let base = Layout::for_orders(spec, &[vec![]], &P4Options::default()).map_err(|e| e.to_string())?;
+pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, RecoverError> {
+    let base = Layout::for_orders(spec, &[vec![]], &P4Options::default())?;
     let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> =
         base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
     let mut orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = vec![];
@@ -403,24 +419,20 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, String> {
         if t.match_fields.is_empty() && !name.ends_with(".fanout") {
             orders.push(vec![]);
         } else if t.match_fields.len() == 2 && exact(0) && exact(1) {
-            let q = by_meta
-                .get(&t.match_fields[1].name)
-                .ok_or_else(|| format!("table {name} matches {}, which is no query field", t.match_fields[1].name))?;
-            orders.last_mut().ok_or_else(|| format!("table {name} comes before any root table"))?.push(*q);
+            let field = &t.match_fields[1].name;
+            let q = by_meta.get(field).ok_or_else(|| RecoverError::NoQueryField { table: name.to_string(), field: field.clone() })?;
+            orders.last_mut().ok_or_else(|| RecoverError::BeforeRoot { table: name.to_string() })?.push(*q);
         }
     }
     let mut last = String::from("no pipeline");
     for fold_leaves in [false, true] {
-        let layout = match Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() }) {
-            Ok(l) => l,
-            Err(e) => return Err(e.to_string()),
-        };
+        let layout = Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() })?;
         match difference(&p4info(&layout, &ids(&layout)), info) {
             None => return Ok(layout),
             Some(d) => last = d,
         }
     }
-    Err(format!("the P4Info is not one subc generates for this spec: {last}"))
+    Err(RecoverError::NotGenerated { difference: last })
 }
 
 /// BMv2's tools for the tests that also run against a real switch: the

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use subc_backend_p4::client::{initial_defaults, program_cookie, Client};
 use subc_backend_p4::entries::{describe, Batch, PortMap};
+use subc_backend_p4::layout::field_orders;
 use subc_backend_p4::p4info::difference;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
@@ -64,10 +65,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The pipelines' field orders: what the program depends on.
 type Orders = Vec<Vec<QueryFieldId>>;
-
-fn orders_of(pipes: &[&Pipeline]) -> Orders {
-    pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
-}
 
 /// The program for one shape of pipelines.
 struct Program {
@@ -242,7 +239,7 @@ impl P4Driver {
 
     /// The program for pipelines of this shape (kept while the shape stays).
     fn program_for(&mut self, pipes: &[&Pipeline]) -> Result<&Program, DriverError> {
-        let orders = orders_of(pipes);
+        let orders = field_orders(pipes);
         if self.program.as_ref().is_none_or(|p| p.orders != orders) {
             self.program = None;
             let make = |fold_leaves: bool| {
@@ -423,7 +420,7 @@ impl Driver for P4Driver {
             p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not fit the image: {e}")))?;
         }
         let pipes: Vec<&Pipeline> = after.iter().collect();
-        if self.program.as_ref().is_none_or(|p| p.orders != orders_of(&pipes)) {
+        if self.program.as_ref().is_none_or(|p| p.orders != field_orders(&pipes)) {
             return Err(DriverError::needs_install("the update is for pipelines of another shape"));
         }
         let batches = self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update).map_err(|e| self.transient(e))?;
