@@ -1,0 +1,116 @@
+//! Fuzzes the service's request decoding and handlers, in process: one
+//! server (ITCH spec, a store in a temporary directory, small limits) lives
+//! for the whole run; each input picks a caller and an RPC with its first
+//! byte and is decoded as that RPC's request (as tonic decodes it, with
+//! prost). A request that decodes is handled within a time bound, and
+//! nothing may panic. The limits keep the state bounded however long the
+//! run: subscriptions, targets, lines and compile time all have caps.
+//!
+//! Targets are registered as in-memory sims or as P4Runtime switches at an
+//! address nothing listens on: the fuzzer never loads eBPF programs into
+//! the kernel or writes files outside the temporary directory.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use std::sync::OnceLock;
+use std::time::Duration;
+use subc_server::api::Api;
+use subc_server::auth::Principal;
+use subc_server::proto::{self, register_target_request::Kind, subscriptions_server::Subscriptions, targets_server::Targets};
+use tonic::Request;
+
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    api: Api,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/itch/itch.spec");
+        let text = format!(
+            "spec = {spec:?}\nlisten = \"127.0.0.1:0\"\nstore = {:?}\ndurability = \"normal\"\n\
+             [limits]\nmax_subscriptions = 2000\nmax_lines_per_request = 64\nmax_cubes = 64\ncompile_timeout_ms = 200\nmax_targets = 16\n\
+             [deploy]\nbpffs_root = {:?}\nretry_initial_ms = 50\nretry_max_ms = 200\n",
+            dir.path().join("subc.db").display().to_string(),
+            dir.path().join("bpffs").display().to_string()
+        );
+        let config: subc_server::Config = toml::from_str(&text).expect("the fuzz configuration parses");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+        let running = rt.block_on(subc_server::start(config)).expect("the server starts");
+        let api = Api { core: running.core.clone() };
+        std::mem::forget(running);
+        Fixture { rt, api, _dir: dir }
+    })
+}
+
+fn caller(b: u8) -> Principal {
+    match b % 3 {
+        0 => Principal::admin(),
+        1 => Principal { app: "alice".into(), admin: false },
+        _ => Principal { app: "bob".into(), admin: false },
+    }
+}
+
+fn request<T>(who: Principal, msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.extensions_mut().insert(who);
+    r
+}
+
+/// Keeps a registration away from the kernel and the network.
+fn tame(mut reg: proto::RegisterTargetRequest) -> proto::RegisterTargetRequest {
+    reg.kind = match reg.kind {
+        Some(Kind::P4runtime(mut p)) => {
+            p.address = "127.0.0.1:1".into();
+            Some(Kind::P4runtime(p))
+        }
+        _ => Some(Kind::Sim(proto::SimTarget::default())),
+    };
+    reg
+}
+
+async fn handle(api: &Api, op: u8, who: Principal, body: &[u8]) {
+    macro_rules! call {
+        ($ty:ty, $method:path) => {
+            if let Ok(m) = <$ty>::decode(body) {
+                let _ = $method(api, request(who, m)).await;
+            }
+        };
+    }
+    match op % 10 {
+        0 => call!(proto::AddRequest, Subscriptions::add),
+        1 => call!(proto::RemoveRequest, Subscriptions::remove),
+        2 => call!(proto::GetRequest, Subscriptions::get),
+        3 => call!(proto::ListRequest, Subscriptions::list),
+        4 => call!(proto::AddRequest, Subscriptions::check),
+        5 => {
+            if let Ok(m) = proto::RegisterTargetRequest::decode(body) {
+                let _ = Targets::register(api, request(who, tame(m))).await;
+            }
+        }
+        6 => call!(proto::RemoveTargetRequest, Targets::remove),
+        7 => {
+            if let Ok(mut m) = proto::DeployRequest::decode(body) {
+                m.timeout_ms = m.timeout_ms.min(100);
+                let _ = Targets::deploy(api, request(who, m)).await;
+            }
+        }
+        8 => call!(proto::TargetRequest, Targets::status),
+        _ => call!(proto::TargetRequest, Targets::plan),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&first, body)) = data.split_first() else { return };
+    let f = fixture();
+    let work = handle(&f.api, first >> 2, caller(first & 3), body);
+    f.rt.block_on(async {
+        // Every limit of the fixture is far below this: a call past it hangs.
+        tokio::time::timeout(Duration::from_secs(10), work).await.expect("a call finished within 10 s");
+    });
+});
