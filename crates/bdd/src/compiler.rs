@@ -154,7 +154,7 @@ pub struct CompiledSet {
 }
 
 /// What an update did.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Update {
     /// One diff per pipeline that changed.
     pub diffs: Vec<PipelineDiff>,

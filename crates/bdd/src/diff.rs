@@ -18,10 +18,10 @@
 //! 7. remove groups.
 
 use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId, DEAD};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableDiff {
     pub inserts: Vec<(StateId, Match, StateId)>,
     pub modifies: Vec<(StateId, Match, StateId)>,
@@ -37,7 +37,7 @@ impl TableDiff {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipelineDiff {
     /// Index of the pipeline this diff applies to.
     pub pipeline: usize,
@@ -53,7 +53,7 @@ pub struct PipelineDiff {
 }
 
 /// One step of applying a diff.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     CreateGroup { group: GroupId, ports: Vec<u32> },
