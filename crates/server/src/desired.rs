@@ -136,7 +136,7 @@ pub struct Committed {
     pipelines: Vec<Pipeline>,
     base_order: Vec<QueryFieldId>,
     /// The compiler's update of each recent generation, for diffs over only
-    /// the keys they touched (`touched.rs`).
+    /// the keys they touched (`subc_bdd::diff::diff_touched`).
     log: UpdateLog,
 }
 
