@@ -34,6 +34,7 @@ use crate::leaf::Leaf;
 use crate::lower::{FieldInfo, Lowering};
 use crate::order::choose_order;
 use crate::pipeline::Pipeline;
+use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 use subc_lang::nf::{Cube, NfSubscription};
@@ -932,13 +933,15 @@ impl CompiledSet {
         eval_pipelines(&self.pipelines(), values)
     }
 
-    /// Runs the verifier on every diagram and pipeline.
-    pub fn verify(&self) -> Result<(), String> {
+    /// Runs the verifier on every diagram and pipeline, and returns every
+    /// broken invariant it finds, by pipeline.
+    pub fn verify(&self) -> Result<(), Violations> {
+        let mut found = Violations::default();
         for p in 0..self.pipes.len() {
-            crate::verify::verify_diagram(&self.managers[p], self.pipes[p].root).map_err(|e| format!("pipeline {p}: {e}"))?;
-            crate::verify::verify_pipeline(self.pipes[p].lowering.pipeline()).map_err(|e| format!("pipeline {p}: {e}"))?;
+            found.extend_at(p, verify_diagram(&self.managers[p], self.pipes[p].root));
+            found.extend_at(p, verify_pipeline(self.pipes[p].lowering.pipeline()));
         }
-        Ok(())
+        found.into_result()
     }
 }
 
