@@ -199,6 +199,7 @@ impl CompiledSet {
         let mut set = Self::compile_cubes(spec, subs, opts, Deadline::at(deadline))?;
         set.deadline = Deadline::NONE;
         set.track_cubeless(subs);
+        set.debug_verify("compile");
         Ok(set)
     }
 
@@ -619,13 +620,16 @@ impl CompiledSet {
                 pipe.root = root;
                 pipe.size_estimate = est;
             }
+            self.debug_verify("a refused add");
             return Err(e);
         }
         for (sub, p, r) in placed {
             self.subs.entry(sub).or_default().push((p, r));
         }
         self.track_cubeless(subs);
-        Ok(self.lower_all())
+        let update = self.lower_all();
+        self.debug_verify("add");
+        Ok(update)
     }
 
     /// Places every pending rule. Each goes first to its preferred pipeline
@@ -715,7 +719,9 @@ impl CompiledSet {
                 self.free_rule(p, r);
             }
         }
-        Ok(self.lower_all())
+        let update = self.lower_all();
+        self.debug_verify("remove");
+        Ok(update)
     }
 
     /// Rebuilds pipeline `p`'s diagram from the rules its index holds.
@@ -778,6 +784,7 @@ impl CompiledSet {
                 diffs.push(diff);
             }
         }
+        self.debug_verify("adopt");
         Ok(Update { diffs })
     }
 
@@ -868,6 +875,7 @@ impl CompiledSet {
         }
         set.lower_new();
         set.track_cubeless(subs);
+        set.debug_verify("compile_placed");
         Some(set)
     }
 
@@ -931,6 +939,27 @@ impl CompiledSet {
     /// The union of the leaf entries every pipeline's tables give.
     pub fn eval_tables(&self, values: &[u64]) -> Leaf {
         eval_pipelines(&self.pipelines(), values)
+    }
+
+    /// In debug builds, runs the verifier after the operation `after`
+    /// (`compile`, `add`, ...) and panics with every broken invariant: the
+    /// operations only build valid IR, so one that does not is a bug here,
+    /// never bad input. Release builds skip it.
+    ///
+    /// The check is the full one, every time. It walks the whole set, not
+    /// just what the operation changed, but the debug test suites (this
+    /// crate's, and the back ends' differential tests, which add and remove
+    /// many times) take no measurably longer with it than without: their
+    /// time goes to packets and to the reference interpreter. A cheaper
+    /// check of only the changed pipelines would miss a bug that breaks an
+    /// untouched one.
+    #[track_caller]
+    fn debug_verify(&self, after: &str) {
+        if cfg!(debug_assertions) {
+            if let Err(v) = self.verify() {
+                panic!("the IR is broken after {after} (a bug in the compiler): {v}");
+            }
+        }
     }
 
     /// Runs the verifier on every diagram and pipeline, and returns every
