@@ -327,11 +327,14 @@ mod tests {
         let p = subc_workload::programs::check(&spec, &["stock == GOOGL : fwd(1)\nshares > 10 : fwd(2)"]).unwrap();
         let opts = CompileOptions { max_pipelines: 4, ..Default::default() };
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
-        let names = |o: &[QueryFieldId]| -> Vec<String> { o.iter().map(|q| p.spec.query_field(*q).name.clone()).collect() };
+        // What earlier versions wrote (with `serde_json::json!`): compact,
+        // keys in alphabetical order.
         let layout = set.layout();
-        let pipelines: Vec<serde_json::Value> =
-            layout.pipelines.iter().map(|(order, budget)| serde_json::json!({ "order": names(order), "budget": budget })).collect();
-        let before = serde_json::json!({ "base": names(&layout.base_order), "pipelines": pipelines }).to_string();
+        let names = |o: &[QueryFieldId]| -> String {
+            o.iter().map(|q| format!("\"{}\"", p.spec.query_field(*q).name)).collect::<Vec<_>>().join(",")
+        };
+        let pipelines: Vec<String> = layout.pipelines.iter().map(|(o, b)| format!("{{\"budget\":{b},\"order\":[{}]}}", names(o))).collect();
+        let before = format!("{{\"base\":[{}],\"pipelines\":[{}]}}", names(&layout.base_order), pipelines.join(","));
         assert_eq!(layout_json(&p.spec, &set), before);
         assert_eq!(parse_layout(&p.spec, &before), Some(layout));
     }
