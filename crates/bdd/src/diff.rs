@@ -321,25 +321,33 @@ fn diff_keys(old: &Pipeline, new: &Pipeline, t: &Touched) -> PipelineDiff {
         }
     }
     for s in &t.leaves {
-        match (old.leaves.get(s), new.leaves.get(s)) {
-            (None, Some(l)) => d.leaf_inserts.push((*s, l.clone())),
-            (Some(o), Some(l)) if o != l => d.leaf_modifies.push((*s, l.clone())),
-            (Some(_), None) => d.leaf_deletes.push(*s),
-            _ => {}
-        }
+        classify(*s, old.leaves.get(s), new.leaves.get(s), &mut d.leaf_inserts, &mut d.leaf_modifies, &mut d.leaf_deletes);
     }
     for g in &t.groups {
-        match (old.groups.get(g), new.groups.get(g)) {
-            (None, Some(p)) => d.groups_created.push((*g, p.clone())),
-            (Some(o), Some(p)) if o != p => d.groups_changed.push((*g, p.clone())),
-            (Some(_), None) => d.groups_removed.push(*g),
-            _ => {}
-        }
+        classify(*g, old.groups.get(g), new.groups.get(g), &mut d.groups_created, &mut d.groups_changed, &mut d.groups_removed);
     }
     if old.root != new.root {
         d.root = Some(new.root);
     }
     d
+}
+
+/// Files `key` under `inserts`, `changes` or `deletes` by its value in the
+/// old and the new pipeline (nowhere when they are equal).
+fn classify<K: Copy, V: Clone + PartialEq>(
+    key: K,
+    old: Option<&V>,
+    new: Option<&V>,
+    inserts: &mut Vec<(K, V)>,
+    changes: &mut Vec<(K, V)>,
+    deletes: &mut Vec<K>,
+) {
+    match (old, new) {
+        (None, Some(n)) => inserts.push((key, n.clone())),
+        (Some(o), Some(n)) if o != n => changes.push((key, n.clone())),
+        (Some(_), None) => deletes.push(key),
+        _ => {}
+    }
 }
 
 /// Pairs the states and groups of `fresh` with those of `deployed` by
