@@ -34,6 +34,7 @@ use crate::leaf::Leaf;
 use crate::lower::{FieldInfo, Lowering};
 use crate::order::choose_order;
 use crate::pipeline::Pipeline;
+use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 use subc_lang::nf::{Cube, NfSubscription};
@@ -154,7 +155,7 @@ pub struct CompiledSet {
 }
 
 /// What an update did.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Update {
     /// One diff per pipeline that changed.
     pub diffs: Vec<PipelineDiff>,
@@ -198,6 +199,7 @@ impl CompiledSet {
         let mut set = Self::compile_cubes(spec, subs, opts, Deadline::at(deadline))?;
         set.deadline = Deadline::NONE;
         set.track_cubeless(subs);
+        set.debug_verify("compile");
         Ok(set)
     }
 
@@ -618,13 +620,16 @@ impl CompiledSet {
                 pipe.root = root;
                 pipe.size_estimate = est;
             }
+            self.debug_verify("a refused add");
             return Err(e);
         }
         for (sub, p, r) in placed {
             self.subs.entry(sub).or_default().push((p, r));
         }
         self.track_cubeless(subs);
-        Ok(self.lower_all())
+        let update = self.lower_all();
+        self.debug_verify("add");
+        Ok(update)
     }
 
     /// Places every pending rule. Each goes first to its preferred pipeline
@@ -714,7 +719,9 @@ impl CompiledSet {
                 self.free_rule(p, r);
             }
         }
-        Ok(self.lower_all())
+        let update = self.lower_all();
+        self.debug_verify("remove");
+        Ok(update)
     }
 
     /// Rebuilds pipeline `p`'s diagram from the rules its index holds.
@@ -777,6 +784,7 @@ impl CompiledSet {
                 diffs.push(diff);
             }
         }
+        self.debug_verify("adopt");
         Ok(Update { diffs })
     }
 
@@ -867,6 +875,7 @@ impl CompiledSet {
         }
         set.lower_new();
         set.track_cubeless(subs);
+        set.debug_verify("compile_placed");
         Some(set)
     }
 
@@ -932,13 +941,36 @@ impl CompiledSet {
         eval_pipelines(&self.pipelines(), values)
     }
 
-    /// Runs the verifier on every diagram and pipeline.
-    pub fn verify(&self) -> Result<(), String> {
-        for p in 0..self.pipes.len() {
-            crate::verify::verify_diagram(&self.managers[p], self.pipes[p].root).map_err(|e| format!("pipeline {p}: {e}"))?;
-            crate::verify::verify_pipeline(self.pipes[p].lowering.pipeline()).map_err(|e| format!("pipeline {p}: {e}"))?;
+    /// In debug builds, runs the verifier after the operation `after`
+    /// (`compile`, `add`, ...) and panics with every broken invariant: the
+    /// operations only build valid IR, so one that does not is a bug here,
+    /// never bad input. Release builds skip it.
+    ///
+    /// The check is the full one, every time. It walks the whole set, not
+    /// just what the operation changed, but the debug test suites (this
+    /// crate's, and the back ends' differential tests, which add and remove
+    /// many times) take no measurably longer with it than without: their
+    /// time goes to packets and to the reference interpreter. A cheaper
+    /// check of only the changed pipelines would miss a bug that breaks an
+    /// untouched one.
+    #[track_caller]
+    fn debug_verify(&self, after: &str) {
+        if cfg!(debug_assertions) {
+            if let Err(v) = self.verify() {
+                panic!("the IR is broken after {after} (a bug in the compiler): {v}");
+            }
         }
-        Ok(())
+    }
+
+    /// Runs the verifier on every diagram and pipeline, and returns every
+    /// broken invariant it finds, by pipeline.
+    pub fn verify(&self) -> Result<(), Violations> {
+        let mut found = Violations::default();
+        for p in 0..self.pipes.len() {
+            found.extend_at(p, verify_diagram(&self.managers[p], self.pipes[p].root));
+            found.extend_at(p, verify_pipeline(self.pipes[p].lowering.pipeline()));
+        }
+        found.into_result()
     }
 }
 

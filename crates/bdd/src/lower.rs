@@ -54,6 +54,44 @@ fn distinct_children(m: &Manager, n: NodeId) -> Vec<NodeId> {
     v
 }
 
+/// How the new nodes of an update pair with the dead ones.
+#[derive(Default)]
+struct Inheritance {
+    /// New node -> the state id it takes over.
+    state: FxHashMap<NodeId, StateId>,
+    /// New node -> the dead node whose id it takes over.
+    from: FxHashMap<NodeId, NodeId>,
+    /// The ids taken over.
+    claimed: FxHashSet<StateId>,
+}
+
+/// What an update changed in the diagram, once state ids are assigned.
+struct Changed<'a> {
+    /// Nodes lowered for the first time, children first.
+    new_nodes: &'a [NodeId],
+    /// Nodes no longer reachable.
+    dead: &'a [NodeId],
+    /// Dead nodes whose ids no new node took over, with those ids.
+    retired: &'a FxHashMap<NodeId, StateId>,
+    /// New node -> the dead node whose id it took over.
+    inherited_from: &'a FxHashMap<NodeId, NodeId>,
+}
+
+/// Sorts each part of a diff by key, so that a diff does not depend on
+/// hash-map order.
+fn sort_diff(diff: &mut PipelineDiff) {
+    for t in &mut diff.tables {
+        t.inserts.sort_unstable();
+        t.modifies.sort_unstable();
+        t.deletes.sort_unstable();
+    }
+    diff.leaf_inserts.sort_by_key(|x| x.0);
+    diff.leaf_modifies.sort_by_key(|x| x.0);
+    diff.leaf_deletes.sort_unstable();
+    diff.groups_created.sort_by_key(|x| x.0);
+    diff.groups_changed.sort_by_key(|x| x.0);
+}
+
 impl Lowering {
     /// An empty pipeline over `fields` (the levels, in order).
     pub fn new(fields: Vec<FieldInfo>) -> Lowering {
@@ -138,7 +176,12 @@ impl Lowering {
         }
     }
 
-    /// Makes `new_root` the lowered diagram and returns the diff.
+    /// Makes `new_root` the lowered diagram and returns the diff: finds the
+    /// new nodes, counts references to retire what is no longer reachable,
+    /// lets new nodes inherit the state ids of retired ones at the same
+    /// position, assigns state ids, then lowers table entries, multicast
+    /// groups, leaf entries and the root, each step writing its part of the
+    /// diff.
     pub fn update(&mut self, m: &Manager, new_root: NodeId) -> PipelineDiff {
         self.free_ids.append(&mut self.pending_free);
         self.free_groups.append(&mut self.pending_free_groups);
@@ -147,8 +190,22 @@ impl Lowering {
         if old_root == new_root {
             return diff;
         }
+        let new_nodes = self.new_nodes(m, new_root);
+        let dead = self.count_references(m, old_root, new_root, &new_nodes);
+        let inheritance = self.inheritance(m, old_root, new_root, &new_nodes, &dead);
+        let retired = self.assign_state_ids(&new_nodes, &dead, &inheritance);
+        let changed = Changed { new_nodes: &new_nodes, dead: &dead, retired: &retired, inherited_from: &inheritance.from };
+        self.lower_table_entries(m, &changed, &mut diff);
+        self.lower_groups(m, &changed, &mut diff);
+        self.lower_leaves(m, &changed, &mut diff);
+        self.lower_root(new_root, &mut diff);
+        sort_diff(&mut diff);
+        diff
+    }
 
-        // 1. New nodes, children first.
+    /// The nodes reachable from `new_root` that have no state yet, children
+    /// first.
+    fn new_nodes(&self, m: &Manager, new_root: NodeId) -> Vec<NodeId> {
         let mut new_nodes: Vec<NodeId> = vec![];
         let mut seen: FxHashSet<NodeId> = FxHashSet::default();
         let mut stack: Vec<(NodeId, bool)> = vec![(new_root, false)];
@@ -170,11 +227,14 @@ impl Lowering {
                 }
             }
         }
-        let is_new: FxHashSet<NodeId> = new_nodes.iter().copied().collect();
+        new_nodes
+    }
 
-        // 2. Reference counts: new parents and the new root first, then
-        // release the old root and retire what nothing references any more.
-        for n in &new_nodes {
+    /// Reference counts: counts the new parents and the new root first,
+    /// then releases the old root and returns what nothing references any
+    /// more (the dead nodes).
+    fn count_references(&mut self, m: &Manager, old_root: NodeId, new_root: NodeId, new_nodes: &[NodeId]) -> Vec<NodeId> {
+        for n in new_nodes {
             for c in distinct_children(m, *n) {
                 *self.refs.entry(c).or_insert(0) += 1;
             }
@@ -195,12 +255,16 @@ impl Lowering {
                 }
             }
         }
-        let is_dead: FxHashSet<NodeId> = dead.iter().copied().collect();
+        dead
+    }
 
-        // 3. Inheritance: pair retired and new nodes by position.
-        let mut inherit: FxHashMap<NodeId, StateId> = FxHashMap::default();
-        let mut claimed: FxHashSet<StateId> = FxHashSet::default();
-        let mut inherited_from: FxHashMap<NodeId, NodeId> = FxHashMap::default();
+    /// Inheritance: pairs dead and new nodes by position, walking the old
+    /// and the new diagram in parallel from their roots; a new node paired
+    /// with a dead node of its level takes the dead node's state id.
+    fn inheritance(&self, m: &Manager, old_root: NodeId, new_root: NodeId, new_nodes: &[NodeId], dead: &[NodeId]) -> Inheritance {
+        let is_new: FxHashSet<NodeId> = new_nodes.iter().copied().collect();
+        let is_dead: FxHashSet<NodeId> = dead.iter().copied().collect();
+        let mut inh = Inheritance::default();
         let mut visited: FxHashSet<(NodeId, NodeId)> = FxHashSet::default();
         let mut pairs = vec![(old_root, new_root)];
         while let Some((o, n)) = pairs.pop() {
@@ -208,11 +272,11 @@ impl Lowering {
                 continue;
             }
             let (lo, ln) = (m.level(o), m.level(n));
-            if lo == ln && !inherit.contains_key(&n) {
+            if lo == ln && !inh.state.contains_key(&n) {
                 let id = self.node_state[&o];
-                if claimed.insert(id) {
-                    inherit.insert(n, id);
-                    inherited_from.insert(n, o);
+                if inh.claimed.insert(id) {
+                    inh.state.insert(n, id);
+                    inh.from.insert(n, o);
                 }
             }
             if n.is_leaf() || o.is_leaf() {
@@ -225,133 +289,126 @@ impl Lowering {
                     lo_v = e.hi.wrapping_add(1);
                 }
             } else if ln < lo {
-                for c in distinct_children(m, n) {
-                    pairs.push((o, c));
-                }
+                pairs.extend(distinct_children(m, n).into_iter().map(|c| (o, c)));
             } else {
-                for c in distinct_children(m, o) {
-                    pairs.push((c, n));
-                }
+                pairs.extend(distinct_children(m, o).into_iter().map(|c| (c, n)));
             }
         }
+        inh
+    }
 
-        // 4. State ids for new nodes; retire the ids of dead nodes.
-        for n in &new_nodes {
-            let id = match inherit.get(n) {
+    /// State ids: new nodes take their inherited id or a fresh one; dead
+    /// nodes give theirs up. Returns the dead nodes whose ids nobody
+    /// inherited (their entries are deleted; an inherited id's entries are
+    /// diffed in place by the node that inherited it).
+    fn assign_state_ids(&mut self, new_nodes: &[NodeId], dead: &[NodeId], inheritance: &Inheritance) -> FxHashMap<NodeId, StateId> {
+        for n in new_nodes {
+            let id = match inheritance.state.get(n) {
                 Some(id) => *id,
                 None => self.alloc_id(),
             };
             self.node_state.insert(*n, id);
         }
-        // A dead node's entries are deleted unless a new node inherited its
-        // id; then the new node's lowering diffs them in place.
         let mut retired: FxHashMap<NodeId, StateId> = FxHashMap::default();
-        for o in &dead {
+        for o in dead {
             let id = self.node_state.remove(o).expect("a dead node had a state");
-            if !claimed.contains(&id) {
+            if !inheritance.claimed.contains(&id) {
                 self.pending_free.push(id);
                 retired.insert(*o, id);
             }
         }
+        retired
+    }
 
-        // 5. Entries of field tables.
-        for o in &dead {
-            if o.is_leaf() {
-                continue;
-            }
-            if let Some(&id) = retired.get(o) {
+    /// Table entries: deletes those of retired inner nodes, then lowers each
+    /// new inner node's edges to entries, diffed against the entries of the
+    /// state it inherited.
+    fn lower_table_entries(&mut self, m: &Manager, changed: &Changed, diff: &mut PipelineDiff) {
+        for o in changed.dead.iter().filter(|o| !o.is_leaf()) {
+            if let Some(&id) = changed.retired.get(o) {
                 let level = m.level(*o) as usize;
-                let keys: Vec<Match> = self.state_entries_of(level, id).into_iter().map(|(k, _)| k).collect();
-                for k in keys {
+                for (k, _) in self.state_entries_of(level, id) {
                     self.pipeline.tables[level].entries.remove(&(id, k));
                     diff.tables[level].deletes.push((id, k));
                 }
             }
         }
-        for n in &new_nodes {
-            if n.is_leaf() {
-                continue;
-            }
-            let id = self.node_state[n];
-            let level = m.level(*n) as usize;
-            let f = &self.fields[level];
-            let mut intervals = vec![];
-            let mut lo = 0u64;
-            for e in m.edges(*n) {
-                intervals.push((lo, e.hi, self.state_of(e.child).expect("children are lowered first")));
-                lo = e.hi.wrapping_add(1);
-            }
-            let new_entries = state_entries(&intervals, f.width, f.kind);
-            let old: BTreeMap<Match, StateId> =
-                if inherited_from.contains_key(n) { self.state_entries_of(level, id).into_iter().collect() } else { BTreeMap::new() };
-            let table = &mut self.pipeline.tables[level];
-            let td = &mut diff.tables[level];
-            let mut keep: FxHashSet<Match> = FxHashSet::default();
-            for (k, next) in new_entries {
-                keep.insert(k);
-                match old.get(&k) {
-                    Some(prev) if *prev == next => {}
-                    Some(_) => {
-                        table.entries.insert((id, k), next);
-                        td.modifies.push((id, k, next));
-                    }
-                    None => {
-                        table.entries.insert((id, k), next);
-                        td.inserts.push((id, k, next));
-                    }
-                }
-            }
-            for k in old.keys() {
-                if !keep.contains(k) {
-                    table.entries.remove(&(id, *k));
-                    td.deletes.push((id, *k));
-                }
-            }
+        for n in changed.new_nodes.iter().filter(|n| !n.is_leaf()) {
+            let inherited = changed.inherited_from.contains_key(n);
+            self.lower_state(m, *n, inherited, diff);
         }
+    }
 
-        // 6. Leaf entries and multicast groups.
-        let mut group_delta: BTreeMap<PortSet, i64> = BTreeMap::new();
-        for o in &dead {
-            if !o.is_leaf() {
-                continue;
-            }
-            let ports = m.leaf_value(*o).ports;
-            if ports.len() >= 2 {
-                *group_delta.entry(ports).or_insert(0) -= 1;
-            }
+    /// Lowers inner node `n`'s edges to the entries of its state, writing
+    /// the difference from the state's current entries (none unless the
+    /// state was `inherited`) to `diff`.
+    fn lower_state(&mut self, m: &Manager, n: NodeId, inherited: bool, diff: &mut PipelineDiff) {
+        let id = self.node_state[&n];
+        let level = m.level(n) as usize;
+        let f = &self.fields[level];
+        let mut intervals = vec![];
+        let mut lo = 0u64;
+        for e in m.edges(n) {
+            intervals.push((lo, e.hi, self.state_of(e.child).expect("children are lowered first")));
+            lo = e.hi.wrapping_add(1);
         }
-        for n in &new_nodes {
-            if !n.is_leaf() {
-                continue;
-            }
-            let ports = m.leaf_value(*n).ports;
-            if ports.len() >= 2 {
-                *group_delta.entry(ports).or_insert(0) += 1;
-            }
-        }
-        // Port sets that lose their last user free their group; a new port
-        // set takes over the group of the set its leaf state had before, so a
-        // changed fan-out is one group change rather than create + remove.
-        let mut freed: FxHashMap<PortSet, GroupId> = FxHashMap::default();
-        for (ports, d) in &group_delta {
-            if *d < 0 {
-                let e = self.groups.get_mut(ports).expect("a used port set has a group");
-                e.1 = (e.1 as i64 + d) as u32;
-                if e.1 == 0 {
-                    freed.insert(*ports, e.0);
-                    self.groups.remove(ports);
+        let new_entries = state_entries(&intervals, f.width, f.kind);
+        let old: BTreeMap<Match, StateId> =
+            if inherited { self.state_entries_of(level, id).into_iter().collect() } else { BTreeMap::new() };
+        let table = &mut self.pipeline.tables[level];
+        let td = &mut diff.tables[level];
+        let mut keep: FxHashSet<Match> = FxHashSet::default();
+        for (k, next) in new_entries {
+            keep.insert(k);
+            match old.get(&k) {
+                Some(prev) if *prev == next => {}
+                Some(_) => {
+                    table.entries.insert((id, k), next);
+                    td.modifies.push((id, k, next));
+                }
+                None => {
+                    table.entries.insert((id, k), next);
+                    td.inserts.push((id, k, next));
                 }
             }
         }
-        for n in &new_nodes {
-            if !n.is_leaf() {
-                continue;
+        for k in old.keys() {
+            if !keep.contains(k) {
+                table.entries.remove(&(id, *k));
+                td.deletes.push((id, *k));
             }
+        }
+    }
+
+    /// Multicast groups: one per port set of two or more ports that some
+    /// leaf state uses. Port sets that lose their last user free their
+    /// group; a new port set takes over the group of the set its leaf
+    /// state had before, so a changed fan-out is one group change rather
+    /// than create + remove.
+    fn lower_groups(&mut self, m: &Manager, changed: &Changed, diff: &mut PipelineDiff) {
+        let fan_out = |n: &&NodeId| n.is_leaf() && m.leaf_value(**n).ports.len() >= 2;
+        let mut group_delta: BTreeMap<PortSet, i64> = BTreeMap::new();
+        for o in changed.dead.iter().filter(fan_out) {
+            *group_delta.entry(m.leaf_value(*o).ports).or_insert(0) -= 1;
+        }
+        for n in changed.new_nodes.iter().filter(fan_out) {
+            *group_delta.entry(m.leaf_value(*n).ports).or_insert(0) += 1;
+        }
+        let mut freed: FxHashMap<PortSet, GroupId> = FxHashMap::default();
+        for (ports, d) in group_delta.iter().filter(|(_, d)| **d < 0) {
+            let e = self.groups.get_mut(ports).expect("a used port set has a group");
+            e.1 = (e.1 as i64 + d) as u32;
+            if e.1 == 0 {
+                freed.insert(*ports, e.0);
+                self.groups.remove(ports);
+            }
+        }
+        for n in changed.new_nodes.iter().filter(fan_out) {
             let ports = m.leaf_value(*n).ports;
-            if ports.len() < 2 || self.groups.contains_key(&ports) {
+            if self.groups.contains_key(&ports) {
                 continue;
             }
-            let previous = inherited_from.get(n).and_then(|o| freed.remove(&m.leaf_value(*o).ports));
+            let previous = changed.inherited_from.get(n).and_then(|o| freed.remove(&m.leaf_value(*o).ports));
             let g = match previous {
                 Some(g) => {
                     diff.groups_changed.push((g, ports.iter().collect()));
@@ -365,10 +422,8 @@ impl Lowering {
             };
             self.groups.insert(ports, (g, 0));
         }
-        for (ports, d) in &group_delta {
-            if *d > 0 {
-                self.groups.get_mut(ports).expect("group assigned above").1 += *d as u32;
-            }
+        for (ports, d) in group_delta.iter().filter(|(_, d)| **d > 0) {
+            self.groups.get_mut(ports).expect("group assigned above").1 += *d as u32;
         }
         let mut freed: Vec<GroupId> = freed.into_values().collect();
         freed.sort_unstable();
@@ -380,19 +435,19 @@ impl Lowering {
         for (g, ports) in diff.groups_created.iter().chain(diff.groups_changed.iter()) {
             self.pipeline.groups.insert(*g, ports.clone());
         }
-        for o in &dead {
-            if !o.is_leaf() {
-                continue;
-            }
-            if let Some(&id) = retired.get(o) {
+    }
+
+    /// Leaf entries: deletes those of retired leaves, then writes each new
+    /// leaf's action set (with its group, assigned by
+    /// [`Lowering::lower_groups`]) under its state.
+    fn lower_leaves(&mut self, m: &Manager, changed: &Changed, diff: &mut PipelineDiff) {
+        for o in changed.dead.iter().filter(|o| o.is_leaf()) {
+            if let Some(&id) = changed.retired.get(o) {
                 self.pipeline.leaves.remove(&id);
                 diff.leaf_deletes.push(id);
             }
         }
-        for n in &new_nodes {
-            if !n.is_leaf() {
-                continue;
-            }
+        for n in changed.new_nodes.iter().filter(|n| n.is_leaf()) {
             let id = self.node_state[n];
             let leaf = m.leaf_value(*n);
             let group = if leaf.ports.len() >= 2 { Some(self.groups[&leaf.ports].0) } else { None };
@@ -403,25 +458,16 @@ impl Lowering {
                 None => diff.leaf_inserts.push((id, entry)),
             }
         }
+    }
 
-        // 7. Root.
+    /// The root: the state of `new_root`, in the diff if it changed.
+    fn lower_root(&mut self, new_root: NodeId, diff: &mut PipelineDiff) {
         self.root_node = new_root;
         let root = self.state_of(new_root).expect("root lowered");
         if root != self.pipeline.root {
             self.pipeline.root = root;
             diff.root = Some(root);
         }
-        for t in &mut diff.tables {
-            t.inserts.sort_unstable();
-            t.modifies.sort_unstable();
-            t.deletes.sort_unstable();
-        }
-        diff.leaf_inserts.sort_by_key(|x| x.0);
-        diff.leaf_modifies.sort_by_key(|x| x.0);
-        diff.leaf_deletes.sort_unstable();
-        diff.groups_created.sort_by_key(|x| x.0);
-        diff.groups_changed.sort_by_key(|x| x.0);
-        diff
     }
 
     /// Renames state and group ids: those in the maps take their mapped ids,

@@ -30,7 +30,7 @@
 //!   prefixes).
 
 use crate::leaf::{Leaf, PortSet};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use subc_lang::program::Update;
 use subc_lang::spec::{MatchKind, QueryFieldId};
@@ -43,7 +43,7 @@ pub type GroupId = u32;
 pub const DEAD: StateId = 0;
 
 /// How an entry matches the field value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Match {
     Exact {
@@ -124,7 +124,7 @@ pub fn range_to_prefixes(lo: u64, hi: u64, width: u32) -> Vec<(u64, u32)> {
 
 /// The action set of a leaf state, with its multicast group when it has two
 /// or more ports.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeafEntry {
     pub ports: Vec<u32>,
     pub drop: bool,
@@ -142,7 +142,10 @@ impl LeafEntry {
 }
 
 /// The table of one field.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// As JSON, `entries` is a list of `{"state", "match", "next"}` objects in
+/// key order (JSON object keys are strings, and a key here is a pair).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Table {
     /// The query field's name (`add_order.stock`, or a state variable).
     pub name: String,
@@ -150,19 +153,32 @@ pub struct Table {
     pub width: u32,
     pub kind: MatchKind,
     /// `(state, match) -> next state`.
-    #[serde(serialize_with = "ser_entries")]
+    #[serde(with = "entry_list")]
     pub entries: BTreeMap<(StateId, Match), StateId>,
 }
 
-fn ser_entries<S: serde::Serializer>(e: &BTreeMap<(StateId, Match), StateId>, s: S) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct E<'a> {
+/// A table's entries as a list of `{"state", "match", "next"}` objects.
+mod entry_list {
+    use super::{Match, StateId};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize, Deserialize)]
+    struct Entry<M> {
         state: StateId,
         #[serde(rename = "match")]
-        m: &'a Match,
+        m: M,
         next: StateId,
     }
-    s.collect_seq(e.iter().map(|((state, m), next)| E { state: *state, m, next: *next }))
+
+    pub(super) fn serialize<S: Serializer>(e: &BTreeMap<(StateId, Match), StateId>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(e.iter().map(|((state, m), next)| Entry { state: *state, m, next: *next }))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<(StateId, Match), StateId>, D::Error> {
+        let list: Vec<Entry<Match>> = Vec::deserialize(d)?;
+        Ok(list.into_iter().map(|e| ((e.state, e.m), e.next)).collect())
+    }
 }
 
 impl Table {
@@ -182,7 +198,11 @@ impl Table {
 }
 
 /// One pipeline: tables in field order, the leaf table, multicast groups.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+///
+/// It derives `Serialize` and `Deserialize`: simulated targets and the
+/// server's saved images keep pipelines as that JSON, so its format stays
+/// as it is (`tests/json.rs` decodes files written by earlier versions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pipeline {
     pub tables: Vec<Table>,
     pub leaves: BTreeMap<StateId, LeafEntry>,

@@ -9,7 +9,7 @@
 use crate::ast::CmpOp;
 use crate::source::Span;
 use crate::spec::{QueryFieldId, StateId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 /// A subscription's id: its 1-based position among all rules of a run (or the
@@ -46,14 +46,14 @@ pub enum Cond {
 
 /// How an update changes a variable. `v -= c` is checked into `Add` of the
 /// two's complement of `c`, so the two spellings are the same update.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UpdateOp {
     Set,
     Add,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Update {
     pub var: StateId,
     pub op: UpdateOp,

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use subc_bdd::pipeline::Pipeline;
-use subc_bdd::{CompileOptions, CompiledSet, Layout, Update};
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, Layout, Update};
 use subc_lang::program::SubId;
 use subc_lang::spec::{QueryFieldId, Spec};
 
@@ -136,7 +136,7 @@ pub struct Committed {
     pipelines: Vec<Pipeline>,
     base_order: Vec<QueryFieldId>,
     /// The compiler's update of each recent generation, for diffs over only
-    /// the keys they touched (`touched.rs`).
+    /// the keys they touched (`subc_bdd::diff::diff_touched`).
     log: UpdateLog,
 }
 
@@ -251,33 +251,52 @@ pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
     set.base_order().iter().map(|q| spec.query_field(*q).name.clone()).collect()
 }
 
-/// The set's layout as the store keeps it (meta "layout"): field names, so
-/// that a spec whose query fields moved cannot misread it.
+/// A [`Layout`] as the store keeps it (meta "layout"): field names, so that
+/// a spec whose query fields moved cannot misread it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredLayout {
+    base: Vec<String>,
+    pipelines: Vec<StoredPipeline>,
+}
+
+/// One pipeline of a [`StoredLayout`] (fields in the order the JSON has
+/// always had them: alphabetical).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredPipeline {
+    budget: usize,
+    order: Vec<String>,
+}
+
+/// The set's layout as the store keeps it ([`StoredLayout`]).
 pub fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
     let names = |o: &[QueryFieldId]| -> Vec<String> { o.iter().map(|q| spec.query_field(*q).name.clone()).collect() };
     let layout = set.layout();
-    let pipelines: Vec<serde_json::Value> =
-        layout.pipelines.iter().map(|(order, budget)| serde_json::json!({ "order": names(order), "budget": budget })).collect();
-    serde_json::json!({ "base": names(&layout.base_order), "pipelines": pipelines }).to_string()
+    let pipelines = layout.pipelines.iter().map(|(order, budget)| StoredPipeline { budget: *budget, order: names(order) }).collect();
+    serde_json::to_string(&StoredLayout { base: names(&layout.base_order), pipelines }).expect("names and numbers serialize")
 }
 
 /// [`layout_json`] read back; `None` when it does not fit `spec`.
 pub fn parse_layout(spec: &Spec, text: &str) -> Option<Layout> {
-    let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    let ids = |v: &serde_json::Value| -> Option<Vec<QueryFieldId>> {
-        v.as_array()?.iter().map(|n| spec.query_field_by_name(n.as_str()?)).collect()
-    };
-    let pipelines = v["pipelines"]
-        .as_array()?
-        .iter()
-        .map(|p| Some((ids(&p["order"])?, usize::try_from(p["budget"].as_u64()?).ok()?)))
-        .collect::<Option<Vec<_>>>()?;
-    Some(Layout { base_order: ids(&v["base"])?, pipelines })
+    let stored: StoredLayout = serde_json::from_str(text).ok()?;
+    let ids = |names: &[String]| -> Option<Vec<QueryFieldId>> { names.iter().map(|n| spec.query_field_by_name(n)).collect() };
+    let pipelines = stored.pipelines.iter().map(|p| Some((ids(&p.order)?, p.budget))).collect::<Option<Vec<_>>>()?;
+    Some(Layout { base_order: ids(&stored.base)?, pipelines })
 }
 
 /// A subscription's placement as the store keeps it (a JSON array).
 pub fn placement_json(set: &CompiledSet, nf: &subc_lang::nf::NfSubscription) -> Option<String> {
     set.placement_of(nf).map(|p| serde_json::to_string(&p).expect("numbers serialize"))
+}
+
+/// Why [`distance_to_fresh_compile`] could not measure.
+#[derive(Debug, thiserror::Error)]
+pub enum DistanceError {
+    #[error("the compiler options: {0}")]
+    Options(#[source] crate::Error),
+    #[error("compiling the subscriptions afresh: {0}")]
+    Compile(#[source] CompileError),
+    #[error("aligning the fresh compile with the held pipelines: {0}")]
+    Adopt(#[source] CompileError),
 }
 
 /// How many entries separate `held` from a fresh compile of `nfs` in the
@@ -289,9 +308,34 @@ pub fn distance_to_fresh_compile(
     nfs: &[subc_lang::nf::NfSubscription],
     held: &[Pipeline],
     c: &crate::config::CompileConfig,
-) -> Result<usize, String> {
-    let mut opts = compile_options(spec, c, None).map_err(|e| e.to_string())?;
+) -> Result<usize, DistanceError> {
+    let mut opts = compile_options(spec, c, None).map_err(DistanceError::Options)?;
     opts.order = held.first().map(|p| p.tables.iter().map(|t| t.field).collect());
-    let mut set = CompiledSet::compile(spec, nfs, opts).map_err(|e| e.to_string())?;
-    set.adopt(held).map(|u| u.len()).map_err(|e| e.to_string())
+    let mut set = CompiledSet::compile(spec, nfs, opts).map_err(DistanceError::Compile)?;
+    set.adopt(held).map(|u| u.len()).map_err(DistanceError::Adopt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stored layout is the JSON the server has always written, and
+    /// reads back.
+    #[test]
+    fn layout_json_keeps_its_format() {
+        let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+        let p = subc_workload::programs::check(&spec, &["stock == GOOGL : fwd(1)\nshares > 10 : fwd(2)"]).unwrap();
+        let opts = CompileOptions { max_pipelines: 4, ..Default::default() };
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
+        // What earlier versions wrote (with `serde_json::json!`): compact,
+        // keys in alphabetical order.
+        let layout = set.layout();
+        let names = |o: &[QueryFieldId]| -> String {
+            o.iter().map(|q| format!("\"{}\"", p.spec.query_field(*q).name)).collect::<Vec<_>>().join(",")
+        };
+        let pipelines: Vec<String> = layout.pipelines.iter().map(|(o, b)| format!("{{\"budget\":{b},\"order\":[{}]}}", names(o))).collect();
+        let before = format!("{{\"base\":[{}],\"pipelines\":[{}]}}", names(&layout.base_order), pipelines.join(","));
+        assert_eq!(layout_json(&p.spec, &set), before);
+        assert_eq!(parse_layout(&p.spec, &before), Some(layout));
+    }
 }

@@ -36,7 +36,7 @@ fn stored_order(dir: &std::path::Path) -> Vec<String> {
 
 /// The field order of the first pipeline a sim target holds, by name.
 fn held_order(path: &std::path::Path, spec: &subc_lang::spec::Spec) -> Vec<String> {
-    let held: Vec<Pipeline> = subc_server::deploy::json::decode(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let held: Vec<Pipeline> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(held.len(), 1, "one pipeline");
     held[0].tables.iter().map(|t| spec.query_field(t.field).name.clone()).collect()
 }
@@ -164,7 +164,7 @@ async fn a_restart_after_adds_to_split_pipelines_writes_nothing() {
             assert_eq!(s.state(), proto::TargetState::InSync);
             g
         };
-        let held: Vec<Pipeline> = subc_server::deploy::json::decode(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let held: Vec<Pipeline> = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert!(held.len() > 1, "the set is split ({} pipeline)", held.len());
         drop(core);
         let before = std::fs::read_to_string(&path).unwrap();

@@ -22,6 +22,7 @@
 use super::image::ImageLog;
 use super::{Driver, DriverError};
 use crate::proto;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,20 +56,15 @@ fn err(e: EbpfError) -> DriverError {
     }
 }
 
+/// The variable-update ids as `[[var, "set" | "add", value, id], ...]`.
 fn ids_json(img: &TableImage) -> Value {
-    let ids: Vec<Value> =
-        img.update_ids().iter().map(|(u, id)| json!([u.var.0, if u.op == UpdateOp::Set { "set" } else { "add" }, u.value, id])).collect();
-    Value::Array(ids)
+    json!(img.update_ids().iter().map(|(u, id)| (u.var, u.op, u.value, id)).collect::<Vec<_>>())
 }
 
+/// [`ids_json`] read back.
 fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
-    let mut ids = BTreeMap::new();
-    for x in v.as_array().ok_or("no update_ids")? {
-        let op = if x[1] == "set" { UpdateOp::Set } else { UpdateOp::Add };
-        let u = VarUpdate { var: StateId(x[0].as_u64().ok_or("bad var")? as u32), op, value: x[2].as_u64().ok_or("bad value")? };
-        ids.insert(u, x[3].as_u64().ok_or("bad id")? as u32);
-    }
-    Ok(ids)
+    let ids = Vec::<(StateId, UpdateOp, u64, u32)>::deserialize(v).map_err(|e| format!("update ids: {e}"))?;
+    Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
 /// The image a deployment's maps were filled with, kept next to its record

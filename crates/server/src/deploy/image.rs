@@ -9,8 +9,10 @@
 //! finds the target ahead of the image and repairs or reinstalls).
 
 use super::DriverError;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use subc_bdd::diff::PipelineDiff;
 use subc_bdd::pipeline::Pipeline;
 use subc_bdd::Update;
 
@@ -19,6 +21,26 @@ pub struct ImageLog {
     seq: u64,
     base_bytes: u64,
     journal_bytes: u64,
+}
+
+/// `image.json`, as [`ImageLog::write_base`] writes it.
+#[derive(Deserialize)]
+struct Base {
+    #[serde(default)]
+    seq: u64,
+    pipelines: Vec<Pipeline>,
+    #[serde(default)]
+    meta: Value,
+}
+
+/// A line of `journal.jsonl`, as [`ImageLog::append`] writes it.
+#[derive(Deserialize)]
+struct JournalLine {
+    #[serde(default)]
+    seq: u64,
+    diffs: Vec<PipelineDiff>,
+    #[serde(default)]
+    meta: Value,
 }
 
 /// What [`ImageLog::load`] finds.
@@ -84,27 +106,27 @@ impl ImageLog {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.to_string()),
         };
-        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-        let mut pipelines = super::json::decode(&v["pipelines"].to_string())?;
-        let mut meta = v["meta"].clone();
-        self.seq = v["seq"].as_u64().unwrap_or(0);
+        let base: Base = serde_json::from_str(&text).map_err(|e| format!("image.json: {e}"))?;
+        let (mut pipelines, mut meta) = (base.pipelines, base.meta);
+        self.seq = base.seq;
         self.base_bytes = text.len() as u64;
         self.journal_bytes = 0;
         let journal = std::fs::read_to_string(self.dir.join("journal.jsonl")).unwrap_or_default();
         for line in journal.split_inclusive('\n') {
             self.journal_bytes += line.len() as u64;
             let Some(line) = line.strip_suffix('\n') else { break };
+            // A line that is not JSON was torn by a crash; one that is JSON
+            // but not a journal line is an error.
             let Ok(e) = serde_json::from_str::<Value>(line) else { break };
-            let seq = e["seq"].as_u64().unwrap_or(0);
-            if seq <= self.seq {
+            let e: JournalLine = serde_json::from_value(e).map_err(|e| format!("journal.jsonl: {e}"))?;
+            if e.seq <= self.seq {
                 continue;
             }
-            for d in e["diffs"].as_array().ok_or("a journal line without diffs")? {
-                let d = super::json::decode_diff(d)?;
-                pipelines.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(&d).map_err(|e| e.to_string())?;
+            for d in &e.diffs {
+                pipelines.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(d).map_err(|e| e.to_string())?;
             }
-            meta = e["meta"].clone();
-            self.seq = seq;
+            meta = e.meta;
+            self.seq = e.seq;
         }
         Ok(Some(Image { pipelines, meta }))
     }

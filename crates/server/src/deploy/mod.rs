@@ -25,7 +25,6 @@
 
 pub mod ebpf;
 pub mod image;
-pub mod json;
 pub mod p4;
 pub mod sim;
 pub mod touched;
