@@ -157,6 +157,9 @@ impl Slots {
     fn release(&mut self, pool: Pool, i: u32) {
         self.pending.push((pool, i));
     }
+    /// Makes the slots freed by the last update free (the oracle's way;
+    /// the planner uses [`Slots::recycle_logged`]).
+    #[cfg(any(test, feature = "testing"))]
     fn recycle(&mut self) {
         for (pool, i) in self.pending.drain(..) {
             self.free.entry(pool).or_default().insert(i);
@@ -1316,6 +1319,9 @@ fn ops_between(model: &Model, old: &Encoded, new: &Encoded, old_roots: &[MapOp],
     (ops, undo)
 }
 
+// The oracle: in unit tests, and for the loader's tests and the benches
+// through the `testing` feature; never in a default build.
+#[cfg(any(test, feature = "testing"))]
 #[path = "encode_reference.rs"]
 mod reference;
 

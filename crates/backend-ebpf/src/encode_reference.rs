@@ -1,8 +1,11 @@
-//! The algorithm [`TableImage::plan_in_place`] replaced, kept as its
-//! oracle: `encode_tests.rs` checks that both give the same plans, images
-//! and errors, and `benches/plan.rs` measures one against the other. It
-//! plans on a copy of the whole image and recomputes every descriptor, so
-//! its cost follows the size of the image, not the diff.
+//! The oracle of the in-place planner, and the one allowed copy of the
+//! encoding algorithm: the whole-image plan [`TableImage::plan_in_place`]
+//! replaced, kept so that `encode_tests.rs` can check that both give the
+//! same plans, images and errors, and `benches/plan.rs` can measure one
+//! against the other. It plans on a copy of the whole image and
+//! recomputes every descriptor, so its cost follows the size of the
+//! image, not the diff. Only unit tests and the `testing` feature build
+//! it; nothing else may copy it.
 
 use super::*;
 

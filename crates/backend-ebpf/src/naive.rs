@@ -5,7 +5,8 @@
 //! multi-interval sets expanded into boxes. Variable updates are not part
 //! of the baseline (the benchmark sets have none): [`write_naive`] refuses
 //! a set with any, rather than build a program that decides differently.
-//! `tests/kernel.rs` checks its decisions against the interpreter.
+//! The loader's `tests/kernel.rs` checks its decisions against the
+//! interpreter.
 
 use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
