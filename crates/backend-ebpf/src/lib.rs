@@ -5,8 +5,8 @@
 //! call on BPF objects and does not link libbpf: [`model`] (constants,
 //! structs and maps of one program, `maps.json`), [`layout`] (each C
 //! struct described once), [`fieldread`] (how the parser reads a field),
-//! [`codegen`] (C through askama templates), [`names`] (every
-//! user-derived C identifier), [`encode`] (pipelines and diffs to map
+//! [`codegen`] (C through askama templates), [`parse`] (the parse graph
+//! as the program walks it), [`names`] (every user-derived C identifier), [`encode`] (pipelines and diffs to map
 //! operations, with double-buffered generations), [`target`] (logical
 //! ports to egresses), [`naive`] (the one-rule-at-a-time baseline for
 //! benchmarks), and [`clang`] (C to a BPF object: a compiler process, no
@@ -31,6 +31,7 @@ pub mod layout;
 pub mod model;
 pub mod naive;
 pub mod names;
+pub mod parse;
 pub mod target;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -31,6 +31,7 @@
 //! inlined array lookups, and stops at the first leaf or dead state.
 
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
+use crate::names::CNames;
 use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -481,10 +482,10 @@ impl Model {
         rec.only_if = Some("SUBC_RECORD".into());
         ids.record = add(&mut maps, rec);
 
-        let mut namer = crate::names::c_namer();
+        let names = CNames::new(spec);
         for (i, s) in spec.states.iter().enumerate() {
             let slot = state_slot_struct(i, &s.kind);
-            let mut m = plain(&namer.name(&s.name), MapRole::State, MapType::Array, u32k.clone(), KV::Struct(slot.clone()), s.slots());
+            let mut m = plain(&names.state_maps[i], MapRole::State, MapType::Array, u32k.clone(), KV::Struct(slot.clone()), s.slots());
             m.state = Some(s.name.clone());
             structs.push(slot);
             ids.states.push(add(&mut maps, m));
@@ -508,8 +509,8 @@ impl Model {
         })
     }
 
-    /// The namer-given identifier of every state map, by state index
-    /// (the same namer sequence as [`Model::new`], so names agree).
+    /// The identifier of every state map, by state index (from
+    /// [`CNames`], as every user-derived name).
     pub fn state_map_name(&self, state: usize) -> &str {
         &self.maps[self.ids.states[state]].name
     }
