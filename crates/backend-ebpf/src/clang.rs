@@ -116,14 +116,10 @@ pub fn compile_with(source: &str, flags: BuildFlags, opts: &ClangOptions) -> Res
     if !run.success {
         let stderr = String::from_utf8_lossy(&run.stderr);
         let tail: Vec<&str> = stderr.lines().take(40).collect();
-        return Err(EbpfError::Clang(format!("{}\n{}", args.join(" "), tail.join("\n"))));
+        return Err(EbpfError::Clang { command: args, stderr: tail.join("\n") });
     }
     if !run.stdout.starts_with(b"\x7fELF") {
-        return Err(EbpfError::Clang(format!(
-            "{}\nexited successfully but wrote no ELF object ({} bytes)",
-            args.join(" "),
-            run.stdout.len()
-        )));
+        return Err(EbpfError::ClangNoObject { command: args, bytes: run.stdout.len() });
     }
     Ok(run.stdout)
 }

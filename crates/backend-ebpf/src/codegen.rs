@@ -12,7 +12,7 @@ use crate::layout::{CStruct, MapDef};
 use crate::model::{Model, F_EXACT, F_LEAF, F_RANGED, TERMINAL};
 use crate::names::CNames;
 use crate::parse::{max_parse_bytes, reachable};
-use crate::{EbpfError, Hook, RangeLookup};
+use crate::{EbpfError, Hook, RangeLookup, UnsupportedError};
 use askama::Template;
 use std::collections::BTreeSet;
 use subc_lang::spec::{FieldType, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind, StateVar};
@@ -224,7 +224,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         vars,
         pipelines: g.pipeline_views(),
     };
-    view.render().map_err(|e| EbpfError::Template(e.to_string()))
+    view.render().map_err(EbpfError::Template)
 }
 
 /// What the view models of one program are computed from: the spec, the
@@ -243,7 +243,7 @@ impl<'a> Generator<'a> {
         let names = CNames::new(spec);
         debug_assert!((0..spec.states.len()).all(|i| names.state_maps[i] == model.state_map_name(i)), "the model's state maps");
         if let Some((f, fd)) = names.fields.keys().map(|f| (*f, spec.field(*f))).find(|(_, fd)| fd.width > 64) {
-            return Err(EbpfError::Unsupported(format!("field {} is {} bits; the program reads at most 64", spec.field_name(f), fd.width)));
+            return Err(EbpfError::Unsupported(UnsupportedError::WideField { field: spec.field_name(f), width: fd.width }));
         }
         Ok(Generator { spec, model, names, reach: reachable(spec) })
     }

@@ -47,7 +47,7 @@ use crate::model::{
     class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES,
     TERMINAL,
 };
-use crate::{EbpfError, RangeLookup};
+use crate::{CapacityError, DiffError, EbpfError, RangeLookup};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use subc_bdd::diff::Op;
@@ -143,13 +143,15 @@ struct Slots {
 }
 
 impl Slots {
-    fn alloc(&mut self, pool: Pool, cap: u32, what: &str) -> Result<u32, EbpfError> {
+    /// A free index of `pool`, whose map is `map` with `cap` slots per
+    /// generation.
+    fn alloc(&mut self, pool: Pool, cap: u32, map: &str) -> Result<u32, EbpfError> {
         if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
             return Ok(i);
         }
         let n = self.next.entry(pool).or_insert(0);
         if *n >= cap {
-            return Err(EbpfError::Capacity(format!("{what} has {cap} slots per generation, all in use; recompile with more headroom")));
+            return Err(EbpfError::Capacity(CapacityError::SlotsFull { map: map.to_string(), slots: cap }));
         }
         *n += 1;
         Ok(*n - 1)
@@ -179,13 +181,13 @@ impl Slots {
         }
         undo.push(SlotUndo::Recycled { pending, created });
     }
-    fn alloc_logged(&mut self, pool: Pool, cap: u32, what: &str, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
+    fn alloc_logged(&mut self, pool: Pool, cap: u32, map: &str, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
         if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
             undo.push(SlotUndo::Popped(pool, i));
             return Ok(i);
         }
         let created = !self.next.contains_key(&pool);
-        let r = self.alloc(pool, cap, what);
+        let r = self.alloc(pool, cap, map);
         undo.push(SlotUndo::Bumped { pool, created, bumped: r.is_ok() });
         r
     }
@@ -538,18 +540,17 @@ impl TableImage {
         let counts = crate::model::count(&refs, model.ranges)?;
         let mut descs: Vec<HashMap<StateId, Desc>> = pipelines.iter().map(|p| shapes_of(p, model.ranges)).collect();
         for (p, s, idx) in &parts.slots {
-            let d = descs
-                .get_mut(*p)
-                .and_then(|d| d.get_mut(s))
-                .ok_or_else(|| EbpfError::Diff(format!("saved slot for pipeline {p} state {s}, which is not there")))?;
+            let d =
+                descs.get_mut(*p).and_then(|d| d.get_mut(s)).ok_or(EbpfError::Diff(DiffError::SavedSlot { pipeline: *p, state: *s }))?;
             d.idx = *idx;
         }
         let mut slots = Slots::default();
         for (name, n, free) in parts.pools {
+            let bad = || EbpfError::Diff(DiffError::SavedPool { name: name.clone() });
             let pool = match name.strip_prefix("sorted") {
                 _ if name == "leaf" => Pool::Leaf,
-                Some(c) => Pool::Sorted(c.parse().map_err(|_| EbpfError::Diff(format!("saved pool `{name}`")))?),
-                None => return Err(EbpfError::Diff(format!("saved pool `{name}`"))),
+                Some(c) => Pool::Sorted(c.parse().map_err(|_| bad())?),
+                None => return Err(bad()),
             };
             slots.next.insert(pool, n);
             slots.free.insert(pool, free.into_iter().collect());
@@ -599,10 +600,7 @@ impl TableImage {
             Pool::Sorted(c) => c,
             Pool::Leaf => 0,
         };
-        EbpfError::Capacity(format!(
-            "a state needs sorted size class {c} ({} intervals), which this program does not have; recompile",
-            SORTED_CLASSES[c as usize]
-        ))
+        EbpfError::Capacity(CapacityError::NoSizeClass { class: c })
     }
 
     /// Descriptors of pipeline `p`'s states, keeping the slots of states
@@ -625,7 +623,7 @@ impl TableImage {
                 _ => {
                     let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
                     let m = &model.maps[map];
-                    d.idx = self.slots.alloc(pool, m.max_entries / 2, &format!("map {}", m.name))?;
+                    d.idx = self.slots.alloc(pool, m.max_entries / 2, &m.name)?;
                 }
             }
         }
@@ -804,7 +802,7 @@ impl TableImage {
                 .chain([pipe.root])
                 .find(|s| *s > MAX_STATE);
             if let Some(s) = too_big {
-                return Err(EbpfError::Capacity(format!("pipeline {p}: state {s} does not fit the 24 bits of a key's state word")));
+                return Err(EbpfError::Capacity(CapacityError::StateWord { pipeline: p, state: s }));
             }
         }
         Ok(())
@@ -815,11 +813,13 @@ impl TableImage {
             let m = &model.maps[map];
             let need = new + old.max(new);
             if need > m.max_entries as usize {
-                return Err(EbpfError::Capacity(format!(
-                    "map {} would need {need} entries during the update ({new} per generation after it, {old} before) \
-                     but holds {}; recompile with more headroom",
-                    m.name, m.max_entries
-                )));
+                return Err(EbpfError::Capacity(CapacityError::MapFull {
+                    map: m.name.clone(),
+                    need,
+                    new,
+                    old,
+                    max_entries: m.max_entries,
+                }));
             }
             Ok(())
         };
@@ -828,10 +828,7 @@ impl TableImage {
             check(lpm, old.lpm, new.lpm)?;
         }
         if new.updates > model.max_updates as usize {
-            return Err(EbpfError::Capacity(format!(
-                "{} distinct variable updates; the program's update bitmap holds {}; recompile",
-                new.updates, model.max_updates
-            )));
+            return Err(EbpfError::Capacity(CapacityError::UpdateBitmap { updates: new.updates, max: model.max_updates }));
         }
         Ok(())
     }
@@ -1040,7 +1037,7 @@ impl TableImage {
         for d in &update.diffs {
             let p = d.pipeline;
             if p >= self.pipes.len() {
-                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", self.pipes.len())));
+                return Err(EbpfError::Diff(DiffError::NoPipeline { pipeline: p, pipelines: self.pipes.len() }));
             }
             applied.changed_pipes.insert(p);
             for op in d.ops() {
@@ -1059,7 +1056,7 @@ impl TableImage {
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::SetRoot { state } => *state > MAX_STATE,
                     _ => false,
                 };
-                self.apply_logged(p, &op, log).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
+                self.apply_logged(p, &op, log).map_err(|error| EbpfError::Diff(DiffError::Apply { pipeline: p, error }))?;
             }
         }
         Ok(applied)
@@ -1215,10 +1212,7 @@ impl TableImage {
         for x in &now_named {
             if !self.update_ids.contains_key(x) {
                 let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!(
-                        "the update needs more than {} distinct variable updates; recompile",
-                        model.max_updates
-                    )));
+                    return Err(EbpfError::Capacity(CapacityError::UpdateIds { max: model.max_updates }));
                 };
                 self.log_change(Change::Id { u: *x, val: Some(id) }, &mut u.log);
                 fresh.push((*x, id));
@@ -1330,7 +1324,7 @@ impl TableImage {
     fn alloc_slot(&mut self, model: &Model, pool: Pool, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
         let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
         let m = &model.maps[map];
-        self.slots.alloc_logged(pool, m.max_entries / 2, &format!("map {}", m.name), undo)
+        self.slots.alloc_logged(pool, m.max_entries / 2, &m.name, undo)
     }
 
     /// The union of the leaves every pipeline gives a packet with these

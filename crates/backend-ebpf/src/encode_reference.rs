@@ -23,7 +23,7 @@ impl TableImage {
         for d in &update.diffs {
             let p = d.pipeline;
             if p >= next.pipes.len() {
-                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", next.pipes.len())));
+                return Err(EbpfError::Diff(DiffError::NoPipeline { pipeline: p, pipelines: next.pipes.len() }));
             }
             changed_pipes.insert(p);
             for op in d.ops() {
@@ -37,7 +37,7 @@ impl TableImage {
                     }
                     _ => {}
                 }
-                next.pipes[p].apply_op(&op).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
+                next.pipes[p].apply_op(&op).map_err(|error| EbpfError::Diff(DiffError::Apply { pipeline: p, error }))?;
             }
         }
         // Descriptors of the changed pipelines; the values of states that
@@ -86,10 +86,7 @@ impl TableImage {
         for u in &now_named {
             if !next.update_ids.contains_key(u) {
                 let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!(
-                        "the update needs more than {} distinct variable updates; recompile",
-                        model.max_updates
-                    )));
+                    return Err(EbpfError::Capacity(CapacityError::UpdateIds { max: model.max_updates }));
                 };
                 next.update_ids.insert(*u, id);
                 fresh.push((*u, id));

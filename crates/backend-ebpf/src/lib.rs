@@ -26,6 +26,7 @@
 pub mod clang;
 pub mod codegen;
 pub mod encode;
+mod error;
 pub mod fieldread;
 pub mod layout;
 pub mod model;
@@ -41,6 +42,7 @@ use subc_bdd::pipeline::Pipeline;
 use subc_lang::spec::Spec;
 
 pub use encode::{MapOp, TableImage, UpdatePlan};
+pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
 pub use model::Model;
 
 /// Where the program runs.
@@ -93,38 +95,6 @@ pub struct EbpfOptions {
 impl Default for EbpfOptions {
     fn default() -> Self {
         EbpfOptions { hook: Hook::Tc, ranges: RangeLookup::Sorted, capacity: Capacity::default() }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EbpfError {
-    #[error("not supported by the eBPF back end: {0}")]
-    Unsupported(String),
-    #[error("capacity exceeded, nothing was changed: {0}")]
-    Capacity(String),
-    #[error("the update does not apply to the loaded tables: {0}")]
-    Diff(String),
-    #[error("template: {0}")]
-    Template(String),
-    #[error("clang failed: {0}")]
-    Clang(String),
-    /// clang ran out of [`clang::ClangOptions::timeout`]; it and every
-    /// process it started were killed.
-    #[error("clang (`{clang}`) did not finish within its time limit of {} s and was killed, with every process it started", .limit.as_secs_f64())]
-    ClangTimeout { clang: String, limit: std::time::Duration },
-    #[error("target config: {0}")]
-    Target(String),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl EbpfError {
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> EbpfError {
-        EbpfError::Io { context: context.into(), source }
     }
 }
 

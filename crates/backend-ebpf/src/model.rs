@@ -32,7 +32,7 @@
 
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::names::CNames;
-use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup};
+use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, UnsupportedError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use subc_bdd::pipeline::{Match, Pipeline, Table};
@@ -280,7 +280,7 @@ pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfErr
                         c.lpm += match m {
                             Match::Default => 1,
                             _ => prefixes_of(m, t.width)
-                                .ok_or_else(|| EbpfError::Unsupported(format!("table {}: ternary mask of {m:?} is not a prefix", t.name)))?
+                                .ok_or_else(|| EbpfError::Unsupported(UnsupportedError::NotAPrefix { table: t.name.clone(), entry: *m }))?
                                 .len(),
                         }
                     }
@@ -289,13 +289,8 @@ pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfErr
             for s in &sorted_states {
                 let n = sorted_intervals(t, *s).len();
                 c.max_intervals = c.max_intervals.max(n);
-                let class = class_for(n).ok_or_else(|| {
-                    EbpfError::Unsupported(format!(
-                        "table {}: a state with {n} intervals (the sorted layout holds {})",
-                        t.name,
-                        SORTED_CLASSES[SORTED_CLASSES.len() - 1]
-                    ))
-                })?;
+                let class = class_for(n)
+                    .ok_or_else(|| EbpfError::Unsupported(UnsupportedError::TooManyIntervals { table: t.name.clone(), intervals: n }))?;
                 c.sorted[class] += 1;
             }
         }
@@ -522,13 +517,10 @@ impl MapList {
 /// What a program cannot hold, whatever its sizes.
 fn check_limits(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<(), EbpfError> {
     if pipes.len() > MAX_PIPELINES {
-        return Err(EbpfError::Unsupported(format!("{} pipelines; a program holds at most {MAX_PIPELINES}", pipes.len())));
+        return Err(EbpfError::Unsupported(UnsupportedError::TooManyPipelines { pipelines: pipes.len() }));
     }
     if opts.hook == Hook::Xdp && spec.ports > 256 {
-        return Err(EbpfError::Unsupported(format!(
-            "--hook xdp hands several egress ports to TC in 32 bytes of packet metadata, so at most 256 ports; the spec has {}",
-            spec.ports
-        )));
+        return Err(EbpfError::Unsupported(UnsupportedError::XdpPorts { ports: spec.ports }));
     }
     Ok(())
 }
@@ -560,7 +552,7 @@ impl Model {
         maps.add_egress(&st, spec.ports, opts.hook);
         maps.add_states(spec, &mut structs);
         if maps.maps.len() > MAX_MAPS {
-            return Err(EbpfError::Unsupported(format!("the program needs {} maps; the kernel allows {MAX_MAPS}", maps.maps.len())));
+            return Err(EbpfError::Unsupported(UnsupportedError::TooManyMaps { maps: maps.maps.len() }));
         }
         let vars = spec.states.iter().enumerate().filter(|(_, s)| matches!(s.kind, StateKind::Var { .. })).map(|(i, _)| i as u32).collect();
         Ok(Model {
@@ -613,7 +605,7 @@ impl Model {
 
     /// Reads a model back from `maps.json`.
     pub fn from_maps_json(text: &str) -> Result<Model, EbpfError> {
-        let m: MapsJson = serde_json::from_str(text).map_err(|e| EbpfError::Target(format!("maps.json: {e}")))?;
+        let m: MapsJson = serde_json::from_str(text).map_err(|e| EbpfError::Target(TargetError::MapsJson(e)))?;
         let mut model = m.model;
         model.ids = MapIds::from_maps(&model.maps)?;
         Ok(model)
@@ -629,7 +621,7 @@ impl MapIds {
     /// Rebuilds the indices from the maps' roles.
     pub fn from_maps(maps: &[MapDef]) -> Result<MapIds, EbpfError> {
         let one = |r: MapRole| maps.iter().position(|m| m.role == r);
-        let need = |r: MapRole| one(r).ok_or_else(|| EbpfError::Target(format!("maps.json has no {r:?} map")));
+        let need = |role: MapRole| one(role).ok_or(EbpfError::Target(TargetError::MissingMap { role }));
         Ok(MapIds {
             gen: need(MapRole::Generation)?,
             config: need(MapRole::Config)?,
