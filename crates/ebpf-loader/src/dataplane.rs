@@ -103,7 +103,7 @@ pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]
                 r => r,
             },
         };
-        r.map_err(|e| LoaderError::bpf(format!("map {}", model.maps[op.map].name), e))?;
+        r.map_err(|source| LoaderError::Map { map: model.maps[op.map].name.clone(), source })?;
     }
     Ok(())
 }
@@ -169,7 +169,7 @@ impl Dataplane {
         let mut maps = vec![];
         for def in &model.maps {
             let h = match obj.maps().find(|m| m.name() == def.name.as_str()) {
-                Some(m) => Some(MapHandle::try_from(&m).map_err(|e| LoaderError::bpf(format!("map {}", def.name), e))?),
+                Some(m) => Some(MapHandle::try_from(&m).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?),
                 None if def.only_if.is_some() => None,
                 None => return Err(LoaderError::MissingMap { map: def.name.clone() }),
             };

@@ -19,6 +19,20 @@ pub enum LoaderError {
         #[source]
         source: libbpf_rs::Error,
     },
+    /// libbpf failed on a map of the model.
+    #[error("map {map}: {source}")]
+    Map {
+        map: String,
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    /// A map the tables need is not pinned where the deployment says.
+    #[error("pinned map {}: {source}", .path.display())]
+    PinnedMap {
+        path: PathBuf,
+        #[source]
+        source: libbpf_rs::Error,
+    },
     /// A system call or a file failed at `context`.
     #[error("{context}: {source}")]
     Io {
@@ -67,6 +81,12 @@ pub enum LoaderError {
     /// A command of the test network (`ip`) failed; its standard error.
     #[error("{command}: {stderr}")]
     Command { command: String, stderr: String },
+    /// `ip -j` printed what is not JSON.
+    #[error("ip -j: {0}")]
+    IpJson(#[source] serde_json::Error),
+    /// An interface without a MAC address.
+    #[error("no address for {dev} in {ns}")]
+    NoAddress { dev: String, ns: String },
 }
 
 /// Why an update cannot be planned: the contents of the maps are unknown.

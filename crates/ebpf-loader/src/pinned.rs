@@ -52,9 +52,7 @@ impl PinnedTables {
             let path = pin_dir.join(&def.name);
             match MapHandle::from_pinned_path(&path) {
                 Ok(h) => maps.push(Some(h)),
-                Err(e) if is_table_map(def.role) && def.only_if.is_none() => {
-                    return Err(LoaderError::bpf(format!("pinned map {}", path.display()), e))
-                }
+                Err(e) if is_table_map(def.role) && def.only_if.is_none() => return Err(LoaderError::PinnedMap { path, source: e }),
                 Err(_) => maps.push(None),
             }
         }
@@ -91,7 +89,7 @@ impl PinnedTables {
                 // Array slots always exist; slots the image does not name are unused.
                 MapType::Array => {
                     for (k, v) in expect {
-                        let got = m.lookup(k, MapFlags::ANY).map_err(|e| LoaderError::bpf(format!("map {}", def.name), e))?;
+                        let got = m.lookup(k, MapFlags::ANY).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?;
                         if got.as_deref() != Some(v.as_slice()) {
                             diffs.push(format!("{}[{}] differs", def.name, hex(k)));
                         }
@@ -104,7 +102,8 @@ impl PinnedTables {
                             None => diffs.push(format!("{}[{}] is not in the image", def.name, hex(&k))),
                             Some(v) => {
                                 seen += 1;
-                                let got = m.lookup(&k, MapFlags::ANY).map_err(|e| LoaderError::bpf(format!("map {}", def.name), e))?;
+                                let got =
+                                    m.lookup(&k, MapFlags::ANY).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?;
                                 if got.as_deref() != Some(v.as_slice()) {
                                     diffs.push(format!("{}[{}] differs", def.name, hex(&k)));
                                 }

@@ -82,12 +82,8 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
 /// The MAC address of `dev` in `ns`.
 pub fn mac_of(ns: &str, dev: &str) -> Result<String, LoaderError> {
     let out = Command::new("ip").args(["-n", ns, "-j", "link", "show", dev]).output().map_err(|e| LoaderError::io("ip link show", e))?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| LoaderError::Command { command: format!("ip -n {ns} -j link show {dev}"), stderr: format!("ip -j: {e}") })?;
-    v[0]["address"].as_str().map(String::from).ok_or_else(|| LoaderError::Command {
-        command: format!("ip -n {ns} -j link show {dev}"),
-        stderr: format!("no address for {dev} in {ns}"),
-    })
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(LoaderError::IpJson)?;
+    v[0]["address"].as_str().map(String::from).ok_or_else(|| LoaderError::NoAddress { dev: dev.to_string(), ns: ns.to_string() })
 }
 
 /// An `AF_PACKET` socket on `dev` of the calling thread's namespace, with
