@@ -21,7 +21,7 @@
 //!
 //! The `testing` feature adds what tests and benchmarks of this crate and
 //! of the loader share: the encoder's oracle (`TableImage::plan_reference`)
-//! and [`testing`]'s example programs. No default build has it.
+//! and `testing`'s example programs. No default build has it.
 
 pub mod clang;
 pub mod codegen;
