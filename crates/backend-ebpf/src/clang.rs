@@ -116,14 +116,10 @@ pub fn compile_with(source: &str, flags: BuildFlags, opts: &ClangOptions) -> Res
     if !run.success {
         let stderr = String::from_utf8_lossy(&run.stderr);
         let tail: Vec<&str> = stderr.lines().take(40).collect();
-        return Err(EbpfError::Clang(format!("{}\n{}", args.join(" "), tail.join("\n"))));
+        return Err(EbpfError::Clang { command: args, stderr: tail.join("\n") });
     }
     if !run.stdout.starts_with(b"\x7fELF") {
-        return Err(EbpfError::Clang(format!(
-            "{}\nexited successfully but wrote no ELF object ({} bytes)",
-            args.join(" "),
-            run.stdout.len()
-        )));
+        return Err(EbpfError::ClangNoObject { command: args, bytes: run.stdout.len() });
     }
     Ok(run.stdout)
 }
@@ -194,8 +190,12 @@ fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
 /// `deadline`; true if the deadline came first.
 fn wait_until(child: &Child, deadline: Instant) -> Result<bool, EbpfError> {
     loop {
-        // SAFETY: a zeroed siginfo_t is valid; waitid only writes into it.
+        // SAFETY: an all-zero siginfo_t is a valid value (no pointers to
+        // follow), and the one waitid reports "still running" with.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a writable siginfo_t that outlives the call;
+        // waitid writes only into it and, with WNOWAIT, reaps nothing, so
+        // `child`'s pid stays ours.
         let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
         if r != 0 {
             let e = std::io::Error::last_os_error();

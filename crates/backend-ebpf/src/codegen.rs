@@ -3,17 +3,19 @@
 //!
 //! All decisions are made here: which fields the parser reads and how
 //! (see [`crate::fieldread`]), the parse graph as labels and gotos, the
-//! names (through [`crate::names::c_namer`]), the struct and map
+//! names (from [`crate::names::CNames`]), the struct and map
 //! declarations (from [`crate::model::Model`]). The templates only lay the
 //! text out.
 
 use crate::fieldread;
 use crate::layout::{CStruct, MapDef};
 use crate::model::{Model, F_EXACT, F_LEAF, F_RANGED, TERMINAL};
-use crate::{EbpfError, Hook, RangeLookup};
+use crate::names::CNames;
+use crate::parse::{max_parse_bytes, reachable};
+use crate::{EbpfError, Hook, RangeLookup, UnsupportedError};
 use askama::Template;
-use std::collections::{BTreeMap, BTreeSet};
-use subc_lang::spec::{FieldRef, FieldType, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind};
+use std::collections::BTreeSet;
+use subc_lang::spec::{FieldType, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind, StateVar};
 use subc_lang::value::mask;
 
 #[derive(Template)]
@@ -182,172 +184,185 @@ fn debruijn_table() -> String {
     t.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Longest byte length of any parse path (what TC makes linear first).
-fn max_parse_bytes(spec: &Spec) -> u32 {
-    let mut dist: BTreeMap<HeaderId, u32> = BTreeMap::new();
-    let mut best = 0;
-    if let ParseTarget::Header(h) = spec.parser.start {
-        dist.insert(h, 0);
-    }
-    for h in &spec.parser.topo_order {
-        let Some(&d) = dist.get(h) else { continue };
-        let end = d + spec.header(*h).bytes;
-        best = best.max(end);
-        let targets: Vec<ParseTarget> = match &spec.parser.next[h.0 as usize] {
-            None => vec![],
-            Some(ParseNext::Goto(t)) => vec![*t],
-            Some(ParseNext::Select { cases, default, .. }) => cases.iter().map(|c| c.target).chain([*default]).collect(),
-        };
-        for t in targets {
-            if let ParseTarget::Header(n) = t {
-                let e = dist.entry(n).or_insert(0);
-                *e = (*e).max(end);
-            }
-        }
-    }
-    best
-}
-
-/// Headers reachable from the parser's start.
-fn reachable(spec: &Spec) -> BTreeSet<HeaderId> {
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![spec.parser.start];
-    while let Some(t) = stack.pop() {
-        let ParseTarget::Header(h) = t else { continue };
-        if !seen.insert(h) {
-            continue;
-        }
-        match &spec.parser.next[h.0 as usize] {
-            None => {}
-            Some(ParseNext::Goto(t)) => stack.push(*t),
-            Some(ParseNext::Select { cases, default, .. }) => {
-                stack.extend(cases.iter().map(|c| c.target));
-                stack.push(*default);
-            }
-        }
-    }
-    seen
-}
-
 /// What the generator needs besides the model: the normal forms for the
 /// naive baseline.
 pub struct NaiveRules {
     pub count: usize,
 }
 
+/// Generates the C of the program `model` describes for `spec` (or, with
+/// `naive`, of the naive baseline).
 pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result<String, EbpfError> {
-    let mut namer = crate::names::c_namer();
-    // States first, in the order the model named their maps.
-    for (i, s) in spec.states.iter().enumerate() {
-        let n = namer.name(&s.name);
-        debug_assert_eq!(n, model.state_map_name(i));
-    }
-    let reach = reachable(spec);
-    let header_names: Vec<String> = spec.headers.iter().map(|h| namer.name(&h.name)).collect();
+    let g = Generator::new(spec, model)?;
+    let (states, vars) = g.state_views();
+    let view = ProgramView {
+        title: g.title(naive.as_ref()),
+        summary: g.summary(),
+        is_xdp: model.hook == Hook::Xdp,
+        naive_rules: naive.as_ref().map(|n| n.count).unwrap_or(0),
+        naive: naive.is_some(),
+        ranges_sorted: model.ranges == RangeLookup::Sorted,
+        classes: g.class_views(),
+        port_words: model.port_words,
+        port_word_list: (0..model.port_words).collect(),
+        update_words: g.update_words(naive.as_ref()),
+        update_word_list: (0..g.update_words(naive.as_ref())).collect(),
+        max_parse_bytes: max_parse_bytes(spec),
+        terminal: TERMINAL,
+        f_exact: F_EXACT,
+        f_ranged: F_RANGED,
+        f_leaf: F_LEAF,
+        structs: model.structs.iter().map(struct_view).collect(),
+        maps: model.maps.iter().map(map_view).collect(),
+        debruijn: debruijn_table(),
+        has_clock: spec.states.iter().any(|s| matches!(s.kind, StateKind::Counter { .. })),
+        field_vars: g.names.fields.values().cloned().collect(),
+        headers: g.header_views(),
+        start: g.label(spec.parser.start),
+        queries: g.query_views(),
+        states,
+        vars,
+        pipelines: g.pipeline_views(),
+    };
+    view.render().map_err(EbpfError::Template)
+}
 
-    // Fields the program reads.
-    let mut needed: BTreeSet<FieldRef> = BTreeSet::new();
-    for h in &reach {
-        if let Some(ParseNext::Select { fields, .. }) = &spec.parser.next[h.0 as usize] {
-            needed.extend(fields.iter().copied());
+/// What the view models of one program are computed from: the spec, the
+/// model, every user-derived name, and the headers the parser reaches.
+struct Generator<'a> {
+    spec: &'a Spec,
+    model: &'a Model,
+    names: CNames,
+    reach: BTreeSet<HeaderId>,
+}
+
+impl<'a> Generator<'a> {
+    /// Names everything and checks that the program can read every field
+    /// it needs.
+    fn new(spec: &'a Spec, model: &'a Model) -> Result<Generator<'a>, EbpfError> {
+        let names = CNames::new(spec);
+        debug_assert!((0..spec.states.len()).all(|i| names.state_maps[i] == model.state_map_name(i)), "the model's state maps");
+        if let Some((f, fd)) = names.fields.keys().map(|f| (*f, spec.field(*f))).find(|(_, fd)| fd.width > 64) {
+            return Err(EbpfError::Unsupported(UnsupportedError::WideField { field: spec.field_name(f), width: fd.width }));
         }
+        Ok(Generator { spec, model, names, reach: reachable(spec) })
     }
-    for q in &spec.query_fields {
-        if let QuerySource::Packet(f) = q.source {
-            needed.insert(f);
-        }
-    }
-    for s in &spec.states {
-        if let Some(k) = s.key {
-            needed.insert(k.field);
-        }
-        if let StateKind::Avg { field, .. } | StateKind::Ewma { field, .. } = s.kind {
-            needed.insert(field);
-        }
-    }
-    let mut field_var: BTreeMap<FieldRef, String> = BTreeMap::new();
-    for f in &needed {
-        let fd = spec.field(*f);
-        if fd.width > 64 {
-            return Err(EbpfError::Unsupported(format!(
-                "field {} is {} bits; the program reads at most 64",
-                spec.field_name(*f),
-                fd.width
-            )));
-        }
-        field_var.insert(*f, namer.name(&spec.field_name(*f)));
-    }
-    let label = |t: ParseTarget| -> String {
+
+    /// The label of a parser state.
+    fn label(&self, t: ParseTarget) -> String {
         match t {
             ParseTarget::Accept => "subc_accept".into(),
             ParseTarget::Reject => "subc_reject".into(),
-            ParseTarget::Header(h) => format!("subc_parse_{}", header_names[h.0 as usize]),
+            ParseTarget::Header(h) => format!("subc_parse_{}", self.names.headers[h.0 as usize]),
         }
-    };
-    let mut headers = vec![];
-    for h in &spec.parser.topo_order {
-        if !reach.contains(h) {
-            continue;
-        }
-        let hd = spec.header(*h);
-        let reads = field_var
+    }
+
+    /// The validity flag of a header.
+    fn valid(&self, h: HeaderId) -> String {
+        format!("subc_valid_{}", self.names.headers[h.0 as usize])
+    }
+
+    /// The parser: one block per reachable header, in topological order.
+    fn header_views(&self) -> Vec<HeaderView> {
+        self.spec.parser.topo_order.iter().filter(|h| self.reach.contains(h)).map(|h| self.header_view(*h)).collect()
+    }
+
+    /// One header's block: its field reads, then where it goes next.
+    fn header_view(&self, h: HeaderId) -> HeaderView {
+        let hd = self.spec.header(h);
+        let reads = self
+            .names
+            .fields
             .iter()
-            .filter(|(f, _)| f.header == *h)
+            .filter(|(f, _)| f.header == h)
             .map(|(f, var)| {
-                let fd = spec.field(*f);
+                let fd = self.spec.field(*f);
                 (var.clone(), fieldread::plan(fd.offset, fd.width, hd.bytes).c_expr("subc_h"))
             })
             .collect();
+        HeaderView {
+            label: self.label(ParseTarget::Header(h)),
+            comment: format!("header {} ({} bytes)", comment_safe(&hd.name), hd.bytes),
+            valid: self.valid(h),
+            bytes: hd.bytes,
+            reads,
+            next: self.parse_branches(h),
+        }
+    }
+
+    /// The transitions out of a header: a select's cases in order (up to
+    /// the first that matches anything), then its default.
+    fn parse_branches(&self, h: HeaderId) -> Vec<Branch> {
+        let field_var = &self.names.fields;
         let mut next = vec![];
-        match &spec.parser.next[h.0 as usize] {
-            None => next.push(Branch { cond: None, target: label(ParseTarget::Reject) }),
-            Some(ParseNext::Goto(t)) => next.push(Branch { cond: None, target: label(*t) }),
+        match &self.spec.parser.next[h.0 as usize] {
+            None => next.push(Branch { cond: None, target: self.label(ParseTarget::Reject) }),
+            Some(ParseNext::Goto(t)) => next.push(Branch { cond: None, target: self.label(*t) }),
             Some(ParseNext::Select { fields, cases, default }) => {
-                let mut unconditional = false;
                 for c in cases {
                     let conds: Vec<String> =
                         c.values.iter().zip(fields).filter_map(|(v, f)| v.map(|v| format!("{} == {v:#x}ULL", field_var[f]))).collect();
                     if conds.is_empty() {
-                        next.push(Branch { cond: None, target: label(c.target) });
-                        unconditional = true;
-                        break;
+                        next.push(Branch { cond: None, target: self.label(c.target) });
+                        return next;
                     }
-                    next.push(Branch { cond: Some(conds.join(" && ")), target: label(c.target) });
+                    next.push(Branch { cond: Some(conds.join(" && ")), target: self.label(c.target) });
                 }
-                if !unconditional {
-                    next.push(Branch { cond: None, target: label(*default) });
-                }
+                next.push(Branch { cond: None, target: self.label(*default) });
             }
         }
-        headers.push(HeaderView {
-            label: label(ParseTarget::Header(*h)),
-            comment: format!("header {} ({} bytes)", comment_safe(&hd.name), hd.bytes),
-            valid: format!("subc_valid_{}", header_names[h.0 as usize]),
-            bytes: hd.bytes,
-            reads,
-            next,
-        });
+        next
     }
 
-    let query_vars: Vec<String> = spec.query_fields.iter().map(|q| namer.name(&format!("q.{}", q.name))).collect();
-    let queries: Vec<QueryView> = spec
-        .query_fields
-        .iter()
-        .zip(&query_vars)
-        .map(|(q, var)| {
-            let packet = match q.source {
-                QuerySource::Packet(f) if q.ty == FieldType::Signed => Some(format!("{} ^ {:#x}ULL", field_var[&f], 1u64 << (q.width - 1))),
-                QuerySource::Packet(f) => Some(field_var[&f].clone()),
-                QuerySource::State { .. } => None,
-            };
-            QueryView { var: var.clone(), packet, comment: comment_safe(&q.name) }
-        })
-        .collect();
+    /// The query values read from the packet (state values are set in
+    /// their state's block).
+    fn query_views(&self) -> Vec<QueryView> {
+        let field_var = &self.names.fields;
+        self.spec
+            .query_fields
+            .iter()
+            .zip(&self.names.queries)
+            .map(|(q, var)| {
+                let packet = match q.source {
+                    QuerySource::Packet(f) if q.ty == FieldType::Signed => {
+                        Some(format!("{} ^ {:#x}ULL", field_var[&f], 1u64 << (q.width - 1)))
+                    }
+                    QuerySource::Packet(f) => Some(field_var[&f].clone()),
+                    QuerySource::State { .. } => None,
+                };
+                QueryView { var: var.clone(), packet, comment: comment_safe(&q.name) }
+            })
+            .collect()
+    }
 
-    let valid_of = |f: FieldRef| format!("subc_valid_{}", header_names[f.header.0 as usize]);
-    let mut states = vec![];
-    let mut vars = vec![];
-    for (i, s) in spec.states.iter().enumerate() {
+    /// The stream state blocks, and the variables among them.
+    fn state_views(&self) -> (Vec<StateView>, Vec<VarView>) {
+        let mut vars = vec![];
+        let states = self
+            .spec
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let v = self.state_view(i, s);
+                if let StateKind::Var { width } = s.kind {
+                    vars.push(VarView {
+                        index: self.model.var_index(subc_lang::spec::StateId(i as u32)).expect("vars are indexed"),
+                        ptr: v.ptr.clone(),
+                        slot: v.slot.clone(),
+                        mask: format!("{:#x}", mask(width)),
+                        comment: comment_safe(&s.name),
+                    });
+                }
+                v
+            })
+            .collect();
+        (states, vars)
+    }
+
+    /// The block of state `i`: its map and slot, then what its kind needs.
+    fn state_view(&self, i: usize, s: &StateVar) -> StateView {
+        let (spec, field_var, query_vars) = (self.spec, &self.names.fields, &self.names.queries);
         let key = match s.key {
             Some(k) => format!("(__u32)({} & {})", field_var[&k.field], k.slots - 1),
             None => "0".into(),
@@ -357,7 +372,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
             None => String::new(),
         };
         let mut v = StateView {
-            map: model.state_map_name(i).to_string(),
+            map: self.model.state_map_name(i).to_string(),
             slot: format!("subc_slot{i}"),
             key,
             value: query_vars[s.value_field.0 as usize].clone(),
@@ -373,7 +388,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
                 v.kind = "avg";
                 v.comment =
                     format!("{} = avg({}, samples = {samples}){keyed}", comment_safe(&s.name), comment_safe(&spec.field_name(*field)));
-                v.valid = valid_of(*field);
+                v.valid = self.valid(field.header);
                 v.source = field_var[field].clone();
                 v.ring_mask = samples - 1;
                 v.log2 = samples.trailing_zeros();
@@ -385,7 +400,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
                     comment_safe(&s.name),
                     comment_safe(&spec.field_name(*field))
                 );
-                v.valid = valid_of(*field);
+                v.valid = self.valid(field.header);
                 v.source = field_var[field].clone();
                 v.shift = *shift;
                 v.spike_shift = *spike_shift;
@@ -397,106 +412,87 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
                 v.kind = "var";
                 v.comment = format!("{} = var({width}){keyed}", comment_safe(&s.name));
                 v.ptr = format!("subc_var{i}");
-                vars.push(VarView {
-                    index: model.var_index(subc_lang::spec::StateId(i as u32)).expect("vars are indexed"),
-                    ptr: v.ptr.clone(),
-                    slot: v.slot.clone(),
-                    mask: format!("{:#x}", mask(*width)),
-                    comment: comment_safe(&s.name),
-                });
             }
         }
-        states.push(v);
+        v
     }
 
-    let pipelines = model
-        .pipelines
-        .iter()
-        .enumerate()
-        .map(|(p, tables)| PipeView {
-            index: p,
-            comment: tables.iter().map(|t| comment_safe(&t.name)).collect::<Vec<_>>().join(", "),
-            tables: tables
-                .iter()
-                .enumerate()
-                .map(|(i, t)| TableView {
-                    index: i,
-                    comment: format!("{} ({}, {} bits)", comment_safe(&t.name), t.kind, t.width),
-                    value: query_vars[t.field as usize].clone(),
-                    shift: 64 - t.width,
-                })
-                .collect(),
-        })
-        .collect();
-
-    let classes = model
-        .sorted_classes
-        .iter()
-        .enumerate()
-        .map(|(index, k)| ClassView {
-            index,
-            mask: k - 1,
-            steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect(),
-            branchy: *k <= BRANCHY_UP_TO,
-        })
-        .collect();
-    let hook = match model.hook {
-        Hook::Xdp => "XDP",
-        Hook::Tc => "TC",
-    };
-    let title = match &naive {
-        Some(n) => format!("naive baseline testing {} rules one by one ({hook})", n.count),
-        None => format!(
-            "{hook} program, {} pipeline(s), {} ranged lookups",
-            model.pipelines.len(),
-            match model.ranges {
-                RangeLookup::Lpm => "LPM-trie",
-                RangeLookup::Sorted => "sorted-interval",
-            }
-        ),
-    };
-    let mut summary = vec![format!(
-        "headers: {}",
-        spec.parser
-            .topo_order
+    /// Per pipeline, its tables in lookup order.
+    fn pipeline_views(&self) -> Vec<PipeView> {
+        self.model
+            .pipelines
             .iter()
-            .filter(|h| reach.contains(h))
-            .map(|h| comment_safe(&spec.header(*h).name))
-            .collect::<Vec<_>>()
-            .join(" -> ")
-    )];
-    summary.push(format!("ports: {} (bitmap of {} words)", model.ports, model.port_words));
-    // The naive baseline has no update step (`write_naive` refuses sets
-    // with updates), though the model sizes one when the spec has variables.
-    let update_words = if naive.is_some() { 0 } else { model.update_words };
-    let view = ProgramView {
-        title,
-        summary,
-        is_xdp: model.hook == Hook::Xdp,
-        naive_rules: naive.as_ref().map(|n| n.count).unwrap_or(0),
-        naive: naive.is_some(),
-        ranges_sorted: model.ranges == RangeLookup::Sorted,
-        classes,
-        port_words: model.port_words,
-        port_word_list: (0..model.port_words).collect(),
-        update_words,
-        update_word_list: (0..update_words).collect(),
-        max_parse_bytes: max_parse_bytes(spec),
-        terminal: TERMINAL,
-        f_exact: F_EXACT,
-        f_ranged: F_RANGED,
-        f_leaf: F_LEAF,
-        structs: model.structs.iter().map(struct_view).collect(),
-        maps: model.maps.iter().map(map_view).collect(),
-        debruijn: debruijn_table(),
-        has_clock: spec.states.iter().any(|s| matches!(s.kind, StateKind::Counter { .. })),
-        field_vars: field_var.values().cloned().collect(),
-        headers,
-        start: label(spec.parser.start),
-        queries,
-        states,
-        vars,
-        pipelines,
-    };
-    view.render().map_err(|e| EbpfError::Template(e.to_string()))
+            .enumerate()
+            .map(|(p, tables)| PipeView {
+                index: p,
+                comment: tables.iter().map(|t| comment_safe(&t.name)).collect::<Vec<_>>().join(", "),
+                tables: tables
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| TableView {
+                        index: i,
+                        comment: format!("{} ({}, {} bits)", comment_safe(&t.name), t.kind, t.width),
+                        value: self.names.queries[t.field as usize].clone(),
+                        shift: 64 - t.width,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The size classes of sorted values and their search steps.
+    fn class_views(&self) -> Vec<ClassView> {
+        self.model
+            .sorted_classes
+            .iter()
+            .enumerate()
+            .map(|(index, k)| ClassView {
+                index,
+                mask: k - 1,
+                steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect(),
+                branchy: *k <= BRANCHY_UP_TO,
+            })
+            .collect()
+    }
+
+    /// The first line of the file's header comment.
+    fn title(&self, naive: Option<&NaiveRules>) -> String {
+        let model = self.model;
+        let hook = match model.hook {
+            Hook::Xdp => "XDP",
+            Hook::Tc => "TC",
+        };
+        match naive {
+            Some(n) => format!("naive baseline testing {} rules one by one ({hook})", n.count),
+            None => format!(
+                "{hook} program, {} pipeline(s), {} ranged lookups",
+                model.pipelines.len(),
+                match model.ranges {
+                    RangeLookup::Lpm => "LPM-trie",
+                    RangeLookup::Sorted => "sorted-interval",
+                }
+            ),
+        }
+    }
+
+    /// The rest of the header comment: the parse path and the ports.
+    fn summary(&self) -> Vec<String> {
+        let spec = self.spec;
+        let headers = spec.parser.topo_order.iter().filter(|h| self.reach.contains(h)).map(|h| comment_safe(&spec.header(*h).name));
+        vec![
+            format!("headers: {}", headers.collect::<Vec<_>>().join(" -> ")),
+            format!("ports: {} (bitmap of {} words)", self.model.ports, self.model.port_words),
+        ]
+    }
+
+    /// Words of the update bitmap. The naive baseline has no update step
+    /// (`write_naive` refuses sets with updates), though the model sizes
+    /// one when the spec has variables.
+    fn update_words(&self, naive: Option<&NaiveRules>) -> u32 {
+        if naive.is_some() {
+            0
+        } else {
+            self.model.update_words
+        }
+    }
 }

@@ -47,7 +47,7 @@ use crate::model::{
     class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES,
     TERMINAL,
 };
-use crate::{EbpfError, RangeLookup};
+use crate::{CapacityError, DiffError, EbpfError, RangeLookup};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use subc_bdd::diff::Op;
@@ -143,13 +143,15 @@ struct Slots {
 }
 
 impl Slots {
-    fn alloc(&mut self, pool: Pool, cap: u32, what: &str) -> Result<u32, EbpfError> {
+    /// A free index of `pool`, whose map is `map` with `cap` slots per
+    /// generation.
+    fn alloc(&mut self, pool: Pool, cap: u32, map: &str) -> Result<u32, EbpfError> {
         if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
             return Ok(i);
         }
         let n = self.next.entry(pool).or_insert(0);
         if *n >= cap {
-            return Err(EbpfError::Capacity(format!("{what} has {cap} slots per generation, all in use; recompile with more headroom")));
+            return Err(EbpfError::Capacity(CapacityError::SlotsFull { map: map.to_string(), slots: cap }));
         }
         *n += 1;
         Ok(*n - 1)
@@ -157,6 +159,9 @@ impl Slots {
     fn release(&mut self, pool: Pool, i: u32) {
         self.pending.push((pool, i));
     }
+    /// Makes the slots freed by the last update free (the oracle's way;
+    /// the planner uses [`Slots::recycle_logged`]).
+    #[cfg(any(test, feature = "testing"))]
     fn recycle(&mut self) {
         for (pool, i) in self.pending.drain(..) {
             self.free.entry(pool).or_default().insert(i);
@@ -176,13 +181,13 @@ impl Slots {
         }
         undo.push(SlotUndo::Recycled { pending, created });
     }
-    fn alloc_logged(&mut self, pool: Pool, cap: u32, what: &str, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
+    fn alloc_logged(&mut self, pool: Pool, cap: u32, map: &str, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
         if let Some(i) = self.free.get_mut(&pool).and_then(|f| f.pop_first()) {
             undo.push(SlotUndo::Popped(pool, i));
             return Ok(i);
         }
         let created = !self.next.contains_key(&pool);
-        let r = self.alloc(pool, cap, what);
+        let r = self.alloc(pool, cap, map);
         undo.push(SlotUndo::Bumped { pool, created, bumped: r.is_ok() });
         r
     }
@@ -325,6 +330,54 @@ impl Index {
         }
         ix.ids_exact = update_ids.keys().eq(ix.named.keys());
         ix
+    }
+}
+
+/// What applying an update's diffs touched (see [`TableImage::plan_in_place`]).
+struct Applied {
+    /// The items whose encodings may change.
+    touched: BTreeSet<Item>,
+    changed_pipes: BTreeSet<usize>,
+    /// Whether a state id too large for a key's state word may have come in.
+    big: bool,
+}
+
+/// The net changes of a logged update: for each entry and leaf it
+/// changed, the first logged change of that place (which holds its old
+/// value), and the states and `(pipeline, table, state)`s whose entries
+/// or leaf changed.
+struct NetChanges {
+    entry_keys: BTreeMap<(usize, usize, StateId, Match), usize>,
+    leaf_keys: BTreeMap<(usize, StateId), usize>,
+    dirty: BTreeMap<usize, BTreeSet<StateId>>,
+    dirty_tables: BTreeSet<(usize, usize, StateId)>,
+}
+
+impl NetChanges {
+    fn of(log: &[Change], changed_pipes: &BTreeSet<usize>) -> NetChanges {
+        let mut entry_keys: BTreeMap<(usize, usize, StateId, Match), usize> = BTreeMap::new();
+        let mut leaf_keys: BTreeMap<(usize, StateId), usize> = BTreeMap::new();
+        for (i, c) in log.iter().enumerate() {
+            match c {
+                Change::Entry { p, t, key, .. } => {
+                    entry_keys.entry((*p, *t, key.0, key.1)).or_insert(i);
+                }
+                Change::Leaf { p, s, .. } => {
+                    leaf_keys.entry((*p, *s)).or_insert(i);
+                }
+                _ => {}
+            }
+        }
+        let mut dirty: BTreeMap<usize, BTreeSet<StateId>> = changed_pipes.iter().map(|p| (*p, BTreeSet::new())).collect();
+        let mut dirty_tables: BTreeSet<(usize, usize, StateId)> = BTreeSet::new();
+        for (p, t, s, _) in entry_keys.keys() {
+            dirty.entry(*p).or_default().insert(*s);
+            dirty_tables.insert((*p, *t, *s));
+        }
+        for (p, s) in leaf_keys.keys() {
+            dirty.entry(*p).or_default().insert(*s);
+        }
+        NetChanges { entry_keys, leaf_keys, dirty, dirty_tables }
     }
 }
 
@@ -487,18 +540,17 @@ impl TableImage {
         let counts = crate::model::count(&refs, model.ranges)?;
         let mut descs: Vec<HashMap<StateId, Desc>> = pipelines.iter().map(|p| shapes_of(p, model.ranges)).collect();
         for (p, s, idx) in &parts.slots {
-            let d = descs
-                .get_mut(*p)
-                .and_then(|d| d.get_mut(s))
-                .ok_or_else(|| EbpfError::Diff(format!("saved slot for pipeline {p} state {s}, which is not there")))?;
+            let d =
+                descs.get_mut(*p).and_then(|d| d.get_mut(s)).ok_or(EbpfError::Diff(DiffError::SavedSlot { pipeline: *p, state: *s }))?;
             d.idx = *idx;
         }
         let mut slots = Slots::default();
         for (name, n, free) in parts.pools {
+            let bad = || EbpfError::Diff(DiffError::SavedPool { name: name.clone() });
             let pool = match name.strip_prefix("sorted") {
                 _ if name == "leaf" => Pool::Leaf,
-                Some(c) => Pool::Sorted(c.parse().map_err(|_| EbpfError::Diff(format!("saved pool `{name}`")))?),
-                None => return Err(EbpfError::Diff(format!("saved pool `{name}`"))),
+                Some(c) => Pool::Sorted(c.parse().map_err(|_| bad())?),
+                None => return Err(bad()),
             };
             slots.next.insert(pool, n);
             slots.free.insert(pool, free.into_iter().collect());
@@ -548,10 +600,7 @@ impl TableImage {
             Pool::Sorted(c) => c,
             Pool::Leaf => 0,
         };
-        EbpfError::Capacity(format!(
-            "a state needs sorted size class {c} ({} intervals), which this program does not have; recompile",
-            SORTED_CLASSES[c as usize]
-        ))
+        EbpfError::Capacity(CapacityError::NoSizeClass { class: c })
     }
 
     /// Descriptors of pipeline `p`'s states, keeping the slots of states
@@ -574,7 +623,7 @@ impl TableImage {
                 _ => {
                     let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
                     let m = &model.maps[map];
-                    d.idx = self.slots.alloc(pool, m.max_entries / 2, &format!("map {}", m.name))?;
+                    d.idx = self.slots.alloc(pool, m.max_entries / 2, &m.name)?;
                 }
             }
         }
@@ -753,7 +802,7 @@ impl TableImage {
                 .chain([pipe.root])
                 .find(|s| *s > MAX_STATE);
             if let Some(s) = too_big {
-                return Err(EbpfError::Capacity(format!("pipeline {p}: state {s} does not fit the 24 bits of a key's state word")));
+                return Err(EbpfError::Capacity(CapacityError::StateWord { pipeline: p, state: s }));
             }
         }
         Ok(())
@@ -764,11 +813,13 @@ impl TableImage {
             let m = &model.maps[map];
             let need = new + old.max(new);
             if need > m.max_entries as usize {
-                return Err(EbpfError::Capacity(format!(
-                    "map {} would need {need} entries during the update ({new} per generation after it, {old} before) \
-                     but holds {}; recompile with more headroom",
-                    m.name, m.max_entries
-                )));
+                return Err(EbpfError::Capacity(CapacityError::MapFull {
+                    map: m.name.clone(),
+                    need,
+                    new,
+                    old,
+                    max_entries: m.max_entries,
+                }));
             }
             Ok(())
         };
@@ -777,10 +828,7 @@ impl TableImage {
             check(lpm, old.lpm, new.lpm)?;
         }
         if new.updates > model.max_updates as usize {
-            return Err(EbpfError::Capacity(format!(
-                "{} distinct variable updates; the program's update bitmap holds {}; recompile",
-                new.updates, model.max_updates
-            )));
+            return Err(EbpfError::Capacity(CapacityError::UpdateBitmap { updates: new.updates, max: model.max_updates }));
         }
         Ok(())
     }
@@ -965,65 +1013,67 @@ impl TableImage {
         out
     }
 
+    /// The phases of [`TableImage::plan_in_place`], each logged in `u`.
     fn plan_steps(&mut self, model: &Model, update: &Update, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
         self.slots.recycle_logged(&mut u.slots);
-        let mut touched: BTreeSet<Item> = BTreeSet::new();
-        let mut changed_pipes = BTreeSet::new();
-        // A state id too large for a key's state word may have come in.
-        let mut big = false;
+        let Applied { mut touched, changed_pipes, big } = self.apply_diffs(model, update, &mut u.log)?;
+        let net = NetChanges::of(&u.log, &changed_pipes);
+        let mut counts = self.counts.clone();
+        let mut count_again = self.recount_sorted(model, &net.dirty_tables, &mut counts, u);
+        let changed = self.describe_dirty_states(model, &net.dirty, u)?;
+        self.touch_moved(model, &changed, &mut touched);
+        self.count_leaves(&net.leaf_keys, &mut counts, u);
+        let fresh = self.reassign_update_ids(model, u)?;
+        count_again |= self.count_entries(model, &net.entry_keys, &mut counts, u);
+        self.settle_counts(model, counts, count_again, big, u)?;
+        Ok(self.encode_plan(model, &touched, u, fresh))
+    }
+
+    /// Applies the diffs' ops to the pipelines, logged: the items they
+    /// name, the pipelines they change, and whether a state id too large
+    /// for a key's state word may have come in.
+    fn apply_diffs(&mut self, model: &Model, update: &Update, log: &mut Vec<Change>) -> Result<Applied, EbpfError> {
+        let mut applied = Applied { touched: BTreeSet::new(), changed_pipes: BTreeSet::new(), big: false };
         for d in &update.diffs {
             let p = d.pipeline;
             if p >= self.pipes.len() {
-                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", self.pipes.len())));
+                return Err(EbpfError::Diff(DiffError::NoPipeline { pipeline: p, pipelines: self.pipes.len() }));
             }
-            changed_pipes.insert(p);
+            applied.changed_pipes.insert(p);
             for op in d.ops() {
                 match &op {
                     Op::Insert { table, state, key, .. } | Op::Modify { table, state, key, .. } | Op::Delete { table, state, key } => {
                         let kind = self.pipes[p].tables[*table].kind;
-                        touched.insert(Self::item_of(model, p, *table, kind, *state, *key));
+                        applied.touched.insert(Self::item_of(model, p, *table, kind, *state, *key));
                     }
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::DeleteLeaf { state } => {
-                        touched.insert(Item::Leaf { p, state: *state });
+                        applied.touched.insert(Item::Leaf { p, state: *state });
                     }
                     _ => {}
                 }
-                big |= match &op {
+                applied.big |= match &op {
                     Op::Insert { state, next, .. } | Op::Modify { state, next, .. } => *state > MAX_STATE || *next > MAX_STATE,
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::SetRoot { state } => *state > MAX_STATE,
                     _ => false,
                 };
-                self.apply_logged(p, &op, &mut u.log).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
+                self.apply_logged(p, &op, log).map_err(|error| EbpfError::Diff(DiffError::Apply { pipeline: p, error }))?;
             }
         }
-        // Net changes: the first logged change of a place holds its old value.
-        let mut entry_keys: BTreeMap<(usize, usize, StateId, Match), usize> = BTreeMap::new();
-        let mut leaf_keys: BTreeMap<(usize, StateId), usize> = BTreeMap::new();
-        for (i, c) in u.log.iter().enumerate() {
-            match c {
-                Change::Entry { p, t, key, .. } => {
-                    entry_keys.entry((*p, *t, key.0, key.1)).or_insert(i);
-                }
-                Change::Leaf { p, s, .. } => {
-                    leaf_keys.entry((*p, *s)).or_insert(i);
-                }
-                _ => {}
-            }
-        }
-        let mut dirty: BTreeMap<usize, BTreeSet<StateId>> = changed_pipes.iter().map(|p| (*p, BTreeSet::new())).collect();
-        let mut dirty_tables: BTreeSet<(usize, usize, StateId)> = BTreeSet::new();
-        for (p, t, s, _) in entry_keys.keys() {
-            dirty.entry(*p).or_default().insert(*s);
-            dirty_tables.insert((*p, *t, *s));
-        }
-        for (p, s) in leaf_keys.keys() {
-            dirty.entry(*p).or_default().insert(*s);
-        }
+        Ok(applied)
+    }
 
-        // Interval counts of the sorted states whose entries changed.
-        let mut counts = self.counts.clone();
+    /// The interval counts of the sorted states whose entries changed, in
+    /// the index and in `counts`; true if a count left every size class
+    /// (the error comes from counting again).
+    fn recount_sorted(
+        &mut self,
+        model: &Model,
+        dirty_tables: &BTreeSet<(usize, usize, StateId)>,
+        counts: &mut Counts,
+        u: &mut Undo,
+    ) -> bool {
         let mut count_again = false;
-        for &(p, t, s) in &dirty_tables {
+        for &(p, t, s) in dirty_tables {
             let table = &self.pipes[p].tables[t];
             let new = (model.ranges == RangeLookup::Sorted
                 && crate::model::state_entries(table, s).any(|(m, _)| home(RangeLookup::Sorted, table.kind, m) == Home::Sorted))
@@ -1049,12 +1099,21 @@ impl TableImage {
                 }
             }
         }
+        count_again
+    }
 
-        // Descriptors of the states whose entries or leaf changed (no other
-        // state's can): keep the slots of states that stay in their pool,
-        // allocate for the others, in pipeline then state order.
-        let mut changed: Vec<(usize, StateId)> = vec![];
-        for (&p, states) in &dirty {
+    /// New descriptors for the states whose entries or leaf changed (no
+    /// other state's can): keeps the slots of states that stay in their
+    /// pool, allocates for the others, in pipeline then state order.
+    /// Returns the states whose descriptor changed.
+    fn describe_dirty_states(
+        &mut self,
+        model: &Model,
+        dirty: &BTreeMap<usize, BTreeSet<StateId>>,
+        u: &mut Undo,
+    ) -> Result<Vec<(usize, StateId)>, EbpfError> {
+        let mut changed = vec![];
+        for (&p, states) in dirty {
             for &s in states {
                 let old = self.descs[p].get(&s).copied();
                 let mut new = self.shape(model.ranges, p, s);
@@ -1079,9 +1138,13 @@ impl TableImage {
                 }
             }
         }
-        // The values of states that moved, and the entries pointing to
-        // states whose descriptor changed.
-        for &(p, s) in &changed {
+        Ok(changed)
+    }
+
+    /// Touches the values of states that moved, and the entries pointing
+    /// to states whose descriptor changed.
+    fn touch_moved(&self, model: &Model, changed: &[(usize, StateId)], touched: &mut BTreeSet<Item>) {
+        for &(p, s) in changed {
             let d = self.desc(p, s);
             match d.pool() {
                 Some(Pool::Leaf) => {
@@ -1098,9 +1161,12 @@ impl TableImage {
                 }
             }
         }
+    }
 
-        // Leaves and the variable updates they name.
-        for (&(p, s), &i) in &leaf_keys {
+    /// The leaf count, and how many leaves name each variable update, from
+    /// the leaves' net changes.
+    fn count_leaves(&mut self, leaf_keys: &BTreeMap<(usize, StateId), usize>, counts: &mut Counts, u: &mut Undo) {
+        for (&(p, s), &i) in leaf_keys {
             let Change::Leaf { val: old, .. } = &u.log[i] else { unreachable!("a leaf change") };
             let new = self.pipes[p].leaves.get(&s);
             counts.leaves = counts.leaves + new.is_some() as usize - old.is_some() as usize;
@@ -1115,49 +1181,63 @@ impl TableImage {
                 }
             }
         }
-        // Update ids: keep those of updates still named, reuse free ones.
+    }
+
+    /// Update ids: keeps those of updates still named (or named before the
+    /// update, which the live generation still reads), frees the others,
+    /// and gives each newly named update a free id. Returns the new ones.
+    fn reassign_update_ids(&mut self, model: &Model, u: &mut Undo) -> Result<Vec<(VarUpdate, u32)>, EbpfError> {
         let mut first: BTreeMap<VarUpdate, usize> = BTreeMap::new();
         for (x, old) in &u.named {
             first.entry(*x).or_insert(*old);
         }
         let flipped = first.iter().any(|(x, old)| (*old > 0) != self.ix.named.contains_key(x));
         let mut fresh = vec![];
-        if flipped || !self.ix.ids_exact {
-            let now_named: BTreeSet<VarUpdate> = self.ix.named.keys().copied().collect();
-            let old_named: BTreeSet<VarUpdate> = now_named
-                .iter()
-                .filter(|x| first.get(x) != Some(&0))
-                .copied()
-                .chain(first.iter().filter(|(_, old)| **old > 0).map(|(x, _)| *x))
-                .collect();
-            let stale: Vec<VarUpdate> =
-                self.update_ids.keys().filter(|x| !now_named.contains(x) && !old_named.contains(x)).copied().collect();
-            for x in stale {
-                self.log_change(Change::Id { u: x, val: None }, &mut u.log);
-            }
-            let used: BTreeSet<u32> = self.update_ids.values().copied().collect();
-            let mut free = (0..model.max_updates).filter(|i| !used.contains(i));
-            for x in &now_named {
-                if !self.update_ids.contains_key(x) {
-                    let Some(id) = free.next() else {
-                        return Err(EbpfError::Capacity(format!(
-                            "the update needs more than {} distinct variable updates; recompile",
-                            model.max_updates
-                        )));
-                    };
-                    self.log_change(Change::Id { u: *x, val: Some(id) }, &mut u.log);
-                    fresh.push((*x, id));
-                }
-            }
-            let gone: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x)).copied().collect();
-            for x in gone {
-                self.log_change(Change::Id { u: x, val: None }, &mut u.log);
-            }
-            self.ix.ids_exact = true;
+        if !flipped && self.ix.ids_exact {
+            return Ok(fresh);
         }
+        let now_named: BTreeSet<VarUpdate> = self.ix.named.keys().copied().collect();
+        let old_named: BTreeSet<VarUpdate> = now_named
+            .iter()
+            .filter(|x| first.get(x) != Some(&0))
+            .copied()
+            .chain(first.iter().filter(|(_, old)| **old > 0).map(|(x, _)| *x))
+            .collect();
+        let stale: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x) && !old_named.contains(x)).copied().collect();
+        for x in stale {
+            self.log_change(Change::Id { u: x, val: None }, &mut u.log);
+        }
+        let used: BTreeSet<u32> = self.update_ids.values().copied().collect();
+        let mut free = (0..model.max_updates).filter(|i| !used.contains(i));
+        for x in &now_named {
+            if !self.update_ids.contains_key(x) {
+                let Some(id) = free.next() else {
+                    return Err(EbpfError::Capacity(CapacityError::UpdateIds { max: model.max_updates }));
+                };
+                self.log_change(Change::Id { u: *x, val: Some(id) }, &mut u.log);
+                fresh.push((*x, id));
+            }
+        }
+        let gone: Vec<VarUpdate> = self.update_ids.keys().filter(|x| !now_named.contains(x)).copied().collect();
+        for x in gone {
+            self.log_change(Change::Id { u: x, val: None }, &mut u.log);
+        }
+        self.ix.ids_exact = true;
+        Ok(fresh)
+    }
 
-        // Entry counts, from the net changes.
-        for (&(p, t, s, m), &i) in &entry_keys {
+    /// The exact and LPM entry counts, from the entries' net changes; true
+    /// if an entry has no prefix expansion (the error comes from counting
+    /// again).
+    fn count_entries(
+        &self,
+        model: &Model,
+        entry_keys: &BTreeMap<(usize, usize, StateId, Match), usize>,
+        counts: &mut Counts,
+        u: &Undo,
+    ) -> bool {
+        let mut count_again = false;
+        for (&(p, t, s, m), &i) in entry_keys {
             let Change::Entry { val: old, .. } = &u.log[i] else { unreachable!("an entry change") };
             let table = &self.pipes[p].tables[t];
             let now = table.entries.contains_key(&(s, m));
@@ -1181,6 +1261,12 @@ impl TableImage {
                 Home::Sorted => {}
             }
         }
+        count_again
+    }
+
+    /// Completes the counts, checks them against the maps' capacity (and
+    /// the state ids against the key's state word) and keeps them.
+    fn settle_counts(&mut self, model: &Model, mut counts: Counts, count_again: bool, big: bool, u: &Undo) -> Result<(), EbpfError> {
         counts.updates = self.ix.named.len();
         counts.max_intervals = self.ix.hist.keys().next_back().copied().unwrap_or(0);
         if count_again {
@@ -1193,12 +1279,17 @@ impl TableImage {
             self.check_states()?;
         }
         self.ix.states_ok = true;
+        Ok(())
+    }
 
-        // The old and new encodings of the touched items: the new ones now,
-        // the old ones with the logged changes swapped back for a moment.
+    /// The plan: the old and new encodings of the touched items (the new
+    /// ones now, the old ones with the logged changes swapped back for a
+    /// moment) turned into map operations for each generation; the
+    /// inactive generation becomes the live one.
+    fn encode_plan(&mut self, model: &Model, touched: &BTreeSet<Item>, u: &mut Undo, fresh: Vec<(VarUpdate, u32)>) -> UpdatePlan {
         let encode = |img: &TableImage| -> (Vec<Encoded>, Vec<Vec<MapOp>>) {
             let mut enc = vec![Encoded::new(), Encoded::new()];
-            for item in &touched {
+            for item in touched {
                 for gen in 0..2 {
                     img.encode_item(model, gen, item, &mut enc[gen as usize]);
                 }
@@ -1213,7 +1304,6 @@ impl TableImage {
         for c in u.log.iter_mut() {
             self.swap(c);
         }
-
         let ops_for = |gen: u32| {
             ops_between(model, &old_enc[gen as usize], &new_enc[gen as usize], &old_roots[gen as usize], &new_roots[gen as usize])
         };
@@ -1221,20 +1311,20 @@ impl TableImage {
         let (inactive, undo_inactive) = ops_for(inactive_gen);
         let (live, _) = ops_for(self.live_gen);
         self.live_gen = inactive_gen;
-        Ok(UpdatePlan {
+        UpdatePlan {
             prepare: self.update_table_ops(model, fresh.into_iter()),
             inactive,
             undo_inactive,
             flip: vec![gen_op(model, inactive_gen)],
             live,
             new_gen: inactive_gen,
-        })
+        }
     }
 
     fn alloc_slot(&mut self, model: &Model, pool: Pool, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {
         let Some(map) = Self::pool_map(model, pool) else { return Err(Self::no_class(pool)) };
         let m = &model.maps[map];
-        self.slots.alloc_logged(pool, m.max_entries / 2, &format!("map {}", m.name), undo)
+        self.slots.alloc_logged(pool, m.max_entries / 2, &m.name, undo)
     }
 
     /// The union of the leaves every pipeline gives a packet with these
@@ -1316,6 +1406,9 @@ fn ops_between(model: &Model, old: &Encoded, new: &Encoded, old_roots: &[MapOp],
     (ops, undo)
 }
 
+// The oracle: in unit tests, and for the loader's tests and the benches
+// through the `testing` feature; never in a default build.
+#[cfg(any(test, feature = "testing"))]
 #[path = "encode_reference.rs"]
 mod reference;
 

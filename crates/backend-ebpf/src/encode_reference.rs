@@ -1,8 +1,11 @@
-//! The algorithm [`TableImage::plan_in_place`] replaced, kept as its
-//! oracle: `encode_tests.rs` checks that both give the same plans, images
-//! and errors, and `benches/plan.rs` measures one against the other. It
-//! plans on a copy of the whole image and recomputes every descriptor, so
-//! its cost follows the size of the image, not the diff.
+//! The oracle of the in-place planner, and the one allowed copy of the
+//! encoding algorithm: the whole-image plan [`TableImage::plan_in_place`]
+//! replaced, kept so that `encode_tests.rs` can check that both give the
+//! same plans, images and errors, and `benches/plan.rs` can measure one
+//! against the other. It plans on a copy of the whole image and
+//! recomputes every descriptor, so its cost follows the size of the
+//! image, not the diff. Only unit tests and the `testing` feature build
+//! it; nothing else may copy it.
 
 use super::*;
 
@@ -20,7 +23,7 @@ impl TableImage {
         for d in &update.diffs {
             let p = d.pipeline;
             if p >= next.pipes.len() {
-                return Err(EbpfError::Diff(format!("the update names pipeline {p}; the program has {}", next.pipes.len())));
+                return Err(EbpfError::Diff(DiffError::NoPipeline { pipeline: p, pipelines: next.pipes.len() }));
             }
             changed_pipes.insert(p);
             for op in d.ops() {
@@ -34,7 +37,7 @@ impl TableImage {
                     }
                     _ => {}
                 }
-                next.pipes[p].apply_op(&op).map_err(|e| EbpfError::Diff(format!("pipeline {p}: {e}")))?;
+                next.pipes[p].apply_op(&op).map_err(|error| EbpfError::Diff(DiffError::Apply { pipeline: p, error }))?;
             }
         }
         // Descriptors of the changed pipelines; the values of states that
@@ -83,10 +86,7 @@ impl TableImage {
         for u in &now_named {
             if !next.update_ids.contains_key(u) {
                 let Some(id) = free.next() else {
-                    return Err(EbpfError::Capacity(format!(
-                        "the update needs more than {} distinct variable updates; recompile",
-                        model.max_updates
-                    )));
+                    return Err(EbpfError::Capacity(CapacityError::UpdateIds { max: model.max_updates }));
                 };
                 next.update_ids.insert(*u, id);
                 fresh.push((*u, id));

@@ -1,44 +1,48 @@
-//! The eBPF back end: subscription pipelines to XDP and TC programs.
+//! The eBPF back end's pure half: subscription pipelines to XDP and TC
+//! programs, testable without a kernel.
 //!
-//! Split as aya splits `aya-obj` from `aya`:
-//! - the pure part, testable without a kernel: [`model`] (constants, structs
-//!   and maps of one program, `maps.json`), [`codegen`] (C through askama
-//!   templates), [`encode`] (pipelines and diffs to map operations, with
-//!   double-buffered generations), [`target`] (logical ports to egresses),
-//!   [`naive`] (the one-rule-at-a-time baseline for benchmarks), and
-//!   [`clang`] (C to a BPF object; a compiler, no kernel);
-//! - [`loader`]: libbpf-rs. Load, pin under bpffs, attach (XDP native or
-//!   generic, TC through tcx or clsact), fill maps, apply updates, detach,
-//!   status, and `BPF_PROG_TEST_RUN`; [`frames`]: which frames
-//!   `BPF_PROG_TEST_RUN` takes, measured; [`testnet`]: network namespaces for
-//!   the end-to-end test and the fan-out benchmark; [`pinned`]: a deployment reopened from
-//!   its pins by another process (maps read back and checked, updates,
-//!   programs replaced under live attachments).
+//! Split as aya splits `aya-obj` from `aya`. This crate makes no system
+//! call on BPF objects and does not link libbpf: [`model`] (constants,
+//! structs and maps of one program, `maps.json`), [`layout`] (each C
+//! struct described once), [`fieldread`] (how the parser reads a field),
+//! [`codegen`] (C through askama templates), [`parse`] (the parse graph
+//! as the program walks it), [`names`] (every user-derived C identifier), [`encode`] (pipelines and diffs to map
+//! operations, with double-buffered generations), [`target`] (logical
+//! ports to egresses), [`naive`] (the one-rule-at-a-time baseline for
+//! benchmarks), and [`clang`] (C to a BPF object: a compiler process, no
+//! kernel). The kernel half, which loads, pins, attaches, updates and
+//! test-runs what this crate produces, is `subc-ebpf-loader`.
 //!
 //! The entry point is [`write_program`]: checked spec plus pipelines in,
 //! [`Artifacts`] out (C source, model, initial table image). The generated
-//! program implements `docs/semantics.md` exactly; `tests/kernel.rs` holds
-//! it to the reference interpreter through `BPF_PROG_TEST_RUN`.
+//! program implements `docs/semantics.md` exactly; the loader's
+//! `tests/kernel.rs` holds it to the reference interpreter through
+//! `BPF_PROG_TEST_RUN`.
+//!
+//! The `testing` feature adds what tests and benchmarks of this crate and
+//! of the loader share: the encoder's oracle (`TableImage::plan_reference`)
+//! and `testing`'s example programs. No default build has it.
 
 pub mod clang;
 pub mod codegen;
 pub mod encode;
+mod error;
 pub mod fieldread;
-pub mod frames;
 pub mod layout;
-pub mod loader;
 pub mod model;
 pub mod naive;
 pub mod names;
-pub mod pinned;
+pub mod parse;
 pub mod target;
-pub mod testnet;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use serde::{Deserialize, Serialize};
 use subc_bdd::pipeline::Pipeline;
 use subc_lang::spec::Spec;
 
 pub use encode::{MapOp, TableImage, UpdatePlan};
+pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
 pub use model::Model;
 
 /// Where the program runs.
@@ -91,57 +95,6 @@ pub struct EbpfOptions {
 impl Default for EbpfOptions {
     fn default() -> Self {
         EbpfOptions { hook: Hook::Tc, ranges: RangeLookup::Sorted, capacity: Capacity::default() }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EbpfError {
-    #[error("not supported by the eBPF back end: {0}")]
-    Unsupported(String),
-    #[error("capacity exceeded, nothing was changed: {0}")]
-    Capacity(String),
-    #[error("the update does not apply to the loaded tables: {0}")]
-    Diff(String),
-    #[error("template: {0}")]
-    Template(String),
-    #[error("clang failed: {0}")]
-    Clang(String),
-    /// clang ran out of [`clang::ClangOptions::timeout`]; it and every
-    /// process it started were killed.
-    #[error("clang (`{clang}`) did not finish within its time limit of {} s and was killed, with every process it started", .limit.as_secs_f64())]
-    ClangTimeout { clang: String, limit: std::time::Duration },
-    #[error("target config: {0}")]
-    Target(String),
-    /// A deployment name that is not one plain path component: it would
-    /// name a path outside the deployments' directory.
-    #[error("deployment name {name:?} is not a plain file name (no `/`, `.` or `..`)")]
-    BadName { name: String },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{context}: {source}")]
-    Bpf {
-        context: String,
-        #[source]
-        source: libbpf_rs::Error,
-    },
-    #[error("{0}")]
-    Kernel(String),
-    /// `BPF_PROG_TEST_RUN` takes no frame of this size for any program of
-    /// the hook's type (see [`frames`]): the frame was not run.
-    #[error("BPF_PROG_TEST_RUN refuses this {len}-byte frame: {limits}")]
-    FrameRefused { len: usize, limits: frames::FrameLimits },
-}
-
-impl EbpfError {
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> EbpfError {
-        EbpfError::Io { context: context.into(), source }
-    }
-    pub fn bpf(context: impl Into<String>, source: libbpf_rs::Error) -> EbpfError {
-        EbpfError::Bpf { context: context.into(), source }
     }
 }
 

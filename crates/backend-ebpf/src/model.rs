@@ -31,7 +31,8 @@
 //! inlined array lookups, and stops at the first leaf or dead state.
 
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
-use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup};
+use crate::names::CNames;
+use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, UnsupportedError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use subc_bdd::pipeline::{Match, Pipeline, Table};
@@ -279,7 +280,7 @@ pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfErr
                         c.lpm += match m {
                             Match::Default => 1,
                             _ => prefixes_of(m, t.width)
-                                .ok_or_else(|| EbpfError::Unsupported(format!("table {}: ternary mask of {m:?} is not a prefix", t.name)))?
+                                .ok_or_else(|| EbpfError::Unsupported(UnsupportedError::NotAPrefix { table: t.name.clone(), entry: *m }))?
                                 .len(),
                         }
                     }
@@ -288,13 +289,8 @@ pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfErr
             for s in &sorted_states {
                 let n = sorted_intervals(t, *s).len();
                 c.max_intervals = c.max_intervals.max(n);
-                let class = class_for(n).ok_or_else(|| {
-                    EbpfError::Unsupported(format!(
-                        "table {}: a state with {n} intervals (the sorted layout holds {})",
-                        t.name,
-                        SORTED_CLASSES[SORTED_CLASSES.len() - 1]
-                    ))
-                })?;
+                let class = class_for(n)
+                    .ok_or_else(|| EbpfError::Unsupported(UnsupportedError::TooManyIntervals { table: t.name.clone(), intervals: n }))?;
                 c.sorted[class] += 1;
             }
         }
@@ -338,178 +334,245 @@ pub fn sorted_struct(c: usize, next: &CStruct) -> CStruct {
         .finish()
 }
 
-impl Model {
-    pub fn new(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Model, EbpfError> {
-        if pipes.len() > MAX_PIPELINES {
-            return Err(EbpfError::Unsupported(format!("{} pipelines; a program holds at most {MAX_PIPELINES}", pipes.len())));
-        }
-        if opts.hook == Hook::Xdp && spec.ports > 256 {
-            return Err(EbpfError::Unsupported(format!(
-                "--hook xdp hands several egress ports to TC in 32 bytes of packet metadata, so at most 256 ports; the spec has {}",
-                spec.ports
-            )));
-        }
-        let c = count(pipes, opts.ranges)?;
-        let pipelines: Vec<Vec<TableShape>> = pipes
-            .iter()
-            .map(|p| {
-                p.tables
-                    .iter()
-                    .map(|t| TableShape { name: t.name.clone(), field: t.field.0, width: t.width, kind: t.kind.as_str().to_string() })
-                    .collect()
-            })
-            .collect();
-        let vars: Vec<u32> =
-            spec.states.iter().enumerate().filter(|(_, s)| matches!(s.kind, StateKind::Var { .. })).map(|(i, _)| i as u32).collect();
-        let port_words = spec.ports.div_ceil(64);
-        let (max_updates, update_words) = if vars.is_empty() {
-            (0, 0)
-        } else {
+/// What a program's structs and maps are sized by, beyond the entry counts.
+struct Sizes {
+    port_words: u32,
+    /// Distinct variable updates the bitmap can name, and its words.
+    max_updates: u32,
+    update_words: u32,
+    /// Intervals per value of each sorted size class present.
+    sorted_classes: Vec<u32>,
+}
+
+impl Sizes {
+    fn new(spec: &Spec, c: &Counts, opts: &EbpfOptions) -> Sizes {
+        let has_vars = spec.states.iter().any(|s| matches!(s.kind, StateKind::Var { .. }));
+        let (max_updates, update_words) = if has_vars {
             let n = ((c.updates as f64 * opts.capacity.headroom).ceil() as u32).max(64);
             let words = n.div_ceil(64);
             (words * 64, words)
+        } else {
+            (0, 0)
         };
         // Size classes: up to the one today's largest state needs with headroom.
         let top = class_for((c.max_intervals as f64 * opts.capacity.headroom).ceil() as usize).unwrap_or(SORTED_CLASSES.len() - 1);
-        let sorted_classes: Vec<u32> = match opts.ranges {
+        let sorted_classes = match opts.ranges {
             RangeLookup::Sorted => SORTED_CLASSES[..=top].to_vec(),
             RangeLookup::Lpm => vec![],
         };
+        Sizes { port_words: spec.ports.div_ceil(64), max_updates, update_words, sorted_classes }
+    }
+}
 
-        let mut structs = vec![];
+/// The fixed structs of one program (state slots aside).
+struct Structs {
+    next: CStruct,
+    exact_key: CStruct,
+    lpm_key: CStruct,
+    sorted: Vec<CStruct>,
+    leaf: CStruct,
+    update: CStruct,
+    egress: CStruct,
+    config: CStruct,
+    record: CStruct,
+}
+
+impl Structs {
+    fn new(sizes: &Sizes) -> Structs {
         let next = next_struct();
-        let u32k = KV::Scalar { scalar: Scalar::U32 };
-        let exact_key = CStruct::builder("subc_exact_key").scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish();
-        let lpm_key = CStruct::builder("subc_lpm_key")
-            .scalar("prefixlen", Scalar::U32)
-            .scalar("sg", Scalar::U32)
-            .scalar("value", Scalar::U64)
-            .finish();
-        let sorted: Vec<CStruct> = (0..sorted_classes.len()).map(|c| sorted_struct(c, &next)).collect();
-        let mut leaf = CStruct::builder("subc_leaf").array("ports", Scalar::U64, port_words);
-        if update_words > 0 {
-            leaf = leaf.array("upd", Scalar::U64, update_words);
+        let mut leaf = CStruct::builder("subc_leaf").array("ports", Scalar::U64, sizes.port_words);
+        if sizes.update_words > 0 {
+            leaf = leaf.array("upd", Scalar::U64, sizes.update_words);
         }
-        let leaf = leaf.scalar("drop", Scalar::U8).finish();
-        let update =
-            CStruct::builder("subc_update").scalar("var", Scalar::U32).scalar("op", Scalar::U32).scalar("value", Scalar::U64).finish();
-        let egress = CStruct::builder("subc_egress")
-            .scalar("ifindex", Scalar::U32)
-            .scalar("flags", Scalar::U32)
-            .array("dmac", Scalar::U8, 6)
-            .array("smac", Scalar::U8, 6)
-            .scalar("ip", Scalar::U32)
-            .scalar("port", Scalar::U16)
-            .finish();
-        let config = CStruct::builder("subc_config").scalar("no_match", Scalar::U32).scalar("now_ns", Scalar::U64).finish();
-        let record = CStruct::builder("subc_record")
-            .scalar("decision", Scalar::U32)
-            .scalar("drop", Scalar::U32)
-            .array("ports", Scalar::U64, port_words)
-            .finish();
-        structs.push(next.clone());
-        structs.push(exact_key.clone());
-        if opts.ranges == RangeLookup::Lpm {
-            structs.push(lpm_key.clone());
+        Structs {
+            exact_key: CStruct::builder("subc_exact_key").scalar("sg", Scalar::U32).scalar("value", Scalar::U64).finish(),
+            lpm_key: CStruct::builder("subc_lpm_key")
+                .scalar("prefixlen", Scalar::U32)
+                .scalar("sg", Scalar::U32)
+                .scalar("value", Scalar::U64)
+                .finish(),
+            sorted: (0..sizes.sorted_classes.len()).map(|c| sorted_struct(c, &next)).collect(),
+            leaf: leaf.scalar("drop", Scalar::U8).finish(),
+            update: CStruct::builder("subc_update")
+                .scalar("var", Scalar::U32)
+                .scalar("op", Scalar::U32)
+                .scalar("value", Scalar::U64)
+                .finish(),
+            egress: CStruct::builder("subc_egress")
+                .scalar("ifindex", Scalar::U32)
+                .scalar("flags", Scalar::U32)
+                .array("dmac", Scalar::U8, 6)
+                .array("smac", Scalar::U8, 6)
+                .scalar("ip", Scalar::U32)
+                .scalar("port", Scalar::U16)
+                .finish(),
+            config: CStruct::builder("subc_config").scalar("no_match", Scalar::U32).scalar("now_ns", Scalar::U64).finish(),
+            record: CStruct::builder("subc_record")
+                .scalar("decision", Scalar::U32)
+                .scalar("drop", Scalar::U32)
+                .array("ports", Scalar::U64, sizes.port_words)
+                .finish(),
+            next,
         }
-        structs.extend(sorted.iter().cloned());
-        structs.push(leaf.clone());
-        if update_words > 0 {
-            structs.push(update.clone());
-        }
-        structs.push(egress.clone());
-        structs.push(config.clone());
-        structs.push(record.clone());
+    }
 
-        let cap = &opts.capacity;
-        let mut maps = vec![];
-        let mut ids = MapIds::default();
-        let add = |maps: &mut Vec<MapDef>, m: MapDef| -> usize {
-            maps.push(m);
-            maps.len() - 1
-        };
-        let plain = |name: &str, role: MapRole, t: MapType, key: KV, value: KV, n: u32| MapDef {
-            name: name.to_string(),
-            role,
-            map_type: t,
-            key,
-            value,
-            max_entries: n,
-            flags: None,
-            only_if: None,
-            state: None,
-        };
-        let u32v = KV::Scalar { scalar: Scalar::U32 };
-        ids.gen = add(&mut maps, plain("subc_gen", MapRole::Generation, MapType::Array, u32k.clone(), u32v.clone(), 1));
-        ids.config = add(&mut maps, plain("subc_config", MapRole::Config, MapType::Array, u32k.clone(), KV::Struct(config), 1));
-        ids.roots = add(
-            &mut maps,
-            plain("subc_roots", MapRole::Roots, MapType::Array, u32k.clone(), KV::Struct(next.clone()), 2 * pipes.len().max(1) as u32),
-        );
-        ids.exact = add(
-            &mut maps,
-            plain("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(exact_key), KV::Struct(next.clone()), cap.entries(c.exact)),
-        );
-        if opts.ranges == RangeLookup::Lpm {
-            let mut lpm =
-                plain("subc_lpm", MapRole::Lpm, MapType::LpmTrie, KV::Struct(lpm_key), KV::Struct(next.clone()), cap.entries(c.lpm));
-            lpm.flags = Some("BPF_F_NO_PREALLOC".into());
-            ids.lpm = Some(add(&mut maps, lpm));
+    /// The structs the program declares, in the order it declares them
+    /// (each before its first use); the state slots come after.
+    fn declared(&self, ranges: RangeLookup, sizes: &Sizes) -> Vec<CStruct> {
+        let mut out = vec![self.next.clone(), self.exact_key.clone()];
+        if ranges == RangeLookup::Lpm {
+            out.push(self.lpm_key.clone());
         }
-        for (k, st) in sorted.into_iter().enumerate() {
+        out.extend(self.sorted.iter().cloned());
+        out.push(self.leaf.clone());
+        if sizes.update_words > 0 {
+            out.push(self.update.clone());
+        }
+        out.extend([self.egress.clone(), self.config.clone(), self.record.clone()]);
+        out
+    }
+}
+
+/// A map with no flags, condition or state.
+fn plain_map(name: &str, role: MapRole, map_type: MapType, key: KV, value: KV, max_entries: u32) -> MapDef {
+    MapDef { name: name.to_string(), role, map_type, key, value, max_entries, flags: None, only_if: None, state: None }
+}
+
+const U32: KV = KV::Scalar { scalar: Scalar::U32 };
+
+/// The maps of a program as they are declared, and where each role's is.
+#[derive(Default)]
+struct MapList {
+    maps: Vec<MapDef>,
+    ids: MapIds,
+}
+
+impl MapList {
+    fn add(&mut self, m: MapDef) -> usize {
+        self.maps.push(m);
+        self.maps.len() - 1
+    }
+
+    /// The generation word, the config, and the tables: roots, the exact
+    /// hash, the LPM trie or one array per sorted size class, the leaves
+    /// and the update table; sized by `c` with the capacity's headroom.
+    fn add_tables(&mut self, st: &Structs, sizes: &Sizes, c: &Counts, pipelines: usize, opts: &EbpfOptions) {
+        let cap = &opts.capacity;
+        let next = || KV::Struct(st.next.clone());
+        self.ids.gen = self.add(plain_map("subc_gen", MapRole::Generation, MapType::Array, U32, U32, 1));
+        self.ids.config = self.add(plain_map("subc_config", MapRole::Config, MapType::Array, U32, KV::Struct(st.config.clone()), 1));
+        self.ids.roots = self.add(plain_map("subc_roots", MapRole::Roots, MapType::Array, U32, next(), 2 * pipelines.max(1) as u32));
+        let exact = plain_map("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(st.exact_key.clone()), next(), cap.entries(c.exact));
+        self.ids.exact = self.add(exact);
+        if opts.ranges == RangeLookup::Lpm {
+            let mut lpm = plain_map("subc_lpm", MapRole::Lpm, MapType::LpmTrie, KV::Struct(st.lpm_key.clone()), next(), cap.entries(c.lpm));
+            lpm.flags = Some("BPF_F_NO_PREALLOC".into());
+            self.ids.lpm = Some(self.add(lpm));
+        }
+        for (k, s) in st.sorted.iter().enumerate() {
             // Room for the states of this class and of the one below, which
             // grow into it; big classes are big, so their minimum shrinks.
             let min = (cap.min_entries >> (2 * k)).max(2);
             let n = Capacity { min_entries: min, ..*cap }.entries(c.sorted[k] + if k > 0 { c.sorted[k - 1] } else { 0 });
-            ids.sorted
-                .push(add(&mut maps, plain(&format!("subc_sorted{k}"), MapRole::Sorted, MapType::Array, u32k.clone(), KV::Struct(st), n)));
+            let m = plain_map(&format!("subc_sorted{k}"), MapRole::Sorted, MapType::Array, U32, KV::Struct(s.clone()), n);
+            let id = self.add(m);
+            self.ids.sorted.push(id);
         }
-        ids.leaves =
-            add(&mut maps, plain("subc_leaves", MapRole::Leaves, MapType::Array, u32k.clone(), KV::Struct(leaf), cap.entries(c.leaves)));
-        if update_words > 0 {
-            ids.updates = Some(add(
-                &mut maps,
-                plain("subc_updates", MapRole::Updates, MapType::Array, u32k.clone(), KV::Struct(update), max_updates),
-            ));
+        let leaves = plain_map("subc_leaves", MapRole::Leaves, MapType::Array, U32, KV::Struct(st.leaf.clone()), cap.entries(c.leaves));
+        self.ids.leaves = self.add(leaves);
+        if sizes.update_words > 0 {
+            let updates =
+                plain_map("subc_updates", MapRole::Updates, MapType::Array, U32, KV::Struct(st.update.clone()), sizes.max_updates);
+            self.ids.updates = Some(self.add(updates));
         }
-        ids.egress = add(&mut maps, plain("subc_egress", MapRole::Egress, MapType::Array, u32k.clone(), KV::Struct(egress), spec.ports));
-        if opts.hook == Hook::Xdp {
-            ids.devmap =
-                Some(add(&mut maps, plain("subc_devmap", MapRole::Devmap, MapType::Devmap, u32k.clone(), u32v.clone(), spec.ports)));
-        }
-        let mut rec = plain("subc_record", MapRole::Record, MapType::Array, u32k.clone(), KV::Struct(record), 1);
-        rec.only_if = Some("SUBC_RECORD".into());
-        ids.record = add(&mut maps, rec);
+    }
 
-        let mut namer = crate::names::c_namer();
+    /// Where packets go: the egress per port, the devmap (XDP), and the
+    /// decision record of test builds.
+    fn add_egress(&mut self, st: &Structs, ports: u32, hook: Hook) {
+        self.ids.egress = self.add(plain_map("subc_egress", MapRole::Egress, MapType::Array, U32, KV::Struct(st.egress.clone()), ports));
+        if hook == Hook::Xdp {
+            self.ids.devmap = Some(self.add(plain_map("subc_devmap", MapRole::Devmap, MapType::Devmap, U32, U32, ports)));
+        }
+        let mut rec = plain_map("subc_record", MapRole::Record, MapType::Array, U32, KV::Struct(st.record.clone()), 1);
+        rec.only_if = Some("SUBC_RECORD".into());
+        self.ids.record = self.add(rec);
+    }
+
+    /// One map per state of the spec, named by [`CNames`], with its slot
+    /// struct (added to `structs`).
+    fn add_states(&mut self, spec: &Spec, structs: &mut Vec<CStruct>) {
+        let names = CNames::new(spec);
         for (i, s) in spec.states.iter().enumerate() {
             let slot = state_slot_struct(i, &s.kind);
-            let mut m = plain(&namer.name(&s.name), MapRole::State, MapType::Array, u32k.clone(), KV::Struct(slot.clone()), s.slots());
+            let mut m = plain_map(&names.state_maps[i], MapRole::State, MapType::Array, U32, KV::Struct(slot.clone()), s.slots());
             m.state = Some(s.name.clone());
             structs.push(slot);
-            ids.states.push(add(&mut maps, m));
+            let id = self.add(m);
+            self.ids.states.push(id);
         }
-        if maps.len() > MAX_MAPS {
-            return Err(EbpfError::Unsupported(format!("the program needs {} maps; the kernel allows {MAX_MAPS}", maps.len())));
+    }
+}
+
+/// What a program cannot hold, whatever its sizes.
+fn check_limits(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<(), EbpfError> {
+    if pipes.len() > MAX_PIPELINES {
+        return Err(EbpfError::Unsupported(UnsupportedError::TooManyPipelines { pipelines: pipes.len() }));
+    }
+    if opts.hook == Hook::Xdp && spec.ports > 256 {
+        return Err(EbpfError::Unsupported(UnsupportedError::XdpPorts { ports: spec.ports }));
+    }
+    Ok(())
+}
+
+/// Each pipeline's tables as the program sees them.
+fn table_shapes(pipes: &[&Pipeline]) -> Vec<Vec<TableShape>> {
+    pipes
+        .iter()
+        .map(|p| {
+            p.tables
+                .iter()
+                .map(|t| TableShape { name: t.name.clone(), field: t.field.0, width: t.width, kind: t.kind.as_str().to_string() })
+                .collect()
+        })
+        .collect()
+}
+
+impl Model {
+    /// Decides the program for `pipes` over `spec`: its sizes (from the
+    /// entry counts with headroom), structs and maps.
+    pub fn new(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Model, EbpfError> {
+        check_limits(spec, pipes, opts)?;
+        let c = count(pipes, opts.ranges)?;
+        let sizes = Sizes::new(spec, &c, opts);
+        let st = Structs::new(&sizes);
+        let mut structs = st.declared(opts.ranges, &sizes);
+        let mut maps = MapList::default();
+        maps.add_tables(&st, &sizes, &c, pipes.len(), opts);
+        maps.add_egress(&st, spec.ports, opts.hook);
+        maps.add_states(spec, &mut structs);
+        if maps.maps.len() > MAX_MAPS {
+            return Err(EbpfError::Unsupported(UnsupportedError::TooManyMaps { maps: maps.maps.len() }));
         }
+        let vars = spec.states.iter().enumerate().filter(|(_, s)| matches!(s.kind, StateKind::Var { .. })).map(|(i, _)| i as u32).collect();
         Ok(Model {
             hook: opts.hook,
             ranges: opts.ranges,
-            pipelines,
+            pipelines: table_shapes(pipes),
             ports: spec.ports,
-            port_words,
-            max_updates,
-            update_words,
+            port_words: sizes.port_words,
+            max_updates: sizes.max_updates,
+            update_words: sizes.update_words,
             vars,
-            sorted_classes,
+            sorted_classes: sizes.sorted_classes,
             structs,
-            maps,
-            ids,
+            maps: maps.maps,
+            ids: maps.ids,
         })
     }
 
-    /// The namer-given identifier of every state map, by state index
-    /// (the same namer sequence as [`Model::new`], so names agree).
+    /// The identifier of every state map, by state index (from
+    /// [`CNames`], as every user-derived name).
     pub fn state_map_name(&self, state: usize) -> &str {
         &self.maps[self.ids.states[state]].name
     }
@@ -542,7 +605,7 @@ impl Model {
 
     /// Reads a model back from `maps.json`.
     pub fn from_maps_json(text: &str) -> Result<Model, EbpfError> {
-        let m: MapsJson = serde_json::from_str(text).map_err(|e| EbpfError::Target(format!("maps.json: {e}")))?;
+        let m: MapsJson = serde_json::from_str(text).map_err(|e| EbpfError::Target(TargetError::MapsJson(e)))?;
         let mut model = m.model;
         model.ids = MapIds::from_maps(&model.maps)?;
         Ok(model)
@@ -558,7 +621,7 @@ impl MapIds {
     /// Rebuilds the indices from the maps' roles.
     pub fn from_maps(maps: &[MapDef]) -> Result<MapIds, EbpfError> {
         let one = |r: MapRole| maps.iter().position(|m| m.role == r);
-        let need = |r: MapRole| one(r).ok_or_else(|| EbpfError::Target(format!("maps.json has no {r:?} map")));
+        let need = |role: MapRole| one(role).ok_or(EbpfError::Target(TargetError::MissingMap { role }));
         Ok(MapIds {
             gen: need(MapRole::Generation)?,
             config: need(MapRole::Config)?,

@@ -5,12 +5,13 @@
 //! multi-interval sets expanded into boxes. Variable updates are not part
 //! of the baseline (the benchmark sets have none): [`write_naive`] refuses
 //! a set with any, rather than build a program that decides differently.
-//! `tests/kernel.rs` checks its decisions against the interpreter.
+//! The loader's `tests/kernel.rs` checks its decisions against the
+//! interpreter.
 
 use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::model::Model;
-use crate::{EbpfError, EbpfOptions};
+use crate::{EbpfError, EbpfOptions, UnsupportedError};
 use subc_lang::nf::NfSubscription;
 use subc_lang::spec::Spec;
 use subc_lang::value::mask;
@@ -56,7 +57,7 @@ pub fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
 /// A set with variable updates is [`EbpfError::Unsupported`].
 pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> Result<(String, Model, Vec<MapOp>), EbpfError> {
     if let Some(s) = subs.iter().find(|s| !s.actions.updates.is_empty()) {
-        return Err(EbpfError::Unsupported(format!("the naive baseline applies no variable updates, and subscription {} has some", s.id)));
+        return Err(EbpfError::Unsupported(UnsupportedError::NaiveUpdates { subscription: s.id }));
     }
     let mut model = Model::new(spec, &[], opts)?;
     let rules = boxes(spec, subs);

@@ -1,5 +1,9 @@
 //! The one namer for generated C: every identifier derived from the spec
-//! (header fields, query values, state maps) goes through [`c_namer`].
+//! (state maps, headers, header fields, query values) is given here, by
+//! [`CNames::new`], the only place that decides the order in which names
+//! are taken (which one of two clashing names gets a suffix). The model
+//! names its state maps from it and the generator everything else, so the
+//! two cannot disagree.
 //!
 //! The generator's own identifiers all start with `subc_`; the headers the
 //! program includes (`linux/bpf.h`, `bpf/bpf_helpers.h`, `bpf/bpf_endian.h`)
@@ -7,7 +11,9 @@
 //! `LIBBPF_*` and `__*` names and a few macros. The namer keeps user names
 //! out of all of those (prefixes compare case-insensitively).
 
+use std::collections::BTreeMap;
 use subc_lang::namer::Namer;
+use subc_lang::spec::{FieldRef, Spec};
 
 /// C11 keywords, and macros or typedefs the included headers define.
 pub const C_KEYWORDS: &[&str] = &[
@@ -79,6 +85,34 @@ pub fn c_namer() -> Namer {
     Namer::new(C_KEYWORDS, RESERVED_PREFIXES)
 }
 
+/// The C identifiers of one program's user-derived names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CNames {
+    /// Per state of the spec, its map.
+    pub state_maps: Vec<String>,
+    /// Per header of the spec (labels and validity flags add a prefix).
+    pub headers: Vec<String>,
+    /// Per header field the program reads ([`crate::parse::fields_read`]),
+    /// its variable.
+    pub fields: BTreeMap<FieldRef, String>,
+    /// Per query field, its variable.
+    pub queries: Vec<String>,
+}
+
+impl CNames {
+    /// Names everything of `spec` with one namer, in this order: state
+    /// maps (so a state's map name does not depend on the rest), headers,
+    /// the fields read, query values (as `q.<name>`).
+    pub fn new(spec: &Spec) -> CNames {
+        let mut namer = c_namer();
+        let state_maps = spec.states.iter().map(|s| namer.name(&s.name)).collect();
+        let headers = spec.headers.iter().map(|h| namer.name(&h.name)).collect();
+        let fields = crate::parse::fields_read(spec).into_iter().map(|f| (f, namer.name(&spec.field_name(f)))).collect();
+        let queries = spec.query_fields.iter().map(|q| namer.name(&format!("q.{}", q.name))).collect();
+        CNames { state_maps, headers, fields, queries }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +127,26 @@ mod tests {
         assert_eq!(n.name("int"), "int_");
         assert_eq!(n.name("spike(chan_ewma)"), "spike_chan_ewma_");
         assert_eq!(n.name("add_order.shares"), "add_order_shares");
+    }
+
+    /// The order names are taken in: a state keeps its plain name against
+    /// a header field that flattens to it; only fields the program reads
+    /// are named.
+    #[test]
+    fn states_then_headers_then_fields_read_then_queries() {
+        let spec = "header pkt { kind: 8; unused: 8; }\n\
+                    parser { start -> pkt; pkt -> accept; }\n\
+                    query pkt.kind exact;\n\
+                    state pkt_kind = var(8);\n";
+        let mut sources = subc_lang::source::SourceMap::new();
+        let s = sources.add("spec", spec);
+        let r = sources.add("rules", "pkt.kind == 1 : fwd(1)\n");
+        let (p, diags) = subc_lang::check_program(&sources, s, &[r], Default::default());
+        let p = p.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+        let names = CNames::new(&p.spec);
+        assert_eq!(names.state_maps, ["pkt_kind"]);
+        assert_eq!(names.headers, ["pkt"]);
+        assert_eq!(names.fields.values().collect::<Vec<_>>(), ["pkt_kind_1"]);
+        assert_eq!(names.queries[0], "q_pkt_kind");
     }
 }

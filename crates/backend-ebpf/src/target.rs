@@ -21,7 +21,7 @@
 
 use crate::encode::MapOp;
 use crate::model::Model;
-use crate::EbpfError;
+use crate::{EbpfError, TargetError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -60,7 +60,7 @@ pub struct TargetConfig {
 
 pub fn parse_mac(s: &str) -> Result<[u8; 6], EbpfError> {
     let parts: Vec<&str> = s.split(':').collect();
-    let bad = || EbpfError::Target(format!("`{s}` is not a MAC address (expected six hex bytes, 02:00:00:00:00:01)"));
+    let bad = || EbpfError::Target(TargetError::BadMac { text: s.to_string() });
     if parts.len() != 6 {
         return Err(bad());
     }
@@ -73,29 +73,29 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], EbpfError> {
 
 impl TargetConfig {
     pub fn from_json(text: &str) -> Result<TargetConfig, EbpfError> {
-        serde_json::from_str(text).map_err(|e| EbpfError::Target(e.to_string()))
+        serde_json::from_str(text).map_err(|e| EbpfError::Target(TargetError::Config(e)))
     }
 
     /// Checks ports against the program and encodes `subc_egress`,
     /// `subc_devmap` (XDP) and `subc_config`. `ifindex` resolves an
-    /// interface name.
-    pub fn ops(&self, model: &Model, ifindex: &dyn Fn(&str) -> Result<u32, EbpfError>) -> Result<Vec<MapOp>, EbpfError> {
+    /// interface name (the loader's, with the loader's error).
+    pub fn ops<E: From<EbpfError>>(&self, model: &Model, ifindex: &dyn Fn(&str) -> Result<u32, E>) -> Result<Vec<MapOp>, E> {
         let mut ops = vec![];
         let s = model.maps[model.ids.egress].value_struct();
         for (port, e) in &self.ports {
             if *port >= model.ports {
-                return Err(EbpfError::Target(format!("port {port} is not below the spec's {} ports", model.ports)));
+                return Err(EbpfError::Target(TargetError::PortOutOfRange { port: *port, ports: model.ports }).into());
             }
             let idx = ifindex(&e.interface)?;
             let mut v = s.zeroed();
             let mut flags = 0u32;
             v.u32("ifindex", idx);
             if let Some(m) = &e.dst_mac {
-                v.bytes("dmac", &parse_mac(m)?);
+                v.bytes("dmac", &parse_mac(m).map_err(E::from)?);
                 flags |= 1;
             }
             if let Some(m) = &e.src_mac {
-                v.bytes("smac", &parse_mac(m)?);
+                v.bytes("smac", &parse_mac(m).map_err(E::from)?);
                 flags |= 2;
             }
             if let Some(ip) = e.dst_ip {

@@ -132,5 +132,5 @@ fn a_missing_clang_is_named() {
 #[test]
 fn a_compile_error_carries_clangs_messages() {
     let e = clang::compile("int x = ;\n", BuildFlags::default()).unwrap_err();
-    assert!(matches!(&e, EbpfError::Clang(m) if m.contains("<stdin>:1:") && m.contains("error")), "{e}");
+    assert!(matches!(&e, EbpfError::Clang { stderr, .. } if stderr.contains("<stdin>:1:") && stderr.contains("error")), "{e}");
 }

@@ -1,7 +1,7 @@
 //! Snapshots of the generated C and of `maps.json` for every example, for
 //! both hooks (sorted ranged lookups), and with LPM-trie lookups for the
-//! example whose fields are prefixes. No kernel needed: clang checks the C
-//! in `kernel.rs`.
+//! example whose fields are prefixes. No kernel needed: clang and the
+//! kernel check the C in the loader's `tests/kernel.rs`.
 
 mod common;
 

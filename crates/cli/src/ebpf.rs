@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
-use subc_backend_ebpf::loader::{self, AttachMode, Dataplane, Deployment};
 use subc_backend_ebpf::target::TargetConfig;
 use subc_backend_ebpf::{write_program, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
 use subc_lang::interp::{Decision, Slot, StateStore};
 use subc_lang::pcap::PcapPacket;
 use subc_lang::Program;
@@ -299,7 +299,7 @@ fn decided_line(
 
 /// The line of a packet the kernel did not run: `{"packet": N, "error": ...}`
 /// or `packet N: error: ...`.
-fn error_line(i: usize, e: &EbpfError, json: bool) -> String {
+fn error_line(i: usize, e: &LoaderError, json: bool) -> String {
     if json {
         serde_json::json!({"packet": i, "error": e.to_string()}).to_string()
     } else {

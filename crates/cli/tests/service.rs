@@ -150,7 +150,7 @@ fn the_data_plane_outlives_the_control_plane() {
         server.client(APPS[0].1).subs.add(lines(&rules)).await.unwrap();
         admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
     });
-    let state = subc_backend_ebpf::loader::state_dir(&t).unwrap();
+    let state = subc_ebpf_loader::state_dir(&t).unwrap();
     let saved = |f: &str| std::fs::metadata(state.join(f)).and_then(|m| m.modified()).ok();
     let image_before = (saved("image.json"), saved("journal.jsonl"));
 

@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -91,7 +91,7 @@ pub fn ok(out: &Output) -> String {
 
 /// Whether kernel tests run: as root, or fail loudly under `CI=true`.
 pub fn kernel_available(test: &str) -> bool {
-    if unsafe { libc::geteuid() } == 0 && Path::new("/sys/fs/bpf").exists() {
+    if subc_ebpf_loader::can_load_bpf() && Path::new("/sys/fs/bpf").exists() {
         return true;
     }
     if std::env::var("CI").as_deref() == Ok("true") {
@@ -218,17 +218,17 @@ impl Drop for ServerProc {
 /// eBPF deployments the server left pinned.
 #[derive(Default)]
 pub struct Cleanup {
-    pub namespaces: subc_backend_ebpf::testnet::Namespaces,
+    pub namespaces: subc_ebpf_loader::testnet::Namespaces,
     pub links: Vec<String>,
     pub deployments: Vec<(String, PathBuf)>,
 }
 
 #[allow(unused_imports)]
-pub use subc_backend_ebpf::testnet::{in_netns, sysctl};
+pub use subc_ebpf_loader::testnet::{in_netns, sysctl};
 
 /// Runs `ip`, panicking with its stderr on failure.
 pub fn ip(args: &[&str]) {
-    subc_backend_ebpf::testnet::ip(args).unwrap();
+    subc_ebpf_loader::testnet::ip(args).unwrap();
 }
 
 impl Cleanup {
@@ -267,7 +267,7 @@ impl Drop for Cleanup {
         for (name, root) in &self.deployments {
             let _ = std::fs::remove_dir_all(root.join(name));
             let _ = std::fs::remove_dir(root);
-            let _ = std::fs::remove_dir_all(subc_backend_ebpf::loader::state_dir(name).unwrap());
+            let _ = std::fs::remove_dir_all(subc_ebpf_loader::state_dir(name).unwrap());
         }
     }
 }
@@ -275,7 +275,7 @@ impl Drop for Cleanup {
 /// The MAC address of `dev` in namespace `ns`, or in this one.
 pub fn mac_of(ns: Option<&str>, dev: &str) -> String {
     match ns {
-        Some(ns) => subc_backend_ebpf::testnet::mac_of(ns, dev).unwrap(),
+        Some(ns) => subc_ebpf_loader::testnet::mac_of(ns, dev).unwrap(),
         None => std::fs::read_to_string(format!("/sys/class/net/{dev}/address")).unwrap().trim().to_string(),
     }
 }
@@ -294,39 +294,25 @@ pub fn seq_of_payload(p: &[u8]) -> Option<u64> {
 
 /// An `AF_PACKET` socket on `dev` (in the calling thread's namespace).
 pub fn packet_socket(dev: &str) -> OwnedFd {
-    subc_backend_ebpf::testnet::packet_socket(dev).unwrap()
+    subc_ebpf_loader::testnet::packet_socket(dev).unwrap()
 }
 
 pub fn send_frame(fd: &OwnedFd, f: &[u8]) {
-    let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-    assert_eq!(n as usize, f.len(), "send");
+    assert_eq!(subc_ebpf_loader::testnet::send_frame(fd, f).expect("send"), f.len(), "send");
 }
 
 /// A pinned program, run with `BPF_PROG_TEST_RUN`.
-pub struct PinnedProg(OwnedFd);
+pub struct PinnedProg(subc_ebpf_loader::PinnedProgram);
 
 impl PinnedProg {
     pub fn open(pin: &Path) -> PinnedProg {
-        let c = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).unwrap();
-        let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
-        assert!(fd >= 0, "open the pinned program {}", pin.display());
-        PinnedProg(unsafe { OwnedFd::from_raw_fd(fd) })
+        PinnedProg(subc_ebpf_loader::PinnedProgram::open(pin).unwrap_or_else(|e| panic!("{e}")))
     }
 
     /// The verdict and the packet after the program.
     pub fn run(&self, packet: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; packet.len() + 256];
-        let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
-        opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
-        opts.data_in = packet.as_ptr().cast();
-        opts.data_size_in = packet.len() as u32;
-        opts.data_out = out.as_mut_ptr().cast();
-        opts.data_size_out = out.len() as u32;
-        opts.repeat = 1;
-        let r = unsafe { libbpf_sys::bpf_prog_test_run_opts(self.0.as_raw_fd(), &mut opts) };
-        assert_eq!(r, 0, "BPF_PROG_TEST_RUN: {}", std::io::Error::last_os_error());
-        out.truncate(opts.data_size_out as usize);
-        (opts.retval, out)
+        let run = self.0.test_run(packet, 1).unwrap_or_else(|e| panic!("{e}"));
+        (run.retval, run.data)
     }
 }
 
@@ -389,10 +375,10 @@ pub fn ebpf_target(name: &str, iface: &str, hook: proto::Hook, ports: Vec<(u32, 
 /// exactly the image the server saved, and that this image is a fresh
 /// compile of `texts` (up to ids). Returns the entries that differ.
 pub fn check_deployed(target: &str, texts: &[String]) -> usize {
-    use subc_backend_ebpf::loader::Deployment;
+    use subc_ebpf_loader::Deployment;
     let (d, model) = Deployment::open(target).expect("the deployment record");
     let pipes = subc_server::deploy::ebpf::saved_pipelines(target).unwrap();
-    let tables = subc_backend_ebpf::pinned::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
+    let tables = subc_ebpf_loader::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
     let live = tables.live_generation().unwrap();
     let image = subc_backend_ebpf::encode::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();
     let diffs = tables.check(&image, 10).unwrap();

@@ -7,10 +7,9 @@ mod common;
 
 use common::*;
 use subc_backend_ebpf::encode::TableImage;
-use subc_backend_ebpf::loader::Dataplane;
-use subc_backend_ebpf::pinned::PinnedTables;
 use subc_backend_ebpf::target::NoMatch;
 use subc_backend_ebpf::{clang, EbpfOptions, Hook};
+use subc_ebpf_loader::{Dataplane, PinnedTables};
 
 fn bpffs_dir(name: &str) -> std::path::PathBuf {
     let dir = std::path::PathBuf::from("/sys/fs/bpf").join(format!("subc-test-{name}-{}", std::process::id()));

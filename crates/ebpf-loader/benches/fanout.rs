@@ -12,7 +12,7 @@
 //!   devmap (`BPF_F_BROADCAST`) with a devmap egress program doing the same
 //!   rewrites: the alternative to `xdp_pass` the issue asks to compare.
 //!
-//!   cargo bench -p subc-backend-ebpf --bench fanout [-- --seconds 2 --rounds 3 --subscribers 1,8,32]
+//!   cargo bench -p subc-ebpf-loader --bench fanout [-- --seconds 2 --rounds 3 --subscribers 1,8,32]
 //!
 //! The publisher runs on CPU 0. Receive steering (RPS) puts the broker's
 //! packet processing on CPU 1, where the relay thread is pinned too, so every
@@ -21,16 +21,16 @@
 
 use libbpf_rs::MapCore;
 use std::net::UdpSocket;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::loader::{self, AttachMode, Dataplane};
 use subc_backend_ebpf::target::{Egress, TargetConfig};
-use subc_backend_ebpf::testnet::{in_netns, ip, mac_of, pin_to_cpu, sysctl, Namespaces};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_bdd::{CompileOptions, CompiledSet};
+use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, pin_to_cpu, sysctl, Namespaces};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
 use subc_lang::nf::NfLimits;
 use subc_lang::source::SourceMap;
 
@@ -84,13 +84,8 @@ fn arg(name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
-fn link_xdp(prog_fd: i32, ifindex: u32, flags: u32) -> OwnedFd {
-    let mut opts: libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
-    opts.flags = flags;
-    let fd = unsafe { libbpf_sys::bpf_link_create(prog_fd, ifindex as i32, libbpf_sys::BPF_XDP, &opts) };
-    assert!(fd >= 0, "XDP link on ifindex {ifindex}: {}", std::io::Error::from_raw_os_error(-fd));
-    unsafe { OwnedFd::from_raw_fd(fd) }
+fn link_xdp(prog: BorrowedFd<'_>, ifindex: u32, mode: XdpMode) -> OwnedFd {
+    loader::link_xdp(prog, ifindex, mode).unwrap_or_else(|e| panic!("XDP link on ifindex {ifindex}: {e}"))
 }
 
 fn load(src: &str) -> libbpf_rs::Object {
@@ -98,9 +93,10 @@ fn load(src: &str) -> libbpf_rs::Object {
     libbpf_rs::ObjectBuilder::default().open_memory(&obj).expect("open").load().expect("load")
 }
 
-fn prog_fd(o: &libbpf_rs::Object, name: &str) -> i32 {
-    use std::os::fd::AsFd;
-    o.progs().find(|p| p.name() == name).expect("program").as_fd().as_raw_fd()
+/// A descriptor of the object's program `name` (a duplicate: the object
+/// keeps its own).
+fn prog_fd(o: &libbpf_rs::Object, name: &str) -> OwnedFd {
+    o.progs().find(|p| p.name() == name).expect("program").as_fd().try_clone_to_owned().expect("dup")
 }
 
 /// The subscribers' total count.
@@ -153,7 +149,7 @@ fn topology(n: usize) -> Net {
         let o = load(COUNTER_C);
         let fd = prog_fd(&o, "bench_count_drop");
         let links: Vec<OwnedFd> =
-            (1..=n).map(|i| link_xdp(fd, loader::ifindex(&format!("s{i}")).unwrap(), libbpf_sys::XDP_FLAGS_DRV_MODE)).collect();
+            (1..=n).map(|i| link_xdp(fd.as_fd(), loader::ifindex(&format!("s{i}")).unwrap(), XdpMode::Native)).collect();
         let m = o.maps().find(|m| m.name() == "bench_count").unwrap();
         tx.send((libbpf_rs::MapHandle::try_from(&m).unwrap(), links)).unwrap();
     })
@@ -183,6 +179,8 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
             pin_to_cpu(1);
             let sock = UdpSocket::bind("10.9.0.1:5000").unwrap();
             let sz: libc::c_int = 8 << 20;
+            // SAFETY: the option value is a `c_int` of the 4 bytes given, it
+            // outlives the call, which only reads it; the socket is open.
             unsafe { libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, (&sz as *const libc::c_int).cast(), 4) };
             sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             let subs: Vec<std::net::SocketAddr> = (1..=n).map(|i| format!("10.10.{i}.2:{SUB_PORT}").parse().unwrap()).collect();
@@ -239,7 +237,8 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
                 let idx = loader::ifindex(&format!("b{}", i + 1)).unwrap();
                 let mut v = [0u8; 8];
                 v[..4].copy_from_slice(&idx.to_ne_bytes());
-                v[4..].copy_from_slice(&egress.to_ne_bytes());
+                // A devmap value names its egress program by descriptor.
+                v[4..].copy_from_slice(&egress.as_raw_fd().to_ne_bytes());
                 bc.update(&idx.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY).unwrap();
                 let mut r = [0u8; 12];
                 r[..6].copy_from_slice(&subc_backend_ebpf::target::parse_mac(mac).unwrap());
@@ -247,7 +246,7 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
                 r[8..].copy_from_slice(&[10, 10, (i + 1) as u8, 2]);
                 rw.update(&idx.to_ne_bytes(), &r, libbpf_rs::MapFlags::ANY).unwrap();
             }
-            let _link = link_xdp(prog_fd(&o, "bench_broadcast"), loader::ifindex("bp").unwrap(), libbpf_sys::XDP_FLAGS_SKB_MODE);
+            let _link = link_xdp(prog_fd(&o, "bench_broadcast").as_fd(), loader::ifindex("bp").unwrap(), XdpMode::Generic);
             ready_tx.send(()).unwrap();
             while !stop2.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(20));
@@ -271,6 +270,7 @@ fn start_publisher(net: &Net) -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>)
         let mut iov = libc::iovec { iov_base: msg.as_mut_ptr().cast(), iov_len: msg.len() };
         let mut hdrs: Vec<libc::mmsghdr> = (0..64)
             .map(|_| {
+                // SAFETY: an all-zero `mmsghdr` is an empty message header.
                 let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
                 h.msg_hdr.msg_iov = &mut iov;
                 h.msg_hdr.msg_iovlen = 1;
@@ -279,6 +279,9 @@ fn start_publisher(net: &Net) -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>)
             .collect();
         let mut sent = 0u64;
         while !stop2.load(Ordering::Relaxed) {
+            // SAFETY: `hdrs` holds `hdrs.len()` headers, each pointing to
+            // `iov`, which points to `msg`; all outlive the call, which
+            // reads the messages and writes only the headers' lengths.
             let r = unsafe { libc::sendmmsg(sock.as_raw_fd(), hdrs.as_mut_ptr(), hdrs.len() as u32, 0) };
             if r > 0 {
                 sent += r as u64;

@@ -13,16 +13,20 @@
 //! [`replace_programs`] points existing attachments at a new build
 //! atomically (`bpf_link_update`; a replacing filter for clsact), so a
 //! reinstall never leaves an interface without a program.
+//! [`PinnedProgram`] runs packets through a pinned program.
 
-use crate::encode::TableImage;
-use crate::layout::{MapRole, MapType};
-use crate::loader::{apply_ops, attach_program, update_maps, AttachMode, Dataplane, Deployment, UpdateReport};
-use crate::model::Model;
-use crate::EbpfError;
+use crate::attach::{attach_program, AttachMode};
+use crate::dataplane::{apply_ops, update_maps, Dataplane, UpdateReport};
+use crate::deployment::Deployment;
+use crate::sys::{self, ProgRun};
+use crate::{LoaderError, NoImage};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use subc_backend_ebpf::encode::{MapOp, TableImage};
+use subc_backend_ebpf::layout::{MapRole, MapType};
+use subc_backend_ebpf::Model;
 
 /// The maps whose contents are the tables (both generations): what a
 /// reopened deployment checks.
@@ -42,15 +46,13 @@ pub struct PinnedTables {
 
 impl PinnedTables {
     /// Opens the pinned maps under `pin_dir`; every table map must be there.
-    pub fn open(pin_dir: &Path, model: Model) -> Result<PinnedTables, EbpfError> {
+    pub fn open(pin_dir: &Path, model: Model) -> Result<PinnedTables, LoaderError> {
         let mut maps = vec![];
         for def in &model.maps {
             let path = pin_dir.join(&def.name);
             match MapHandle::from_pinned_path(&path) {
                 Ok(h) => maps.push(Some(h)),
-                Err(e) if is_table_map(def.role) && def.only_if.is_none() => {
-                    return Err(EbpfError::bpf(format!("pinned map {}", path.display()), e))
-                }
+                Err(e) if is_table_map(def.role) && def.only_if.is_none() => return Err(LoaderError::PinnedMap { path, source: e }),
                 Err(_) => maps.push(None),
             }
         }
@@ -58,22 +60,16 @@ impl PinnedTables {
     }
 
     /// The generation packets read now.
-    pub fn live_generation(&self) -> Result<u32, EbpfError> {
-        let id = self
-            .model
-            .maps
-            .iter()
-            .position(|m| m.role == MapRole::Generation)
-            .ok_or_else(|| EbpfError::Kernel("the model has no generation map".into()))?;
-        let m = self.maps[id].as_ref().ok_or_else(|| EbpfError::Kernel("the generation map is not pinned".into()))?;
-        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| EbpfError::bpf("generation map", e))?.unwrap_or_default();
+    pub fn live_generation(&self) -> Result<u32, LoaderError> {
+        let m = self.maps[self.model.ids.gen].as_ref().ok_or(LoaderError::GenerationNotPinned)?;
+        let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| LoaderError::bpf("generation map", e))?.unwrap_or_default();
         Ok(v.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))).unwrap_or(0))
     }
 
     /// Reads every table map and compares it with what `image` encodes to.
     /// Returns the differences (at most `limit`), none when the maps hold
     /// exactly `image`.
-    pub fn check(&self, image: &TableImage, limit: usize) -> Result<Vec<String>, EbpfError> {
+    pub fn check(&self, image: &TableImage, limit: usize) -> Result<Vec<String>, LoaderError> {
         let mut want: BTreeMap<usize, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
         for op in image.initial_ops(&self.model) {
             if let Some(v) = op.value {
@@ -93,7 +89,7 @@ impl PinnedTables {
                 // Array slots always exist; slots the image does not name are unused.
                 MapType::Array => {
                     for (k, v) in expect {
-                        let got = m.lookup(k, MapFlags::ANY).map_err(|e| EbpfError::bpf(format!("map {}", def.name), e))?;
+                        let got = m.lookup(k, MapFlags::ANY).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?;
                         if got.as_deref() != Some(v.as_slice()) {
                             diffs.push(format!("{}[{}] differs", def.name, hex(k)));
                         }
@@ -106,7 +102,8 @@ impl PinnedTables {
                             None => diffs.push(format!("{}[{}] is not in the image", def.name, hex(&k))),
                             Some(v) => {
                                 seen += 1;
-                                let got = m.lookup(&k, MapFlags::ANY).map_err(|e| EbpfError::bpf(format!("map {}", def.name), e))?;
+                                let got =
+                                    m.lookup(&k, MapFlags::ANY).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?;
                                 if got.as_deref() != Some(v.as_slice()) {
                                     diffs.push(format!("{}[{}] differs", def.name, hex(&k)));
                                 }
@@ -139,37 +136,27 @@ impl PinnedTables {
     }
 
     /// Applies an IR update atomically, as [`Dataplane::update`] does.
-    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, EbpfError> {
-        let image = self.image.as_mut().ok_or_else(|| EbpfError::Kernel("the pinned tables were not checked against an image".into()))?;
+    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+        let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Unchecked))?;
         update_maps(&self.maps, &self.model, image, update)
     }
 
     /// Applies map operations (e.g. a changed target config).
-    pub fn apply(&self, ops: &[crate::encode::MapOp]) -> Result<(), EbpfError> {
+    pub fn apply(&self, ops: &[MapOp]) -> Result<(), LoaderError> {
         apply_ops(&self.maps, &self.model, ops)
     }
 }
 
 /// Points every attachment of `d` at the same-named program of `dp`,
 /// atomically per attachment.
-pub fn replace_programs(d: &Deployment, dp: &Dataplane) -> Result<(), EbpfError> {
+pub fn replace_programs(d: &Deployment, dp: &Dataplane) -> Result<(), LoaderError> {
     for a in &d.attachments {
         let prog = dp.program_fd(&a.program)?;
         match &a.link_pin {
             Some(pin) => {
-                let c = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|_| EbpfError::Target("bad pin path".into()))?;
-                let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
-                if fd < 0 {
-                    return Err(EbpfError::io(format!("cannot open the pinned link {}", pin.display()), std::io::Error::last_os_error()));
-                }
-                let link = unsafe { OwnedFd::from_raw_fd(fd) };
-                let r = unsafe { libbpf_sys::bpf_link_update(link.as_raw_fd(), prog, std::ptr::null()) };
-                if r != 0 {
-                    return Err(EbpfError::io(
-                        format!("cannot point the link {} at the new program", pin.display()),
-                        std::io::Error::from_raw_os_error(-r),
-                    ));
-                }
+                let link = open_pinned(pin, "link")?;
+                sys::link_update(link.as_fd(), prog)
+                    .map_err(|e| LoaderError::io(format!("cannot point the link {} at the new program", pin.display()), e))?;
             }
             // A clsact filter is replaced in place (same handle and priority).
             None => {
@@ -178,4 +165,27 @@ pub fn replace_programs(d: &Deployment, dp: &Dataplane) -> Result<(), EbpfError>
         }
     }
     Ok(())
+}
+
+/// Opens a pinned BPF object (`what`: a link, a program).
+fn open_pinned(pin: &Path, what: &str) -> Result<OwnedFd, LoaderError> {
+    let c = sys::c_path(pin).ok_or_else(|| LoaderError::BadPinPath { path: pin.to_path_buf() })?;
+    sys::obj_get(&c).map_err(|e| LoaderError::io(format!("cannot open the pinned {what} {}", pin.display()), e))
+}
+
+/// A program a deployment pinned, opened by a process that did not load
+/// it, to run packets through it with `BPF_PROG_TEST_RUN`.
+pub struct PinnedProgram(OwnedFd);
+
+impl PinnedProgram {
+    /// Opens the program pinned at `pin` (`<pin dir>/prog_<name>`).
+    pub fn open(pin: &Path) -> Result<PinnedProgram, LoaderError> {
+        open_pinned(pin, "program").map(PinnedProgram)
+    }
+
+    /// Runs `packet` through the program `repeat` times: its return value,
+    /// average time and the packet after it.
+    pub fn test_run(&self, packet: &[u8], repeat: u32) -> Result<ProgRun, LoaderError> {
+        sys::prog_test_run(self.0.as_fd(), packet, repeat).map_err(|e| LoaderError::io("BPF_PROG_TEST_RUN", e))
+    }
 }

@@ -15,14 +15,13 @@ mod common;
 use common::{compile, example, example_packets, kernel_available};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::loader::{self, AttachMode, Dataplane};
 use subc_backend_ebpf::target::{Egress, TargetConfig};
-use subc_backend_ebpf::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, sysctl, Namespaces};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
+use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, Namespaces};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
 use subc_lang::interp::Interpreter;
 use subc_workload::packets::inet_checksum;
 
@@ -33,15 +32,11 @@ const PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(
 /// Attaches the object's only program as native XDP on `dev`; the returned
 /// link (with the object it keeps loaded) detaches when dropped.
 fn xdp_pass_on(object: &[u8], dev: &str) -> (libbpf_rs::Object, std::os::fd::OwnedFd) {
-    use std::os::fd::{AsFd, FromRawFd};
+    use std::os::fd::AsFd;
     let o = libbpf_rs::ObjectBuilder::default().open_memory(object).unwrap().load().unwrap();
-    let fd = o.progs().next().unwrap().as_fd().as_raw_fd();
-    let mut opts: libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
-    opts.flags = libbpf_sys::XDP_FLAGS_DRV_MODE;
-    let l = unsafe { libbpf_sys::bpf_link_create(fd, loader::ifindex(dev).unwrap() as i32, libbpf_sys::BPF_XDP, &opts) };
-    assert!(l >= 0, "native XDP on {dev}");
-    (o, unsafe { std::os::fd::OwnedFd::from_raw_fd(l) })
+    let link = loader::link_xdp(o.progs().next().unwrap().as_fd(), loader::ifindex(dev).unwrap(), XdpMode::Native)
+        .unwrap_or_else(|e| panic!("native XDP on {dev}: {e}"));
+    (o, link)
 }
 
 fn parse_mac(s: &str) -> [u8; 6] {
@@ -141,7 +136,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         dp.configure(&cfg).unwrap();
         let attached = loader::attach(&dp, "bp", Some(mode), None);
         let kinds: Result<Vec<String>, String> =
-            attached.as_ref().map(|v| v.iter().map(|a| a.kind.clone()).collect()).map_err(|e| e.to_string());
+            attached.as_ref().map(|v| v.iter().map(|a| a.kind.to_string()).collect()).map_err(|e| e.to_string());
         ready_tx.send(kinds).unwrap();
         let _ = done_rx.recv_timeout(Duration::from_secs(60));
         drop(attached);
@@ -162,8 +157,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     in_netns(&publisher, move || {
         let fd = packet_socket("pp").unwrap();
         for f in &frames {
-            let n = unsafe { libc::send(fd.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
-            assert_eq!(n as usize, f.len());
+            assert_eq!(send_frame(&fd, f).unwrap(), f.len());
             std::thread::sleep(Duration::from_millis(1));
         }
     })

@@ -4,7 +4,7 @@
 //! one, in the same run; plus the verifier's instruction count, load time
 //! and map memory. Prints one JSON object per line.
 //!
-//!   cargo bench -p subc-backend-ebpf --bench lookup [-- --repeat N --sizes 1,1000,100000]
+//!   cargo bench -p subc-ebpf-loader --bench lookup [-- --repeat N --sizes 1,1000,100000]
 //!
 //! Needs root. The packets are add-order messages for the set's symbols
 //! (and a few others) with random share counts and prices. Two specs: the
@@ -26,10 +26,10 @@
 
 use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::loader::Dataplane;
 use subc_backend_ebpf::naive::write_naive;
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
+use subc_ebpf_loader::Dataplane;
 use subc_lang::nf::NfLimits;
 use subc_lang::source::SourceMap;
 use subc_workload::packets::{moldudp_add_order, udp_packet};
@@ -163,7 +163,7 @@ fn ns_per_packet(dp: &Dataplane, pkts: &[Vec<u8>], repeat: u32) -> f64 {
 }
 
 fn main() {
-    if !subc_backend_ebpf::loader::can_load_bpf() {
+    if !subc_ebpf_loader::can_load_bpf() {
         eprintln!("lookup bench: needs root to load BPF programs; skipped");
         return;
     }

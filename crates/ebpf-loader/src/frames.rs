@@ -19,9 +19,11 @@
 //! same bytes, the frame is the reason. Nothing of a loaded data plane runs
 //! or changes.
 
-use crate::{EbpfError, Hook};
+use crate::sys;
+use crate::LoaderError;
 use serde::Serialize;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
+use subc_backend_ebpf::Hook;
 
 /// The sizes of frames like one given frame (its first bytes, so its
 /// EtherType) that this kernel test-runs for a hook.
@@ -62,7 +64,7 @@ impl std::fmt::Display for FrameLimits {
 struct NopProgram(OwnedFd);
 
 impl NopProgram {
-    fn load(hook: Hook) -> Result<NopProgram, EbpfError> {
+    fn load(hook: Hook) -> Result<NopProgram, LoaderError> {
         let insns = [
             // r0 = 0
             libbpf_sys::bpf_insn { code: (libbpf_sys::BPF_ALU64 | libbpf_sys::BPF_MOV | libbpf_sys::BPF_K) as u8, ..Default::default() },
@@ -73,40 +75,14 @@ impl NopProgram {
             Hook::Xdp => libbpf_sys::BPF_PROG_TYPE_XDP,
             Hook::Tc => libbpf_sys::BPF_PROG_TYPE_SCHED_CLS,
         };
-        // SAFETY: the name, license and instructions outlive the call; no
-        // options.
-        let fd = unsafe {
-            libbpf_sys::bpf_prog_load(
-                prog_type,
-                c"subc_nop".as_ptr(),
-                c"GPL".as_ptr(),
-                insns.as_ptr(),
-                insns.len() as _,
-                std::ptr::null_mut(),
-            )
-        };
-        if fd < 0 {
-            return Err(EbpfError::io(
-                "cannot load a do-nothing program to measure BPF_PROG_TEST_RUN",
-                std::io::Error::from_raw_os_error(-fd),
-            ));
-        }
-        // SAFETY: `fd` is a new descriptor that nothing else owns.
-        Ok(NopProgram(unsafe { OwnedFd::from_raw_fd(fd) }))
+        sys::prog_load(prog_type, c"subc_nop", &insns)
+            .map(NopProgram)
+            .map_err(|e| LoaderError::io("cannot load a do-nothing program to measure BPF_PROG_TEST_RUN", e))
     }
 
     /// Whether `BPF_PROG_TEST_RUN` runs the program on `frame`.
     fn runs(&self, frame: &[u8]) -> bool {
-        let mut out = vec![0u8; frame.len() + 256];
-        // SAFETY: zeroed options are valid; the buffers outlive the call.
-        let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
-        opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
-        opts.data_in = frame.as_ptr().cast();
-        opts.data_size_in = frame.len() as u32;
-        opts.data_out = out.as_mut_ptr().cast();
-        opts.data_size_out = out.len() as u32;
-        opts.repeat = 1;
-        unsafe { libbpf_sys::bpf_prog_test_run_opts(self.0.as_raw_fd(), &mut opts) == 0 }
+        sys::prog_test_run(self.0.as_fd(), frame, 1).is_ok()
     }
 }
 
@@ -119,13 +95,13 @@ fn resized(frame: &[u8], len: usize) -> Vec<u8> {
 
 /// Whether the kernel refuses to test-run `frame` on any program of
 /// `hook`'s type.
-pub fn refuses(hook: Hook, frame: &[u8]) -> Result<bool, EbpfError> {
+pub fn refuses(hook: Hook, frame: &[u8]) -> Result<bool, LoaderError> {
     Ok(!NopProgram::load(hook)?.runs(frame))
 }
 
 /// The sizes of frames like `frame` that this kernel test-runs for `hook`;
 /// `None` if it takes not even a full Ethernet frame of them.
-pub fn frame_limits(hook: Hook, frame: &[u8]) -> Result<Option<FrameLimits>, EbpfError> {
+pub fn frame_limits(hook: Hook, frame: &[u8]) -> Result<Option<FrameLimits>, LoaderError> {
     let prog = NopProgram::load(hook)?;
     let runs = |len: usize| prog.runs(&resized(frame, len));
     if !runs(TYPICAL) {

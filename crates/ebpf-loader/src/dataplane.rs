@@ -1,0 +1,382 @@
+//! A loaded data plane: everything that makes system calls on one
+//! program and its maps (libbpf-rs 0.27).
+//!
+//! [`Dataplane`] loads a generated object, fills its maps, applies updates
+//! (see [`subc_backend_ebpf::encode`] for the protocol: inactive
+//! generation, flip, grace period, other generation), runs packets through
+//! `BPF_PROG_TEST_RUN`, reads state back and reports what the verifier and
+//! the maps cost. [`Runner`] runs packets from another thread.
+//!
+//! The grace period is an RCU grace period: XDP and TC programs run inside
+//! RCU read-side sections, and `membarrier(MEMBARRIER_CMD_GLOBAL)` waits
+//! for `synchronize_rcu()`, so when it returns every packet that read the
+//! old generation has finished.
+
+use crate::attach::ifindex;
+use crate::sys;
+use crate::{LoaderError, NoImage};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
+use serde::Serialize;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use subc_backend_ebpf::encode::{MapOp, TableImage};
+use subc_backend_ebpf::layout::{read_field, CStruct};
+use subc_backend_ebpf::target::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{Hook, Model};
+use subc_lang::interp::{Slot, StateStore};
+use subc_lang::spec::{Spec, StateKind};
+
+/// Why `BPF_PROG_TEST_RUN` failed on `packet`: the frame itself if the
+/// kernel refuses it for a program that does nothing, else the program.
+fn test_run_error(hook: Hook, packet: &[u8], e: libbpf_rs::Error) -> LoaderError {
+    if let Ok(true) = crate::frames::refuses(hook, packet) {
+        if let Ok(Some(limits)) = crate::frames::frame_limits(hook, packet) {
+            return LoaderError::FrameRefused { len: packet.len(), limits };
+        }
+    }
+    LoaderError::bpf("BPF_PROG_TEST_RUN", e)
+}
+
+/// A loaded program and its maps.
+pub struct Dataplane {
+    obj: Object,
+    /// Each program's name and a descriptor of it, so that callers can
+    /// borrow one for as long as the data plane lives.
+    progs: Vec<(String, OwnedFd)>,
+    pub model: Model,
+    maps: Vec<Option<MapHandle>>,
+    image: Option<TableImage>,
+    load_time: Duration,
+}
+
+/// What one `BPF_PROG_TEST_RUN` gave.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TestRun {
+    /// The program's return value (`XDP_*` or `TC_ACT_*`).
+    pub verdict: u32,
+    /// The packet after the program (rewrites applied).
+    pub data: Vec<u8>,
+    /// Average nanoseconds per run.
+    pub ns: u64,
+    /// The decision, from `subc_record` (test builds only).
+    pub record: Option<Record>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Record {
+    /// 1 forward, 2 drop, 3 no match, 4 did not parse.
+    pub decision: u32,
+    pub drop: bool,
+    pub ports: Vec<u32>,
+}
+
+/// Costs of a loaded program.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadStats {
+    /// Per program: name and instructions the verifier processed.
+    pub verified_insns: Vec<(String, u32)>,
+    /// Per program: instructions in the object.
+    pub insns: Vec<(String, usize)>,
+    pub load_ms: f64,
+    /// Bytes the kernel charged for all maps (`memlock` in fdinfo).
+    pub map_bytes: u64,
+}
+
+/// What an update did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct UpdateReport {
+    pub ops: usize,
+    pub grace_us: u64,
+    pub total_us: u64,
+}
+
+/// Applies map operations in order to `maps` (indexed like `model.maps`).
+pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]) -> Result<(), LoaderError> {
+    for op in ops {
+        let m = maps[op.map].as_ref().ok_or_else(|| LoaderError::MapNotBuilt { map: model.maps[op.map].name.clone() })?;
+        let r = match &op.value {
+            Some(v) => m.update(&op.key, v, MapFlags::ANY),
+            None => match m.delete(&op.key) {
+                // Deleting what is not there is what we wanted.
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+                r => r,
+            },
+        };
+        r.map_err(|source| LoaderError::Map { map: model.maps[op.map].name.clone(), source })?;
+    }
+    Ok(())
+}
+
+/// The update protocol of [`subc_backend_ebpf::encode`] on `maps`, which hold `image`:
+/// returns the report and the image after the update.
+/// `image` becomes the image after it; on any error it stays the one before.
+pub(crate) fn update_maps(
+    maps: &[Option<MapHandle>],
+    model: &Model,
+    image: &mut TableImage,
+    update: &subc_bdd::Update,
+) -> Result<UpdateReport, LoaderError> {
+    let t = Instant::now();
+    let (plan, undo) = image.plan_in_place(model, update)?;
+    let write = || -> Result<u64, LoaderError> {
+        apply_ops(maps, model, &plan.prepare)?;
+        if let Err(e) = apply_ops(maps, model, &plan.inactive) {
+            let _ = apply_ops(maps, model, &plan.undo_inactive);
+            return Err(e);
+        }
+        apply_ops(maps, model, &plan.flip)?;
+        let g = Instant::now();
+        grace_period();
+        let grace_us = g.elapsed().as_micros() as u64;
+        apply_ops(maps, model, &plan.live)?;
+        Ok(grace_us)
+    };
+    match write() {
+        Ok(grace_us) => Ok(UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 }),
+        Err(e) => {
+            image.rollback(undo);
+            Err(e)
+        }
+    }
+}
+
+/// Waits until every BPF program run that started before the call has
+/// finished (an RCU grace period); see the module doc.
+pub fn grace_period() {
+    if !sys::membarrier_global() {
+        // Kernels with nohz_full refuse it; programs run for microseconds.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `memlock` of a BPF object, from `/proc/self/fdinfo`.
+pub(crate) fn memlock(fd: BorrowedFd<'_>) -> u64 {
+    use std::os::fd::AsRawFd;
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("memlock:").map(|v| v.trim().parse().unwrap_or(0))))
+        .unwrap_or(0)
+}
+
+impl Dataplane {
+    /// Loads an object generated for `model` (maps empty).
+    pub fn load(object: &[u8], model: Model) -> Result<Dataplane, LoaderError> {
+        let t = Instant::now();
+        let open = ObjectBuilder::default().open_memory(object).map_err(|e| LoaderError::bpf("cannot open the BPF object", e))?;
+        let obj = open.load().map_err(|e| LoaderError::bpf("the kernel rejected the program", e))?;
+        let load_time = t.elapsed();
+        let mut maps = vec![];
+        for def in &model.maps {
+            let h = match obj.maps().find(|m| m.name() == def.name.as_str()) {
+                Some(m) => Some(MapHandle::try_from(&m).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?),
+                None if def.only_if.is_some() => None,
+                None => return Err(LoaderError::MissingMap { map: def.name.clone() }),
+            };
+            maps.push(h);
+        }
+        let mut progs = vec![];
+        for p in obj.progs() {
+            let fd = p.as_fd().try_clone_to_owned().map_err(|e| LoaderError::io("cannot duplicate a BPF fd", e))?;
+            progs.push((p.name().to_string_lossy().into_owned(), fd));
+        }
+        Ok(Dataplane { obj, progs, model, maps, image: None, load_time })
+    }
+
+    /// Loads an object and fills its maps with `image` (generation 0 live).
+    pub fn load_with_image(object: &[u8], model: Model, image: TableImage) -> Result<Dataplane, LoaderError> {
+        let mut dp = Dataplane::load(object, model)?;
+        let ops = image.initial_ops(&dp.model);
+        dp.apply(&ops)?;
+        dp.apply(&[config_op(&dp.model, NoMatch::Pass, 0)])?;
+        dp.image = Some(image);
+        Ok(dp)
+    }
+
+    pub fn image(&self) -> Option<&TableImage> {
+        self.image.as_ref()
+    }
+
+    fn map(&self, id: usize) -> Result<&MapHandle, LoaderError> {
+        self.maps[id].as_ref().ok_or_else(|| LoaderError::MapNotBuilt { map: self.model.maps[id].name.clone() })
+    }
+
+    /// Applies operations in order.
+    pub fn apply(&self, ops: &[MapOp]) -> Result<(), LoaderError> {
+        apply_ops(&self.maps, &self.model, ops)
+    }
+
+    /// Applies an IR update atomically (see [`subc_backend_ebpf::encode`]). On a
+    /// capacity error nothing is touched; on a kernel error while writing
+    /// the inactive generation, it is restored and the old tables stay live.
+    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+        let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Loaded))?;
+        update_maps(&self.maps, &self.model, image, update)
+    }
+
+    /// Writes the egress of every port and the no-match action.
+    pub fn configure(&self, cfg: &TargetConfig) -> Result<(), LoaderError> {
+        let ops = cfg.ops(&self.model, &ifindex)?;
+        self.apply(&ops)
+    }
+
+    /// The program that decides packets: `subc_xdp` or `subc_tc`.
+    pub fn main_program_name(&self) -> &'static str {
+        match self.model.hook {
+            Hook::Xdp => "subc_xdp",
+            Hook::Tc => "subc_tc",
+        }
+    }
+
+    /// Runs one packet through the deciding program with `BPF_PROG_TEST_RUN`
+    /// (`now_ns` is the clock of builds with `SUBC_CLOCK_MAP`). A frame the
+    /// kernel test-runs for no program of this hook (too short, too long)
+    /// is [`LoaderError::FrameRefused`], with the kernel's limits.
+    pub fn test_run(&self, packet: &[u8], now_ns: u64, no_match: NoMatch, repeat: u32) -> Result<TestRun, LoaderError> {
+        self.apply(&[config_op(&self.model, no_match, now_ns)])?;
+        let name = self.main_program_name();
+        let prog = self.obj.progs_mut().find(|p| p.name() == name).ok_or_else(|| LoaderError::MissingProgram { program: name.into() })?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let input = ProgramInput { data_in: Some(packet), data_out: Some(&mut out), repeat, ..Default::default() };
+        let o = match prog.test_run(input) {
+            Ok(o) => o,
+            Err(e) => return Err(test_run_error(self.model.hook, packet, e)),
+        };
+        let verdict = o.return_value;
+        let ns = o.duration.as_nanos() as u64;
+        let data = o.data.map(|d| d.to_vec()).unwrap_or_default();
+        let record = match self.maps[self.model.ids.record].as_ref() {
+            None => None,
+            Some(m) => {
+                let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| LoaderError::bpf("subc_record", e))?.unwrap_or_default();
+                Some(decode_record(self.model.maps[self.model.ids.record].value_struct(), self.model.port_words, &v))
+            }
+        };
+        Ok(TestRun { verdict, data, ns, record })
+    }
+
+    /// A handle that runs packets from another thread while this one
+    /// updates the maps (for atomicity tests and benchmarks).
+    pub fn runner(&self) -> Result<Runner, LoaderError> {
+        let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(|e| LoaderError::io("cannot duplicate a BPF fd", e));
+        let prog = dup(self.program_fd(self.main_program_name())?)?;
+        let record = match self.maps[self.model.ids.record].as_ref() {
+            Some(m) => Some(dup(m.as_fd())?),
+            None => None,
+        };
+        let s = self.model.maps[self.model.ids.record].value_struct().clone();
+        Ok(Runner { prog, record, record_struct: s, port_words: self.model.port_words })
+    }
+
+    /// Clears `subc_record` (so a run that records nothing is visible).
+    pub fn clear_record(&self) -> Result<(), LoaderError> {
+        if let Some(m) = self.maps[self.model.ids.record].as_ref() {
+            let size = self.model.maps[self.model.ids.record].value.size() as usize;
+            m.update(&0u32.to_ne_bytes(), &vec![0u8; size], MapFlags::ANY).map_err(|e| LoaderError::bpf("subc_record", e))?;
+        }
+        Ok(())
+    }
+
+    /// The stream state and variables, as the reference interpreter keeps them.
+    pub fn read_state(&self, spec: &Spec) -> Result<StateStore, LoaderError> {
+        let mut store = StateStore::new(spec);
+        for (i, s) in spec.states.iter().enumerate() {
+            let id = self.model.ids.states[i];
+            let m = self.map(id)?;
+            let st = self.model.maps[id].value_struct();
+            for k in 0..s.slots() {
+                let v = m.lookup(&k.to_ne_bytes(), MapFlags::ANY).map_err(|e| LoaderError::bpf("state map", e))?.unwrap_or_default();
+                let f = |name: &str, idx: u32| read_field(st, &v, name, idx);
+                store.vars[i][k as usize] = match &s.kind {
+                    StateKind::Counter { .. } => Slot::Counter { window: f("window", 0), count: f("count", 0) as u32 },
+                    StateKind::Avg { samples, .. } => {
+                        Slot::Avg { ring: (0..*samples).map(|j| f("ring", j)).collect(), next: f("next", 0) as u32, sum: f("sum", 0) }
+                    }
+                    StateKind::Ewma { .. } => Slot::Ewma { ewma: f("ewma", 0), count: f("count", 0) as u32 },
+                    StateKind::Var { .. } => Slot::Var { value: f("value", 0) },
+                };
+            }
+        }
+        Ok(store)
+    }
+
+    /// Verifier, load-time and memory costs.
+    pub fn stats(&self) -> LoadStats {
+        let mut verified = vec![];
+        let mut insns = vec![];
+        for p in self.obj.progs() {
+            let name = p.name().to_string_lossy().to_string();
+            verified.push((name.clone(), sys::prog_verified_insns(p.as_fd())));
+            insns.push((name, p.insn_cnt()));
+        }
+        let map_bytes = self.maps.iter().flatten().map(|m| memlock(m.as_fd())).sum();
+        LoadStats { verified_insns: verified, insns, load_ms: self.load_time.as_secs_f64() * 1e3, map_bytes }
+    }
+
+    /// Pins every map and program under `dir` (created if needed).
+    pub fn pin(&self, dir: &Path) -> Result<(), LoaderError> {
+        std::fs::create_dir_all(dir).map_err(|e| LoaderError::io(format!("cannot create {}", dir.display()), e))?;
+        for (def, m) in self.model.maps.iter().zip(&self.maps) {
+            if let Some(m) = m {
+                pin_fd(m.as_fd(), &dir.join(&def.name))?;
+            }
+        }
+        for p in self.obj.progs() {
+            pin_fd(p.as_fd(), &dir.join(format!("prog_{}", p.name().to_string_lossy())))?;
+        }
+        Ok(())
+    }
+
+    /// The fd of a program by name, borrowed from this data plane.
+    pub fn program_fd(&self, name: &str) -> Result<BorrowedFd<'_>, LoaderError> {
+        self.progs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, fd)| fd.as_fd())
+            .ok_or_else(|| LoaderError::MissingProgram { program: name.into() })
+    }
+}
+
+/// Pins a map, program or link at `path` (replacing what is there).
+pub(crate) fn pin_fd(fd: BorrowedFd<'_>, path: &Path) -> Result<(), LoaderError> {
+    let c = sys::c_path(path).ok_or_else(|| LoaderError::BadPinPath { path: path.to_path_buf() })?;
+    if path.exists() {
+        let _ = std::fs::remove_file(path);
+    }
+    sys::obj_pin(fd, &c).map_err(|e| LoaderError::io(format!("cannot pin {}", path.display()), e))
+}
+
+fn decode_record(s: &CStruct, port_words: u32, v: &[u8]) -> Record {
+    let mut ports = vec![];
+    for w in 0..port_words {
+        let bits = read_field(s, v, "ports", w);
+        ports.extend((0..64).filter(|b| bits >> b & 1 == 1).map(|b| w * 64 + b));
+    }
+    Record { decision: read_field(s, v, "decision", 0) as u32, drop: read_field(s, v, "drop", 0) != 0, ports }
+}
+
+/// Runs packets through a loaded program from any thread (owns duplicates
+/// of the program's and the record map's fds).
+pub struct Runner {
+    prog: OwnedFd,
+    record: Option<OwnedFd>,
+    record_struct: CStruct,
+    port_words: u32,
+}
+
+impl Runner {
+    /// `BPF_PROG_TEST_RUN` with `repeat` repetitions: verdict, average ns,
+    /// and the recorded decision (of test builds).
+    pub fn run(&self, packet: &[u8], repeat: u32) -> Result<(u32, u64, Option<Record>), LoaderError> {
+        let run = sys::prog_test_run(self.prog.as_fd(), packet, repeat).map_err(|e| LoaderError::io("BPF_PROG_TEST_RUN", e))?;
+        let record = match &self.record {
+            None => None,
+            Some(fd) => {
+                let mut v = vec![0u8; self.record_struct.size as usize];
+                sys::map_lookup(fd.as_fd(), &0u32.to_ne_bytes(), &mut v).map_err(|e| LoaderError::io("subc_record", e))?;
+                Some(decode_record(&self.record_struct, self.port_words, &v))
+            }
+        };
+        Ok((run.retval, run.ns, record))
+    }
+}

@@ -1,0 +1,46 @@
+//! The kernel half of the eBPF back end, as `aya` is to `aya-obj`: every
+//! system call on the programs and maps that `subc-backend-ebpf` generates
+//! and encodes (through libbpf-rs 0.27, and `libbpf-sys` where libbpf-rs
+//! has no wrapper).
+//!
+//! - [`Dataplane`] loads an object, fills its maps, applies updates with
+//!   the back end's double-buffered protocol, runs packets through
+//!   `BPF_PROG_TEST_RUN`, reads state back and reports costs; [`Runner`]
+//!   runs packets from another thread.
+//! - [`attach()`] hooks a data plane to an interface (XDP native or
+//!   generic, TC through tcx or clsact).
+//! - [`Deployment`] is what `subc attach` leaves: pins under bpffs and a
+//!   record under `/run/subc`; [`status()`] reads it back.
+//! - [`PinnedTables`] reopens a deployment's maps in another process
+//!   (checked against the image that filled them, then updated);
+//!   [`replace_programs`] swaps a new build under live attachments.
+//! - [`frame_limits`]: which frames `BPF_PROG_TEST_RUN` takes, measured.
+//! - [`can_load_bpf`]: whether this process has the privileges.
+//! - `testnet` (feature `testing`): network namespaces for the end-to-end
+//!   tests and the fan-out benchmark.
+//!
+//! Every `unsafe` block of the crate but the test network's is in `sys.rs`,
+//! one per system call, each with its `// SAFETY:` argument; descriptors are
+//! `OwnedFd` and `BorrowedFd` everywhere else.
+
+#![warn(unreachable_pub)]
+
+mod attach;
+mod dataplane;
+mod deployment;
+mod error;
+mod frames;
+mod pinned;
+mod privileges;
+mod sys;
+#[cfg(feature = "testing")]
+pub mod testnet;
+
+pub use attach::{attach, attach_program, ifindex, link_xdp, AttachKind, AttachMode, Attachment, XdpMode};
+pub use dataplane::{grace_period, Dataplane, LoadStats, Record, Runner, TestRun, UpdateReport};
+pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};
+pub use error::{LoaderError, NoImage};
+pub use frames::{frame_limits, refuses, FrameLimits, PROBE_CAP};
+pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
+pub use privileges::can_load_bpf;
+pub use sys::ProgRun;

@@ -1,0 +1,158 @@
+//! The system calls this crate makes itself, beyond libbpf-rs's safe API:
+//! each is wrapped here once, with its `// SAFETY:` argument, and takes
+//! and gives typed descriptors (`BorrowedFd`, `OwnedFd`). A raw descriptor
+//! exists only inside the call that hands it to the kernel or to libbpf,
+//! and a new one becomes an `OwnedFd` on the line that receives it.
+//!
+//! libbpf's low-level functions return `-errno` on failure (libbpf 1.0
+//! semantics), so their errors are read from the return value, not from
+//! `errno`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// A libbpf return value: the non-negative result, or the error its
+/// negative value names.
+fn check(r: i32) -> io::Result<i32> {
+    if r < 0 {
+        Err(io::Error::from_raw_os_error(-r))
+    } else {
+        Ok(r)
+    }
+}
+
+/// Takes ownership of a descriptor a call just created.
+fn owned(fd: i32) -> io::Result<OwnedFd> {
+    let fd = check(fd)?;
+    // SAFETY: `fd` was returned by the kernel to this call a moment ago and
+    // is not stored anywhere else, so this is its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A path as a C string, or `None` if it holds a NUL byte.
+pub(crate) fn c_path(path: &Path) -> Option<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes()).ok()
+}
+
+/// `membarrier(MEMBARRIER_CMD_GLOBAL)`: true once every CPU has passed an
+/// RCU grace period; false if the kernel refused (e.g. with `nohz_full`).
+pub(crate) fn membarrier_global() -> bool {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
+    // SAFETY: membarrier takes three integers and touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0 as libc::c_uint, 0 as libc::c_int) };
+    r == 0
+}
+
+/// The index of a network interface of the calling thread's namespace.
+pub(crate) fn if_nametoindex(name: &std::ffi::CStr) -> Option<u32> {
+    // SAFETY: `name` is a NUL-terminated string that outlives the call,
+    // which only reads it.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (idx != 0).then_some(idx)
+}
+
+/// The effective user id of this process.
+pub(crate) fn geteuid() -> u32 {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The instructions the verifier processed for a loaded program (0 if the
+/// kernel does not say).
+pub(crate) fn prog_verified_insns(prog: BorrowedFd<'_>) -> u32 {
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: `info` is a writable `bpf_prog_info` of `len` bytes, both
+    // outlive the call, and the kernel writes at most `len` bytes.
+    let r = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(prog.as_raw_fd(), &mut info, &mut len) };
+    if r != 0 {
+        return 0;
+    }
+    info.verified_insns
+}
+
+/// Pins a BPF object (map, program or link) at `path` under bpffs.
+pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated and outlives the call, which only
+    // reads it; `fd` is open for the call's duration.
+    check(unsafe { libbpf_sys::bpf_obj_pin(fd.as_raw_fd(), path.as_ptr()) }).map(drop)
+}
+
+/// Opens a pinned BPF object.
+pub(crate) fn obj_get(path: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is NUL-terminated and outlives the call, which only
+    // reads it.
+    owned(unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) })
+}
+
+/// `bpf_link_create`: a link attaching `prog` to interface `ifindex`.
+pub(crate) fn link_create(prog: BorrowedFd<'_>, ifindex: u32, attach: libbpf_sys::bpf_attach_type, flags: u32) -> io::Result<OwnedFd> {
+    let opts =
+        libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, flags, ..Default::default() };
+    // SAFETY: `opts` is a valid `bpf_link_create_opts` whose `sz` is its
+    // size, it outlives the call, and libbpf only reads it; `prog` is open.
+    owned(unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), ifindex as i32, attach, &opts) })
+}
+
+/// `bpf_link_update`: points `link` at `prog`, atomically.
+pub(crate) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: both descriptors are open for the call; null options mean
+    // none, which libbpf allows.
+    check(unsafe { libbpf_sys::bpf_link_update(link.as_raw_fd(), prog.as_raw_fd(), std::ptr::null()) }).map(drop)
+}
+
+/// What one `BPF_PROG_TEST_RUN` gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgRun {
+    /// The program's return value.
+    pub retval: u32,
+    /// Average nanoseconds per repetition.
+    pub ns: u64,
+    /// The packet after the program.
+    pub data: Vec<u8>,
+}
+
+/// `BPF_PROG_TEST_RUN` of `prog` on `packet`, `repeat` times.
+pub(crate) fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8], repeat: u32) -> io::Result<ProgRun> {
+    // Room for a program that grows the packet (headers pushed in front).
+    let mut out = vec![0u8; packet.len() + 256];
+    let mut opts = libbpf_sys::bpf_test_run_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _,
+        data_in: packet.as_ptr().cast(),
+        data_size_in: packet.len() as u32,
+        data_out: out.as_mut_ptr().cast(),
+        data_size_out: out.len() as u32,
+        repeat: repeat as i32,
+        ..Default::default()
+    };
+    // SAFETY: `opts` is a valid `bpf_test_run_opts` whose `sz` is its size;
+    // its input pointer and length describe `packet` and its output ones
+    // `out`, both of which outlive the call; the kernel writes at most
+    // `data_size_out` bytes to `out`; `prog` is open.
+    check(unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) })?;
+    out.truncate((opts.data_size_out as usize).min(out.len()));
+    Ok(ProgRun { retval: opts.retval, ns: opts.duration as u64, data: out })
+}
+
+/// Looks `key` up in a map whose values are `value.len()` bytes.
+pub(crate) fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    // SAFETY: the kernel reads the map's key size from `key` and writes its
+    // value size to `value`; callers size both from the map's layout, and
+    // both outlive the call; `map` is open.
+    check(unsafe { libbpf_sys::bpf_map_lookup_elem(map.as_raw_fd(), key.as_ptr().cast(), value.as_mut_ptr().cast()) }).map(drop)
+}
+
+/// Loads a program of `prog_type` made of `insns`, licensed GPL.
+pub(crate) fn prog_load(
+    prog_type: libbpf_sys::bpf_prog_type,
+    name: &std::ffi::CStr,
+    insns: &[libbpf_sys::bpf_insn],
+) -> io::Result<OwnedFd> {
+    // SAFETY: the name, the license and the instructions outlive the call,
+    // which only reads them (`insns.len()` of them); null options mean none.
+    owned(unsafe {
+        libbpf_sys::bpf_prog_load(prog_type, name.as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), insns.len() as _, std::ptr::null_mut())
+    })
+}

@@ -1,0 +1,169 @@
+//! Network namespaces and veth pairs for the end-to-end tests and the
+//! fan-out benchmark (not used by the loader itself; behind the `testing`
+//! feature, so no default build has it).
+//!
+//! [`Namespaces`] deletes what it created when dropped, also while a test
+//! panics; [`in_netns`] runs a closure on a thread inside a namespace, so
+//! sockets and attachments made there live in it. Commands run without a
+//! shell: every argument reaches `ip` as it is.
+
+use crate::LoaderError;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::process::Command;
+use std::time::Instant;
+
+/// Runs `ip` with `args`; an error carries its stderr.
+pub fn ip(args: &[&str]) -> Result<(), LoaderError> {
+    let out = Command::new("ip").args(args).output().map_err(|e| LoaderError::io("cannot run `ip` (install iproute2)", e))?;
+    if !out.status.success() {
+        return Err(LoaderError::Command {
+            command: format!("ip {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Writes a sysctl inside a namespace, through `/proc/sys` from a thread
+/// that entered it (network sysctls are those of the writer's namespace);
+/// best effort, like `sysctl -w` whose failure a test would not stop for.
+pub fn sysctl(ns: &str, key: &str, value: &str) {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    let value = value.to_string();
+    let _ = in_netns(ns, move || std::fs::write(path, value)).join();
+}
+
+/// Network namespaces removed on drop.
+#[derive(Default)]
+pub struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    /// A new namespace with loopback up and IPv6 off (no router
+    /// solicitations in captures).
+    pub fn add(&mut self, name: &str) -> Result<String, LoaderError> {
+        ip(&["netns", "add", name])?;
+        self.0.push(name.to_string());
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        sysctl(name, "net.ipv6.conf.all.disable_ipv6", "1");
+        sysctl(name, "net.ipv6.conf.default.disable_ipv6", "1");
+        Ok(name.to_string())
+    }
+
+    /// A veth pair `a` (in `ns_a`) and `b` (in `ns_b`), both up.
+    pub fn veth(&self, a: &str, ns_a: &str, b: &str, ns_b: &str) -> Result<(), LoaderError> {
+        ip(&["link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b])?;
+        ip(&["-n", ns_a, "link", "set", a, "up"])?;
+        ip(&["-n", ns_b, "link", "set", b, "up"])
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+/// Runs `f` on a thread that has entered network namespace `ns`.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).expect("the namespace exists");
+        // SAFETY: setns reads only its two integer arguments; the namespace
+        // file is open for the call, and changing the namespace of this
+        // new thread, which nothing else uses yet, is what it is for.
+        let r = unsafe { libc::setns(file.as_fd().as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
+/// The MAC address of `dev` in `ns`.
+pub fn mac_of(ns: &str, dev: &str) -> Result<String, LoaderError> {
+    let out = Command::new("ip").args(["-n", ns, "-j", "link", "show", dev]).output().map_err(|e| LoaderError::io("ip link show", e))?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(LoaderError::IpJson)?;
+    v[0]["address"].as_str().map(String::from).ok_or_else(|| LoaderError::NoAddress { dev: dev.to_string(), ns: ns.to_string() })
+}
+
+/// An `AF_PACKET` socket on `dev` of the calling thread's namespace, with
+/// a 20 ms receive timeout.
+pub fn packet_socket(dev: &str) -> Result<OwnedFd, LoaderError> {
+    let idx = crate::ifindex(dev)?;
+    let protocol = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: socket takes three integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, protocol as i32) };
+    if fd < 0 {
+        return Err(LoaderError::io("AF_PACKET socket", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is the descriptor socket just returned; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let sll = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: protocol,
+        sll_ifindex: idx as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 0,
+        sll_addr: [0; 8],
+    };
+    // SAFETY: the address is a `sockaddr_ll` of the length given, it
+    // outlives the call, which only reads it; the socket is open.
+    let r =
+        unsafe { libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32) };
+    if r != 0 {
+        return Err(LoaderError::io(format!("bind AF_PACKET to {dev}"), std::io::Error::last_os_error()));
+    }
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
+    // SAFETY: the option value is a `timeval` of the length given, it
+    // outlives the call, which only reads it; the socket is open.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    Ok(fd)
+}
+
+/// Sends one frame on a packet socket; the bytes sent.
+pub fn send_frame(socket: impl AsFd, frame: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: the buffer is `frame`, of the length given, which outlives
+    // the call and is only read; the socket is open.
+    let n = unsafe { libc::send(socket.as_fd().as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Frames received on a packet socket until `until`.
+pub fn recv_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
+    let mut out = vec![];
+    let mut buf = vec![0u8; 2048];
+    while Instant::now() < until {
+        // SAFETY: the kernel writes at most `buf.len()` bytes to `buf`,
+        // which outlives the call; the socket is open.
+        let n = unsafe { libc::recv(socket.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n > 0 {
+            out.push(buf[..n as usize].to_vec());
+        }
+    }
+    out
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: an all-zero `cpu_set_t` is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit of `set`, checking `cpu` against the
+    // set's size; sched_setaffinity reads `set`, of the size given, for the
+    // calling thread (pid 0).
+    unsafe {
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
