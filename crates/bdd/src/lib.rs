@@ -18,6 +18,7 @@
 //! Invariants: this crate never sees a string constant or a packet, only
 //! query-field ids and bit-vector values; it knows nothing of P4, C or gRPC.
 
+pub mod approximate;
 pub mod bitgroup;
 pub mod build;
 pub mod compiler;

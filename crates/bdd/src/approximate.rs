@@ -1,0 +1,150 @@
+//! Over-approximation under a table budget.
+//!
+//! A switch's tables hold a fixed number of entries, and general
+//! multi-attribute filters need more than any switch has (the diagram of
+//! 10,000 Siena filters has hundreds of thousands). What a switch can still
+//! do is forward a *superset* of what the subscriptions ask for, and let the
+//! hosts behind it filter exactly (an eBPF program compiled from the same
+//! set). The contract (`docs/semantics.md`): the switch may forward more,
+//! never less.
+//!
+//! A superset is made by *relaxing* rules: dropping constraints on chosen
+//! fields from every cube ([`relax`]). A cube without a field's constraint
+//! matches every value of it, so every packet the exact rule matches, the
+//! relaxed one matches too, with the same actions. Fields are dropped in
+//! order of how much they widen the diagram (the most distinct constants
+//! first), until the compiled set fits the budget ([`compile_within`]).
+//! [`extra`] measures what the relaxation costs on a workload: packets and
+//! port deliveries the exact set would not have made.
+
+use crate::compiler::{CompileError, CompileOptions, CompiledSet};
+use crate::leaf::Leaf;
+use crate::order::distinct_constants;
+use std::collections::BTreeSet;
+use subc_lang::nf::{Cube, NfSubscription};
+use subc_lang::spec::{QueryFieldId, Spec};
+
+/// `subs` with the constraints on `dropped` fields removed from every cube
+/// (cubes of a subscription that became equal are kept once).
+pub fn relax(subs: &[NfSubscription], dropped: &[QueryFieldId]) -> Vec<NfSubscription> {
+    subs.iter()
+        .map(|s| {
+            let mut cubes: Vec<Cube> = vec![];
+            for c in &s.cubes {
+                let kept = Cube(c.0.iter().filter(|(f, _)| !dropped.contains(f)).cloned().collect());
+                if !cubes.contains(&kept) {
+                    cubes.push(kept);
+                }
+            }
+            NfSubscription { id: s.id, cubes, actions: s.actions.clone() }
+        })
+        .collect()
+}
+
+/// A set compiled within a budget.
+pub struct Fit {
+    pub set: CompiledSet,
+    /// The fields whose constraints were dropped, in the order they were.
+    pub dropped: Vec<QueryFieldId>,
+}
+
+/// Why no relaxation fits.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error(
+        "no relaxation fits {budget} entries: with every constraint dropped the set still needs {needed} \
+         (one entry per distinct action set, at least)"
+    )]
+    TooSmall { budget: usize, needed: usize },
+    #[error(
+        "subscription {sub} updates variables: a relaxed set would update them for packets the exact set does not \
+         match, so a set with updates is compiled exactly or not at all"
+    )]
+    Updates { sub: u64 },
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+}
+
+/// Most subscriptions compiled to estimate whether a relaxation can fit
+/// before compiling the whole set.
+const SAMPLE: usize = 2000;
+
+/// Compiles `subs` exactly if that fits `budget` table and leaf entries,
+/// else relaxed: dropping fields (the one with the most distinct constants
+/// first) until it fits.
+pub fn compile_within(spec: &Spec, subs: &[NfSubscription], mut opts: CompileOptions, budget: usize) -> Result<Fit, BudgetError> {
+    // One field order for every attempt: measuring orders (as a plain
+    // compile does) for each relaxation would cost a compile per candidate.
+    if opts.order.is_none() {
+        opts.order = Some(crate::order::choose_order(spec, subs, None));
+    }
+    let mut order: Vec<(usize, QueryFieldId)> = distinct_constants(spec, subs).into_iter().map(|(f, n)| (n, f)).collect();
+    order.sort_by(|a, b| b.cmp(a));
+    let mut dropped: Vec<QueryFieldId> = vec![];
+    let step = subs.len().div_ceil(SAMPLE).max(1);
+    loop {
+        let relaxed = relax(subs, &dropped);
+        // A sample over the budget (scaled) is not worth a whole compile.
+        let sample: Vec<NfSubscription> = relaxed.iter().step_by(step).cloned().collect();
+        let estimate = match CompiledSet::compile(spec, &sample, opts.clone()) {
+            Ok(s) => s.entry_count() * step,
+            Err(_) => usize::MAX,
+        };
+        if estimate <= budget.saturating_mul(2) || step == 1 {
+            if let Ok(set) = CompiledSet::compile(spec, &relaxed, opts.clone()) {
+                if set.entry_count() <= budget {
+                    return Ok(Fit { set, dropped });
+                }
+                if order.is_empty() {
+                    return Err(BudgetError::TooSmall { budget, needed: set.entry_count() });
+                }
+            }
+        }
+        if let Some(s) = subs.iter().find(|s| !s.actions.updates.is_empty()) {
+            return Err(BudgetError::Updates { sub: s.id });
+        }
+        match order.first() {
+            Some(&(_, f)) => {
+                order.remove(0);
+                dropped.push(f);
+            }
+            None => {
+                let set = CompiledSet::compile(spec, &relaxed, opts)?;
+                return Err(BudgetError::TooSmall { budget, needed: set.entry_count() });
+            }
+        }
+    }
+}
+
+/// What a relaxation forwards beyond the exact set, on a workload.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Extra {
+    pub packets: u64,
+    /// Packets the relaxed set forwards to some port the exact set does not.
+    pub packets_with_extra: u64,
+    /// Port deliveries (packet, port) of the exact set, and the relaxed
+    /// set's beyond them.
+    pub deliveries: u64,
+    pub extra_deliveries: u64,
+    /// Deliveries the relaxed set misses: always 0 (tested), counted so
+    /// that a report would show a broken contract.
+    pub missing_deliveries: u64,
+}
+
+/// Compares the exact and the relaxed decision (each the union of leaves a
+/// packet's values give) over `packets`.
+pub fn extra(exact: impl Fn(&[u64]) -> Leaf, relaxed: impl Fn(&[u64]) -> Leaf, packets: &[Vec<u64>]) -> Extra {
+    let mut x = Extra::default();
+    for v in packets {
+        let (e, r) = (exact(v), relaxed(v));
+        let e_ports: BTreeSet<u32> = if e.ports.is_empty() { BTreeSet::new() } else { e.ports.iter().collect() };
+        let r_ports: BTreeSet<u32> = r.ports.iter().collect();
+        x.packets += 1;
+        x.deliveries += e_ports.len() as u64;
+        let more = r_ports.difference(&e_ports).count() as u64;
+        x.extra_deliveries += more;
+        x.packets_with_extra += u64::from(more > 0);
+        x.missing_deliveries += e_ports.difference(&r_ports).count() as u64;
+    }
+    x
+}
