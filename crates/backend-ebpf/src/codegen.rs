@@ -48,6 +48,25 @@ struct ProgramView {
     states: Vec<StateView>,
     vars: Vec<VarView>,
     pipelines: Vec<PipeView>,
+    bits: Option<BitsView>,
+}
+
+/// The bit-vector group: its fields (query variable, row key base), the
+/// interval search, and the live slots' row key.
+struct BitsView {
+    comment: String,
+    fields: Vec<BitFieldView>,
+    words: u32,
+    live_key: u32,
+    mask: u32,
+    steps: Vec<u32>,
+}
+
+struct BitFieldView {
+    index: usize,
+    value: String,
+    base: u32,
+    comment: String,
 }
 
 /// One size class of sorted values: its search steps, and whether they
@@ -223,6 +242,7 @@ pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result
         states,
         vars,
         pipelines: g.pipeline_views(),
+        bits: g.bits_view(),
     };
     view.render().map_err(EbpfError::Template)
 }
@@ -438,6 +458,30 @@ impl<'a> Generator<'a> {
                     .collect(),
             })
             .collect()
+    }
+
+    /// The bit-vector group, if the model has one.
+    fn bits_view(&self) -> Option<BitsView> {
+        let b = self.model.bits.as_ref()?;
+        let k = b.intervals;
+        Some(BitsView {
+            comment: format!("{} field(s), {} words of slots, {} rows per field, {} leaves", b.fields.len(), b.words, b.rows, b.leaves),
+            fields: b
+                .fields
+                .iter()
+                .enumerate()
+                .map(|(index, f)| BitFieldView {
+                    index,
+                    value: self.names.queries[*f as usize].clone(),
+                    base: index as u32 * b.rows,
+                    comment: comment_safe(&self.spec.query_fields[*f as usize].name),
+                })
+                .collect(),
+            words: b.words,
+            live_key: b.live_key(),
+            mask: k - 1,
+            steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect(),
+        })
     }
 
     /// The size classes of sorted values and their search steps.

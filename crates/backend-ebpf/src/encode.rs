@@ -42,6 +42,7 @@
 //! checks that both give the same plans, images and errors, and
 //! `benches/plan.rs` measures one against the other.
 
+use crate::bits::{BitTables, BitUndo};
 use crate::layout::MapType;
 use crate::model::{
     class_for, home, prefixes_of, sorted_intervals, Counts, Home, Model, CLASS_SHIFT, F_EXACT, F_LEAF, F_RANGED, MAX_STATE, SORTED_CLASSES,
@@ -262,6 +263,7 @@ pub struct Undo {
     ids_exact: bool,
     states_ok: bool,
     live_gen: u32,
+    bits: Option<BitUndo>,
 }
 
 /// Adds `delta` to a multiset count, logging the old count.
@@ -424,6 +426,8 @@ pub struct TableImage {
     live_gen: u32,
     counts: Counts,
     ix: Index,
+    /// The bit-vector group's tables, when the program has one.
+    bits: Option<BitTables>,
 }
 
 /// Level and flags of every state of a pipeline (no slots yet).
@@ -474,6 +478,7 @@ impl TableImage {
             live_gen: 0,
             counts: crate::model::count(pipes, model.ranges)?,
             ix: Index::default(),
+            bits: None,
         };
         for p in 0..pipes.len() {
             img.descs[p] = img.assign_slots(model, p, &HashMap::new())?;
@@ -563,9 +568,20 @@ impl TableImage {
                 (VarUpdate { var: subc_lang::spec::StateId(var), op, value }, id)
             })
             .collect();
-        let mut img = TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default() };
+        let mut img = TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default(), bits: None };
         img.ix = Index::build(&img.pipes, model.ranges, &img.update_ids, img.check_states().is_ok());
         Ok(img)
+    }
+
+    /// This image with a bit-vector group's tables (the program's model
+    /// must have the group's maps: [`Model::with_bits`]).
+    pub fn with_bits(mut self, bits: BitTables) -> TableImage {
+        self.bits = Some(bits);
+        self
+    }
+
+    pub fn bits(&self) -> Option<&BitTables> {
+        self.bits.as_ref()
     }
 
     pub fn pipelines(&self) -> &[Pipeline] {
@@ -640,6 +656,11 @@ impl TableImage {
                 ops.push(MapOp { map, key, value: Some(value) });
             }
             ops.extend(self.root_ops(model, gen));
+        }
+        if let (Some(bits), Some(ids)) = (&self.bits, model.ids.bits) {
+            let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, &LeafEntry::from_leaf(l, None));
+            let (iv, order) = (model.maps[ids.intervals].value_struct(), model.maps[ids.order].value_struct());
+            ops.extend(bits.initial_ops(ids, &leaf, iv, order));
         }
         ops.push(gen_op(model, self.live_gen));
         ops
@@ -860,8 +881,9 @@ impl TableImage {
             ids_exact: self.ix.ids_exact,
             states_ok: self.ix.states_ok,
             live_gen: self.live_gen,
+            bits: None,
         };
-        match self.plan_steps(model, update, &mut undo) {
+        match self.plan_steps(model, update, &mut undo).and_then(|plan| self.plan_bits(model, update, plan, &mut undo)) {
             Ok(plan) => Ok((plan, undo)),
             Err(e) => {
                 self.rollback(undo);
@@ -870,8 +892,30 @@ impl TableImage {
         }
     }
 
+    /// Adds the bit-vector group's writes to `plan` (see `bits.rs` for
+    /// their order within each phase).
+    fn plan_bits(&mut self, model: &Model, update: &Update, mut plan: UpdatePlan, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
+        let Some(d) = update.bits.as_ref().filter(|d| !d.is_empty()) else { return Ok(plan) };
+        let (Some(ids), Some(mut bits)) = (model.ids.bits, self.bits.take()) else {
+            return Err(EbpfError::Diff(DiffError::BitGroup { what: "a bit-vector group (the program has none)".into() }));
+        };
+        let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, &LeafEntry::from_leaf(l, None));
+        let structs = (model.maps[ids.intervals].value_struct(), model.maps[ids.order].value_struct());
+        let planned = bits.plan(ids, structs, &leaf, d, u.live_gen);
+        self.bits = Some(bits);
+        let (b, undo) = planned?;
+        u.bits = Some(undo);
+        plan.prepare.extend(b.prepare);
+        plan.inactive.extend(b.inactive);
+        plan.live.extend(b.live);
+        Ok(plan)
+    }
+
     /// Restores the image [`TableImage::plan_in_place`] started from.
     pub fn rollback(&mut self, mut undo: Undo) {
+        if let (Some(b), Some(bits)) = (undo.bits.take(), self.bits.as_mut()) {
+            bits.rollback(b);
+        }
         for c in undo.log.iter_mut().rev() {
             self.swap(c);
         }
@@ -1332,7 +1376,7 @@ impl TableImage {
     /// (descriptors, exact hash, sorted intervals or longest prefix, then
     /// the default). Tests compare it with the IR's own `Pipeline::run`.
     pub fn lookup(&self, model: &Model, values: &[u64]) -> subc_bdd::Leaf {
-        let mut out = subc_bdd::Leaf::default();
+        let mut out = self.bits.as_ref().map(|b| b.lookup(values)).unwrap_or_default();
         for (p, pipe) in self.pipes.iter().enumerate() {
             let mut state = pipe.root;
             let mut d = self.desc(p, state);

@@ -100,6 +100,8 @@ pub enum DiffError {
     SavedSlot { pipeline: usize, state: StateId },
     #[error("saved pool `{name}`")]
     SavedPool { name: String },
+    #[error("the bit-vector group's maps have no room for {what}; the group was laid out anew, so the program must be")]
+    BitGroup { what: String },
 }
 
 /// A target config or `maps.json` that cannot be used.

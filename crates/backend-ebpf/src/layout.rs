@@ -336,6 +336,11 @@ pub enum MapRole {
     State,
     /// The naive benchmark program's rule list.
     Rules,
+    /// A bit-vector group's interval tables, rows, order and leaves (`bits.rs`).
+    BitIntervals,
+    BitRows,
+    BitOrder,
+    BitLeaves,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,6 +23,7 @@
 //! of the loader share: the encoder's oracle (`TableImage::plan_reference`)
 //! and `testing`'s example programs. No default build has it.
 
+pub mod bits;
 pub mod clang;
 pub mod codegen;
 pub mod encode;
@@ -38,7 +39,9 @@ pub mod target;
 pub mod testing;
 
 use serde::{Deserialize, Serialize};
+use bits::{BitTables, BitsShape};
 use subc_bdd::pipeline::Pipeline;
+use subc_bdd::CompiledSet;
 use subc_lang::spec::Spec;
 
 pub use encode::{MapOp, TableImage, UpdatePlan};
@@ -128,10 +131,24 @@ impl Artifacts {
 }
 
 /// Generates the program for `pipes` (the pipelines of a `CompiledSet`
-/// over `spec`).
+/// over `spec`, without a bit-vector group).
 pub fn write_program(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
     let model = Model::new(spec, pipes, opts)?;
     let image = TableImage::new(&model, pipes)?;
+    let source = codegen::generate(spec, &model, None)?;
+    Ok(Artifacts { source, model, image })
+}
+
+/// Generates the program for a compiled set over `spec`: its pipelines
+/// and, if it has one, its bit-vector group.
+pub fn write_set(spec: &Spec, set: &CompiledSet, opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
+    let pipes = set.pipelines();
+    let shape = set.bits().map(BitsShape::of);
+    let model = Model::with_bits(spec, &pipes, shape.clone(), opts)?;
+    let mut image = TableImage::new(&model, &pipes)?;
+    if let (Some(g), Some(shape)) = (set.bits(), shape) {
+        image = image.with_bits(BitTables::of(g, shape));
+    }
     let source = codegen::generate(spec, &model, None)?;
     Ok(Artifacts { source, model, image })
 }

@@ -30,6 +30,7 @@
 //! skips lookups that cannot hit, reaches sorted values and leaves with
 //! inlined array lookups, and stops at the first leaf or dead state.
 
+use crate::bits::{BitMapIds, BitsShape};
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::names::CNames;
 use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, UnsupportedError};
@@ -94,6 +95,9 @@ pub struct Model {
     pub vars: Vec<u32>,
     /// Intervals per value of each sorted size class present.
     pub sorted_classes: Vec<u32>,
+    /// The bit-vector group's shape, when the set has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits: Option<BitsShape>,
     pub structs: Vec<CStruct>,
     pub maps: Vec<MapDef>,
     #[serde(skip)]
@@ -130,6 +134,8 @@ pub struct MapIds {
     pub record: usize,
     /// Per state variable of the spec, its map.
     pub states: Vec<usize>,
+    /// The bit-vector group's maps.
+    pub bits: Option<BitMapIds>,
 }
 
 /// Entry counts of one generation, per table map.
@@ -499,6 +505,13 @@ impl MapList {
         self.ids.record = self.add(rec);
     }
 
+    /// The bit-vector group's maps and structs.
+    fn add_bits(&mut self, shape: &BitsShape, st: &Structs, structs: &mut Vec<CStruct>) {
+        structs.extend(shape.structs());
+        let ids: Vec<usize> = shape.maps(&st.leaf).into_iter().map(|m| self.add(m)).collect();
+        self.ids.bits = Some(BitMapIds { intervals: ids[0], rows: ids[1], order: ids[2], leaves: ids[3] });
+    }
+
     /// One map per state of the spec, named by [`CNames`], with its slot
     /// struct (added to `structs`).
     fn add_states(&mut self, spec: &Spec, structs: &mut Vec<CStruct>) {
@@ -542,6 +555,11 @@ impl Model {
     /// Decides the program for `pipes` over `spec`: its sizes (from the
     /// entry counts with headroom), structs and maps.
     pub fn new(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Model, EbpfError> {
+        Model::with_bits(spec, pipes, None, opts)
+    }
+
+    /// [`Model::new`] for pipelines and a bit-vector group of this shape.
+    pub fn with_bits(spec: &Spec, pipes: &[&Pipeline], bits: Option<BitsShape>, opts: &EbpfOptions) -> Result<Model, EbpfError> {
         check_limits(spec, pipes, opts)?;
         let c = count(pipes, opts.ranges)?;
         let sizes = Sizes::new(spec, &c, opts);
@@ -551,6 +569,9 @@ impl Model {
         maps.add_tables(&st, &sizes, &c, pipes.len(), opts);
         maps.add_egress(&st, spec.ports, opts.hook);
         maps.add_states(spec, &mut structs);
+        if let Some(shape) = &bits {
+            maps.add_bits(shape, &st, &mut structs);
+        }
         if maps.maps.len() > MAX_MAPS {
             return Err(EbpfError::Unsupported(UnsupportedError::TooManyMaps { maps: maps.maps.len() }));
         }
@@ -565,6 +586,7 @@ impl Model {
             update_words: sizes.update_words,
             vars,
             sorted_classes: sizes.sorted_classes,
+            bits,
             structs,
             maps: maps.maps,
             ids: maps.ids,
@@ -635,6 +657,10 @@ impl MapIds {
             devmap: one(MapRole::Devmap),
             record: need(MapRole::Record)?,
             states: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::State).map(|(i, _)| i).collect(),
+            bits: match (one(MapRole::BitIntervals), one(MapRole::BitRows), one(MapRole::BitOrder), one(MapRole::BitLeaves)) {
+                (Some(intervals), Some(rows), Some(order), Some(leaves)) => Some(BitMapIds { intervals, rows, order, leaves }),
+                _ => None,
+            },
         })
     }
 }

@@ -2,7 +2,7 @@
 //! share (feature `testing`): the example programs under `examples/`,
 //! read from the disk, checked, compiled and generated.
 
-use crate::{write_program, Artifacts, EbpfOptions};
+use crate::{write_set, Artifacts, EbpfOptions};
 use std::path::{Path, PathBuf};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::nf::NfLimits;
@@ -71,5 +71,5 @@ pub fn compile(p: &Program) -> CompiledSet {
 
 /// The eBPF program of a compiled set.
 pub fn artifacts(p: &Program, set: &CompiledSet, opts: &EbpfOptions) -> Artifacts {
-    write_program(&p.spec, &set.pipelines(), opts).expect("generates")
+    write_set(&p.spec, set, opts).expect("generates")
 }

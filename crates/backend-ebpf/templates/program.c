@@ -79,7 +79,7 @@ static __always_inline struct subc_config *subc_cfg(void)
 #endif
 }
 
-{% endif %}{% if ranges_sorted %}/* 1 when j < n and lo <= v, else 0: arithmetic (the borrow of v - lo),
+{% endif %}{% if ranges_sorted || bits.is_some() %}/* 1 when j < n and lo <= v, else 0: arithmetic (the borrow of v - lo),
  * not branches, so that the verifier walks a search once instead of once
  * per path through it. Small classes branch (2^steps paths are few, and
  * branches run faster); classes of 4096 intervals and more use this. */
@@ -96,7 +96,7 @@ static __always_inline __u64 subc_step_ok(__u32 j, __u32 n, __u64 lo, __u64 v)
     return ok;
 }
 
-/* Sorted values, one search per size class: the interval containing v
+{% endif %}{% if ranges_sorted %}/* Sorted values, one search per size class: the interval containing v
  * (intervals of one state never overlap), else the default, else NULL. */
 {% for c in classes %}static __always_inline struct subc_next *subc_search{{ c.index }}(struct subc_sorted{{ c.index }} *s, __u64 v)
 {
@@ -123,6 +123,76 @@ static __always_inline struct subc_next *subc_sorted_lookup(__u32 fl, __u32 slot
         return s ? subc_search{{ c.index }}(s, v) : 0;
     }
 {% endfor %}    }
+    return 0;
+}
+
+{% endif %}{% if let Some(b) = bits %}/* The bit-vector group (bits.rs): {{ b.comment }}. */
+#define SUBC_BV_FIELDS {{ b.fields.len() }}
+#define SUBC_BV_WORDS {{ b.words }}
+
+/* The row of the interval of table `key` (generation * fields + field)
+ * that holds v, or -1. A global function: verified once. */
+__attribute__((noinline)) int subc_bv_find(__u32 key, __u64 v)
+{
+    struct subc_bv_iv *t = bpf_map_lookup_elem(&subc_bv_iv, &key);
+    if (!t)
+        return -1;
+    __u32 n = t->n;
+    __u32 i = 0;
+{% for step in b.steps %}    i += {{ step }} & -subc_step_ok(i + {{ step }}, n, t->lo[(i + {{ step }}) & {{ b.mask }}], v);
+{% endfor %}    return t->row[i & {{ b.mask }}];
+}
+
+/* What the words of the group give a packet: its rows, by field, as keys
+ * of subc_bv_rows; the position in the order; the union of the matched
+ * leaves. */
+struct subc_bv_ctx {
+    __u32 rk[SUBC_BV_FIELDS];
+    __u32 i;
+    __u32 g;
+    __u32 drop;
+    __u64 ports[SUBC_PORT_WORDS];
+};
+
+/* One position of the order: the word's live slots ANDed with the
+ * packet's rows (stopping at the first zero); a match unions the word's
+ * leaf and skips to the next leaf's first word. For bpf_loop: verified
+ * once, whatever the number of words. */
+static long subc_bv_word(__u32 index, void *data)
+{
+    struct subc_bv_ctx *c = data;
+    struct subc_bv_order *o = bpf_map_lookup_elem(&subc_bv_order, &c->g);
+    if (!o)
+        return 1;
+    __u32 i = c->i;
+    if (i >= o->n || i >= SUBC_BV_WORDS)
+        return 1;
+    __u32 w = o->word[i];
+    if (w >= SUBC_BV_WORDS)
+        return 1;
+    __u32 k = {{ b.live_key }};
+    struct subc_bv_row *r = bpf_map_lookup_elem(&subc_bv_rows, &k);
+    if (!r)
+        return 1;
+    __u64 acc = r->w[w];
+{% for f in b.fields %}    if (acc) {
+        k = c->rk[{{ f.index }}];
+        r = bpf_map_lookup_elem(&subc_bv_rows, &k);
+        if (!r)
+            return 1;
+        acc &= r->w[w];
+    }
+{% endfor %}    if (acc) {
+        __u32 l = o->leaf[i];
+        struct subc_leaf *lf = bpf_map_lookup_elem(&subc_bv_leaves, &l);
+        if (lf) {
+{% for w in port_word_list %}            c->ports[{{ w }}] |= lf->ports[{{ w }}];
+{% endfor %}            c->drop |= lf->drop;
+        }
+        c->i = o->skip[i];
+    } else {
+        c->i = i + 1;
+    }
     return 0;
 }
 
@@ -355,7 +425,20 @@ subc_accept:;
             }
         }
     }
-{% endfor %}{% endif %}
+{% endfor %}{% if let Some(b) = bits %}
+    { /* the bit-vector group */
+        struct subc_bv_ctx subc_bv = { .g = subc_g };
+        int subc_row = 0;
+{% for f in b.fields %}        subc_row = subc_bv_find(subc_g * SUBC_BV_FIELDS + {{ f.index }}, {{ f.value }}); /* {{ f.comment }} */
+        if (subc_row < 0)
+            goto subc_bv_done;
+        subc_bv.rk[{{ f.index }}] = {{ f.base }} + (__u32)subc_row;
+{% endfor %}        bpf_loop(SUBC_BV_WORDS, subc_bv_word, &subc_bv, 0);
+{% for w in port_word_list %}        subc_r->ports[{{ w }}] |= subc_bv.ports[{{ w }}];
+{% endfor %}        subc_r->drop |= subc_bv.drop;
+    }
+subc_bv_done:;
+{% endif %}{% endif %}
     /* 4. Decision: forwarding wins over dropping. */
     __u64 subc_any = 0;
 {% for w in port_word_list %}    subc_any |= subc_r->ports[{{ w }}];

@@ -86,7 +86,7 @@ impl BitField {
 }
 
 /// Where one word of the group lives, for diffs and back ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum WordOf {
     /// The live slots.
     Live,
@@ -99,7 +99,7 @@ pub enum WordOf {
 /// changed (with the whole new table), the words whose leaf changed, and
 /// the leaves added to the leaf table. Applying them in any order gives the
 /// new group; a back end makes them atomic for packets (eBPF: a generation).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BitDiff {
     pub words: Vec<(WordOf, u32, u64)>,
     pub intervals: Vec<(u32, Vec<(u64, RowId)>)>,
@@ -114,6 +114,24 @@ impl BitDiff {
     /// Map writes this diff amounts to, roughly (for plans and reports).
     pub fn len(&self) -> usize {
         self.words.len() + self.intervals.len() + self.word_leaves.len() + self.new_leaves.len()
+    }
+
+    /// This diff followed by `later`, as one: each word, interval table and
+    /// word leaf keeps its last value, and the new leaves of both are kept.
+    pub fn then(&mut self, later: BitDiff) {
+        fn last<K: Ord + Copy, V>(first: &mut Vec<(K, V)>, later: Vec<(K, V)>) {
+            let mut by_key: std::collections::BTreeMap<K, V> = first.drain(..).collect();
+            by_key.extend(later);
+            first.extend(by_key);
+        }
+        let words = |d: &mut Vec<(WordOf, u32, u64)>| -> Vec<((WordOf, u32), u64)> { d.drain(..).map(|(a, w, v)| ((a, w), v)).collect() };
+        let mut mine = words(&mut self.words);
+        let mut theirs = later.words;
+        last(&mut mine, words(&mut theirs));
+        self.words = mine.into_iter().map(|((a, w), v)| (a, w, v)).collect();
+        last(&mut self.intervals, later.intervals);
+        last(&mut self.word_leaves, later.word_leaves);
+        self.new_leaves.extend(later.new_leaves);
     }
 }
 
@@ -243,6 +261,11 @@ impl BitGroup {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// Heap bytes held: the rows, and a typical rule's constraints per slot.
+    pub fn heap_bytes(&self) -> usize {
+        let rows: usize = self.fields.iter().map(|f| f.rows.capacity() * 8 + f.intervals.capacity() * 12).sum();
+        rows + self.words * (8 + 8) + self.rules.capacity() * (std::mem::size_of::<Option<BitRule>>() + 96)
     }
     pub fn rule(&self, slot: Slot) -> Option<&BitRule> {
         self.rules.get(slot as usize)?.as_ref()

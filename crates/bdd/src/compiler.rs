@@ -22,10 +22,24 @@
 //! reported; past `max_pipelines`, or when one rule alone exceeds the
 //! budget, compilation fails with an error naming the subscription.
 //!
+//! Bit-vector groups ([`CompileOptions::bit_vectors`]). Some key groups
+//! multiply whatever the split: diverse multi-attribute filters (Siena's)
+//! share no structure, and their diagram grows with the product of their
+//! ranges. With bit vectors on, a key group whose diagram exceeds its cost
+//! budget (8 nodes per rule, at least `split_nodes`) is tried again per
+//! shape (the fields its rules test); the shapes that still do not fit go
+//! to one [`BitGroup`] (Linear Bit Vector Search, `bitgroup.rs`), whose
+//! memory grows with the sum of the rules' ranges instead. Rules that
+//! update variables always stay in diagrams. A packet's action set is the
+//! union of the pipelines' and the group's. Adds that do not fit their
+//! key's pipeline go to the group; a group out of room asks for a full
+//! recompile, which lays it out with room to grow by half.
+//!
 //! Updates are atomic: on error nothing changes. They never add a pipeline
 //! (back ends generate code for a fixed number); a rule that fits no
 //! pipeline is an error that asks for a full recompile.
 
+use crate::bitgroup::{BitDiff, BitGroup, BitRule, GroupFull};
 use crate::build::{build, splice, BuildStop, Deadline, Rule};
 use crate::diagram::{Manager, NodeId, EMPTY};
 use crate::diff::PipelineDiff;
@@ -55,11 +69,14 @@ pub struct CompileOptions {
     pub split_nodes: usize,
     /// Most pipelines the subscriptions may be spread over.
     pub max_pipelines: usize,
+    /// Lower the key groups whose diagrams multiply to a bit-vector group
+    /// (see the module doc). Back ends that cannot run one (P4) leave it off.
+    pub bit_vectors: bool,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64 }
+        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, bit_vectors: false }
     }
 }
 
@@ -89,6 +106,8 @@ pub enum CompileError {
          a full recompile can spread the set over more pipelines"
     )]
     NeedsRecompile { sub: SubId, pipelines: usize, budget: usize },
+    #[error("subscription {sub} does not fit the bit-vector group ({reason}); a full recompile lays the group out anew")]
+    BitGroupFull { sub: SubId, reason: GroupFull },
     #[error("subscription {0} is already in the set")]
     Duplicate(SubId),
     #[error(
@@ -114,6 +133,10 @@ impl From<BuildStop> for CompileError {
 /// times more, per root edge, than a rebuild costs per rule, before
 /// [`CompiledSet`] rebuilds a pipeline instead.
 const REBUILD_FACTOR: usize = 4;
+
+/// The pipeline number that stands for the bit-vector group in
+/// [`CompiledSet`]'s placements.
+const BITS: usize = usize::MAX;
 
 /// One pipeline: its own order, node store, rules, diagram and lowering.
 #[derive(Clone)]
@@ -146,8 +169,13 @@ pub struct CompiledSet {
     base_order: Vec<QueryFieldId>,
     pipes: Vec<PipeState>,
     managers: Vec<Manager>,
-    /// Per subscription: (pipeline, rule slot) of each of its cubes.
+    /// Per subscription: (pipeline, rule slot) of each of its cubes; the
+    /// pipeline is [`BITS`] for a slot of the bit-vector group.
     subs: BTreeMap<SubId, Vec<(usize, u32)>>,
+    /// The bit-vector group, when some rules are in one.
+    bits: Option<BitGroup>,
+    /// The group's changes in the operation under way.
+    bit_diff: BitDiff,
     opts: CompileOptions,
     /// The deadline of the operation under way ([`Deadline::NONE`] between
     /// operations): builds and splices stop when it passes.
@@ -159,15 +187,23 @@ pub struct CompiledSet {
 pub struct Update {
     /// One diff per pipeline that changed.
     pub diffs: Vec<PipelineDiff>,
+    /// What changed in the bit-vector group, if anything did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits: Option<BitDiff>,
 }
 
 impl Update {
     pub fn len(&self) -> usize {
-        self.diffs.iter().map(PipelineDiff::len).sum()
+        self.diffs.iter().map(PipelineDiff::len).sum::<usize>() + self.bits.as_ref().map_or(0, BitDiff::len)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A rule of the bit-vector group.
+fn bit_rule(r: &PendingRule) -> BitRule {
+    BitRule { constraints: r.cube.0.clone(), leaf: Leaf::from_actions(r.actions) }
 }
 
 /// The fraction of a field's domain a set covers (for choosing keys).
@@ -231,7 +267,12 @@ impl CompiledSet {
         // diagram is much larger than the set itself is better split, so the
         // attempt gets a budget of 16 nodes per rule (plus a constant).
         let mut single = Self::empty(spec, base_order.clone(), opts.clone(), deadline);
-        let first_budget = opts.node_budget.min(16 * pending.len() + 10_000);
+        let first_budget = if opts.bit_vectors {
+            // Kept only within 8 nodes per rule (below): no need to build more.
+            opts.node_budget.min(8 * pending.len() + 64)
+        } else {
+            opts.node_budget.min(16 * pending.len() + 10_000)
+        };
         let p0 = single.new_pipe(base_order.clone());
         let filled = single.fill_pipe(p0, &pending, first_budget);
         if filled == Err(BuildStop::Deadline) {
@@ -261,7 +302,17 @@ impl CompiledSet {
             .enumerate()
             .map(|(i, qf)| FieldInfo { query_field: QueryFieldId(i as u32), name: qf.name.clone(), width: qf.width, kind: qf.kind })
             .collect();
-        CompiledSet { spec_fields, base_order, pipes: vec![], managers: vec![], subs: BTreeMap::new(), opts, deadline }
+        CompiledSet {
+            spec_fields,
+            base_order,
+            pipes: vec![],
+            managers: vec![],
+            subs: BTreeMap::new(),
+            bits: None,
+            bit_diff: BitDiff::default(),
+            opts,
+            deadline,
+        }
     }
 
     /// Spreads the rules over pipelines: grouped by key field (biggest groups
@@ -281,11 +332,17 @@ impl CompiledSet {
         }
         let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
         groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
+        let mut bit_rules: Vec<PendingRule> = vec![];
         for (key, rules) in groups {
             let mut order = base_order.clone();
             if let Some(k) = key {
                 order.retain(|f| *f != k);
                 order.insert(0, k);
+            }
+            if set.opts.bit_vectors {
+                let diagram_rules = set.file_by_cost(&order, rules, &mut bit_rules)?;
+                set.fill_first_fit(&order, &diagram_rules)?;
+                continue;
             }
             if set.pipes.len() >= set.opts.max_pipelines {
                 return Err(CompileError::TooManyPipelines {
@@ -332,8 +389,117 @@ impl CompiledSet {
                 }
             }
         }
+        set.build_bits(&bit_rules);
         set.lower_new();
         Ok(set)
+    }
+
+    /// The cost model of bit-vector groups, for one key group: the rules
+    /// whose diagram stays within 8 nodes per rule (at least `split_nodes`)
+    /// get a pipeline with `order` (the whole group if it fits, else each
+    /// shape, the fields its rules test, that fits on its own, biggest
+    /// first, while pipelines remain); the others go to `bits`, except
+    /// rules that update variables, which are returned to be placed in
+    /// diagrams whatever they cost.
+    fn file_by_cost<'a>(
+        &mut self,
+        order: &[QueryFieldId],
+        rules: Vec<PendingRule<'a>>,
+        bits: &mut Vec<PendingRule<'a>>,
+    ) -> Result<Vec<PendingRule<'a>>, CompileError> {
+        if self.try_pipe_within_cost(order, &rules)? {
+            return Ok(vec![]);
+        }
+        let mut shapes: BTreeMap<Vec<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();
+        for r in rules {
+            shapes.entry(r.cube.0.iter().map(|(f, _)| *f).collect()).or_default().push(r);
+        }
+        let mut shapes: Vec<Vec<PendingRule>> = shapes.into_values().collect();
+        shapes.sort_by_key(|rs| std::cmp::Reverse(rs.len()));
+        let mut must_diagram = vec![];
+        for shape in shapes {
+            // A pipeline per shape costs a walk per packet: only for shapes
+            // with rules enough to be worth one.
+            if shape.len() >= 64 && self.try_pipe_within_cost(order, &shape)? {
+                continue;
+            }
+            for r in shape {
+                if Leaf::from_actions(r.actions).updates.is_empty() {
+                    bits.push(r);
+                } else {
+                    must_diagram.push(r);
+                }
+            }
+        }
+        Ok(must_diagram)
+    }
+
+    /// Builds `rules` into a new pipeline with `order` if their diagram
+    /// stays within 8 nodes per rule (at least `split_nodes`) and a
+    /// pipeline is left; otherwise builds nothing.
+    fn try_pipe_within_cost(&mut self, order: &[QueryFieldId], rules: &[PendingRule]) -> Result<bool, CompileError> {
+        if rules.is_empty() || self.pipes.len() >= self.opts.max_pipelines {
+            return Ok(false);
+        }
+        let budget = self.opts.node_budget.min((8 * rules.len() + 64).max(self.opts.split_nodes));
+        let p = self.new_pipe(order.to_vec());
+        self.pipes[p].budget = budget;
+        match self.fill_pipe(p, rules, budget) {
+            Ok(()) => Ok(true),
+            Err(BuildStop::Deadline) => Err(CompileError::DeadlineExceeded),
+            Err(BuildStop::Budget { .. }) => {
+                self.drop_last_pipe();
+                Ok(false)
+            }
+        }
+    }
+
+    /// Places `rules` first-fit in pipelines with `order` of `split_nodes`
+    /// nodes, opening new ones as needed.
+    fn fill_first_fit(&mut self, order: &[QueryFieldId], rules: &[PendingRule]) -> Result<(), CompileError> {
+        let budget = self.opts.split_nodes.min(self.opts.node_budget);
+        let mut open: Vec<usize> = vec![];
+        for r in rules {
+            let mut placed = false;
+            for &p in open.iter().rev() {
+                match self.try_splice_new(p, r) {
+                    Ok(()) => {
+                        placed = true;
+                        break;
+                    }
+                    Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                    Err(BuildStop::Budget { .. }) => {}
+                }
+            }
+            if placed {
+                continue;
+            }
+            if self.pipes.len() >= self.opts.max_pipelines {
+                return Err(CompileError::TooManyPipelines { max: self.opts.max_pipelines, budget, sub: r.sub });
+            }
+            let p = self.new_pipe(order.to_vec());
+            self.pipes[p].budget = budget;
+            match self.try_splice_new(p, r) {
+                Ok(()) => open.push(p),
+                Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                Err(BuildStop::Budget { .. }) => return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Lays the bit-vector group out for `rules` (none: no group).
+    fn build_bits(&mut self, rules: &[PendingRule]) {
+        if rules.is_empty() {
+            return;
+        }
+        let bit_rules: Vec<BitRule> = rules.iter().map(bit_rule).collect();
+        let widths: Vec<u32> = self.spec_fields.iter().map(|f| f.width).collect();
+        let (group, slots) = BitGroup::build(&bit_rules, |f| widths[f.0 as usize]);
+        for (r, slot) in rules.iter().zip(slots) {
+            self.subs.entry(r.sub).or_default().push((BITS, slot));
+        }
+        self.bits = Some(group);
     }
 
     /// Lowers every pipeline of a freshly built set.
@@ -612,10 +778,15 @@ impl CompiledSet {
         self.deadline = Deadline::NONE;
         if let Err(e) = result {
             for (_, p, r) in placed {
+                if p == BITS {
+                    self.bits.as_mut().expect("placed in the group").remove(r);
+                    continue;
+                }
                 let pipe = &mut self.pipes[p];
                 pipe.index.remove(r, &pipe.rules[r as usize]);
                 self.free_rule(p, r);
             }
+            self.bit_diff = BitDiff::default();
             for (pipe, (root, est)) in self.pipes.iter_mut().zip(saved) {
                 pipe.root = root;
                 pipe.size_estimate = est;
@@ -671,6 +842,9 @@ impl CompiledSet {
     /// then any other, the first whose diagram stays within budget.
     fn place(&mut self, sub: SubId, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
         let key = self.key_of(cube);
+        if self.opts.bit_vectors && Leaf::from_actions(actions).updates.is_empty() {
+            return self.place_key_first_else_bits(sub, key, cube, actions);
+        }
         let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
         candidates.sort_by_key(|p| (key.is_none_or(|k| self.pipes[*p].order.first() != Some(&k)), *p));
         for p in candidates {
@@ -681,6 +855,28 @@ impl CompiledSet {
             }
         }
         Err(CompileError::NeedsRecompile { sub, pipelines: self.pipes.len(), budget: self.opts.node_budget })
+    }
+
+    /// With bit vectors: a rule goes to a pipeline with its key first, when
+    /// its diagram stays within budget there, else to the group (other
+    /// pipelines are not tried: a rule its key's pipeline cannot take is
+    /// one whose diagram multiplies).
+    fn place_key_first_else_bits(&mut self, sub: SubId, key: Option<QueryFieldId>, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
+        let keyed: Vec<usize> = (0..self.pipes.len()).filter(|p| key.is_some() && self.pipes[*p].order.first() == key.as_ref()).collect();
+        for p in keyed {
+            match self.try_add_rule(p, cube, actions) {
+                Ok(r) => return Ok((p, r)),
+                Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
+                Err(BuildStop::Budget { .. }) => {}
+            }
+        }
+        let Some(group) = self.bits.as_mut() else {
+            return Err(CompileError::NeedsRecompile { sub, pipelines: self.pipes.len(), budget: self.opts.node_budget });
+        };
+        let rule = BitRule { constraints: cube.0.clone(), leaf: Leaf::from_actions(actions) };
+        let (slot, diff) = group.insert(rule).map_err(|reason| CompileError::BitGroupFull { sub, reason })?;
+        self.bit_diff.then(diff);
+        Ok((BITS, slot))
     }
 
     /// Removes subscriptions. On error (an unknown id) nothing changes.
@@ -700,6 +896,13 @@ impl CompiledSet {
             let Some(rules) = self.subs.remove(id) else { continue };
             for (p, r) in rules {
                 by_pipe.entry(p).or_default().push(r);
+            }
+        }
+        if let Some(slots) = by_pipe.remove(&BITS) {
+            let group = self.bits.as_mut().expect("slots of the group");
+            for slot in slots {
+                let diff = group.remove(slot).expect("a live slot");
+                self.bit_diff.then(diff);
             }
         }
         for (p, slots) in by_pipe {
@@ -785,7 +988,7 @@ impl CompiledSet {
             }
         }
         self.debug_verify("adopt");
-        Ok(Update { diffs })
+        Ok(Update { diffs, bits: None })
     }
 
     fn lower_all(&mut self) -> Update {
@@ -799,7 +1002,8 @@ impl CompiledSet {
             }
             self.maybe_collect_garbage(p);
         }
-        Update { diffs }
+        let bits = std::mem::take(&mut self.bit_diff);
+        Update { diffs, bits: (!bits.is_empty()).then_some(bits) }
     }
 
     // ------------------------------------------------------------ accessors
@@ -809,6 +1013,10 @@ impl CompiledSet {
     }
     pub fn pipeline_count(&self) -> usize {
         self.pipes.len()
+    }
+    /// The bit-vector group, if some rules are in one.
+    pub fn bits(&self) -> Option<&BitGroup> {
+        self.bits.as_ref()
     }
     /// The order every pipeline's order derives from (a split pipeline moves
     /// its key to the front): compiling the same set with this order given
@@ -825,6 +1033,10 @@ impl CompiledSet {
     /// was added); `None` when `sub` is not in the set as given.
     pub fn placement_of(&self, sub: &NfSubscription) -> Option<Vec<usize>> {
         let mut held = self.subs.get(&sub.id)?.clone();
+        if held.iter().any(|(p, _)| *p == BITS) {
+            // The group is laid out afresh by a compile.
+            return None;
+        }
         let mut out = Vec::with_capacity(sub.cubes.len());
         for cube in &sub.cubes {
             let at = held.iter().position(|(p, r)| self.pipes[*p].rules[*r as usize].constraints == self.constraints(*p, cube))?;
@@ -918,7 +1130,8 @@ impl CompiledSet {
         let index: usize = self.pipes.iter().map(|p| p.index.len() * (p.fields.len() + 1) * 16).sum();
         let managers: usize = self.managers.iter().map(Manager::heap_bytes).sum();
         let lowerings: usize = self.pipes.iter().map(|p| p.lowering.heap_bytes()).sum();
-        managers + rules + index + lowerings + self.subs.len() * 64
+        let bits = self.bits.as_ref().map_or(0, BitGroup::heap_bytes);
+        managers + rules + index + lowerings + bits + self.subs.len() * 64
     }
 
     pub fn options(&self) -> &CompileOptions {
@@ -933,12 +1146,19 @@ impl CompiledSet {
             let n = m.eval(p.root, |l| values[p.order[l as usize].0 as usize]);
             out = out.union(m.leaf_value(n));
         }
-        out
+        match &self.bits {
+            Some(g) => out.union(&g.eval(values)),
+            None => out,
+        }
     }
 
     /// The union of the leaf entries every pipeline's tables give.
     pub fn eval_tables(&self, values: &[u64]) -> Leaf {
-        eval_pipelines(&self.pipelines(), values)
+        let out = eval_pipelines(&self.pipelines(), values);
+        match &self.bits {
+            Some(g) => out.union(&g.eval(values)),
+            None => out,
+        }
     }
 
     /// In debug builds, runs the verifier after the operation `after`
@@ -969,6 +1189,13 @@ impl CompiledSet {
         for p in 0..self.pipes.len() {
             found.extend_at(p, verify_diagram(&self.managers[p], self.pipes[p].root));
             found.extend_at(p, verify_pipeline(self.pipes[p].lowering.pipeline()));
+        }
+        // The group's check costs slots x intervals per field: in full
+        // for groups of test size, skipped for large ones.
+        if let Some(g) = self.bits.as_ref().filter(|g| g.words() <= 64) {
+            if let Err(broken) = g.check() {
+                found.extend_at(BITS, Err(vec![crate::verify::Violation::BitGroup { broken }]));
+            }
         }
         found.into_result()
     }

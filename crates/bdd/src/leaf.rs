@@ -8,7 +8,7 @@
 //! which is what lets overlapping cubes of one subscription, and identical
 //! actions of different subscriptions, collapse.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use subc_lang::program::{Actions, Update};
 
@@ -73,8 +73,14 @@ impl Serialize for PortSet {
     }
 }
 
+impl<'de> Deserialize<'de> for PortSet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PortSet, D::Error> {
+        Ok(PortSet::from_ports(Vec::<u32>::deserialize(d)?))
+    }
+}
+
 /// An action set.
-#[derive(Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord, Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Default, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Leaf {
     pub ports: PortSet,
     pub drop: bool,

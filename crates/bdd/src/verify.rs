@@ -113,6 +113,9 @@ pub enum Violation {
     /// 10.
     #[error("group {group} has {ports} port(s)")]
     SmallGroup { group: GroupId, ports: usize },
+    /// The bit-vector group's invariants (`bitgroup.rs`), the first broken.
+    #[error("the bit-vector group: {broken}")]
+    BitGroup { broken: String },
 }
 
 /// A [`Violation`] in one pipeline of a [`crate::CompiledSet`] (its diagram

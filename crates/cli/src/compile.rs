@@ -54,6 +54,11 @@ pub struct CompilerArgs {
     /// Most pipelines the set may be spread over.
     #[arg(long, default_value_t = CompileOptions::default().max_pipelines, value_name = "N")]
     pub max_pipelines: usize,
+    /// Lower the rules whose diagrams multiply (diverse multi-attribute filters, as Siena's)
+    /// to one bit-vector group instead of more pipelines: memory that grows with the sum of
+    /// the rules' ranges, not their product. `--target ebpf` and `ir` only.
+    #[arg(long)]
+    pub bit_vectors: bool,
 }
 
 impl CompilerArgs {
@@ -80,7 +85,13 @@ impl CompilerArgs {
             }
             Some(ids)
         };
-        Ok(CompileOptions { order, node_budget: self.node_budget, split_nodes: self.split_nodes, max_pipelines: self.max_pipelines })
+        Ok(CompileOptions {
+            order,
+            node_budget: self.node_budget,
+            split_nodes: self.split_nodes,
+            max_pipelines: self.max_pipelines,
+            bit_vectors: self.bit_vectors,
+        })
     }
 }
 

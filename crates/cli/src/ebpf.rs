@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
 use subc_backend_ebpf::target::TargetConfig;
-use subc_backend_ebpf::{write_program, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_backend_ebpf::{write_set, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
 use subc_lang::interp::{Decision, Slot, StateStore};
 use subc_lang::pcap::PcapPacket;
@@ -100,7 +100,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out:
         bail!("--target ebpf writes a C file, an object and JSON: give a directory with -o DIR");
     };
     let (set, _) = compile_program(program, compiler)?;
-    let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
+    let a = write_set(&program.spec, &set, &ebpf.options())?;
     let object = ebpf.compile_object(&a.source, BuildFlags::default())?;
     write_outputs(
         Some(out),
@@ -199,7 +199,7 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
         bail!("--engine ebpf loads a BPF program into the kernel: run as root, with CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
     }
     let (set, _) = compile_program(program, compiler)?;
-    let a = write_program(&program.spec, &set.pipelines(), &ebpf.options())?;
+    let a = write_set(&program.spec, &set, &ebpf.options())?;
     let object = ebpf.compile_object(&a.source, BuildFlags::test())?;
     let dp = Dataplane::load_with_image(&object, a.model, a.image)?;
     let cfg = read_target_config(ebpf.target_config.as_deref())?;

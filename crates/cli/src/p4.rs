@@ -49,6 +49,9 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
     let Some(out) = out else {
         bail!("--target p4 writes several files (program.p4, program.p4info.txtpb, entries.txtpb, entries.bin, mcast.txtpb, resources.json): pass -o DIR");
     };
+    if compiler.bit_vectors {
+        bail!("--bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the hosts with --target ebpf");
+    }
     let (set, _) = compile_program(program, compiler)?;
     let (_, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
     let groups: Vec<Batch> = art

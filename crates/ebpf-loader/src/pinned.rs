@@ -33,7 +33,17 @@ use subc_backend_ebpf::Model;
 fn is_table_map(role: MapRole) -> bool {
     matches!(
         role,
-        MapRole::Generation | MapRole::Roots | MapRole::Exact | MapRole::Lpm | MapRole::Sorted | MapRole::Leaves | MapRole::Updates
+        MapRole::Generation
+            | MapRole::Roots
+            | MapRole::Exact
+            | MapRole::Lpm
+            | MapRole::Sorted
+            | MapRole::Leaves
+            | MapRole::Updates
+            | MapRole::BitIntervals
+            | MapRole::BitRows
+            | MapRole::BitOrder
+            | MapRole::BitLeaves
     )
 }
 

@@ -613,3 +613,118 @@ fn naive_baseline_agrees_with_the_interpreter() {
         }
     }
 }
+
+/// Options that put every key group whose diagram multiplies into the
+/// bit-vector group: a small node budget, so that even small sets use one
+/// (and sets with structure still get pipelines beside it).
+fn bit_vector_options() -> CompileOptions {
+    CompileOptions { split_nodes: 16, node_budget: 64, bit_vectors: true, ..Default::default() }
+}
+
+/// Siena filters, and the mixed set: half ITCH-shaped (`a0 == S && a1 > P`,
+/// which diagrams hold well), half Siena.
+fn bit_vector_programs(seed: u64, filters: usize, attributes: usize) -> Vec<(String, Program)> {
+    let sp = SienaParams { filters, attributes, ports: 16 + 48 * (seed % 2) as u32, seed, camus_variant: seed == 3, ..Default::default() };
+    let spec = siena_spec(sp.attributes, sp.ports);
+    let siena_rules = siena(&sp);
+    let mut rng = Rng::new(seed);
+    let mut mixed: String = (0..filters / 2)
+        .map(|_| format!("a0 == {} && a1 > {} : fwd({})\n", rng.below(20) as i64 - 10, rng.below(200) as i64 - 100, rng.below(sp.ports as u64)))
+        .collect();
+    mixed.extend(siena_rules.lines().take(filters / 2).map(|l| format!("{l}\n")));
+    vec![(format!("siena seed {seed} n {filters}"), program(&spec, &siena_rules)), (format!("mixed seed {seed} n {filters}"), program(&spec, &mixed))]
+}
+
+#[test]
+fn bit_vector_groups_agree_with_the_interpreter() {
+    if !kernel_available("bit_vector_groups_agree_with_the_interpreter") {
+        return;
+    }
+    for (seed, filters, attributes) in [(1u64, 60, 6), (2, 200, 12), (3, 120, 8), (4, 500, 20)] {
+        for (name, p) in bit_vector_programs(seed, filters, attributes) {
+            let set = CompiledSet::compile(&p.spec, &p.normal_forms, bit_vector_options()).unwrap();
+            let g = set.bits().unwrap_or_else(|| panic!("{name}: the set should use a bit-vector group"));
+            assert!(g.len() > 0, "{name}: rules in the group");
+            for opts in all_options() {
+                let dp = load(&p, &set, &opts);
+                let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+                differential(&p, &dp, &mut interp, &random_packets(&p, 300, seed), 0, &format!("{name} {opts:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn bit_vector_groups_agree_after_random_diffs() {
+    if !kernel_available("bit_vector_groups_agree_after_random_diffs") {
+        return;
+    }
+    for (k, (seed, filters)) in [(5u64, 160), (6, 400)].into_iter().enumerate() {
+        for (name, p) in bit_vector_programs(seed, filters, 10) {
+            // The sets grow: room for that in the pipelines' maps.
+            let opts = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..all_options()[k % 4] };
+            bit_vector_diff_run(&p, &name, filters / 2, &opts, 14, seed * 7 + k as u64);
+        }
+    }
+}
+
+/// As [`diff_run`], with a bit-vector group: the set starts with `start`
+/// of the program's subscriptions (every other one) and changes by random batches of adds
+/// and removes, each applied to the live maps. A group out of room is laid
+/// out anew by a full compile and a new program, as a service does. After
+/// every step, the image's lookup equals the IR's on random values, and
+/// the kernel's decisions equal the interpreter's.
+fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions, steps: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let mut live: Vec<bool> = (0..p.subscriptions.len()).map(|i| i % 2 == 0 && i < 2 * start).collect();
+    let nfs = |live: &[bool]| -> Vec<subc_lang::nf::NfSubscription> {
+        p.normal_forms.iter().zip(live).filter(|(_, l)| **l).map(|(n, _)| n.clone()).collect()
+    };
+    let mut set = CompiledSet::compile(&p.spec, &nfs(&live), bit_vector_options()).unwrap();
+    assert!(set.bits().is_some(), "{name}: the set should use a bit-vector group");
+    let mut dp = load(p, &set, opts);
+    let (mut updates, mut relayouts) = (0, 0);
+    for step in 0..steps {
+        let (mut add, mut remove) = (vec![], vec![]);
+        for _ in 0..1 + rng.below(12) {
+            let i = rng.below(p.subscriptions.len() as u64) as usize;
+            let id = p.subscriptions[i].id;
+            if live[i] && !remove.contains(&id) {
+                remove.push(id);
+            } else if !live[i] && !add.iter().any(|n: &subc_lang::nf::NfSubscription| n.id == id) {
+                add.push(p.normal_forms[i].clone());
+            }
+        }
+        for id in &remove {
+            live[p.subscriptions.iter().position(|s| s.id == *id).unwrap()] = false;
+        }
+        let removed = set.remove(&remove).unwrap();
+        dp.update(&removed).unwrap_or_else(|e| panic!("{name} step {step}: {e}"));
+        for n in &add {
+            live[p.subscriptions.iter().position(|s| s.id == n.id).unwrap()] = true;
+        }
+        match set.add(&add) {
+            Ok(u) => {
+                dp.update(&u).unwrap_or_else(|e| panic!("{name} step {step}: {e}"));
+                updates += 1;
+            }
+            Err(subc_bdd::CompileError::BitGroupFull { .. } | subc_bdd::CompileError::NeedsRecompile { .. }) => {
+                set = CompiledSet::compile(&p.spec, &nfs(&live), bit_vector_options()).unwrap();
+                dp = load(p, &set, opts);
+                relayouts += 1;
+            }
+            Err(e) => panic!("{name} step {step}: {e}"),
+        }
+        let mut vrng = Rng::new(seed ^ step as u64);
+        let model = dp.model.clone();
+        let image = dp.image().unwrap();
+        for _ in 0..200 {
+            let values: Vec<u64> = (0..p.spec.query_fields.len()).map(|_| 0x8000_0000u64.wrapping_add(vrng.below(240)).wrapping_sub(120)).collect();
+            assert_eq!(image.lookup(&model, &values), set.eval_tables(&values), "{name} step {step}: the image follows the IR");
+        }
+        let subs: Vec<_> = p.subscriptions.iter().zip(&live).filter(|(_, l)| **l).map(|(s, _)| s.clone()).collect();
+        let mut interp = Interpreter::new(&p.spec, &subs);
+        differential(p, &dp, &mut interp, &random_packets(p, 40, seed * 1000 + step as u64), 0, &format!("{name} {opts:?} after step {step}"));
+    }
+    assert!(updates > 0, "{name}: some steps were applied as diffs ({relayouts} relayouts)");
+}

@@ -240,7 +240,7 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
             Some(ids)
         }
     };
-    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines })
+    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines, bit_vectors: false })
 }
 
 /// The names of the set's base field order (what the store keeps so that a

@@ -252,7 +252,7 @@ pub fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
-                Plan::Update(Update { diffs })
+                Plan::Update(Update { diffs, bits: None })
             }
         }
         _ => Plan::Install(pipes.into_iter().cloned().collect()),

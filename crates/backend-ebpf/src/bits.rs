@@ -1,0 +1,427 @@
+//! A bit-vector group in the kernel: its maps, their encoding, and the
+//! order in which an update writes them.
+//!
+//! The IR's group (`subc_bdd::bitgroup`) is Linear Bit Vector Search: per
+//! tested field, elementary intervals each naming a row of bits, one bit
+//! per rule slot; a packet ANDs the rows of its values' intervals with the
+//! live slots. Here it becomes four array maps:
+//!
+//! - `subc_bv_iv`: per generation and field (`g * fields + f`), the
+//!   interval table: lower bounds sorted, and each interval's row;
+//! - `subc_bv_rows`: per field and row (`f * rows + row`), the row's words;
+//!   element `fields * rows` holds the live slots;
+//! - `subc_bv_order`: per generation, the words with a leaf sorted by leaf,
+//!   with, per position, its leaf and the position of the next leaf's first
+//!   word: a packet that matched a word of a leaf skips the leaf's other
+//!   words, so its cost follows the leaves more than the rules;
+//! - `subc_bv_leaves`: the group's action sets, by leaf id (append-only).
+//!
+//! Only the interval tables and the order are double-buffered; rows are
+//! written in place, in an order that never shows a packet a wrong
+//! answer ([`BitTables::plan`]):
+//! 1. (prepare) new leaves; live slots that are cleared (removed rules stop
+//!    matching first); every changed row except rows the update frees (a
+//!    changed row either is new, referenced by no live interval table yet,
+//!    or differs only in slots that are not live);
+//! 2. (inactive, flip) interval tables and order of the new generation;
+//! 3. (live) the same for the other generation, then freed rows (back to
+//!    all ones, once no generation references them), then live slots that
+//!    are set (new rules start matching last).
+//!
+//! Rules in the group never update variables (the compiler keeps those in
+//! diagrams), so a group leaf's update bitmap is empty.
+
+use crate::encode::MapOp;
+use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
+use crate::{CapacityError, DiffError, EbpfError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use subc_bdd::bitgroup::{BitDiff, BitGroup, LeafId, RowId, WordOf};
+use subc_bdd::Leaf;
+
+/// The shape of a program's bit-vector group (part of `maps.json`): what
+/// the maps are sized for. A group that outgrows it is laid out anew by a
+/// full compile, with a new program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BitsShape {
+    /// The query fields the group tests, in the group's order.
+    pub fields: Vec<u32>,
+    /// Words of slots (64 rules each).
+    pub words: u32,
+    /// Rows per field.
+    pub rows: u32,
+    /// Intervals one table holds: a power of two, at least `rows`.
+    pub intervals: u32,
+    /// Leaves the leaf map holds.
+    pub leaves: u32,
+}
+
+impl BitsShape {
+    /// The shape of `g`'s layout, with room for twice its leaves (at least 64).
+    pub fn of(g: &BitGroup) -> BitsShape {
+        BitsShape {
+            fields: g.fields().iter().map(|f| f.field.0).collect(),
+            words: g.words() as u32,
+            rows: g.rows_per_field() as u32,
+            intervals: (g.rows_per_field() as u32).next_power_of_two().max(2),
+            leaves: (2 * g.leaves().len() as u32).max(64),
+        }
+    }
+
+    /// The element of `subc_bv_rows` holding the live slots.
+    pub fn live_key(&self) -> u32 {
+        self.fields.len() as u32 * self.rows
+    }
+
+    fn row_key(&self, at: WordOf) -> u32 {
+        match at {
+            WordOf::Live => self.live_key(),
+            WordOf::Row { field, row } => field * self.rows + row,
+        }
+    }
+
+    /// The structs the group's maps hold.
+    pub fn structs(&self) -> [CStruct; 3] {
+        [
+            CStruct::builder("subc_bv_iv")
+                .scalar("n", Scalar::U32)
+                .scalar("pad", Scalar::U32)
+                .array("lo", Scalar::U64, self.intervals)
+                .array("row", Scalar::U32, self.intervals)
+                .finish(),
+            CStruct::builder("subc_bv_row").array("w", Scalar::U64, self.words).finish(),
+            CStruct::builder("subc_bv_order")
+                .scalar("n", Scalar::U32)
+                .scalar("pad", Scalar::U32)
+                .array("word", Scalar::U32, self.words)
+                .array("skip", Scalar::U32, self.words)
+                .array("leaf", Scalar::U32, self.words)
+                .finish(),
+        ]
+    }
+
+    /// The group's maps; `leaf` is the program's leaf struct.
+    pub fn maps(&self, leaf: &CStruct) -> Vec<MapDef> {
+        let [iv, row, order] = self.structs();
+        let map = |name: &str, role: MapRole, value: CStruct, max_entries: u32| MapDef {
+            name: name.into(),
+            role,
+            map_type: MapType::Array,
+            key: KV::Scalar { scalar: Scalar::U32 },
+            value: KV::Struct(value),
+            max_entries,
+            flags: None,
+            only_if: None,
+            state: None,
+        };
+        vec![
+            map("subc_bv_iv", MapRole::BitIntervals, iv, 2 * self.fields.len() as u32),
+            map("subc_bv_rows", MapRole::BitRows, row, self.live_key() + 1),
+            map("subc_bv_order", MapRole::BitOrder, order, 2),
+            map("subc_bv_leaves", MapRole::BitLeaves, leaf.clone(), self.leaves),
+        ]
+    }
+}
+
+/// Indices of the group's maps in the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BitMapIds {
+    pub intervals: usize,
+    pub rows: usize,
+    pub order: usize,
+    pub leaves: usize,
+}
+
+/// User space's copy of what the group's maps hold (dense, as the kernel
+/// holds it), from which updates are planned.
+#[derive(Clone, Debug)]
+pub struct BitTables {
+    shape: BitsShape,
+    intervals: Vec<Vec<(u64, RowId)>>,
+    /// Row words, `shape.words` per row, keyed as `subc_bv_rows`.
+    rows: Vec<u64>,
+    word_leaf: Vec<Option<LeafId>>,
+    leaves: Vec<Leaf>,
+}
+
+/// What [`BitTables::rollback`] needs to undo a plan.
+#[derive(Clone, Debug)]
+pub struct BitUndo {
+    intervals: Vec<(usize, Vec<(u64, RowId)>)>,
+    rows: Vec<(u32, Vec<u64>)>,
+    word_leaf: Vec<(u32, Option<LeafId>)>,
+    leaves: usize,
+}
+
+/// The writes of one update, by phase (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub struct BitPlan {
+    pub prepare: Vec<MapOp>,
+    pub inactive: Vec<MapOp>,
+    pub live: Vec<MapOp>,
+}
+
+impl BitTables {
+    /// The tables of `g` as a fresh program holds them (`shape` from
+    /// [`BitsShape::of`] of the same group).
+    pub fn of(g: &BitGroup, shape: BitsShape) -> BitTables {
+        let words = shape.words as usize;
+        let mut rows = vec![u64::MAX; (shape.live_key() as usize + 1) * words];
+        for (f, bf) in g.fields().iter().enumerate() {
+            for row in 0..shape.rows {
+                let at = (f * shape.rows as usize + row as usize) * words;
+                rows[at..at + words].copy_from_slice(g.row(f, row));
+            }
+            let _ = bf;
+        }
+        let live = shape.live_key() as usize * words;
+        rows[live..live + words].copy_from_slice(g.live());
+        BitTables {
+            intervals: g.fields().iter().map(|f| f.intervals.clone()).collect(),
+            word_leaf: (0..words as u32).map(|w| g.word_leaf(w)).collect(),
+            leaves: g.leaves().to_vec(),
+            rows,
+            shape,
+        }
+    }
+
+    pub fn shape(&self) -> &BitsShape {
+        &self.shape
+    }
+
+    fn row(&self, key: u32) -> &[u64] {
+        let words = self.shape.words as usize;
+        &self.rows[key as usize * words..(key as usize + 1) * words]
+    }
+
+    /// Every write that fills the empty maps: all rows, both generations'
+    /// interval tables and order, and the leaves.
+    pub fn initial_ops(&self, ids: BitMapIds, leaf_value: &dyn Fn(&Leaf) -> Vec<u8>, iv: &CStruct, order: &CStruct) -> Vec<MapOp> {
+        let mut ops: Vec<MapOp> = (0..=self.shape.live_key()).map(|k| self.row_op(ids, k)).collect();
+        for (id, leaf) in self.leaves.iter().enumerate() {
+            ops.push(MapOp { map: ids.leaves, key: (id as u32).to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)) });
+        }
+        for g in [0, 1] {
+            for f in 0..self.intervals.len() {
+                ops.push(self.interval_op(ids, iv, g, f));
+            }
+            ops.push(self.order_op(ids, order, g));
+        }
+        ops
+    }
+
+    fn row_op(&self, ids: BitMapIds, key: u32) -> MapOp {
+        let value: Vec<u8> = self.row(key).iter().flat_map(|w| w.to_ne_bytes()).collect();
+        MapOp { map: ids.rows, key: key.to_ne_bytes().to_vec(), value: Some(value) }
+    }
+
+    fn interval_op(&self, ids: BitMapIds, s: &CStruct, gen: u32, f: usize) -> MapOp {
+        let mut v = s.zeroed();
+        let table = &self.intervals[f];
+        v.u32("n", table.len() as u32);
+        for (i, (lo, row)) in table.iter().enumerate() {
+            v.u64_at("lo", i as u32, *lo);
+            v.u32_at("row", i as u32, *row);
+        }
+        let key = gen * self.intervals.len() as u32 + f as u32;
+        MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+    }
+
+    /// The words with a leaf, sorted by leaf then word, each with its leaf
+    /// and the position of the next leaf's first word.
+    fn order(&self) -> Vec<(u32, u32, u32)> {
+        let mut by_leaf: Vec<(LeafId, u32)> =
+            self.word_leaf.iter().enumerate().filter_map(|(w, l)| l.map(|l| (l, w as u32))).collect();
+        by_leaf.sort_unstable();
+        let mut out = vec![(0, 0, 0); by_leaf.len()];
+        let mut next = by_leaf.len() as u32;
+        for i in (0..by_leaf.len()).rev() {
+            if i + 1 < by_leaf.len() && by_leaf[i + 1].0 != by_leaf[i].0 {
+                next = i as u32 + 1;
+            }
+            out[i] = (by_leaf[i].1, next, by_leaf[i].0);
+        }
+        out
+    }
+
+    fn order_op(&self, ids: BitMapIds, s: &CStruct, gen: u32) -> MapOp {
+        let mut v = s.zeroed();
+        let order = self.order();
+        v.u32("n", order.len() as u32);
+        for (i, (word, skip, leaf)) in order.iter().enumerate() {
+            v.u32_at("word", i as u32, *word);
+            v.u32_at("skip", i as u32, *skip);
+            v.u32_at("leaf", i as u32, *leaf);
+        }
+        MapOp { map: ids.order, key: gen.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+    }
+
+    /// Applies `d` to these tables and returns the writes that take the
+    /// maps along, by phase, with `live_gen` live before and `1 -
+    /// live_gen` after. On error nothing changed.
+    pub fn plan(
+        &mut self,
+        ids: BitMapIds,
+        structs: (&CStruct, &CStruct),
+        leaf_value: &dyn Fn(&Leaf) -> Vec<u8>,
+        d: &BitDiff,
+        live_gen: u32,
+    ) -> Result<(BitPlan, BitUndo), EbpfError> {
+        self.check_fits(d)?;
+        let (iv, order_struct) = structs;
+        let old_order = self.order();
+        let mut undo = BitUndo { intervals: vec![], rows: vec![], word_leaf: vec![], leaves: self.leaves.len() };
+        let mut plan = BitPlan::default();
+        for (id, leaf) in &d.new_leaves {
+            if *id as usize >= self.leaves.len() {
+                self.leaves.resize(*id as usize + 1, Leaf::default());
+            }
+            self.leaves[*id as usize] = leaf.clone();
+            plan.prepare.push(MapOp { map: ids.leaves, key: id.to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)) });
+        }
+        let freed = self.freed_rows(d);
+        let live_key = self.shape.live_key();
+        let old_live = self.row(live_key).to_vec();
+        let mut touched: BTreeSet<u32> = BTreeSet::new();
+        let words = self.shape.words as usize;
+        for (at, w, v) in &d.words {
+            let key = self.shape.row_key(*at);
+            if touched.insert(key) {
+                undo.rows.push((key, self.row(key).to_vec()));
+            }
+            self.rows[key as usize * words + *w as usize] = *v;
+        }
+        // Live slots: clears first, sets last.
+        if touched.contains(&live_key) {
+            let new_live = self.row(live_key).to_vec();
+            let cleared: Vec<u64> = old_live.iter().zip(&new_live).map(|(o, n)| o & n).collect();
+            let value: Vec<u8> = cleared.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            plan.prepare.push(MapOp { map: ids.rows, key: live_key.to_ne_bytes().to_vec(), value: Some(value) });
+        }
+        for key in touched.iter().filter(|k| **k != live_key && !freed.contains(k)) {
+            plan.prepare.push(self.row_op(ids, *key));
+        }
+        for (f, table) in &d.intervals {
+            undo.intervals.push((*f as usize, std::mem::replace(&mut self.intervals[*f as usize], table.clone())));
+        }
+        for (w, l) in &d.word_leaves {
+            undo.word_leaf.push((*w, std::mem::replace(&mut self.word_leaf[*w as usize], *l)));
+        }
+        let new_gen = 1 - live_gen;
+        let changed_fields: BTreeSet<usize> = d.intervals.iter().map(|(f, _)| *f as usize).collect();
+        let order_changed = self.order() != old_order;
+        for g in [new_gen, live_gen] {
+            let phase = if g == new_gen { &mut plan.inactive } else { &mut plan.live };
+            for f in &changed_fields {
+                phase.push(self.interval_op(ids, iv, g, *f));
+            }
+            if order_changed {
+                phase.push(self.order_op(ids, order_struct, g));
+            }
+        }
+        for key in touched.iter().filter(|k| freed.contains(k)) {
+            plan.live.push(self.row_op(ids, *key));
+        }
+        if touched.contains(&live_key) {
+            plan.live.push(self.row_op(ids, live_key));
+        }
+        Ok((plan, undo))
+    }
+
+    /// Refuses a diff that names words, rows, fields or leaves the maps do
+    /// not have, before anything changes.
+    fn check_fits(&self, d: &BitDiff) -> Result<(), EbpfError> {
+        let s = &self.shape;
+        let bad = |what: String| EbpfError::Diff(DiffError::BitGroup { what });
+        for (at, w, _) in &d.words {
+            if *w >= s.words {
+                return Err(bad(format!("word {w} of {}", s.words)));
+            }
+            if let WordOf::Row { field, row } = at {
+                if *field as usize >= s.fields.len() || *row >= s.rows {
+                    return Err(bad(format!("row {row} of field {field}")));
+                }
+            }
+        }
+        for (f, table) in &d.intervals {
+            if *f as usize >= s.fields.len() || table.len() > s.intervals as usize {
+                return Err(bad(format!("an interval table of {} for field {f}", table.len())));
+            }
+        }
+        if d.word_leaves.iter().any(|(w, _)| *w >= s.words) {
+            return Err(bad("a word leaf out of range".into()));
+        }
+        if let Some(top) = d.new_leaves.iter().map(|(id, _)| *id).max() {
+            if top >= s.leaves {
+                return Err(EbpfError::Capacity(CapacityError::SlotsFull { map: "subc_bv_leaves".into(), slots: s.leaves }));
+            }
+        }
+        Ok(())
+    }
+
+    /// The row keys whose interval no table names after `d` but one did before.
+    fn freed_rows(&self, d: &BitDiff) -> BTreeSet<u32> {
+        let mut freed = BTreeSet::new();
+        for (f, table) in &d.intervals {
+            let after: BTreeSet<RowId> = table.iter().map(|(_, r)| *r).collect();
+            for (_, r) in &self.intervals[*f as usize] {
+                if !after.contains(r) {
+                    freed.insert(*f * self.shape.rows + r);
+                }
+            }
+        }
+        freed
+    }
+
+    /// Restores the tables [`BitTables::plan`] started from.
+    pub fn rollback(&mut self, undo: BitUndo) {
+        let words = self.shape.words as usize;
+        for (key, old) in undo.rows.into_iter().rev() {
+            self.rows[key as usize * words..(key as usize + 1) * words].copy_from_slice(&old);
+        }
+        for (f, old) in undo.intervals.into_iter().rev() {
+            self.intervals[f] = old;
+        }
+        for (w, old) in undo.word_leaf.into_iter().rev() {
+            self.word_leaf[w as usize] = old;
+        }
+        self.leaves.truncate(undo.leaves);
+    }
+
+    /// What a packet with these query-field values matches, as the program
+    /// computes it from the maps (the order, with skips).
+    pub fn lookup(&self, values: &[u64]) -> Leaf {
+        let rows: Vec<u32> = self
+            .intervals
+            .iter()
+            .enumerate()
+            .map(|(f, table)| {
+                let v = values[self.shape.fields[f] as usize];
+                f as u32 * self.shape.rows + table[table.partition_point(|(lo, _)| *lo <= v) - 1].1
+            })
+            .collect();
+        let order = self.order();
+        let words = self.shape.words as usize;
+        let mut out = Leaf::default();
+        let mut i = 0;
+        while i < order.len() {
+            let (w, skip, leaf) = order[i];
+            let mut acc = self.rows[self.shape.live_key() as usize * words + w as usize];
+            for r in &rows {
+                acc &= self.rows[*r as usize * words + w as usize];
+            }
+            if acc != 0 {
+                out = out.union(&self.leaves[leaf as usize]);
+                i = skip as usize;
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// Bytes the kernel holds for the group, per map name.
+    pub fn map_bytes(&self, maps: &[MapDef]) -> BTreeMap<String, u64> {
+        maps.iter().filter(|m| m.name.starts_with("subc_bv_")).map(|m| (m.name.clone(), m.approx_bytes())).collect()
+    }
+}
