@@ -16,9 +16,9 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use subc_backend_ebpf::{write_program, Capacity, EbpfOptions, TableImage};
 use subc_bdd::{CompileOptions, CompiledSet, Update};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
-use subc_workload::subscriptions::{itch, ItchParams};
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
+use subc_workload::{itch, ItchParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 

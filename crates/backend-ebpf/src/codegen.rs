@@ -15,8 +15,8 @@ use crate::parse::{max_parse_bytes, reachable};
 use crate::{EbpfError, Hook, RangeLookup, UnsupportedError};
 use askama::Template;
 use std::collections::BTreeSet;
+use subc_lang::mask;
 use subc_lang::spec::{FieldType, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind, StateVar};
-use subc_lang::value::mask;
 
 #[derive(Template)]
 #[template(path = "program.c", escape = "none")]
@@ -146,7 +146,7 @@ struct TableView {
 }
 
 /// Keeps a user-derived string safe inside a C comment.
-pub fn comment_safe(s: &str) -> String {
+pub(crate) fn comment_safe(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || " _.,()=<>!-+:[]".contains(c) { c } else { '_' }).collect()
 }
 
@@ -186,13 +186,13 @@ fn debruijn_table() -> String {
 
 /// What the generator needs besides the model: the normal forms for the
 /// naive baseline.
-pub struct NaiveRules {
+pub(crate) struct NaiveRules {
     pub count: usize,
 }
 
 /// Generates the C of the program `model` describes for `spec` (or, with
 /// `naive`, of the naive baseline).
-pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result<String, EbpfError> {
+pub(crate) fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result<String, EbpfError> {
     let g = Generator::new(spec, model)?;
     let (states, vars) = g.state_views();
     let view = ProgramView {

@@ -50,10 +50,10 @@ use crate::model::{
 use crate::{CapacityError, DiffError, EbpfError, RangeLookup};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use subc_bdd::diff::Op;
-use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, StateId, DEAD};
+use subc_bdd::Op;
 use subc_bdd::Update;
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
+use subc_bdd::{LeafEntry, Match, Pipeline, StateId, DEAD};
+use subc_lang::{Update as VarUpdate, UpdateOp};
 
 /// Set `key` to `value` in map `map` (an index into `Model::maps`), or
 /// delete it when `value` is `None`.
@@ -88,7 +88,7 @@ enum Pool {
 
 /// Where a state's entries are, which lookups can hit them, and its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Desc {
+pub(crate) struct Desc {
     pub level: u16,
     /// `F_*` flags, with the size class in bits 8..12.
     pub flags: u16,
@@ -244,7 +244,7 @@ enum SlotUndo {
 enum Change {
     Entry { p: usize, t: usize, key: (StateId, Match), val: Option<StateId> },
     Leaf { p: usize, s: StateId, val: Option<LeafEntry> },
-    Group { p: usize, g: subc_bdd::pipeline::GroupId, val: Option<Vec<u32>> },
+    Group { p: usize, g: subc_bdd::GroupId, val: Option<Vec<u32>> },
     Root { p: usize, val: StateId },
     Desc { p: usize, s: StateId, val: Option<Desc> },
     Id { u: VarUpdate, val: Option<u32> },
@@ -949,8 +949,8 @@ impl TableImage {
     }
 
     /// Applies one op of a diff as [`Pipeline::apply_op`] does, logged.
-    fn apply_logged(&mut self, p: usize, op: &Op, log: &mut Vec<Change>) -> Result<(), subc_bdd::diff::ApplyError> {
-        use subc_bdd::diff::ApplyError;
+    fn apply_logged(&mut self, p: usize, op: &Op, log: &mut Vec<Change>) -> Result<(), subc_bdd::ApplyError> {
+        use subc_bdd::ApplyError;
         let pipe = &self.pipes[p];
         // Whether the place holds something now, and the change.
         let (present, mut c) = match op {

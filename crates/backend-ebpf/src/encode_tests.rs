@@ -7,16 +7,16 @@ use super::*;
 use crate::{write_program, Capacity, EbpfOptions};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
 fn program(spec: &str, rules: &str) -> Program {
-    let mut sources = subc_lang::source::SourceMap::new();
+    let mut sources = subc_lang::SourceMap::new();
     let s = sources.add("spec", spec);
     let r = sources.add("rules", rules);
-    let (p, diags) = subc_lang::check_program(&sources, s, &[r], subc_lang::nf::NfLimits::default());
+    let (p, diags) = subc_lang::check_program(&sources, s, &[r], subc_lang::NfLimits::default());
     p.unwrap_or_else(|| panic!("{}", diags.render(&sources)))
 }
 

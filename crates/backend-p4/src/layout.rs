@@ -34,21 +34,21 @@
 use crate::names::P4Namer;
 use crate::{Error, P4Options};
 use serde::Serialize;
-use subc_bdd::pipeline::Pipeline;
 use subc_bdd::CompiledSet;
+use subc_bdd::Pipeline;
+use subc_lang::mask;
 use subc_lang::spec::{
     FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead, StateVar,
 };
-use subc_lang::value::mask;
 
 /// Width of `meta.state` and of state parameters (`state_t`).
-pub const STATE_WIDTH: u32 = 32;
+pub(crate) const STATE_WIDTH: u32 = 32;
 /// Width of v1model's `egress_spec` (`PortId_t`).
-pub const PORT_WIDTH: u32 = 9;
+pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
-pub const GROUP_WIDTH: u32 = 16;
+pub(crate) const GROUP_WIDTH: u32 = 16;
 /// The fully qualified name of the ingress control, as P4Info names things.
-pub const INGRESS: &str = "MyIngress";
+pub(crate) const INGRESS: &str = "MyIngress";
 
 /// How the action sets of the pipelines reach the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -99,7 +99,7 @@ pub enum Transition {
 
 /// The parse target names used in transitions: a packet the spec's parse
 /// graph accepts goes to [`PARSED_STATE`], which sets `meta.parsed`.
-pub const PARSED_STATE: &str = "parsed";
+pub(crate) const PARSED_STATE: &str = "parsed";
 /// Where a packet the spec's parse graph rejects goes: out of the parser
 /// without `meta.parsed`, so the ingress gives it the no-match decision
 /// (docs/semantics.md, "Parse"). Not P4's `reject`: v1model hands rejected
@@ -108,7 +108,7 @@ pub const PARSED_STATE: &str = "parsed";
 /// whose parser drops rejected packets the configured no-match action would
 /// be bypassed. (A header cut short still rejects implicitly, with
 /// `PacketTooShort`; the ingress sees `meta.parsed == 0` either way.)
-pub const UNPARSED_EXIT: &str = "accept";
+pub(crate) const UNPARSED_EXIT: &str = "accept";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetaField {
@@ -372,15 +372,15 @@ pub struct Layout {
 /// `n < 2^48`, because the error `n * (m*d - 2^s) / (d * 2^s)` stays below
 /// `2^-l <= 1/d`. The product needs at most 48 + 49 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Divider {
+pub(crate) struct Divider {
     pub multiplier: u128,
     pub shift: u32,
 }
 
 impl Divider {
-    pub const INPUT_BITS: u32 = 48;
+    pub(crate) const INPUT_BITS: u32 = 48;
 
-    pub fn new(d: u64) -> Divider {
+    pub(crate) fn new(d: u64) -> Divider {
         assert!((1..1 << 48).contains(&d), "divisor out of range");
         if d.is_power_of_two() {
             return Divider { multiplier: 1, shift: d.trailing_zeros() };
@@ -392,12 +392,12 @@ impl Divider {
     }
 
     /// `n / d` for `n < 2^48`, computed as the program does.
-    pub fn divide(&self, n: u64) -> u64 {
+    pub(crate) fn divide(&self, n: u64) -> u64 {
         ((n as u128 * self.multiplier) >> self.shift) as u64
     }
 
     /// The P4 expression dividing the 48-bit `operand`.
-    pub fn p4(&self, operand: &str) -> String {
+    pub(crate) fn p4(&self, operand: &str) -> String {
         if self.multiplier == 1 {
             format!("{operand} >> {}", self.shift)
         } else {

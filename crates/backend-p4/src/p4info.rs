@@ -24,7 +24,7 @@ pub struct Ids {
 }
 
 /// The Jenkins one-at-a-time hash, as p4c computes it.
-pub fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
+pub(crate) fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
     let mut h: u32 = 0;
     for b in key {
         h = h.wrapping_add(*b as u32);
@@ -54,7 +54,7 @@ fn assign(names: &BTreeSet<String>, prefix: u32, taken: &mut BTreeSet<u32>) -> B
 
 /// The fully qualified name of an action: `NoAction` is declared by
 /// `core.p4` at top level, the others in the ingress control.
-pub fn action_name(name: &str) -> String {
+pub(crate) fn action_name(name: &str) -> String {
     if name == "NoAction" {
         name.to_string()
     } else {
@@ -62,7 +62,7 @@ pub fn action_name(name: &str) -> String {
     }
 }
 
-pub fn qualified(name: &str) -> String {
+pub(crate) fn qualified(name: &str) -> String {
     format!("{INGRESS}.{name}")
 }
 
@@ -94,7 +94,7 @@ fn match_type(k: MatchKind) -> i32 {
 }
 
 /// The ids of `layout`'s objects.
-pub fn ids(layout: &Layout) -> Ids {
+pub(crate) fn ids(layout: &Layout) -> Ids {
     let tables: BTreeSet<String> = layout.tables.iter().map(|t| qualified(&t.name)).collect();
     let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| action_name(a)).collect();
     let registers: BTreeSet<String> = layout.registers.iter().map(|r| qualified(&r.name)).collect();
@@ -139,7 +139,7 @@ fn full_width_bytes(v: u64, width: u32) -> Vec<u8> {
 }
 
 /// The P4Info of `layout`.
-pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
+pub(crate) fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
     let preambles = Preambles::new(ids);
     cfg::P4Info {
         pkg_info: Some(cfg::PkgInfo { arch: "v1model".into(), ..Default::default() }),
@@ -256,7 +256,7 @@ fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Reg
 /// What of a P4Info a controller's entries depend on: the P4Info without
 /// the table sizes (a device config compiled with bigger tables runs the
 /// same program) and the package info (p4c fills in names and versions).
-pub fn shape(info: &cfg::P4Info) -> cfg::P4Info {
+pub(crate) fn shape(info: &cfg::P4Info) -> cfg::P4Info {
     let mut s = info.clone();
     s.pkg_info = None;
     for t in &mut s.tables {

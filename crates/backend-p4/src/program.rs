@@ -8,7 +8,7 @@ use crate::layout::{
 use askama::Template;
 use subc_lang::spec::{MatchKind, Spec};
 
-pub struct PipelineRow {
+pub(crate) struct PipelineRow {
     pub index: usize,
     pub order: String,
     pub root: String,
@@ -16,27 +16,27 @@ pub struct PipelineRow {
     pub leaf: Option<String>,
 }
 
-pub struct MetaRow {
+pub(crate) struct MetaRow {
     pub ty: String,
     pub name: String,
     pub pad: String,
     pub comment: String,
 }
 
-pub struct SelectRow {
+pub(crate) struct SelectRow {
     pub key: String,
     pub cases: Vec<(String, String)>,
     pub default: String,
 }
 
-pub struct ParseRow {
+pub(crate) struct ParseRow {
     pub name: String,
     pub header: String,
     pub select: Option<SelectRow>,
     pub goto: String,
 }
 
-pub struct TableRow {
+pub(crate) struct TableRow {
     pub name: String,
     pub comment: Option<String>,
     pub keys: Vec<(String, &'static str)>,
@@ -45,14 +45,14 @@ pub struct TableRow {
     pub size: u64,
 }
 
-pub struct CopyRow {
+pub(crate) struct CopyRow {
     pub header: String,
     pub assigns: Vec<(String, String)>,
 }
 
 #[derive(Template)]
 #[template(path = "program.p4", escape = "none")]
-pub struct ProgramTemplate<'a> {
+pub(crate) struct ProgramTemplate<'a> {
     pub pipelines: Vec<PipelineRow>,
     pub state_width: u32,
     pub ports_width: Option<u32>,
@@ -93,7 +93,7 @@ fn match_kind(k: MatchKind) -> &'static str {
 }
 
 impl<'a> ProgramTemplate<'a> {
-    pub fn new(spec: &Spec, l: &'a Layout) -> ProgramTemplate<'a> {
+    pub(crate) fn new(spec: &Spec, l: &'a Layout) -> ProgramTemplate<'a> {
         let (copies, flips) = header_copies(l);
         ProgramTemplate {
             pipelines: pipeline_rows(l),

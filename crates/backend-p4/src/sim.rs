@@ -24,9 +24,9 @@ use crate::p4info::qualified;
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use subc_lang::interp::Decision;
 use subc_lang::spec::{MatchKind, Spec};
-use subc_lang::value::{mask, read_bits};
+use subc_lang::Decision;
+use subc_lang::{mask, read_bits};
 
 /// Why a write was refused, with the gRPC code a P4Runtime server returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ fn invalid(msg: impl Into<String>) -> WriteError {
 /// A decoded match value: exact values as canonical bytes (they can be wider
 /// than 64 bits), the others as integers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FieldValue {
+pub(crate) enum FieldValue {
     Exact(Vec<u8>),
     Ternary {
         value: u64,

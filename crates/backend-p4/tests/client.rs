@@ -16,16 +16,16 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use subc_backend_p4::client::{compare, initial_defaults, Client};
-use subc_backend_p4::entries::Batch;
-use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
-use subc_backend_p4::sim::Switch;
 use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+use subc_backend_p4::Batch;
+use subc_backend_p4::Layout;
+use subc_backend_p4::Switch;
 use subc_backend_p4::{compile as p4_compile, P4Options, P4Target};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_workload::subscriptions::{itch, ItchParams};
+use subc_workload::{itch, ItchParams};
 
 /// Starts the fake switch on a free local port.
 async fn start(layout: Layout) -> (String, TestServer) {

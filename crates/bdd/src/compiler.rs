@@ -37,10 +37,10 @@ use crate::pipeline::Pipeline;
 use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
-use subc_lang::nf::{Cube, NfSubscription};
-use subc_lang::program::{Actions, SubId};
+use subc_lang::mask;
 use subc_lang::spec::{QueryFieldId, Spec};
-use subc_lang::value::mask;
+use subc_lang::{Actions, SubId};
+use subc_lang::{Cube, NfSubscription};
 
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
@@ -171,7 +171,7 @@ impl Update {
 }
 
 /// The fraction of a field's domain a set covers (for choosing keys).
-fn coverage(set: &subc_lang::nf::IntervalSet, width: u32) -> f64 {
+fn coverage(set: &subc_lang::IntervalSet, width: u32) -> f64 {
     let total: f64 = set.intervals().iter().map(|iv| (iv.hi - iv.lo) as f64 + 1.0).sum();
     total / (mask(width) as f64 + 1.0)
 }
@@ -394,9 +394,9 @@ impl CompiledSet {
 
     /// Stores a rule in pipeline `p` (not yet indexed or in the diagram).
     /// `cube`'s constraints in pipeline `p`, by level.
-    fn constraints(&self, p: usize, cube: &Cube) -> Vec<(u32, subc_lang::nf::IntervalSet)> {
+    fn constraints(&self, p: usize, cube: &Cube) -> Vec<(u32, subc_lang::IntervalSet)> {
         let level_of = &self.pipes[p].level_of;
-        let mut constraints: Vec<(u32, subc_lang::nf::IntervalSet)> =
+        let mut constraints: Vec<(u32, subc_lang::IntervalSet)> =
             cube.0.iter().map(|(f, set)| (level_of[f.0 as usize], set.clone())).collect();
         constraints.sort_by_key(|(l, _)| *l);
         constraints

@@ -354,7 +354,7 @@ fn classify<K: Copy, V: Clone + PartialEq>(
 /// walking both from their roots: two states pair when they sit at the same
 /// position (the same entry key leads to them from paired states). Returns
 /// the maps fresh id -> deployed id for the paired ones.
-pub fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateId>, BTreeMap<GroupId, GroupId>) {
+pub(crate) fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateId>, BTreeMap<GroupId, GroupId>) {
     let table_of = |p: &Pipeline| -> BTreeMap<StateId, usize> {
         let mut m = BTreeMap::new();
         for (t, table) in p.tables.iter().enumerate() {
@@ -408,20 +408,15 @@ pub fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateI
 mod tests {
     use super::*;
     use crate::{CompileOptions, CompiledSet};
-    use subc_lang::diag::Diagnostics;
-    use subc_lang::source::SourceMap;
+    use subc_lang::Diagnostics;
+    use subc_lang::SourceMap;
 
     /// Random adds and removes; from every earlier generation, the diff over
     /// the keys the updates since touched equals the full diff.
     #[test]
     fn touched_diffs_equal_full_diffs() {
         let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
-        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
-            subscriptions: 300,
-            symbols: 12,
-            hosts: 6,
-            ..Default::default()
-        });
+        let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 300, symbols: 12, hosts: 6, ..Default::default() });
         let mut sources = SourceMap::new();
         let spec = sources.add("itch.spec", spec_text);
         let file = sources.add("rules", rules);
@@ -435,7 +430,7 @@ mod tests {
         let mut history: Vec<Vec<Pipeline>> = vec![set.pipelines().into_iter().cloned().collect()];
         let mut updates: Vec<Update> = vec![Update::default()];
         let mut live: Vec<u64> = nfs[..100].iter().map(|n| n.id).collect();
-        let mut rng = subc_workload::rng::Rng::new(7);
+        let mut rng = subc_workload::Rng::new(7);
         let mut pending = nfs[100..].to_vec();
         for _ in 0..40 {
             let u = if rng.chance(0.6) && !pending.is_empty() {

@@ -184,7 +184,7 @@ pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)]) -> Result<()
 /// otherwise each one moved first), each compiled in full.
 fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value> {
     let spec = &program.spec;
-    subc_bdd::order::candidate_orders(spec, &program.normal_forms)
+    subc_bdd::candidate_orders(spec, &program.normal_forms)
         .into_iter()
         .take(24)
         .map(|order| {

@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
-use subc_backend_ebpf::target::TargetConfig;
+use subc_backend_ebpf::TargetConfig;
 use subc_backend_ebpf::{write_program, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
-use subc_lang::interp::{Decision, Slot, StateStore};
-use subc_lang::pcap::PcapPacket;
+use subc_lang::PcapPacket;
 use subc_lang::Program;
+use subc_lang::{Decision, Slot, StateStore};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub enum HookArg {
@@ -344,7 +344,7 @@ pub struct AttachArgs {
 
 /// A deployment name, checked as the service checks target names.
 pub fn deployment_name(s: &str) -> Result<String, String> {
-    subc_server::names::check_name("deployment name", s).map(|_| s.to_string()).map_err(|e| e.to_string())
+    subc_server::check_name("deployment name", s).map(|_| s.to_string()).map_err(|e| e.to_string())
 }
 
 fn read_target_config(path: Option<&Path>) -> Result<TargetConfig> {

@@ -13,7 +13,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::nf::NfLimits;
+use subc_lang::NfLimits;
 
 #[derive(Parser)]
 #[command(

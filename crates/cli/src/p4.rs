@@ -8,14 +8,14 @@ use clap::Args;
 use prost::Message;
 use std::path::Path;
 use std::process::ExitCode;
-use subc_backend_p4::entries::{entries_text, write_request, Batch};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::{to_text, write_request_text};
-use subc_backend_p4::sim::Simulator;
+use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, P4Options};
-use subc_lang::interp::Decision;
-use subc_lang::pcap::PcapPacket;
+use subc_backend_p4::{entries_text, write_request, Batch};
+use subc_lang::Decision;
+use subc_lang::PcapPacket;
 use subc_lang::Program;
 
 /// Options of the P4 target (shared by `compile` and `sim`).
@@ -67,7 +67,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         })
         .filter(|b| !b.updates.is_empty())
         .collect();
-    let describe = |u: &p4v1::Update| subc_backend_p4::entries::describe(u, &art.p4info);
+    let describe = |u: &p4v1::Update| subc_backend_p4::describe(u, &art.p4info);
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("program.p4", art.program.clone().into_bytes()),
         ("program.p4info.txtpb", to_text(&art.p4info).into_bytes()),

@@ -7,11 +7,11 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
-use subc_lang::pcap::{read_pcap, write_pcap};
 use subc_lang::Program;
-use subc_workload::examples::{example_packets, EXAMPLES};
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
+use subc_lang::{read_pcap, write_pcap};
+use subc_workload::{example_packets, EXAMPLES};
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 /// Loads and checks the inputs, printing diagnostics to stderr. `Err` with
 /// exit code 1 if there are errors.

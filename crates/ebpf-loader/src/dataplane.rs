@@ -20,12 +20,12 @@ use serde::Serialize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use subc_backend_ebpf::encode::{MapOp, TableImage};
-use subc_backend_ebpf::layout::{read_field, CStruct};
-use subc_backend_ebpf::target::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{read_field, CStruct};
 use subc_backend_ebpf::{Hook, Model};
-use subc_lang::interp::{Slot, StateStore};
+use subc_backend_ebpf::{MapOp, TableImage};
 use subc_lang::spec::{Spec, StateKind};
+use subc_lang::{Slot, StateStore};
 
 /// Why `BPF_PROG_TEST_RUN` failed on `packet`: the frame itself if the
 /// kernel refuses it for a program that does nothing, else the program.

@@ -24,9 +24,9 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use subc_backend_ebpf::encode::{MapOp, TableImage};
-use subc_backend_ebpf::layout::{MapRole, MapType};
 use subc_backend_ebpf::Model;
+use subc_backend_ebpf::{MapOp, TableImage};
+use subc_backend_ebpf::{MapRole, MapType};
 
 /// The maps whose contents are the tables (both generations): what a
 /// reopened deployment checks.

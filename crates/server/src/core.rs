@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
-use subc_lang::diag::Diagnostics;
-use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
+use subc_lang::Diagnostics;
+use subc_lang::SourceMap;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tonic::Status;
 
@@ -309,7 +309,7 @@ impl Core {
         };
         let mut out = proto::ListResponse { total, ..Default::default() };
         let mut last = None;
-        for (id, r) in subs.from_id(after.saturating_add(1)) {
+        for (id, r) in subs.starting_at(after.saturating_add(1)) {
             if app.is_some_and(|a| *r.app != *a) {
                 continue;
             }

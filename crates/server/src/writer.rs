@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use subc_bdd::{CompileError, CompiledSet, Update};
-use subc_lang::nf::NfSubscription;
+use subc_lang::NfSubscription;
 use tokio::sync::mpsc;
 use tonic::Status;
 

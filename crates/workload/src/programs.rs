@@ -3,9 +3,9 @@
 //! and any diagnostic comes back rendered.
 
 use std::path::Path;
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
 use subc_lang::Program;
+use subc_lang::SourceMap;
 
 /// Checks a spec and rule texts (one text per rule file).
 pub fn check(spec: &str, rules: &[&str]) -> Result<Program, String> {

@@ -61,14 +61,14 @@ pub fn compile_dir(dir: &Path) -> (Program, CompiledSet) {
 }
 
 use prost::Message;
-use subc_backend_p4::entries::{write_request, Batch};
-use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::sim::{Simulator, Switch};
+use subc_backend_p4::Layout;
+use subc_backend_p4::{write_request, Batch};
+use subc_backend_p4::{Simulator, Switch};
 use subc_bdd::{CompileError, Pipeline, Update};
-use subc_lang::interp::{Decision, Interpreter, StateStore};
-use subc_lang::program::Subscription;
+use subc_lang::Subscription;
+use subc_lang::{Decision, Interpreter, StateStore};
 use subc_workload::Rng;
 
 /// The bytes on the wire, decoded again: what a switch would receive.
@@ -197,7 +197,7 @@ pub fn agree(
 
 /// Random packets for a program, with timestamps 37 us apart.
 pub fn packets(p: &Program, seed: u64, n: usize) -> Vec<(Vec<u8>, u64)> {
-    let gen = subc_workload::packets::PacketGen::new(&p.spec, &p.normal_forms);
+    let gen = subc_workload::PacketGen::new(&p.spec, &p.normal_forms);
     let mut rng = subc_workload::Rng::new(seed);
     (0..n).map(|i| (gen.packet(&mut rng, 0.05), 1_000_000_000 + i as u64 * 37_000)).collect()
 }

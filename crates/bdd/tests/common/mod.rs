@@ -8,13 +8,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use subc_bdd::{CompileError, CompiledSet, Leaf, Pipeline, StateId, Update, DEAD};
-use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
-use subc_lang::nf::NfLimits;
-use subc_lang::program::SubId;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_lang::SourceMap;
+use subc_lang::SubId;
+use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -27,16 +27,16 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use subc_backend_ebpf::encode::TableImage;
-use subc_backend_ebpf::target::{Egress, NoMatch, TargetConfig};
+use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{clang, write_program, EbpfError, EbpfOptions, Hook};
-use subc_bdd::pipeline::Pipeline;
+use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
+use subc_bdd::Pipeline;
 use subc_bdd::Update;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
 use subc_lang::spec::{Spec, StateId};
+use subc_lang::{Update as VarUpdate, UpdateOp};
 
-pub struct EbpfDriver {
+pub(crate) struct EbpfDriver {
     name: String,
     spec: Arc<Spec>,
     hook: Hook,
@@ -109,7 +109,7 @@ fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
 }
 
 impl EbpfDriver {
-    pub fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
+    pub(crate) fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
         if !loader::can_load_bpf() {
             return Err(DriverError::transient("eBPF targets need root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and CAP_PERFMON"));
         }

@@ -11,12 +11,12 @@
 use super::DriverError;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use subc_bdd::diff::PipelineDiff;
-use subc_bdd::pipeline::Pipeline;
+use std::path::PathBuf;
+use subc_bdd::Pipeline;
+use subc_bdd::PipelineDiff;
 use subc_bdd::Update;
 
-pub struct ImageLog {
+pub(crate) struct ImageLog {
     dir: PathBuf,
     seq: u64,
     base_bytes: u64,
@@ -44,19 +44,15 @@ struct JournalLine {
 }
 
 /// What [`ImageLog::load`] finds.
-pub struct Image {
+pub(crate) struct Image {
     pub pipelines: Vec<Pipeline>,
     /// What the driver stored with the base or the last update replayed.
     pub meta: Value,
 }
 
 impl ImageLog {
-    pub fn new(dir: PathBuf) -> ImageLog {
+    pub(crate) fn new(dir: PathBuf) -> ImageLog {
         ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     fn io(&self, what: &str, e: std::io::Error) -> DriverError {
@@ -64,7 +60,7 @@ impl ImageLog {
     }
 
     /// Writes `pipes` as the new base, with `meta`, and drops the journal.
-    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
         let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
         let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
         std::fs::create_dir_all(&self.dir)
@@ -84,7 +80,7 @@ impl ImageLog {
     /// driver keeps besides the pipelines, e.g. ids it assigned); `after`
     /// (the pipelines after the update) and `meta` become the base when the
     /// journal has outgrown the old one.
-    pub fn append(&mut self, update: &Update, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn append(&mut self, update: &Update, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
         use std::io::Write;
         self.seq += 1;
         let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": meta }).to_string();
@@ -100,7 +96,7 @@ impl ImageLog {
     }
 
     /// The base with the journal replayed; `Ok(None)` when there is no base.
-    pub fn load(&mut self) -> Result<Option<Image>, String> {
+    pub(crate) fn load(&mut self) -> Result<Option<Image>, String> {
         let text = match std::fs::read_to_string(self.dir.join("image.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -132,7 +128,7 @@ impl ImageLog {
     }
 
     /// Removes the directory and what it holds.
-    pub fn remove(&mut self) -> Result<(), DriverError> {
+    pub(crate) fn remove(&mut self) -> Result<(), DriverError> {
         self.seq = 0;
         match std::fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

@@ -23,11 +23,11 @@
 //! The writer never takes `held`, and holds the committed state's write
 //! lock only to publish a batch it has already compiled and committed.
 
-pub mod ebpf;
-pub mod image;
-pub mod p4;
-pub mod sim;
-pub mod touched;
+pub(crate) mod ebpf;
+pub(crate) mod image;
+pub(crate) mod p4;
+pub(crate) mod sim;
+pub(crate) mod touched;
 
 use crate::desired::{shape_of, Committed, Shape};
 use crate::metrics::Metrics;
@@ -36,8 +36,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use subc_bdd::diff::diff_pipelines;
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::diff_pipelines;
+use subc_bdd::Pipeline;
 use subc_bdd::Update;
 use subc_lang::spec::Spec;
 use tokio::sync::{watch, Notify};
@@ -75,7 +75,7 @@ impl std::fmt::Display for DriverError {
 
 /// What a kind of target must do. Calls block; the task runs them on a
 /// blocking thread, one at a time.
-pub trait Driver: Send {
+pub(crate) trait Driver: Send {
     /// What the target holds, read from the target itself (pinned maps,
     /// P4Runtime Read); `None` when nothing of subc's is installed there.
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError>;
@@ -91,14 +91,14 @@ pub trait Driver: Send {
     /// target's own terms (P4Runtime updates); `after` are the pipelines
     /// after the plan. Empty where the target has no other view than the
     /// IR's.
-    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::diff::Op)]) -> Vec<Option<String>> {
+    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::Op)]) -> Vec<Option<String>> {
         vec![]
     }
 }
 
 /// What the task knows a target holds.
 #[derive(Clone, Debug)]
-pub enum Held {
+pub(crate) enum Held {
     /// Not known: read the target back before changing it.
     Unknown,
     /// Nothing of subc's is installed.
@@ -219,7 +219,7 @@ pub struct TargetHandle {
 }
 
 /// The plan for one sync.
-pub enum Plan {
+pub(crate) enum Plan {
     /// The target holds the desired pipelines already.
     Nothing,
     Install(Vec<Pipeline>),
@@ -244,7 +244,7 @@ fn counts(held: &Held) -> (u64, u64) {
 }
 
 /// The plan that takes a target holding `held` (generation `from`) to `c`.
-pub fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
+pub(crate) fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
     let pipes = c.pipelines();
     match held {
         Held::Pipes(h) if shape_of(h.iter()) == c.shape() => {
@@ -415,11 +415,7 @@ impl TargetHandle {
                 r.full_install = true;
                 for (i, pipe) in pipes.iter().enumerate() {
                     let empty = Pipeline {
-                        tables: pipe
-                            .tables
-                            .iter()
-                            .map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() })
-                            .collect(),
+                        tables: pipe.tables.iter().map(|t| subc_bdd::Table { entries: Default::default(), ..t.clone() }).collect(),
                         leaves: Default::default(),
                         groups: Default::default(),
                         root: subc_bdd::DEAD,
@@ -634,7 +630,7 @@ impl TargetHandle {
     }
 }
 
-fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::diff::PipelineDiff) {
+fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::PipelineDiff) {
     for t in &d.tables {
         r.inserts += t.inserts.len() as u64;
         r.modifies += t.modifies.len() as u64;
@@ -647,7 +643,7 @@ fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::diff::PipelineDiff) {
 }
 
 /// The task of one target: sync whenever there is work, back off on failure.
-pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
+pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
     let mut gen_rx = ctx.generation.subscribe();
     let initial = Duration::from_millis(ctx.config.deploy.retry_initial_ms);
     let max = Duration::from_millis(ctx.config.deploy.retry_max_ms);
@@ -691,7 +687,7 @@ pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 }
 
 /// Makes the driver for a registration.
-pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
+pub(crate) fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
@@ -704,7 +700,7 @@ pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Resul
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
-pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
+pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
     crate::names::check_name("target name", &reg.name).map_err(|e| e.to_string())?;
     match &reg.kind {
         None => Err("give the target's kind: ebpf, p4runtime or sim".into()),

@@ -46,15 +46,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use subc_backend_p4::client::{initial_defaults, program_cookie, Client};
-use subc_backend_p4::entries::{describe, Batch, PortMap};
-use subc_backend_p4::layout::field_orders;
-use subc_backend_p4::p4info::difference;
+use subc_backend_p4::difference;
+use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::repair::{repair, Repair};
+use subc_backend_p4::{describe, Batch, PortMap};
+use subc_backend_p4::{repair, Repair};
 use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
-use subc_bdd::diff::Op;
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Op;
+use subc_bdd::Pipeline;
 use subc_bdd::Update;
 use subc_lang::spec::{QueryFieldId, Spec};
 
@@ -110,7 +110,7 @@ impl Rt {
     }
 }
 
-pub struct P4Driver {
+pub(crate) struct P4Driver {
     name: String,
     spec: Arc<Spec>,
     /// `http://host:port`
@@ -156,12 +156,12 @@ fn not_our_program(e: &P4Error) -> bool {
 }
 
 /// The registration's port map, checked.
-pub fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, String> {
+pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, String> {
     PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(|e| e.to_string())
 }
 
 /// The registration's P4Info, decoded (`None` when it has none).
-pub fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, String> {
+pub(crate) fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, String> {
     use prost::Message;
     if cfg.p4info.is_empty() {
         return Ok(None);
@@ -175,12 +175,12 @@ pub fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, Stri
 
 /// Where a target's image is kept: `<data_dir>/targets/<name>`, for a
 /// name that is an identifier (`names.rs`).
-pub fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBuf, crate::names::NameError> {
+pub(crate) fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBuf, crate::names::NameError> {
     crate::names::child_path(&data_dir.join("targets"), "target name", name)
 }
 
 impl P4Driver {
-    pub fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
+    pub(crate) fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
         let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
         Ok(P4Driver {
             name: name.to_string(),

@@ -10,10 +10,10 @@
 use super::{Driver, DriverError};
 use crate::proto;
 use std::path::PathBuf;
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Pipeline;
 use subc_bdd::Update;
 
-pub struct SimDriver {
+pub(crate) struct SimDriver {
     path: Option<PathBuf>,
     pipes: Option<Vec<Pipeline>>,
 }
@@ -21,7 +21,7 @@ pub struct SimDriver {
 /// Checks a sim target's file: empty (in memory), or a file that may not
 /// exist yet. A directory would fail every deploy. (A missing directory is
 /// not refused: it may be created later, and deploys are retried.)
-pub fn check_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_path(path: &str) -> Result<(), String> {
     if path.is_empty() {
         return Ok(());
     }
@@ -35,7 +35,7 @@ pub fn check_path(path: &str) -> Result<(), String> {
 }
 
 impl SimDriver {
-    pub fn new(cfg: &proto::SimTarget) -> Result<SimDriver, DriverError> {
+    pub(crate) fn new(cfg: &proto::SimTarget) -> Result<SimDriver, DriverError> {
         let path = (!cfg.path.is_empty()).then(|| PathBuf::from(&cfg.path));
         Ok(SimDriver { path, pipes: None })
     }

@@ -11,9 +11,9 @@
 
 use std::collections::VecDeque;
 use std::time::Instant;
-use subc_bdd::diff::{diff_all, diff_touched, PipelineDiff};
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Pipeline;
 use subc_bdd::Update;
+use subc_bdd::{diff_all, diff_touched, PipelineDiff};
 
 /// The updates of recent generations, with when each was committed; `None`
 /// for a generation that replaced the pipelines as a whole.
@@ -101,7 +101,7 @@ impl UpdateLog {
 /// The diff from `old` (which holds generation `from`) to `new` (generation
 /// `to`) for each pipeline that changed: over the touched keys when `log`
 /// has every update in between, otherwise over everything.
-pub fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log: &UpdateLog) -> Vec<PipelineDiff> {
+pub(crate) fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log: &UpdateLog) -> Vec<PipelineDiff> {
     match (from > 0).then(|| log.since(from, to)).flatten() {
         Some(updates) => diff_touched(old, new, &updates),
         None => diff_all(old, new),
