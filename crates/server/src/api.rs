@@ -250,7 +250,7 @@ impl Targets for Api {
     async fn register(&self, request: Request<proto::RegisterTargetRequest>) -> Result<Response<proto::Target>, Status> {
         principal(&request)?.require_admin()?;
         let reg = request.into_inner();
-        crate::deploy::validate_registration(&reg).map_err(Status::invalid_argument)?;
+        crate::deploy::validate_registration(&reg).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
         Ok(Response::new(target_proto(&self.core, &h)))
     }

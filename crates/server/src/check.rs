@@ -10,7 +10,7 @@ use crate::store::StoredSub;
 use subc_lang::spec::Spec;
 use subc_lang::SourceMap;
 use subc_lang::{Code, DiagnosticRecord, Diagnostics, Severity};
-use subc_lang::{NfLimits, NfSubscription};
+use subc_lang::{NfLimits, NfSubscription, SubId};
 
 /// Most diagnostics a `Check` reply carries, and renders.
 pub(crate) const MAX_REPORTED: usize = 1000;
@@ -157,11 +157,30 @@ pub(crate) fn check_report(spec: &Spec, source_name: &str, lines: &[String], max
     }
 }
 
+/// Stored subscriptions that no longer check against the served spec: the
+/// first errors, each with its subscription's id and rendered diagnostic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCheckError {
+    pub errors: Vec<(SubId, String)>,
+}
+
+impl std::fmt::Display for StoredCheckError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "stored subscriptions no longer check against the served spec:")?;
+        for (id, rendered) in &self.errors {
+            writeln!(f, "subscription {id}: {rendered}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoredCheckError {}
+
 /// Checks the stored subscriptions again (at startup, against the spec the
 /// server now serves) and gives their normal forms with their stored ids.
 /// The normal-form limit is generous: the configured one applies to new
 /// requests, and lowering it must not make stored subscriptions fail.
-pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, String> {
+pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, StoredCheckError> {
     let mut sources = SourceMap::new();
     let text: String = subs.iter().map(|s| s.text.replace(['\n', '\r'], " ")).collect::<Vec<_>>().join("\n");
     let file = sources.add("<store>", text);
@@ -171,13 +190,13 @@ pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscriptio
     if diags.has_errors() || checked.len() != subs.len() {
         diags.sort();
         let f = sources.file(file);
-        let mut msg = String::from("stored subscriptions no longer check against the served spec:\n");
+        let mut errors = vec![];
         for d in diags.0.iter().filter(|d| d.is_error()).take(MAX_REPORTED) {
             let line = d.primary_span().map(|s| f.line_col(s.start).0).unwrap_or(0);
             let id = subs.get(line.wrapping_sub(1)).map(|s| s.id).unwrap_or(0);
-            msg.push_str(&format!("subscription {id}: {}\n", subc_lang::render(d, &sources)));
+            errors.push((id, subc_lang::render(d, &sources)));
         }
-        return Err(msg);
+        return Err(StoredCheckError { errors });
     }
     let f = sources.file(file);
     for (s, nf) in checked.iter().zip(nfs.iter_mut()) {

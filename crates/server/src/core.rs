@@ -99,7 +99,7 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result
     let nfs = tokio::task::spawn_blocking(move || check::check_stored(&spec2, &subs2))
         .await
         .map_err(|e| Error::Internal(e.to_string()))?
-        .map_err(Error::Store)?;
+        .map_err(Error::StoredNoLongerCheck)?;
     let opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
     let layout = store.meta("layout")?.and_then(|text| parse_layout(spec, &text));
     let placements: HashMap<u64, Vec<usize>> =

@@ -46,13 +46,15 @@ pub mod proto {
 
 pub use api::{diagnostics_of, Api};
 pub use auth::Principal;
-pub use check::check_stored;
+pub use check::{check_stored, StoredCheckError};
 pub use client::{connect, ClientOptions, Clients};
 pub use config::{Config, LogFormat, TlsConfig};
 pub use core::{load_spec, Core};
 pub use deploy::ebpf::saved_pipelines;
+pub use deploy::image::ImageError;
+pub use deploy::DriverError;
 pub use desired::{compile_options, distance_to_fresh_compile};
-pub use names::check_name;
+pub use names::{check_name, NameError};
 pub use server::{init_tracing, serve, start, Running};
 pub use store::{now_ms, StoredSub};
 pub use writer::request_fingerprint;
@@ -66,6 +68,8 @@ pub enum Error {
     Spec(String),
     #[error("store: {0}")]
     Store(String),
+    #[error("store: {0}")]
+    StoredNoLongerCheck(#[from] StoredCheckError),
     #[error("compiling the stored subscriptions: {0}")]
     Compile(String),
     #[error("TLS: {0}")]

@@ -591,7 +591,7 @@ impl Writer {
     fn recompile_with(&mut self, nfs: &[NfSubscription], ids: Vec<u64>, t: Instant, deadline: Instant) -> Result<Compiled, Status> {
         let spec = self.core.spec().clone();
         let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
-        let mut all = check::check_stored(&spec, &stored).map_err(Status::internal)?;
+        let mut all = check::check_stored(&spec, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
         let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
         let set = match CompiledSet::compile_until(&spec, &all, opts, Some(deadline)) {

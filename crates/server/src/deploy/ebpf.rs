@@ -19,7 +19,7 @@
 //! reads as "nothing known", and the deployer installs anew, which
 //! replaces the program atomically.
 
-use super::image::ImageLog;
+use super::image::{ImageError, ImageLog};
 use super::{Driver, DriverError};
 use crate::proto;
 use serde::Deserialize;
@@ -63,8 +63,8 @@ fn ids_json(img: &TableImage) -> Value {
 }
 
 /// [`ids_json`] read back.
-fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
-    let ids = Vec::<(StateId, UpdateOp, u64, u32)>::deserialize(v).map_err(|e| format!("update ids: {e}"))?;
+fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
+    let ids = Vec::<(StateId, UpdateOp, u64, u32)>::deserialize(v).map_err(ImageError::Meta)?;
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
@@ -89,8 +89,8 @@ impl ImageFiles {
     }
 
     /// The base with the journal replayed.
-    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), String> {
-        let image = self.0.load()?.ok_or("no saved image")?;
+    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), ImageError> {
+        let image = self.0.load()?.ok_or(ImageError::Missing)?;
         Ok((image.pipelines, ids_of(&image.meta)?))
     }
 }
@@ -221,6 +221,6 @@ impl Driver for EbpfDriver {
 
 /// The pipelines the server recorded as installed on eBPF target `name`
 /// (base and journal), for checking a target from outside the server.
-pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, String> {
-    ImageFiles::new(name).map_err(|e| e.to_string())?.load().map(|(p, _)| p)
+pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, ImageError> {
+    ImageFiles::new(name).map_err(ImageError::StateDir)?.load().map(|(p, _)| p)
 }

@@ -50,6 +50,30 @@ pub(crate) struct Image {
     pub meta: Value,
 }
 
+/// Why a saved image could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("image.json: {0}")]
+    Base(serde_json::Error),
+    #[error("journal.jsonl: {0}")]
+    Journal(serde_json::Error),
+    #[error("a diff for a pipeline the image lacks")]
+    MissingPipeline,
+    #[error(transparent)]
+    Apply(#[from] subc_bdd::ApplyError),
+    /// The driver keeps no image.
+    #[error("no saved image")]
+    Missing,
+    /// The driver's own data beside the pipelines.
+    #[error("update ids: {0}")]
+    Meta(serde_json::Error),
+    /// The target's state directory.
+    #[error("{0}")]
+    StateDir(super::DriverError),
+}
+
 impl ImageLog {
     pub(crate) fn new(dir: PathBuf) -> ImageLog {
         ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
@@ -96,13 +120,13 @@ impl ImageLog {
     }
 
     /// The base with the journal replayed; `Ok(None)` when there is no base.
-    pub(crate) fn load(&mut self) -> Result<Option<Image>, String> {
+    pub(crate) fn load(&mut self) -> Result<Option<Image>, ImageError> {
         let text = match std::fs::read_to_string(self.dir.join("image.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ImageError::Read(e)),
         };
-        let base: Base = serde_json::from_str(&text).map_err(|e| format!("image.json: {e}"))?;
+        let base: Base = serde_json::from_str(&text).map_err(ImageError::Base)?;
         let (mut pipelines, mut meta) = (base.pipelines, base.meta);
         self.seq = base.seq;
         self.base_bytes = text.len() as u64;
@@ -114,12 +138,12 @@ impl ImageLog {
             // A line that is not JSON was torn by a crash; one that is JSON
             // but not a journal line is an error.
             let Ok(e) = serde_json::from_str::<Value>(line) else { break };
-            let e: JournalLine = serde_json::from_value(e).map_err(|e| format!("journal.jsonl: {e}"))?;
+            let e: JournalLine = serde_json::from_value(e).map_err(ImageError::Journal)?;
             if e.seq <= self.seq {
                 continue;
             }
             for d in &e.diffs {
-                pipelines.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(d).map_err(|e| e.to_string())?;
+                pipelines.get_mut(d.pipeline).ok_or(ImageError::MissingPipeline)?.apply(d)?;
             }
             meta = e.meta;
             self.seq = e.seq;

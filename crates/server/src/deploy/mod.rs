@@ -699,23 +699,50 @@ pub(crate) fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -
     }
 }
 
+/// Why a target's registration was refused (its fields, not whether the
+/// target is reachable).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegistrationError {
+    #[error(transparent)]
+    Name(#[from] crate::names::NameError),
+    #[error("give the target's kind: ebpf, p4runtime or sim")]
+    NoKind,
+    #[error("an eBPF target needs an interface")]
+    NoInterface,
+    #[error("an eBPF target needs a hook: xdp or tc")]
+    NoHook,
+    #[error("a P4Runtime target needs an address (host:port)")]
+    NoAddress,
+    /// The P4Runtime target's port map.
+    #[error("{0}")]
+    Ports(subc_backend_p4::Error),
+    #[error("the P4Info is not a binary p4.config.v1.P4Info: {0}")]
+    P4InfoUndecodable(#[from] prost::DecodeError),
+    #[error("the P4Info has no tables")]
+    P4InfoEmpty,
+    #[error("a sim target's path may not contain NUL")]
+    SimPathNul,
+    #[error("a sim target's path must be a file, and {0:?} is a directory")]
+    SimPathIsDirectory(String),
+}
+
 /// Checks a registration's fields (not whether the target is reachable).
-pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
-    crate::names::check_name("target name", &reg.name).map_err(|e| e.to_string())?;
+pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), RegistrationError> {
+    crate::names::check_name("target name", &reg.name)?;
     match &reg.kind {
-        None => Err("give the target's kind: ebpf, p4runtime or sim".into()),
+        None => Err(RegistrationError::NoKind),
         Some(Kind::Ebpf(e)) => {
             if e.interface.is_empty() {
-                return Err("an eBPF target needs an interface".into());
+                return Err(RegistrationError::NoInterface);
             }
             if e.hook == proto::Hook::Unspecified as i32 {
-                return Err("an eBPF target needs a hook: xdp or tc".into());
+                return Err(RegistrationError::NoHook);
             }
             Ok(())
         }
         Some(Kind::P4runtime(p)) => {
             if p.address.is_empty() {
-                return Err("a P4Runtime target needs an address (host:port)".into());
+                return Err(RegistrationError::NoAddress);
             }
             p4::port_map(p)?;
             p4::given_p4info(p)?;

@@ -38,7 +38,7 @@
 //! image before the next diff.
 
 use super::image::ImageLog;
-use super::{Driver, DriverError};
+use super::{Driver, DriverError, RegistrationError};
 use crate::proto;
 use serde_json::{json, Value};
 use std::future::Future;
@@ -156,19 +156,19 @@ fn not_our_program(e: &P4Error) -> bool {
 }
 
 /// The registration's port map, checked.
-pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, String> {
-    PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(|e| e.to_string())
+pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, RegistrationError> {
+    PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(RegistrationError::Ports)
 }
 
 /// The registration's P4Info, decoded (`None` when it has none).
-pub(crate) fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, String> {
+pub(crate) fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, RegistrationError> {
     use prost::Message;
     if cfg.p4info.is_empty() {
         return Ok(None);
     }
-    let info = P4Info::decode(cfg.p4info.as_slice()).map_err(|e| format!("the P4Info is not a binary p4.config.v1.P4Info: {e}"))?;
+    let info = P4Info::decode(cfg.p4info.as_slice())?;
     if info.tables.is_empty() {
-        return Err("the P4Info has no tables".into());
+        return Err(RegistrationError::P4InfoEmpty);
     }
     Ok(Some(info))
 }
@@ -188,9 +188,9 @@ impl P4Driver {
             addr,
             device_id: cfg.device_id,
             election_id: cfg.election_id.max(1) as u128,
-            given: given_p4info(cfg).map_err(DriverError::transient)?,
+            given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             device_config: cfg.device_config.clone(),
-            ports: port_map(cfg).map_err(DriverError::transient)?,
+            ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             rt: Rt::new()?,
             client: None,
             program: None,

@@ -7,7 +7,7 @@
 //! after every change and read back from it, so it survives a restart of
 //! the server as a real target does; a write that fails changes nothing.
 
-use super::{Driver, DriverError};
+use super::{Driver, DriverError, RegistrationError};
 use crate::proto;
 use std::path::PathBuf;
 use subc_bdd::Pipeline;
@@ -21,15 +21,15 @@ pub(crate) struct SimDriver {
 /// Checks a sim target's file: empty (in memory), or a file that may not
 /// exist yet. A directory would fail every deploy. (A missing directory is
 /// not refused: it may be created later, and deploys are retried.)
-pub(crate) fn check_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_path(path: &str) -> Result<(), RegistrationError> {
     if path.is_empty() {
         return Ok(());
     }
     if path.contains('\0') {
-        return Err("a sim target's path may not contain NUL".into());
+        return Err(RegistrationError::SimPathNul);
     }
     if std::path::Path::new(path).is_dir() {
-        return Err(format!("a sim target's path must be a file, and {path:?} is a directory"));
+        return Err(RegistrationError::SimPathIsDirectory(path.to_string()));
     }
     Ok(())
 }
