@@ -1,7 +1,7 @@
 //! The eBPF target on the command line: `subc compile --target ebpf`,
 //! `subc sim --engine ebpf`, and `subc attach`, `subc detach`, `subc status`.
 
-use crate::compile::{compile_program, write_outputs, CompilerArgs};
+use crate::common::{compile_program, write_outputs, CompilerArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 //! module; this file only declares the command line.
 
 mod client;
+mod common;
 mod compile;
 mod ebpf;
 mod input;

@@ -1,8 +1,7 @@
 //! The P4 target on the command line: `subc compile --target p4` and
 //! `subc sim --engine p4`.
 
-use crate::compile::{compile_program, CompilerArgs};
-use crate::sim::SimResult;
+use crate::common::{compile_program, write_outputs, CompilerArgs, SimResult};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use prost::Message;
@@ -76,7 +75,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         ("mcast.txtpb", write_request_text(&write_request(&groups), describe).into_bytes()),
         ("resources.json", serde_json::to_vec_pretty(&art.resources)?),
     ];
-    crate::compile::write_outputs(Some(out), &files)?;
+    write_outputs(Some(out), &files)?;
     let r = &art.resources;
     eprintln!(
         "{} pipeline(s): {} entries ({} TCAM after range expansion, {} SRAM), {} multicast groups",
