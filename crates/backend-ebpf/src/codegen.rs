@@ -347,7 +347,7 @@ impl<'a> Generator<'a> {
                 let v = self.state_view(i, s);
                 if let StateKind::Var { width } = s.kind {
                     vars.push(VarView {
-                        index: self.model.var_index(subc_lang::spec::StateId(i as u32)).expect("vars are indexed"),
+                        index: self.model.var_index(subc_lang::spec::StateVarId(i as u32)).expect("vars are indexed"),
                         ptr: v.ptr.clone(),
                         slot: v.slot.clone(),
                         mask: format!("{:#x}", mask(width)),

@@ -79,7 +79,7 @@ fn run(name: &str, p: &Program, opts: &EbpfOptions, start: usize, steps: usize, 
         // A stale id, as a saved image may carry: the first plan drops it.
         let mut ids = img.update_ids.clone();
         let top = ids.values().max().map_or(0, |m| m + 1);
-        ids.insert(VarUpdate { var: subc_lang::spec::StateId(0), op: UpdateOp::Set, value: 123_456 }, top);
+        ids.insert(VarUpdate { var: subc_lang::spec::StateVarId(0), op: UpdateOp::Set, value: 123_456 }, top);
         img = TableImage::from_parts(&model, img.pipes.clone(), ids, 1).unwrap();
         assert!(!img.ix.ids_exact);
     }

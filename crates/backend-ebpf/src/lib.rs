@@ -45,7 +45,7 @@ use subc_lang::spec::Spec;
 
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
-pub use layout::{read_field, CField, CStruct, FieldType, MapDef, MapRole, MapType, Scalar, KV};
+pub use layout::{read_field, CField, CFieldType, CStruct, MapDef, MapRole, MapType, Scalar, KV};
 pub use model::Model;
 pub use naive::write_naive;
 pub use target::{config_op, parse_mac, Egress, NoMatch, TargetConfig};

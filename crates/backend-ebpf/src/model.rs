@@ -36,8 +36,8 @@ use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, Un
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use subc_bdd::{Match, Pipeline, Table};
-use subc_lang::spec::{MatchKind, Spec, StateId, StateKind};
-use subc_lang::Update;
+use subc_lang::spec::{MatchKind, Spec, StateKind, StateVarId};
+use subc_lang::VarUpdate;
 
 /// The level of a state that has no entries in any table (a leaf, `DEAD`).
 pub(crate) const TERMINAL: u16 = 0xffff;
@@ -266,7 +266,7 @@ type StateId1 = subc_bdd::StateId;
 /// Counts the entries of one generation of these pipelines.
 pub(crate) fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfError> {
     let mut c = Counts { sorted: vec![0; SORTED_CLASSES.len()], ..Default::default() };
-    let mut updates: BTreeSet<Update> = BTreeSet::new();
+    let mut updates: BTreeSet<VarUpdate> = BTreeSet::new();
     for p in pipes {
         for t in &p.tables {
             let mut sorted_states: BTreeSet<u32> = BTreeSet::new();
@@ -586,7 +586,7 @@ impl Model {
         (gen << 31) | ((pipeline as u32) << 24) | state
     }
 
-    pub fn var_index(&self, var: StateId) -> Option<u32> {
+    pub fn var_index(&self, var: StateVarId) -> Option<u32> {
         self.vars.iter().position(|v| *v == var.0).map(|i| i as u32)
     }
 

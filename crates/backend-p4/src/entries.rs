@@ -17,7 +17,7 @@
 //! order (P4Runtime does not promise one); batches must be written one after
 //! the other.
 
-use crate::layout::{ActionKind, Fanout, Layout, ParamRole, Stage, TableRole};
+use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole};
 use crate::p4info::{action_name, qualified, Ids};
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
@@ -133,7 +133,7 @@ pub fn write_request(batches: &[Batch]) -> p4v1::WriteRequest {
 
 /// Translates IR entries and diffs into P4Runtime updates for one program.
 pub struct Encoder<'a> {
-    layout: &'a Layout,
+    layout: &'a P4Layout,
     ids: &'a Ids,
     table_ids: Vec<u32>,
     ports: PortMap,
@@ -148,12 +148,12 @@ fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
 }
 
 impl<'a> Encoder<'a> {
-    pub fn new(layout: &'a Layout, ids: &'a Ids) -> Encoder<'a> {
+    pub fn new(layout: &'a P4Layout, ids: &'a Ids) -> Encoder<'a> {
         Encoder::with_ports(layout, ids, PortMap::default())
     }
 
     /// An encoder that writes device ports through `ports`.
-    pub fn with_ports(layout: &'a Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
+    pub fn with_ports(layout: &'a P4Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
         let table_ids = layout.tables.iter().map(|t| ids.tables[&qualified(&t.name)]).collect();
         Encoder { layout, ids, table_ids, ports }
     }
@@ -163,7 +163,7 @@ impl<'a> Encoder<'a> {
         ports.iter().map(|p| self.ports.device(*p)).collect()
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &P4Layout {
         self.layout
     }
 
@@ -470,7 +470,7 @@ fn batch_key(op: &Op) -> (u8, usize) {
     }
 }
 
-fn batch_label(op: &Op, pipeline: usize, layout: &Layout) -> String {
+fn batch_label(op: &Op, pipeline: usize, layout: &P4Layout) -> String {
     let field = |t: usize| layout.pipelines[pipeline].levels[t].source.clone();
     let what = match op {
         Op::CreateGroup { .. } => "create multicast groups".to_string(),

@@ -231,7 +231,7 @@ pub enum ParamRole {
     Port,
     Group,
     Ports,
-    /// Index into [`Layout::vars`].
+    /// Index into [`P4Layout::vars`].
     VarSet(usize),
     VarTo(usize),
     VarAdd(usize),
@@ -342,7 +342,7 @@ pub struct VarView {
 
 /// The whole program's shape.
 #[derive(Clone, Debug, Serialize)]
-pub struct Layout {
+pub struct P4Layout {
     pub headers: Vec<HeaderView>,
     /// The state the parser's `start` goes to.
     pub start: String,
@@ -427,16 +427,16 @@ pub fn field_orders(pipes: &[&Pipeline]) -> Vec<Vec<QueryFieldId>> {
     pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
 }
 
-impl Layout {
+impl P4Layout {
     /// Decides the program for `spec` and the pipelines of `set` (their
     /// number and field orders are fixed for the program's lifetime).
-    /// Tables get the minimum size; see [`Layout::size_tables`].
-    pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<Layout, Error> {
-        Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
+    /// Tables get the minimum size; see [`P4Layout::size_tables`].
+    pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<P4Layout, Error> {
+        P4Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
     }
 
-    /// As [`Layout::new`], from the pipelines' field orders alone.
-    pub fn for_orders(spec: &Spec, orders: &[Vec<QueryFieldId>], opts: &P4Options) -> Result<Layout, Error> {
+    /// As [`P4Layout::new`], from the pipelines' field orders alone.
+    pub fn for_orders(spec: &Spec, orders: &[Vec<QueryFieldId>], opts: &P4Options) -> Result<P4Layout, Error> {
         if orders.is_empty() {
             return Err(Error::NoPipeline);
         }
@@ -461,7 +461,7 @@ impl Layout {
     pub fn action(&self, name: &str) -> Option<&ActionDecl> {
         self.actions.iter().find(|a| a.name == name)
     }
-    /// The index in [`Layout::tables`] of the table with this role.
+    /// The index in [`P4Layout::tables`] of the table with this role.
     pub fn table_index(&self, role: TableRole) -> Option<usize> {
         self.tables.iter().position(|t| t.role == role)
     }
@@ -479,7 +479,7 @@ impl Layout {
     }
 }
 
-/// [`Layout::for_orders`], phase by phase: each phase fills in its part of
+/// [`P4Layout::for_orders`], phase by phase: each phase fills in its part of
 /// `layout`, reading the parts the phases before it filled in.
 struct Builder<'a> {
     spec: &'a Spec,
@@ -489,7 +489,7 @@ struct Builder<'a> {
     /// The fields of `metadata_t`; the generator's own fields are reserved,
     /// so that they keep their plain names.
     meta_namer: P4Namer,
-    layout: Layout,
+    layout: P4Layout,
 }
 
 /// The key every table but the roots and the fanout match first.
@@ -505,7 +505,7 @@ struct TableActions {
 }
 
 impl TableActions {
-    fn of(layout: &Layout) -> TableActions {
+    fn of(layout: &P4Layout) -> TableActions {
         let leaf: Vec<String> = if layout.fanout == Fanout::Direct {
             let mut a = vec!["forward".to_string(), "multicast".into(), "drop".into()];
             if !layout.vars.is_empty() {
@@ -534,7 +534,7 @@ impl TableActions {
 impl<'a> Builder<'a> {
     fn new(spec: &'a Spec, opts: &'a P4Options, pipelines: usize) -> Builder<'a> {
         let fanout = if pipelines == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
-        let layout = Layout {
+        let layout = P4Layout {
             headers: vec![],
             start: String::new(),
             parse_states: vec![],
@@ -900,7 +900,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and
-    /// it starts at the smallest size ([`Layout::size_tables`] grows it).
+    /// it starts at the smallest size ([`P4Layout::size_tables`] grows it).
     fn push_entry_table(&mut self, name: String, role: TableRole, keys: Vec<KeyDecl>, actions: &[String]) {
         self.layout.tables.push(TableDecl {
             name,

@@ -34,16 +34,16 @@ mod program;
 pub mod proto;
 mod repair;
 mod resources;
-mod sim;
+mod simulator;
 #[cfg(feature = "test-server")]
 pub mod testing;
 
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
-pub use layout::{field_orders, Layout};
+pub use layout::{field_orders, P4Layout};
 pub use p4info::difference;
 pub use program::write_program;
 pub use repair::{repair, Repair};
-pub use sim::{Simulator, Switch};
+pub use simulator::{Simulator, Switch};
 
 use entries::{batches_of_ops, install_ops, Encoder};
 use layout::Fanout;
@@ -135,7 +135,7 @@ pub struct Artifacts {
 /// any number of diffs can be translated in any process that compiled the
 /// same program.
 pub struct P4Target {
-    layout: Layout,
+    layout: P4Layout,
     ids: Ids,
     opts: P4Options,
 }
@@ -150,7 +150,7 @@ impl P4Target {
     /// As [`P4Target::new`], from the pipelines alone (their tables give the
     /// field orders).
     pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
-        let mut layout = Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
+        let mut layout = P4Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
         let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);
@@ -161,7 +161,7 @@ impl P4Target {
         &self.opts
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &P4Layout {
         &self.layout
     }
     pub fn ids(&self) -> &Ids {
@@ -199,13 +199,13 @@ impl P4Target {
     }
 
     /// The updates that apply `update`, which `set` just returned.
-    pub fn apply(&self, set: &CompiledSet, update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
+    pub fn apply(&self, set: &CompiledSet, update: &subc_bdd::SetDiff) -> Result<Vec<Batch>, Error> {
         self.apply_pipelines(&set.pipelines(), update)
     }
 
     /// The updates that apply `update`; `after` are the pipelines as they
     /// are after it.
-    pub fn apply_pipelines(&self, after: &[&Pipeline], update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
+    pub fn apply_pipelines(&self, after: &[&Pipeline], update: &subc_bdd::SetDiff) -> Result<Vec<Batch>, Error> {
         let enc = self.encoder();
         let mut out = vec![];
         for d in &update.diffs {

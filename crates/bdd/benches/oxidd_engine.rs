@@ -96,7 +96,7 @@ const UPDATE_ATOMS: u32 = 1 << 31;
 
 /// The atoms of an action set: ports as themselves, then drop, then updates
 /// (numbered in the order first seen).
-fn atoms(a: &Actions, updates: &mut HashMap<subc_lang::Update, u32>) -> Box<[u32]> {
+fn atoms(a: &Actions, updates: &mut HashMap<subc_lang::VarUpdate, u32>) -> Box<[u32]> {
     let mut out: Vec<u32> = a.ports.iter().copied().collect();
     if a.drop {
         out.push(DROP_ATOM);

@@ -26,7 +26,7 @@ use crate::leaf::{Leaf, PortSet};
 use std::collections::BTreeMap;
 use std::time::Instant;
 use subc_lang::IntervalSet;
-use subc_lang::Update;
+use subc_lang::VarUpdate;
 
 /// One cube of one subscription, over levels.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,7 +196,7 @@ struct Acc {
     port_count: Vec<u32>,
     ports: PortSet,
     drop: u32,
-    updates: BTreeMap<Update, u32>,
+    updates: BTreeMap<VarUpdate, u32>,
 }
 
 impl Acc {

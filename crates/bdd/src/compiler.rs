@@ -69,7 +69,7 @@ impl Default for CompileOptions {
 /// the same pipelines, however the set got its shape (a split, then
 /// incremental adds placing rules first-fit), which a fresh compile may not.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct SetLayout {
     pub base_order: Vec<QueryFieldId>,
     /// Per pipeline: its field order and node budget.
     pub pipelines: Vec<(Vec<QueryFieldId>, usize)>,
@@ -156,12 +156,12 @@ pub struct CompiledSet {
 
 /// What an update did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Update {
+pub struct SetDiff {
     /// One diff per pipeline that changed.
     pub diffs: Vec<PipelineDiff>,
 }
 
-impl Update {
+impl SetDiff {
     pub fn len(&self) -> usize {
         self.diffs.iter().map(PipelineDiff::len).sum()
     }
@@ -585,14 +585,14 @@ impl CompiledSet {
     }
 
     /// Adds subscriptions. On error nothing changes.
-    pub fn add(&mut self, subs: &[NfSubscription]) -> Result<Update, CompileError> {
+    pub fn add(&mut self, subs: &[NfSubscription]) -> Result<SetDiff, CompileError> {
         self.add_until(subs, None)
     }
 
     /// [`CompiledSet::add`], giving up with
     /// [`CompileError::DeadlineExceeded`] (and changing nothing) when
     /// `deadline` passes.
-    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<Update, CompileError> {
+    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<SetDiff, CompileError> {
         let mut seen = BTreeSet::new();
         for s in subs {
             if self.subs.contains_key(&s.id) || !seen.insert(s.id) {
@@ -689,7 +689,7 @@ impl CompiledSet {
     /// each removed rule's box is rebuilt from fewer rules than before, so
     /// it needs no more nodes than the diagram had, and no deadline applies
     /// (it costs no more than the adds did).
-    pub fn remove(&mut self, ids: &[SubId]) -> Result<Update, CompileError> {
+    pub fn remove(&mut self, ids: &[SubId]) -> Result<SetDiff, CompileError> {
         for id in ids {
             if !self.subs.contains_key(id) {
                 return Err(CompileError::Unknown(*id));
@@ -753,7 +753,7 @@ impl CompiledSet {
     /// takes the target to this set. Later updates then apply to the target.
     /// Fails, changing nothing, if the target runs a program with other
     /// pipelines or tables.
-    pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<Update, CompileError> {
+    pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<SetDiff, CompileError> {
         let names = |ps: Vec<&Pipeline>| -> Vec<String> { ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect() };
         let ours = names(self.pipelines());
         let theirs = names(deployed.iter().collect());
@@ -785,10 +785,10 @@ impl CompiledSet {
             }
         }
         self.debug_verify("adopt");
-        Ok(Update { diffs })
+        Ok(SetDiff { diffs })
     }
 
-    fn lower_all(&mut self) -> Update {
+    fn lower_all(&mut self) -> SetDiff {
         let mut diffs = vec![];
         for p in 0..self.pipes.len() {
             let root = self.pipes[p].root;
@@ -799,7 +799,7 @@ impl CompiledSet {
             }
             self.maybe_collect_garbage(p);
         }
-        Update { diffs }
+        SetDiff { diffs }
     }
 
     // ------------------------------------------------------------ accessors
@@ -816,9 +816,9 @@ impl CompiledSet {
     pub fn base_order(&self) -> &[QueryFieldId] {
         &self.base_order
     }
-    /// The set's [`Layout`].
-    pub fn layout(&self) -> Layout {
-        Layout { base_order: self.base_order.clone(), pipelines: self.pipes.iter().map(|p| (p.order.clone(), p.budget)).collect() }
+    /// The set's [`SetLayout`].
+    pub fn layout(&self) -> SetLayout {
+        SetLayout { base_order: self.base_order.clone(), pipelines: self.pipes.iter().map(|p| (p.order.clone(), p.budget)).collect() }
     }
 
     /// The pipeline each of `sub`'s cubes is in, in cube order (`sub` as it
@@ -843,7 +843,7 @@ impl CompiledSet {
         spec: &Spec,
         subs: &[NfSubscription],
         opts: CompileOptions,
-        layout: &Layout,
+        layout: &SetLayout,
         placement: impl Fn(SubId) -> Option<Vec<usize>>,
     ) -> Option<CompiledSet> {
         let mut seen = std::collections::BTreeSet::new();

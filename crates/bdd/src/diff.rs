@@ -21,7 +21,7 @@
 //! [`diff_touched`] gives the same diffs comparing only the keys that the
 //! updates in between touched, which costs what changed, not the set.
 
-use crate::compiler::Update;
+use crate::compiler::SetDiff;
 use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId, DEAD};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -284,7 +284,7 @@ impl Touched {
 ///
 /// [`diff_all`] compares every entry: with 100,000 subscriptions that is
 /// tens of milliseconds, against a cost here that follows the updates.
-pub fn diff_touched(old: &[Pipeline], new: &[&Pipeline], updates: &[&Update]) -> Vec<PipelineDiff> {
+pub fn diff_touched(old: &[Pipeline], new: &[&Pipeline], updates: &[&SetDiff]) -> Vec<PipelineDiff> {
     let mut touched: BTreeMap<usize, Touched> = BTreeMap::new();
     for d in updates.iter().flat_map(|u| &u.diffs) {
         touched.entry(d.pipeline).or_default().add(d);
@@ -428,7 +428,7 @@ mod tests {
         // `history[g]` holds generation g's pipelines, `updates[g]` the
         // update that made them from generation g - 1's.
         let mut history: Vec<Vec<Pipeline>> = vec![set.pipelines().into_iter().cloned().collect()];
-        let mut updates: Vec<Update> = vec![Update::default()];
+        let mut updates: Vec<SetDiff> = vec![SetDiff::default()];
         let mut live: Vec<u64> = nfs[..100].iter().map(|n| n.id).collect();
         let mut rng = subc_workload::Rng::new(7);
         let mut pending = nfs[100..].to_vec();
@@ -448,7 +448,7 @@ mod tests {
         }
         let new: Vec<&Pipeline> = history.last().unwrap().iter().collect();
         for (from, old) in history.iter().enumerate() {
-            let since: Vec<&Update> = updates[from + 1..].iter().collect();
+            let since: Vec<&SetDiff> = updates[from + 1..].iter().collect();
             assert_eq!(diff_touched(old, &new, &since), diff_all(old, &new), "from generation {from}");
         }
     }

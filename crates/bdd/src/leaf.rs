@@ -10,7 +10,7 @@
 
 use serde::Serialize;
 use std::fmt;
-use subc_lang::{Actions, Update};
+use subc_lang::{Actions, VarUpdate};
 
 /// Ports `0..512` as a bit set (v1model's `egress_spec` is 9 bits).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -79,7 +79,7 @@ pub struct Leaf {
     pub ports: PortSet,
     pub drop: bool,
     /// Sorted and without duplicates.
-    pub updates: Vec<Update>,
+    pub updates: Vec<VarUpdate>,
 }
 
 impl Leaf {

@@ -37,7 +37,7 @@ mod verify;
 
 pub use approximate::{compile_within, extra, relax, BudgetError, Extra, Fit};
 pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, GroupFull, LeafId, RowId, Slot, WordOf};
-pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Layout, Update};
+pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use subc_lang::mask;
 use subc_lang::spec::{MatchKind, QueryFieldId};
-use subc_lang::Update;
+use subc_lang::VarUpdate;
 
 pub type StateId = u32;
 pub type GroupId = u32;
@@ -128,7 +128,7 @@ pub fn range_to_prefixes(lo: u64, hi: u64, width: u32) -> Vec<(u64, u32)> {
 pub struct LeafEntry {
     pub ports: Vec<u32>,
     pub drop: bool,
-    pub updates: Vec<Update>,
+    pub updates: Vec<VarUpdate>,
     pub group: Option<GroupId>,
 }
 

@@ -18,8 +18,8 @@ use common::*;
 use subc_bdd::{diff_pipelines, PipelineDiff, TableDiff};
 use subc_bdd::{CompileOptions, CompiledSet, DEAD};
 use subc_bdd::{LeafEntry, Match, Pipeline, Table};
-use subc_lang::spec::{MatchKind, QueryFieldId, StateId as VarId};
-use subc_lang::{Update as VarUpdate, UpdateOp};
+use subc_lang::spec::{MatchKind, QueryFieldId, StateVarId as VarId};
+use subc_lang::{UpdateOp, VarUpdate};
 
 /// Decodes `text` and checks that it encodes back to the same bytes.
 #[track_caller]

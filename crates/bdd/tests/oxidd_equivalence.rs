@@ -35,7 +35,7 @@ use subc_bdd::{Match, Pipeline, Table};
 use subc_lang::ast::CmpOp;
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::Program;
-use subc_lang::{Cond, Test, Update};
+use subc_lang::{Cond, Test, VarUpdate};
 use subc_workload::Rng;
 
 /// A BDD manager with one variable per query-field bit.
@@ -199,7 +199,7 @@ impl Sym {
 #[derive(Default)]
 struct Atoms {
     ports: BTreeMap<u32, BDDFunction>,
-    updates: BTreeMap<Update, BDDFunction>,
+    updates: BTreeMap<VarUpdate, BDDFunction>,
     drop_any: Option<BDDFunction>,
     forward_any: Option<BDDFunction>,
 }
@@ -211,7 +211,7 @@ impl Atoms {
         packets: &BDDFunction,
         ports: impl IntoIterator<Item = u32>,
         drop: bool,
-        updates: impl IntoIterator<Item = Update>,
+        updates: impl IntoIterator<Item = VarUpdate>,
     ) {
         let join = |slot: &mut Option<BDDFunction>| *slot = Some(slot.as_ref().map_or(packets.clone(), |d| sym.or(d, packets)));
         let mut forwards = false;

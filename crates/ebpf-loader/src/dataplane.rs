@@ -115,7 +115,7 @@ pub(crate) fn update_maps(
     maps: &[Option<MapHandle>],
     model: &Model,
     image: &mut TableImage,
-    update: &subc_bdd::Update,
+    update: &subc_bdd::SetDiff,
 ) -> Result<UpdateReport, LoaderError> {
     let t = Instant::now();
     let (plan, undo) = image.plan_in_place(model, update)?;
@@ -209,7 +209,7 @@ impl Dataplane {
     /// Applies an IR update atomically (see [`subc_backend_ebpf::encode`]). On a
     /// capacity error nothing is touched; on a kernel error while writing
     /// the inactive generation, it is restored and the old tables stay live.
-    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+    pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Loaded))?;
         update_maps(&self.maps, &self.model, image, update)
     }

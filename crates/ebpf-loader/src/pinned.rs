@@ -136,7 +136,7 @@ impl PinnedTables {
     }
 
     /// Applies an IR update atomically, as [`Dataplane::update`] does.
-    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+    pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Unchecked))?;
         update_maps(&self.maps, &self.model, image, update)
     }

@@ -44,7 +44,7 @@ pub use namer::Namer;
 pub use nf::{normalize, simplify, Cube, Interval, IntervalSet, NfLimits, NfSubscription};
 pub use parse::{parse_rule_text, parse_rules, parse_spec, ParsedRule, MAX_LOGICAL_OPERATORS};
 pub use pcap::{read_pcap, write_pcap, PcapError, PcapPacket};
-pub use program::{Actions, Atom, Cond, SubId, Subscription, Test, Update, UpdateOp};
+pub use program::{Actions, Atom, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
 pub use source::{FileId, SourceFile, SourceMap, Span, CHAR_MARK_BYTES};
 pub use value::{ascii_domain, domain_of_raw, format_value, mask, raw_of_domain, read_bits, signed_domain};
 

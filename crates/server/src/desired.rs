@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use subc_bdd::Pipeline;
-use subc_bdd::{CompileError, CompileOptions, CompiledSet, Layout, Update};
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::SubId;
 
@@ -126,7 +126,7 @@ pub struct Publish {
     pub removed: Vec<SubId>,
     /// The generation the change made and the compiler's update (`None`
     /// for a full recompile).
-    pub update: Option<(u64, Option<Update>)>,
+    pub update: Option<(u64, Option<SetDiff>)>,
 }
 
 /// The state as of the last commit: what readers and deployers see.
@@ -251,7 +251,7 @@ pub(crate) fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
     set.base_order().iter().map(|q| spec.query_field(*q).name.clone()).collect()
 }
 
-/// A [`Layout`] as the store keeps it (meta "layout"): field names, so that
+/// A [`SetLayout`] as the store keeps it (meta "layout"): field names, so that
 /// a spec whose query fields moved cannot misread it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredLayout {
@@ -276,11 +276,11 @@ pub(crate) fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
 }
 
 /// [`layout_json`] read back; `None` when it does not fit `spec`.
-pub(crate) fn parse_layout(spec: &Spec, text: &str) -> Option<Layout> {
+pub(crate) fn parse_layout(spec: &Spec, text: &str) -> Option<SetLayout> {
     let stored: StoredLayout = serde_json::from_str(text).ok()?;
     let ids = |names: &[String]| -> Option<Vec<QueryFieldId>> { names.iter().map(|n| spec.query_field_by_name(n)).collect() };
     let pipelines = stored.pipelines.iter().map(|p| Some((ids(&p.order)?, p.budget))).collect::<Option<Vec<_>>>()?;
-    Some(Layout { base_order: ids(&stored.base)?, pipelines })
+    Some(SetLayout { base_order: ids(&stored.base)?, pipelines })
 }
 
 /// A subscription's placement as the store keeps it (a JSON array).

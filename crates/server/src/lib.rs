@@ -6,7 +6,7 @@
 //!                                        │ CompiledSet add/remove (desired.rs)
 //!                                        ▼
 //!                          deploy/ : one task per target, diff_pipelines(held, desired)
-//!                                    ├─ sim   (tables in memory or a file)
+//!                                    ├─ memory (the sim target: tables in memory or a file)
 //!                                    ├─ ebpf  (subc-backend-ebpf loader)
 //!                                    └─ p4    (subc-backend-p4 P4Runtime client)
 //! ```

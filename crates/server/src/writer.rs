@@ -34,7 +34,7 @@ use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_bdd::{CompileError, CompiledSet, Update};
+use subc_bdd::{CompileError, CompiledSet, SetDiff};
 use subc_lang::NfSubscription;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -156,7 +156,7 @@ impl Staged {
 struct Compiled {
     undo: Undo,
     /// The compiler's update; `None` after a full recompile.
-    update: Option<Update>,
+    update: Option<SetDiff>,
     /// After a recompile, every subscription's placement in the new layout.
     placements: Option<Vec<(u64, String)>>,
 }

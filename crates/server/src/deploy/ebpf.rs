@@ -31,10 +31,10 @@ use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{clang, write_program, EbpfError, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
 use subc_bdd::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
-use subc_lang::spec::{Spec, StateId};
-use subc_lang::{Update as VarUpdate, UpdateOp};
+use subc_lang::spec::{Spec, StateVarId};
+use subc_lang::{UpdateOp, VarUpdate};
 
 pub(crate) struct EbpfDriver {
     name: String,
@@ -64,7 +64,7 @@ fn ids_json(img: &TableImage) -> Value {
 
 /// [`ids_json`] read back.
 fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
-    let ids = Vec::<(StateId, UpdateOp, u64, u32)>::deserialize(v).map_err(ImageError::Meta)?;
+    let ids = Vec::<(StateVarId, UpdateOp, u64, u32)>::deserialize(v).map_err(ImageError::Meta)?;
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
@@ -84,7 +84,7 @@ impl ImageFiles {
     }
 
     /// Records an applied update (`img` is the image after it).
-    fn append(&mut self, update: &Update, img: &TableImage) -> Result<(), DriverError> {
+    fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), DriverError> {
         self.0.append(update, &img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
     }
 
@@ -204,7 +204,7 @@ impl Driver for EbpfDriver {
         self.open_tables(art.model, &deployment.pin_dir, art.image)
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
         t.update(update).map_err(err)?;
         self.files.append(update, t.image().expect("an updated image"))

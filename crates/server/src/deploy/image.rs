@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use subc_bdd::Pipeline;
 use subc_bdd::PipelineDiff;
-use subc_bdd::Update;
+use subc_bdd::SetDiff;
 
 pub(crate) struct ImageLog {
     dir: PathBuf,
@@ -104,7 +104,7 @@ impl ImageLog {
     /// driver keeps besides the pipelines, e.g. ids it assigned); `after`
     /// (the pipelines after the update) and `meta` become the base when the
     /// journal has outgrown the old one.
-    pub(crate) fn append(&mut self, update: &Update, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
         use std::io::Write;
         self.seq += 1;
         let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": meta }).to_string();

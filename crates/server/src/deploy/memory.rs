@@ -11,9 +11,9 @@ use super::{Driver, DriverError, RegistrationError};
 use crate::proto;
 use std::path::PathBuf;
 use subc_bdd::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::SetDiff;
 
-pub(crate) struct SimDriver {
+pub(crate) struct MemoryDriver {
     path: Option<PathBuf>,
     pipes: Option<Vec<Pipeline>>,
 }
@@ -34,10 +34,10 @@ pub(crate) fn check_path(path: &str) -> Result<(), RegistrationError> {
     Ok(())
 }
 
-impl SimDriver {
-    pub(crate) fn new(cfg: &proto::SimTarget) -> Result<SimDriver, DriverError> {
+impl MemoryDriver {
+    pub(crate) fn new(cfg: &proto::SimTarget) -> Result<MemoryDriver, DriverError> {
         let path = (!cfg.path.is_empty()).then(|| PathBuf::from(&cfg.path));
-        Ok(SimDriver { path, pipes: None })
+        Ok(MemoryDriver { path, pipes: None })
     }
 
     fn persist(&self, pipes: Option<&[Pipeline]>) -> Result<(), DriverError> {
@@ -58,7 +58,7 @@ impl SimDriver {
     }
 }
 
-impl Driver for SimDriver {
+impl Driver for MemoryDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         if let Some(path) = &self.path {
             self.pipes = match std::fs::read_to_string(path) {
@@ -77,7 +77,7 @@ impl Driver for SimDriver {
         Ok(())
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         let mut next = self.pipes.clone().ok_or_else(|| DriverError::needs_install("nothing is installed"))?;
         for d in &update.diffs {
             let p = next.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
@@ -103,7 +103,7 @@ mod tests {
     fn a_failed_write_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing-dir").join("t.json");
-        let mut d = SimDriver::new(&proto::SimTarget { path: path.display().to_string() }).unwrap();
+        let mut d = MemoryDriver::new(&proto::SimTarget { path: path.display().to_string() }).unwrap();
         let empty: Vec<&Pipeline> = vec![];
         assert!(d.install(&empty).is_err());
         assert_eq!(d.read_back().unwrap(), None);

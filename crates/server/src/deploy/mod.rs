@@ -25,8 +25,8 @@
 
 pub(crate) mod ebpf;
 pub(crate) mod image;
+pub(crate) mod memory;
 pub(crate) mod p4;
-pub(crate) mod sim;
 pub(crate) mod touched;
 
 use crate::desired::{shape_of, Committed, Shape};
@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::diff_pipelines;
 use subc_bdd::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::SetDiff;
 use subc_lang::spec::Spec;
 use tokio::sync::{watch, Notify};
 
@@ -84,7 +84,7 @@ pub(crate) trait Driver: Send {
     fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError>;
     /// Applies one diff per changed pipeline, in the IR's make-before-break
     /// order; all or nothing where the target allows it.
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError>;
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError>;
     /// Detaches and removes what subc installed.
     fn uninstall(&mut self) -> Result<(), DriverError>;
     /// What each op of a plan (pipeline, op) writes on this target, in the
@@ -223,7 +223,7 @@ pub(crate) enum Plan {
     /// The target holds the desired pipelines already.
     Nothing,
     Install(Vec<Pipeline>),
-    Update(Update),
+    Update(SetDiff),
 }
 
 impl Plan {
@@ -252,7 +252,7 @@ pub(crate) fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
-                Plan::Update(Update { diffs })
+                Plan::Update(SetDiff { diffs })
             }
         }
         _ => Plan::Install(pipes.into_iter().cloned().collect()),
@@ -689,7 +689,7 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 /// Makes the driver for a registration.
 pub(crate) fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
-        Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
+        Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(s)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
         Some(Kind::P4runtime(p)) => {
             let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -748,6 +748,6 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
             p4::given_p4info(p)?;
             Ok(())
         }
-        Some(Kind::Sim(s)) => sim::check_path(&s.path),
+        Some(Kind::Sim(s)) => memory::check_path(&s.path),
     }
 }

@@ -55,7 +55,7 @@ use subc_backend_p4::{repair, Repair};
 use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
 use subc_bdd::Op;
 use subc_bdd::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::SetDiff;
 use subc_lang::spec::{QueryFieldId, Spec};
 
 /// How long connecting and arbitration may take.
@@ -412,7 +412,7 @@ impl Driver for P4Driver {
         Ok(())
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         // Not trusted again until this write and its record succeed.
         let mut after = self.image.take().ok_or_else(|| DriverError::needs_install("what the switch holds is not known"))?;
         for d in &update.diffs {
