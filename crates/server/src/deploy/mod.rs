@@ -493,109 +493,124 @@ impl TargetHandle {
                 })
                 .await
             }
-            Plan::Update(update) => {
-                let r = self
-                    .with_driver(ctx, {
-                        let update = update.clone();
-                        move |d| d.apply(&update)
-                    })
-                    .await;
-                match r {
-                    Ok(()) => {
-                        let mut h = self.held.lock().expect("held");
-                        let ok = match &mut h.held {
-                            Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
-                            _ => false,
-                        };
-                        if !ok {
-                            h.held = Held::Unknown;
-                        }
-                        Ok(Held::Unknown)
-                    }
-                    Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
-                        // The program cannot take the update: install the set as a whole.
-                        let (pipes, generation_now) = {
-                            let c = ctx.committed();
-                            (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
-                        };
-                        tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
-                        let r = self
-                            .with_driver(ctx, move |d| {
-                                d.install(&pipes.iter().collect::<Vec<_>>())?;
-                                Ok(Held::Pipes(pipes))
-                            })
-                            .await;
-                        if r.is_ok() {
-                            // The reinstall may carry a later generation than the plan.
-                            let mut h = self.held.lock().expect("held");
-                            h.generation = generation_now.max(generation);
-                        }
-                        r
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            Plan::Update(update) => self.apply_update(ctx, update, generation).await,
         };
         ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
-        let label = Metrics::label("target", &self.name);
         match result {
-            Ok(new_held) => {
-                let (entries, groups, held_gen) = {
-                    let mut h = self.held.lock().expect("held");
-                    if let Held::Pipes(_) = new_held {
-                        h.held = new_held;
-                    }
-                    h.generation = h.generation.max(generation);
-                    let (e, g) = counts(&h.held);
-                    (e, g, h.generation)
-                };
-                ctx.observe_live(&self.name, from, held_gen);
-                let known = !matches!(self.held.lock().expect("held").held, Held::Unknown);
-                ctx.set_floor(&self.name, known.then_some(held_gen));
-                ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
-                ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
-                ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
-                let first = !self.deployed.swap(true, Ordering::SeqCst);
-                let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
-                let current = *ctx.generation.borrow();
-                let status = self.set_progress(|p| {
-                    p.attempts += 1;
-                    let s = &mut p.status;
-                    s.deployed_generation = held_gen;
-                    s.current_generation = current;
-                    s.entries = entries;
-                    s.groups = groups;
-                    s.consecutive_failures = 0;
-                    s.last_error.clear();
-                    s.last_diff_entries = written;
-                    if written > 0 {
-                        s.last_deploy_unix_ms = crate::store::now_ms();
-                    }
-                    s.state = if held_gen >= current {
-                        proto::TargetState::InSync
-                    } else if self.manual() {
-                        proto::TargetState::Behind
-                    } else {
-                        proto::TargetState::Syncing
-                    } as i32;
-                });
-                let kind = if reconciled { proto::EventKind::Reconciled } else { proto::EventKind::Deployed };
-                let event = (written > 0 || first || reconciled).then(|| proto::Event {
-                    kind: kind as i32,
-                    generation: held_gen,
-                    target: self.name.clone(),
-                    entries: written,
-                    unix_ms: crate::store::now_ms(),
-                    ..Default::default()
-                });
-                if written > 0 || first || reconciled {
-                    tracing::info!(target_name = %self.name, generation = held_gen, entries_written = written, reconciled, "deployed");
-                }
-                (ctx.report)(TargetReport { status, mark_deployed: first, event });
-                Ok(())
-            }
+            Ok(new_held) => self.succeeded(ctx, new_held, generation, from, written),
             Err(e) => self.failed(ctx, e, generation),
         }
+    }
+
+    /// Applies a planned update with the driver and to the held pipelines;
+    /// a program that cannot take it gets the committed set installed anew.
+    async fn apply_update(self: &Arc<Self>, ctx: &Arc<DeployCtx>, update: SetDiff, generation: u64) -> Result<Held, DriverError> {
+        let r = self
+            .with_driver(ctx, {
+                let update = update.clone();
+                move |d| d.apply(&update)
+            })
+            .await;
+        match r {
+            Ok(()) => {
+                let mut h = self.held.lock().expect("held");
+                let ok = match &mut h.held {
+                    Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
+                    _ => false,
+                };
+                if !ok {
+                    h.held = Held::Unknown;
+                }
+                Ok(Held::Unknown)
+            }
+            Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
+                // The program cannot take the update: install the set as a whole.
+                let (pipes, generation_now) = {
+                    let c = ctx.committed();
+                    (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
+                };
+                tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
+                let r = self
+                    .with_driver(ctx, move |d| {
+                        d.install(&pipes.iter().collect::<Vec<_>>())?;
+                        Ok(Held::Pipes(pipes))
+                    })
+                    .await;
+                if r.is_ok() {
+                    // The reinstall may carry a later generation than the plan.
+                    let mut h = self.held.lock().expect("held");
+                    h.generation = generation_now.max(generation);
+                }
+                r
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records a successful attempt: what is held, its generation, metrics,
+    /// the status and (when something was written) an event.
+    fn succeeded(
+        self: &Arc<Self>,
+        ctx: &Arc<DeployCtx>,
+        new_held: Held,
+        generation: u64,
+        from: u64,
+        written: u64,
+    ) -> Result<(), DriverError> {
+        let label = Metrics::label("target", &self.name);
+        let (entries, groups, held_gen) = {
+            let mut h = self.held.lock().expect("held");
+            if let Held::Pipes(_) = new_held {
+                h.held = new_held;
+            }
+            h.generation = h.generation.max(generation);
+            let (e, g) = counts(&h.held);
+            (e, g, h.generation)
+        };
+        ctx.observe_live(&self.name, from, held_gen);
+        let known = !matches!(self.held.lock().expect("held").held, Held::Unknown);
+        ctx.set_floor(&self.name, known.then_some(held_gen));
+        ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
+        ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
+        ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
+        let first = !self.deployed.swap(true, Ordering::SeqCst);
+        let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
+        let current = *ctx.generation.borrow();
+        let status = self.set_progress(|p| {
+            p.attempts += 1;
+            let s = &mut p.status;
+            s.deployed_generation = held_gen;
+            s.current_generation = current;
+            s.entries = entries;
+            s.groups = groups;
+            s.consecutive_failures = 0;
+            s.last_error.clear();
+            s.last_diff_entries = written;
+            if written > 0 {
+                s.last_deploy_unix_ms = crate::store::now_ms();
+            }
+            s.state = if held_gen >= current {
+                proto::TargetState::InSync
+            } else if self.manual() {
+                proto::TargetState::Behind
+            } else {
+                proto::TargetState::Syncing
+            } as i32;
+        });
+        let kind = if reconciled { proto::EventKind::Reconciled } else { proto::EventKind::Deployed };
+        let event = (written > 0 || first || reconciled).then(|| proto::Event {
+            kind: kind as i32,
+            generation: held_gen,
+            target: self.name.clone(),
+            entries: written,
+            unix_ms: crate::store::now_ms(),
+            ..Default::default()
+        });
+        if written > 0 || first || reconciled {
+            tracing::info!(target_name = %self.name, generation = held_gen, entries_written = written, reconciled, "deployed");
+        }
+        (ctx.report)(TargetReport { status, mark_deployed: first, event });
+        Ok(())
     }
 
     /// Records a failed attempt: status, metrics, an event; `held` is no
