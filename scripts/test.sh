@@ -85,6 +85,9 @@ else
     log "rustfmt is not installed: skipping the format check"
 fi
 
+log "checking ARCHITECTURE.md (every crate and module named, under 250 lines)"
+python3 scripts/check_architecture.py
+
 log "linting (clippy, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

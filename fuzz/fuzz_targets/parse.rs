@@ -7,10 +7,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use subc_lang::diag::Diagnostics;
-use subc_lang::nf::NfLimits;
-use subc_lang::parse;
-use subc_lang::source::SourceMap;
+use subc_lang::Diagnostics;
+use subc_lang::NfLimits;
+use subc_lang::parse_rules;
+use subc_lang::SourceMap;
 
 const ITCH_SPEC: &str = include_str!("../../examples/itch/itch.spec");
 
@@ -27,7 +27,7 @@ fn front_end(spec: &str, rules: &str) {
     }
     let _ = diags.render(&sources);
     let mut more = Diagnostics::default();
-    let _ = parse::parse_rules(&sources, spec, &mut more);
+    let _ = parse_rules(&sources, spec, &mut more);
     let _ = more.render(&sources);
 }
 

@@ -15,10 +15,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 use subc_backend_ebpf::{write_program, Capacity, EbpfOptions, TableImage};
-use subc_bdd::{CompileOptions, CompiledSet, Update};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
-use subc_workload::subscriptions::{itch, ItchParams};
+use subc_bdd::{CompileOptions, CompiledSet, SetDiff};
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
+use subc_workload::{itch, ItchParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
@@ -60,7 +60,7 @@ fn main() {
     // In place first, then rolled back, then the reference on the image
     // before the update; then in place again to move on. The in-place plan
     // is timed first so that it does not pay for freeing the reference's copy.
-    let mut step = |img: &mut TableImage, kind: &'static str, u: &Update| {
+    let mut step = |img: &mut TableImage, kind: &'static str, u: &SetDiff| {
         let t = Instant::now();
         let (plan, undo) = img.plan_in_place(&model, u).expect("plan in place");
         let t_new = t.elapsed().as_secs_f64() * 1e3;

@@ -36,7 +36,7 @@ use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::{CapacityError, DiffError, EbpfError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use subc_bdd::bitgroup::{BitDiff, BitGroup, LeafId, RowId, WordOf};
+use subc_bdd::{BitDiff, BitGroup, LeafId, RowId, WordOf};
 use subc_bdd::Leaf;
 
 /// The shape of a program's bit-vector group (part of `maps.json`): what

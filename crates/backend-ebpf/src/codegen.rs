@@ -15,8 +15,8 @@ use crate::parse::{max_parse_bytes, reachable};
 use crate::{EbpfError, Hook, RangeLookup, UnsupportedError};
 use askama::Template;
 use std::collections::BTreeSet;
+use subc_lang::mask;
 use subc_lang::spec::{FieldType, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind, StateVar};
-use subc_lang::value::mask;
 
 #[derive(Template)]
 #[template(path = "program.c", escape = "none")]
@@ -165,7 +165,7 @@ struct TableView {
 }
 
 /// Keeps a user-derived string safe inside a C comment.
-pub fn comment_safe(s: &str) -> String {
+pub(crate) fn comment_safe(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || " _.,()=<>!-+:[]".contains(c) { c } else { '_' }).collect()
 }
 
@@ -205,13 +205,13 @@ fn debruijn_table() -> String {
 
 /// What the generator needs besides the model: the normal forms for the
 /// naive baseline.
-pub struct NaiveRules {
+pub(crate) struct NaiveRules {
     pub count: usize,
 }
 
 /// Generates the C of the program `model` describes for `spec` (or, with
 /// `naive`, of the naive baseline).
-pub fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result<String, EbpfError> {
+pub(crate) fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) -> Result<String, EbpfError> {
     let g = Generator::new(spec, model)?;
     let (states, vars) = g.state_views();
     let view = ProgramView {
@@ -367,7 +367,7 @@ impl<'a> Generator<'a> {
                 let v = self.state_view(i, s);
                 if let StateKind::Var { width } = s.kind {
                     vars.push(VarView {
-                        index: self.model.var_index(subc_lang::spec::StateId(i as u32)).expect("vars are indexed"),
+                        index: self.model.var_index(subc_lang::spec::StateVarId(i as u32)).expect("vars are indexed"),
                         ptr: v.ptr.clone(),
                         slot: v.slot.clone(),
                         mask: format!("{:#x}", mask(width)),

@@ -5,7 +5,7 @@
 //! pipelines, the descriptor of every state (see [`crate::model`]), the
 //! slots of leaves and sorted states, and the ids of the variable updates.
 //! Both generations hold the same tables except while an update is
-//! applied. [`TableImage::plan`] turns an IR [`Update`] into an
+//! applied. [`TableImage::plan`] turns an IR [`SetDiff`] into an
 //! [`UpdatePlan`]:
 //!
 //! 1. `prepare`: entries of the update table for updates new to the set
@@ -51,10 +51,10 @@ use crate::model::{
 use crate::{CapacityError, DiffError, EbpfError, RangeLookup};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use subc_bdd::diff::Op;
-use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, StateId, DEAD};
-use subc_bdd::Update;
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
+use subc_bdd::Op;
+use subc_bdd::SetDiff;
+use subc_bdd::{LeafEntry, Match, Pipeline, StateId, DEAD};
+use subc_lang::{UpdateOp, VarUpdate};
 
 /// Set `key` to `value` in map `map` (an index into `Model::maps`), or
 /// delete it when `value` is `None`.
@@ -89,7 +89,7 @@ enum Pool {
 
 /// Where a state's entries are, which lookups can hit them, and its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Desc {
+pub(crate) struct Desc {
     pub level: u16,
     /// `F_*` flags, with the size class in bits 8..12.
     pub flags: u16,
@@ -245,7 +245,7 @@ enum SlotUndo {
 enum Change {
     Entry { p: usize, t: usize, key: (StateId, Match), val: Option<StateId> },
     Leaf { p: usize, s: StateId, val: Option<LeafEntry> },
-    Group { p: usize, g: subc_bdd::pipeline::GroupId, val: Option<Vec<u32>> },
+    Group { p: usize, g: subc_bdd::GroupId, val: Option<Vec<u32>> },
     Root { p: usize, val: StateId },
     Desc { p: usize, s: StateId, val: Option<Desc> },
     Id { u: VarUpdate, val: Option<u32> },
@@ -565,7 +565,7 @@ impl TableImage {
             .into_iter()
             .map(|(var, op, value, id)| {
                 let op = if op == 0 { UpdateOp::Set } else { UpdateOp::Add };
-                (VarUpdate { var: subc_lang::spec::StateId(var), op, value }, id)
+                (VarUpdate { var: subc_lang::spec::StateVarId(var), op, value }, id)
             })
             .collect();
         let mut img = TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default(), bits: None };
@@ -858,7 +858,7 @@ impl TableImage {
     /// success, returns the plan and the image after it; `self` is unchanged
     /// either way. The copy costs the size of the image; the loader uses
     /// [`TableImage::plan_in_place`], whose cost follows the diff.
-    pub fn plan(&self, model: &Model, update: &Update) -> Result<(UpdatePlan, TableImage), EbpfError> {
+    pub fn plan(&self, model: &Model, update: &SetDiff) -> Result<(UpdatePlan, TableImage), EbpfError> {
         let mut next = self.clone();
         let (plan, _) = next.plan_in_place(model, update)?;
         Ok((plan, next))
@@ -870,7 +870,7 @@ impl TableImage {
     /// Returns the plan and what [`TableImage::rollback`] needs to restore
     /// the image before it (if writing the plan to the maps fails). On
     /// error, `self` is unchanged.
-    pub fn plan_in_place(&mut self, model: &Model, update: &Update) -> Result<(UpdatePlan, Undo), EbpfError> {
+    pub fn plan_in_place(&mut self, model: &Model, update: &SetDiff) -> Result<(UpdatePlan, Undo), EbpfError> {
         let mut undo = Undo {
             log: vec![],
             slots: vec![],
@@ -894,7 +894,7 @@ impl TableImage {
 
     /// Adds the bit-vector group's writes to `plan` (see `bits.rs` for
     /// their order within each phase).
-    fn plan_bits(&mut self, model: &Model, update: &Update, mut plan: UpdatePlan, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
+    fn plan_bits(&mut self, model: &Model, update: &SetDiff, mut plan: UpdatePlan, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
         let Some(d) = update.bits.as_ref().filter(|d| !d.is_empty()) else { return Ok(plan) };
         let (Some(ids), Some(mut bits)) = (model.ids.bits, self.bits.take()) else {
             return Err(EbpfError::Diff(DiffError::BitGroup { what: "a bit-vector group (the program has none)".into() }));
@@ -993,8 +993,8 @@ impl TableImage {
     }
 
     /// Applies one op of a diff as [`Pipeline::apply_op`] does, logged.
-    fn apply_logged(&mut self, p: usize, op: &Op, log: &mut Vec<Change>) -> Result<(), subc_bdd::diff::ApplyError> {
-        use subc_bdd::diff::ApplyError;
+    fn apply_logged(&mut self, p: usize, op: &Op, log: &mut Vec<Change>) -> Result<(), subc_bdd::ApplyError> {
+        use subc_bdd::ApplyError;
         let pipe = &self.pipes[p];
         // Whether the place holds something now, and the change.
         let (present, mut c) = match op {
@@ -1058,7 +1058,7 @@ impl TableImage {
     }
 
     /// The phases of [`TableImage::plan_in_place`], each logged in `u`.
-    fn plan_steps(&mut self, model: &Model, update: &Update, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
+    fn plan_steps(&mut self, model: &Model, update: &SetDiff, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
         self.slots.recycle_logged(&mut u.slots);
         let Applied { mut touched, changed_pipes, big } = self.apply_diffs(model, update, &mut u.log)?;
         let net = NetChanges::of(&u.log, &changed_pipes);
@@ -1076,7 +1076,7 @@ impl TableImage {
     /// Applies the diffs' ops to the pipelines, logged: the items they
     /// name, the pipelines they change, and whether a state id too large
     /// for a key's state word may have come in.
-    fn apply_diffs(&mut self, model: &Model, update: &Update, log: &mut Vec<Change>) -> Result<Applied, EbpfError> {
+    fn apply_diffs(&mut self, model: &Model, update: &SetDiff, log: &mut Vec<Change>) -> Result<Applied, EbpfError> {
         let mut applied = Applied { touched: BTreeSet::new(), changed_pipes: BTreeSet::new(), big: false };
         for d in &update.diffs {
             let p = d.pipeline;

@@ -14,7 +14,7 @@ impl TableImage {
     /// image, recomputing every descriptor, scanning every entry and leaf.
     /// Not for use outside tests and benchmarks.
     #[doc(hidden)]
-    pub fn plan_reference(&self, model: &Model, update: &Update) -> Result<(UpdatePlan, TableImage), EbpfError> {
+    pub fn plan_reference(&self, model: &Model, update: &SetDiff) -> Result<(UpdatePlan, TableImage), EbpfError> {
         let img = self;
         let mut next = img.clone();
         next.slots.recycle();

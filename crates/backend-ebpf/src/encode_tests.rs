@@ -7,16 +7,16 @@ use super::*;
 use crate::{write_program, Capacity, EbpfOptions};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
 fn program(spec: &str, rules: &str) -> Program {
-    let mut sources = subc_lang::source::SourceMap::new();
+    let mut sources = subc_lang::SourceMap::new();
     let s = sources.add("spec", spec);
     let r = sources.add("rules", rules);
-    let (p, diags) = subc_lang::check_program(&sources, s, &[r], subc_lang::nf::NfLimits::default());
+    let (p, diags) = subc_lang::check_program(&sources, s, &[r], subc_lang::NfLimits::default());
     p.unwrap_or_else(|| panic!("{}", diags.render(&sources)))
 }
 
@@ -79,7 +79,7 @@ fn run(name: &str, p: &Program, opts: &EbpfOptions, start: usize, steps: usize, 
         // A stale id, as a saved image may carry: the first plan drops it.
         let mut ids = img.update_ids.clone();
         let top = ids.values().max().map_or(0, |m| m + 1);
-        ids.insert(VarUpdate { var: subc_lang::spec::StateId(0), op: UpdateOp::Set, value: 123_456 }, top);
+        ids.insert(VarUpdate { var: subc_lang::spec::StateVarId(0), op: UpdateOp::Set, value: 123_456 }, top);
         img = TableImage::from_parts(&model, img.pipes.clone(), ids, 1).unwrap();
         assert!(!img.ix.ids_exact);
     }

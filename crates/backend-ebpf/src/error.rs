@@ -4,9 +4,9 @@
 
 use crate::layout::MapRole;
 use crate::model::{MAX_MAPS, MAX_PIPELINES, SORTED_CLASSES};
-use subc_bdd::diff::ApplyError;
-use subc_bdd::pipeline::{Match, StateId};
-use subc_lang::program::SubId;
+use subc_bdd::ApplyError;
+use subc_bdd::{Match, StateId};
+use subc_lang::SubId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {

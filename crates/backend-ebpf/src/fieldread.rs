@@ -1,17 +1,17 @@
 //! How the generated parser reads one field out of a header: which loads,
 //! which shifts and which mask, as a small plan that is both printed as C
 //! and evaluated in Rust (so the C expressions are tested against
-//! `subc_lang::value::read_bits` without a kernel).
+//! `subc_lang::read_bits` without a kernel).
 //!
 //! Packet fields are big-endian with bit offsets from the header's most
 //! significant bit. Loads are as wide as possible (one 2/4/8-byte load and
 //! a byte swap instead of byte-by-byte assembly) but never past the end of
 //! the header, which is all the parser's bounds check proves readable.
 
-use subc_lang::value::mask;
+use subc_lang::mask;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadPlan {
+pub(crate) enum ReadPlan {
     /// `(load_be(at, size) >> shift) & mask(width)`, `size` in {1, 2, 4, 8}.
     Load { at: u32, size: u32, shift: u32, width: u32 },
     /// Bytes `at .. at + n` assembled big-endian, then shifted and masked
@@ -23,7 +23,7 @@ pub enum ReadPlan {
 }
 
 /// The plan for `width` bits at bit `offset` of a header of `header_bytes`.
-pub fn plan(offset: u32, width: u32, header_bytes: u32) -> ReadPlan {
+pub(crate) fn plan(offset: u32, width: u32, header_bytes: u32) -> ReadPlan {
     assert!((1..=64).contains(&width) && offset + width <= header_bytes * 8);
     let first = offset / 8;
     let last = (offset + width - 1) / 8;
@@ -47,7 +47,8 @@ pub fn plan(offset: u32, width: u32, header_bytes: u32) -> ReadPlan {
 
 impl ReadPlan {
     /// Runs the plan on a header's bytes (what the C expression computes).
-    pub fn eval(&self, h: &[u8]) -> u64 {
+    #[cfg(test)]
+    fn eval(&self, h: &[u8]) -> u64 {
         let be = |at: u32, n: u32| -> u64 { h[at as usize..(at + n) as usize].iter().fold(0u64, |v, b| (v << 8) | *b as u64) };
         match *self {
             ReadPlan::Load { at, size, shift, width } => (be(at, size) >> shift) & mask(width),
@@ -57,7 +58,7 @@ impl ReadPlan {
     }
 
     /// The C expression, reading through the `const __u8 *` named `base`.
-    pub fn c_expr(&self, base: &str) -> String {
+    pub(crate) fn c_expr(&self, base: &str) -> String {
         let load = |at: u32, size: u32| -> String {
             match size {
                 1 => format!("(__u64){base}[{at}]"),
@@ -107,7 +108,7 @@ impl ReadPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use subc_lang::value::read_bits;
+    use subc_lang::read_bits;
 
     #[test]
     fn plans_read_what_read_bits_reads() {

@@ -42,7 +42,7 @@ impl Scalar {
 /// What one field of a struct holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum FieldType {
+pub enum CFieldType {
     Scalar {
         scalar: Scalar,
     },
@@ -56,26 +56,26 @@ pub enum FieldType {
     },
 }
 
-impl FieldType {
+impl CFieldType {
     fn size(&self) -> u32 {
         match self {
-            FieldType::Scalar { scalar } => scalar.size(),
-            FieldType::SpinLock => 4,
-            FieldType::Struct { size, .. } => *size,
+            CFieldType::Scalar { scalar } => scalar.size(),
+            CFieldType::SpinLock => 4,
+            CFieldType::Struct { size, .. } => *size,
         }
     }
     fn align(&self) -> u32 {
         match self {
-            FieldType::Scalar { scalar } => scalar.size(),
-            FieldType::SpinLock => 4,
-            FieldType::Struct { align, .. } => *align,
+            CFieldType::Scalar { scalar } => scalar.size(),
+            CFieldType::SpinLock => 4,
+            CFieldType::Struct { align, .. } => *align,
         }
     }
     pub fn c_name(&self) -> String {
         match self {
-            FieldType::Scalar { scalar } => scalar.c_name().to_string(),
-            FieldType::SpinLock => "struct bpf_spin_lock".to_string(),
-            FieldType::Struct { name, .. } => format!("struct {name}"),
+            CFieldType::Scalar { scalar } => scalar.c_name().to_string(),
+            CFieldType::SpinLock => "struct bpf_spin_lock".to_string(),
+            CFieldType::Struct { name, .. } => format!("struct {name}"),
         }
     }
 }
@@ -85,7 +85,7 @@ impl FieldType {
 pub struct CField {
     pub name: String,
     #[serde(rename = "type")]
-    pub ty: FieldType,
+    pub ty: CFieldType,
     /// Elements (1 for a field that is not an array).
     pub count: u32,
     /// Declared as an array (even of one element).
@@ -126,8 +126,8 @@ impl CStruct {
         self.fields.iter().find(|f| f.name == name).unwrap_or_else(|| panic!("struct {} has no field {name}", self.name))
     }
     /// This struct as the type of a field of another.
-    pub fn as_type(&self) -> FieldType {
-        FieldType::Struct { name: self.name.clone(), size: self.size, align: self.align }
+    pub fn as_type(&self) -> CFieldType {
+        CFieldType::Struct { name: self.name.clone(), size: self.size, align: self.align }
     }
     /// A zeroed buffer of this struct's size.
     pub fn zeroed(&self) -> Packed<'_> {
@@ -141,7 +141,7 @@ pub struct StructBuilder {
 }
 
 impl StructBuilder {
-    fn push(mut self, name: &str, ty: FieldType, count: u32, array: bool) -> Self {
+    fn push(mut self, name: &str, ty: CFieldType, count: u32, array: bool) -> Self {
         let align = ty.align();
         let misalign = self.s.size % align;
         if misalign != 0 {
@@ -158,7 +158,7 @@ impl StructBuilder {
         self.pads += 1;
         self.s.fields.push(CField {
             name,
-            ty: FieldType::Scalar { scalar: Scalar::U8 },
+            ty: CFieldType::Scalar { scalar: Scalar::U8 },
             count: n,
             array: true,
             offset: self.s.size,
@@ -168,13 +168,13 @@ impl StructBuilder {
         self
     }
     pub fn scalar(self, name: &str, s: Scalar) -> Self {
-        self.push(name, FieldType::Scalar { scalar: s }, 1, false)
+        self.push(name, CFieldType::Scalar { scalar: s }, 1, false)
     }
     pub fn array(self, name: &str, s: Scalar, count: u32) -> Self {
-        self.push(name, FieldType::Scalar { scalar: s }, count, true)
+        self.push(name, CFieldType::Scalar { scalar: s }, count, true)
     }
     pub fn lock(self) -> Self {
-        self.push("lock", FieldType::SpinLock, 1, false)
+        self.push("lock", CFieldType::SpinLock, 1, false)
     }
     /// A struct field; an array of them when `count` is not 1.
     pub fn nested(self, name: &str, s: &CStruct, count: u32) -> Self {

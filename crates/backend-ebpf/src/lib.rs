@@ -2,13 +2,13 @@
 //! programs, testable without a kernel.
 //!
 //! Split as aya splits `aya-obj` from `aya`. This crate makes no system
-//! call on BPF objects and does not link libbpf: [`model`] (constants,
-//! structs and maps of one program, `maps.json`), [`layout`] (each C
-//! struct described once), [`fieldread`] (how the parser reads a field),
-//! [`codegen`] (C through askama templates), [`parse`] (the parse graph
-//! as the program walks it), [`names`] (every user-derived C identifier), [`encode`] (pipelines and diffs to map
-//! operations, with double-buffered generations), [`target`] (logical
-//! ports to egresses), [`naive`] (the one-rule-at-a-time baseline for
+//! call on BPF objects and does not link libbpf: `model` (constants,
+//! structs and maps of one program, `maps.json`), `layout` (each C
+//! struct described once), `fieldread` (how the parser reads a field),
+//! `codegen` (C through askama templates), `parse` (the parse graph
+//! as the program walks it), `names` (every user-derived C identifier), `encode` (pipelines and diffs to map
+//! operations, with double-buffered generations), `target` (logical
+//! ports to egresses), `naive` (the one-rule-at-a-time baseline for
 //! benchmarks), and [`clang`] (C to a BPF object: a compiler process, no
 //! kernel). The kernel half, which loads, pins, attaches, updates and
 //! test-runs what this crate produces, is `subc-ebpf-loader`.
@@ -23,30 +23,35 @@
 //! of the loader share: the encoder's oracle (`TableImage::plan_reference`)
 //! and `testing`'s example programs. No default build has it.
 
-pub mod bits;
+#![warn(unreachable_pub)]
+
+mod bits;
 pub mod clang;
-pub mod codegen;
-pub mod encode;
+mod codegen;
+mod encode;
 mod error;
-pub mod fieldread;
-pub mod layout;
-pub mod model;
-pub mod naive;
-pub mod names;
-pub mod parse;
-pub mod target;
+mod fieldread;
+mod layout;
+mod model;
+mod naive;
+mod names;
+mod parse;
+mod target;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 use serde::{Deserialize, Serialize};
-use bits::{BitTables, BitsShape};
-use subc_bdd::pipeline::Pipeline;
 use subc_bdd::CompiledSet;
+use subc_bdd::Pipeline;
 use subc_lang::spec::Spec;
 
-pub use encode::{MapOp, TableImage, UpdatePlan};
+pub use bits::{BitMapIds, BitTables, BitsShape};
+pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
+pub use layout::{read_field, CField, CFieldType, CStruct, MapDef, MapRole, MapType, Scalar, KV};
 pub use model::Model;
+pub use naive::write_naive;
+pub use target::{config_op, parse_mac, Egress, NoMatch, TargetConfig};
 
 /// Where the program runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,7 +18,7 @@
 //!     more), searched in log2(K) unrolled steps;
 //!   - [`RangeLookup::Lpm`]: one LPM trie keyed `{prefix length, state word,
 //!     value}` (ranges expanded into prefixes, the default as the empty
-//!     prefix, so the longest match is [`subc_bdd::pipeline::Table::lookup`]);
+//!     prefix, so the longest match is [`subc_bdd::Table::lookup`]);
 //! - `subc_leaves` (array): the leaf state's ports bitmap, drop flag and
 //!   update bitmap.
 //!
@@ -36,32 +36,32 @@ use crate::names::CNames;
 use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, UnsupportedError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
-use subc_bdd::pipeline::{Match, Pipeline, Table};
-use subc_lang::program::Update;
-use subc_lang::spec::{MatchKind, Spec, StateId, StateKind};
+use subc_bdd::{Match, Pipeline, Table};
+use subc_lang::spec::{MatchKind, Spec, StateKind, StateVarId};
+use subc_lang::VarUpdate;
 
 /// The level of a state that has no entries in any table (a leaf, `DEAD`).
-pub const TERMINAL: u16 = 0xffff;
+pub(crate) const TERMINAL: u16 = 0xffff;
 /// Descriptor flag: look the state up in `subc_exact`.
-pub const F_EXACT: u16 = 1;
+pub(crate) const F_EXACT: u16 = 1;
 /// Descriptor flag: the state has ranged or default entries (its sorted
 /// value, or LPM entries).
-pub const F_RANGED: u16 = 2;
+pub(crate) const F_RANGED: u16 = 2;
 /// Descriptor flag: the state is a leaf; its slot is in `subc_leaves`.
-pub const F_LEAF: u16 = 4;
+pub(crate) const F_LEAF: u16 = 4;
 /// Descriptor flags bits 8..12: the size class of a sorted state.
-pub const CLASS_SHIFT: u16 = 8;
+pub(crate) const CLASS_SHIFT: u16 = 8;
 /// Intervals per sorted value, by size class.
-pub const SORTED_CLASSES: [u32; 5] = [8, 64, 512, 4096, 32768];
+pub(crate) const SORTED_CLASSES: [u32; 5] = [8, 64, 512, 4096, 32768];
 /// Most pipelines a program can have (7 bits of the state word).
-pub const MAX_PIPELINES: usize = 127;
+pub(crate) const MAX_PIPELINES: usize = 127;
 /// State ids must fit 24 bits of the state word.
-pub const MAX_STATE: u32 = (1 << 24) - 1;
+pub(crate) const MAX_STATE: u32 = (1 << 24) - 1;
 /// The kernel's limit on maps one program may use.
-pub const MAX_MAPS: usize = 64;
+pub(crate) const MAX_MAPS: usize = 64;
 
 /// The size class holding `n` intervals.
-pub fn class_for(n: usize) -> Option<usize> {
+pub(crate) fn class_for(n: usize) -> Option<usize> {
     SORTED_CLASSES.iter().position(|k| n <= *k as usize)
 }
 
@@ -154,7 +154,7 @@ pub struct Counts {
 
 /// Where an entry of a table lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Home {
+pub(crate) enum Home {
     Exact,
     Lpm,
     Sorted,
@@ -163,7 +163,7 @@ pub enum Home {
 /// The map an entry goes to: exact entries of exact fields always in the
 /// hash; with the sorted layout, exact entries of other fields join their
 /// state's intervals (one lookup instead of two).
-pub fn home(ranges: RangeLookup, kind: MatchKind, m: &Match) -> Home {
+pub(crate) fn home(ranges: RangeLookup, kind: MatchKind, m: &Match) -> Home {
     match (m, ranges) {
         (Match::Exact { .. }, RangeLookup::Sorted) if kind != MatchKind::Exact => Home::Sorted,
         (Match::Exact { .. }, _) => Home::Exact,
@@ -174,8 +174,8 @@ pub fn home(ranges: RangeLookup, kind: MatchKind, m: &Match) -> Home {
 
 /// The `[lo, hi]` interval of a ranged entry; `None` for a ternary mask
 /// that is not a prefix (no such entry comes out of the IR's lowering).
-pub fn interval_of(m: &Match, width: u32) -> Option<(u64, u64)> {
-    let full = subc_lang::value::mask(width);
+pub(crate) fn interval_of(m: &Match, width: u32) -> Option<(u64, u64)> {
+    let full = subc_lang::mask(width);
     match *m {
         Match::Exact { value } => Some((value, value)),
         Match::Range { lo, hi } => Some((lo, hi)),
@@ -196,13 +196,13 @@ pub fn interval_of(m: &Match, width: u32) -> Option<(u64, u64)> {
 }
 
 /// The entries of one state of a table, with their next states.
-pub fn state_entries(t: &subc_bdd::pipeline::Table, state: StateId1) -> impl Iterator<Item = (&Match, StateId1)> {
+pub(crate) fn state_entries(t: &subc_bdd::Table, state: StateId1) -> impl Iterator<Item = (&Match, StateId1)> {
     t.entries.range((state, Match::Exact { value: 0 })..=(state, Match::Default)).map(|((_, m), n)| (m, *n))
 }
 
 /// The intervals of a state's sorted value: its entries whose home is the
 /// sorted layout, default excepted, flattened.
-pub fn sorted_intervals(t: &Table, state: StateId1) -> Vec<(u64, u64, StateId1)> {
+pub(crate) fn sorted_intervals(t: &Table, state: StateId1) -> Vec<(u64, u64, StateId1)> {
     flat_intervals(
         state_entries(t, state).filter(|(m, _)| **m != Match::Default && home(RangeLookup::Sorted, t.kind, m) == Home::Sorted),
         t.width,
@@ -210,10 +210,10 @@ pub fn sorted_intervals(t: &Table, state: StateId1) -> Vec<(u64, u64, StateId1)>
 }
 
 /// The prefixes `(value left-aligned to 64 bits, length)` of a ranged entry.
-pub fn prefixes_of(m: &Match, width: u32) -> Option<Vec<(u64, u32)>> {
+pub(crate) fn prefixes_of(m: &Match, width: u32) -> Option<Vec<(u64, u32)>> {
     let (lo, hi) = interval_of(m, width)?;
     Some(
-        subc_bdd::pipeline::range_to_prefixes(lo, hi, width)
+        subc_bdd::range_to_prefixes(lo, hi, width)
             .into_iter()
             .map(|(v, len)| (if width == 64 { v } else { v << (64 - width) }, len))
             .collect(),
@@ -225,7 +225,7 @@ pub fn prefixes_of(m: &Match, width: u32) -> Option<Vec<(u64, u32)>> {
 /// entry covering it: the IR nests prefixes on LPM and ternary fields
 /// (`10/8 -> A, 10.1/16 -> B`), and the sorted layout needs them flat.
 /// Adjacent intervals with the same next state are merged.
-pub fn flat_intervals<'a>(entries: impl Iterator<Item = (&'a Match, StateId1)>, width: u32) -> Vec<(u64, u64, StateId1)> {
+pub(crate) fn flat_intervals<'a>(entries: impl Iterator<Item = (&'a Match, StateId1)>, width: u32) -> Vec<(u64, u64, StateId1)> {
     use std::collections::BinaryHeap;
     let mut ivs: Vec<(u64, u64, u32, StateId1)> = entries
         .filter_map(|(m, next)| {
@@ -234,7 +234,7 @@ pub fn flat_intervals<'a>(entries: impl Iterator<Item = (&'a Match, StateId1)>, 
             let priority = match *m {
                 Match::Exact { .. } => width + 1,
                 Match::Prefix { len, .. } => len,
-                Match::Ternary { mask, .. } => (mask & subc_lang::value::mask(width)).count_ones(),
+                Match::Ternary { mask, .. } => (mask & subc_lang::mask(width)).count_ones(),
                 _ => 0,
             };
             Some((lo, hi, priority, next))
@@ -267,12 +267,12 @@ pub fn flat_intervals<'a>(entries: impl Iterator<Item = (&'a Match, StateId1)>, 
     out
 }
 
-type StateId1 = subc_bdd::pipeline::StateId;
+type StateId1 = subc_bdd::StateId;
 
 /// Counts the entries of one generation of these pipelines.
-pub fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfError> {
+pub(crate) fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, EbpfError> {
     let mut c = Counts { sorted: vec![0; SORTED_CLASSES.len()], ..Default::default() };
-    let mut updates: BTreeSet<Update> = BTreeSet::new();
+    let mut updates: BTreeSet<VarUpdate> = BTreeSet::new();
     for p in pipes {
         for t in &p.tables {
             let mut sorted_states: BTreeSet<u32> = BTreeSet::new();
@@ -318,7 +318,7 @@ impl Capacity {
 }
 
 /// The fixed structs of every program.
-pub fn next_struct() -> CStruct {
+pub(crate) fn next_struct() -> CStruct {
     CStruct::builder("subc_next")
         .scalar("state", Scalar::U32)
         .scalar("slot", Scalar::U32)
@@ -328,7 +328,7 @@ pub fn next_struct() -> CStruct {
 }
 
 /// The struct of a sorted value of class `c`.
-pub fn sorted_struct(c: usize, next: &CStruct) -> CStruct {
+pub(crate) fn sorted_struct(c: usize, next: &CStruct) -> CStruct {
     let k = SORTED_CLASSES[c];
     CStruct::builder(&format!("subc_sorted{c}"))
         .scalar("n", Scalar::U32)
@@ -608,7 +608,7 @@ impl Model {
         (gen << 31) | ((pipeline as u32) << 24) | state
     }
 
-    pub fn var_index(&self, var: StateId) -> Option<u32> {
+    pub fn var_index(&self, var: StateVarId) -> Option<u32> {
         self.vars.iter().position(|v| *v == var.0).map(|i| i as u32)
     }
 

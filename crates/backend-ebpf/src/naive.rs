@@ -12,13 +12,13 @@ use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::model::Model;
 use crate::{EbpfError, EbpfOptions, UnsupportedError};
-use subc_lang::nf::NfSubscription;
+use subc_lang::mask;
 use subc_lang::spec::Spec;
-use subc_lang::value::mask;
+use subc_lang::NfSubscription;
 
 /// One rule: per query field `[lo, hi]`, and its actions.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuleBox {
+pub(crate) struct RuleBox {
     pub lo: Vec<u64>,
     pub hi: Vec<u64>,
     pub ports: Vec<u32>,
@@ -26,7 +26,7 @@ pub struct RuleBox {
 }
 
 /// The boxes of a subscription set.
-pub fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
+pub(crate) fn boxes(spec: &Spec, subs: &[NfSubscription]) -> Vec<RuleBox> {
     let q = spec.query_fields.len();
     let mut out = vec![];
     for s in subs {

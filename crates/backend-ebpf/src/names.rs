@@ -12,11 +12,11 @@
 //! out of all of those (prefixes compare case-insensitively).
 
 use std::collections::BTreeMap;
-use subc_lang::namer::Namer;
 use subc_lang::spec::{FieldRef, Spec};
+use subc_lang::Namer;
 
 /// C11 keywords, and macros or typedefs the included headers define.
-pub const C_KEYWORDS: &[&str] = &[
+pub(crate) const C_KEYWORDS: &[&str] = &[
     "auto",
     "break",
     "case",
@@ -78,16 +78,17 @@ pub const C_KEYWORDS: &[&str] = &[
 ];
 
 /// Prefixes of the generator's own names and of the included headers'.
-pub const RESERVED_PREFIXES: &[&str] = &["subc_", "bpf_", "xdp_", "sk_", "btf_", "tc_", "__", "max_bpf", "libbpf_", "tcp_bpf", "tri_"];
+pub(crate) const RESERVED_PREFIXES: &[&str] =
+    &["subc_", "bpf_", "xdp_", "sk_", "btf_", "tc_", "__", "max_bpf", "libbpf_", "tcp_bpf", "tri_"];
 
 /// A fresh namer for one generated C file.
-pub fn c_namer() -> Namer {
+pub(crate) fn c_namer() -> Namer {
     Namer::new(C_KEYWORDS, RESERVED_PREFIXES)
 }
 
 /// The C identifiers of one program's user-derived names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CNames {
+pub(crate) struct CNames {
     /// Per state of the spec, its map.
     pub state_maps: Vec<String>,
     /// Per header of the spec (labels and validity flags add a prefix).
@@ -103,7 +104,7 @@ impl CNames {
     /// Names everything of `spec` with one namer, in this order: state
     /// maps (so a state's map name does not depend on the rest), headers,
     /// the fields read, query values (as `q.<name>`).
-    pub fn new(spec: &Spec) -> CNames {
+    pub(crate) fn new(spec: &Spec) -> CNames {
         let mut namer = c_namer();
         let state_maps = spec.states.iter().map(|s| namer.name(&s.name)).collect();
         let headers = spec.headers.iter().map(|h| namer.name(&h.name)).collect();
@@ -138,7 +139,7 @@ mod tests {
                     parser { start -> pkt; pkt -> accept; }\n\
                     query pkt.kind exact;\n\
                     state pkt_kind = var(8);\n";
-        let mut sources = subc_lang::source::SourceMap::new();
+        let mut sources = subc_lang::SourceMap::new();
         let s = sources.add("spec", spec);
         let r = sources.add("rules", "pkt.kind == 1 : fwd(1)\n");
         let (p, diags) = subc_lang::check_program(&sources, s, &[r], Default::default());

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::{FieldRef, HeaderId, ParseNext, ParseTarget, QuerySource, Spec, StateKind};
 
 /// Headers reachable from the parser's start.
-pub fn reachable(spec: &Spec) -> BTreeSet<HeaderId> {
+pub(crate) fn reachable(spec: &Spec) -> BTreeSet<HeaderId> {
     let mut seen = BTreeSet::new();
     let mut stack = vec![spec.parser.start];
     while let Some(t) = stack.pop() {
@@ -30,7 +30,7 @@ pub fn reachable(spec: &Spec) -> BTreeSet<HeaderId> {
 /// The header fields the program reads: those the reachable headers'
 /// selects test, the packet query fields, and the fields stream state
 /// keys on or samples.
-pub fn fields_read(spec: &Spec) -> BTreeSet<FieldRef> {
+pub(crate) fn fields_read(spec: &Spec) -> BTreeSet<FieldRef> {
     let mut needed: BTreeSet<FieldRef> = BTreeSet::new();
     for h in &reachable(spec) {
         if let Some(ParseNext::Select { fields, .. }) = &spec.parser.next[h.0 as usize] {
@@ -54,7 +54,7 @@ pub fn fields_read(spec: &Spec) -> BTreeSet<FieldRef> {
 }
 
 /// Longest byte length of any parse path (what TC makes linear first).
-pub fn max_parse_bytes(spec: &Spec) -> u32 {
+pub(crate) fn max_parse_bytes(spec: &Spec) -> u32 {
     let mut dist: BTreeMap<HeaderId, u32> = BTreeMap::new();
     let mut best = 0;
     if let ParseTarget::Header(h) = spec.parser.start {

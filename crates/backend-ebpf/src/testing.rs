@@ -5,9 +5,9 @@
 use crate::{write_set, Artifacts, EbpfOptions};
 use std::path::{Path, PathBuf};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
 use subc_lang::Program;
+use subc_lang::SourceMap;
 
 /// The repository's `examples/` directory.
 pub fn examples_dir() -> PathBuf {
@@ -59,9 +59,9 @@ pub fn example(name: &str) -> Program {
 }
 
 /// The frames of an example's `packets.pcap`.
-pub fn example_packets(name: &str) -> Vec<subc_lang::pcap::PcapPacket> {
+pub fn example_packets(name: &str) -> Vec<subc_lang::PcapPacket> {
     let bytes = std::fs::read(examples_dir().join(name).join("packets.pcap")).unwrap();
-    subc_lang::pcap::read_pcap(&bytes).unwrap()
+    subc_lang::read_pcap(&bytes).unwrap()
 }
 
 /// The pipelines of a program, compiled with the default options.

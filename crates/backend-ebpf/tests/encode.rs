@@ -7,12 +7,12 @@
 mod common;
 
 use common::{compile, example, examples, program};
-use subc_backend_ebpf::encode::TableImage;
+use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{write_program, EbpfOptions, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
@@ -33,7 +33,7 @@ fn values(p: &Program, rng: &mut Rng) -> Vec<u64> {
         .iter()
         .enumerate()
         .map(|(i, q)| {
-            let m = subc_lang::value::mask(q.width);
+            let m = subc_lang::mask(q.width);
             if !pool[i].is_empty() && rng.chance(0.8) {
                 *rng.pick(&pool[i]) & m
             } else {

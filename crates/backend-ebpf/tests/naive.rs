@@ -5,7 +5,7 @@
 mod common;
 
 use common::program;
-use subc_backend_ebpf::naive::write_naive;
+use subc_backend_ebpf::write_naive;
 use subc_backend_ebpf::{EbpfError, EbpfOptions};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");

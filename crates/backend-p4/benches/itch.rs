@@ -8,11 +8,11 @@
 
 use prost::Message;
 use std::time::Instant;
-use subc_backend_p4::entries::write_request;
+use subc_backend_p4::write_request;
 use subc_backend_p4::{compile, P4Options};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_workload::subscriptions::{itch, ItchParams};
 use subc_workload::Rng;
+use subc_workload::{itch, ItchParams};
 
 fn one(n: usize, fold: bool) {
     let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();

@@ -17,26 +17,26 @@
 //! order (P4Runtime does not promise one); batches must be written one after
 //! the other.
 
-use crate::layout::{ActionKind, Fanout, Layout, ParamRole, Stage, TableRole};
+use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole};
 use crate::p4info::{action_name, qualified, Ids};
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use subc_bdd::diff::{Op, PipelineDiff, TableDiff};
-use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, StateId};
-use subc_lang::program::UpdateOp;
+use subc_bdd::{LeafEntry, Match, Pipeline, StateId};
+use subc_bdd::{Op, PipelineDiff, TableDiff};
+use subc_lang::mask;
 use subc_lang::spec::MatchKind;
-use subc_lang::value::mask;
+use subc_lang::UpdateOp;
 
 /// The canonical byte string of `v` (P4Runtime §8.4.2).
-pub fn canonical(v: u64) -> Vec<u8> {
+pub(crate) fn canonical(v: u64) -> Vec<u8> {
     canonical_bytes(&v.to_be_bytes())
 }
 
 /// The canonical form of a big-endian byte string: leading zero bytes
 /// removed, one zero byte left for 0.
-pub fn canonical_bytes(be: &[u8]) -> Vec<u8> {
+pub(crate) fn canonical_bytes(be: &[u8]) -> Vec<u8> {
     let first = be.iter().position(|b| *b != 0).unwrap_or(be.len().saturating_sub(1));
     if be.is_empty() {
         return vec![0];
@@ -46,7 +46,7 @@ pub fn canonical_bytes(be: &[u8]) -> Vec<u8> {
 
 /// The canonical byte string of a set of ports as a bitmap (port `p` is
 /// bit `p`).
-pub fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
+pub(crate) fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
     let n = width.div_ceil(8) as usize;
     let mut be = vec![0u8; n.max(1)];
     for &p in ports {
@@ -67,7 +67,7 @@ pub fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
 pub struct PortMap(BTreeMap<u32, u32>);
 
 /// v1model's drop port: no subscription port may map to it.
-pub const DROP_PORT: u32 = 511;
+pub(crate) const DROP_PORT: u32 = 511;
 
 impl PortMap {
     /// A map from subscription ports to device ports; refused when two ports
@@ -125,28 +125,6 @@ pub struct Batch {
     pub updates: Vec<p4v1::Update>,
 }
 
-/// Sizes of a batch plan, for reports.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct PlanStats {
-    pub batches: usize,
-    pub inserts: usize,
-    pub modifies: usize,
-    pub deletes: usize,
-}
-
-pub fn plan_stats(batches: &[Batch]) -> PlanStats {
-    let mut s = PlanStats { batches: batches.len(), ..Default::default() };
-    for u in batches.iter().flat_map(|b| &b.updates) {
-        match p4v1::update::Type::try_from(u.r#type) {
-            Ok(p4v1::update::Type::Insert) => s.inserts += 1,
-            Ok(p4v1::update::Type::Modify) => s.modifies += 1,
-            Ok(p4v1::update::Type::Delete) => s.deletes += 1,
-            _ => {}
-        }
-    }
-    s
-}
-
 /// All updates of a plan as one `WriteRequest` (device and election id
 /// left for the client to fill in).
 pub fn write_request(batches: &[Batch]) -> p4v1::WriteRequest {
@@ -155,7 +133,7 @@ pub fn write_request(batches: &[Batch]) -> p4v1::WriteRequest {
 
 /// Translates IR entries and diffs into P4Runtime updates for one program.
 pub struct Encoder<'a> {
-    layout: &'a Layout,
+    layout: &'a P4Layout,
     ids: &'a Ids,
     table_ids: Vec<u32>,
     ports: PortMap,
@@ -170,12 +148,12 @@ fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
 }
 
 impl<'a> Encoder<'a> {
-    pub fn new(layout: &'a Layout, ids: &'a Ids) -> Encoder<'a> {
+    pub fn new(layout: &'a P4Layout, ids: &'a Ids) -> Encoder<'a> {
         Encoder::with_ports(layout, ids, PortMap::default())
     }
 
     /// An encoder that writes device ports through `ports`.
-    pub fn with_ports(layout: &'a Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
+    pub fn with_ports(layout: &'a P4Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
         let table_ids = layout.tables.iter().map(|t| ids.tables[&qualified(&t.name)]).collect();
         Encoder { layout, ids, table_ids, ports }
     }
@@ -185,7 +163,7 @@ impl<'a> Encoder<'a> {
         ports.iter().map(|p| self.ports.device(*p)).collect()
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &P4Layout {
         self.layout
     }
 
@@ -492,7 +470,7 @@ fn batch_key(op: &Op) -> (u8, usize) {
     }
 }
 
-fn batch_label(op: &Op, pipeline: usize, layout: &Layout) -> String {
+fn batch_label(op: &Op, pipeline: usize, layout: &P4Layout) -> String {
     let field = |t: usize| layout.pipelines[pipeline].levels[t].source.clone();
     let what = match op {
         Op::CreateGroup { .. } => "create multicast groups".to_string(),
@@ -516,7 +494,7 @@ fn batch_label(op: &Op, pipeline: usize, layout: &Layout) -> String {
 /// to it: those the diff does not insert or modify anyway are modified where
 /// the leaf would have been (before the new entries, so that the old paths
 /// already act as the new leaf says when the new paths join them).
-pub fn batches_of_ops(enc: &Encoder, pipeline: usize, ops: &[Op], pipe: &Pipeline, max: usize) -> Result<Vec<Batch>, Error> {
+pub(crate) fn batches_of_ops(enc: &Encoder, pipeline: usize, ops: &[Op], pipe: &Pipeline, max: usize) -> Result<Vec<Batch>, Error> {
     let ops = if enc.layout().fold_leaves { fold_leaf_ops(ops, pipe) } else { ops.to_vec() };
     let mut out: Vec<Batch> = vec![];
     let mut last: Option<(u8, usize)> = None;
@@ -571,7 +549,7 @@ fn fold_leaf_ops(ops: &[Op], pipe: &Pipeline) -> Vec<Op> {
 
 /// The ops that install a pipeline on an empty target, in make-before-break
 /// order: the diff from nothing to `p`.
-pub fn install_ops(p: &Pipeline) -> Vec<Op> {
+pub(crate) fn install_ops(p: &Pipeline) -> Vec<Op> {
     let d = PipelineDiff {
         pipeline: 0,
         groups_created: p.groups.iter().map(|(g, ports)| (*g, ports.clone())).collect(),

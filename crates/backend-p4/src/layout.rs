@@ -34,21 +34,21 @@
 use crate::names::P4Namer;
 use crate::{Error, P4Options};
 use serde::Serialize;
-use subc_bdd::pipeline::Pipeline;
 use subc_bdd::CompiledSet;
+use subc_bdd::Pipeline;
+use subc_lang::mask;
 use subc_lang::spec::{
     FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead, StateVar,
 };
-use subc_lang::value::mask;
 
 /// Width of `meta.state` and of state parameters (`state_t`).
-pub const STATE_WIDTH: u32 = 32;
+pub(crate) const STATE_WIDTH: u32 = 32;
 /// Width of v1model's `egress_spec` (`PortId_t`).
-pub const PORT_WIDTH: u32 = 9;
+pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
-pub const GROUP_WIDTH: u32 = 16;
+pub(crate) const GROUP_WIDTH: u32 = 16;
 /// The fully qualified name of the ingress control, as P4Info names things.
-pub const INGRESS: &str = "MyIngress";
+pub(crate) const INGRESS: &str = "MyIngress";
 
 /// How the action sets of the pipelines reach the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -99,7 +99,7 @@ pub enum Transition {
 
 /// The parse target names used in transitions: a packet the spec's parse
 /// graph accepts goes to [`PARSED_STATE`], which sets `meta.parsed`.
-pub const PARSED_STATE: &str = "parsed";
+pub(crate) const PARSED_STATE: &str = "parsed";
 /// Where a packet the spec's parse graph rejects goes: out of the parser
 /// without `meta.parsed`, so the ingress gives it the no-match decision
 /// (docs/semantics.md, "Parse"). Not P4's `reject`: v1model hands rejected
@@ -108,7 +108,7 @@ pub const PARSED_STATE: &str = "parsed";
 /// whose parser drops rejected packets the configured no-match action would
 /// be bypassed. (A header cut short still rejects implicitly, with
 /// `PacketTooShort`; the ingress sees `meta.parsed == 0` either way.)
-pub const UNPARSED_EXIT: &str = "accept";
+pub(crate) const UNPARSED_EXIT: &str = "accept";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MetaField {
@@ -231,7 +231,7 @@ pub enum ParamRole {
     Port,
     Group,
     Ports,
-    /// Index into [`Layout::vars`].
+    /// Index into [`P4Layout::vars`].
     VarSet(usize),
     VarTo(usize),
     VarAdd(usize),
@@ -342,7 +342,7 @@ pub struct VarView {
 
 /// The whole program's shape.
 #[derive(Clone, Debug, Serialize)]
-pub struct Layout {
+pub struct P4Layout {
     pub headers: Vec<HeaderView>,
     /// The state the parser's `start` goes to.
     pub start: String,
@@ -372,15 +372,15 @@ pub struct Layout {
 /// `n < 2^48`, because the error `n * (m*d - 2^s) / (d * 2^s)` stays below
 /// `2^-l <= 1/d`. The product needs at most 48 + 49 bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Divider {
+pub(crate) struct Divider {
     pub multiplier: u128,
     pub shift: u32,
 }
 
 impl Divider {
-    pub const INPUT_BITS: u32 = 48;
+    pub(crate) const INPUT_BITS: u32 = 48;
 
-    pub fn new(d: u64) -> Divider {
+    pub(crate) fn new(d: u64) -> Divider {
         assert!((1..1 << 48).contains(&d), "divisor out of range");
         if d.is_power_of_two() {
             return Divider { multiplier: 1, shift: d.trailing_zeros() };
@@ -392,12 +392,12 @@ impl Divider {
     }
 
     /// `n / d` for `n < 2^48`, computed as the program does.
-    pub fn divide(&self, n: u64) -> u64 {
+    pub(crate) fn divide(&self, n: u64) -> u64 {
         ((n as u128 * self.multiplier) >> self.shift) as u64
     }
 
     /// The P4 expression dividing the 48-bit `operand`.
-    pub fn p4(&self, operand: &str) -> String {
+    pub(crate) fn p4(&self, operand: &str) -> String {
         if self.multiplier == 1 {
             format!("{operand} >> {}", self.shift)
         } else {
@@ -427,16 +427,16 @@ pub fn field_orders(pipes: &[&Pipeline]) -> Vec<Vec<QueryFieldId>> {
     pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
 }
 
-impl Layout {
+impl P4Layout {
     /// Decides the program for `spec` and the pipelines of `set` (their
     /// number and field orders are fixed for the program's lifetime).
-    /// Tables get the minimum size; see [`Layout::size_tables`].
-    pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<Layout, Error> {
-        Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
+    /// Tables get the minimum size; see [`P4Layout::size_tables`].
+    pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<P4Layout, Error> {
+        P4Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
     }
 
-    /// As [`Layout::new`], from the pipelines' field orders alone.
-    pub fn for_orders(spec: &Spec, orders: &[Vec<QueryFieldId>], opts: &P4Options) -> Result<Layout, Error> {
+    /// As [`P4Layout::new`], from the pipelines' field orders alone.
+    pub fn for_orders(spec: &Spec, orders: &[Vec<QueryFieldId>], opts: &P4Options) -> Result<P4Layout, Error> {
         if orders.is_empty() {
             return Err(Error::NoPipeline);
         }
@@ -461,7 +461,7 @@ impl Layout {
     pub fn action(&self, name: &str) -> Option<&ActionDecl> {
         self.actions.iter().find(|a| a.name == name)
     }
-    /// The index in [`Layout::tables`] of the table with this role.
+    /// The index in [`P4Layout::tables`] of the table with this role.
     pub fn table_index(&self, role: TableRole) -> Option<usize> {
         self.tables.iter().position(|t| t.role == role)
     }
@@ -479,7 +479,7 @@ impl Layout {
     }
 }
 
-/// [`Layout::for_orders`], phase by phase: each phase fills in its part of
+/// [`P4Layout::for_orders`], phase by phase: each phase fills in its part of
 /// `layout`, reading the parts the phases before it filled in.
 struct Builder<'a> {
     spec: &'a Spec,
@@ -489,7 +489,7 @@ struct Builder<'a> {
     /// The fields of `metadata_t`; the generator's own fields are reserved,
     /// so that they keep their plain names.
     meta_namer: P4Namer,
-    layout: Layout,
+    layout: P4Layout,
 }
 
 /// The key every table but the roots and the fanout match first.
@@ -505,7 +505,7 @@ struct TableActions {
 }
 
 impl TableActions {
-    fn of(layout: &Layout) -> TableActions {
+    fn of(layout: &P4Layout) -> TableActions {
         let leaf: Vec<String> = if layout.fanout == Fanout::Direct {
             let mut a = vec!["forward".to_string(), "multicast".into(), "drop".into()];
             if !layout.vars.is_empty() {
@@ -534,7 +534,7 @@ impl TableActions {
 impl<'a> Builder<'a> {
     fn new(spec: &'a Spec, opts: &'a P4Options, pipelines: usize) -> Builder<'a> {
         let fanout = if pipelines == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
-        let layout = Layout {
+        let layout = P4Layout {
             headers: vec![],
             start: String::new(),
             parse_states: vec![],
@@ -900,7 +900,7 @@ impl<'a> Builder<'a> {
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and
-    /// it starts at the smallest size ([`Layout::size_tables`] grows it).
+    /// it starts at the smallest size ([`P4Layout::size_tables`] grows it).
     fn push_entry_table(&mut self, name: String, role: TableRole, keys: Vec<KeyDecl>, actions: &[String]) {
         self.layout.tables.push(TableDecl {
             name,

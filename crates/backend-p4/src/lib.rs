@@ -1,14 +1,14 @@
 //! The subc P4 back end: from the IR's pipelines to what a P4 switch and its
 //! controller need.
 //!
-//! - [`layout`]: the program's shape (tables, actions, registers, metadata),
+//! - `layout`: the program's shape (tables, actions, registers, metadata),
 //!   decided once and shared by everything below;
-//! - [`program`]: the P4_16 source for v1model (an askama template);
-//! - [`p4info`]: the P4Info, with the names and ids p4c gives;
-//! - [`entries`]: table entries and multicast groups as P4Runtime updates,
+//! - `program`: the P4_16 source for v1model (an askama template);
+//! - `p4info`: the P4Info, with the names and ids p4c gives;
+//! - `entries`: table entries and multicast groups as P4Runtime updates,
 //!   and IR diffs as ordered batches of updates;
-//! - [`resources`]: entries, TCAM and SRAM per table;
-//! - [`sim`]: a P4-semantics simulator that runs on decoded P4Runtime
+//! - `resources`: entries, TCAM and SRAM per table;
+//! - `sim`: a P4-semantics simulator that runs on decoded P4Runtime
 //!   messages only;
 //! - [`client`]: a P4Runtime client (arbitration, pipeline config, write,
 //!   read back);
@@ -19,31 +19,40 @@
 //! [`P4Target`] that turns later IR updates into P4Runtime updates.
 //!
 //! Invariants: the back end only reads the IR (it never changes a
-//! pipeline); every identifier in the program comes from [`names`]; every
+//! pipeline); every identifier in the program comes from `names`; every
 //! value on the wire is a canonical byte string; the P4Info equals what p4c
 //! writes for the program (checked against p4test when it is installed).
 
+#![warn(unreachable_pub)]
+
 pub mod client;
-pub mod entries;
-pub mod layout;
-pub mod names;
-pub mod p4info;
-pub mod program;
+mod entries;
+mod layout;
+mod names;
+mod p4info;
+mod program;
 pub mod proto;
-pub mod repair;
-pub mod resources;
-pub mod sim;
+mod repair;
+mod resources;
+mod simulator;
 #[cfg(feature = "test-server")]
 pub mod testing;
 
-use entries::{batches_of_ops, install_ops, Batch, Encoder, PortMap};
-use layout::{Fanout, Layout};
+pub use entries::{describe, entries_text, write_request, Batch, PortMap};
+pub use layout::{field_orders, P4Layout};
+pub use p4info::difference;
+pub use program::write_program;
+pub use repair::{repair, Repair};
+pub use simulator::{Simulator, Switch};
+
+use entries::{batches_of_ops, install_ops, Encoder};
+use layout::Fanout;
 use p4info::Ids;
 use proto::p4::config::v1::P4Info;
 use proto::p4::v1 as p4v1;
 use serde::Serialize;
-use subc_bdd::pipeline::{Pipeline, StateId};
 use subc_bdd::CompiledSet;
+use subc_bdd::{Pipeline, StateId};
 use subc_lang::spec::Spec;
 
 /// Knobs of the P4 back end.
@@ -126,7 +135,7 @@ pub struct Artifacts {
 /// any number of diffs can be translated in any process that compiled the
 /// same program.
 pub struct P4Target {
-    layout: Layout,
+    layout: P4Layout,
     ids: Ids,
     opts: P4Options,
 }
@@ -141,7 +150,7 @@ impl P4Target {
     /// As [`P4Target::new`], from the pipelines alone (their tables give the
     /// field orders).
     pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
-        let mut layout = Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
+        let mut layout = P4Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
         let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);
@@ -152,7 +161,7 @@ impl P4Target {
         &self.opts
     }
 
-    pub fn layout(&self) -> &Layout {
+    pub fn layout(&self) -> &P4Layout {
         &self.layout
     }
     pub fn ids(&self) -> &Ids {
@@ -190,13 +199,13 @@ impl P4Target {
     }
 
     /// The updates that apply `update`, which `set` just returned.
-    pub fn apply(&self, set: &CompiledSet, update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
+    pub fn apply(&self, set: &CompiledSet, update: &subc_bdd::SetDiff) -> Result<Vec<Batch>, Error> {
         self.apply_pipelines(&set.pipelines(), update)
     }
 
     /// The updates that apply `update`; `after` are the pipelines as they
     /// are after it.
-    pub fn apply_pipelines(&self, after: &[&Pipeline], update: &subc_bdd::Update) -> Result<Vec<Batch>, Error> {
+    pub fn apply_pipelines(&self, after: &[&Pipeline], update: &subc_bdd::SetDiff) -> Result<Vec<Batch>, Error> {
         let enc = self.encoder();
         let mut out = vec![];
         for d in &update.diffs {

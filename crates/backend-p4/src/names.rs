@@ -1,7 +1,7 @@
 //! P4 identifiers for everything the generated program declares.
 //!
 //! Every name derived from the spec (headers, fields, query fields, state
-//! variables) goes through a [`subc_lang::namer::Namer`] that knows P4_16's
+//! variables) goes through a [`subc_lang::Namer`] that knows P4_16's
 //! keywords and the names `core.p4` and `v1model.p4` declare, and that has the
 //! generator's own identifiers reserved, so no user name can become a keyword,
 //! shadow an architecture name, or collide with a generated one.
@@ -13,10 +13,10 @@
 //! fields of `metadata_t`.
 
 use std::collections::BTreeSet;
-use subc_lang::namer::Namer;
+use subc_lang::Namer;
 
 /// P4_16 keywords (P4_16 specification 1.2.5, appendix "P4 reserved keywords").
-pub const P4_KEYWORDS: &[&str] = &[
+pub(crate) const P4_KEYWORDS: &[&str] = &[
     "abstract",
     "action",
     "actions",
@@ -70,7 +70,7 @@ pub const P4_KEYWORDS: &[&str] = &[
 
 /// Names `core.p4` and `v1model.p4` declare at top level (and the macros
 /// they define, which the preprocessor would substitute).
-pub const ARCHITECTURE_NAMES: &[&str] = &[
+pub(crate) const ARCHITECTURE_NAMES: &[&str] = &[
     "packet_in",
     "packet_out",
     "NoAction",
@@ -135,10 +135,10 @@ pub const ARCHITECTURE_NAMES: &[&str] = &[
 ];
 
 /// Prefixes of identifiers P4 compilers keep for themselves.
-pub const RESERVED_PREFIXES: &[&str] = &["__", "V1MODEL_", "_V1_", "_CORE_"];
+pub(crate) const RESERVED_PREFIXES: &[&str] = &["__", "V1MODEL_", "_V1_", "_CORE_"];
 
 /// Identifiers the generator declares at top level or in `MyIngress`.
-pub const GENERATED_NAMES: &[&str] = &[
+pub(crate) const GENERATED_NAMES: &[&str] = &[
     "headers_t",
     "metadata_t",
     "state_t",
@@ -189,7 +189,7 @@ const HEADER_METHODS: &[&str] = &["isValid", "setValid", "setInvalid", "minSizeI
 
 /// A namer over P4's keywords and the architecture's names. Distinct keys
 /// always get distinct identifiers.
-pub struct P4Namer {
+pub(crate) struct P4Namer {
     namer: Namer,
     used: BTreeSet<String>,
 }
@@ -204,24 +204,24 @@ impl P4Namer {
     }
 
     /// The namer of top-level and ingress-level declarations.
-    pub fn global() -> P4Namer {
+    pub(crate) fn global() -> P4Namer {
         P4Namer::new(GENERATED_NAMES)
     }
 
     /// The namer of one header type's fields.
-    pub fn header_fields() -> P4Namer {
+    pub(crate) fn header_fields() -> P4Namer {
         P4Namer::new(HEADER_METHODS)
     }
 
     /// The namer of a struct's fields, with the generator's own fields reserved.
-    pub fn struct_fields(reserved: &[&str]) -> P4Namer {
+    pub(crate) fn struct_fields(reserved: &[&str]) -> P4Namer {
         P4Namer::new(reserved)
     }
 
     /// A fresh identifier for one declaration, derived from `base` (which
     /// may be any string). Calling it twice with the same base gives two
     /// different identifiers: each call is a different declaration.
-    pub fn fresh(&mut self, base: &str) -> String {
+    pub(crate) fn fresh(&mut self, base: &str) -> String {
         // The namer returns the same identifier for the same key, so every
         // declaration gets a key of its own; different keys give different
         // identifiers.

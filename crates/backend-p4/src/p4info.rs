@@ -10,7 +10,7 @@
 //! other symbol shares. With `P4TEST` set, a test compares this P4Info with
 //! the one p4c writes for the same program.
 
-use crate::layout::{Layout, RegisterDecl, TableDecl, INGRESS};
+use crate::layout::{P4Layout, RegisterDecl, TableDecl, INGRESS};
 use crate::proto::p4::config::v1 as cfg;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::MatchKind;
@@ -24,7 +24,7 @@ pub struct Ids {
 }
 
 /// The Jenkins one-at-a-time hash, as p4c computes it.
-pub fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
+pub(crate) fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
     let mut h: u32 = 0;
     for b in key {
         h = h.wrapping_add(*b as u32);
@@ -54,7 +54,7 @@ fn assign(names: &BTreeSet<String>, prefix: u32, taken: &mut BTreeSet<u32>) -> B
 
 /// The fully qualified name of an action: `NoAction` is declared by
 /// `core.p4` at top level, the others in the ingress control.
-pub fn action_name(name: &str) -> String {
+pub(crate) fn action_name(name: &str) -> String {
     if name == "NoAction" {
         name.to_string()
     } else {
@@ -62,7 +62,7 @@ pub fn action_name(name: &str) -> String {
     }
 }
 
-pub fn qualified(name: &str) -> String {
+pub(crate) fn qualified(name: &str) -> String {
     format!("{INGRESS}.{name}")
 }
 
@@ -94,7 +94,7 @@ fn match_type(k: MatchKind) -> i32 {
 }
 
 /// The ids of `layout`'s objects.
-pub fn ids(layout: &Layout) -> Ids {
+pub(crate) fn ids(layout: &P4Layout) -> Ids {
     let tables: BTreeSet<String> = layout.tables.iter().map(|t| qualified(&t.name)).collect();
     let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| action_name(a)).collect();
     let registers: BTreeSet<String> = layout.registers.iter().map(|r| qualified(&r.name)).collect();
@@ -110,8 +110,8 @@ pub fn ids(layout: &Layout) -> Ids {
 
 /// Actions some table refers to, in declaration order (`NoAction`, from
 /// `core.p4`, first; the template declares the others in the order of
-/// [`Layout::actions`]); p4c leaves out actions no table uses.
-fn used_actions(layout: &Layout) -> Vec<String> {
+/// [`P4Layout::actions`]); p4c leaves out actions no table uses.
+fn used_actions(layout: &P4Layout) -> Vec<String> {
     let used: BTreeSet<&str> = layout.tables.iter().flat_map(|t| t.actions.iter().map(String::as_str)).collect();
     let mut out = vec![];
     if used.contains("NoAction") {
@@ -139,7 +139,7 @@ fn full_width_bytes(v: u64, width: u32) -> Vec<u8> {
 }
 
 /// The P4Info of `layout`.
-pub fn p4info(layout: &Layout, ids: &Ids) -> cfg::P4Info {
+pub(crate) fn p4info(layout: &P4Layout, ids: &Ids) -> cfg::P4Info {
     let preambles = Preambles::new(ids);
     cfg::P4Info {
         pkg_info: Some(cfg::PkgInfo { arch: "v1model".into(), ..Default::default() }),
@@ -173,7 +173,7 @@ impl Preambles {
 
 /// A table: its match fields named by their key expressions, its actions,
 /// and the default action it starts with.
-fn table_info(layout: &Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) -> cfg::Table {
+fn table_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) -> cfg::Table {
     let name = qualified(&t.name);
     cfg::Table {
         preamble: preambles.preamble(name.clone(), ids.tables[&name], vec![]),
@@ -201,7 +201,7 @@ fn table_info(layout: &Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) 
 
 /// The arguments of a table's default action, from the numbers the program
 /// writes (`set_state(0)`).
-fn default_arguments(layout: &Layout, t: &TableDecl) -> Vec<cfg::table_action_call::Argument> {
+fn default_arguments(layout: &P4Layout, t: &TableDecl) -> Vec<cfg::table_action_call::Argument> {
     match layout.action(&t.default_action) {
         Some(a) if !t.default_args.is_empty() => {
             let values: Vec<u64> = t.default_args.split(',').map(|v| v.trim().parse().expect("numeric default arguments")).collect();
@@ -218,7 +218,7 @@ fn default_arguments(layout: &Layout, t: &TableDecl) -> Vec<cfg::table_action_ca
 
 /// An action and its parameters (`NoAction` comes from `core.p4`, with its
 /// annotation).
-fn action_info(layout: &Layout, ids: &Ids, preambles: &Preambles, a: &str) -> cfg::Action {
+fn action_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, a: &str) -> cfg::Action {
     let name = action_name(a);
     let id = ids.actions[&name];
     if a == "NoAction" {
@@ -256,7 +256,7 @@ fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Reg
 /// What of a P4Info a controller's entries depend on: the P4Info without
 /// the table sizes (a device config compiled with bigger tables runs the
 /// same program) and the package info (p4c fills in names and versions).
-pub fn shape(info: &cfg::P4Info) -> cfg::P4Info {
+pub(crate) fn shape(info: &cfg::P4Info) -> cfg::P4Info {
     let mut s = info.clone();
     s.pkg_info = None;
     for t in &mut s.tables {

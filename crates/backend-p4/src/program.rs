@@ -1,14 +1,14 @@
-//! The P4_16 program: a view model of the [`Layout`] with every string the
+//! The P4_16 program: a view model of the [`P4Layout`] with every string the
 //! template needs already made, and the askama template that prints it
 //! (`templates/program.p4`). The template only loops and picks snippets.
 
 use crate::layout::{
-    Fanout, Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
+    Fanout, P4Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
 };
 use askama::Template;
 use subc_lang::spec::{MatchKind, Spec};
 
-pub struct PipelineRow {
+pub(crate) struct PipelineRow {
     pub index: usize,
     pub order: String,
     pub root: String,
@@ -16,27 +16,27 @@ pub struct PipelineRow {
     pub leaf: Option<String>,
 }
 
-pub struct MetaRow {
+pub(crate) struct MetaRow {
     pub ty: String,
     pub name: String,
     pub pad: String,
     pub comment: String,
 }
 
-pub struct SelectRow {
+pub(crate) struct SelectRow {
     pub key: String,
     pub cases: Vec<(String, String)>,
     pub default: String,
 }
 
-pub struct ParseRow {
+pub(crate) struct ParseRow {
     pub name: String,
     pub header: String,
     pub select: Option<SelectRow>,
     pub goto: String,
 }
 
-pub struct TableRow {
+pub(crate) struct TableRow {
     pub name: String,
     pub comment: Option<String>,
     pub keys: Vec<(String, &'static str)>,
@@ -45,14 +45,14 @@ pub struct TableRow {
     pub size: u64,
 }
 
-pub struct CopyRow {
+pub(crate) struct CopyRow {
     pub header: String,
     pub assigns: Vec<(String, String)>,
 }
 
 #[derive(Template)]
 #[template(path = "program.p4", escape = "none")]
-pub struct ProgramTemplate<'a> {
+pub(crate) struct ProgramTemplate<'a> {
     pub pipelines: Vec<PipelineRow>,
     pub state_width: u32,
     pub ports_width: Option<u32>,
@@ -93,7 +93,7 @@ fn match_kind(k: MatchKind) -> &'static str {
 }
 
 impl<'a> ProgramTemplate<'a> {
-    pub fn new(spec: &Spec, l: &'a Layout) -> ProgramTemplate<'a> {
+    pub(crate) fn new(spec: &Spec, l: &'a P4Layout) -> ProgramTemplate<'a> {
         let (copies, flips) = header_copies(l);
         ProgramTemplate {
             pipelines: pipeline_rows(l),
@@ -124,7 +124,7 @@ impl<'a> ProgramTemplate<'a> {
 }
 
 /// Each pipeline's tables, and its field order for the comment above them.
-fn pipeline_rows(l: &Layout) -> Vec<PipelineRow> {
+fn pipeline_rows(l: &P4Layout) -> Vec<PipelineRow> {
     l.pipelines
         .iter()
         .enumerate()
@@ -139,7 +139,7 @@ fn pipeline_rows(l: &Layout) -> Vec<PipelineRow> {
 }
 
 /// The fields of `metadata_t`, their comments lined up in one column.
-fn meta_rows(l: &Layout) -> Vec<MetaRow> {
+fn meta_rows(l: &P4Layout) -> Vec<MetaRow> {
     let widest = l.meta.iter().map(|m| meta_type(m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
     l.meta
         .iter()
@@ -181,7 +181,7 @@ fn parse_row(s: &ParseStateView) -> ParseRow {
 
 /// The signature of a leaf action (`forward(bit<9> port, ...)`): its own
 /// parameter, then the variables' update parameters, one line per variable.
-fn action_signature(l: &Layout, name: &str, first: Option<&str>) -> String {
+fn action_signature(l: &P4Layout, name: &str, first: Option<&str>) -> String {
     let mut parts: Vec<String> = first.map(|f| vec![f.to_string()]).unwrap_or_default();
     parts.extend(l.vars.iter().map(|v| format!("bit<1> {}, bit<{w}> {}, bit<{w}> {}", v.set_param, v.to_param, v.add_param, w = v.width)));
     // Continuation lines line up after `    action name(`.
@@ -190,7 +190,7 @@ fn action_signature(l: &Layout, name: &str, first: Option<&str>) -> String {
 }
 
 /// One register write per variable: `v = (set ? to : v) + add`.
-fn variable_updates(l: &Layout) -> Vec<String> {
+fn variable_updates(l: &P4Layout) -> Vec<String> {
     l.vars
         .iter()
         .map(|v| {
@@ -203,7 +203,7 @@ fn variable_updates(l: &Layout) -> Vec<String> {
 }
 
 /// A table as the template prints it.
-fn table_row(l: &Layout, t: &TableDecl) -> TableRow {
+fn table_row(l: &P4Layout, t: &TableDecl) -> TableRow {
     let default_action = if t.default_args.is_empty() && t.default_action == "NoAction" {
         "NoAction()".to_string()
     } else {
@@ -221,7 +221,7 @@ fn table_row(l: &Layout, t: &TableDecl) -> TableRow {
 
 /// The comment above a table: what it is for. A level's ranged and default
 /// tables share the comment above its exact table.
-fn table_comment(l: &Layout, role: TableRole) -> Option<String> {
+fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
     match role {
         TableRole::Root { pipeline } => Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it).")),
         TableRole::Field { level, stage: Stage::Exact, pipeline } => {
@@ -244,7 +244,7 @@ fn table_comment(l: &Layout, role: TableRole) -> Option<String> {
 /// The copies of packet fields into metadata, grouped by header (each
 /// header's copies go under one validity check), and the sign bits to flip
 /// after them.
-fn header_copies(l: &Layout) -> (Vec<CopyRow>, Vec<(String, String)>) {
+fn header_copies(l: &P4Layout) -> (Vec<CopyRow>, Vec<(String, String)>) {
     let mut copies: Vec<CopyRow> = vec![];
     let mut flips = vec![];
     for q in &l.queries {
@@ -271,7 +271,7 @@ fn meta_type(name: &str, width: u32) -> String {
 }
 
 /// Prints the program.
-pub fn write_program(spec: &Spec, layout: &Layout) -> String {
+pub fn write_program(spec: &Spec, layout: &P4Layout) -> String {
     let t = ProgramTemplate::new(spec, layout);
     let mut s = t.render().expect("the program template renders");
     if !s.ends_with('\n') {

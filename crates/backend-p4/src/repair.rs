@@ -171,7 +171,7 @@ pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Enti
 mod tests {
     use super::*;
     use crate::client::{compare, initial_defaults};
-    use crate::sim::Switch;
+    use crate::simulator::Switch;
     use crate::P4Options;
     use subc_bdd::{CompileOptions, CompiledSet};
 

@@ -10,13 +10,13 @@
 //! what this program does; reported for comparison with Camus).
 
 use crate::entries::Batch;
-use crate::layout::{Layout, Stage, TableRole};
+use crate::layout::{P4Layout, Stage, TableRole};
 use crate::p4info::{qualified, Ids};
 use crate::proto::p4::v1 as p4v1;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use subc_bdd::pipeline::{range_to_prefixes, Match};
 use subc_bdd::CompiledSet;
+use subc_bdd::{range_to_prefixes, Match};
 use subc_lang::spec::MatchKind;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -56,13 +56,8 @@ pub struct Resources {
     pub tables: Vec<TableResources>,
 }
 
-/// Entries per table of the layout, from the IR (to size the tables).
-pub fn entry_counts(layout: &Layout, set: &CompiledSet) -> Vec<usize> {
-    entry_counts_of(layout, &set.pipelines())
-}
-
-/// As [`entry_counts`], from the pipelines.
-pub fn entry_counts_of(layout: &Layout, pipes: &[&subc_bdd::pipeline::Pipeline]) -> Vec<usize> {
+/// Entries per table of the layout, from the pipelines (to size the tables).
+pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) -> Vec<usize> {
     layout
         .tables
         .iter()
@@ -92,7 +87,7 @@ fn range_cost(r: &p4v1::field_match::Range, width: u32) -> usize {
 }
 
 /// The resources of an install.
-pub fn resources(layout: &Layout, ids: &Ids, set: &CompiledSet, install: &[Batch]) -> Resources {
+pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install: &[Batch]) -> Resources {
     // The width of each table's second key (the field), by table id.
     let widths: BTreeMap<u32, u32> =
         layout.tables.iter().map(|t| (ids.tables[&qualified(&t.name)], t.keys.get(1).map(|k| k.width).unwrap_or(0))).collect();

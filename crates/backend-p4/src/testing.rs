@@ -22,18 +22,18 @@
 //! groups) and `GetForwardingPipelineConfig`, and counts and logs every
 //! write, so that a test can tell what a controller wrote.
 //!
-//! The checks need the program's [`Layout`]: given, or recovered from the
+//! The checks need the program's [`P4Layout`]: given, or recovered from the
 //! P4Info the controller pushes ([`recover_layout`], for a controller that
 //! generates the program itself).
 
 use crate::client::initial_defaults;
-use crate::layout::Layout;
+use crate::layout::P4Layout;
 use crate::p4info::{difference, ids, p4info};
 use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::p4::config::v1::{match_field::MatchType, P4Info};
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_server::{P4Runtime, P4RuntimeServer};
-use crate::sim::{Code, Switch};
+use crate::simulator::{Code, Switch};
 use crate::P4Options;
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -62,7 +62,7 @@ pub struct State {
     /// The pipeline config last committed.
     pub pipeline: Option<p4v1::ForwardingPipelineConfig>,
     pub switch: Option<Switch>,
-    layout: Option<Layout>,
+    layout: Option<P4Layout>,
     /// SetForwardingPipelineConfig calls that committed a pipeline.
     pub pipelines_set: usize,
     /// Every Write received, in order (refused ones included).
@@ -90,7 +90,7 @@ impl State {
         self.pipeline.as_ref().and_then(|p| p.p4info.as_ref())
     }
     /// The layout the checks use.
-    pub fn layout(&self) -> Option<&Layout> {
+    pub fn layout(&self) -> Option<&P4Layout> {
         self.layout.as_ref()
     }
 }
@@ -99,7 +99,7 @@ impl State {
 #[derive(Clone)]
 pub enum Checks {
     /// This layout, whatever the P4Info.
-    Layout(Arc<Layout>),
+    Layout(Arc<P4Layout>),
     /// Recovered from each pushed P4Info with this spec ([`recover_layout`]).
     Recover(Arc<Spec>),
 }
@@ -406,8 +406,8 @@ pub enum RecoverError {
 /// table other than `fanout` starts a pipeline, each table keyed on the
 /// state and an exact field starts a level), leaves folded or not, and the
 /// result is accepted only if its P4Info is `info` (up to table sizes).
-pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, RecoverError> {
-    let base = Layout::for_orders(spec, &[vec![]], &P4Options::default())?;
+pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<P4Layout, RecoverError> {
+    let base = P4Layout::for_orders(spec, &[vec![]], &P4Options::default())?;
     let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> =
         base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
     let mut orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = vec![];
@@ -426,7 +426,7 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<Layout, RecoverError
     }
     let mut last = String::from("no pipeline");
     for fold_leaves in [false, true] {
-        let layout = Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() })?;
+        let layout = P4Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() })?;
         match difference(&p4info(&layout, &ids(&layout)), info) {
             None => return Ok(layout),
             Some(d) => last = d,

@@ -16,25 +16,25 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use subc_backend_p4::client::{compare, initial_defaults, Client};
-use subc_backend_p4::entries::Batch;
-use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
-use subc_backend_p4::sim::Switch;
 use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+use subc_backend_p4::Batch;
+use subc_backend_p4::P4Layout;
+use subc_backend_p4::Switch;
 use subc_backend_p4::{compile as p4_compile, P4Options, P4Target};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_workload::subscriptions::{itch, ItchParams};
+use subc_workload::{itch, ItchParams};
 
 /// Starts the fake switch on a free local port.
-async fn start(layout: Layout) -> (String, TestServer) {
+async fn start(layout: P4Layout) -> (String, TestServer) {
     let server = TestServer::start(Checks::Layout(Arc::new(layout))).await.unwrap();
     (server.addr.clone(), server)
 }
 
 /// What the switch should hold after these writes (from a local switch).
-fn expected(info: &P4Info, layout: &Layout, writes: &[&[Batch]]) -> Vec<p4v1::Entity> {
+fn expected(info: &P4Info, layout: &P4Layout, writes: &[&[Batch]]) -> Vec<p4v1::Entity> {
     let mut sw = Switch::new(info).unwrap();
     for batches in writes {
         apply_checked(&mut sw, layout, &roundtrip_batches(batches), false);
@@ -152,7 +152,7 @@ async fn client_against_an_in_process_server() {
     // which the server reports: the checks are live.
     let (p2, set2) = itch_set(10);
     let (_, art2) = p4_compile(&p2.spec, &set2, &P4Options::default()).unwrap();
-    let (addr2, state2) = start(Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
+    let (addr2, state2) = start(P4Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
     let mut c = Client::connect(&addr2, DEVICE, 1).await.unwrap();
     c.set_pipeline(&art2.p4info, vec![]).await.unwrap();
     let mut backwards = art2.install.clone();
@@ -163,7 +163,7 @@ async fn client_against_an_in_process_server() {
     // A non-primary cannot write: a backup controller (a lower election id,
     // its stream open) is refused with PERMISSION_DENIED before any update
     // is applied, on a switch where the primary's same write succeeds.
-    let (addr3, state3) = start(Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
+    let (addr3, state3) = start(P4Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
     let mut primary3 = Client::connect(&addr3, DEVICE, 10).await.unwrap();
     primary3.set_pipeline(&art2.p4info, vec![]).await.unwrap();
     let (mut rpc, answer, _stream) = backup(&addr3, 7).await;

@@ -8,14 +8,14 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use subc_backend_p4::sim::Simulator;
+use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, P4Options};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::interp::StateStore;
-use subc_lang::pcap::read_pcap;
+use subc_lang::read_pcap;
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_lang::StateStore;
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 /// Back-end options: leaves in a leaf table, or folded into the entries.
 fn p4_options(fold: bool) -> P4Options {
@@ -196,7 +196,7 @@ proptest! {
         let layout = target.layout().clone();
         let info = roundtrip_p4info(&art.p4info);
         let mut sim = Simulator::new(&full.spec, &layout, &info).unwrap();
-        let mut reversed = subc_backend_p4::sim::Switch::new(&info).unwrap();
+        let mut reversed = subc_backend_p4::Switch::new(&info).unwrap();
         let install = roundtrip_batches(&art.install);
         apply_checked(&mut sim.switch, &layout, &install, false);
         apply_checked(&mut reversed, &layout, &install, true);
@@ -217,7 +217,7 @@ proptest! {
         prop_assert!(applied >= 1, "no update was applied in {} steps", steps);
         // The incrementally updated switch holds what a fresh install would.
         let (_, fresh) = p4_compile(&full.spec, &set, &p4_options(fold)).unwrap();
-        let mut clean = subc_backend_p4::sim::Switch::new(&info).unwrap();
+        let mut clean = subc_backend_p4::Switch::new(&info).unwrap();
         apply_checked(&mut clean, &layout, &roundtrip_batches(&fresh.install), false);
         prop_assert_eq!(resolved(&sim.switch), resolved(&clean));
         prop_assert_eq!(resolved(&reversed), resolved(&clean));
@@ -225,7 +225,7 @@ proptest! {
 }
 
 /// A switch's entries with multicast group ids replaced by their ports.
-fn resolved(sw: &subc_backend_p4::sim::Switch) -> Vec<String> {
+fn resolved(sw: &subc_backend_p4::Switch) -> Vec<String> {
     use subc_backend_p4::proto::p4::v1 as p4v1;
     let mut out: Vec<String> = sw
         .read()

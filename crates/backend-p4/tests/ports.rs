@@ -9,10 +9,10 @@ mod common;
 
 use common::*;
 use std::collections::BTreeMap;
-use subc_backend_p4::entries::PortMap;
-use subc_backend_p4::sim::Simulator;
+use subc_backend_p4::PortMap;
+use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, P4Options};
-use subc_lang::interp::StateStore;
+use subc_lang::StateStore;
 
 /// Runs `pkts` through the simulator loaded with the mapped install and
 /// compares, mapped back, with the reference; returns how many packets

@@ -10,10 +10,10 @@ use common::*;
 use prost::Message;
 use std::path::Path;
 use std::process::Command;
-use subc_backend_p4::entries::{entries_text, write_request, Batch};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::to_text;
 use subc_backend_p4::{compile, P4Options};
+use subc_backend_p4::{entries_text, write_request, Batch};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_workload::Rng;
 

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use subc_backend_p4::entries::entries_text;
+use subc_backend_p4::entries_text;
 use subc_backend_p4::proto::to_text;
 use subc_backend_p4::{compile, P4Options};
 

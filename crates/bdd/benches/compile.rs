@@ -9,8 +9,8 @@ mod util;
 use std::time::Instant;
 use subc_bdd::report::stats;
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 use util::{itch_spec, peak_rss_mib, program, run_child};
 
 fn itch_one(n: usize) {
@@ -88,7 +88,7 @@ fn incremental(base: usize, updates: usize) {
     let mut lat = vec![];
     let mut sizes = vec![];
     let mut present: Vec<u64> = initial.iter().map(|s| s.id).collect();
-    let mut pending: Vec<&subc_lang::nf::NfSubscription> = extra.iter().collect();
+    let mut pending: Vec<&subc_lang::NfSubscription> = extra.iter().collect();
     for i in 0..updates {
         let t = Instant::now();
         let u = if i % 2 == 0 && !pending.is_empty() {

@@ -32,9 +32,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 use subc_bdd::report::stats;
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::program::Actions;
+use subc_lang::Actions;
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 use util::{cpu_seconds, itch_spec, peak_rss_mib, program, rss_mib, run_child_within};
 
 /// An MTBDD terminal: a set of action atoms (ports, the drop flag, variable
@@ -96,7 +96,7 @@ const UPDATE_ATOMS: u32 = 1 << 31;
 
 /// The atoms of an action set: ports as themselves, then drop, then updates
 /// (numbered in the order first seen).
-fn atoms(a: &Actions, updates: &mut HashMap<subc_lang::program::Update, u32>) -> Box<[u32]> {
+fn atoms(a: &Actions, updates: &mut HashMap<subc_lang::VarUpdate, u32>) -> Box<[u32]> {
     let mut out: Vec<u32> = a.ports.iter().copied().collect();
     if a.drop {
         out.push(DROP_ATOM);
@@ -213,7 +213,7 @@ impl OxiddEngine {
     }
 
     /// One subscription: the union of its cubes, each `actions` inside and `∅` outside.
-    fn subscription(&self, cubes: &[subc_lang::nf::Cube], actions: Box<[u32]>) -> AllocResult<Mtbdd> {
+    fn subscription(&self, cubes: &[subc_lang::Cube], actions: Box<[u32]>) -> AllocResult<Mtbdd> {
         let t = self.constant(ActionSet::Set(actions))?;
         let mut acc = self.empty.clone();
         let mut ite = |v: u32, hi: &Mtbdd, lo: &Mtbdd| self.vars[v as usize].ite(hi, lo);
@@ -263,8 +263,8 @@ impl OxiddEngine {
 
 /// The query fields the set constrains, in the order our IR's heuristic picks.
 fn used_order(p: &Program) -> Vec<subc_lang::spec::QueryFieldId> {
-    let used = subc_bdd::order::distinct_constants(&p.spec, &p.normal_forms);
-    subc_bdd::order::choose_order(&p.spec, &p.normal_forms, None).into_iter().filter(|f| used.contains_key(f)).collect()
+    let used = subc_bdd::distinct_constants(&p.spec, &p.normal_forms);
+    subc_bdd::choose_order(&p.spec, &p.normal_forms, None).into_iter().filter(|f| used.contains_key(f)).collect()
 }
 
 fn workload(which: &str, n: usize) -> Program {

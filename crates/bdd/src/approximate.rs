@@ -21,8 +21,8 @@ use crate::compiler::{CompileError, CompileOptions, CompiledSet};
 use crate::leaf::Leaf;
 use crate::order::distinct_constants;
 use std::collections::BTreeSet;
-use subc_lang::nf::{Cube, NfSubscription};
 use subc_lang::spec::{QueryFieldId, Spec};
+use subc_lang::{Cube, NfSubscription};
 
 /// `subs` with the constraints on `dropped` fields removed from every cube
 /// (cubes of a subscription that became equal are kept once).

@@ -37,9 +37,9 @@
 
 use crate::hash::FxHashMap;
 use crate::leaf::Leaf;
-use subc_lang::nf::IntervalSet;
+use subc_lang::mask;
 use subc_lang::spec::QueryFieldId;
-use subc_lang::value::mask;
+use subc_lang::IntervalSet;
 
 /// A slot: rule `s` is bit `s % 64` of word `s / 64`.
 pub type Slot = u32;

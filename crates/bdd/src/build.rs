@@ -25,12 +25,12 @@ use crate::hash::FxHashMap;
 use crate::leaf::{Leaf, PortSet};
 use std::collections::BTreeMap;
 use std::time::Instant;
-use subc_lang::nf::IntervalSet;
-use subc_lang::program::Update;
+use subc_lang::IntervalSet;
+use subc_lang::VarUpdate;
 
 /// One cube of one subscription, over levels.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rule {
+pub(crate) struct Rule {
     /// Sorted by level; every set is non-empty and not the full domain.
     pub constraints: Vec<(u32, IntervalSet)>,
     /// The subscription's actions.
@@ -38,7 +38,7 @@ pub struct Rule {
 }
 
 impl Rule {
-    pub fn at(&self, level: u32) -> Option<&IntervalSet> {
+    pub(crate) fn at(&self, level: u32) -> Option<&IntervalSet> {
         self.constraints.binary_search_by_key(&level, |(l, _)| *l).ok().map(|i| &self.constraints[i].1)
     }
     fn first_at_or_after(&self, level: u32) -> u32 {
@@ -49,7 +49,7 @@ impl Rule {
         self.constraints.last().map(|c| c.0).unwrap_or(0)
     }
     /// Whether some packet is in both this rule's cube and `bx`.
-    pub fn intersects(&self, bx: &[(u32, IntervalSet)]) -> bool {
+    pub(crate) fn intersects(&self, bx: &[(u32, IntervalSet)]) -> bool {
         let (mut i, mut j) = (0, 0);
         while i < self.constraints.len() && j < bx.len() {
             let (a, b) = (&self.constraints[i], &bx[j]);
@@ -70,7 +70,7 @@ impl Rule {
 }
 
 /// Whether two interval sets share a value (without building the intersection).
-pub fn sets_intersect(a: &IntervalSet, b: &IntervalSet) -> bool {
+pub(crate) fn sets_intersect(a: &IntervalSet, b: &IntervalSet) -> bool {
     let (a, b) = (a.intervals(), b.intervals());
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
@@ -182,7 +182,7 @@ const WORK_PER_NODE: u64 = 64;
 /// the manager would hold more than `node_limit` inner nodes, if the build
 /// would take more than about `WORK_PER_NODE` rule visits per node it may
 /// create, or when `deadline` passes.
-pub fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit: usize, deadline: Deadline) -> Result<NodeId, BuildStop> {
+pub(crate) fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit: usize, deadline: Deadline) -> Result<NodeId, BuildStop> {
     let key = active.iter().fold(0u128, |k, r| k ^ rule_key(*r));
     let room = node_limit.saturating_sub(m.inner_count()) as u64;
     let work_left = room.saturating_mul(WORK_PER_NODE).saturating_add(16 * active.len() as u64 + 4096);
@@ -196,7 +196,7 @@ struct Acc {
     port_count: Vec<u32>,
     ports: PortSet,
     drop: u32,
-    updates: BTreeMap<Update, u32>,
+    updates: BTreeMap<VarUpdate, u32>,
 }
 
 impl Acc {
@@ -369,7 +369,7 @@ impl Builder<'_> {
 
 /// The diagram that equals `inside` within the box `bx` and `outside`
 /// elsewhere (`ite(bx, inside, outside)`); stops when `deadline` passes.
-pub fn splice(
+pub(crate) fn splice(
     m: &mut Manager,
     outside: NodeId,
     inside: NodeId,

@@ -51,10 +51,10 @@ use crate::pipeline::Pipeline;
 use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
-use subc_lang::nf::{Cube, NfSubscription};
-use subc_lang::program::{Actions, SubId};
+use subc_lang::mask;
 use subc_lang::spec::{QueryFieldId, Spec};
-use subc_lang::value::mask;
+use subc_lang::{Actions, SubId};
+use subc_lang::{Cube, NfSubscription};
 
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
@@ -86,7 +86,7 @@ impl Default for CompileOptions {
 /// the same pipelines, however the set got its shape (a split, then
 /// incremental adds placing rules first-fit), which a fresh compile may not.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
+pub struct SetLayout {
     pub base_order: Vec<QueryFieldId>,
     /// Per pipeline: its field order and node budget.
     pub pipelines: Vec<(Vec<QueryFieldId>, usize)>,
@@ -184,7 +184,7 @@ pub struct CompiledSet {
 
 /// What an update did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Update {
+pub struct SetDiff {
     /// One diff per pipeline that changed.
     pub diffs: Vec<PipelineDiff>,
     /// What changed in the bit-vector group, if anything did.
@@ -192,7 +192,7 @@ pub struct Update {
     pub bits: Option<BitDiff>,
 }
 
-impl Update {
+impl SetDiff {
     pub fn len(&self) -> usize {
         self.diffs.iter().map(PipelineDiff::len).sum::<usize>() + self.bits.as_ref().map_or(0, BitDiff::len)
     }
@@ -207,7 +207,7 @@ fn bit_rule(r: &PendingRule) -> BitRule {
 }
 
 /// The fraction of a field's domain a set covers (for choosing keys).
-fn coverage(set: &subc_lang::nf::IntervalSet, width: u32) -> f64 {
+fn coverage(set: &subc_lang::IntervalSet, width: u32) -> f64 {
     let total: f64 = set.intervals().iter().map(|iv| (iv.hi - iv.lo) as f64 + 1.0).sum();
     total / (mask(width) as f64 + 1.0)
 }
@@ -560,9 +560,9 @@ impl CompiledSet {
 
     /// Stores a rule in pipeline `p` (not yet indexed or in the diagram).
     /// `cube`'s constraints in pipeline `p`, by level.
-    fn constraints(&self, p: usize, cube: &Cube) -> Vec<(u32, subc_lang::nf::IntervalSet)> {
+    fn constraints(&self, p: usize, cube: &Cube) -> Vec<(u32, subc_lang::IntervalSet)> {
         let level_of = &self.pipes[p].level_of;
-        let mut constraints: Vec<(u32, subc_lang::nf::IntervalSet)> =
+        let mut constraints: Vec<(u32, subc_lang::IntervalSet)> =
             cube.0.iter().map(|(f, set)| (level_of[f.0 as usize], set.clone())).collect();
         constraints.sort_by_key(|(l, _)| *l);
         constraints
@@ -751,14 +751,14 @@ impl CompiledSet {
     }
 
     /// Adds subscriptions. On error nothing changes.
-    pub fn add(&mut self, subs: &[NfSubscription]) -> Result<Update, CompileError> {
+    pub fn add(&mut self, subs: &[NfSubscription]) -> Result<SetDiff, CompileError> {
         self.add_until(subs, None)
     }
 
     /// [`CompiledSet::add`], giving up with
     /// [`CompileError::DeadlineExceeded`] (and changing nothing) when
     /// `deadline` passes.
-    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<Update, CompileError> {
+    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<SetDiff, CompileError> {
         let mut seen = BTreeSet::new();
         for s in subs {
             if self.subs.contains_key(&s.id) || !seen.insert(s.id) {
@@ -885,7 +885,7 @@ impl CompiledSet {
     /// each removed rule's box is rebuilt from fewer rules than before, so
     /// it needs no more nodes than the diagram had, and no deadline applies
     /// (it costs no more than the adds did).
-    pub fn remove(&mut self, ids: &[SubId]) -> Result<Update, CompileError> {
+    pub fn remove(&mut self, ids: &[SubId]) -> Result<SetDiff, CompileError> {
         for id in ids {
             if !self.subs.contains_key(id) {
                 return Err(CompileError::Unknown(*id));
@@ -956,7 +956,7 @@ impl CompiledSet {
     /// takes the target to this set. Later updates then apply to the target.
     /// Fails, changing nothing, if the target runs a program with other
     /// pipelines or tables.
-    pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<Update, CompileError> {
+    pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<SetDiff, CompileError> {
         let names = |ps: Vec<&Pipeline>| -> Vec<String> { ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect() };
         let ours = names(self.pipelines());
         let theirs = names(deployed.iter().collect());
@@ -988,10 +988,10 @@ impl CompiledSet {
             }
         }
         self.debug_verify("adopt");
-        Ok(Update { diffs, bits: None })
+        Ok(SetDiff { diffs, bits: None })
     }
 
-    fn lower_all(&mut self) -> Update {
+    fn lower_all(&mut self) -> SetDiff {
         let mut diffs = vec![];
         for p in 0..self.pipes.len() {
             let root = self.pipes[p].root;
@@ -1003,7 +1003,7 @@ impl CompiledSet {
             self.maybe_collect_garbage(p);
         }
         let bits = std::mem::take(&mut self.bit_diff);
-        Update { diffs, bits: (!bits.is_empty()).then_some(bits) }
+        SetDiff { diffs, bits: (!bits.is_empty()).then_some(bits) }
     }
 
     // ------------------------------------------------------------ accessors
@@ -1024,9 +1024,9 @@ impl CompiledSet {
     pub fn base_order(&self) -> &[QueryFieldId] {
         &self.base_order
     }
-    /// The set's [`Layout`].
-    pub fn layout(&self) -> Layout {
-        Layout { base_order: self.base_order.clone(), pipelines: self.pipes.iter().map(|p| (p.order.clone(), p.budget)).collect() }
+    /// The set's [`SetLayout`].
+    pub fn layout(&self) -> SetLayout {
+        SetLayout { base_order: self.base_order.clone(), pipelines: self.pipes.iter().map(|p| (p.order.clone(), p.budget)).collect() }
     }
 
     /// The pipeline each of `sub`'s cubes is in, in cube order (`sub` as it
@@ -1055,7 +1055,7 @@ impl CompiledSet {
         spec: &Spec,
         subs: &[NfSubscription],
         opts: CompileOptions,
-        layout: &Layout,
+        layout: &SetLayout,
         placement: impl Fn(SubId) -> Option<Vec<usize>>,
     ) -> Option<CompiledSet> {
         let mut seen = std::collections::BTreeSet::new();

@@ -31,7 +31,7 @@ use crate::hash::{FxBuild, FxHashMap};
 use crate::leaf::Leaf;
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hash, Hasher};
-use subc_lang::value::mask;
+use subc_lang::mask;
 
 /// A node: an inner node, or a leaf when the top bit is set.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -40,7 +40,7 @@ pub struct NodeId(pub u32);
 const LEAF_BIT: u32 = 1 << 31;
 
 /// Level of leaves: below every field.
-pub const LEAF_LEVEL: u32 = u32::MAX;
+pub(crate) const LEAF_LEVEL: u32 = u32::MAX;
 
 impl NodeId {
     pub fn is_leaf(self) -> bool {
@@ -55,7 +55,7 @@ impl NodeId {
 }
 
 /// The empty action set (no subscription matches).
-pub const EMPTY: NodeId = NodeId(LEAF_BIT);
+pub(crate) const EMPTY: NodeId = NodeId(LEAF_BIT);
 
 /// One edge of an inner node: the interval `(previous hi, hi]` goes to `child`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

@@ -21,7 +21,7 @@
 //! [`diff_touched`] gives the same diffs comparing only the keys that the
 //! updates in between touched, which costs what changed, not the set.
 
-use crate::compiler::Update;
+use crate::compiler::SetDiff;
 use crate::pipeline::{GroupId, LeafEntry, Match, Pipeline, StateId, DEAD};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -284,7 +284,7 @@ impl Touched {
 ///
 /// [`diff_all`] compares every entry: with 100,000 subscriptions that is
 /// tens of milliseconds, against a cost here that follows the updates.
-pub fn diff_touched(old: &[Pipeline], new: &[&Pipeline], updates: &[&Update]) -> Vec<PipelineDiff> {
+pub fn diff_touched(old: &[Pipeline], new: &[&Pipeline], updates: &[&SetDiff]) -> Vec<PipelineDiff> {
     let mut touched: BTreeMap<usize, Touched> = BTreeMap::new();
     for d in updates.iter().flat_map(|u| &u.diffs) {
         touched.entry(d.pipeline).or_default().add(d);
@@ -354,7 +354,7 @@ fn classify<K: Copy, V: Clone + PartialEq>(
 /// walking both from their roots: two states pair when they sit at the same
 /// position (the same entry key leads to them from paired states). Returns
 /// the maps fresh id -> deployed id for the paired ones.
-pub fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateId>, BTreeMap<GroupId, GroupId>) {
+pub(crate) fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateId>, BTreeMap<GroupId, GroupId>) {
     let table_of = |p: &Pipeline| -> BTreeMap<StateId, usize> {
         let mut m = BTreeMap::new();
         for (t, table) in p.tables.iter().enumerate() {
@@ -408,20 +408,15 @@ pub fn align(deployed: &Pipeline, fresh: &Pipeline) -> (BTreeMap<StateId, StateI
 mod tests {
     use super::*;
     use crate::{CompileOptions, CompiledSet};
-    use subc_lang::diag::Diagnostics;
-    use subc_lang::source::SourceMap;
+    use subc_lang::Diagnostics;
+    use subc_lang::SourceMap;
 
     /// Random adds and removes; from every earlier generation, the diff over
     /// the keys the updates since touched equals the full diff.
     #[test]
     fn touched_diffs_equal_full_diffs() {
         let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
-        let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
-            subscriptions: 300,
-            symbols: 12,
-            hosts: 6,
-            ..Default::default()
-        });
+        let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 300, symbols: 12, hosts: 6, ..Default::default() });
         let mut sources = SourceMap::new();
         let spec = sources.add("itch.spec", spec_text);
         let file = sources.add("rules", rules);
@@ -433,9 +428,9 @@ mod tests {
         // `history[g]` holds generation g's pipelines, `updates[g]` the
         // update that made them from generation g - 1's.
         let mut history: Vec<Vec<Pipeline>> = vec![set.pipelines().into_iter().cloned().collect()];
-        let mut updates: Vec<Update> = vec![Update::default()];
+        let mut updates: Vec<SetDiff> = vec![SetDiff::default()];
         let mut live: Vec<u64> = nfs[..100].iter().map(|n| n.id).collect();
-        let mut rng = subc_workload::rng::Rng::new(7);
+        let mut rng = subc_workload::Rng::new(7);
         let mut pending = nfs[100..].to_vec();
         for _ in 0..40 {
             let u = if rng.chance(0.6) && !pending.is_empty() {
@@ -453,7 +448,7 @@ mod tests {
         }
         let new: Vec<&Pipeline> = history.last().unwrap().iter().collect();
         for (from, old) in history.iter().enumerate() {
-            let since: Vec<&Update> = updates[from + 1..].iter().collect();
+            let since: Vec<&SetDiff> = updates[from + 1..].iter().collect();
             assert_eq!(diff_touched(old, &new, &since), diff_all(old, &new), "from generation {from}");
         }
     }

@@ -49,6 +49,6 @@ impl Hasher for FxHasher {
     }
 }
 
-pub type FxBuild = BuildHasherDefault<FxHasher>;
-pub type FxHashMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
-pub type FxHashSet<K> = std::collections::HashSet<K, FxBuild>;
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
+pub(crate) type FxHashMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
+pub(crate) type FxHashSet<K> = std::collections::HashSet<K, FxBuild>;

@@ -9,7 +9,7 @@
 
 use crate::build::Rule;
 use crate::hash::{FxHashMap, FxHashSet};
-use subc_lang::nf::IntervalSet;
+use subc_lang::IntervalSet;
 
 /// Sets with at most this many points are filed by point.
 const MAX_POINTS: usize = 64;
@@ -33,29 +33,26 @@ fn as_points(set: &IntervalSet) -> Option<Vec<u64>> {
 }
 
 #[derive(Clone)]
-pub struct RuleIndex {
+pub(crate) struct RuleIndex {
     levels: Vec<LevelIndex>,
     all: FxHashSet<u32>,
 }
 
 impl RuleIndex {
-    pub fn new(levels: usize) -> RuleIndex {
+    pub(crate) fn new(levels: usize) -> RuleIndex {
         RuleIndex { levels: vec![LevelIndex::default(); levels], all: FxHashSet::default() }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.all.len()
     }
-    pub fn is_empty(&self) -> bool {
-        self.all.is_empty()
-    }
-    pub fn all(&self) -> Vec<u32> {
+    pub(crate) fn all(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.all.iter().copied().collect();
         v.sort_unstable();
         v
     }
 
-    pub fn insert(&mut self, id: u32, rule: &Rule) {
+    pub(crate) fn insert(&mut self, id: u32, rule: &Rule) {
         self.all.insert(id);
         for (l, li) in self.levels.iter_mut().enumerate() {
             match rule.at(l as u32) {
@@ -76,7 +73,7 @@ impl RuleIndex {
         }
     }
 
-    pub fn remove(&mut self, id: u32, rule: &Rule) {
+    pub(crate) fn remove(&mut self, id: u32, rule: &Rule) {
         self.all.remove(&id);
         for (l, li) in self.levels.iter_mut().enumerate() {
             match rule.at(l as u32) {
@@ -105,7 +102,7 @@ impl RuleIndex {
     }
 
     /// Rules whose cube intersects `bx`, sorted.
-    pub fn intersecting(&self, rules: &[Rule], bx: &[(u32, IntervalSet)]) -> Vec<u32> {
+    pub(crate) fn intersecting(&self, rules: &[Rule], bx: &[(u32, IntervalSet)]) -> Vec<u32> {
         let mut best: Option<(usize, usize, Vec<u64>)> = None;
         for (l, set) in bx {
             let li = &self.levels[*l as usize];

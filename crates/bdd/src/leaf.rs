@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use subc_lang::program::{Actions, Update};
+use subc_lang::{Actions, VarUpdate};
 
 /// Ports `0..512` as a bit set (v1model's `egress_spec` is 9 bits).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -85,7 +85,7 @@ pub struct Leaf {
     pub ports: PortSet,
     pub drop: bool,
     /// Sorted and without duplicates.
-    pub updates: Vec<Update>,
+    pub updates: Vec<VarUpdate>,
 }
 
 impl Leaf {
@@ -133,8 +133,8 @@ impl fmt::Debug for Leaf {
         }
         for u in &self.updates {
             let op = match u.op {
-                subc_lang::program::UpdateOp::Set => "=",
-                subc_lang::program::UpdateOp::Add => "+=",
+                subc_lang::UpdateOp::Set => "=",
+                subc_lang::UpdateOp::Add => "+=",
             };
             parts.push(format!("v{} {} {}", u.var.0, op, u.value));
         }

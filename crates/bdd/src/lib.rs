@@ -6,33 +6,39 @@
 //!                                                  ▲ splice (add/remove)        └─▶ diff::PipelineDiff
 //! ```
 //!
-//! - [`diagram`]: the reduced, ordered, hash-consed interval decision diagram.
-//! - [`build`]: bulk construction and region splicing.
-//! - [`pipeline`]: tables, entries, leaf actions, groups (target-neutral).
-//! - [`lower`]: diagram to pipeline with stable state ids.
-//! - [`diff`]: what changed, in make-before-break order.
-//! - [`compiler`]: [`CompiledSet`], the entry point: compile, add, remove.
-//! - [`verify`]: every invariant of diagrams and pipelines, checked.
+//! - `diagram`: the reduced, ordered, hash-consed interval decision diagram.
+//! - `build`: bulk construction and region splicing.
+//! - `pipeline`: tables, entries, leaf actions, groups (target-neutral).
+//! - `lower`: diagram to pipeline with stable state ids.
+//! - `diff`: what changed, in make-before-break order.
+//! - `compiler`: [`CompiledSet`], the entry point: compile, add, remove.
+//! - `verify`: every invariant of diagrams and pipelines, checked.
 //! - [`report`]: statistics, readable tables, JSON, Graphviz.
 //!
 //! Invariants: this crate never sees a string constant or a packet, only
 //! query-field ids and bit-vector values; it knows nothing of P4, C or gRPC.
 
-pub mod approximate;
-pub mod bitgroup;
-pub mod build;
-pub mod compiler;
-pub mod diagram;
-pub mod diff;
-mod hash;
-pub mod index;
-pub mod leaf;
-pub mod lower;
-pub mod order;
-pub mod pipeline;
-pub mod report;
-pub mod verify;
+#![warn(unreachable_pub)]
 
-pub use compiler::{CompileError, CompileOptions, CompiledSet, Layout, Update};
+mod approximate;
+mod bitgroup;
+mod build;
+mod compiler;
+mod diagram;
+mod diff;
+mod hash;
+mod index;
+mod leaf;
+mod lower;
+mod order;
+mod pipeline;
+pub mod report;
+mod verify;
+
+pub use approximate::{compile_within, extra, relax, BudgetError, Extra, Fit};
+pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, GroupFull, LeafId, RowId, Slot, WordOf};
+pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
+pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};
-pub use pipeline::{Pipeline, StateId, DEAD};
+pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
+pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, StateId, Table, DEAD};

@@ -31,7 +31,7 @@ pub struct FieldInfo {
 }
 
 #[derive(Clone)]
-pub struct Lowering {
+pub(crate) struct Lowering {
     fields: Vec<FieldInfo>,
     pipeline: Pipeline,
     root_node: NodeId,
@@ -94,7 +94,7 @@ fn sort_diff(diff: &mut PipelineDiff) {
 
 impl Lowering {
     /// An empty pipeline over `fields` (the levels, in order).
-    pub fn new(fields: Vec<FieldInfo>) -> Lowering {
+    pub(crate) fn new(fields: Vec<FieldInfo>) -> Lowering {
         let tables = fields
             .iter()
             .map(|f| Table { name: f.name.clone(), field: f.query_field, width: f.width, kind: f.kind, entries: BTreeMap::new() })
@@ -115,19 +115,16 @@ impl Lowering {
         }
     }
 
-    pub fn pipeline(&self) -> &Pipeline {
+    pub(crate) fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }
-    pub fn root_node(&self) -> NodeId {
+    pub(crate) fn root_node(&self) -> NodeId {
         self.root_node
-    }
-    pub fn fields(&self) -> &[FieldInfo] {
-        &self.fields
     }
     /// An estimate of the bytes this lowering holds: its maps from nodes to
     /// states and reference counts, and the pipeline's entries (B-tree
     /// entries cost about twice their key and value).
-    pub fn heap_bytes(&self) -> usize {
+    pub(crate) fn heap_bytes(&self) -> usize {
         let per_map_entry = 32;
         let entries: usize = self.pipeline.tables.iter().map(|t| t.entries.len()).sum();
         (self.node_state.capacity() + self.refs.capacity() + self.groups.capacity()) * per_map_entry
@@ -136,10 +133,10 @@ impl Lowering {
     }
 
     /// Live inner nodes (states of field tables).
-    pub fn inner_nodes(&self) -> usize {
+    pub(crate) fn inner_nodes(&self) -> usize {
         self.node_state.keys().filter(|n| !n.is_leaf()).count()
     }
-    pub fn state_of(&self, n: NodeId) -> Option<StateId> {
+    pub(crate) fn state_of(&self, n: NodeId) -> Option<StateId> {
         if n == EMPTY {
             Some(DEAD)
         } else {
@@ -147,7 +144,7 @@ impl Lowering {
         }
     }
     /// Rewrites node ids after the manager compacted its arena.
-    pub fn remap(&mut self, map: &FxHashMap<NodeId, NodeId>) {
+    pub(crate) fn remap(&mut self, map: &FxHashMap<NodeId, NodeId>) {
         let f = |n: NodeId| if n.is_leaf() { n } else { map[&n] };
         self.root_node = f(self.root_node);
         self.node_state = self.node_state.iter().map(|(n, s)| (f(*n), *s)).collect();
@@ -182,7 +179,7 @@ impl Lowering {
     /// position, assigns state ids, then lowers table entries, multicast
     /// groups, leaf entries and the root, each step writing its part of the
     /// diff.
-    pub fn update(&mut self, m: &Manager, new_root: NodeId) -> PipelineDiff {
+    pub(crate) fn update(&mut self, m: &Manager, new_root: NodeId) -> PipelineDiff {
         self.free_ids.append(&mut self.pending_free);
         self.free_groups.append(&mut self.pending_free_groups);
         let old_root = self.root_node;
@@ -474,7 +471,7 @@ impl Lowering {
     /// all others get fresh ids above `min_state` / `min_group` (so that
     /// they collide with nothing a target holds). Used to adopt a target's
     /// ids after a restart.
-    pub fn rename(
+    pub(crate) fn rename(
         &mut self,
         states: &BTreeMap<StateId, StateId>,
         groups: &BTreeMap<GroupId, GroupId>,

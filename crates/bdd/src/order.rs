@@ -15,8 +15,8 @@
 //! subscriptions can use them without a new program.
 
 use std::collections::{BTreeMap, BTreeSet};
-use subc_lang::nf::NfSubscription;
 use subc_lang::spec::{MatchKind, QueryFieldId, Spec};
+use subc_lang::NfSubscription;
 
 /// Distinct interval boundaries per query field, over all cubes.
 pub fn distinct_constants(spec: &Spec, subs: &[NfSubscription]) -> BTreeMap<QueryFieldId, usize> {
@@ -52,7 +52,7 @@ pub fn choose_order(spec: &Spec, subs: &[NfSubscription], forced: Option<&[Query
 }
 
 /// Most subscriptions compiled per candidate order when measuring.
-pub const SAMPLE: usize = 2000;
+pub(crate) const SAMPLE: usize = 2000;
 
 /// Candidate orders for [`measure_orders`], the heuristic one first.
 pub fn candidate_orders(spec: &Spec, subs: &[NfSubscription]) -> Vec<Vec<QueryFieldId>> {

@@ -32,9 +32,9 @@
 use crate::leaf::{Leaf, PortSet};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use subc_lang::program::Update;
+use subc_lang::mask;
 use subc_lang::spec::{MatchKind, QueryFieldId};
-use subc_lang::value::mask;
+use subc_lang::VarUpdate;
 
 pub type StateId = u32;
 pub type GroupId = u32;
@@ -91,7 +91,7 @@ impl Match {
     pub fn prefix_len(&self, width: u32) -> u32 {
         match *self {
             Match::Prefix { len, .. } => len,
-            Match::Ternary { mask, .. } => (mask & subc_lang::value::mask(width)).count_ones(),
+            Match::Ternary { mask, .. } => (mask & subc_lang::mask(width)).count_ones(),
             _ => 0,
         }
     }
@@ -128,7 +128,7 @@ pub fn range_to_prefixes(lo: u64, hi: u64, width: u32) -> Vec<(u64, u32)> {
 pub struct LeafEntry {
     pub ports: Vec<u32>,
     pub drop: bool,
-    pub updates: Vec<Update>,
+    pub updates: Vec<VarUpdate>,
     pub group: Option<GroupId>,
 }
 
@@ -230,7 +230,7 @@ impl Pipeline {
 
 /// Computes a state's entries from its node's intervals `(lo, hi, next)`.
 /// Intervals to [`DEAD`] need no entry unless another child is the default.
-pub fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
+pub(crate) fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
     match kind {
         MatchKind::Exact => exact_entries(intervals),
         MatchKind::Range => range_entries(intervals, width),

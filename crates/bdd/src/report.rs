@@ -11,8 +11,8 @@ use crate::diagram::{NodeId, EMPTY};
 use crate::pipeline::{Match, Pipeline};
 use serde::Serialize;
 use std::fmt::Write;
+use subc_lang::format_value;
 use subc_lang::spec::Spec;
-use subc_lang::value::format_value;
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TableStats {
@@ -143,8 +143,8 @@ pub fn tables_text(pipes: &[&Pipeline], spec: &Spec) -> String {
             for u in &l.updates {
                 let name = &spec.state(u.var).name;
                 match u.op {
-                    subc_lang::program::UpdateOp::Set => parts.push(format!("{name} = {}", u.value)),
-                    subc_lang::program::UpdateOp::Add => parts.push(format!("{name} += {}", u.value)),
+                    subc_lang::UpdateOp::Set => parts.push(format!("{name} = {}", u.value)),
+                    subc_lang::UpdateOp::Add => parts.push(format!("{name} += {}", u.value)),
                 }
             }
             let _ = writeln!(out, "    state {state:<5} {}", parts.join("; "));

@@ -41,8 +41,8 @@ use crate::diagram::{Manager, NodeId, LEAF_LEVEL};
 use crate::pipeline::{GroupId, Match, Pipeline, StateId, DEAD};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use subc_lang::mask;
 use subc_lang::spec::MatchKind;
-use subc_lang::value::mask;
 
 /// One broken invariant, with where it is. Numbers refer to the module doc.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -170,7 +170,7 @@ fn result(found: Vec<Violation>) -> Result<(), Vec<Violation>> {
 }
 
 /// Checks invariants 1 to 5 on every node reachable from `root`.
-pub fn verify_diagram(m: &Manager, root: NodeId) -> Result<(), Vec<Violation>> {
+pub(crate) fn verify_diagram(m: &Manager, root: NodeId) -> Result<(), Vec<Violation>> {
     let mut found = vec![];
     for n in m.reachable(&[root]) {
         if !m.is_canonical(n) {
@@ -223,7 +223,7 @@ fn check_node(m: &Manager, node: NodeId, found: &mut Vec<Violation>) {
 }
 
 /// Checks invariants 6 to 10 on a pipeline.
-pub fn verify_pipeline(p: &Pipeline) -> Result<(), Vec<Violation>> {
+pub(crate) fn verify_pipeline(p: &Pipeline) -> Result<(), Vec<Violation>> {
     let mut found = vec![];
     let state_table = check_states(p, &mut found);
     for t in 0..p.tables.len() {

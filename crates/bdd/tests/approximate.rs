@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use subc_bdd::approximate::{compile_within, extra, relax, BudgetError};
+use subc_bdd::{compile_within, extra, relax, BudgetError};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_workload::Rng;
 
@@ -21,9 +21,9 @@ fn packets(p: &subc_lang::Program, seed: u64, n: usize) -> Vec<Vec<u64>> {
                     // Values near the filters' constants (signed, in [-100, 100)) as often as not.
                     let v = rng.below(240) as i64 - 120;
                     if rng.chance(0.5) {
-                        (v as u64 ^ (1 << (q.width - 1))) & subc_lang::value::mask(q.width)
+                        (v as u64 ^ (1 << (q.width - 1))) & subc_lang::mask(q.width)
                     } else {
-                        rng.next_u64() & subc_lang::value::mask(q.width)
+                        rng.next_u64() & subc_lang::mask(q.width)
                     }
                 })
                 .collect()

@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use subc_bdd::bitgroup::{BitGroup, BitImage, BitRule};
 use subc_bdd::Leaf;
+use subc_bdd::{BitGroup, BitImage, BitRule};
 use subc_lang::Program;
 use subc_workload::Rng;
 
@@ -34,13 +34,13 @@ fn packets(p: &Program, rules: &[BitRule], seed: u64, n: usize) -> Vec<Vec<u64>>
     let widths: Vec<u32> = p.spec.query_fields.iter().map(|q| q.width).collect();
     (0..n)
         .map(|_| {
-            let mut v: Vec<u64> = widths.iter().map(|w| rng.next_u64() & subc_lang::value::mask(*w)).collect();
+            let mut v: Vec<u64> = widths.iter().map(|w| rng.next_u64() & subc_lang::mask(*w)).collect();
             for _ in 0..3 {
                 let Some(r) = rules.get(rng.below(rules.len().max(1) as u64) as usize) else { break };
                 if let Some((f, s)) = r.constraints.get(rng.below(r.constraints.len().max(1) as u64) as usize) {
                     let iv = s.intervals()[rng.below(s.intervals().len() as u64) as usize];
                     v[f.0 as usize] = [iv.lo, iv.hi, iv.lo.wrapping_sub(1), iv.hi.wrapping_add(1)][rng.below(4) as usize]
-                        & subc_lang::value::mask(widths[f.0 as usize]);
+                        & subc_lang::mask(widths[f.0 as usize]);
                 }
             }
             v

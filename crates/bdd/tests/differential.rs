@@ -7,10 +7,10 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use subc_bdd::{CompileError, CompileOptions, CompiledSet, Pipeline};
-use subc_lang::interp::{Interpreter, StateStore};
-use subc_lang::pcap::read_pcap;
+use subc_lang::read_pcap;
 use subc_lang::Program;
-use subc_workload::packets::PacketGen;
+use subc_lang::{Interpreter, StateStore};
+use subc_workload::PacketGen;
 use subc_workload::Rng;
 
 fn run_random_packets(p: &Program, set: &CompiledSet, seed: u64, n: usize) {

@@ -15,11 +15,11 @@
 mod common;
 
 use common::*;
-use subc_bdd::diff::{diff_pipelines, PipelineDiff, TableDiff};
-use subc_bdd::pipeline::{LeafEntry, Match, Pipeline, Table};
+use subc_bdd::{diff_pipelines, PipelineDiff, TableDiff};
 use subc_bdd::{CompileOptions, CompiledSet, DEAD};
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
-use subc_lang::spec::{MatchKind, QueryFieldId, StateId as VarId};
+use subc_bdd::{LeafEntry, Match, Pipeline, Table};
+use subc_lang::spec::{MatchKind, QueryFieldId, StateVarId as VarId};
+use subc_lang::{UpdateOp, VarUpdate};
 
 /// Decodes `text` and checks that it encodes back to the same bytes.
 #[track_caller]

@@ -30,12 +30,12 @@ use oxidd::util::{AllocResult, OptBool};
 use oxidd::{BooleanFunction, ManagerRef};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-use subc_bdd::pipeline::{Match, Pipeline, Table};
 use subc_bdd::{CompileOptions, CompiledSet, StateId, DEAD};
+use subc_bdd::{Match, Pipeline, Table};
 use subc_lang::ast::CmpOp;
-use subc_lang::program::{Cond, Test, Update};
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::Program;
+use subc_lang::{Cond, Test, VarUpdate};
 use subc_workload::Rng;
 
 /// A BDD manager with one variable per query-field bit.
@@ -125,9 +125,7 @@ impl Sym {
                 let w = self.layout.width(a.field);
                 match &a.test {
                     Test::Cmp(op, v) => self.cmp(a.field, *op, *v),
-                    Test::Prefix { value, len } => {
-                        self.masked(a.field, *value, subc_lang::value::mask(w) & !subc_lang::value::mask(w - len))
-                    }
+                    Test::Prefix { value, len } => self.masked(a.field, *value, subc_lang::mask(w) & !subc_lang::mask(w - len)),
                     Test::OneOf(vs) => vs.iter().fold(self.f.clone(), |acc, v| self.or(&acc, &self.cmp(a.field, CmpOp::Eq, *v))),
                 }
             }
@@ -139,7 +137,7 @@ impl Sym {
     }
 
     /// A normal form: the OR of its cubes.
-    fn normal_form(&self, cubes: &[subc_lang::nf::Cube]) -> BDDFunction {
+    fn normal_form(&self, cubes: &[subc_lang::Cube]) -> BDDFunction {
         cubes.iter().fold(self.f.clone(), |acc, c| {
             let constraints: Vec<_> = c.0.iter().map(|(q, set)| (*q, pairs(set))).collect();
             let d = cube_dd(&self.layout, &constraints, &self.t, &self.f, &mut |v, hi, lo| self.ite(v, hi, lo)).expect("node capacity");
@@ -154,9 +152,7 @@ impl Sym {
         match *m {
             Match::Exact { value } => ivs(value, value).expect("node capacity"),
             Match::Range { lo, hi } => ivs(lo, hi).expect("node capacity"),
-            Match::Prefix { value, len } => {
-                self.masked(t.field, value, subc_lang::value::mask(t.width) & !subc_lang::value::mask(t.width - len))
-            }
+            Match::Prefix { value, len } => self.masked(t.field, value, subc_lang::mask(t.width) & !subc_lang::mask(t.width - len)),
             Match::Ternary { value, mask } => self.masked(t.field, value, mask),
             Match::Default => self.t.clone(),
         }
@@ -203,7 +199,7 @@ impl Sym {
 #[derive(Default)]
 struct Atoms {
     ports: BTreeMap<u32, BDDFunction>,
-    updates: BTreeMap<Update, BDDFunction>,
+    updates: BTreeMap<VarUpdate, BDDFunction>,
     drop_any: Option<BDDFunction>,
     forward_any: Option<BDDFunction>,
 }
@@ -215,7 +211,7 @@ impl Atoms {
         packets: &BDDFunction,
         ports: impl IntoIterator<Item = u32>,
         drop: bool,
-        updates: impl IntoIterator<Item = Update>,
+        updates: impl IntoIterator<Item = VarUpdate>,
     ) {
         let join = |slot: &mut Option<BDDFunction>| *slot = Some(slot.as_ref().map_or(packets.clone(), |d| sym.or(d, packets)));
         let mut forwards = false;

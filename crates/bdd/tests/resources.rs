@@ -13,7 +13,7 @@ mod common;
 use common::*;
 use std::time::{Duration, Instant};
 use subc_bdd::{CompileError, CompileOptions, CompiledSet};
-use subc_lang::nf::NfSubscription;
+use subc_lang::NfSubscription;
 
 fn itch_spec() -> String {
     std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap()

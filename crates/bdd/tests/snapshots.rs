@@ -13,11 +13,11 @@
 mod common;
 
 use common::*;
-use subc_bdd::diff::Op;
 use subc_bdd::report::{dot, stats, tables_text};
+use subc_bdd::Op;
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
 
 #[test]
 fn example_tables_stats_and_dot() {

@@ -67,8 +67,8 @@ fn compile_peak(dir: &std::path::Path, name: &str, rules: &[String]) -> (f64, f6
 struct Phase {
     server: ServerProc,
     rt: tokio::runtime::Runtime,
-    client: subc_server::client::Clients,
-    admin: subc_server::client::Clients,
+    client: subc_server::Clients,
+    admin: subc_server::Clients,
     rss: Vec<f64>,
 }
 
@@ -82,8 +82,7 @@ impl Phase {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (client, mut admin) = rt.block_on(async { (server.client(APPS[0].1), server.client(ADMIN)) });
         rt.block_on(async {
-            let reg =
-                proto::RegisterTargetRequest { name: "t".into(), kind: Some(Kind::Sim(proto::SimTarget::default())), manual: false };
+            let reg = proto::RegisterTargetRequest { name: "t".into(), kind: Some(Kind::Sim(proto::SimTarget::default())), manual: false };
             admin.targets.register(reg).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: "t".into(), timeout_ms: 60_000 }).await.unwrap();
         });
@@ -128,13 +127,8 @@ fn main() {
     }
     let tmp = tempfile::Builder::new().prefix("subc-memory").tempdir().unwrap();
     let n_itch = env("SUBC_BENCH_ITCH", 100_000);
-    let itch: Vec<String> = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
-        subscriptions: n_itch,
-        ..Default::default()
-    })
-    .lines()
-    .map(String::from)
-    .collect();
+    let itch: Vec<String> =
+        subc_workload::itch(&subc_workload::ItchParams { subscriptions: n_itch, ..Default::default() }).lines().map(String::from).collect();
     let price: Vec<String> = (0..10_000).map(|i| format!("price == {i} : fwd({})", i % 200)).collect();
 
     let mut out = serde_json::Map::new();

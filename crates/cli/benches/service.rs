@@ -33,7 +33,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
 use subc_server::proto;
-use subc_server::store::StoredSub;
+use subc_server::StoredSub;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -123,10 +123,7 @@ fn main() {
     // installed set, the next ones what the throughput phases add (the same
     // distribution, so that their rates compare).
     let extra = n_single + n_clients * per_client + n_batches * 1000;
-    let all = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
-        subscriptions: installed + extra,
-        ..Default::default()
-    });
+    let all = subc_workload::itch(&subc_workload::ItchParams { subscriptions: installed + extra, ..Default::default() });
     let all: Vec<String> = all.lines().map(String::from).collect();
     let (rules, more) = all.split_at(installed);
     let (single_rules, more) = more.split_at(n_single);
@@ -282,7 +279,7 @@ fn main() {
     // Baselines in the same run: the IR's incremental compile alone, on the
     // same installed set, as the server runs it (same options, same checks).
     let config = subc_server::Config::with_spec(itch_spec());
-    let (spec, _) = subc_server::core::load_spec(&config).unwrap();
+    let (spec, _) = subc_server::load_spec(&config).unwrap();
     let stored = |id0: u64, texts: &[String]| -> Vec<StoredSub> {
         texts
             .iter()
@@ -290,15 +287,15 @@ fn main() {
             .map(|(i, t)| StoredSub { id: id0 + i as u64, app: "app0".into(), text: t.clone(), generation: 1, created_ms: 0 })
             .collect()
     };
-    let nfs = subc_server::check::check_stored(&spec, &stored(1, rules)).unwrap();
-    let opts = subc_server::desired::compile_options(&spec, &config.compile, None).unwrap();
+    let nfs = subc_server::check_stored(&spec, &stored(1, rules)).unwrap();
+    let opts = subc_server::compile_options(&spec, &config.compile, None).unwrap();
     let t5 = Instant::now();
     let mut set = CompiledSet::compile(&spec, &nfs, opts).unwrap();
     let compile_s = t5.elapsed().as_secs_f64();
     let mut next = 1 + rules.len() as u64;
     let mut ir_add = vec![];
     for i in 0..2 * samples {
-        let nf = subc_server::check::check_stored(&spec, &stored(next, &[sample_rule(i).0])).unwrap();
+        let nf = subc_server::check_stored(&spec, &stored(next, &[sample_rule(i).0])).unwrap();
         next += 1;
         let t = Instant::now();
         set.add(&nf).unwrap();
@@ -307,17 +304,17 @@ fn main() {
     // The single phase's adds, one call each, then the 16 clients' in one.
     let t6 = Instant::now();
     for rule in single_rules {
-        let nf = subc_server::check::check_stored(&spec, &stored(next, std::slice::from_ref(rule))).unwrap();
+        let nf = subc_server::check_stored(&spec, &stored(next, std::slice::from_ref(rule))).unwrap();
         next += 1;
         set.add(&nf).unwrap();
     }
     let ir_single_rate = n_single as f64 / t6.elapsed().as_secs_f64();
-    let nf = subc_server::check::check_stored(&spec, &stored(next, client_rules)).unwrap();
+    let nf = subc_server::check_stored(&spec, &stored(next, client_rules)).unwrap();
     next += client_rules.len() as u64;
     set.add(&nf).unwrap();
     let mut ir_batch = vec![];
     for chunk in batch_rules.chunks(1000) {
-        let nf = subc_server::check::check_stored(&spec, &stored(next, chunk)).unwrap();
+        let nf = subc_server::check_stored(&spec, &stored(next, chunk)).unwrap();
         next += 1000;
         let t = Instant::now();
         set.add(&nf).unwrap();

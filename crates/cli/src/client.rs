@@ -13,8 +13,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use subc_server::client::{connect, ClientOptions, Clients};
 use subc_server::proto::{self, register_target_request::Kind};
+use subc_server::{connect, ClientOptions, Clients};
 
 /// Where the server is and who we are.
 #[derive(Args, Clone, Debug)]
@@ -228,7 +228,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// the status carries), anything else as `error: CODE: message`. Returns
 /// the exit code.
 fn report(s: tonic::Status) -> ExitCode {
-    match (s.code(), subc_server::api::diagnostics_of(&s)) {
+    match (s.code(), subc_server::diagnostics_of(&s)) {
         (tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted, Some(d)) => {
             for x in &d.diagnostics {
                 eprintln!("{}", x.rendered);
@@ -277,7 +277,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 let r = match c.subs.add(req.clone()).await {
                     Ok(r) => r.into_inner(),
                     // A status carries the first diagnostics; Check has every one.
-                    Err(s) if subc_server::api::diagnostics_of(&s).is_some() => match c.subs.check(req).await {
+                    Err(s) if subc_server::diagnostics_of(&s).is_some() => match c.subs.check(req).await {
                         Ok(full) if !full.get_ref().ok => {
                             eprint!("{}", full.into_inner().rendered);
                             return Ok(ExitCode::from(1));

@@ -4,18 +4,16 @@
 //! text), statistics (including the sizes alternative field orders give),
 //! and the diagram as Graphviz DOT. The back ends add their own targets.
 
+use crate::common::{compile_program, load_program, write_outputs, CompilerArgs};
 use crate::input::Inputs;
-use crate::sim::{load_program, write_atomic};
 use crate::InputArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 use subc_bdd::report::{dot, stats, tables_text};
-use subc_bdd::{CompileOptions, CompiledSet};
-use subc_lang::spec::{QueryFieldId, Spec};
+use subc_bdd::CompiledSet;
 use subc_lang::Program;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -38,63 +36,6 @@ pub enum Emit {
     Dot,
 }
 
-/// Compiler knobs shared by every target.
-#[derive(Args, Clone, Debug)]
-pub struct CompilerArgs {
-    /// Field order, as comma-separated query fields (e.g. `add_order.stock,add_order.shares`);
-    /// the rest follow the heuristic. Overrides the spec's `order`.
-    #[arg(long, value_delimiter = ',', value_name = "FIELDS")]
-    pub order: Vec<String>,
-    /// Most diagram nodes one pipeline may have.
-    #[arg(long, default_value_t = CompileOptions::default().node_budget, value_name = "N")]
-    pub node_budget: usize,
-    /// When the set must be split over several pipelines, their size in nodes.
-    #[arg(long, default_value_t = CompileOptions::default().split_nodes, value_name = "N")]
-    pub split_nodes: usize,
-    /// Most pipelines the set may be spread over.
-    #[arg(long, default_value_t = CompileOptions::default().max_pipelines, value_name = "N")]
-    pub max_pipelines: usize,
-    /// Lower the rules whose diagrams multiply (diverse multi-attribute filters, as Siena's)
-    /// to one bit-vector group instead of more pipelines: memory that grows with the sum of
-    /// the rules' ranges, not their product. `--target ebpf` and `ir` only.
-    #[arg(long)]
-    pub bit_vectors: bool,
-}
-
-impl CompilerArgs {
-    pub fn options(&self, spec: &Spec) -> Result<CompileOptions> {
-        let order = if self.order.is_empty() {
-            None
-        } else {
-            let mut ids = vec![];
-            for name in &self.order {
-                let Some(id) = spec.query_field_by_name(name).or_else(|| {
-                    let hits: Vec<usize> = spec
-                        .query_fields
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, q)| q.name.rsplit('.').next() == Some(name.as_str()))
-                        .map(|(i, _)| i)
-                        .collect();
-                    (hits.len() == 1).then(|| QueryFieldId(hits[0] as u32))
-                }) else {
-                    let known: Vec<&str> = spec.query_fields.iter().map(|q| q.name.as_str()).collect();
-                    bail!("--order: `{name}` is not a query field; query fields are {}", known.join(", "));
-                };
-                ids.push(id);
-            }
-            Some(ids)
-        };
-        Ok(CompileOptions {
-            order,
-            node_budget: self.node_budget,
-            split_nodes: self.split_nodes,
-            max_pipelines: self.max_pipelines,
-            bit_vectors: self.bit_vectors,
-        })
-    }
-}
-
 #[derive(Args)]
 pub struct CompileArgs {
     #[command(flatten)]
@@ -114,14 +55,6 @@ pub struct CompileArgs {
     pub ebpf: crate::ebpf::EbpfArgs,
     #[command(flatten)]
     pub p4: crate::p4::P4Args,
-}
-
-/// Compiles a checked program, reporting a budget error as the CLI does.
-pub fn compile_program(program: &Program, args: &CompilerArgs) -> Result<(CompiledSet, f64)> {
-    let opts = args.options(&program.spec)?;
-    let t = Instant::now();
-    let set = CompiledSet::compile(&program.spec, &program.normal_forms, opts).context("compilation failed")?;
-    Ok((set, t.elapsed().as_secs_f64()))
 }
 
 pub fn compile(args: &CompileArgs) -> Result<ExitCode> {
@@ -160,42 +93,12 @@ fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result
     Ok(ExitCode::SUCCESS)
 }
 
-/// Writes artifacts into `dir`, or prints them (text ones only, or JSON) to stdout.
-pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)]) -> Result<()> {
-    match dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-            for (name, bytes) in files {
-                write_atomic(&d.join(name), bytes)?;
-            }
-            eprintln!("wrote {} to {}", files.iter().map(|f| f.0).collect::<Vec<_>>().join(", "), d.display());
-        }
-        None => {
-            let mut out = std::io::stdout().lock();
-            let printable: Vec<&(&str, Vec<u8>)> = files
-                .iter()
-                .filter(|f| !f.0.ends_with(".json") || files.len() == 1 || !files.iter().any(|g| g.0 == f.0.replace(".json", ".txt")))
-                .collect();
-            for (name, bytes) in printable {
-                if files.len() > 1 {
-                    writeln!(out, "==> {name} <==")?;
-                }
-                out.write_all(bytes)?;
-                if !bytes.ends_with(b"\n") {
-                    writeln!(out)?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Sizes that other field orders give: the compiler's own candidates
 /// (every permutation of the constrained fields when there are at most four,
 /// otherwise each one moved first), each compiled in full.
 fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value> {
     let spec = &program.spec;
-    subc_bdd::order::candidate_orders(spec, &program.normal_forms)
+    subc_bdd::candidate_orders(spec, &program.normal_forms)
         .into_iter()
         .take(24)
         .map(|order| {

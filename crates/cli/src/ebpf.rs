@@ -1,7 +1,7 @@
 //! The eBPF target on the command line: `subc compile --target ebpf`,
 //! `subc sim --engine ebpf`, and `subc attach`, `subc detach`, `subc status`.
 
-use crate::compile::{compile_program, write_outputs, CompilerArgs};
+use crate::common::{compile_program, write_outputs, CompilerArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;
@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
-use subc_backend_ebpf::target::TargetConfig;
+use subc_backend_ebpf::TargetConfig;
 use subc_backend_ebpf::{write_set, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
-use subc_lang::interp::{Decision, Slot, StateStore};
-use subc_lang::pcap::PcapPacket;
+use subc_lang::PcapPacket;
 use subc_lang::Program;
+use subc_lang::{Decision, Slot, StateStore};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub enum HookArg {
@@ -343,8 +343,8 @@ pub struct AttachArgs {
 }
 
 /// A deployment name, checked as the service checks target names.
-pub fn deployment_name(s: &str) -> Result<String, String> {
-    subc_server::names::check_name("deployment name", s).map(|_| s.to_string()).map_err(|e| e.to_string())
+pub fn deployment_name(s: &str) -> Result<String, subc_server::NameError> {
+    subc_server::check_name("deployment name", s).map(|_| s.to_string())
 }
 
 fn read_target_config(path: Option<&Path>) -> Result<TargetConfig> {

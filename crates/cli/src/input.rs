@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
-use subc_lang::source::{FileId, SourceMap};
+use subc_lang::{FileId, SourceMap};
 
 pub struct Inputs {
     pub sources: SourceMap,

@@ -2,6 +2,7 @@
 //! module; this file only declares the command line.
 
 mod client;
+mod common;
 mod compile;
 mod ebpf;
 mod input;
@@ -13,7 +14,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::nf::NfLimits;
+use subc_lang::NfLimits;
 
 #[derive(Parser)]
 #[command(

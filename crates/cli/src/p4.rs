@@ -1,21 +1,20 @@
 //! The P4 target on the command line: `subc compile --target p4` and
 //! `subc sim --engine p4`.
 
-use crate::compile::{compile_program, CompilerArgs};
-use crate::sim::SimResult;
+use crate::common::{compile_program, write_outputs, CompilerArgs, SimResult};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use prost::Message;
 use std::path::Path;
 use std::process::ExitCode;
-use subc_backend_p4::entries::{entries_text, write_request, Batch};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::{to_text, write_request_text};
-use subc_backend_p4::sim::Simulator;
+use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, P4Options};
-use subc_lang::interp::Decision;
-use subc_lang::pcap::PcapPacket;
+use subc_backend_p4::{entries_text, write_request, Batch};
+use subc_lang::Decision;
+use subc_lang::PcapPacket;
 use subc_lang::Program;
 
 /// Options of the P4 target (shared by `compile` and `sim`).
@@ -70,7 +69,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         })
         .filter(|b| !b.updates.is_empty())
         .collect();
-    let describe = |u: &p4v1::Update| subc_backend_p4::entries::describe(u, &art.p4info);
+    let describe = |u: &p4v1::Update| subc_backend_p4::describe(u, &art.p4info);
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("program.p4", art.program.clone().into_bytes()),
         ("program.p4info.txtpb", to_text(&art.p4info).into_bytes()),
@@ -79,7 +78,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         ("mcast.txtpb", write_request_text(&write_request(&groups), describe).into_bytes()),
         ("resources.json", serde_json::to_vec_pretty(&art.resources)?),
     ];
-    crate::compile::write_outputs(Some(out), &files)?;
+    write_outputs(Some(out), &files)?;
     let r = &art.resources;
     eprintln!(
         "{} pipeline(s): {} entries ({} TCAM after range expansion, {} SRAM), {} multicast groups",

@@ -11,7 +11,7 @@ use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_server::config::{Config, LogFormat};
+use subc_server::{Config, LogFormat};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -57,7 +57,7 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
         config.log.format = LogFormat::Json;
     }
     config.validate()?;
-    subc_server::server::init_tracing(&config.log);
+    subc_server::init_tracing(&config.log);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("subc-serve")

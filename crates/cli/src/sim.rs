@@ -1,31 +1,17 @@
 //! `subc check`, `subc sim` and `subc gen`.
 
-use crate::input::{load, Inputs};
+use crate::common::{load_program, write_atomic, SimResult};
+use crate::input::load;
 use crate::InputArgs;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
-use subc_lang::pcap::{read_pcap, write_pcap};
-use subc_lang::Program;
-use subc_workload::examples::{example_packets, EXAMPLES};
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
-
-/// Loads and checks the inputs, printing diagnostics to stderr. `Err` with
-/// exit code 1 if there are errors.
-pub fn load_program(input: &InputArgs) -> Result<Result<(Program, Inputs), ExitCode>> {
-    let inputs = load(input.spec.as_deref(), &input.rules)?;
-    let (program, diags) = subc_lang::check_program(&inputs.sources, inputs.spec, &inputs.rules, input.limits());
-    if !diags.is_empty() {
-        eprint!("{}", diags.render(&inputs.sources));
-    }
-    Ok(match program {
-        Some(p) => Ok((p, inputs)),
-        None => Err(ExitCode::from(1)),
-    })
-}
+use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
+use subc_lang::{read_pcap, write_pcap};
+use subc_workload::{example_packets, EXAMPLES};
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
     let inputs = load(input.spec.as_deref(), &input.rules)?;
@@ -53,15 +39,6 @@ pub enum Engine {
     P4,
 }
 
-/// One packet's result, the same shape for every engine.
-pub struct SimResult {
-    pub parsed: bool,
-    /// Matched subscription ids; only the reference interpreter knows them.
-    pub matched: Option<Vec<u64>>,
-    pub ports: Vec<u32>,
-    pub decision: Decision,
-}
-
 #[derive(Args)]
 pub struct SimArgs {
     #[command(flatten)]
@@ -81,7 +58,7 @@ pub struct SimArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    compiler: crate::compile::CompilerArgs,
+    compiler: crate::common::CompilerArgs,
     #[command(flatten)]
     ebpf: crate::ebpf::EbpfArgs,
     #[command(flatten)]
@@ -114,7 +91,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
                 .collect()
         }
         Engine::Tables => {
-            let (set, _) = crate::compile::compile_program(&program, &args.compiler)?;
+            let (set, _) = crate::common::compile_program(&program, &args.compiler)?;
             let mut state = StateStore::new(&program.spec);
             packets
                 .iter()
@@ -244,14 +221,4 @@ pub fn gen(g: &GenCommand) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes through a temporary file and a rename, so a crash never leaves a
-/// partial file behind.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("out"), std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }

@@ -113,8 +113,8 @@ fn compile_kills_a_slow_clang_at_its_time_limit() {
 /// (beyond what either hook takes: a page for TC, a page and the most
 /// fragments an XDP buffer has), between them.
 fn odd_frames_pcap(dir: &Path) -> std::path::PathBuf {
-    use subc_lang::pcap::{write_pcap, PcapPacket};
-    let itch = subc_workload::examples::example_packets("itch").unwrap();
+    use subc_lang::{write_pcap, PcapPacket};
+    let itch = subc_workload::example_packets("itch").unwrap();
     let (a, b) = (&itch[2], &itch[4]);
     let mut huge = b.data.clone();
     huge.resize(200 * 1024, 0);

@@ -140,7 +140,7 @@ fn the_data_plane_outlives_the_control_plane() {
     }
     let mut server = ServerProc::start(dir.path(), "");
     net.deployment(&t, &server.bpffs_root);
-    let broker_mac = subc_backend_ebpf::target::parse_mac(&mac_of(None, &broker_if)).unwrap();
+    let broker_mac = subc_backend_ebpf::parse_mac(&mac_of(None, &broker_if)).unwrap();
     let rt = runtime();
     rt.block_on(async {
         let mut admin = server.client(ADMIN);
@@ -211,7 +211,7 @@ fn the_data_plane_outlives_the_control_plane() {
     server.kill9();
     let killed_at = sent.load(Ordering::SeqCst);
     wait_sent(killed_at + STEP);
-    let spawned_ms = subc_server::store::now_ms();
+    let spawned_ms = subc_server::now_ms();
     // `spawn` returns once the server listens: it has read the target back.
     server.spawn();
     let listening_at = sent.load(Ordering::SeqCst);
@@ -260,7 +260,7 @@ fn the_data_plane_outlives_the_control_plane() {
 fn reference_ports(rules: &[String], frames: &[Vec<u8>]) -> Vec<Vec<u32>> {
     let spec = std::fs::read_to_string(itch_spec()).unwrap();
     let p = subc_workload::programs::check(&spec, &[&rules.join("\n")]).unwrap();
-    frames.iter().map(|f| subc_lang::interp::Interpreter::new(&p.spec, &p.subscriptions).run(f, 0).ports).collect()
+    frames.iter().map(|f| subc_lang::Interpreter::new(&p.spec, &p.subscriptions).run(f, 0).ports).collect()
 }
 
 /// The query-field values of each frame (no state is involved).
@@ -269,8 +269,8 @@ fn query_values(frames: &[Vec<u8>]) -> Vec<Vec<u64>> {
     frames
         .iter()
         .map(|f| {
-            let pkt = subc_lang::interp::parse_packet(&spec, f).expect("an ITCH frame parses");
-            subc_lang::interp::StateStore::new(&spec).pre_stage(&spec, &pkt, 0)
+            let pkt = subc_lang::parse_packet(&spec, f).expect("an ITCH frame parses");
+            subc_lang::StateStore::new(&spec).pre_stage(&spec, &pkt, 0)
         })
         .collect()
 }
@@ -278,7 +278,7 @@ fn query_values(frames: &[Vec<u8>]) -> Vec<Vec<u64>> {
 /// The ports tables forward each frame (by its query-field values) to.
 fn table_ports(pipes: &[subc_bdd::Pipeline], values: &[Vec<u64>]) -> Vec<Vec<u32>> {
     let refs: Vec<&subc_bdd::Pipeline> = pipes.iter().collect();
-    values.iter().map(|v| subc_bdd::compiler::eval_pipelines(&refs, v).ports.iter().collect()).collect()
+    values.iter().map(|v| subc_bdd::eval_pipelines(&refs, v).ports.iter().collect()).collect()
 }
 
 /// A partial application of the diff from `old` to `new` under which some
@@ -288,7 +288,7 @@ fn table_ports(pipes: &[subc_bdd::Pipeline], values: &[Vec<u64>]) -> Vec<Vec<u32
 fn mixed_witness(old: &[subc_bdd::Pipeline], new: &[subc_bdd::Pipeline], values: &[Vec<u64>]) -> Option<String> {
     let (want_old, want_new) = (table_ports(old, values), table_ports(new, values));
     for p in 0..old.len() {
-        let ops = subc_bdd::diff::diff_pipelines(&old[p], &new[p]).ops();
+        let ops = subc_bdd::diff_pipelines(&old[p], &new[p]).ops();
         let mut mixed = old.to_vec();
         for (k, op) in ops.iter().enumerate() {
             mixed[p].apply_op(op).unwrap();
@@ -367,7 +367,7 @@ fn packets_see_the_old_set_or_the_new_one_while_the_server_applies_diffs() {
         admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
         (app, added.subscriptions.iter().map(|s| s.id).collect::<Vec<u64>>())
     });
-    let held_a = subc_server::deploy::ebpf::saved_pipelines(&t).unwrap();
+    let held_a = subc_server::saved_pipelines(&t).unwrap();
     assert_eq!(table_ports(&held_a, &values), ref_a, "the target's tables decide as the reference does for A");
     let prog = PinnedProg::open(&prog_pin);
     let decision = |(verdict, out): (u32, Vec<u8>)| -> Result<Option<u32>, String> {
@@ -414,7 +414,7 @@ fn packets_see_the_old_set_or_the_new_one_while_the_server_applies_diffs() {
             b_ids = added.subscriptions.iter().map(|s| s.id).collect();
             app.subs.remove(proto::RemoveRequest { ids: a_ids.clone() }).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 30_000 }).await.unwrap();
-            held_b.get_or_insert_with(|| subc_server::deploy::ebpf::saved_pipelines(&t).unwrap());
+            held_b.get_or_insert_with(|| subc_server::saved_pipelines(&t).unwrap());
             n += 1;
             // And back to A.
             let added = app.subs.add(lines(&a)).await.unwrap().into_inner();

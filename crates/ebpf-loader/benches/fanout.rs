@@ -26,13 +26,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::target::{Egress, TargetConfig};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
+use subc_backend_ebpf::{Egress, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, pin_to_cpu, sysctl, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
 
 const BROKER_SPEC: &str = include_str!("../../../examples/topic-broker/broker.spec");
 const SUB_PORT: u16 = 7000;
@@ -241,7 +241,7 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
                 v[4..].copy_from_slice(&egress.as_raw_fd().to_ne_bytes());
                 bc.update(&idx.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY).unwrap();
                 let mut r = [0u8; 12];
-                r[..6].copy_from_slice(&subc_backend_ebpf::target::parse_mac(mac).unwrap());
+                r[..6].copy_from_slice(&subc_backend_ebpf::parse_mac(mac).unwrap());
                 r[6..8].copy_from_slice(&SUB_PORT.to_be_bytes());
                 r[8..].copy_from_slice(&[10, 10, (i + 1) as u8, 2]);
                 rw.update(&idx.to_ne_bytes(), &r, libbpf_rs::MapFlags::ANY).unwrap();

@@ -26,15 +26,15 @@
 
 use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::naive::write_naive;
+use subc_backend_ebpf::write_naive;
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::Dataplane;
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
-use subc_workload::packets::{moldudp_add_order, udp_packet};
-use subc_workload::subscriptions::{itch, itch_symbols, ItchParams};
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
 use subc_workload::Rng;
+use subc_workload::{itch, itch_symbols, ItchParams};
+use subc_workload::{moldudp_add_order, udp_packet};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 

@@ -20,12 +20,12 @@ use serde::Serialize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use subc_backend_ebpf::encode::{MapOp, TableImage};
-use subc_backend_ebpf::layout::{read_field, CStruct};
-use subc_backend_ebpf::target::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{read_field, CStruct};
 use subc_backend_ebpf::{Hook, Model};
-use subc_lang::interp::{Slot, StateStore};
+use subc_backend_ebpf::{MapOp, TableImage};
 use subc_lang::spec::{Spec, StateKind};
+use subc_lang::{Slot, StateStore};
 
 /// Why `BPF_PROG_TEST_RUN` failed on `packet`: the frame itself if the
 /// kernel refuses it for a program that does nothing, else the program.
@@ -115,7 +115,7 @@ pub(crate) fn update_maps(
     maps: &[Option<MapHandle>],
     model: &Model,
     image: &mut TableImage,
-    update: &subc_bdd::Update,
+    update: &subc_bdd::SetDiff,
 ) -> Result<UpdateReport, LoaderError> {
     let t = Instant::now();
     let (plan, undo) = image.plan_in_place(model, update)?;
@@ -209,7 +209,7 @@ impl Dataplane {
     /// Applies an IR update atomically (see [`subc_backend_ebpf::encode`]). On a
     /// capacity error nothing is touched; on a kernel error while writing
     /// the inactive generation, it is restored and the old tables stay live.
-    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+    pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Loaded))?;
         update_maps(&self.maps, &self.model, image, update)
     }

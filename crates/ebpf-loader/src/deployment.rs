@@ -10,8 +10,8 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use serde::{Deserialize, Serialize};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use subc_backend_ebpf::layout::{MapRole, MapType};
 use subc_backend_ebpf::{Hook, Model};
+use subc_backend_ebpf::{MapRole, MapType};
 
 /// What `subc attach` leaves in `/run/subc/<name>/deployment.json`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -24,9 +24,9 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use subc_backend_ebpf::encode::{MapOp, TableImage};
-use subc_backend_ebpf::layout::{MapRole, MapType};
 use subc_backend_ebpf::Model;
+use subc_backend_ebpf::{MapOp, TableImage};
+use subc_backend_ebpf::{MapRole, MapType};
 
 /// The maps whose contents are the tables (both generations): what a
 /// reopened deployment checks.
@@ -146,7 +146,7 @@ impl PinnedTables {
     }
 
     /// Applies an IR update atomically, as [`Dataplane::update`] does.
-    pub fn update(&mut self, update: &subc_bdd::Update) -> Result<UpdateReport, LoaderError> {
+    pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Unchecked))?;
         update_maps(&self.maps, &self.model, image, update)
     }

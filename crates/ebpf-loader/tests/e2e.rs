@@ -18,12 +18,12 @@ use std::net::UdpSocket;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::target::{Egress, TargetConfig};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
+use subc_backend_ebpf::{Egress, TargetConfig};
 use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
-use subc_lang::interp::Interpreter;
-use subc_workload::packets::inet_checksum;
+use subc_lang::Interpreter;
+use subc_workload::inet_checksum;
 
 const SUB_PORT: u16 = 7000;
 
@@ -40,7 +40,7 @@ fn xdp_pass_on(object: &[u8], dev: &str) -> (libbpf_rs::Object, std::os::fd::Own
 }
 
 fn parse_mac(s: &str) -> [u8; 6] {
-    subc_backend_ebpf::target::parse_mac(s).unwrap()
+    subc_backend_ebpf::parse_mac(s).unwrap()
 }
 
 /// A UDP datagram to the subscriber port: (payload, frame).

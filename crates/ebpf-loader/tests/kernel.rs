@@ -13,16 +13,16 @@ mod common;
 
 use common::{artifacts, compile, example, example_packets, examples, kernel_available, program};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::naive::write_naive;
-use subc_backend_ebpf::target::NoMatch;
+use subc_backend_ebpf::write_naive;
+use subc_backend_ebpf::NoMatch;
 use subc_backend_ebpf::{EbpfError, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::{Dataplane, LoaderError, TestRun};
-use subc_lang::interp::{Decision, Interpreter, Outcome};
 use subc_lang::Program;
-use subc_workload::packets::PacketGen;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_lang::{Decision, Interpreter, Outcome};
+use subc_workload::PacketGen;
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
@@ -292,12 +292,12 @@ fn variables_and_counters_agree() {
 fn diff_run(p: &Program, start: usize, opts: &EbpfOptions, steps: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut live: Vec<bool> = (0..p.subscriptions.len()).map(|i| i < start).collect();
-    let nfs = |live: &[bool]| -> Vec<subc_lang::nf::NfSubscription> {
+    let nfs = |live: &[bool]| -> Vec<subc_lang::NfSubscription> {
         p.normal_forms.iter().zip(live).filter(|(_, l)| **l).map(|(n, _)| n.clone()).collect()
     };
     let mut set = CompiledSet::compile(&p.spec, &nfs(&live), CompileOptions::default()).unwrap();
     let mut dp = load(p, &set, opts);
-    let mut state = subc_lang::interp::StateStore::new(&p.spec);
+    let mut state = subc_lang::StateStore::new(&p.spec);
     let mut t = 1_000_000_000u64;
     for step in 0..steps {
         // Change the set: add some, remove some.
@@ -309,7 +309,7 @@ fn diff_run(p: &Program, start: usize, opts: &EbpfOptions, steps: usize, seed: u
                 if !remove.contains(&p.subscriptions[i].id) {
                     remove.push(p.subscriptions[i].id);
                 }
-            } else if !add.iter().any(|n: &subc_lang::nf::NfSubscription| n.id == p.subscriptions[i].id) {
+            } else if !add.iter().any(|n: &subc_lang::NfSubscription| n.id == p.subscriptions[i].id) {
                 add.push(p.normal_forms[i].clone());
             }
         }
@@ -413,7 +413,7 @@ fn updates_are_atomic() {
     let (a_nf, b_extra) = (p.normal_forms[..half].to_vec(), p.normal_forms[half..].to_vec());
     let b_ids: Vec<u64> = b_extra.iter().map(|n| n.id).collect();
     let pkts: Vec<Vec<u8>> = random_packets(&p, 400, 3).into_iter().map(|x| x.1).filter(|d| d.len() >= 34).take(48).collect();
-    let outcomes = |subs: &[subc_lang::program::Subscription]| -> Vec<Outcome> {
+    let outcomes = |subs: &[subc_lang::Subscription]| -> Vec<Outcome> {
         let mut i = Interpreter::new(&p.spec, subs);
         pkts.iter().map(|d| i.run(d, 0)).collect()
     };
@@ -481,7 +481,7 @@ fn an_update_that_overflows_a_map_changes_nothing() {
 
 /// Valid IPv4 header and UDP checksums of an Ethernet/IPv4/UDP frame.
 fn checksums_ok(f: &[u8]) -> bool {
-    use subc_workload::packets::inet_checksum;
+    use subc_workload::inet_checksum;
     let ulen = u16::from_be_bytes([f[38], f[39]]) as usize;
     let mut pseudo = f[26..34].to_vec();
     pseudo.extend_from_slice(&[0, 17]);
@@ -500,7 +500,7 @@ fn single_port_rewrites_and_verdicts() {
     let p = example("topic-broker");
     let set = compile(&p);
     let metrics = &example_packets("topic-broker")[1];
-    let cfg = subc_backend_ebpf::target::TargetConfig::from_json(
+    let cfg = subc_backend_ebpf::TargetConfig::from_json(
         r#"{"ports": {"4": {"interface": "lo", "dst_mac": "02:00:00:00:00:44", "dst_ip": "10.44.0.4", "dst_port": 7004}}}"#,
     )
     .unwrap();
@@ -677,7 +677,7 @@ fn bit_vector_groups_agree_after_random_diffs() {
 fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions, steps: usize, seed: u64) {
     let mut rng = Rng::new(seed);
     let mut live: Vec<bool> = (0..p.subscriptions.len()).map(|i| i % 2 == 0 && i < 2 * start).collect();
-    let nfs = |live: &[bool]| -> Vec<subc_lang::nf::NfSubscription> {
+    let nfs = |live: &[bool]| -> Vec<subc_lang::NfSubscription> {
         p.normal_forms.iter().zip(live).filter(|(_, l)| **l).map(|(n, _)| n.clone()).collect()
     };
     let mut set = CompiledSet::compile(&p.spec, &nfs(&live), bit_vector_options()).unwrap();
@@ -691,7 +691,7 @@ fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions
             let id = p.subscriptions[i].id;
             if live[i] && !remove.contains(&id) {
                 remove.push(id);
-            } else if !live[i] && !add.iter().any(|n: &subc_lang::nf::NfSubscription| n.id == id) {
+            } else if !live[i] && !add.iter().any(|n: &subc_lang::NfSubscription| n.id == id) {
                 add.push(p.normal_forms[i].clone());
             }
         }

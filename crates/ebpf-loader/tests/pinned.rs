@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use subc_backend_ebpf::encode::TableImage;
-use subc_backend_ebpf::target::NoMatch;
+use subc_backend_ebpf::NoMatch;
+use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{clang, EbpfOptions, Hook};
 use subc_ebpf_loader::{Dataplane, PinnedTables};
 
@@ -33,7 +33,7 @@ fn pinned_tables_are_read_back_checked_and_updated() {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut tables = PinnedTables::open(&dir, art.model.clone()).unwrap();
         let live = tables.live_generation().unwrap();
-        let img = |pipes: Vec<subc_bdd::pipeline::Pipeline>, ids, gen| TableImage::from_parts(&art.model, pipes, ids, gen).unwrap();
+        let img = |pipes: Vec<subc_bdd::Pipeline>, ids, gen| TableImage::from_parts(&art.model, pipes, ids, gen).unwrap();
         let image = img(art.image.pipelines().to_vec(), art.image.update_ids().clone(), live);
         assert_eq!(tables.check(&image, 10).unwrap(), Vec::<String>::new());
         // Another image is told apart.
@@ -45,15 +45,14 @@ fn pinned_tables_are_read_back_checked_and_updated() {
         assert!(!tables.check(&img(other, art.image.update_ids().clone(), live), 10).unwrap().is_empty());
         // Updates through the reopened maps change what the program decides.
         tables.set_image(image);
-        let pkt = subc_workload::packets::moldudp_add_order(1, 1, b'B', 500, "ZZZZ", 10);
-        let pkt =
-            subc_workload::packets::udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [10, 0, 0, 2], 1000, 26400, &pkt);
+        let pkt = subc_workload::moldudp_add_order(1, 1, b'B', 500, "ZZZZ", 10);
+        let pkt = subc_workload::udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [10, 0, 0, 2], 1000, 26400, &pkt);
         assert_eq!(dp.test_run(&pkt, 0, NoMatch::Pass, 1).unwrap().record.unwrap().ports, Vec::<u32>::new());
         let add = p.normal_forms.len() as u64 + 1;
         let nf = program(&std::fs::read_to_string(examples_dir().join("itch/itch.spec")).unwrap(), "stock == ZZZZ : fwd(7)").normal_forms
             [0]
         .clone();
-        let nf = subc_lang::nf::NfSubscription { id: add, ..nf };
+        let nf = subc_lang::NfSubscription { id: add, ..nf };
         let u = set.add(&[nf]).unwrap();
         tables.update(&u).unwrap();
         assert_eq!(dp.test_run(&pkt, 0, NoMatch::Pass, 1).unwrap().record.unwrap().ports, vec![7]);

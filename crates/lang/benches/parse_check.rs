@@ -6,10 +6,10 @@
 //! Run with `cargo bench -p subc-lang --bench parse_check`.
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use subc_lang::diag::Diagnostics;
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
-use subc_workload::subscriptions::{itch, ItchParams};
+use subc_lang::Diagnostics;
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
+use subc_workload::{itch, ItchParams};
 
 const SUBSCRIPTIONS: usize = 100_000;
 
@@ -23,7 +23,7 @@ fn sources(spec: &str, rules: &str) -> SourceMap {
 fn parse_check(c: &mut Criterion) {
     let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).expect("itch.spec");
     let rules = itch(&ItchParams { subscriptions: SUBSCRIPTIONS, ..Default::default() });
-    let (spec_id, rules_id) = (subc_lang::source::FileId(0), subc_lang::source::FileId(1));
+    let (spec_id, rules_id) = (subc_lang::FileId(0), subc_lang::FileId(1));
 
     // The benchmark measures something only if every rule checks.
     let check = |sources: &SourceMap| {
@@ -45,7 +45,7 @@ fn parse_check(c: &mut Criterion) {
         let sources = sources(&spec, &rules);
         b.iter_with_large_drop(|| {
             let mut diags = Diagnostics::default();
-            let parsed = subc_lang::parse::parse_rules(&sources, rules_id, &mut diags);
+            let parsed = subc_lang::parse_rules(&sources, rules_id, &mut diags);
             assert_eq!(parsed.len(), SUBSCRIPTIONS);
             parsed
         })

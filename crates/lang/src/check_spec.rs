@@ -137,7 +137,7 @@ fn by_last_segment(qf: &QueryFields) -> HashMap<&str, (usize, usize)> {
 
 fn push_state(states: &mut StateVars, qf: &mut QueryFields, name: &str, shape: StateShape, key: Option<StateKey>) {
     let StateShape { kind, width, ty } = shape;
-    let id = StateId(states.vars.len() as u32);
+    let id = StateVarId(states.vars.len() as u32);
     let value_field = QueryFieldId(qf.fields.len() as u32);
     qf.push(QueryField {
         name: name.to_string(),

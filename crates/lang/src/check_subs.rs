@@ -62,11 +62,11 @@ struct SpecIndex<'a> {
     fields: Vec<HashMap<&'a str, u32>>,
     /// What each bare field name may mean.
     bare_names: HashMap<&'a str, BareName>,
-    states: HashMap<&'a str, StateId>,
+    states: HashMap<&'a str, StateVarId>,
     /// The query field of each packet field that is one.
     packet_queries: HashMap<FieldRef, QueryFieldId>,
     /// The averages (`true`) and EWMAs (`false`) of each field, in state order.
-    averages: HashMap<(FieldRef, bool), Vec<StateId>>,
+    averages: HashMap<(FieldRef, bool), Vec<StateVarId>>,
     /// The query fields' names, each reversed and all sorted, to find
     /// whether one ends with a word. Only an error needs it.
     reversed_query_names: OnceCell<Vec<Vec<u8>>>,
@@ -88,9 +88,9 @@ impl<'a> SpecIndex<'a> {
             fields.push(by_name);
         }
         let mut states = HashMap::new();
-        let mut averages: HashMap<(FieldRef, bool), Vec<StateId>> = HashMap::new();
+        let mut averages: HashMap<(FieldRef, bool), Vec<StateVarId>> = HashMap::new();
         for (si, s) in spec.states.iter().enumerate() {
-            let id = StateId(si as u32);
+            let id = StateVarId(si as u32);
             states.entry(s.name.as_str()).or_insert(id);
             match s.kind {
                 StateKind::Avg { field, .. } => averages.entry((field, true)).or_default().push(id),
@@ -126,7 +126,7 @@ impl<'a> SpecIndex<'a> {
         self.bare_names.get(name)
     }
 
-    fn state(&self, name: &str) -> Option<StateId> {
+    fn state(&self, name: &str) -> Option<StateVarId> {
         self.states.get(name).copied()
     }
 
@@ -135,7 +135,7 @@ impl<'a> SpecIndex<'a> {
     }
 
     /// The averages (or EWMAs) of `f`, in state order.
-    fn averages_of(&self, f: FieldRef, avg: bool) -> &[StateId] {
+    fn averages_of(&self, f: FieldRef, avg: bool) -> &[StateVarId] {
         self.averages.get(&(f, avg)).map(Vec::as_slice).unwrap_or_default()
     }
 
@@ -307,7 +307,7 @@ impl SubChecker<'_> {
         Some(Cond::Atom(Atom { field, test: Test::OneOf(out), span }))
     }
 
-    fn one_state_arg(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<StateId> {
+    fn one_state_arg(&mut self, func: &ast::Name, args: &[ast::Path], span: Span) -> Option<StateVarId> {
         match args {
             [p] if p.segments.len() == 1 => match self.index.state(&p.segments[0].text) {
                 Some(s) => Some(s),
@@ -654,7 +654,7 @@ impl SubChecker<'_> {
 
     /// `variable = n`, `+= n` or `-= n` on a `var` state. A subtraction is
     /// stored as the addition of the negated constant, modulo the width.
-    fn update(&mut self, target: &ast::Name, op: ast::AssignOp, value: &ast::Value) -> Option<Update> {
+    fn update(&mut self, target: &ast::Name, op: ast::AssignOp, value: &ast::Value) -> Option<VarUpdate> {
         let Some(sid) = self.index.state(&target.text) else {
             self.unknown_state(target);
             return None;
@@ -690,7 +690,7 @@ impl SubChecker<'_> {
             ast::AssignOp::Add => (UpdateOp::Add, c),
             ast::AssignOp::Sub => (UpdateOp::Add, (c.wrapping_neg()) & mask(width)),
         };
-        Some(Update { var: sid, op, value: v })
+        Some(VarUpdate { var: sid, op, value: v })
     }
 
     /// Any other action: a call that is not `fwd`, or a word that is not `drop`.

@@ -24,22 +24,22 @@ use std::fmt::{self, Write};
 
 /// The most characters of one user-written name, symbol or literal that a
 /// diagnostic quotes; a longer one is cut and ends in `…`.
-pub const MAX_QUOTED_CHARS: usize = 64;
+pub(crate) const MAX_QUOTED_CHARS: usize = 64;
 /// The most names a message lists (`could be `a.x` or `b.x``); the rest are
 /// counted.
-pub const MAX_LISTED_NAMES: usize = 8;
+pub(crate) const MAX_LISTED_NAMES: usize = 8;
 /// The most bytes of one message, label, note or help that is printed (and
 /// put in a record). Every text a checker writes is far shorter once its
 /// names are [`quoted`]: this bounds what a future message could forget to.
-pub const MAX_TEXT_BYTES: usize = 512;
+pub(crate) const MAX_TEXT_BYTES: usize = 512;
 /// Source lines up to this many bytes are echoed whole under a diagnostic.
-pub const MAX_ECHOED_LINE_BYTES: usize = 1024;
+pub(crate) const MAX_ECHOED_LINE_BYTES: usize = 1024;
 /// Of a longer line, each label gets a window of this many characters ...
-pub const SNIPPET_WINDOW_CHARS: usize = 160;
+pub(crate) const SNIPPET_WINDOW_CHARS: usize = 160;
 /// ... of which up to this many come before the label's start.
 const SNIPPET_CONTEXT_CHARS: usize = 40;
 /// The most bytes of the labelled text that a record's `snippet` holds.
-pub const MAX_SNIPPET_BYTES: usize = 1024;
+pub(crate) const MAX_SNIPPET_BYTES: usize = 1024;
 
 /// How bad it is. Errors stop compilation; warnings do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
@@ -418,13 +418,13 @@ fn capped(text: &str) -> Cow<'_, str> {
 /// it: whole if it has at most [`MAX_QUOTED_CHARS`] characters, else its
 /// first ones and `…`. Quoting a 10 MB name costs as little as quoting a
 /// short one. Pair it with [`Diagnostic::quoting`] to note the full length.
-pub fn quoted(text: &str) -> Quoted<'_> {
+pub(crate) fn quoted(text: &str) -> Quoted<'_> {
     Quoted(text)
 }
 
 /// See [`quoted`].
 #[derive(Clone, Copy, Debug)]
-pub struct Quoted<'a>(&'a str);
+pub(crate) struct Quoted<'a>(&'a str);
 
 impl fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -450,7 +450,7 @@ fn is_cut(text: &str) -> bool {
 /// Joins names for a message (`` `a.x` or `b.x` ``), each already quoted,
 /// listing at most [`MAX_LISTED_NAMES`] and counting the rest:
 /// `` `a` or `b` or … (12 in all) ``. Only the listed names are formatted.
-pub fn list_names(names: impl ExactSizeIterator<Item = String>, sep: &str) -> String {
+pub(crate) fn list_names(names: impl ExactSizeIterator<Item = String>, sep: &str) -> String {
     let total = names.len();
     let mut out = names.take(MAX_LISTED_NAMES).collect::<Vec<_>>().join(sep);
     if total > MAX_LISTED_NAMES {
@@ -467,7 +467,7 @@ pub fn list_names(names: impl ExactSizeIterator<Item = String>, sep: &str) -> St
 ///
 /// This looks at every candidate; where the candidates are the names of the
 /// input itself, use a [`Suggester`], which bounds the work.
-pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let mut unlimited = u64::MAX;
     closest(name, candidates, &mut unlimited)
 }

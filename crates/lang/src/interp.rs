@@ -13,7 +13,7 @@
 
 use crate::ast::CmpOp;
 use crate::nf::NfSubscription;
-use crate::program::{Actions, Cond, SubId, Subscription, Test, Update, UpdateOp};
+use crate::program::{Actions, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
 use crate::spec::*;
 use crate::value::{domain_of_raw, mask, read_bits};
 use serde::Serialize;
@@ -188,8 +188,8 @@ impl StateStore {
     /// Applies the union of the matched subscriptions' updates: per variable,
     /// the largest `Set` constant (if any) replaces the value, then every
     /// distinct `Add` constant is added, modulo 2^width.
-    pub fn apply_updates(&mut self, spec: &Spec, pkt: &ParsedPacket, updates: &BTreeSet<Update>) {
-        let mut by_var: BTreeMap<StateId, Vec<&Update>> = BTreeMap::new();
+    pub fn apply_updates(&mut self, spec: &Spec, pkt: &ParsedPacket, updates: &BTreeSet<VarUpdate>) {
+        let mut by_var: BTreeMap<StateVarId, Vec<&VarUpdate>> = BTreeMap::new();
         for u in updates {
             by_var.entry(u.var).or_default().push(u);
         }

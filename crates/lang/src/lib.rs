@@ -7,35 +7,55 @@
 //! rule text ──lexer/parser──▶ ast::Rule ─────check_rule──▶ program::Subscription ──nf::normalize──▶ nf::NfSubscription
 //! ```
 //!
-//! plus the reference interpreter ([`interp`]) that defines what a
+//! plus the reference interpreter ([`Interpreter`]) that defines what a
 //! subscription set does to a packet (see `docs/semantics.md`), and pcap I/O
 //! on byte buffers. This crate does no I/O of its own: callers hand it text
 //! and bytes.
 //!
 //! Invariants: no input makes the lexer, parser or checker panic (fuzzed);
-//! every error is a [`diag::Diagnostic`] with a stable code and a span; the
+//! every error is a [`Diagnostic`] with a stable code and a span; the
 //! checker reports all errors it can find in one run.
 
-pub mod ast;
-pub mod check_spec;
-pub mod check_subs;
-pub mod diag;
-pub mod interp;
-pub mod lexer;
-pub mod namer;
-pub mod nf;
-pub mod parse;
-pub mod pcap;
-pub mod print;
-pub mod program;
-pub mod source;
-pub mod spec;
-pub mod value;
+#![warn(unreachable_pub)]
 
-use diag::{Code, Diagnostic, Diagnostics};
-use nf::{NfLimits, NfSubscription};
-use program::{SubId, Subscription};
-use source::{FileId, SourceMap};
+pub mod ast;
+mod check_spec;
+mod check_subs;
+mod diag;
+mod interp;
+mod lexer;
+mod namer;
+mod nf;
+mod parse;
+mod pcap;
+mod print;
+mod program;
+mod source;
+pub mod spec;
+mod value;
+
+pub use check_spec::{check_spec, DEFAULT_PORTS, MAX_PORTS, MAX_WINDOW_US};
+pub use check_subs::check_rule;
+pub use diag::{render, Code, Diagnostic, DiagnosticRecord, Diagnostics, Label, Severity};
+pub use interp::{
+    eval_cond, eval_nf, parse_packet, union_actions, Decision, Interpreter, Outcome, ParsedPacket, QueryValues, Slot, StateStore,
+};
+pub use namer::Namer;
+pub use nf::{normalize, simplify, Cube, Interval, IntervalSet, NfLimits, NfSubscription};
+pub use parse::{parse_rule_text, parse_rules, parse_spec, ParsedRule, MAX_LOGICAL_OPERATORS};
+pub use pcap::{read_pcap, write_pcap, PcapError, PcapPacket};
+pub use program::{Actions, Atom, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
+pub use source::{FileId, SourceFile, SourceMap, Span, CHAR_MARK_BYTES};
+pub use value::{ascii_domain, domain_of_raw, format_value, mask, raw_of_domain, read_bits, signed_domain};
+
+/// Internals that this crate's tests and benches exercise directly: the
+/// lexer and the printer. Not a stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::lexer::{lex, Ipv4Bytes, MacBytes, Mode, Spanned, Tok};
+    pub use crate::print::{rule_to_string, value as print_value};
+}
+
 use spec::Spec;
 
 /// A checked subscription set.

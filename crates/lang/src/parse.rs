@@ -12,7 +12,7 @@ use crate::source::{FileId, SourceMap, Span};
 use lalrpop_util::{lalrpop_mod, ErrorRecovery, ParseError};
 
 lalrpop_mod!(
-    #[allow(clippy::all, unused_parens, dead_code)]
+    #[allow(clippy::all, unused_parens, dead_code, unreachable_pub)]
     grammar
 );
 

@@ -8,7 +8,7 @@
 
 use crate::ast::CmpOp;
 use crate::source::Span;
-use crate::spec::{QueryFieldId, StateId};
+use crate::spec::{QueryFieldId, StateVarId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -54,8 +54,8 @@ pub enum UpdateOp {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Update {
-    pub var: StateId,
+pub struct VarUpdate {
+    pub var: StateVarId,
     pub op: UpdateOp,
     /// Already reduced modulo 2^width of the variable.
     pub value: u64,
@@ -66,7 +66,7 @@ pub struct Update {
 pub struct Actions {
     pub ports: BTreeSet<u32>,
     pub drop: bool,
-    pub updates: BTreeSet<Update>,
+    pub updates: BTreeSet<VarUpdate>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct HeaderId(pub u32);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct StateId(pub u32);
+pub struct StateVarId(pub u32);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct QueryFieldId(pub u32);
@@ -123,7 +123,7 @@ pub enum StateRead {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum QuerySource {
     Packet(FieldRef),
-    State { state: StateId, read: StateRead },
+    State { state: StateVarId, read: StateRead },
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -211,14 +211,14 @@ impl Spec {
     pub fn query_field(&self, id: QueryFieldId) -> &QueryField {
         &self.query_fields[id.0 as usize]
     }
-    pub fn state(&self, id: StateId) -> &StateVar {
+    pub fn state(&self, id: StateVarId) -> &StateVar {
         &self.states[id.0 as usize]
     }
     pub fn header_by_name(&self, name: &str) -> Option<HeaderId> {
         self.headers.iter().position(|h| h.name == name).map(|i| HeaderId(i as u32))
     }
-    pub fn state_by_name(&self, name: &str) -> Option<StateId> {
-        self.states.iter().position(|s| s.name == name).map(|i| StateId(i as u32))
+    pub fn state_by_name(&self, name: &str) -> Option<StateVarId> {
+        self.states.iter().position(|s| s.name == name).map(|i| StateVarId(i as u32))
     }
     pub fn query_field_by_name(&self, name: &str) -> Option<QueryFieldId> {
         self.query_fields.iter().position(|q| q.name == name).map(|i| QueryFieldId(i as u32))

@@ -17,9 +17,9 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use subc_lang::diag::{Code, Diagnostics};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
+use subc_lang::{Code, Diagnostics};
 
 /// What a case's header comment asks for.
 #[derive(Debug, Default)]
@@ -233,7 +233,7 @@ fn a_10_mb_name_prints_a_few_kilobytes() {
         let found: Vec<&str> = diags.0.iter().map(|d| d.code.as_str()).collect();
         assert_eq!(found, expected, "{what}");
         for d in &diags.0 {
-            let rendered = subc_lang::diag::render(d, &sources);
+            let rendered = subc_lang::render(d, &sources);
             assert!(rendered.len() < LIMIT, "{what}: {} bytes rendered:\n{rendered}", rendered.len());
             let record = serde_json::to_string(&d.to_record(&sources)).expect("a record serializes");
             assert!(record.len() < LIMIT, "{what}: a record of {} bytes", record.len());

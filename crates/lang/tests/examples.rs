@@ -8,12 +8,12 @@ mod common;
 
 use std::fmt::Write;
 use subc_lang::ast::{Action, Expr, Operand, Rule};
-use subc_lang::nf::{Interval, NfSubscription};
-use subc_lang::parse;
-use subc_lang::print;
-use subc_lang::program::UpdateOp;
+use subc_lang::format_value;
+use subc_lang::parse_rules;
 use subc_lang::spec::{FieldType, QueryField, QuerySource, Spec};
-use subc_lang::value::format_value;
+use subc_lang::testing::print_value;
+use subc_lang::UpdateOp;
+use subc_lang::{Interval, NfSubscription};
 
 /// The syntax tree of a condition, fully parenthesized.
 fn sexpr(e: &Expr) -> String {
@@ -27,12 +27,12 @@ fn sexpr(e: &Expr) -> String {
         Expr::Or(a, b) => format!("(or {} {})", sexpr(a), sexpr(b)),
         Expr::And(a, b) => format!("(and {} {})", sexpr(a), sexpr(b)),
         Expr::Not(a, _) => format!("(not {})", sexpr(a)),
-        Expr::Cmp { lhs, op, rhs, .. } => format!("({} {} {})", op.as_str(), operand(lhs), print::value(rhs)),
+        Expr::Cmp { lhs, op, rhs, .. } => format!("({} {} {})", op.as_str(), operand(lhs), print_value(rhs)),
         Expr::InPrefix { lhs, addr, len, .. } => {
             format!("(in-prefix {} {}.{}.{}.{}/{len})", operand(lhs), addr[0], addr[1], addr[2], addr[3])
         }
         Expr::InSet { lhs, values, .. } => {
-            let vs: Vec<String> = values.iter().map(print::value).collect();
+            let vs: Vec<String> = values.iter().map(print_value).collect();
             format!("(in-set {} {{{}}})", operand(lhs), vs.join(", "))
         }
         Expr::Call { func, args, .. } => {
@@ -51,7 +51,7 @@ fn ast_actions(r: &Rule) -> String {
                 format!("({} {})", func.text, args.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>().join(" "))
             }
             Action::Word(n) => n.text.clone(),
-            Action::Update { target, op, value, .. } => format!("({} {} {})", op.as_str(), target.text, print::value(value)),
+            Action::Update { target, op, value, .. } => format!("({} {} {})", op.as_str(), target.text, print_value(value)),
         })
         .collect();
     a.join(" ")
@@ -131,8 +131,8 @@ fn examples() {
         let (sources, program) = common::checked_example(&name);
         let mut out = String::new();
         describe_spec(&program.spec, &mut out);
-        let file = sources.file(subc_lang::source::FileId(1));
-        let parsed = parse::parse_rules(&sources, subc_lang::source::FileId(1), &mut Default::default());
+        let file = sources.file(subc_lang::FileId(1));
+        let parsed = parse_rules(&sources, subc_lang::FileId(1), &mut Default::default());
         assert_eq!(parsed.len(), program.subscriptions.len(), "every rule of an example checks");
         for ((p, sub), nf) in parsed.iter().zip(&program.subscriptions).zip(&program.normal_forms) {
             assert_eq!(sub.id, nf.id);

@@ -1,8 +1,8 @@
 //! Lexer tests: input text on the left, the tokens (and lexical error codes)
 //! it becomes on the right, one line per case.
 
-use subc_lang::lexer::{lex, Mode, Tok};
-use subc_lang::source::FileId;
+use subc_lang::testing::{lex, Mode, Tok};
+use subc_lang::FileId;
 
 /// Lexes `input` in `mode` and writes each token as `kind(text)`, then any
 /// diagnostics as `!CODE(text)`, space-separated.

@@ -18,15 +18,16 @@ use proptest::test_runner::FileFailurePersistence;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use subc_lang::ast::*;
-use subc_lang::diag::{Code, Diagnostics};
-use subc_lang::interp::{eval_cond, eval_nf, parse_packet, QueryValues, StateStore};
-use subc_lang::nf::{normalize, NfLimits, NfSubscription};
-use subc_lang::program::{Cond, Subscription, Test};
-use subc_lang::source::{FileId, SourceMap, Span};
 use subc_lang::spec::{FieldType, MatchKind, QueryField, QuerySource, Spec, StateRead};
-use subc_lang::value::{format_value, mask};
-use subc_lang::{check_subs, parse, print};
-use subc_workload::packets::PacketGen;
+use subc_lang::testing::rule_to_string;
+use subc_lang::{check_rule, parse_rule_text, parse_rules, MAX_LOGICAL_OPERATORS};
+use subc_lang::{eval_cond, eval_nf, parse_packet, QueryValues, StateStore};
+use subc_lang::{format_value, mask};
+use subc_lang::{normalize, NfLimits, NfSubscription};
+use subc_lang::{Code, Diagnostics};
+use subc_lang::{Cond, Subscription, Test};
+use subc_lang::{FileId, SourceMap, Span};
+use subc_workload::PacketGen;
 use subc_workload::Rng;
 
 /// `cases` random inputs, failures kept beside this file.
@@ -166,9 +167,9 @@ proptest! {
 
     #[test]
     fn print_then_parse_is_identity(r in rule()) {
-        let text = print::rule_to_string(&r);
+        let text = rule_to_string(&r);
         let mut diags = Diagnostics::default();
-        let parsed = parse::parse_rule_text(&text, FileId(0), 0, &mut diags);
+        let parsed = parse_rule_text(&text, FileId(0), 0, &mut diags);
         prop_assert!(diags.is_empty(), "{text:?} has diagnostics: {diags:?}");
         let parsed = parsed.expect("no diagnostics, so a rule");
         prop_assert_eq!(parsed.span, Span::new(FileId(0), 0, text.len()), "the rule's span is the whole text");
@@ -184,7 +185,7 @@ fn specs() -> &'static [(String, Spec)] {
     static SPECS: OnceLock<Vec<(String, Spec)>> = OnceLock::new();
     SPECS.get_or_init(|| {
         let mut v: Vec<(String, Spec)> = common::example_names().iter().map(|n| (n.clone(), common::checked_example_spec(n))).collect();
-        let siena = subc_workload::subscriptions::siena_spec(4, 64);
+        let siena = subc_workload::siena_spec(4, 64);
         v.push(("siena".to_string(), common::checked_spec("siena.spec", &siena)));
         v
     })
@@ -316,8 +317,8 @@ fn check_text(spec: &Spec, text: &str) -> Result<Subscription, TestCaseError> {
     let mut sources = SourceMap::new();
     let file = sources.add("prop.subs", text);
     let mut diags = Diagnostics::default();
-    let rule = parse::parse_rule_text(text, file, 0, &mut diags);
-    let sub = rule.and_then(|r| check_subs::check_rule(spec, &r, 1, text, &mut diags));
+    let rule = parse_rule_text(text, file, 0, &mut diags);
+    let sub = rule.and_then(|r| check_rule(spec, &r, 1, text, &mut diags));
     prop_assert!(diags.is_empty(), "{text}\n{}", diags.render(&sources));
     Ok(sub.expect("no diagnostics, so a subscription"))
 }
@@ -552,7 +553,7 @@ fn front_end(spec_text: &str, rules_text: &str) -> Result<(), TestCaseError> {
         prop_assert!(record.rendered.contains(d.code.as_str()));
     }
     let mut more = Diagnostics::default();
-    let _ = parse::parse_rules(&sources, rules, &mut more);
+    let _ = parse_rules(&sources, rules, &mut more);
     let _ = subc_lang::check_spec_file(&sources, rules, &mut more);
     let _ = more.render(&sources);
     Ok(())
@@ -660,7 +661,7 @@ fn itch_codes(rule: &str) -> Vec<&'static str> {
 /// checker has a small frame, so a rule at the limit checks in a debug build.
 #[test]
 fn deep_conditions_are_diagnosed_not_overflowed() {
-    let max = parse::MAX_LOGICAL_OPERATORS;
+    let max = MAX_LOGICAL_OPERATORS;
     let nots = |n: usize| format!("{}shares > 1 : drop", "!".repeat(n));
     let ors = |n: usize| format!("{} : drop", vec!["shares == 1"; n + 1].join(" || "));
     let ands = |n: usize| format!("{} : drop", vec!["not shares == 1"; n.div_ceil(2)].join(" and "));
@@ -691,8 +692,8 @@ fn counter_windows_are_bounded() {
     assert!(subc_lang::check_spec_file(&sources, file, &mut diags).is_none());
     assert_eq!(diags.0.iter().map(|d| d.code).collect::<Vec<_>>(), [Code::BadStateParam]);
     // The longest window allowed runs.
-    let spec = common::checked_spec("itch.spec", &with_window(subc_lang::check_spec::MAX_WINDOW_US));
-    let pkt = subc_lang::interp::ParsedPacket { headers: spec.headers.iter().map(|h| Some(vec![0; h.fields.len()])).collect() };
+    let spec = common::checked_spec("itch.spec", &with_window(subc_lang::MAX_WINDOW_US));
+    let pkt = subc_lang::ParsedPacket { headers: spec.headers.iter().map(|h| Some(vec![0; h.fields.len()])).collect() };
     let values = StateStore::new(&spec).pre_stage(&spec, &pkt, u64::MAX);
     let counter = spec.query_field_by_name("my_counter").expect("the counter");
     assert_eq!(values[counter.0 as usize], 1);

@@ -15,10 +15,10 @@ use common::large;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 use std::time::Duration;
-use subc_lang::diag::Diagnostics;
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
+use subc_lang::Diagnostics;
+use subc_lang::NfLimits;
+use subc_lang::SourceMap;
 
 /// How long one check may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(30);

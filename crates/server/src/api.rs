@@ -19,7 +19,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 /// The type URL of the diagnostics in status details.
-pub const DIAGNOSTICS_TYPE_URL: &str = "type.googleapis.com/subc.v1.Diagnostics";
+pub(crate) const DIAGNOSTICS_TYPE_URL: &str = "type.googleapis.com/subc.v1.Diagnostics";
 /// Largest percent-encoded status message (`grpc-message`).
 const MAX_MESSAGE_BYTES: usize = 1024;
 /// Largest encoded details (`grpc-status-details-bin`, before its base64):
@@ -89,7 +89,7 @@ fn fit_details(diagnostics: Vec<proto::Diagnostic>, total: usize) -> proto::Diag
 /// and a `google.rpc.Status` with a `subc.v1.Diagnostics` (the first
 /// diagnostics and the total) in the details; together well under 8 KiB.
 /// `Check` returns everything.
-pub fn rejection_status(r: Rejection) -> Status {
+pub(crate) fn rejection_status(r: Rejection) -> Status {
     let code = if r.only_limits { tonic::Code::ResourceExhausted } else { tonic::Code::InvalidArgument };
     let message = cut_encoded(&r.summary(), MAX_MESSAGE_BYTES);
     let details = fit_details(r.diagnostics, r.total);
@@ -250,7 +250,7 @@ impl Targets for Api {
     async fn register(&self, request: Request<proto::RegisterTargetRequest>) -> Result<Response<proto::Target>, Status> {
         principal(&request)?.require_admin()?;
         let reg = request.into_inner();
-        crate::deploy::validate_registration(&reg).map_err(Status::invalid_argument)?;
+        crate::deploy::validate_registration(&reg).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
         Ok(Response::new(target_proto(&self.core, &h)))
     }

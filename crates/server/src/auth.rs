@@ -16,7 +16,7 @@ use std::sync::Arc;
 use tonic::{Request, Status};
 
 /// The application name the administrator's own subscriptions belong to.
-pub const ADMIN_APP: &str = "admin";
+pub(crate) const ADMIN_APP: &str = "admin";
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl Principal {
 
 /// The token table.
 #[derive(Clone)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     /// `(token, principal)`; empty: the server is open.
     tokens: Arc<Vec<(Vec<u8>, Principal)>>,
 }
@@ -60,7 +60,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl Authenticator {
-    pub fn from_config(c: &AuthConfig) -> Result<Authenticator, Error> {
+    pub(crate) fn from_config(c: &AuthConfig) -> Result<Authenticator, Error> {
         let mut tokens = vec![];
         if let Some(t) = c.admin_secret().resolve("auth.admin_token")? {
             tokens.push((t.into_bytes(), Principal::admin()));
@@ -80,13 +80,13 @@ impl Authenticator {
         Ok(Authenticator { tokens: Arc::new(tokens) })
     }
 
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.tokens.is_empty()
     }
 
     /// The principal a token belongs to. Every entry is compared, so the
     /// time taken does not tell which one matched.
-    pub fn principal(&self, token: &[u8]) -> Option<Principal> {
+    pub(crate) fn principal(&self, token: &[u8]) -> Option<Principal> {
         let mut found = None;
         for (t, p) in self.tokens.iter() {
             if constant_time_eq(t, token) {
@@ -98,7 +98,7 @@ impl Authenticator {
 
     /// The tonic interceptor.
     #[allow(clippy::result_large_err)]
-    pub fn intercept(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
+    pub(crate) fn intercept(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let principal = if self.is_open() {
             Principal::admin()
         } else {
@@ -120,7 +120,7 @@ impl Authenticator {
 
 /// The caller of a request that went through the interceptor.
 #[allow(clippy::result_large_err)]
-pub fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
+pub(crate) fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
     req.extensions().get::<Principal>().cloned().ok_or_else(|| Status::internal("request did not pass authentication"))
 }
 

@@ -7,19 +7,19 @@
 
 use crate::proto;
 use crate::store::StoredSub;
-use subc_lang::diag::{Code, DiagnosticRecord, Diagnostics, Severity};
-use subc_lang::nf::{NfLimits, NfSubscription};
-use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
+use subc_lang::SourceMap;
+use subc_lang::{Code, DiagnosticRecord, Diagnostics, Severity};
+use subc_lang::{NfLimits, NfSubscription, SubId};
 
 /// Most diagnostics a `Check` reply carries, and renders.
-pub const MAX_REPORTED: usize = 1000;
+pub(crate) const MAX_REPORTED: usize = 1000;
 /// Most bytes of rendered text in a `Check` reply.
-pub const MAX_RENDERED_BYTES: usize = 1 << 20;
+pub(crate) const MAX_RENDERED_BYTES: usize = 1 << 20;
 
 /// One checked subscription of a request.
 #[derive(Clone, Debug)]
-pub struct CheckedRule {
+pub(crate) struct CheckedRule {
     /// 1-based line in the request.
     pub line: u32,
     pub text: String,
@@ -28,14 +28,14 @@ pub struct CheckedRule {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct CheckedBatch {
+pub(crate) struct CheckedBatch {
     pub rules: Vec<CheckedRule>,
     pub warnings: Vec<proto::Diagnostic>,
 }
 
 /// Why a request's text was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rejection {
+pub(crate) struct Rejection {
     /// Every error was a size limit (E0320): `RESOURCE_EXHAUSTED` rather than
     /// `INVALID_ARGUMENT`.
     pub only_limits: bool,
@@ -52,7 +52,7 @@ impl Rejection {
     /// A one-line summary for a status message: the first error and how
     /// many more there are, with user text cut short (a status message
     /// travels in reply metadata, which clients cap).
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         let first = self.diagnostics.iter().find(|d| d.severity == "error").or(self.diagnostics.first());
         let Some(d) = first else { return format!("{} diagnostic(s)", self.total) };
         let message: String = d.message.chars().take(160).collect();
@@ -72,7 +72,7 @@ impl Rejection {
     }
 }
 
-pub fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
+pub(crate) fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
     proto::Diagnostic {
         severity: match r.severity {
             Severity::Error => "error",
@@ -112,7 +112,7 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
     let hidden = diags.0.len() - shown.0.len();
     if hidden > 0 {
         // The summary line `render` wrote counts only what was shown: replace it.
-        message = shown.0.iter().map(|d| subc_lang::diag::render(d, sources) + "\n").collect();
+        message = shown.0.iter().map(|d| subc_lang::render(d, sources) + "\n").collect();
         message.push_str(&format!(
             "error: {} error(s) and {} warning(s) emitted; {hidden} not shown\n",
             diags.error_count(),
@@ -123,7 +123,7 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
 }
 
 /// Checks the lines of an `Add` request.
-pub fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> Result<CheckedBatch, Rejection> {
+pub(crate) fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> Result<CheckedBatch, Rejection> {
     let mut sources = SourceMap::new();
     let name = if source_name.is_empty() { "<request>" } else { source_name };
     let file = sources.add(name, lines.join("\n"));
@@ -147,7 +147,7 @@ pub fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: 
 }
 
 /// What the `Check` RPC answers for the lines of a request.
-pub fn check_report(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> proto::CheckResponse {
+pub(crate) fn check_report(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> proto::CheckResponse {
     match check_lines(spec, source_name, lines, max_cubes) {
         Ok(b) => {
             let rendered = b.warnings.iter().map(|w| w.rendered.clone() + "\n").collect();
@@ -157,11 +157,30 @@ pub fn check_report(spec: &Spec, source_name: &str, lines: &[String], max_cubes:
     }
 }
 
+/// Stored subscriptions that no longer check against the served spec: the
+/// first errors, each with its subscription's id and rendered diagnostic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCheckError {
+    pub errors: Vec<(SubId, String)>,
+}
+
+impl std::fmt::Display for StoredCheckError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "stored subscriptions no longer check against the served spec:")?;
+        for (id, rendered) in &self.errors {
+            writeln!(f, "subscription {id}: {rendered}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoredCheckError {}
+
 /// Checks the stored subscriptions again (at startup, against the spec the
 /// server now serves) and gives their normal forms with their stored ids.
 /// The normal-form limit is generous: the configured one applies to new
 /// requests, and lowering it must not make stored subscriptions fail.
-pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, String> {
+pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, StoredCheckError> {
     let mut sources = SourceMap::new();
     let text: String = subs.iter().map(|s| s.text.replace(['\n', '\r'], " ")).collect::<Vec<_>>().join("\n");
     let file = sources.add("<store>", text);
@@ -171,13 +190,13 @@ pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscriptio
     if diags.has_errors() || checked.len() != subs.len() {
         diags.sort();
         let f = sources.file(file);
-        let mut msg = String::from("stored subscriptions no longer check against the served spec:\n");
+        let mut errors = vec![];
         for d in diags.0.iter().filter(|d| d.is_error()).take(MAX_REPORTED) {
             let line = d.primary_span().map(|s| f.line_col(s.start).0).unwrap_or(0);
             let id = subs.get(line.wrapping_sub(1)).map(|s| s.id).unwrap_or(0);
-            msg.push_str(&format!("subscription {id}: {}\n", subc_lang::diag::render(d, &sources)));
+            errors.push((id, subc_lang::render(d, &sources)));
         }
-        return Err(msg);
+        return Err(StoredCheckError { errors });
     }
     let f = sources.file(file);
     for (s, nf) in checked.iter().zip(nfs.iter_mut()) {
@@ -190,7 +209,7 @@ pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscriptio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use subc_lang::diag::Diagnostics;
+    use subc_lang::Diagnostics;
 
     fn itch() -> Spec {
         let mut sources = SourceMap::new();

@@ -39,7 +39,7 @@ impl tonic::service::Interceptor for Token {
     }
 }
 
-pub type AuthChannel = InterceptedService<Channel, Token>;
+pub(crate) type AuthChannel = InterceptedService<Channel, Token>;
 
 /// Clients of the three services over one connection.
 #[derive(Clone)]

@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
-use subc_lang::diag::Diagnostics;
-use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
+use subc_lang::Diagnostics;
+use subc_lang::SourceMap;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tonic::Status;
 
@@ -99,7 +99,7 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result
     let nfs = tokio::task::spawn_blocking(move || check::check_stored(&spec2, &subs2))
         .await
         .map_err(|e| Error::Internal(e.to_string()))?
-        .map_err(Error::Store)?;
+        .map_err(Error::StoredNoLongerCheck)?;
     let opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
     let layout = store.meta("layout")?.and_then(|text| parse_layout(spec, &text));
     let placements: HashMap<u64, Vec<usize>> =
@@ -309,7 +309,7 @@ impl Core {
         };
         let mut out = proto::ListResponse { total, ..Default::default() };
         let mut last = None;
-        for (id, r) in subs.from_id(after.saturating_add(1)) {
+        for (id, r) in subs.starting_at(after.saturating_add(1)) {
             if app.is_some_and(|a| *r.app != *a) {
                 continue;
             }

@@ -20,10 +20,10 @@ use crate::store::StoredSub;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::{CompileError, CompileOptions, CompiledSet, Layout, Update};
-use subc_lang::program::SubId;
+use subc_bdd::Pipeline;
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
 use subc_lang::spec::{QueryFieldId, Spec};
+use subc_lang::SubId;
 
 /// What the server keeps in memory per subscription (the normal form lives
 /// only inside the compiled set). Shared by both copies of the state.
@@ -67,7 +67,7 @@ impl SubIndex {
         self.per_app.iter().map(|(a, n)| (a, *n))
     }
     /// Subscriptions with an id of at least `from`, in id order.
-    pub fn from_id(&self, from: SubId) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
+    pub fn starting_at(&self, from: SubId) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
         self.by_id.range(from..).map(|(id, r)| (*id, r))
     }
     pub fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
@@ -107,9 +107,9 @@ pub struct Desired {
 /// The pipelines' shape: per pipeline, its tables' fields, widths and match
 /// kinds. Back ends generate programs for a shape; diffs only apply between
 /// pipelines of one shape.
-pub type Shape = Vec<Vec<(QueryFieldId, u32, subc_lang::spec::MatchKind)>>;
+pub(crate) type Shape = Vec<Vec<(QueryFieldId, u32, subc_lang::spec::MatchKind)>>;
 
-pub fn shape_of<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Shape {
+pub(crate) fn shape_of<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Shape {
     pipes.into_iter().map(|p| p.tables.iter().map(|t| (t.field, t.width, t.kind)).collect()).collect()
 }
 
@@ -126,7 +126,7 @@ pub struct Publish {
     pub removed: Vec<SubId>,
     /// The generation the change made and the compiler's update (`None`
     /// for a full recompile).
-    pub update: Option<(u64, Option<Update>)>,
+    pub update: Option<(u64, Option<SetDiff>)>,
 }
 
 /// The state as of the last commit: what readers and deployers see.
@@ -136,7 +136,7 @@ pub struct Committed {
     pipelines: Vec<Pipeline>,
     base_order: Vec<QueryFieldId>,
     /// The compiler's update of each recent generation, for diffs over only
-    /// the keys they touched (`subc_bdd::diff::diff_touched`).
+    /// the keys they touched (`subc_bdd::diff_touched`).
     log: UpdateLog,
 }
 
@@ -247,11 +247,11 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
 /// restart compiles into the same tables the targets hold). Not pipeline 0's
 /// order: after a split each pipeline moves its own key to the front of the
 /// base order, and only the base order gives every pipeline back.
-pub fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
+pub(crate) fn order_names(spec: &Spec, set: &CompiledSet) -> Vec<String> {
     set.base_order().iter().map(|q| spec.query_field(*q).name.clone()).collect()
 }
 
-/// A [`Layout`] as the store keeps it (meta "layout"): field names, so that
+/// A [`SetLayout`] as the store keeps it (meta "layout"): field names, so that
 /// a spec whose query fields moved cannot misread it.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredLayout {
@@ -268,7 +268,7 @@ struct StoredPipeline {
 }
 
 /// The set's layout as the store keeps it ([`StoredLayout`]).
-pub fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
+pub(crate) fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
     let names = |o: &[QueryFieldId]| -> Vec<String> { o.iter().map(|q| spec.query_field(*q).name.clone()).collect() };
     let layout = set.layout();
     let pipelines = layout.pipelines.iter().map(|(order, budget)| StoredPipeline { budget: *budget, order: names(order) }).collect();
@@ -276,15 +276,15 @@ pub fn layout_json(spec: &Spec, set: &CompiledSet) -> String {
 }
 
 /// [`layout_json`] read back; `None` when it does not fit `spec`.
-pub fn parse_layout(spec: &Spec, text: &str) -> Option<Layout> {
+pub(crate) fn parse_layout(spec: &Spec, text: &str) -> Option<SetLayout> {
     let stored: StoredLayout = serde_json::from_str(text).ok()?;
     let ids = |names: &[String]| -> Option<Vec<QueryFieldId>> { names.iter().map(|n| spec.query_field_by_name(n)).collect() };
     let pipelines = stored.pipelines.iter().map(|p| Some((ids(&p.order)?, p.budget))).collect::<Option<Vec<_>>>()?;
-    Some(Layout { base_order: ids(&stored.base)?, pipelines })
+    Some(SetLayout { base_order: ids(&stored.base)?, pipelines })
 }
 
 /// A subscription's placement as the store keeps it (a JSON array).
-pub fn placement_json(set: &CompiledSet, nf: &subc_lang::nf::NfSubscription) -> Option<String> {
+pub(crate) fn placement_json(set: &CompiledSet, nf: &subc_lang::NfSubscription) -> Option<String> {
     set.placement_of(nf).map(|p| serde_json::to_string(&p).expect("numbers serialize"))
 }
 
@@ -305,7 +305,7 @@ pub enum DistanceError {
 /// after crashes and restarts.
 pub fn distance_to_fresh_compile(
     spec: &Spec,
-    nfs: &[subc_lang::nf::NfSubscription],
+    nfs: &[subc_lang::NfSubscription],
     held: &[Pipeline],
     c: &crate::config::CompileConfig,
 ) -> Result<usize, DistanceError> {

@@ -6,7 +6,7 @@
 //!                                        │ CompiledSet add/remove (desired.rs)
 //!                                        ▼
 //!                          deploy/ : one task per target, diff_pipelines(held, desired)
-//!                                    ├─ sim   (tables in memory or a file)
+//!                                    ├─ memory (the sim target: tables in memory or a file)
 //!                                    ├─ ebpf  (subc-backend-ebpf loader)
 //!                                    └─ p4    (subc-backend-p4 P4Runtime client)
 //! ```
@@ -20,18 +20,20 @@
 //! - This is the only crate that knows gRPC, SQLite or deployment; the IR
 //!   and the back ends know nothing of it.
 
-pub mod api;
-pub mod auth;
-pub mod check;
-pub mod client;
-pub mod config;
-pub mod core;
-pub mod deploy;
-pub mod desired;
-pub mod metrics;
-pub mod names;
-pub mod server;
-pub mod store;
+#![warn(unreachable_pub)]
+
+mod api;
+mod auth;
+mod check;
+mod client;
+mod config;
+mod core;
+mod deploy;
+mod desired;
+mod metrics;
+mod names;
+mod server;
+mod store;
 mod writer;
 
 /// The generated protobuf and gRPC code of `proto/subc.proto`.
@@ -42,8 +44,19 @@ pub mod proto {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("subc_descriptor");
 }
 
-pub use config::Config;
-pub use server::{serve, start, Running};
+pub use api::{diagnostics_of, Api};
+pub use auth::Principal;
+pub use check::{check_stored, StoredCheckError};
+pub use client::{connect, ClientOptions, Clients};
+pub use config::{Config, LogFormat, TlsConfig};
+pub use core::{load_spec, Core};
+pub use deploy::ebpf::saved_pipelines;
+pub use deploy::image::ImageError;
+pub use deploy::DriverError;
+pub use desired::{compile_options, distance_to_fresh_compile};
+pub use names::{check_name, NameError};
+pub use server::{init_tracing, serve, start, Running};
+pub use store::{now_ms, StoredSub};
 pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.
@@ -55,6 +68,8 @@ pub enum Error {
     Spec(String),
     #[error("store: {0}")]
     Store(String),
+    #[error("store: {0}")]
+    StoredNoLongerCheck(#[from] StoredCheckError),
     #[error("compiling the stored subscriptions: {0}")]
     Compile(String),
     #[error("TLS: {0}")]

@@ -135,7 +135,7 @@ impl Metrics {
 }
 
 /// Serves `GET /metrics` on `addr` until the process ends.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;

@@ -12,7 +12,7 @@
 use std::path::{Component, Path, PathBuf};
 
 /// Longest name, in bytes.
-pub const MAX_NAME_BYTES: usize = 64;
+pub(crate) const MAX_NAME_BYTES: usize = 64;
 
 /// Why a name was refused. `shown` is the name as the message quotes it
 /// (escaped, and cut short when long).
@@ -55,7 +55,7 @@ pub fn check_name(what: &'static str, name: &str) -> Result<(), NameError> {
 
 /// `root/name`, for a name that passes [`check_name`]; the path is checked
 /// to be exactly one normal component below `root`.
-pub fn child_path(root: &Path, what: &'static str, name: &str) -> Result<PathBuf, NameError> {
+pub(crate) fn child_path(root: &Path, what: &'static str, name: &str) -> Result<PathBuf, NameError> {
     check_name(what, name)?;
     let mut components = Path::new(name).components();
     match (components.next(), components.next()) {

@@ -90,7 +90,7 @@ fn add_missing_columns(conn: &Connection) -> Result<(), Error> {
 
 /// The reply of an earlier `Add` with an idempotency key, and the
 /// fingerprint of its request (`None` in rows from before fingerprints).
-pub struct StoredReply {
+pub(crate) struct StoredReply {
     pub reply: Vec<u8>,
     pub fingerprint: Option<String>,
 }
@@ -108,13 +108,13 @@ pub struct StoredSub {
 /// A stored target: how it was registered, whether it was ever deployed,
 /// and its last recorded status.
 #[derive(Clone, Debug)]
-pub struct StoredTarget {
+pub(crate) struct StoredTarget {
     pub registration: proto::RegisterTargetRequest,
     pub deployed: bool,
     pub status: Option<proto::TargetStatus>,
 }
 
-pub struct Store {
+pub(crate) struct Store {
     conn: Connection,
 }
 
@@ -129,7 +129,7 @@ pub fn now_ms() -> i64 {
 
 impl Store {
     /// Opens (creating if needed) the store at `path`.
-    pub fn open(path: &Path, durability: Durability) -> Result<Store, Error> {
+    pub(crate) fn open(path: &Path, durability: Durability) -> Result<Store, Error> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("cannot create {}: {e}", dir.display())))?;
         }
@@ -157,7 +157,7 @@ impl Store {
     }
 
     /// A second connection for reads that must not wait for the writer.
-    pub fn open_reader(path: &Path) -> Result<Store, Error> {
+    pub(crate) fn open_reader(path: &Path) -> Result<Store, Error> {
         let conn =
             Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
@@ -165,16 +165,16 @@ impl Store {
         Ok(Store { conn })
     }
 
-    pub fn meta(&self, key: &str) -> Result<Option<String>, Error> {
+    pub(crate) fn meta(&self, key: &str) -> Result<Option<String>, Error> {
         self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(sql)
     }
 
-    pub fn meta_u64(&self, key: &str) -> Result<u64, Error> {
+    pub(crate) fn meta_u64(&self, key: &str) -> Result<u64, Error> {
         Ok(self.meta(key)?.and_then(|v| v.parse().ok()).unwrap_or(0))
     }
 
     /// Every subscription, in id order.
-    pub fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
+    pub(crate) fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
         let mut st = self.conn.prepare("SELECT id, app, text, generation, created_ms FROM subscriptions ORDER BY id").map_err(sql)?;
         let rows = st
             .query_map([], |r| {
@@ -192,13 +192,13 @@ impl Store {
 
     /// Every stored placement: subscription id and the JSON array of its
     /// cubes' pipelines.
-    pub fn load_placements(&self) -> Result<Vec<(u64, String)>, Error> {
+    pub(crate) fn load_placements(&self) -> Result<Vec<(u64, String)>, Error> {
         let mut st = self.conn.prepare("SELECT id, pipes FROM placements").map_err(sql)?;
         let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))).map_err(sql)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(sql)
     }
 
-    pub fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
+    pub(crate) fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
         let mut st = self
             .conn
             .prepare(
@@ -224,7 +224,7 @@ impl Store {
     }
 
     /// Up to `limit` stored events with `seq > after`, oldest first.
-    pub fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+    pub(crate) fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
         let mut st = self.conn.prepare_cached("SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
         let rows =
             st.query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(sql)?;
@@ -239,7 +239,7 @@ impl Store {
     }
 
     /// The stored reply of an earlier `Add` with this idempotency key.
-    pub fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
+    pub(crate) fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
         self.conn
             .prepare_cached("SELECT reply, fingerprint FROM requests WHERE app = ?1 AND request_id = ?2")
             .map_err(sql)?
@@ -249,7 +249,7 @@ impl Store {
     }
 
     /// Runs `f` in one transaction and commits it; on any error nothing is written.
-    pub fn write<T>(&mut self, f: impl FnOnce(&Txn) -> Result<T, Error>) -> Result<T, Error> {
+    pub(crate) fn write<T>(&mut self, f: impl FnOnce(&Txn) -> Result<T, Error>) -> Result<T, Error> {
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(sql)?;
         let txn = Txn { tx };
         let out = f(&txn)?;
@@ -259,17 +259,17 @@ impl Store {
 }
 
 /// An open write transaction.
-pub struct Txn<'a> {
+pub(crate) struct Txn<'a> {
     tx: rusqlite::Transaction<'a>,
 }
 
 impl Txn<'_> {
-    pub fn set_meta(&self, key: &str, value: &str) -> Result<(), Error> {
+    pub(crate) fn set_meta(&self, key: &str, value: &str) -> Result<(), Error> {
         self.tx.prepare_cached("INSERT OR REPLACE INTO meta VALUES (?1, ?2)").map_err(sql)?.execute(params![key, value]).map_err(sql)?;
         Ok(())
     }
 
-    pub fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
+    pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT INTO subscriptions (id, app, text, generation, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)")
             .map_err(sql)?
@@ -278,7 +278,7 @@ impl Txn<'_> {
         Ok(())
     }
 
-    pub fn delete_sub(&self, id: u64) -> Result<(), Error> {
+    pub(crate) fn delete_sub(&self, id: u64) -> Result<(), Error> {
         let n = self.tx.prepare_cached("DELETE FROM subscriptions WHERE id = ?1").map_err(sql)?.execute([id as i64]).map_err(sql)?;
         if n != 1 {
             return Err(Error::Store(format!("subscription {id} is not in the store")));
@@ -288,7 +288,7 @@ impl Txn<'_> {
     }
 
     /// Sets subscription `id`'s placement (a JSON array).
-    pub fn put_placement(&self, id: u64, pipes: &str) -> Result<(), Error> {
+    pub(crate) fn put_placement(&self, id: u64, pipes: &str) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT OR REPLACE INTO placements VALUES (?1, ?2)")
             .map_err(sql)?
@@ -298,12 +298,12 @@ impl Txn<'_> {
     }
 
     /// Forgets every placement (before a new layout's are written).
-    pub fn clear_placements(&self) -> Result<(), Error> {
+    pub(crate) fn clear_placements(&self) -> Result<(), Error> {
         self.tx.execute("DELETE FROM placements", []).map_err(sql)?;
         Ok(())
     }
 
-    pub fn put_request(&self, app: &str, request_id: &str, reply: &[u8], fingerprint: &str) -> Result<(), Error> {
+    pub(crate) fn put_request(&self, app: &str, request_id: &str, reply: &[u8], fingerprint: &str) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT OR REPLACE INTO requests (app, request_id, reply, created_ms, fingerprint) VALUES (?1, ?2, ?3, ?4, ?5)")
             .map_err(sql)?
@@ -313,12 +313,12 @@ impl Txn<'_> {
     }
 
     /// Forgets idempotency keys older than `max_age_ms`.
-    pub fn prune_requests(&self, max_age_ms: i64) -> Result<(), Error> {
+    pub(crate) fn prune_requests(&self, max_age_ms: i64) -> Result<(), Error> {
         self.tx.prepare_cached("DELETE FROM requests WHERE created_ms < ?1").map_err(sql)?.execute([now_ms() - max_age_ms]).map_err(sql)?;
         Ok(())
     }
 
-    pub fn put_target(&self, reg: &proto::RegisterTargetRequest) -> Result<(), Error> {
+    pub(crate) fn put_target(&self, reg: &proto::RegisterTargetRequest) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT INTO targets (name, registration, deployed, created_ms) VALUES (?1, ?2, 0, ?3)")
             .map_err(sql)?
@@ -327,18 +327,18 @@ impl Txn<'_> {
         Ok(())
     }
 
-    pub fn delete_target(&self, name: &str) -> Result<(), Error> {
+    pub(crate) fn delete_target(&self, name: &str) -> Result<(), Error> {
         self.tx.prepare_cached("DELETE FROM targets WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
         self.tx.prepare_cached("DELETE FROM target_status WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
         Ok(())
     }
 
-    pub fn set_deployed(&self, name: &str) -> Result<(), Error> {
+    pub(crate) fn set_deployed(&self, name: &str) -> Result<(), Error> {
         self.tx.prepare_cached("UPDATE targets SET deployed = 1 WHERE name = ?1").map_err(sql)?.execute([name]).map_err(sql)?;
         Ok(())
     }
 
-    pub fn put_status(&self, s: &proto::TargetStatus) -> Result<(), Error> {
+    pub(crate) fn put_status(&self, s: &proto::TargetStatus) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT OR REPLACE INTO target_status VALUES (?1, ?2)")
             .map_err(sql)?
@@ -348,13 +348,13 @@ impl Txn<'_> {
     }
 
     /// Appends an event and returns its sequence number.
-    pub fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
+    pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
         self.tx.prepare_cached("INSERT INTO events (body) VALUES (?1)").map_err(sql)?.execute([e.encode_to_vec()]).map_err(sql)?;
         Ok(self.tx.last_insert_rowid() as u64)
     }
 
     /// Keeps only the newest `keep` events.
-    pub fn prune_events(&self, keep: u64) -> Result<(), Error> {
+    pub(crate) fn prune_events(&self, keep: u64) -> Result<(), Error> {
         self.tx
             .prepare_cached("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1")
             .map_err(sql)?

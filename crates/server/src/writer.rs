@@ -34,8 +34,8 @@ use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_bdd::{CompileError, CompiledSet, Update};
-use subc_lang::nf::NfSubscription;
+use subc_bdd::{CompileError, CompiledSet, SetDiff};
+use subc_lang::NfSubscription;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -156,7 +156,7 @@ impl Staged {
 struct Compiled {
     undo: Undo,
     /// The compiler's update; `None` after a full recompile.
-    update: Option<Update>,
+    update: Option<SetDiff>,
     /// After a recompile, every subscription's placement in the new layout.
     placements: Option<Vec<(u64, String)>>,
 }
@@ -591,7 +591,7 @@ impl Writer {
     fn recompile_with(&mut self, nfs: &[NfSubscription], ids: Vec<u64>, t: Instant, deadline: Instant) -> Result<Compiled, Status> {
         let spec = self.core.spec().clone();
         let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
-        let mut all = check::check_stored(&spec, &stored).map_err(Status::internal)?;
+        let mut all = check::check_stored(&spec, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
         let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
         let set = match CompiledSet::compile_until(&spec, &all, opts, Some(deadline)) {

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::collections::BTreeSet;
-use subc_server::api::diagnostics_of;
+use subc_server::diagnostics_of;
 use subc_server::proto;
 use tonic::Code;
 
@@ -88,8 +88,8 @@ async fn a_batch_with_one_bad_line_adds_nothing() {
 
 /// `subc check`'s diagnostics for a rules file: the spec and the file
 /// checked together, sorted, rendered.
-fn subc_check(name: &str, text: &str) -> (String, Vec<subc_lang::diag::DiagnosticRecord>) {
-    use subc_lang::source::SourceMap;
+fn subc_check(name: &str, text: &str) -> (String, Vec<subc_lang::DiagnosticRecord>) {
+    use subc_lang::SourceMap;
     let mut sources = SourceMap::new();
     let spec_path = repo().join("examples/itch/itch.spec");
     let spec = sources.add(spec_path.display().to_string(), std::fs::read_to_string(&spec_path).unwrap());
@@ -208,7 +208,7 @@ struct Snapshot {
     events: Vec<proto::Event>,
 }
 
-async fn snapshot(admin: &mut subc_server::client::Clients, core: &subc_server::core::Core) -> Snapshot {
+async fn snapshot(admin: &mut subc_server::Clients, core: &subc_server::Core) -> Snapshot {
     let subs = list_all(admin, 1000).await;
     let t = admin.targets.status(proto::TargetRequest { name: "probe".into() }).await.unwrap().into_inner();
     let events = core.read_events(0, 100_000).unwrap();
@@ -216,7 +216,7 @@ async fn snapshot(admin: &mut subc_server::client::Clients, core: &subc_server::
 }
 
 /// Registers the target `probe` (to read the generation from).
-async fn register_probe(admin: &mut subc_server::client::Clients) {
+async fn register_probe(admin: &mut subc_server::Clients) {
     let reg = proto::RegisterTargetRequest {
         name: "probe".into(),
         kind: Some(proto::register_target_request::Kind::Sim(Default::default())),
@@ -366,8 +366,7 @@ async fn compile_time_limit_is_resource_exhausted_and_changes_nothing() {
         })
         .await;
         let Env { alice, .. } = &mut env;
-        let rules =
-            subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 5000, ..Default::default() });
+        let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 5000, ..Default::default() });
         let lines: Vec<String> = rules.lines().map(String::from).collect();
         let e = alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");

@@ -27,7 +27,7 @@ fn metric(text: &str, name: &str) -> f64 {
 
 /// `n` ITCH-shaped subscriptions, as lines.
 fn itch_lines(n: usize) -> Vec<String> {
-    let rules = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: n, ..Default::default() });
+    let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: n, ..Default::default() });
     rules.lines().map(String::from).collect()
 }
 
@@ -202,7 +202,7 @@ async fn refusals_fit_every_clients_metadata_limit() {
             e.add_header(&mut headers).unwrap();
             let bytes: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
             assert!(bytes < 8 * 1024 - 512, "{what}: {bytes} bytes of status metadata");
-            let d = subc_server::api::diagnostics_of(&e).expect("diagnostics in the details");
+            let d = subc_server::diagnostics_of(&e).expect("diagnostics in the details");
             assert!(!d.diagnostics.is_empty() && d.total as usize >= d.diagnostics.len(), "{what}");
             // Check returns every diagnostic in the body.
             let full = env.alice.subs.check(req).await.unwrap().into_inner();

@@ -68,7 +68,7 @@ fn random_names_touch_nothing_outside_the_roots() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 96, ..ProptestConfig::default() });
     runner
         .run(&name_strategy(), |name| {
-            let valid = subc_server::names::check_name("name", &name).is_ok();
+            let valid = subc_server::check_name("name", &name).is_ok();
             let mut admin = admin.clone();
             rt.block_on(async {
                 for reg in registrations(&name, &top) {

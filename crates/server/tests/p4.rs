@@ -19,12 +19,12 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use subc_backend_p4::client::{compare, initial_defaults, normalize, Client};
-use subc_backend_p4::entries::{describe, PortMap};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::sim::Simulator;
 use subc_backend_p4::testing::{recover_layout, Checks, TestServer, DEVICE};
-use subc_lang::interp::Interpreter;
+use subc_backend_p4::Simulator;
+use subc_backend_p4::{describe, PortMap};
+use subc_lang::Interpreter;
 use subc_server::proto::{self, register_target_request::Kind};
 use tonic::Code;
 
@@ -35,13 +35,7 @@ fn spec_text() -> String {
 /// The ITCH example's subscriptions and some generated ones over ports 1..8.
 fn itch_lines() -> Vec<String> {
     let example = std::fs::read_to_string(repo().join("examples/itch/rules.subs")).unwrap();
-    let more = subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams {
-        subscriptions: 40,
-        symbols: 5,
-        max_shares: 100,
-        hosts: 8,
-        seed: 5,
-    });
+    let more = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 40, symbols: 5, max_shares: 100, hosts: 8, seed: 5 });
     example.lines().chain(more.lines()).filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).map(String::from).collect()
 }
 
@@ -87,7 +81,7 @@ fn agree(info: &P4Info, held: &[p4v1::Entity], lines: &[String], seed: u64, what
     }
     let map = PortMap::new(port_map().into_iter().collect()).unwrap();
     let mut reference = Interpreter::new(&p.spec, &p.subscriptions);
-    let gen = subc_workload::packets::PacketGen::new(&p.spec, &p.normal_forms);
+    let gen = subc_workload::PacketGen::new(&p.spec, &p.normal_forms);
     let mut rng = subc_workload::Rng::new(seed);
     let mut forwarded = 0;
     for i in 0..600u64 {
@@ -123,11 +117,11 @@ fn written(fake: &Option<TestServer>) -> usize {
     fake.as_ref().map(|f| f.lock().written().count()).unwrap_or(0)
 }
 
-async fn plan(admin: &mut subc_server::client::Clients, name: &str) -> proto::PlanResponse {
+async fn plan(admin: &mut subc_server::Clients, name: &str) -> proto::PlanResponse {
     admin.targets.plan(proto::TargetRequest { name: name.into() }).await.unwrap().into_inner()
 }
 
-async fn deploy(admin: &mut subc_server::client::Clients, name: &str) -> proto::TargetStatus {
+async fn deploy(admin: &mut subc_server::Clients, name: &str) -> proto::TargetStatus {
     let r = admin.targets.deploy(proto::DeployRequest { name: name.into(), timeout_ms: 30_000 }).await;
     r.unwrap_or_else(|e| panic!("deploy: {e:?}")).into_inner().status.unwrap()
 }
@@ -169,7 +163,7 @@ async fn delete_an_entry(sw: &Switch) -> p4v1::Entity {
     }
     let delete = p4v1::Update { r#type: p4v1::update::Type::Delete as i32, entity: Some(key) };
     let mut c = Client::connect(&sw.addr, DEVICE, 1000).await.unwrap();
-    c.write(&[subc_backend_p4::entries::Batch { label: "an operator's delete".into(), updates: vec![delete] }]).await.unwrap();
+    c.write(&[subc_backend_p4::Batch { label: "an operator's delete".into(), updates: vec![delete] }]).await.unwrap();
     victim
 }
 
@@ -336,7 +330,7 @@ async fn p4runtime_target_against_simple_switch_grpc() {
         deploy(&mut env.admin, "probe").await;
         env.stop().await;
         let info = probe.lock().p4info().cloned().unwrap();
-        let program = subc_backend_p4::program::write_program(&spec, &recover_layout(&spec, &info).unwrap());
+        let program = subc_backend_p4::write_program(&spec, &recover_layout(&spec, &info).unwrap());
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("program.p4"), program).unwrap();
         let out = std::process::Command::new(&p4c)

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Pipeline;
 use subc_server::proto::{self, register_target_request::Kind};
 use subc_server::{Config, Running};
 

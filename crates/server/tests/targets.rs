@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use subc_bdd::pipeline::Pipeline;
+use subc_bdd::Pipeline;
 use subc_server::proto::{self, register_target_request::Kind};
 use tonic::Code;
 
@@ -21,12 +21,12 @@ fn held(path: &std::path::Path) -> Vec<Pipeline> {
 /// Whether `held` is exactly a fresh compile of these rules (up to ids).
 fn equals_fresh_compile(held: &[Pipeline], lines: &[String]) -> bool {
     let spec_path = repo().join("examples/itch/itch.spec");
-    let mut sources = subc_lang::source::SourceMap::new();
+    let mut sources = subc_lang::SourceMap::new();
     let spec = sources.add("itch.spec", std::fs::read_to_string(spec_path).unwrap());
     let rules = sources.add("rules", lines.join("\n"));
     let (p, d) = subc_lang::check_program(&sources, spec, &[rules], Default::default());
     let p = p.unwrap_or_else(|| panic!("{}", d.render(&sources)));
-    matches!(subc_server::desired::distance_to_fresh_compile(&p.spec, &p.normal_forms, held, &Default::default()), Ok(0))
+    matches!(subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, held, &Default::default()), Ok(0))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,8 +162,7 @@ async fn a_restart_reconciles_without_rewriting_what_did_not_change() {
     bounded(120, async {
         let mut env = Env::new().await;
         let path = env.dir.path().join("r.json");
-        let rules =
-            subc_workload::subscriptions::itch(&subc_workload::subscriptions::ItchParams { subscriptions: 2000, ..Default::default() });
+        let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 2000, ..Default::default() });
         let lines: Vec<String> = rules.lines().map(String::from).collect();
         {
             let Env { alice, admin, .. } = &mut env;

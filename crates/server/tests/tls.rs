@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use std::path::Path;
 use std::process::Command;
-use subc_server::client::{connect, ClientOptions};
-use subc_server::config::TlsConfig;
+use subc_server::TlsConfig;
+use subc_server::{connect, ClientOptions};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl").current_dir(dir).args(args).output().expect("the openssl command is installed");

@@ -3,7 +3,7 @@
 
 use crate::packets::{moldudp_add_order, udp_packet};
 use crate::rng::Rng;
-use subc_lang::pcap::PcapPacket;
+use subc_lang::PcapPacket;
 
 const SRC_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const DST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];

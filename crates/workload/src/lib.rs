@@ -2,10 +2,15 @@
 //! (Camus's ITCH shape, Siena/SSBG-style filters), random packets for any
 //! spec, and the example pcaps. Same seed, same output, on every machine.
 
-pub mod examples;
-pub mod packets;
-pub mod programs;
-pub mod rng;
-pub mod subscriptions;
+#![warn(unreachable_pub)]
 
-pub use rng::Rng;
+mod examples;
+mod packets;
+pub mod programs;
+mod rng;
+mod subscriptions;
+
+pub use examples::{example_packets, EXAMPLES};
+pub use packets::{inet_checksum, moldudp_add_order, udp_packet, write_bits, PacketGen};
+pub use rng::{Rng, Zipf};
+pub use subscriptions::{itch, itch_symbols, siena, siena_spec, ItchParams, SienaParams};

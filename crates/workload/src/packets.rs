@@ -7,9 +7,9 @@
 //! random packets exercise every boundary of every interval.
 
 use crate::rng::Rng;
-use subc_lang::nf::NfSubscription;
 use subc_lang::spec::{FieldRef, ParseNext, ParseTarget, QuerySource, Spec};
-use subc_lang::value::{mask, raw_of_domain};
+use subc_lang::NfSubscription;
+use subc_lang::{mask, raw_of_domain};
 
 /// Writes `value` into `width` bits at bit `offset` (MSB first) of `buf`.
 pub fn write_bits(buf: &mut [u8], offset: u32, width: u32, value: u64) {

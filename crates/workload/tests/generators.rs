@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use subc_workload::programs;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 /// The first `n` lines of `text`.
 fn first_lines(text: &str, n: usize) -> String {

@@ -61,14 +61,14 @@ pub fn compile_dir(dir: &Path) -> (Program, CompiledSet) {
 }
 
 use prost::Message;
-use subc_backend_p4::entries::{write_request, Batch};
-use subc_backend_p4::layout::Layout;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::sim::{Simulator, Switch};
-use subc_bdd::{CompileError, Pipeline, Update};
-use subc_lang::interp::{Decision, Interpreter, StateStore};
-use subc_lang::program::Subscription;
+use subc_backend_p4::P4Layout;
+use subc_backend_p4::{write_request, Batch};
+use subc_backend_p4::{Simulator, Switch};
+use subc_bdd::{CompileError, Pipeline, SetDiff};
+use subc_lang::Subscription;
+use subc_lang::{Decision, Interpreter, StateStore};
 use subc_workload::Rng;
 
 /// The bytes on the wire, decoded again: what a switch would receive.
@@ -91,7 +91,7 @@ pub fn roundtrip_batches(batches: &[Batch]) -> Vec<p4v1::WriteRequest> {
 /// write's updates are applied last to first (a server may reorder them).
 /// The check scans the whole switch, so past `PER_UPDATE_CHECKS` entries
 /// it runs after every write instead of every update.
-pub fn apply_checked(sw: &mut Switch, layout: &Layout, writes: &[p4v1::WriteRequest], reverse: bool) {
+pub fn apply_checked(sw: &mut Switch, layout: &P4Layout, writes: &[p4v1::WriteRequest], reverse: bool) {
     const PER_UPDATE_CHECKS: usize = 1500;
     for w in writes {
         let mut ups: Vec<&p4v1::Update> = w.updates.iter().collect();
@@ -132,7 +132,7 @@ pub fn reference(
 /// only an unknown id, so this must succeed (a subscription with no cube,
 /// such as `x < 0`, too: it is removed with an empty update).
 #[track_caller]
-pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> Update {
+pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> SetDiff {
     let sub = &full.normal_forms[k];
     match set.remove(&[sub.id]) {
         Ok(u) => u,
@@ -149,7 +149,7 @@ pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> Update
 /// change: a random present subscription is removed instead. `None` only
 /// when an add was refused and nothing is present.
 #[track_caller]
-pub fn next_update(set: &mut CompiledSet, full: &Program, present: &mut [bool], rng: &mut Rng, may_refuse: bool) -> Option<Update> {
+pub fn next_update(set: &mut CompiledSet, full: &Program, present: &mut [bool], rng: &mut Rng, may_refuse: bool) -> Option<SetDiff> {
     let remove = |set: &mut CompiledSet, present: &mut [bool], k: usize| {
         let u = remove_present(set, full, k);
         present[k] = false;
@@ -197,7 +197,7 @@ pub fn agree(
 
 /// Random packets for a program, with timestamps 37 us apart.
 pub fn packets(p: &Program, seed: u64, n: usize) -> Vec<(Vec<u8>, u64)> {
-    let gen = subc_workload::packets::PacketGen::new(&p.spec, &p.normal_forms);
+    let gen = subc_workload::PacketGen::new(&p.spec, &p.normal_forms);
     let mut rng = subc_workload::Rng::new(seed);
     (0..n).map(|i| (gen.packet(&mut rng, 0.05), 1_000_000_000 + i as u64 * 37_000)).collect()
 }

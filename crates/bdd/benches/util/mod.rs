@@ -5,9 +5,9 @@
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
+use subc_lang::NfLimits;
 use subc_lang::Program;
+use subc_lang::SourceMap;
 
 /// The process's peak resident set (VmHWM) in MiB, 0 if unknown.
 pub fn peak_rss_mib() -> f64 {

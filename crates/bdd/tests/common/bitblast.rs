@@ -113,6 +113,6 @@ pub fn cube_dd<T: Clone, E>(
 }
 
 /// The intervals of a normal-form interval set, as plain pairs.
-pub fn pairs(set: &subc_lang::nf::IntervalSet) -> Vec<(u64, u64)> {
+pub fn pairs(set: &subc_lang::IntervalSet) -> Vec<(u64, u64)> {
     set.intervals().iter().map(|iv| (iv.lo, iv.hi)).collect()
 }

@@ -7,14 +7,14 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use subc_bdd::{CompileError, CompiledSet, Leaf, Pipeline, StateId, Update, DEAD};
-use subc_lang::interp::{parse_packet, Decision, Interpreter, StateStore};
-use subc_lang::nf::NfLimits;
-use subc_lang::program::SubId;
-use subc_lang::source::SourceMap;
+use subc_bdd::{CompileError, CompiledSet, Leaf, Pipeline, SetDiff, StateId, DEAD};
+use subc_lang::NfLimits;
 use subc_lang::Program;
-use subc_workload::subscriptions::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_lang::SourceMap;
+use subc_lang::SubId;
+use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
 use subc_workload::Rng;
+use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -127,7 +127,7 @@ pub fn check_references(p: &Pipeline) -> Result<(), String> {
 /// after every op. Panics on a refused op or a dangling reference; returns
 /// the number of ops applied.
 #[track_caller]
-pub fn apply_checked(target: &mut [Pipeline], update: &Update) -> usize {
+pub fn apply_checked(target: &mut [Pipeline], update: &SetDiff) -> usize {
     let mut applied = 0;
     for d in &update.diffs {
         let p = &mut target[d.pipeline];
@@ -149,7 +149,7 @@ pub fn apply_checked(target: &mut [Pipeline], update: &Update) -> usize {
 /// only an unknown id, so this must succeed (a subscription with no cube,
 /// such as `x < 0`, too: it is removed with an empty update).
 #[track_caller]
-pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> Update {
+pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> SetDiff {
     let sub = &full.normal_forms[k];
     match set.remove(&[sub.id]) {
         Ok(u) => u,

@@ -11,8 +11,8 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use subc_server::client::{connect, ClientOptions, Clients};
 use subc_server::proto;
+use subc_server::{connect, ClientOptions, Clients};
 
 pub const ADMIN: &str = "admin-token-0001";
 pub const APPS: [(&str, &str); 4] =
@@ -282,8 +282,8 @@ pub fn mac_of(ns: Option<&str>, dev: &str) -> String {
 
 /// An ITCH add-order frame (Ethernet, IPv4, UDP to port 26400, MoldUDP64).
 pub fn itch_frame(dst_mac: [u8; 6], seq: u64, stock: &str, shares: u32) -> Vec<u8> {
-    let payload = subc_workload::packets::moldudp_add_order(seq, 1, b'B', shares, stock, 100);
-    subc_workload::packets::udp_packet([2, 0, 0, 0, 0, 1], dst_mac, [10, 9, 0, 1], [10, 9, 0, 2], 1234, 26400, &payload)
+    let payload = subc_workload::moldudp_add_order(seq, 1, b'B', shares, stock, 100);
+    subc_workload::udp_packet([2, 0, 0, 0, 0, 1], dst_mac, [10, 9, 0, 1], [10, 9, 0, 2], 1234, 26400, &payload)
 }
 
 /// The MoldUDP64 sequence number of an ITCH frame's payload (what
@@ -377,16 +377,16 @@ pub fn ebpf_target(name: &str, iface: &str, hook: proto::Hook, ports: Vec<(u32, 
 pub fn check_deployed(target: &str, texts: &[String]) -> usize {
     use subc_ebpf_loader::Deployment;
     let (d, model) = Deployment::open(target).expect("the deployment record");
-    let pipes = subc_server::deploy::ebpf::saved_pipelines(target).unwrap();
+    let pipes = subc_server::saved_pipelines(target).unwrap();
     let tables = subc_ebpf_loader::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
     let live = tables.live_generation().unwrap();
-    let image = subc_backend_ebpf::encode::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();
+    let image = subc_backend_ebpf::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();
     let diffs = tables.check(&image, 10).unwrap();
     assert!(diffs.is_empty(), "the pinned maps differ from the saved image: {diffs:?}");
-    let mut sources = subc_lang::source::SourceMap::new();
+    let mut sources = subc_lang::SourceMap::new();
     let spec = sources.add("itch.spec", std::fs::read_to_string(itch_spec()).unwrap());
     let rules = sources.add("stored", texts.join("\n"));
     let (p, diags) = subc_lang::check_program(&sources, spec, &[rules], Default::default());
     let p = p.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    subc_server::desired::distance_to_fresh_compile(&p.spec, &p.normal_forms, &pipes, &Default::default()).unwrap()
+    subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &pipes, &Default::default()).unwrap()
 }

@@ -7,11 +7,11 @@
 pub mod large;
 
 use std::path::{Path, PathBuf};
-use subc_lang::diag::Diagnostics;
-use subc_lang::nf::NfLimits;
-use subc_lang::source::SourceMap;
 use subc_lang::spec::Spec;
+use subc_lang::Diagnostics;
+use subc_lang::NfLimits;
 use subc_lang::Program;
+use subc_lang::SourceMap;
 
 /// The repository root (two levels above this crate).
 pub fn repo_root() -> PathBuf {

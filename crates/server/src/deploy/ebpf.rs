@@ -19,7 +19,7 @@
 //! reads as "nothing known", and the deployer installs anew, which
 //! replaces the program atomically.
 
-use super::image::ImageLog;
+use super::image::{ImageError, ImageLog};
 use super::{Driver, DriverError};
 use crate::proto;
 use serde::Deserialize;
@@ -27,16 +27,16 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use subc_backend_ebpf::encode::TableImage;
-use subc_backend_ebpf::target::{Egress, NoMatch, TargetConfig};
+use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{clang, write_program, EbpfError, EbpfOptions, Hook};
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
+use subc_bdd::Pipeline;
+use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
-use subc_lang::program::{Update as VarUpdate, UpdateOp};
-use subc_lang::spec::{Spec, StateId};
+use subc_lang::spec::{Spec, StateVarId};
+use subc_lang::{UpdateOp, VarUpdate};
 
-pub struct EbpfDriver {
+pub(crate) struct EbpfDriver {
     name: String,
     spec: Arc<Spec>,
     hook: Hook,
@@ -63,8 +63,8 @@ fn ids_json(img: &TableImage) -> Value {
 }
 
 /// [`ids_json`] read back.
-fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, String> {
-    let ids = Vec::<(StateId, UpdateOp, u64, u32)>::deserialize(v).map_err(|e| format!("update ids: {e}"))?;
+fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
+    let ids = Vec::<(StateVarId, UpdateOp, u64, u32)>::deserialize(v).map_err(ImageError::Meta)?;
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
@@ -84,13 +84,13 @@ impl ImageFiles {
     }
 
     /// Records an applied update (`img` is the image after it).
-    fn append(&mut self, update: &Update, img: &TableImage) -> Result<(), DriverError> {
+    fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), DriverError> {
         self.0.append(update, &img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
     }
 
     /// The base with the journal replayed.
-    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), String> {
-        let image = self.0.load()?.ok_or("no saved image")?;
+    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), ImageError> {
+        let image = self.0.load()?.ok_or(ImageError::Missing)?;
         Ok((image.pipelines, ids_of(&image.meta)?))
     }
 }
@@ -109,7 +109,7 @@ fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
 }
 
 impl EbpfDriver {
-    pub fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
+    pub(crate) fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
         if !loader::can_load_bpf() {
             return Err(DriverError::transient("eBPF targets need root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and CAP_PERFMON"));
         }
@@ -204,7 +204,7 @@ impl Driver for EbpfDriver {
         self.open_tables(art.model, &deployment.pin_dir, art.image)
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
         t.update(update).map_err(err)?;
         self.files.append(update, t.image().expect("an updated image"))
@@ -221,6 +221,6 @@ impl Driver for EbpfDriver {
 
 /// The pipelines the server recorded as installed on eBPF target `name`
 /// (base and journal), for checking a target from outside the server.
-pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, String> {
-    ImageFiles::new(name).map_err(|e| e.to_string())?.load().map(|(p, _)| p)
+pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, ImageError> {
+    ImageFiles::new(name).map_err(ImageError::StateDir)?.load().map(|(p, _)| p)
 }

@@ -11,12 +11,12 @@
 use super::DriverError;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use subc_bdd::diff::PipelineDiff;
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use std::path::PathBuf;
+use subc_bdd::Pipeline;
+use subc_bdd::PipelineDiff;
+use subc_bdd::SetDiff;
 
-pub struct ImageLog {
+pub(crate) struct ImageLog {
     dir: PathBuf,
     seq: u64,
     base_bytes: u64,
@@ -44,19 +44,39 @@ struct JournalLine {
 }
 
 /// What [`ImageLog::load`] finds.
-pub struct Image {
+pub(crate) struct Image {
     pub pipelines: Vec<Pipeline>,
     /// What the driver stored with the base or the last update replayed.
     pub meta: Value,
 }
 
-impl ImageLog {
-    pub fn new(dir: PathBuf) -> ImageLog {
-        ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
-    }
+/// Why a saved image could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("image.json: {0}")]
+    Base(serde_json::Error),
+    #[error("journal.jsonl: {0}")]
+    Journal(serde_json::Error),
+    #[error("a diff for a pipeline the image lacks")]
+    MissingPipeline,
+    #[error(transparent)]
+    Apply(#[from] subc_bdd::ApplyError),
+    /// The driver keeps no image.
+    #[error("no saved image")]
+    Missing,
+    /// The driver's own data beside the pipelines.
+    #[error("update ids: {0}")]
+    Meta(serde_json::Error),
+    /// The target's state directory.
+    #[error("{0}")]
+    StateDir(super::DriverError),
+}
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+impl ImageLog {
+    pub(crate) fn new(dir: PathBuf) -> ImageLog {
+        ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
     }
 
     fn io(&self, what: &str, e: std::io::Error) -> DriverError {
@@ -64,7 +84,7 @@ impl ImageLog {
     }
 
     /// Writes `pipes` as the new base, with `meta`, and drops the journal.
-    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
         let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
         let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
         std::fs::create_dir_all(&self.dir)
@@ -84,7 +104,7 @@ impl ImageLog {
     /// driver keeps besides the pipelines, e.g. ids it assigned); `after`
     /// (the pipelines after the update) and `meta` become the base when the
     /// journal has outgrown the old one.
-    pub fn append(&mut self, update: &Update, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
         use std::io::Write;
         self.seq += 1;
         let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": meta }).to_string();
@@ -100,13 +120,13 @@ impl ImageLog {
     }
 
     /// The base with the journal replayed; `Ok(None)` when there is no base.
-    pub fn load(&mut self) -> Result<Option<Image>, String> {
+    pub(crate) fn load(&mut self) -> Result<Option<Image>, ImageError> {
         let text = match std::fs::read_to_string(self.dir.join("image.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ImageError::Read(e)),
         };
-        let base: Base = serde_json::from_str(&text).map_err(|e| format!("image.json: {e}"))?;
+        let base: Base = serde_json::from_str(&text).map_err(ImageError::Base)?;
         let (mut pipelines, mut meta) = (base.pipelines, base.meta);
         self.seq = base.seq;
         self.base_bytes = text.len() as u64;
@@ -118,12 +138,12 @@ impl ImageLog {
             // A line that is not JSON was torn by a crash; one that is JSON
             // but not a journal line is an error.
             let Ok(e) = serde_json::from_str::<Value>(line) else { break };
-            let e: JournalLine = serde_json::from_value(e).map_err(|e| format!("journal.jsonl: {e}"))?;
+            let e: JournalLine = serde_json::from_value(e).map_err(ImageError::Journal)?;
             if e.seq <= self.seq {
                 continue;
             }
             for d in &e.diffs {
-                pipelines.get_mut(d.pipeline).ok_or("a diff for a pipeline the image lacks")?.apply(d).map_err(|e| e.to_string())?;
+                pipelines.get_mut(d.pipeline).ok_or(ImageError::MissingPipeline)?.apply(d)?;
             }
             meta = e.meta;
             self.seq = e.seq;
@@ -132,7 +152,7 @@ impl ImageLog {
     }
 
     /// Removes the directory and what it holds.
-    pub fn remove(&mut self) -> Result<(), DriverError> {
+    pub(crate) fn remove(&mut self) -> Result<(), DriverError> {
         self.seq = 0;
         match std::fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

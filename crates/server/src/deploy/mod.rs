@@ -23,11 +23,11 @@
 //! The writer never takes `held`, and holds the committed state's write
 //! lock only to publish a batch it has already compiled and committed.
 
-pub mod ebpf;
-pub mod image;
-pub mod p4;
-pub mod sim;
-pub mod touched;
+pub(crate) mod ebpf;
+pub(crate) mod image;
+pub(crate) mod memory;
+pub(crate) mod p4;
+pub(crate) mod touched;
 
 use crate::desired::{shape_of, Committed, Shape};
 use crate::metrics::Metrics;
@@ -36,9 +36,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use subc_bdd::diff::diff_pipelines;
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::diff_pipelines;
+use subc_bdd::Pipeline;
+use subc_bdd::SetDiff;
 use subc_lang::spec::Spec;
 use tokio::sync::{watch, Notify};
 
@@ -75,7 +75,7 @@ impl std::fmt::Display for DriverError {
 
 /// What a kind of target must do. Calls block; the task runs them on a
 /// blocking thread, one at a time.
-pub trait Driver: Send {
+pub(crate) trait Driver: Send {
     /// What the target holds, read from the target itself (pinned maps,
     /// P4Runtime Read); `None` when nothing of subc's is installed there.
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError>;
@@ -84,21 +84,21 @@ pub trait Driver: Send {
     fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError>;
     /// Applies one diff per changed pipeline, in the IR's make-before-break
     /// order; all or nothing where the target allows it.
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError>;
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError>;
     /// Detaches and removes what subc installed.
     fn uninstall(&mut self) -> Result<(), DriverError>;
     /// What each op of a plan (pipeline, op) writes on this target, in the
     /// target's own terms (P4Runtime updates); `after` are the pipelines
     /// after the plan. Empty where the target has no other view than the
     /// IR's.
-    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::diff::Op)]) -> Vec<Option<String>> {
+    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::Op)]) -> Vec<Option<String>> {
         vec![]
     }
 }
 
 /// What the task knows a target holds.
 #[derive(Clone, Debug)]
-pub enum Held {
+pub(crate) enum Held {
     /// Not known: read the target back before changing it.
     Unknown,
     /// Nothing of subc's is installed.
@@ -219,11 +219,11 @@ pub struct TargetHandle {
 }
 
 /// The plan for one sync.
-pub enum Plan {
+pub(crate) enum Plan {
     /// The target holds the desired pipelines already.
     Nothing,
     Install(Vec<Pipeline>),
-    Update(Update),
+    Update(SetDiff),
 }
 
 impl Plan {
@@ -244,7 +244,7 @@ fn counts(held: &Held) -> (u64, u64) {
 }
 
 /// The plan that takes a target holding `held` (generation `from`) to `c`.
-pub fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
+pub(crate) fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
     let pipes = c.pipelines();
     match held {
         Held::Pipes(h) if shape_of(h.iter()) == c.shape() => {
@@ -252,7 +252,7 @@ pub fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
-                Plan::Update(Update { diffs, bits: None })
+                Plan::Update(SetDiff { diffs, bits: None })
             }
         }
         _ => Plan::Install(pipes.into_iter().cloned().collect()),
@@ -415,11 +415,7 @@ impl TargetHandle {
                 r.full_install = true;
                 for (i, pipe) in pipes.iter().enumerate() {
                     let empty = Pipeline {
-                        tables: pipe
-                            .tables
-                            .iter()
-                            .map(|t| subc_bdd::pipeline::Table { entries: Default::default(), ..t.clone() })
-                            .collect(),
+                        tables: pipe.tables.iter().map(|t| subc_bdd::Table { entries: Default::default(), ..t.clone() }).collect(),
                         leaves: Default::default(),
                         groups: Default::default(),
                         root: subc_bdd::DEAD,
@@ -497,109 +493,124 @@ impl TargetHandle {
                 })
                 .await
             }
-            Plan::Update(update) => {
-                let r = self
-                    .with_driver(ctx, {
-                        let update = update.clone();
-                        move |d| d.apply(&update)
-                    })
-                    .await;
-                match r {
-                    Ok(()) => {
-                        let mut h = self.held.lock().expect("held");
-                        let ok = match &mut h.held {
-                            Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
-                            _ => false,
-                        };
-                        if !ok {
-                            h.held = Held::Unknown;
-                        }
-                        Ok(Held::Unknown)
-                    }
-                    Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
-                        // The program cannot take the update: install the set as a whole.
-                        let (pipes, generation_now) = {
-                            let c = ctx.committed();
-                            (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
-                        };
-                        tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
-                        let r = self
-                            .with_driver(ctx, move |d| {
-                                d.install(&pipes.iter().collect::<Vec<_>>())?;
-                                Ok(Held::Pipes(pipes))
-                            })
-                            .await;
-                        if r.is_ok() {
-                            // The reinstall may carry a later generation than the plan.
-                            let mut h = self.held.lock().expect("held");
-                            h.generation = generation_now.max(generation);
-                        }
-                        r
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            Plan::Update(update) => self.apply_update(ctx, update, generation).await,
         };
         ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
-        let label = Metrics::label("target", &self.name);
         match result {
-            Ok(new_held) => {
-                let (entries, groups, held_gen) = {
-                    let mut h = self.held.lock().expect("held");
-                    if let Held::Pipes(_) = new_held {
-                        h.held = new_held;
-                    }
-                    h.generation = h.generation.max(generation);
-                    let (e, g) = counts(&h.held);
-                    (e, g, h.generation)
-                };
-                ctx.observe_live(&self.name, from, held_gen);
-                let known = !matches!(self.held.lock().expect("held").held, Held::Unknown);
-                ctx.set_floor(&self.name, known.then_some(held_gen));
-                ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
-                ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
-                ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
-                let first = !self.deployed.swap(true, Ordering::SeqCst);
-                let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
-                let current = *ctx.generation.borrow();
-                let status = self.set_progress(|p| {
-                    p.attempts += 1;
-                    let s = &mut p.status;
-                    s.deployed_generation = held_gen;
-                    s.current_generation = current;
-                    s.entries = entries;
-                    s.groups = groups;
-                    s.consecutive_failures = 0;
-                    s.last_error.clear();
-                    s.last_diff_entries = written;
-                    if written > 0 {
-                        s.last_deploy_unix_ms = crate::store::now_ms();
-                    }
-                    s.state = if held_gen >= current {
-                        proto::TargetState::InSync
-                    } else if self.manual() {
-                        proto::TargetState::Behind
-                    } else {
-                        proto::TargetState::Syncing
-                    } as i32;
-                });
-                let kind = if reconciled { proto::EventKind::Reconciled } else { proto::EventKind::Deployed };
-                let event = (written > 0 || first || reconciled).then(|| proto::Event {
-                    kind: kind as i32,
-                    generation: held_gen,
-                    target: self.name.clone(),
-                    entries: written,
-                    unix_ms: crate::store::now_ms(),
-                    ..Default::default()
-                });
-                if written > 0 || first || reconciled {
-                    tracing::info!(target_name = %self.name, generation = held_gen, entries_written = written, reconciled, "deployed");
-                }
-                (ctx.report)(TargetReport { status, mark_deployed: first, event });
-                Ok(())
-            }
+            Ok(new_held) => self.succeeded(ctx, new_held, generation, from, written),
             Err(e) => self.failed(ctx, e, generation),
         }
+    }
+
+    /// Applies a planned update with the driver and to the held pipelines;
+    /// a program that cannot take it gets the committed set installed anew.
+    async fn apply_update(self: &Arc<Self>, ctx: &Arc<DeployCtx>, update: SetDiff, generation: u64) -> Result<Held, DriverError> {
+        let r = self
+            .with_driver(ctx, {
+                let update = update.clone();
+                move |d| d.apply(&update)
+            })
+            .await;
+        match r {
+            Ok(()) => {
+                let mut h = self.held.lock().expect("held");
+                let ok = match &mut h.held {
+                    Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
+                    _ => false,
+                };
+                if !ok {
+                    h.held = Held::Unknown;
+                }
+                Ok(Held::Unknown)
+            }
+            Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
+                // The program cannot take the update: install the set as a whole.
+                let (pipes, generation_now) = {
+                    let c = ctx.committed();
+                    (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
+                };
+                tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
+                let r = self
+                    .with_driver(ctx, move |d| {
+                        d.install(&pipes.iter().collect::<Vec<_>>())?;
+                        Ok(Held::Pipes(pipes))
+                    })
+                    .await;
+                if r.is_ok() {
+                    // The reinstall may carry a later generation than the plan.
+                    let mut h = self.held.lock().expect("held");
+                    h.generation = generation_now.max(generation);
+                }
+                r
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records a successful attempt: what is held, its generation, metrics,
+    /// the status and (when something was written) an event.
+    fn succeeded(
+        self: &Arc<Self>,
+        ctx: &Arc<DeployCtx>,
+        new_held: Held,
+        generation: u64,
+        from: u64,
+        written: u64,
+    ) -> Result<(), DriverError> {
+        let label = Metrics::label("target", &self.name);
+        let (entries, groups, held_gen) = {
+            let mut h = self.held.lock().expect("held");
+            if let Held::Pipes(_) = new_held {
+                h.held = new_held;
+            }
+            h.generation = h.generation.max(generation);
+            let (e, g) = counts(&h.held);
+            (e, g, h.generation)
+        };
+        ctx.observe_live(&self.name, from, held_gen);
+        let known = !matches!(self.held.lock().expect("held").held, Held::Unknown);
+        ctx.set_floor(&self.name, known.then_some(held_gen));
+        ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
+        ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
+        ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
+        let first = !self.deployed.swap(true, Ordering::SeqCst);
+        let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
+        let current = *ctx.generation.borrow();
+        let status = self.set_progress(|p| {
+            p.attempts += 1;
+            let s = &mut p.status;
+            s.deployed_generation = held_gen;
+            s.current_generation = current;
+            s.entries = entries;
+            s.groups = groups;
+            s.consecutive_failures = 0;
+            s.last_error.clear();
+            s.last_diff_entries = written;
+            if written > 0 {
+                s.last_deploy_unix_ms = crate::store::now_ms();
+            }
+            s.state = if held_gen >= current {
+                proto::TargetState::InSync
+            } else if self.manual() {
+                proto::TargetState::Behind
+            } else {
+                proto::TargetState::Syncing
+            } as i32;
+        });
+        let kind = if reconciled { proto::EventKind::Reconciled } else { proto::EventKind::Deployed };
+        let event = (written > 0 || first || reconciled).then(|| proto::Event {
+            kind: kind as i32,
+            generation: held_gen,
+            target: self.name.clone(),
+            entries: written,
+            unix_ms: crate::store::now_ms(),
+            ..Default::default()
+        });
+        if written > 0 || first || reconciled {
+            tracing::info!(target_name = %self.name, generation = held_gen, entries_written = written, reconciled, "deployed");
+        }
+        (ctx.report)(TargetReport { status, mark_deployed: first, event });
+        Ok(())
     }
 
     /// Records a failed attempt: status, metrics, an event; `held` is no
@@ -634,7 +645,7 @@ impl TargetHandle {
     }
 }
 
-fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::diff::PipelineDiff) {
+fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::PipelineDiff) {
     for t in &d.tables {
         r.inserts += t.inserts.len() as u64;
         r.modifies += t.modifies.len() as u64;
@@ -647,7 +658,7 @@ fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::diff::PipelineDiff) {
 }
 
 /// The task of one target: sync whenever there is work, back off on failure.
-pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
+pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
     let mut gen_rx = ctx.generation.subscribe();
     let initial = Duration::from_millis(ctx.config.deploy.retry_initial_ms);
     let max = Duration::from_millis(ctx.config.deploy.retry_max_ms);
@@ -691,9 +702,9 @@ pub async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 }
 
 /// Makes the driver for a registration.
-pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
+pub(crate) fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
-        Some(Kind::Sim(s)) => Ok(Box::new(sim::SimDriver::new(s)?)),
+        Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(s)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
         Some(Kind::P4runtime(p)) => {
             let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -703,28 +714,55 @@ pub fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Resul
     }
 }
 
+/// Why a target's registration was refused (its fields, not whether the
+/// target is reachable).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RegistrationError {
+    #[error(transparent)]
+    Name(#[from] crate::names::NameError),
+    #[error("give the target's kind: ebpf, p4runtime or sim")]
+    NoKind,
+    #[error("an eBPF target needs an interface")]
+    NoInterface,
+    #[error("an eBPF target needs a hook: xdp or tc")]
+    NoHook,
+    #[error("a P4Runtime target needs an address (host:port)")]
+    NoAddress,
+    /// The P4Runtime target's port map.
+    #[error("{0}")]
+    Ports(subc_backend_p4::Error),
+    #[error("the P4Info is not a binary p4.config.v1.P4Info: {0}")]
+    P4InfoUndecodable(#[from] prost::DecodeError),
+    #[error("the P4Info has no tables")]
+    P4InfoEmpty,
+    #[error("a sim target's path may not contain NUL")]
+    SimPathNul,
+    #[error("a sim target's path must be a file, and {0:?} is a directory")]
+    SimPathIsDirectory(String),
+}
+
 /// Checks a registration's fields (not whether the target is reachable).
-pub fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), String> {
-    crate::names::check_name("target name", &reg.name).map_err(|e| e.to_string())?;
+pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), RegistrationError> {
+    crate::names::check_name("target name", &reg.name)?;
     match &reg.kind {
-        None => Err("give the target's kind: ebpf, p4runtime or sim".into()),
+        None => Err(RegistrationError::NoKind),
         Some(Kind::Ebpf(e)) => {
             if e.interface.is_empty() {
-                return Err("an eBPF target needs an interface".into());
+                return Err(RegistrationError::NoInterface);
             }
             if e.hook == proto::Hook::Unspecified as i32 {
-                return Err("an eBPF target needs a hook: xdp or tc".into());
+                return Err(RegistrationError::NoHook);
             }
             Ok(())
         }
         Some(Kind::P4runtime(p)) => {
             if p.address.is_empty() {
-                return Err("a P4Runtime target needs an address (host:port)".into());
+                return Err(RegistrationError::NoAddress);
             }
             p4::port_map(p)?;
             p4::given_p4info(p)?;
             Ok(())
         }
-        Some(Kind::Sim(s)) => sim::check_path(&s.path),
+        Some(Kind::Sim(s)) => memory::check_path(&s.path),
     }
 }

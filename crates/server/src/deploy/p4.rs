@@ -38,7 +38,7 @@
 //! image before the next diff.
 
 use super::image::ImageLog;
-use super::{Driver, DriverError};
+use super::{Driver, DriverError, RegistrationError};
 use crate::proto;
 use serde_json::{json, Value};
 use std::future::Future;
@@ -46,16 +46,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use subc_backend_p4::client::{initial_defaults, program_cookie, Client};
-use subc_backend_p4::entries::{describe, Batch, PortMap};
-use subc_backend_p4::layout::field_orders;
-use subc_backend_p4::p4info::difference;
+use subc_backend_p4::difference;
+use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::repair::{repair, Repair};
+use subc_backend_p4::{describe, Batch, PortMap};
+use subc_backend_p4::{repair, Repair};
 use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
-use subc_bdd::diff::Op;
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::Op;
+use subc_bdd::Pipeline;
+use subc_bdd::SetDiff;
 use subc_lang::spec::{QueryFieldId, Spec};
 
 /// How long connecting and arbitration may take.
@@ -110,7 +110,7 @@ impl Rt {
     }
 }
 
-pub struct P4Driver {
+pub(crate) struct P4Driver {
     name: String,
     spec: Arc<Spec>,
     /// `http://host:port`
@@ -156,31 +156,31 @@ fn not_our_program(e: &P4Error) -> bool {
 }
 
 /// The registration's port map, checked.
-pub fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, String> {
-    PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(|e| e.to_string())
+pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, RegistrationError> {
+    PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(RegistrationError::Ports)
 }
 
 /// The registration's P4Info, decoded (`None` when it has none).
-pub fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, String> {
+pub(crate) fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, RegistrationError> {
     use prost::Message;
     if cfg.p4info.is_empty() {
         return Ok(None);
     }
-    let info = P4Info::decode(cfg.p4info.as_slice()).map_err(|e| format!("the P4Info is not a binary p4.config.v1.P4Info: {e}"))?;
+    let info = P4Info::decode(cfg.p4info.as_slice())?;
     if info.tables.is_empty() {
-        return Err("the P4Info has no tables".into());
+        return Err(RegistrationError::P4InfoEmpty);
     }
     Ok(Some(info))
 }
 
 /// Where a target's image is kept: `<data_dir>/targets/<name>`, for a
 /// name that is an identifier (`names.rs`).
-pub fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBuf, crate::names::NameError> {
+pub(crate) fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBuf, crate::names::NameError> {
     crate::names::child_path(&data_dir.join("targets"), "target name", name)
 }
 
 impl P4Driver {
-    pub fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
+    pub(crate) fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
         let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
         Ok(P4Driver {
             name: name.to_string(),
@@ -188,9 +188,9 @@ impl P4Driver {
             addr,
             device_id: cfg.device_id,
             election_id: cfg.election_id.max(1) as u128,
-            given: given_p4info(cfg).map_err(DriverError::transient)?,
+            given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             device_config: cfg.device_config.clone(),
-            ports: port_map(cfg).map_err(DriverError::transient)?,
+            ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             rt: Rt::new()?,
             client: None,
             program: None,
@@ -412,7 +412,7 @@ impl Driver for P4Driver {
         Ok(())
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         // Not trusted again until this write and its record succeed.
         let mut after = self.image.take().ok_or_else(|| DriverError::needs_install("what the switch holds is not known"))?;
         for d in &update.diffs {

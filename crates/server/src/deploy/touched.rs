@@ -11,9 +11,9 @@
 
 use std::collections::VecDeque;
 use std::time::Instant;
-use subc_bdd::diff::{diff_all, diff_touched, PipelineDiff};
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::Pipeline;
+use subc_bdd::SetDiff;
+use subc_bdd::{diff_all, diff_touched, PipelineDiff};
 
 /// The updates of recent generations, with when each was committed; `None`
 /// for a generation that replaced the pipelines as a whole.
@@ -31,7 +31,7 @@ pub struct UpdateLog {
 
 struct Logged {
     generation: u64,
-    update: Option<Update>,
+    update: Option<SetDiff>,
     committed: Instant,
 }
 
@@ -40,8 +40,8 @@ struct Logged {
 const MAX_LOGGED_OPS: usize = 1_000_000;
 
 impl UpdateLog {
-    pub fn record(&mut self, generation: u64, update: Option<Update>, committed: Instant) {
-        self.ops += update.as_ref().map_or(0, Update::len);
+    pub fn record(&mut self, generation: u64, update: Option<SetDiff>, committed: Instant) {
+        self.ops += update.as_ref().map_or(0, SetDiff::len);
         self.log.push_back(Logged { generation, update, committed });
         while self.ops > MAX_LOGGED_OPS || self.log.len() > 100_000 {
             self.pop_front();
@@ -50,7 +50,7 @@ impl UpdateLog {
 
     fn pop_front(&mut self) {
         if let Some(l) = self.log.pop_front() {
-            self.ops -= l.update.as_ref().map_or(0, Update::len);
+            self.ops -= l.update.as_ref().map_or(0, SetDiff::len);
         }
     }
 
@@ -79,7 +79,7 @@ impl UpdateLog {
     }
 
     /// The updates of generations `from + 1 ..= to`, if all are logged.
-    fn since(&self, from: u64, to: u64) -> Option<Vec<&Update>> {
+    fn since(&self, from: u64, to: u64) -> Option<Vec<&SetDiff>> {
         if from >= to {
             return Some(vec![]);
         }
@@ -101,7 +101,7 @@ impl UpdateLog {
 /// The diff from `old` (which holds generation `from`) to `new` (generation
 /// `to`) for each pipeline that changed: over the touched keys when `log`
 /// has every update in between, otherwise over everything.
-pub fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log: &UpdateLog) -> Vec<PipelineDiff> {
+pub(crate) fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log: &UpdateLog) -> Vec<PipelineDiff> {
     match (from > 0).then(|| log.since(from, to)).flatten() {
         Some(updates) => diff_touched(old, new, &updates),
         None => diff_all(old, new),
@@ -119,7 +119,7 @@ mod tests {
         let now = Instant::now();
         let mut log = UpdateLog::default();
         for g in 1..=4 {
-            log.record(g, Some(Update::default()), now);
+            log.record(g, Some(SetDiff::default()), now);
         }
         assert_eq!(log.since(1, 4).map(|u| u.len()), Some(3));
         assert_eq!(log.since(4, 4).map(|u| u.len()), Some(0));

@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use subc_server::client::{connect, ClientOptions, Clients};
 use subc_server::proto;
+use subc_server::{connect, ClientOptions, Clients};
 use subc_server::{Config, Running};
 
 pub const ADMIN: &str = "admin-token-0001";

@@ -7,13 +7,13 @@
 //! after every change and read back from it, so it survives a restart of
 //! the server as a real target does; a write that fails changes nothing.
 
-use super::{Driver, DriverError};
+use super::{Driver, DriverError, RegistrationError};
 use crate::proto;
 use std::path::PathBuf;
-use subc_bdd::pipeline::Pipeline;
-use subc_bdd::Update;
+use subc_bdd::Pipeline;
+use subc_bdd::SetDiff;
 
-pub struct SimDriver {
+pub(crate) struct MemoryDriver {
     path: Option<PathBuf>,
     pipes: Option<Vec<Pipeline>>,
 }
@@ -21,23 +21,23 @@ pub struct SimDriver {
 /// Checks a sim target's file: empty (in memory), or a file that may not
 /// exist yet. A directory would fail every deploy. (A missing directory is
 /// not refused: it may be created later, and deploys are retried.)
-pub fn check_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_path(path: &str) -> Result<(), RegistrationError> {
     if path.is_empty() {
         return Ok(());
     }
     if path.contains('\0') {
-        return Err("a sim target's path may not contain NUL".into());
+        return Err(RegistrationError::SimPathNul);
     }
     if std::path::Path::new(path).is_dir() {
-        return Err(format!("a sim target's path must be a file, and {path:?} is a directory"));
+        return Err(RegistrationError::SimPathIsDirectory(path.to_string()));
     }
     Ok(())
 }
 
-impl SimDriver {
-    pub fn new(cfg: &proto::SimTarget) -> Result<SimDriver, DriverError> {
+impl MemoryDriver {
+    pub(crate) fn new(cfg: &proto::SimTarget) -> Result<MemoryDriver, DriverError> {
         let path = (!cfg.path.is_empty()).then(|| PathBuf::from(&cfg.path));
-        Ok(SimDriver { path, pipes: None })
+        Ok(MemoryDriver { path, pipes: None })
     }
 
     fn persist(&self, pipes: Option<&[Pipeline]>) -> Result<(), DriverError> {
@@ -58,7 +58,7 @@ impl SimDriver {
     }
 }
 
-impl Driver for SimDriver {
+impl Driver for MemoryDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         if let Some(path) = &self.path {
             self.pipes = match std::fs::read_to_string(path) {
@@ -77,7 +77,7 @@ impl Driver for SimDriver {
         Ok(())
     }
 
-    fn apply(&mut self, update: &Update) -> Result<(), DriverError> {
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         let mut next = self.pipes.clone().ok_or_else(|| DriverError::needs_install("nothing is installed"))?;
         for d in &update.diffs {
             let p = next.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
@@ -103,7 +103,7 @@ mod tests {
     fn a_failed_write_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("missing-dir").join("t.json");
-        let mut d = SimDriver::new(&proto::SimTarget { path: path.display().to_string() }).unwrap();
+        let mut d = MemoryDriver::new(&proto::SimTarget { path: path.display().to_string() }).unwrap();
         let empty: Vec<&Pipeline> = vec![];
         assert!(d.install(&empty).is_err());
         assert_eq!(d.read_back().unwrap(), None);

@@ -12,21 +12,21 @@
 //! ordering promises).
 //!
 //! [`Simulator`] runs packets through the program the way v1model does:
-//! the parser of the [`Layout`], the metadata copies, the register logic
+//! the parser of the [`P4Layout`], the metadata copies, the register logic
 //! computed as the P4 code computes it (microsecond timestamps, the
 //! multiply-and-shift division, fixed-width arithmetic), then the tables,
 //! looked up by P4Runtime match semantics (exact, then the longest prefix or
 //! the highest priority), with the actions the P4Info names, and the
 //! multicast groups of the replication engine.
 
-use crate::layout::{ActionKind, Divider, Fanout, Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
+use crate::layout::{ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
 use crate::p4info::qualified;
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use subc_lang::interp::Decision;
 use subc_lang::spec::{MatchKind, Spec};
-use subc_lang::value::{mask, read_bits};
+use subc_lang::Decision;
+use subc_lang::{mask, read_bits};
 
 /// Why a write was refused, with the gRPC code a P4Runtime server returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +111,7 @@ fn invalid(msg: impl Into<String>) -> WriteError {
 /// A decoded match value: exact values as canonical bytes (they can be wider
 /// than 64 bits), the others as integers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FieldValue {
+pub(crate) enum FieldValue {
     Exact(Vec<u8>),
     Ternary {
         value: u64,
@@ -557,7 +557,7 @@ impl Switch {
     }
 
     /// Checks the references the program's entries make (see the module doc).
-    pub fn check_references(&self, layout: &Layout) -> Result<(), ReferenceError> {
+    pub fn check_references(&self, layout: &P4Layout) -> Result<(), ReferenceError> {
         let id_of = |name: &str| self.table_id(&qualified(name)).ok_or_else(|| ReferenceError::NoTable { table: name.to_string() });
         let state_of = |a: &ActionCall| -> Option<u64> {
             (self.action_name(a.action) == Some("MyIngress.set_state")).then(|| bytes_to_u64(&a.args[0]))
@@ -736,7 +736,7 @@ pub struct Outcome {
 /// Runs packets through the program with the entries a [`Switch`] holds.
 pub struct Simulator<'a> {
     spec: &'a Spec,
-    layout: &'a Layout,
+    layout: &'a P4Layout,
     pub switch: Switch,
     registers: HashMap<String, Vec<u128>>,
     /// Table ids by table name, action kinds by action id.
@@ -753,7 +753,7 @@ struct Packet {
 }
 
 impl Packet {
-    fn field(&self, layout: &Layout, header: &str, field: &str) -> Option<u64> {
+    fn field(&self, layout: &P4Layout, header: &str, field: &str) -> Option<u64> {
         let h = layout.headers.iter().find(|h| h.instance == header)?;
         let k = h.fields.iter().position(|f| f.name == field)?;
         self.headers.get(header).map(|v| v[k])
@@ -773,7 +773,7 @@ struct Meta {
 impl<'a> Simulator<'a> {
     /// A switch running the program of `layout` (for `spec`), described to
     /// the control plane by `info`; no entries yet.
-    pub fn new(spec: &'a Spec, layout: &'a Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, SimError> {
+    pub fn new(spec: &'a Spec, layout: &'a P4Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, SimError> {
         let switch = Switch::new(info)?;
         let registers = layout.registers.iter().map(|r| (r.name.clone(), vec![0u128; r.size as usize])).collect();
         let mut table_ids = HashMap::new();
