@@ -148,3 +148,43 @@ pub fn extra(exact: impl Fn(&[u64]) -> Leaf, relaxed: impl Fn(&[u64]) -> Leaf, p
     }
     x
 }
+
+/// `n` packets' query values (by query field id) for measuring [`extra`]:
+/// each value, as often as not, at or next to a boundary of some filter's
+/// interval on that field, else uniform in the field's domain.
+/// Deterministic in `seed`.
+pub fn sample_values(spec: &Spec, subs: &[NfSubscription], n: usize, seed: u64) -> Vec<Vec<u64>> {
+    let fields = spec.query_fields.len();
+    let mut near: Vec<Vec<u64>> = vec![vec![]; fields];
+    for c in subs.iter().flat_map(|s| &s.cubes) {
+        for (f, set) in &c.0 {
+            let m = subc_lang::mask(spec.query_fields[f.0 as usize].width);
+            for iv in set.intervals() {
+                near[f.0 as usize].extend([iv.lo.wrapping_sub(1) & m, iv.lo, iv.hi, iv.hi.wrapping_add(1) & m]);
+            }
+        }
+    }
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        // xorshift64*
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    (0..n)
+        .map(|_| {
+            (0..fields)
+                .map(|f| {
+                    let r = next();
+                    let v = match near[f].len() {
+                        0 => r,
+                        k if r & 1 == 0 => near[f][(r >> 1) as usize % k],
+                        _ => r,
+                    };
+                    v & subc_lang::mask(spec.query_fields[f].width)
+                })
+                .collect()
+        })
+        .collect()
+}

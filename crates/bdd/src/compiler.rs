@@ -743,9 +743,12 @@ impl CompiledSet {
         let pipe = &mut self.pipes[p];
         if m.wants_collection() {
             let mut roots = [pipe.root, pipe.lowering.root_node()];
-            let map = m.collect_garbage(&mut roots);
+            let map = m.collect_garbage(&mut roots, pipe.rules.iter().map(|r| r.leaf));
             pipe.root = roots[0];
             pipe.lowering.remap(&map);
+            for r in &mut pipe.rules {
+                r.leaf = map[&r.leaf];
+            }
             pipe.size_estimate = m.inner_count();
         }
     }

@@ -145,7 +145,7 @@ impl Lowering {
     }
     /// Rewrites node ids after the manager compacted its arena.
     pub(crate) fn remap(&mut self, map: &FxHashMap<NodeId, NodeId>) {
-        let f = |n: NodeId| if n.is_leaf() { n } else { map[&n] };
+        let f = |n: NodeId| map[&n];
         self.root_node = f(self.root_node);
         self.node_state = self.node_state.iter().map(|(n, s)| (f(*n), *s)).collect();
         self.refs = self.refs.iter().map(|(n, r)| (f(*n), *r)).collect();

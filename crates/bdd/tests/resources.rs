@@ -56,6 +56,28 @@ fn adding_in_batches_holds_memory_in_proportion_to_the_set() {
     assert_eq!(set.entry_count(), fresh.entry_count());
 }
 
+/// Leaves are collected with nodes: every union a splice computes is a
+/// hash-consed leaf, and on ITCH rules (many ports per leaf) adding 100,000
+/// in batches of 1,000 once left 2 million leaves, 470 MB, where a fresh
+/// compile holds 40 MB. Measured on 20,000 here.
+#[test]
+fn adding_in_batches_collects_the_leaves_splices_made() {
+    let text = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 20_000, ..Default::default() });
+    let p = program(&itch_spec(), &[&text]);
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..1000], CompileOptions::default()).unwrap();
+    for batch in p.normal_forms[1000..].chunks(1000) {
+        set.add(batch).unwrap();
+    }
+    let fresh = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+    assert!(
+        set.heap_bytes() <= 2 * fresh.heap_bytes() + 8 * MB,
+        "after 19 batches of 1,000 ITCH adds the set holds {} MB; a fresh compile of the same rules {} MB",
+        set.heap_bytes() / MB,
+        fresh.heap_bytes() / MB
+    );
+    assert_eq!(set.entry_count(), fresh.entry_count());
+}
+
 #[test]
 fn one_large_add_costs_a_build_not_a_splice_per_rule() {
     // 50,000 rules in one add: one at a time, each splice copies the root

@@ -30,6 +30,13 @@ pub struct P4Args {
     /// (fewer entries, wider action data).
     #[arg(long)]
     pub p4_fold_leaves: bool,
+    /// P4: fit the set in at most this many table and leaf entries by over-approximation:
+    /// constraints on some fields are dropped (most distinct constants first) until it fits,
+    /// so the switch may forward more than the subscriptions ask, never less; filter exactly
+    /// on the hosts with `--target ebpf`. resources.json's `approximation` says what was
+    /// dropped and how much extra traffic that is on 10,000 sampled packets.
+    #[arg(long, value_name = "ENTRIES")]
+    pub p4_budget: Option<usize>,
 }
 
 impl P4Args {
@@ -51,8 +58,15 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
     if compiler.bit_vectors {
         bail!("--bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the hosts with --target ebpf");
     }
-    let (set, _) = compile_program(program, compiler)?;
+    let (set, approximation) = match p4.p4_budget {
+        None => (compile_program(program, compiler)?.0, None),
+        Some(budget) => fit_budget(program, compiler, budget)?,
+    };
     let (_, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
+    let mut resources = serde_json::to_value(&art.resources)?;
+    if let Some(a) = approximation {
+        resources["approximation"] = a;
+    }
     let groups: Vec<Batch> = art
         .install
         .iter()
@@ -76,7 +90,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         ("entries.txtpb", entries_text(&art.install, &art.p4info).into_bytes()),
         ("entries.bin", write_request(&art.install).encode_to_vec()),
         ("mcast.txtpb", write_request_text(&write_request(&groups), describe).into_bytes()),
-        ("resources.json", serde_json::to_vec_pretty(&art.resources)?),
+        ("resources.json", serde_json::to_vec_pretty(&resources)?),
     ];
     write_outputs(Some(out), &files)?;
     let r = &art.resources;
@@ -85,6 +99,35 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         r.pipelines, r.entries, r.tcam_entries, r.sram_entries, r.multicast_groups
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The set relaxed to fit `budget` entries, and the report of what that
+/// costs: the fields dropped, and the extra deliveries on sampled packets
+/// against the exact set (compiled with bit-vector groups, so that it
+/// compiles at any size).
+fn fit_budget(program: &Program, compiler: &CompilerArgs, budget: usize) -> Result<(subc_bdd::CompiledSet, Option<serde_json::Value>)> {
+    use subc_bdd::{compile_within, extra, sample_values};
+    let opts = compiler.options(&program.spec)?;
+    let fit = compile_within(&program.spec, &program.normal_forms, opts.clone(), budget).context("--p4-budget")?;
+    let exact = subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { bit_vectors: true, ..opts })
+        .context("the exact set, to measure the approximation")?;
+    let values = sample_values(&program.spec, &program.normal_forms, 10_000, 1);
+    let x = extra(|v| exact.eval_tables(v), |v| fit.set.eval_tables(v), &values);
+    if x.missing_deliveries > 0 {
+        bail!("internal error: the relaxed set misses {} deliveries the exact set makes", x.missing_deliveries);
+    }
+    let dropped: Vec<&str> = fit.dropped.iter().map(|f| program.spec.query_fields[f.0 as usize].name.as_str()).collect();
+    let report = serde_json::json!({
+        "budget": budget,
+        "entries": fit.set.entry_count(),
+        "dropped_fields": dropped,
+        "sampled_packets": x.packets,
+        "packets_with_extra_ports": x.packets_with_extra,
+        "exact_deliveries": x.deliveries,
+        "extra_deliveries": x.extra_deliveries,
+        "missing_deliveries": x.missing_deliveries,
+    });
+    Ok((fit.set, Some(report)))
 }
 
 /// `subc sim --engine p4`: the P4-semantics simulator, loaded only from the

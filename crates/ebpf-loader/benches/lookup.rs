@@ -32,9 +32,8 @@ use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::Dataplane;
 use subc_lang::NfLimits;
 use subc_lang::SourceMap;
-use subc_workload::Rng;
-use subc_workload::{itch, itch_symbols, ItchParams};
-use subc_workload::{moldudp_add_order, udp_packet};
+use subc_workload::itch_add_orders;
+use subc_workload::{itch, ItchParams};
 
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
@@ -128,25 +127,7 @@ fn arg(name: &str) -> Option<String> {
 }
 
 fn packets(n: usize, seed: u64) -> Vec<Vec<u8>> {
-    let params = ItchParams::default();
-    let mut symbols = itch_symbols(params.symbols, params.seed);
-    symbols.extend(["ZZZZ", "QQQ"].map(String::from));
-    let mut rng = Rng::new(seed);
-    (0..n)
-        .map(|i| {
-            let s = rng.pick(&symbols).clone();
-            let side = if rng.chance(0.5) { b'B' } else { b'S' };
-            let payload = moldudp_add_order(
-                i as u64,
-                1 + rng.below(1000) as u16,
-                side,
-                rng.range(1, 1200) as u32,
-                &s,
-                rng.range(1, 2_000_000) as u32,
-            );
-            udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload)
-        })
-        .collect()
+    itch_add_orders(n, seed)
 }
 
 /// Mean ns per packet over `pkts`, each run `repeat` times; the best of

@@ -35,6 +35,7 @@ mod names;
 mod server;
 mod store;
 mod writer;
+mod trim;
 
 /// The generated protobuf and gRPC code of `proto/subc.proto`.
 pub mod proto {

@@ -233,6 +233,7 @@ impl Writer {
             Err(e) => self.roll_back(staged, claims.duplicates, gen0, next0, e),
             Ok(seqs) => self.publish_and_reply(staged, seqs, claims.duplicates, gen0),
         }
+        crate::trim::release_free_memory();
     }
 
     /// Replays or refuses an Add whose idempotency key was seen before (in

@@ -11,6 +11,6 @@ mod rng;
 mod subscriptions;
 
 pub use examples::{example_packets, EXAMPLES};
-pub use packets::{inet_checksum, moldudp_add_order, udp_packet, write_bits, PacketGen};
+pub use packets::{inet_checksum, itch_add_orders, moldudp_add_order, siena_event, udp_packet, write_bits, PacketGen};
 pub use rng::{Rng, Zipf};
 pub use subscriptions::{itch, itch_symbols, siena, siena_spec, ItchParams, SienaParams};

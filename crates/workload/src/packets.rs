@@ -198,3 +198,41 @@ pub fn moldudp_add_order(seq: u64, locate: u16, side: u8, shares: u32, stock: &s
     m.extend_from_slice(&price.to_be_bytes());
     m
 }
+
+/// `n` ITCH add-order packets (MoldUDP64 over UDP) for the default ITCH
+/// set's symbols and two symbols no subscription names, with random share
+/// counts and prices: what the lookup benchmarks send.
+pub fn itch_add_orders(n: usize, seed: u64) -> Vec<Vec<u8>> {
+    use crate::subscriptions::{itch_symbols, ItchParams};
+    let params = ItchParams::default();
+    let mut symbols = itch_symbols(params.symbols, params.seed);
+    symbols.extend(["ZZZZ", "QQQ"].map(String::from));
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let s = rng.pick(&symbols).clone();
+            let side = if rng.chance(0.5) { b'B' } else { b'S' };
+            let payload = moldudp_add_order(
+                i as u64,
+                1 + rng.below(1000) as u16,
+                side,
+                rng.range(1, 1200) as u32,
+                &s,
+                rng.range(1, 2_000_000) as u32,
+            );
+            udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload)
+        })
+        .collect()
+}
+
+/// A Siena attribute message for `subscriptions::siena_spec`: Ethernet
+/// (EtherType 0x88b5), then each attribute as a signed 32-bit big-endian
+/// integer.
+pub fn siena_event(values: &[i32]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(14 + 4 * values.len());
+    p.extend_from_slice(&[2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xb5]);
+    for v in values {
+        p.extend_from_slice(&v.to_be_bytes());
+    }
+    p
+}

@@ -671,7 +671,9 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
         let current = *gen_rx.borrow_and_update();
         let due = retry_at.is_none_or(|t| tokio::time::Instant::now() >= t);
         if due && h.wants_sync(current) {
-            match h.sync_once(&ctx).await {
+            let synced = h.sync_once(&ctx).await;
+            crate::trim::release_free_memory();
+            match synced {
                 Ok(()) => {
                     backoff = initial;
                     retry_at = None;

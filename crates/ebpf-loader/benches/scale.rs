@@ -1,0 +1,307 @@
+//! General conditions at scale: Siena filters (20 signed attributes, Zipf,
+//! 1 to 6 constraints, 64 ports: `subc gen siena`'s defaults) at each size,
+//! and a mixed set (half ITCH-shaped `a0 == S && a1 > P`, half Siena),
+//! compiled with bit-vector groups and run in the kernel; plus 100,000 ITCH
+//! subscriptions (stateless spec) with and without bit-vector groups, to
+//! show the structured case does not regress. One JSON object per line.
+//!
+//!   cargo bench -p subc-ebpf-loader --bench scale -- \
+//!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] [--betree PATH]
+//!
+//! Needs root. Per set:
+//! - `compile`: a child process (this binary, `--child`) checks the rules,
+//!   compiles them and generates the program and its initial map image;
+//!   its seconds per phase and its peak RSS (`ru_maxrss`);
+//! - the IR's shape: pipelines, table entries, the bit-vector group's rules,
+//!   words, rows per field and leaves;
+//! - the loaded program: verified instructions, kernel map memory (memlock),
+//!   load-and-fill time;
+//! - `ns_per_packet`: mean `BPF_PROG_TEST_RUN` time (XDP, sorted ranges)
+//!   over `--packets` distinct events (uniform values in [-100, 100), as the
+//!   peer's event generator draws them), each run `--repeat` times, the best
+//!   of three rounds; `floor_ns` is an empty XDP program's;
+//! - add and remove latency, p50 and p99: 200 more filters added one at a
+//!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`),
+//!   then removed one at a time;
+//! - with `--betree PATH` (a BE-Tree harness built locally, see
+//!   BENCHMARKS.md: never part of this repository), the peer on the same
+//!   filters and the same events in the same run, and the ratio of its time
+//!   per event to ours.
+
+use std::process::Command;
+use std::time::Instant;
+use subc_backend_ebpf::clang::{self, BuildFlags};
+use subc_backend_ebpf::{write_set, EbpfOptions, Hook, RangeLookup};
+use subc_bdd::{CompileOptions, CompiledSet};
+use subc_ebpf_loader::Dataplane;
+use subc_lang::{NfLimits, Program, SourceMap};
+use subc_workload::{itch, itch_add_orders, siena, siena_event, siena_spec, ItchParams, Rng, SienaParams};
+
+const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
+/// Filters added and removed one at a time after the set is loaded.
+const EXTRA: usize = 200;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+/// The spec and rules of a workload: `n` rules, then [`EXTRA`] more.
+fn workload(kind: &str, n: usize) -> (String, String) {
+    let params = SienaParams { filters: n + EXTRA, ..Default::default() };
+    match kind {
+        "siena" => (siena_spec(params.attributes, params.ports), siena(&params)),
+        "mixed" => {
+            let mut rng = Rng::new(7);
+            let mut lines: Vec<String> = vec![];
+            let mut siena_lines = siena(&params).lines().map(String::from).collect::<Vec<_>>().into_iter();
+            for i in 0..n + EXTRA {
+                if i % 2 == 0 {
+                    let (s, p, h) = (rng.below(200) as i64 - 100, rng.below(200) as i64 - 100, rng.below(params.ports as u64));
+                    lines.push(format!("a0 == {s} && a1 > {p} : fwd({h})"));
+                } else {
+                    lines.push(siena_lines.next().expect("enough filters"));
+                }
+            }
+            (siena_spec(params.attributes, params.ports), lines.join("\n") + "\n")
+        }
+        "itch" => {
+            let spec = ITCH_SPEC.lines().filter(|l| !l.starts_with("@query_counter") && !l.starts_with("state ")).collect::<Vec<_>>().join("\n");
+            (spec, itch(&ItchParams { subscriptions: n + EXTRA, ..Default::default() }))
+        }
+        _ => panic!("unknown workload {kind}"),
+    }
+}
+
+fn check(spec: &str, rules: &str) -> Program {
+    let mut sources = SourceMap::new();
+    let s = sources.add("spec", spec);
+    let r = sources.add("rules", rules);
+    let (p, diags) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
+    p.unwrap_or_else(|| panic!("{}", diags.render(&sources)))
+}
+
+fn options(bit_vectors: bool) -> CompileOptions {
+    CompileOptions { bit_vectors, ..Default::default() }
+}
+
+fn ebpf_options() -> EbpfOptions {
+    EbpfOptions { hook: Hook::Xdp, ranges: RangeLookup::Sorted, ..Default::default() }
+}
+
+/// The child: check, compile and generate the first `n` rules, printing
+/// the seconds of each phase (the parent reads the peak RSS).
+fn child(kind: &str, n: usize, bit_vectors: bool) {
+    let t = Instant::now();
+    let (spec, rules) = workload(kind, n);
+    let rules: String = rules.lines().take(n).map(|l| format!("{l}\n")).collect();
+    let p = check(&spec, &rules);
+    let check_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let set = match CompiledSet::compile(&p.spec, &p.normal_forms, options(bit_vectors)) {
+        Ok(set) => set,
+        Err(e) => {
+            println!("{}", serde_json::json!({ "error": e.to_string() }));
+            return;
+        }
+    };
+    let compile_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let generated = write_set(&p.spec, &set, &ebpf_options()).map(|a| a.image.initial_ops(&a.model).len());
+    let generate_s = t.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({
+            "check_s": round(check_s, 3),
+            "compile_s": round(compile_s, 3),
+            "generate_s": round(generate_s, 3),
+            "initial_map_writes": generated.as_ref().ok(),
+            "error": generated.err().map(|e| e.to_string()),
+        })
+    );
+}
+
+/// Runs the child for this set and returns its report and peak RSS in MiB.
+fn compile_in_child(kind: &str, n: usize, bit_vectors: bool) -> serde_json::Value {
+    let exe = std::env::current_exe().expect("the bench binary");
+    let mut c = Command::new(exe)
+        .args(["--child", kind, &n.to_string(), &bit_vectors.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the child");
+    let mut out = String::new();
+    std::io::Read::read_to_string(c.stdout.as_mut().expect("piped"), &mut out).expect("read the child");
+    let pid = c.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet waited for; both pointers are to live locals.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid, "wait4");
+    std::mem::forget(c);
+    let mut v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|_| serde_json::json!({ "error": format!("child exited {status}: {out}") }));
+    v["peak_rss_mib"] = round(usage.ru_maxrss as f64 / 1024.0, 1).into();
+    v
+}
+
+/// Mean ns per packet over `pkts`, each run `repeat` times; the best of
+/// three rounds (the minimum is the program's cost, the rest other work).
+fn ns_per_packet(dp: &Dataplane, pkts: &[Vec<u8>], repeat: u32) -> f64 {
+    let r = dp.runner().expect("runner");
+    (0..3)
+        .map(|_| {
+            let total: u64 = pkts.iter().map(|p| r.run(p, repeat).expect("BPF_PROG_TEST_RUN").1).sum();
+            total as f64 / pkts.len() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// ns per run of an XDP program that returns at once.
+fn floor_ns(pkt: &[u8], repeat: u32) -> f64 {
+    let src = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int subc_floor(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
+    let obj = clang::compile(src, BuildFlags::default()).expect("clang");
+    let open = libbpf_rs::ObjectBuilder::default().open_memory(&obj).expect("open");
+    let o = open.load().expect("load");
+    let prog = o.progs_mut().next().expect("one program");
+    let mut out = vec![0u8; pkt.len() + 64];
+    (0..3)
+        .map(|_| {
+            let input = libbpf_rs::ProgramInput { data_in: Some(pkt), data_out: Some(&mut out), repeat, ..Default::default() };
+            prog.test_run(input).expect("test run").duration.as_nanos() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// `count` events of 20 uniform values in [-100, 100): as packets, and as
+/// the peer's event lines.
+fn events(count: usize, seed: u64) -> (Vec<Vec<u8>>, String) {
+    let mut rng = Rng::new(seed);
+    let mut lines = String::new();
+    let pkts = (0..count)
+        .map(|_| {
+            let v: Vec<i32> = (0..20).map(|_| rng.below(200) as i32 - 100).collect();
+            lines.push_str(&v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
+            lines.push('\n');
+            siena_event(&v)
+        })
+        .collect();
+    (pkts, lines)
+}
+
+/// p50 and p99 of latencies in microseconds.
+fn percentiles(mut us: Vec<f64>) -> serde_json::Value {
+    us.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    serde_json::json!({ "p50_us": round(at(0.5), 1), "p99_us": round(at(0.99), 1), "max_us": round(at(1.0), 1) })
+}
+
+/// Adds the extra filters one at a time, then removes them, each through
+/// the IR and into the kernel's maps.
+fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) -> serde_json::Value {
+    let (mut adds, mut removes, mut relayouts) = (vec![], vec![], 0);
+    for nf in &p.normal_forms[n..] {
+        let t = Instant::now();
+        match set.add(std::slice::from_ref(nf)) {
+            Ok(u) => {
+                dp.update(&u).expect("the update applies");
+                adds.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Err(_) => relayouts += 1,
+        }
+    }
+    let added: Vec<_> = p.normal_forms[n..].iter().map(|s| s.id).filter(|id| set.subscription_ids().any(|x| x == *id)).collect();
+    for id in added {
+        let t = Instant::now();
+        let u = set.remove(&[id]).expect("removes");
+        dp.update(&u).expect("the update applies");
+        removes.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    serde_json::json!({ "add": percentiles(adds), "remove": percentiles(removes), "refused_adds": relayouts })
+}
+
+/// The peer on the same filters and events.
+fn betree(peer: &str, rules: &str, n: usize, events: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (f, e) = (dir.path().join("filters"), dir.path().join("events"));
+    std::fs::write(&f, rules.lines().take(n).map(|l| format!("{l}\n")).collect::<String>()).expect("write");
+    std::fs::write(&e, events).expect("write");
+    let out = Command::new(peer).arg(&f).arg(&e).args(["--repeat", "1"]).output().expect("run the peer");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|_| serde_json::json!({ "error": String::from_utf8_lossy(&out.stderr) }))
+}
+
+/// One set: compile (in a child), load, run, change.
+fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_lines: &str, repeat: u32, floor: f64) -> serde_json::Value {
+    let compile = compile_in_child(kind, n, bit_vectors);
+    let mut line = serde_json::json!({ "set": kind, "filters": n, "bit_vectors": bit_vectors, "compile": compile });
+    if compile.get("error").is_some_and(|e| !e.is_null()) {
+        return line;
+    }
+    let (spec, rules) = workload(kind, n);
+    let p = check(&spec, &rules);
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..n], options(bit_vectors)).expect("compiles");
+    line["pipelines"] = set.pipeline_count().into();
+    line["entries"] = set.entry_count().into();
+    line["group"] = set.bits().map_or(serde_json::Value::Null, |g| {
+        serde_json::json!({ "rules": g.len(), "words": g.words(), "rows_per_field": g.rows_per_field(), "fields": g.fields().len(), "leaves": g.leaves().len() })
+    });
+    let a = write_set(&p.spec, &set, &ebpf_options()).expect("generates");
+    let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
+    let t = Instant::now();
+    let mut dp = Dataplane::load_with_image(&obj, a.model, a.image).expect("loads");
+    line["load_and_fill_s"] = round(t.elapsed().as_secs_f64(), 2).into();
+    let stats = dp.stats();
+    line["verified_insns"] = serde_json::to_value(&stats.verified_insns).expect("serializes");
+    line["kernel_map_mib"] = round(stats.map_bytes as f64 / (1 << 20) as f64, 1).into();
+    let ns = ns_per_packet(&dp, pkts, repeat);
+    line["packets"] = pkts.len().into();
+    line["repeat"] = repeat.into();
+    line["ns_per_packet"] = round(ns, 1).into();
+    line["ns_above_floor"] = round(ns - floor, 1).into();
+    line["add_remove"] = add_remove(&p, n, &mut set, &mut dp);
+    if let (Some(peer), true) = (arg("--betree"), kind != "itch") {
+        let b = betree(&peer, &rules, n, event_lines);
+        if let Some(peer_ns) = b.get("ns_per_event").and_then(|v| v.as_f64()) {
+            line["betree_over_subc"] = round(peer_ns / ns, 1).into();
+        }
+        line["betree"] = b;
+    }
+    line
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        child(&args[i + 1], args[i + 2].parse().expect("a size"), args[i + 3] == "true");
+        return;
+    }
+    if !subc_ebpf_loader::can_load_bpf() {
+        eprintln!("scale bench: needs root to load BPF programs; skipped");
+        return;
+    }
+    let sizes: Vec<usize> =
+        arg("--sizes").map(|s| s.split(',').map(|x| x.parse().expect("a size")).collect()).unwrap_or(vec![1000, 10_000, 100_000]);
+    let mixed: usize = arg("--mixed").map(|s| s.parse().expect("a size")).unwrap_or(100_000);
+    let count: usize = arg("--packets").map(|s| s.parse().expect("a count")).unwrap_or(1000);
+    let repeat: u32 = arg("--repeat").map(|s| s.parse().expect("a count")).unwrap_or(20);
+    let (pkts, event_lines) = events(count, 42);
+    let floor = floor_ns(&pkts[0], 1000);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(String::from));
+    println!("{}", serde_json::json!({ "floor_ns": round(floor, 1), "cpu": cpu, "packets": count, "repeat": repeat }));
+    for n in sizes {
+        println!("{}", measure("siena", n, true, &pkts, &event_lines, repeat, floor));
+    }
+    if mixed > 0 {
+        println!("{}", measure("mixed", mixed, true, &pkts, &event_lines, repeat, floor));
+    }
+    let itch_pkts = itch_add_orders(count, 42);
+    let itch_repeat = repeat * 50;
+    for bits in [false, true] {
+        println!("{}", measure("itch", 100_000, bits, &itch_pkts, "", itch_repeat, floor));
+    }
+}
