@@ -147,6 +147,26 @@ pub enum GroupFull {
     Field { field: QueryFieldId },
 }
 
+/// A broken invariant of a group ([`BitGroup::check`]); fields by
+/// position in the group.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BrokenGroup {
+    #[error("field {field}: intervals not sorted from 0")]
+    Unsorted { field: usize },
+    #[error("field {field}: a row is shared or free")]
+    RowSharedOrFree { field: usize },
+    #[error("field {field}: interval [{lo}, {hi}] is not elementary for slot {slot}")]
+    NotElementary { field: usize, lo: u64, hi: u64, slot: usize },
+    #[error("field {field}, interval [{lo}, {hi}], slot {slot}: bit {bit}, the rule says otherwise")]
+    WrongBit { field: usize, lo: u64, hi: u64, slot: usize, bit: bool },
+    #[error("word {word} has live slots and no leaf")]
+    LiveWithoutLeaf { word: usize },
+    #[error("slot {slot}: live bit disagrees with its rule")]
+    LiveBit { slot: usize },
+    #[error("slot {slot} has another leaf than its word")]
+    OtherLeaf { slot: usize },
+}
+
 /// A bit-vector group. See the module doc.
 #[derive(Clone, Debug)]
 pub struct BitGroup {
@@ -492,16 +512,16 @@ impl BitGroup {
         diff.words.push((at, w, value));
     }
 
-    /// Every invariant of the module doc; the first broken one, described.
-    pub fn check(&self) -> Result<(), String> {
+    /// Every invariant of the module doc; the first broken one.
+    pub fn check(&self) -> Result<(), BrokenGroup> {
         for (fi, bf) in self.fields.iter().enumerate() {
             if bf.intervals.first().map(|i| i.0) != Some(0) || bf.intervals.windows(2).any(|w| w[0].0 >= w[1].0) {
-                return Err(format!("field {fi}: intervals not sorted from 0"));
+                return Err(BrokenGroup::Unsorted { field: fi });
             }
             let mut rows: Vec<RowId> = bf.intervals.iter().map(|i| i.1).collect();
             rows.sort_unstable();
             if rows.windows(2).any(|w| w[0] == w[1]) || rows.iter().any(|r| bf.free_rows.contains(r)) {
-                return Err(format!("field {fi}: a row is shared or free"));
+                return Err(BrokenGroup::RowSharedOrFree { field: fi });
             }
             for (k, (_, row)) in bf.intervals.iter().enumerate() {
                 let (lo, hi) = bf.bounds(k);
@@ -518,11 +538,11 @@ impl BitGroup {
                             .find(|(f, _)| *f == bf.field)
                             .is_some_and(|(_, s)| !contains_range(s, lo, hi) && intersects_range(s, lo, hi));
                         if cut {
-                            return Err(format!("field {fi}: interval [{lo}, {hi}] is not elementary for slot {slot}"));
+                            return Err(BrokenGroup::NotElementary { field: fi, lo, hi, slot });
                         }
                     }
                     if bit != want {
-                        return Err(format!("field {fi}, interval [{lo}, {hi}], slot {slot}: bit {bit}, rule says {want}"));
+                        return Err(BrokenGroup::WrongBit { field: fi, lo, hi, slot, bit });
                     }
                 }
             }
@@ -530,15 +550,15 @@ impl BitGroup {
         for w in 0..self.words {
             let live = self.live[w];
             match self.word_leaf[w] {
-                None if live != 0 => return Err(format!("word {w} has live slots and no leaf")),
+                None if live != 0 => return Err(BrokenGroup::LiveWithoutLeaf { word: w }),
                 Some(l) => {
                     for b in 0..64 {
                         let rule = &self.rules[w * 64 + b];
                         if (live >> b & 1 == 1) != rule.is_some() {
-                            return Err(format!("slot {} live bit disagrees with its rule", w * 64 + b));
+                            return Err(BrokenGroup::LiveBit { slot: w * 64 + b });
                         }
                         if rule.as_ref().is_some_and(|r| self.leaf_index.get(&r.leaf.clone().canonical()) != Some(&l)) {
-                            return Err(format!("slot {} has another leaf than its word", w * 64 + b));
+                            return Err(BrokenGroup::OtherLeaf { slot: w * 64 + b });
                         }
                     }
                 }

@@ -176,6 +176,9 @@ pub struct CompiledSet {
     bits: Option<BitGroup>,
     /// The group's changes in the operation under way.
     bit_diff: BitDiff,
+    /// The fewest rules a shape needs for a pipeline of its own (compiles
+    /// with bit vectors): 64, or 1/64 of the set's rules if more.
+    min_shape_rules: usize,
     opts: CompileOptions,
     /// The deadline of the operation under way ([`Deadline::NONE`] between
     /// operations): builds and splices stop when it passes.
@@ -310,6 +313,7 @@ impl CompiledSet {
             subs: BTreeMap::new(),
             bits: None,
             bit_diff: BitDiff::default(),
+            min_shape_rules: 64,
             opts,
             deadline,
         }
@@ -333,6 +337,7 @@ impl CompiledSet {
         let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
         groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
         let mut bit_rules: Vec<PendingRule> = vec![];
+        set.min_shape_rules = (pending.len() / 64).max(64);
         for (key, rules) in groups {
             let mut order = base_order.clone();
             if let Some(k) = key {
@@ -418,9 +423,9 @@ impl CompiledSet {
         shapes.sort_by_key(|rs| std::cmp::Reverse(rs.len()));
         let mut must_diagram = vec![];
         for shape in shapes {
-            // A pipeline per shape costs a walk per packet: only for shapes
-            // with rules enough to be worth one.
-            if shape.len() >= 64 && self.try_pipe_within_cost(order, &shape)? {
+            // A pipeline per shape costs a walk per packet and code in the
+            // program: only for shapes with rules enough to be worth one.
+            if shape.len() >= self.min_shape_rules && self.try_pipe_within_cost(order, &shape)? {
                 continue;
             }
             for r in shape {

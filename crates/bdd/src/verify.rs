@@ -115,7 +115,7 @@ pub enum Violation {
     SmallGroup { group: GroupId, ports: usize },
     /// The bit-vector group's invariants (`bitgroup.rs`), the first broken.
     #[error("the bit-vector group: {broken}")]
-    BitGroup { broken: String },
+    BitGroup { broken: crate::bitgroup::BrokenGroup },
 }
 
 /// A [`Violation`] in one pipeline of a [`crate::CompiledSet`] (its diagram

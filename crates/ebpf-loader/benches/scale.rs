@@ -21,8 +21,9 @@
 //!   peer's event generator draws them), each run `--repeat` times, the best
 //!   of three rounds; `floor_ns` is an empty XDP program's;
 //! - add and remove latency, p50 and p99: 200 more filters added one at a
-//!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`),
-//!   then removed one at a time;
+//!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`,
+//!   whose grace period after the generation flip is most of it), then
+//!   removed one at a time; and the IR's part alone (`ir_add`, `ir_remove`);
 //! - with `--betree PATH` (a BE-Tree harness built locally, see
 //!   BENCHMARKS.md: never part of this repository), the peer on the same
 //!   filters and the same events in the same run, and the ratio of its time
@@ -31,7 +32,7 @@
 use std::process::Command;
 use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::{write_set, EbpfOptions, Hook, RangeLookup};
+use subc_backend_ebpf::{write_set, Capacity, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::Dataplane;
 use subc_lang::{NfLimits, Program, SourceMap};
@@ -90,8 +91,9 @@ fn options(bit_vectors: bool) -> CompileOptions {
     CompileOptions { bit_vectors, ..Default::default() }
 }
 
+/// XDP, sorted ranges, and maps with room for the adds of [`add_remove`].
 fn ebpf_options() -> EbpfOptions {
-    EbpfOptions { hook: Hook::Xdp, ranges: RangeLookup::Sorted, ..Default::default() }
+    EbpfOptions { hook: Hook::Xdp, ranges: RangeLookup::Sorted, capacity: Capacity { headroom: 4.0, min_entries: 64 } }
 }
 
 /// The child: check, compile and generate the first `n` rules, printing
@@ -121,32 +123,27 @@ fn child(kind: &str, n: usize, bit_vectors: bool) {
             "compile_s": round(compile_s, 3),
             "generate_s": round(generate_s, 3),
             "initial_map_writes": generated.as_ref().ok(),
+            "pipelines": set.pipeline_count(),
+            "peak_rss_mib": peak_rss_mib(),
             "error": generated.err().map(|e| e.to_string()),
         })
     );
 }
 
-/// Runs the child for this set and returns its report and peak RSS in MiB.
+/// This process's peak RSS (`VmHWM`: of its own address space, unlike
+/// `ru_maxrss`, which a spawned child inherits from its parent's).
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
+    round(kb / 1024.0, 1)
+}
+
+/// Runs the child for this set and returns its report (with its peak RSS).
 fn compile_in_child(kind: &str, n: usize, bit_vectors: bool) -> serde_json::Value {
     let exe = std::env::current_exe().expect("the bench binary");
-    let mut c = Command::new(exe)
-        .args(["--child", kind, &n.to_string(), &bit_vectors.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the child");
-    let mut out = String::new();
-    std::io::Read::read_to_string(c.stdout.as_mut().expect("piped"), &mut out).expect("read the child");
-    let pid = c.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our child, not yet waited for; both pointers are to live locals.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(r, pid, "wait4");
-    std::mem::forget(c);
-    let mut v: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_else(|_| serde_json::json!({ "error": format!("child exited {status}: {out}") }));
-    v["peak_rss_mib"] = round(usage.ru_maxrss as f64 / 1024.0, 1).into();
-    v
+    let out = Command::new(exe).args(["--child", kind, &n.to_string(), &bit_vectors.to_string()]).output().expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|_| serde_json::json!({ "error": format!("child exited {}: {text}", out.status) }))
 }
 
 /// Mean ns per packet over `pkts`, each run `repeat` times; the best of
@@ -195,33 +192,63 @@ fn events(count: usize, seed: u64) -> (Vec<Vec<u8>>, String) {
 
 /// p50 and p99 of latencies in microseconds.
 fn percentiles(mut us: Vec<f64>) -> serde_json::Value {
+    if us.is_empty() {
+        return serde_json::Value::Null;
+    }
     us.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
     serde_json::json!({ "p50_us": round(at(0.5), 1), "p99_us": round(at(0.99), 1), "max_us": round(at(1.0), 1) })
 }
 
 /// Adds the extra filters one at a time, then removes them, each through
-/// the IR and into the kernel's maps.
+/// the IR and into the kernel's maps. An add the IR refuses (a full group)
+/// or the maps cannot hold is counted, and the program reloaded, as a
+/// service would; only the changes applied as diffs are timed.
 fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) -> serde_json::Value {
-    let (mut adds, mut removes, mut relayouts) = (vec![], vec![], 0);
+    let (mut adds, mut removes, mut refused) = (vec![], vec![], 0);
+    let (mut ir_adds, mut ir_removes) = (vec![], vec![]);
     for nf in &p.normal_forms[n..] {
         let t = Instant::now();
-        match set.add(std::slice::from_ref(nf)) {
+        let applied = match set.add(std::slice::from_ref(nf)) {
             Ok(u) => {
-                dp.update(&u).expect("the update applies");
-                adds.push(t.elapsed().as_secs_f64() * 1e6);
+                ir_adds.push(t.elapsed().as_secs_f64() * 1e6);
+                dp.update(&u).is_ok()
             }
-            Err(_) => relayouts += 1,
+            Err(_) => false,
+        };
+        if applied {
+            adds.push(t.elapsed().as_secs_f64() * 1e6);
+        } else {
+            refused += 1;
+            *dp = reload(p, set);
         }
     }
     let added: Vec<_> = p.normal_forms[n..].iter().map(|s| s.id).filter(|id| set.subscription_ids().any(|x| x == *id)).collect();
     for id in added {
         let t = Instant::now();
         let u = set.remove(&[id]).expect("removes");
-        dp.update(&u).expect("the update applies");
-        removes.push(t.elapsed().as_secs_f64() * 1e6);
+        ir_removes.push(t.elapsed().as_secs_f64() * 1e6);
+        match dp.update(&u) {
+            Ok(_) => removes.push(t.elapsed().as_secs_f64() * 1e6),
+            Err(_) => {
+                refused += 1;
+                *dp = reload(p, set);
+            }
+        }
     }
-    serde_json::json!({ "add": percentiles(adds), "remove": percentiles(removes), "refused_adds": relayouts })
+    serde_json::json!({
+        "add": percentiles(adds),
+        "remove": percentiles(removes),
+        "ir_add": percentiles(ir_adds),
+        "ir_remove": percentiles(ir_removes),
+        "refused_changes": refused,
+    })
+}
+
+fn reload(p: &Program, set: &CompiledSet) -> Dataplane {
+    let a = write_set(&p.spec, set, &ebpf_options()).expect("generates");
+    let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
+    Dataplane::load_with_image(&obj, a.model, a.image).expect("loads")
 }
 
 /// The peer on the same filters and events.
@@ -250,11 +277,9 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
     line["group"] = set.bits().map_or(serde_json::Value::Null, |g| {
         serde_json::json!({ "rules": g.len(), "words": g.words(), "rows_per_field": g.rows_per_field(), "fields": g.fields().len(), "leaves": g.leaves().len() })
     });
-    let a = write_set(&p.spec, &set, &ebpf_options()).expect("generates");
-    let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
     let t = Instant::now();
-    let mut dp = Dataplane::load_with_image(&obj, a.model, a.image).expect("loads");
-    line["load_and_fill_s"] = round(t.elapsed().as_secs_f64(), 2).into();
+    let mut dp = reload(&p, &set);
+    line["generate_compile_load_fill_s"] = round(t.elapsed().as_secs_f64(), 2).into();
     let stats = dp.stats();
     line["verified_insns"] = serde_json::to_value(&stats.verified_insns).expect("serializes");
     line["kernel_map_mib"] = round(stats.map_bytes as f64 / (1 << 20) as f64, 1).into();
