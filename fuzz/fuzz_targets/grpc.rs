@@ -16,9 +16,9 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use std::sync::OnceLock;
 use std::time::Duration;
+use subc_server::proto::{self, register_target_request::Kind, subscriptions_server::Subscriptions, targets_server::Targets};
 use subc_server::Api;
 use subc_server::Principal;
-use subc_server::proto::{self, register_target_request::Kind, subscriptions_server::Subscriptions, targets_server::Targets};
 use tonic::Request;
 
 struct Fixture {

@@ -7,9 +7,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use subc_lang::parse_rules;
 use subc_lang::Diagnostics;
 use subc_lang::NfLimits;
-use subc_lang::parse_rules;
 use subc_lang::SourceMap;
 
 const ITCH_SPEC: &str = include_str!("../../examples/itch/itch.spec");

@@ -36,8 +36,8 @@ use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::{CapacityError, DiffError, EbpfError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use subc_bdd::{BitDiff, BitGroup, LeafId, RowId, WordOf};
 use subc_bdd::Leaf;
+use subc_bdd::{BitDiff, BitGroup, LeafId, RowId, WordOf};
 
 /// The shape of a program's bit-vector group (part of `maps.json`): what
 /// the maps are sized for. A group that outgrows it is laid out anew by a
@@ -230,8 +230,7 @@ impl BitTables {
     /// The words with a leaf, sorted by leaf then word, each with its leaf
     /// and the position of the next leaf's first word.
     fn order(&self) -> Vec<(u32, u32, u32)> {
-        let mut by_leaf: Vec<(LeafId, u32)> =
-            self.word_leaf.iter().enumerate().filter_map(|(w, l)| l.map(|l| (l, w as u32))).collect();
+        let mut by_leaf: Vec<(LeafId, u32)> = self.word_leaf.iter().enumerate().filter_map(|(w, l)| l.map(|l| (l, w as u32))).collect();
         by_leaf.sort_unstable();
         let mut out = vec![(0, 0, 0); by_leaf.len()];
         let mut next = by_leaf.len() as u32;

@@ -568,7 +568,8 @@ impl TableImage {
                 (VarUpdate { var: subc_lang::spec::StateVarId(var), op, value }, id)
             })
             .collect();
-        let mut img = TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default(), bits: None };
+        let mut img =
+            TableImage { pipes: pipelines, descs, slots, update_ids, live_gen: parts.live_gen, counts, ix: Index::default(), bits: None };
         img.ix = Index::build(&img.pipes, model.ranges, &img.update_ids, img.check_states().is_ok());
         Ok(img)
     }

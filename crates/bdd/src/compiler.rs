@@ -869,7 +869,13 @@ impl CompiledSet {
     /// its diagram stays within budget there, else to the group (other
     /// pipelines are not tried: a rule its key's pipeline cannot take is
     /// one whose diagram multiplies).
-    fn place_key_first_else_bits(&mut self, sub: SubId, key: Option<QueryFieldId>, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
+    fn place_key_first_else_bits(
+        &mut self,
+        sub: SubId,
+        key: Option<QueryFieldId>,
+        cube: &Cube,
+        actions: &Actions,
+    ) -> Result<(usize, u32), CompileError> {
         let keyed: Vec<usize> = (0..self.pipes.len()).filter(|p| key.is_some() && self.pipes[*p].order.first() == key.as_ref()).collect();
         for p in keyed {
             match self.try_add_rule(p, cube, actions) {

@@ -56,7 +56,9 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         bail!("--target p4 writes several files (program.p4, program.p4info.txtpb, entries.txtpb, entries.bin, mcast.txtpb, resources.json): pass -o DIR");
     };
     if compiler.bit_vectors {
-        bail!("--bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the hosts with --target ebpf");
+        bail!(
+            "--bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the hosts with --target ebpf"
+        );
     }
     let (set, approximation) = match p4.p4_budget {
         None => (compile_program(program, compiler)?.0, None),
@@ -109,8 +111,9 @@ fn fit_budget(program: &Program, compiler: &CompilerArgs, budget: usize) -> Resu
     use subc_bdd::{compile_within, extra, sample_values};
     let opts = compiler.options(&program.spec)?;
     let fit = compile_within(&program.spec, &program.normal_forms, opts.clone(), budget).context("--p4-budget")?;
-    let exact = subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { bit_vectors: true, ..opts })
-        .context("the exact set, to measure the approximation")?;
+    let exact =
+        subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { bit_vectors: true, ..opts })
+            .context("the exact set, to measure the approximation")?;
     let values = sample_values(&program.spec, &program.normal_forms, 10_000, 1);
     let x = extra(|v| exact.eval_tables(v), |v| fit.set.eval_tables(v), &values);
     if x.missing_deliveries > 0 {

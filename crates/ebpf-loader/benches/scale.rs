@@ -72,7 +72,8 @@ fn workload(kind: &str, n: usize) -> (String, String) {
             (siena_spec(params.attributes, params.ports), lines.join("\n") + "\n")
         }
         "itch" => {
-            let spec = ITCH_SPEC.lines().filter(|l| !l.starts_with("@query_counter") && !l.starts_with("state ")).collect::<Vec<_>>().join("\n");
+            let spec =
+                ITCH_SPEC.lines().filter(|l| !l.starts_with("@query_counter") && !l.starts_with("state ")).collect::<Vec<_>>().join("\n");
             (spec, itch(&ItchParams { subscriptions: n + EXTRA, ..Default::default() }))
         }
         _ => panic!("unknown workload {kind}"),
@@ -134,7 +135,8 @@ fn child(kind: &str, n: usize, bit_vectors: bool) {
 /// `ru_maxrss`, which a spawned child inherits from its parent's).
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
+    let kb: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0.0);
     round(kb / 1024.0, 1)
 }
 
@@ -259,7 +261,8 @@ fn betree(peer: &str, rules: &str, n: usize, events: &str) -> serde_json::Value 
     std::fs::write(&e, events).expect("write");
     let out = Command::new(peer).arg(&f).arg(&e).args(["--repeat", "1"]).output().expect("run the peer");
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or("")).unwrap_or_else(|_| serde_json::json!({ "error": String::from_utf8_lossy(&out.stderr) }))
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|_| serde_json::json!({ "error": String::from_utf8_lossy(&out.stderr) }))
 }
 
 /// One set: compile (in a child), load, run, change.

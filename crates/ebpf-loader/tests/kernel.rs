@@ -629,10 +629,15 @@ fn bit_vector_programs(seed: u64, filters: usize, attributes: usize) -> Vec<(Str
     let siena_rules = siena(&sp);
     let mut rng = Rng::new(seed);
     let mut mixed: String = (0..filters / 2)
-        .map(|_| format!("a0 == {} && a1 > {} : fwd({})\n", rng.below(20) as i64 - 10, rng.below(200) as i64 - 100, rng.below(sp.ports as u64)))
+        .map(|_| {
+            format!("a0 == {} && a1 > {} : fwd({})\n", rng.below(20) as i64 - 10, rng.below(200) as i64 - 100, rng.below(sp.ports as u64))
+        })
         .collect();
     mixed.extend(siena_rules.lines().take(filters / 2).map(|l| format!("{l}\n")));
-    vec![(format!("siena seed {seed} n {filters}"), program(&spec, &siena_rules)), (format!("mixed seed {seed} n {filters}"), program(&spec, &mixed))]
+    vec![
+        (format!("siena seed {seed} n {filters}"), program(&spec, &siena_rules)),
+        (format!("mixed seed {seed} n {filters}"), program(&spec, &mixed)),
+    ]
 }
 
 #[test]
@@ -719,12 +724,20 @@ fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions
         let model = dp.model.clone();
         let image = dp.image().unwrap();
         for _ in 0..200 {
-            let values: Vec<u64> = (0..p.spec.query_fields.len()).map(|_| 0x8000_0000u64.wrapping_add(vrng.below(240)).wrapping_sub(120)).collect();
+            let values: Vec<u64> =
+                (0..p.spec.query_fields.len()).map(|_| 0x8000_0000u64.wrapping_add(vrng.below(240)).wrapping_sub(120)).collect();
             assert_eq!(image.lookup(&model, &values), set.eval_tables(&values), "{name} step {step}: the image follows the IR");
         }
         let subs: Vec<_> = p.subscriptions.iter().zip(&live).filter(|(_, l)| **l).map(|(s, _)| s.clone()).collect();
         let mut interp = Interpreter::new(&p.spec, &subs);
-        differential(p, &dp, &mut interp, &random_packets(p, 40, seed * 1000 + step as u64), 0, &format!("{name} {opts:?} after step {step}"));
+        differential(
+            p,
+            &dp,
+            &mut interp,
+            &random_packets(p, 40, seed * 1000 + step as u64),
+            0,
+            &format!("{name} {opts:?} after step {step}"),
+        );
     }
     assert!(updates > 0, "{name}: some steps were applied as diffs ({relayouts} relayouts)");
 }

@@ -34,8 +34,8 @@ mod metrics;
 mod names;
 mod server;
 mod store;
-mod writer;
 mod trim;
+mod writer;
 
 /// The generated protobuf and gRPC code of `proto/subc.proto`.
 pub mod proto {
