@@ -649,7 +649,7 @@ fn bit_vector_groups_agree_with_the_interpreter() {
         for (name, p) in bit_vector_programs(seed, filters, attributes) {
             let set = CompiledSet::compile(&p.spec, &p.normal_forms, bit_vector_options()).unwrap();
             let g = set.bits().unwrap_or_else(|| panic!("{name}: the set should use a bit-vector group"));
-            assert!(g.len() > 0, "{name}: rules in the group");
+            assert!(!g.is_empty(), "{name}: rules in the group");
             for opts in all_options() {
                 let dp = load(&p, &set, &opts);
                 let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
