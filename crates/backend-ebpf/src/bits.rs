@@ -35,7 +35,7 @@ use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::{CapacityError, DiffError, EbpfError};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use subc_bdd::Leaf;
 use subc_bdd::{BitDiff, BitGroup, LeafId, RowId, WordOf};
 
@@ -167,12 +167,11 @@ impl BitTables {
     pub fn of(g: &BitGroup, shape: BitsShape) -> BitTables {
         let words = shape.words as usize;
         let mut rows = vec![u64::MAX; (shape.live_key() as usize + 1) * words];
-        for (f, bf) in g.fields().iter().enumerate() {
+        for f in 0..g.fields().len() {
             for row in 0..shape.rows {
                 let at = (f * shape.rows as usize + row as usize) * words;
                 rows[at..at + words].copy_from_slice(g.row(f, row));
             }
-            let _ = bf;
         }
         let live = shape.live_key() as usize * words;
         rows[live..live + words].copy_from_slice(g.live());
@@ -417,10 +416,5 @@ impl BitTables {
             }
         }
         out
-    }
-
-    /// Bytes the kernel holds for the group, per map name.
-    pub fn map_bytes(&self, maps: &[MapDef]) -> BTreeMap<String, u64> {
-        maps.iter().filter(|m| m.name.starts_with("subc_bv_")).map(|m| (m.name.clone(), m.approx_bytes())).collect()
     }
 }

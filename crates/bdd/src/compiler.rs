@@ -366,33 +366,7 @@ impl CompiledSet {
             }
             // Too big for one pipeline: fill pipelines of this key first-fit.
             set.drop_last_pipe();
-            let mut open: Vec<usize> = vec![];
-            for r in &rules {
-                let mut placed = false;
-                for &p in open.iter().rev() {
-                    match set.try_splice_new(p, r) {
-                        Ok(()) => {
-                            placed = true;
-                            break;
-                        }
-                        Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
-                        Err(BuildStop::Budget { .. }) => {}
-                    }
-                }
-                if placed {
-                    continue;
-                }
-                if set.pipes.len() >= set.opts.max_pipelines {
-                    return Err(CompileError::TooManyPipelines { max: set.opts.max_pipelines, budget: set.opts.split_nodes, sub: r.sub });
-                }
-                let p = set.new_pipe(order.clone());
-                set.pipes[p].budget = budget;
-                match set.try_splice_new(p, r) {
-                    Ok(()) => open.push(p),
-                    Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),
-                    Err(BuildStop::Budget { .. }) => return Err(CompileError::SubscriptionTooLarge { sub: r.sub, budget }),
-                }
-            }
+            set.fill_first_fit(&order, &rules)?;
         }
         set.build_bits(&bit_rules);
         set.lower_new();
@@ -480,7 +454,7 @@ impl CompiledSet {
                 continue;
             }
             if self.pipes.len() >= self.opts.max_pipelines {
-                return Err(CompileError::TooManyPipelines { max: self.opts.max_pipelines, budget, sub: r.sub });
+                return Err(CompileError::TooManyPipelines { max: self.opts.max_pipelines, budget: self.opts.split_nodes, sub: r.sub });
             }
             let p = self.new_pipe(order.to_vec());
             self.pipes[p].budget = budget;

@@ -35,28 +35,15 @@ use subc_lang::SourceMap;
 use subc_workload::itch_add_orders;
 use subc_workload::{itch, ItchParams};
 
+mod common;
+
+use common::{floor_ns, ns_per_packet};
+
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 
 /// The ITCH spec without its stream state.
 fn stateless_spec() -> String {
     ITCH_SPEC.lines().filter(|l| !l.starts_with("@query_counter") && !l.starts_with("state ")).collect::<Vec<_>>().join("\n")
-}
-
-/// ns per run of an XDP program that returns XDP_PASS.
-fn floor_ns(repeat: u32) -> f64 {
-    let src = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int subc_floor(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
-    let obj = clang::compile(src, BuildFlags::default()).expect("clang");
-    let open = libbpf_rs::ObjectBuilder::default().open_memory(&obj).expect("open");
-    let o = open.load().expect("load");
-    let prog = o.progs_mut().next().expect("one program");
-    let pkt = packets(1, 1).remove(0);
-    let mut out = vec![0u8; pkt.len() + 64];
-    (0..3)
-        .map(|_| {
-            let input = libbpf_rs::ProgramInput { data_in: Some(&pkt), data_out: Some(&mut out), repeat, ..Default::default() };
-            prog.test_run(input).expect("test run").duration.as_nanos() as f64
-        })
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// ns per operation: (run of `op` 8 times - run of nothing) / 8.
@@ -130,19 +117,6 @@ fn packets(n: usize, seed: u64) -> Vec<Vec<u8>> {
     itch_add_orders(n, seed)
 }
 
-/// Mean ns per packet over `pkts`, each run `repeat` times; the best of
-/// three rounds (the machine is shared: the minimum is the program's cost,
-/// the rest is other work).
-fn ns_per_packet(dp: &Dataplane, pkts: &[Vec<u8>], repeat: u32) -> f64 {
-    let r = dp.runner().expect("runner");
-    (0..3)
-        .map(|_| {
-            let total: u64 = pkts.iter().map(|p| r.run(p, repeat).expect("BPF_PROG_TEST_RUN").1).sum();
-            total as f64 / pkts.len() as f64
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
 fn main() {
     if !subc_ebpf_loader::can_load_bpf() {
         eprintln!("lookup bench: needs root to load BPF programs; skipped");
@@ -152,7 +126,7 @@ fn main() {
     let naive_budget: f64 = arg("--naive-seconds").map(|s| s.parse().unwrap()).unwrap_or(20.0);
     let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 1000, 100_000]);
     let pkts = packets(16, 42);
-    let floor = floor_ns(repeat);
+    let floor = floor_ns(&packets(1, 1)[0], repeat);
     let srso = std::fs::read_to_string("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow").unwrap_or_default();
     println!(
         "{}",

@@ -38,6 +38,10 @@ use subc_ebpf_loader::Dataplane;
 use subc_lang::{NfLimits, Program, SourceMap};
 use subc_workload::{itch, itch_add_orders, siena, siena_event, siena_spec, ItchParams, Rng, SienaParams};
 
+mod common;
+
+use common::{floor_ns, ns_per_packet};
+
 const ITCH_SPEC: &str = include_str!("../../../examples/itch/itch.spec");
 /// Filters added and removed one at a time after the set is loaded.
 const EXTRA: usize = 200;
@@ -146,34 +150,6 @@ fn compile_in_child(kind: &str, n: usize, bit_vectors: bool) -> serde_json::Valu
     let out = Command::new(exe).args(["--child", kind, &n.to_string(), &bit_vectors.to_string()]).output().expect("run the child");
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|_| serde_json::json!({ "error": format!("child exited {}: {text}", out.status) }))
-}
-
-/// Mean ns per packet over `pkts`, each run `repeat` times; the best of
-/// three rounds (the minimum is the program's cost, the rest other work).
-fn ns_per_packet(dp: &Dataplane, pkts: &[Vec<u8>], repeat: u32) -> f64 {
-    let r = dp.runner().expect("runner");
-    (0..3)
-        .map(|_| {
-            let total: u64 = pkts.iter().map(|p| r.run(p, repeat).expect("BPF_PROG_TEST_RUN").1).sum();
-            total as f64 / pkts.len() as f64
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// ns per run of an XDP program that returns at once.
-fn floor_ns(pkt: &[u8], repeat: u32) -> f64 {
-    let src = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int subc_floor(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
-    let obj = clang::compile(src, BuildFlags::default()).expect("clang");
-    let open = libbpf_rs::ObjectBuilder::default().open_memory(&obj).expect("open");
-    let o = open.load().expect("load");
-    let prog = o.progs_mut().next().expect("one program");
-    let mut out = vec![0u8; pkt.len() + 64];
-    (0..3)
-        .map(|_| {
-            let input = libbpf_rs::ProgramInput { data_in: Some(pkt), data_out: Some(&mut out), repeat, ..Default::default() };
-            prog.test_run(input).expect("test run").duration.as_nanos() as f64
-        })
-        .fold(f64::INFINITY, f64::min)
 }
 
 /// `count` events of 20 uniform values in [-100, 100): as packets, and as
