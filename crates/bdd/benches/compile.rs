@@ -1,8 +1,10 @@
 //! Compiler benchmarks, printing one JSON object per measurement.
 //!
 //! `cargo bench -p subc-bdd --bench compile -- <which> [sizes...]` with
-//! `which` one of `itch`, `siena`, `incremental`. Each size runs in a child
-//! process so that its peak memory (VmHWM) is its own.
+//! `which` one of `itch`, `siena`, `incremental` (ITCH), `incremental-siena`. Each size runs in a child
+//! process so that its peak memory (VmHWM) is its own. With
+//! `SUBC_BENCH_BIT_VECTORS=1` the ITCH sets compile with bit-vector groups
+//! allowed (`CompileOptions::bit_vectors`).
 
 mod util;
 
@@ -16,8 +18,9 @@ use util::{itch_spec, peak_rss_mib, program, run_child};
 fn itch_one(n: usize) {
     let rules = itch(&ItchParams { subscriptions: n, ..Default::default() });
     let (p, check_s) = program(&itch_spec(), &rules);
+    let bit_vectors = std::env::var("SUBC_BENCH_BIT_VECTORS").is_ok_and(|v| v == "1");
     let t = Instant::now();
-    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { bit_vectors, ..Default::default() }).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let st = stats(&set, secs);
     let tables: Vec<_> = st
@@ -29,7 +32,7 @@ fn itch_one(n: usize) {
     println!(
         "{}",
         serde_json::json!({
-            "bench": "camus_itch", "subscriptions": n, "compile_seconds": secs, "check_seconds": check_s,
+            "bench": "camus_itch", "bit_vectors": bit_vectors, "subscriptions": n, "compile_seconds": secs, "check_seconds": check_s,
             "nodes": st.nodes, "entries_total": st.entries_total, "entries_folded": st.entries_folded, "field_entries": st.field_entries,
             "leaf_entries": st.leaf_entries, "tcam_entries": st.tcam_entries, "sram_entries": st.sram_entries,
             "multicast_groups": st.multicast_groups, "pipelines": st.pipelines, "tables": tables,
@@ -77,12 +80,22 @@ fn siena_one(n: usize, constraints: Option<usize>) {
     }
 }
 
-fn incremental(base: usize, updates: usize) {
-    let all = itch(&ItchParams { subscriptions: base + updates, ..Default::default() });
-    let (p, _) = program(&itch_spec(), &all);
+/// `updates` alternating adds and removes on a compiled set of `base`
+/// subscriptions: ITCH, or Siena filters with bit-vector groups.
+fn incremental(kind: &str, base: usize, updates: usize) {
+    let (p, opts) = match kind {
+        "siena" => {
+            let params = SienaParams { filters: base + updates, ..Default::default() };
+            let (p, _) = program(&siena_spec(params.attributes, params.ports), &siena(&params));
+            (p, CompileOptions { bit_vectors: true, ..Default::default() })
+        }
+        _ => {
+            (program(&itch_spec(), &itch(&ItchParams { subscriptions: base + updates, ..Default::default() })).0, CompileOptions::default())
+        }
+    };
     let (initial, extra) = p.normal_forms.split_at(base);
     let t = Instant::now();
-    let mut set = CompiledSet::compile(&p.spec, initial, CompileOptions::default()).unwrap();
+    let mut set = CompiledSet::compile(&p.spec, initial, opts).unwrap();
     let full = t.elapsed().as_secs_f64();
     let mut rng = Rng::new(42);
     let mut lat = vec![];
@@ -91,16 +104,26 @@ fn incremental(base: usize, updates: usize) {
     let mut pending: Vec<&subc_lang::NfSubscription> = extra.iter().collect();
     for i in 0..updates {
         let t = Instant::now();
+        let mut placed = None;
         let u = if i % 2 == 0 && !pending.is_empty() {
             let s = pending.pop().unwrap();
             present.push(s.id);
-            set.add(std::slice::from_ref(s)).unwrap()
+            let u = set.add(std::slice::from_ref(s)).unwrap();
+            placed = Some((set.placement_of(s), s.cubes.len()));
+            u
         } else {
             let k = rng.below(present.len() as u64) as usize;
             let id = present.swap_remove(k);
             set.remove(&[id]).unwrap()
         };
         lat.push(t.elapsed().as_secs_f64());
+        if std::env::var("SUBC_VERBOSE").is_ok() && t.elapsed().as_secs_f64() > 0.005 {
+            eprintln!(
+                "update {i} ({}): {:.1} ms, placed {placed:?}",
+                if i % 2 == 0 { "add" } else { "remove" },
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
         sizes.push(u.diffs.iter().map(|d| d.len()).sum::<usize>());
     }
     lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -109,7 +132,7 @@ fn incremental(base: usize, updates: usize) {
     println!(
         "{}",
         serde_json::json!({
-            "bench": "incremental", "base": base, "updates": updates,
+            "bench": "incremental", "kind": kind, "base": base, "updates": updates,
             "p50_ms": pct(&lat, 0.5) * 1e3, "p99_ms": pct(&lat, 0.99) * 1e3, "max_ms": lat.last().unwrap() * 1e3,
             "median_diff": sizes[sizes.len() / 2], "p99_diff": sizes[(sizes.len() - 1) * 99 / 100],
             "full_compile_ms": full * 1e3, "full_over_p50": full / pct(&lat, 0.5),
@@ -123,7 +146,8 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("itch-one") => itch_one(args[1].parse().unwrap()),
         Some("siena-one") => siena_one(args[1].parse().unwrap(), args.get(2).and_then(|c| c.parse().ok())),
-        Some("incremental") => incremental(
+        Some(kind @ ("incremental" | "incremental-siena")) => incremental(
+            kind.trim_start_matches("incremental").trim_start_matches('-'),
             args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000),
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
         ),

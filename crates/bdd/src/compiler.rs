@@ -138,6 +138,14 @@ const REBUILD_FACTOR: usize = 4;
 /// [`CompiledSet`]'s placements.
 const BITS: usize = usize::MAX;
 
+/// With a bit-vector group beside the pipelines, a new rule whose box
+/// meets more than this many rules of its key's pipeline goes to the group:
+/// splicing it would rebuild a region of that many rules (30 to 40 us each
+/// on Siena filters at 100,000, so 256 of them took 6 to 10 ms), where the
+/// group takes any rule in microseconds. Measured with `cargo bench -p
+/// subc-bdd --bench compile -- incremental-siena` (BENCHMARKS.md).
+const SPLICE_CANDIDATES: usize = 64;
+
 /// One pipeline: its own order, node store, rules, diagram and lowering.
 #[derive(Clone)]
 struct PipeState {
@@ -630,6 +638,13 @@ impl CompiledSet {
         }
     }
 
+    /// How many of pipeline `p`'s rules a splice of `cube` would rebuild
+    /// the region of (those whose boxes intersect its box).
+    fn splice_candidates(&self, p: usize, cube: &Cube) -> usize {
+        let pipe = &self.pipes[p];
+        pipe.index.intersecting(&pipe.rules, &self.constraints(p, cube)).len()
+    }
+
     /// Splices rule `r` (already indexed) into pipeline `p`'s diagram; fails
     /// when the manager passes `limit` nodes, or at the deadline.
     fn splice_rule(&mut self, p: usize, root: NodeId, r: u32, limit: usize) -> Result<NodeId, BuildStop> {
@@ -840,9 +855,10 @@ impl CompiledSet {
     }
 
     /// With bit vectors: a rule goes to a pipeline with its key first, when
-    /// its diagram stays within budget there, else to the group (other
-    /// pipelines are not tried: a rule its key's pipeline cannot take is
-    /// one whose diagram multiplies).
+    /// its diagram stays within budget there and its splice is cheap
+    /// ([`SPLICE_CANDIDATES`]), else to the group (other pipelines are not
+    /// tried: a rule its key's pipeline cannot take is one whose diagram
+    /// multiplies).
     fn place_key_first_else_bits(
         &mut self,
         sub: SubId,
@@ -852,6 +868,9 @@ impl CompiledSet {
     ) -> Result<(usize, u32), CompileError> {
         let keyed: Vec<usize> = (0..self.pipes.len()).filter(|p| key.is_some() && self.pipes[*p].order.first() == key.as_ref()).collect();
         for p in keyed {
+            if self.bits.is_some() && self.splice_candidates(p, cube) > SPLICE_CANDIDATES {
+                continue;
+            }
             match self.try_add_rule(p, cube, actions) {
                 Ok(r) => return Ok((p, r)),
                 Err(BuildStop::Deadline) => return Err(CompileError::DeadlineExceeded),

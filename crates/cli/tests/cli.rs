@@ -167,6 +167,36 @@ fn compile_p4_writes_every_artifact_for_every_example() {
     p4runtime_check(&checked);
 }
 
+/// `--p4-budget`: the written set fits the budget, and `resources.json`'s
+/// `approximation` names the dropped fields and counts the extra
+/// deliveries, with none missing. A budget below one entry per action set
+/// is refused, and nothing is written.
+#[test]
+fn compile_p4_under_a_budget_reports_what_the_approximation_adds() {
+    let root = tempfile::Builder::new().prefix("subc-cli-budget").tempdir().unwrap();
+    let (spec, subs) = (root.path().join("siena.spec"), root.path().join("siena.subs"));
+    let gen = subc(&["gen", "siena", "--count", "100", "--attributes", "8", "--spec-out", spec.to_str().unwrap()]);
+    std::fs::write(&subs, ok(&gen)).unwrap();
+    let out = root.path().join("out");
+    let (spec, subs, out_s) = (spec.to_str().unwrap(), subs.to_str().unwrap(), out.to_str().unwrap());
+    ok(&subc(&["compile", "--spec", spec, subs, "--target", "p4", "--p4-budget", "150", "-o", out_s]));
+    let r: Value = serde_json::from_slice(&std::fs::read(out.join("resources.json")).unwrap()).unwrap();
+    let a = &r["approximation"];
+    assert_eq!(a["budget"], 150, "{a}");
+    assert!(r["entries"].as_u64().unwrap() <= 150, "{r}");
+    assert_eq!(a["entries"], r["entries"], "{a}");
+    assert!(!a["dropped_fields"].as_array().unwrap().is_empty(), "100 Siena filters need more than 150 entries exactly: {a}");
+    assert_eq!(a["missing_deliveries"], 0, "{a}");
+    assert_eq!(a["sampled_packets"], 10_000, "{a}");
+    assert!(a["extra_deliveries"].as_u64().is_some() && a["packets_with_extra_ports"].as_u64().is_some(), "{a}");
+
+    let refused = root.path().join("refused");
+    let run = subc(&["compile", "--spec", spec, subs, "--target", "p4", "--p4-budget", "0", "-o", refused.to_str().unwrap()]);
+    assert_eq!(run.status.code(), Some(2), "{}", stderr_of(&run));
+    assert!(stderr_of(&run).contains("--p4-budget"), "{}", stderr_of(&run));
+    assert!(!refused.exists(), "a refused compile writes nothing");
+}
+
 /// A directory as `scripts/check_p4runtime.py` reads it: the artifacts of
 /// `out`, plus the binary forms `subc compile` does not write
 /// (`p4info.bin`, `mcast.bin`), encoded from the text ones.

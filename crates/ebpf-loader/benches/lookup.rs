@@ -6,7 +6,9 @@
 //!
 //!   cargo bench -p subc-ebpf-loader --bench lookup [-- --repeat N --sizes 1,1000,100000]
 //!
-//! Needs root. The packets are add-order messages for the set's symbols
+//! `SUBC_BENCH_BIT_VECTORS=1` compiles with bit-vector groups allowed
+//! (`CompileOptions::bit_vectors`), to show that structured sets keep their
+//! pipelines. Needs root. The packets are add-order messages for the set's symbols
 //! (and a few others) with random share counts and prices. Two specs: the
 //! example's (with a windowed counter and a per-stock average, which every
 //! packet updates under spin locks) and the same without that stream state
@@ -125,12 +127,13 @@ fn main() {
     let repeat: u32 = arg("--repeat").map(|s| s.parse().unwrap()).unwrap_or(1_000_000);
     let naive_budget: f64 = arg("--naive-seconds").map(|s| s.parse().unwrap()).unwrap_or(20.0);
     let sizes: Vec<usize> = arg("--sizes").map(|s| s.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 1000, 100_000]);
+    let bit_vectors = std::env::var("SUBC_BENCH_BIT_VECTORS").is_ok_and(|v| v == "1");
     let pkts = packets(16, 42);
     let floor = floor_ns(&packets(1, 1)[0], repeat);
     let srso = std::fs::read_to_string("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow").unwrap_or_default();
     println!(
         "{}",
-        serde_json::json!({"floor_ns": floor, "repeat": repeat, "costs_ns": op_costs(repeat), "spec_rstack_overflow": srso.trim()})
+        serde_json::json!({"floor_ns": floor, "repeat": repeat, "bit_vectors": bit_vectors, "costs_ns": op_costs(repeat), "spec_rstack_overflow": srso.trim()})
     );
     let stateless = stateless_spec();
     for (n, spec_name, spec_text) in sizes.iter().flat_map(|n| [(*n, "itch", ITCH_SPEC), (*n, "itch-stateless", stateless.as_str())]) {
@@ -141,7 +144,7 @@ fn main() {
         let (p, _) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
         let p = p.expect("the ITCH set checks");
         let t = Instant::now();
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).expect("compiles");
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { bit_vectors, ..Default::default() }).expect("compiles");
         let compile_s = t.elapsed().as_secs_f64();
 
         // The naive baseline (XDP), with fewer repetitions when it is slow.

@@ -6,7 +6,8 @@
 //! show the structured case does not regress. One JSON object per line.
 //!
 //!   cargo bench -p subc-ebpf-loader --bench scale -- \
-//!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] [--betree PATH]
+//!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] [--betree PATH] \
+//!       [--rcu-expedited]
 //!
 //! Needs root. Per set:
 //! - `compile`: a child process (this binary, `--child`) checks the rules,
@@ -24,6 +25,10 @@
 //!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`,
 //!   whose grace period after the generation flip is most of it), then
 //!   removed one at a time; and the IR's part alone (`ir_add`, `ir_remove`);
+//! - with `--rcu-expedited`, add and remove again with
+//!   `/sys/kernel/rcu_expedited` set to 1 (restored after): the grace
+//!   period (`membarrier`, which waits for `synchronize_rcu()`) then takes
+//!   tens of microseconds instead of about 10 ms (`add_remove_rcu_expedited`);
 //! - with `--betree PATH` (a BE-Tree harness built locally, see
 //!   BENCHMARKS.md: never part of this repository), the peer on the same
 //!   filters and the same events in the same run, and the ratio of its time
@@ -268,6 +273,9 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
     line["ns_per_packet"] = round(ns, 1).into();
     line["ns_above_floor"] = round(ns - floor, 1).into();
     line["add_remove"] = add_remove(&p, n, &mut set, &mut dp);
+    if std::env::args().any(|a| a == "--rcu-expedited") {
+        line["add_remove_rcu_expedited"] = with_rcu_expedited(|| add_remove(&p, n, &mut set, &mut dp));
+    }
     if let (Some(peer), true) = (arg("--betree"), kind != "itch") {
         let b = betree(&peer, &rules, n, event_lines);
         if let Some(peer_ns) = b.get("ns_per_event").and_then(|v| v.as_f64()) {
@@ -276,6 +284,27 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
         line["betree"] = b;
     }
     line
+}
+
+/// Runs `f` with `/sys/kernel/rcu_expedited` set to 1 (every RCU grace
+/// period of the system expedited), restoring the previous value after,
+/// also when `f` panics.
+fn with_rcu_expedited(f: impl FnOnce() -> serde_json::Value) -> serde_json::Value {
+    const KNOB: &str = "/sys/kernel/rcu_expedited";
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(KNOB, &self.0);
+        }
+    }
+    let Ok(before) = std::fs::read_to_string(KNOB) else {
+        return serde_json::json!({ "error": format!("{KNOB} is not readable") });
+    };
+    let _restore = Restore(before.trim().to_string());
+    if let Err(e) = std::fs::write(KNOB, "1") {
+        return serde_json::json!({ "error": format!("{KNOB}: {e}") });
+    }
+    f()
 }
 
 fn main() {
