@@ -62,7 +62,10 @@ impl Running {
 pub fn init_tracing(c: &crate::config::LogConfig) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(c.filter.as_deref().unwrap_or("info")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal: journald and log files
+    // would keep them as literal escapes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match c.format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
@@ -136,7 +139,13 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let reflection_v1 = reflection().build_v1().map_err(|e| Error::Internal(e.to_string()))?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| Error::Internal(e.to_string()))?;
 
-    let mut builder = Server::builder();
+    // HTTP/2 pings find peers that vanished without closing (a killed
+    // client, a dropped NAT mapping), so that their Watch streams end and
+    // free their slots.
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(KEEPALIVE_INTERVAL));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| Error::Tls(e.to_string()))?;
     }
@@ -151,14 +160,35 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let join = tokio::spawn(async move {
         router
-            .serve_with_incoming_shutdown(incoming, async {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.await;
+                // Before the listener closes: watchers and load balancers
+                // see NOT_SERVING while calls in flight finish.
+                set_not_serving(&health).await;
             })
             .await
             .map_err(Error::from)
     });
     tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
     Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), join })
+}
+
+/// How often the server pings an idle HTTP/2 connection, and how long it
+/// waits for the answer before closing it.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Marks the server ("") and each of its services NOT_SERVING.
+async fn set_not_serving(health: &tonic_health::server::HealthReporter) {
+    use tonic_health::ServingStatus::NotServing;
+    for name in [
+        "",
+        <SubscriptionsServer<Api> as NamedService>::NAME,
+        <TargetsServer<Api> as NamedService>::NAME,
+        <EventsServer<Api> as NamedService>::NAME,
+    ] {
+        health.set_service_status(name, NotServing).await;
+    }
 }
 
 /// What a service answers to a request over its transport cap (the

@@ -479,6 +479,33 @@ async fn health_and_reflection_need_no_token() {
     .await;
 }
 
+/// A shutdown first turns health NOT_SERVING, so that a watcher (a load
+/// balancer, an orchestrator) stops sending calls before the listener goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_turns_not_serving_when_the_shutdown_begins() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    bounded(60, async {
+        let env = Env::new().await;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", env.r.addr)).unwrap().connect().await.unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let mut watches = vec![];
+        for service in ["", "subc.v1.Subscriptions", "subc.v1.Targets", "subc.v1.Events"] {
+            let mut w = health.watch(tonic_health::pb::HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+            assert_eq!(w.message().await.unwrap().unwrap().status(), ServingStatus::Serving, "{service}");
+            watches.push((service, w));
+        }
+        let stopping = tokio::spawn(env.r.shutdown());
+        for (service, mut w) in watches {
+            let next = w.message().await.expect("the watch carries on").expect("a status before the stream ends");
+            assert_eq!(next.status(), ServingStatus::NotServing, "{service}");
+        }
+        // The watches above are calls in flight: the shutdown waits for
+        // them, and they were dropped, so it ends.
+        let _ = stopping.await.unwrap();
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_serves_prometheus_text() {
     bounded(60, async {
