@@ -49,6 +49,12 @@ pub struct Metrics {
     /// log holds for targets that are behind.
     pub compiler_bytes: Gauge,
     pub logged_generations: Gauge,
+    /// 1 while a target's last deploy attempt failed, else 0.
+    pub target_failing: Family<Labels, Gauge>,
+    /// gRPC calls per method and status code, and their time to the
+    /// response headers (all of a unary call; a stream's start).
+    pub rpc_calls: Family<Labels, Counter>,
+    pub rpc_seconds: HistogramFamily,
 }
 
 impl Default for Metrics {
@@ -102,8 +108,20 @@ impl Metrics {
             "Generations whose updates are kept for targets that do not hold them yet",
             logged_generations.clone(),
         );
+        let target_failing = Family::<Labels, Gauge>::default();
+        registry.register("target_failing", "1 while a target's last deploy attempt failed", target_failing.clone());
+        let rpc_calls = Family::<Labels, Counter>::default();
+        registry.register("rpc_calls", "gRPC calls per method and status code", rpc_calls.clone());
+        let rpc_seconds = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register("rpc_seconds", "Time from a gRPC call's arrival to its response headers", rpc_seconds.clone());
+        let build_info = Family::<Labels, Gauge>::default();
+        registry.register("build_info", "Always 1; the labels say which build is running", build_info.clone());
+        build_info.get_or_create(&build_labels()).set(1);
         Metrics {
             registry,
+            target_failing,
+            rpc_calls,
+            rpc_seconds,
             compiler_bytes,
             logged_generations,
             subscriptions,
@@ -122,6 +140,14 @@ impl Metrics {
         }
     }
 
+    /// Counts one gRPC call of `method` (a path such as
+    /// `/subc.v1.Subscriptions/Add`) that answered `code`.
+    pub fn rpc(&self, method: &str, code: tonic::Code, seconds: f64) {
+        let method = if code == tonic::Code::Unimplemented { "unknown" } else { method };
+        self.rpc_calls.get_or_create(&vec![("method", method.to_string()), ("code", format!("{code:?}"))]).inc();
+        self.rpc_seconds.get_or_create(&Metrics::label("method", method)).observe(seconds);
+    }
+
     pub fn label(key: &'static str, value: &str) -> Labels {
         vec![(key, value.to_string())]
     }
@@ -132,6 +158,13 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// What `subc_build_info` says: the version, and whether the build is
+/// optimized.
+fn build_labels() -> Labels {
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("profile", profile.to_string())]
 }
 
 /// Serves `GET /metrics` on `addr` until the process ends.

@@ -232,7 +232,8 @@ impl SizeRefusal {
     }
 }
 
-/// A gRPC service whose transport-level size refusals are RESOURCE_EXHAUSTED.
+/// A gRPC service whose transport-level size refusals are RESOURCE_EXHAUSTED,
+/// and whose calls are counted (`subc_rpc_calls`, `subc_rpc_seconds`).
 #[derive(Clone)]
 struct SizeRefused<S> {
     inner: S,
@@ -255,6 +256,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let method = request.uri().path().to_string();
+        let started = std::time::Instant::now();
         let response = self.inner.call(request);
         let refusal = self.refusal.clone();
         Box::pin(async move {
@@ -266,6 +269,11 @@ where
                     tracing::warn!(error = %e, "cannot rewrite a size refusal");
                 }
             }
+            // A refusal is a trailers-only response (its status in the
+            // headers); a call that answers has its status in the trailers,
+            // OK for every unary call of ours that gets that far.
+            let code = Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code());
+            refusal.metrics.rpc(&method, code, started.elapsed().as_secs_f64());
             Ok(response)
         })
     }

@@ -515,6 +515,8 @@ async fn metrics_endpoint_serves_prometheus_text() {
         .await;
         let Env { alice, .. } = &mut env;
         alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
+        let refused = alice.subs.add(add_req(&["stock == : fwd(1)"])).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         let addr = env.r.metrics_addr.unwrap();
         let body = tokio::task::spawn_blocking(move || {
             use std::io::{Read, Write};
@@ -529,6 +531,11 @@ async fn metrics_endpoint_serves_prometheus_text() {
         assert!(body.contains("subc_subscriptions{app=\"alice\"} 1"), "{body}");
         assert!(body.contains("subc_compile_seconds_bucket"), "{body}");
         assert!(body.contains("subc_generation 1"), "{body}");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(body.contains(&format!("subc_build_info{{version=\"{version}\",profile=")), "{body}");
+        let calls = |code: &str| format!("subc_rpc_calls_total{{method=\"/subc.v1.Subscriptions/Add\",code=\"{code}\"}} 1");
+        assert!(body.contains(&calls("Ok")) && body.contains(&calls("InvalidArgument")), "{body}");
+        assert!(body.contains("subc_rpc_seconds_count{method=\"/subc.v1.Subscriptions/Add\"} 2"), "{body}");
         env.stop().await;
     })
     .await;

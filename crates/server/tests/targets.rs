@@ -139,6 +139,9 @@ async fn a_failing_target_is_retried_until_it_works() {
         let s = admin.targets.status(proto::TargetRequest { name: "f".into() }).await.unwrap().into_inner();
         assert_eq!(s.state(), proto::TargetState::Failing);
         assert!(s.last_error.contains("not-yet"), "{}", s.last_error);
+        let failing = |v: u8| format!("subc_target_failing{{target=\"f\"}} {v}");
+        assert!(env.r.core.metrics().render().contains(&failing(1)), "the gauge shows the failing target");
+        let Env { admin, .. } = &mut env;
         // The event stream reports the failure.
         loop {
             let ev = events.message().await.unwrap().unwrap();
@@ -152,6 +155,7 @@ async fn a_failing_target_is_retried_until_it_works() {
         let s = wait_deployed(admin, "f", a.generation).await;
         assert_eq!(s.state(), proto::TargetState::InSync);
         assert!(path.exists());
+        assert!(env.r.core.metrics().render().contains(&failing(0)), "the gauge clears once the target works");
         env.stop().await;
     })
     .await;

@@ -572,6 +572,7 @@ impl TargetHandle {
         ctx.set_floor(&self.name, known.then_some(held_gen));
         ctx.metrics.target_entries.get_or_create(&label).set(entries as i64);
         ctx.metrics.target_generation.get_or_create(&label).set(held_gen as i64);
+        ctx.metrics.target_failing.get_or_create(&label).set(0);
         ctx.metrics.diff_entries.get_or_create(&label).inc_by(written);
         let first = !self.deployed.swap(true, Ordering::SeqCst);
         let reconciled = self.reconciling.swap(false, Ordering::SeqCst);
@@ -619,6 +620,7 @@ impl TargetHandle {
         self.held.lock().expect("held").held = Held::Unknown;
         ctx.set_floor(&self.name, None);
         ctx.metrics.deploy_failures.get_or_create(&Metrics::label("target", &self.name)).inc();
+        ctx.metrics.target_failing.get_or_create(&Metrics::label("target", &self.name)).set(1);
         tracing::warn!(target_name = %self.name, error = %e, "deploy failed");
         let status = self.set_progress(|p| {
             p.attempts += 1;
