@@ -57,7 +57,7 @@ pub use deploy::DriverError;
 pub use desired::{compile_options, distance_to_fresh_compile};
 pub use names::{check_name, NameError};
 pub use server::{init_tracing, serve, start, Running};
-pub use store::{now_ms, StoredSub};
+pub use store::{backup_store, now_ms, BackupReport, StoredSub};
 pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.

@@ -122,6 +122,91 @@ fn sql(e: rusqlite::Error) -> Error {
     Error::Store(e.to_string())
 }
 
+/// What a backup holds, read back from the copy.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BackupReport {
+    pub subscriptions: u64,
+    pub targets: u64,
+    pub generation: u64,
+    pub bytes: u64,
+}
+
+/// Copies the store at `store` to `out` with SQLite's online backup, while
+/// a server may be writing to it: the copy is one consistent snapshot (a
+/// committed generation, never half a transaction). It is written beside
+/// `out` under a temporary name, checked (`PRAGMA integrity_check`, the
+/// schema version), synced and renamed over `out`, so `out` is either the
+/// old file or the whole new copy. Restore by stopping the server and
+/// putting the copy in the store's place (`subc serve --store COPY`).
+pub fn backup_store(store: &Path, out: &Path) -> Result<BackupReport, Error> {
+    if !store.is_file() {
+        return Err(Error::Store(format!("{}: no such store", store.display())));
+    }
+    if std::fs::canonicalize(store).ok() == std::fs::canonicalize(out).ok() {
+        return Err(Error::Store(format!("{}: the backup would overwrite the store itself", out.display())));
+    }
+    let name = out.file_name().ok_or_else(|| Error::Store(format!("{}: not a file name", out.display())))?;
+    let tmp = out.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+    let result = copy_and_check(store, &tmp).and_then(|report| {
+        std::fs::rename(&tmp, out).map_err(|e| Error::Store(format!("cannot rename the copy to {}: {e}", out.display())))?;
+        sync_parent(out);
+        Ok(report)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn copy_and_check(store: &Path, tmp: &Path) -> Result<BackupReport, Error> {
+    let src = Store::open_reader(store)?;
+    let mut dst = Connection::open(tmp).map_err(|e| Error::Store(format!("cannot create {}: {e}", tmp.display())))?;
+    {
+        let backup = rusqlite::backup::Backup::new(&src.conn, &mut dst).map_err(sql)?;
+        // All pages in one step, under one read transaction: a WAL reader
+        // does not block the writer, and a snapshot taken in smaller steps
+        // would start over whenever the writer commits.
+        loop {
+            match backup.step(-1).map_err(sql)? {
+                rusqlite::backup::StepResult::Done => break,
+                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+    let ok: String = dst.query_row("PRAGMA integrity_check", [], |r| r.get(0)).map_err(sql)?;
+    if ok != "ok" {
+        return Err(Error::Store(format!("the copy fails its integrity check: {ok}")));
+    }
+    let copy = Store { conn: dst };
+    if copy.meta("schema_version")? != Some(SCHEMA_VERSION.to_string()) {
+        return Err(Error::Store(format!("{}: not a subc store of schema version {SCHEMA_VERSION}", store.display())));
+    }
+    let count = |table: &str| -> Result<u64, Error> {
+        copy.conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get::<_, i64>(0)).map(|n| n as u64).map_err(sql)
+    };
+    let report = BackupReport {
+        subscriptions: count("subscriptions")?,
+        targets: count("targets")?,
+        generation: copy.meta_u64("generation")?,
+        bytes: 0,
+    };
+    drop(copy);
+    let file = std::fs::File::open(tmp).map_err(|e| Error::Store(format!("{}: {e}", tmp.display())))?;
+    file.sync_all().map_err(|e| Error::Store(format!("cannot sync {}: {e}", tmp.display())))?;
+    let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    Ok(BackupReport { bytes, ..report })
+}
+
+/// Syncs the directory holding `path`, so that a rename into it survives a
+/// power cut (best effort: not every file system allows it).
+fn sync_parent(path: &Path) {
+    if let Some(dir) = path.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d }) {
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
