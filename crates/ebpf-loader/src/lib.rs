@@ -16,6 +16,7 @@
 //!   [`replace_programs`] swaps a new build under live attachments.
 //! - [`frame_limits`]: which frames `BPF_PROG_TEST_RUN` takes, measured.
 //! - [`can_load_bpf`]: whether this process has the privileges.
+//! - [`log_libbpf_through_tracing`]: libbpf's messages as `tracing` events.
 //! - `testnet` (feature `testing`): network namespaces for the end-to-end
 //!   tests and the fan-out benchmark.
 //!
@@ -30,6 +31,7 @@ mod dataplane;
 mod deployment;
 mod error;
 mod frames;
+mod log;
 mod pinned;
 mod privileges;
 mod sys;
@@ -41,6 +43,7 @@ pub use dataplane::{grace_period, Dataplane, LoadStats, Record, Runner, TestRun,
 pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};
 pub use error::{LoaderError, NoImage};
 pub use frames::{frame_limits, refuses, FrameLimits, PROBE_CAP};
+pub use log::log_libbpf_through_tracing;
 pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
 pub use privileges::can_load_bpf;
 pub use sys::ProgRun;

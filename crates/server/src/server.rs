@@ -70,6 +70,7 @@ pub fn init_tracing(c: &crate::config::LogConfig) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    subc_ebpf_loader::log_libbpf_through_tracing();
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, Error> {
