@@ -20,6 +20,11 @@
 #
 #   sudo ./scripts/demo.sh                       # everything
 #   sudo SUBC_SKIP_INSTALL=1 ./scripts/demo.sh   # a machine that has the packages
+#   sudo SUBC_BIN=target/debug/subc ./scripts/demo.sh   # this binary, no build
+#   sudo SUBC_DEMO_USER=subc ./scripts/demo.sh   # the server as that user (a
+#       system user, created if missing) with only the capabilities
+#       docs/server.md names, through setpriv, as dist/systemd/subc.service
+#       runs it; the directories it writes are made its own
 #
 # Exit status 0 when every subscriber received what `subc sim` predicts.
 set -euo pipefail
@@ -46,11 +51,16 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
         protobuf-compiler iproute2 util-linux python3 ca-certificates curl >/dev/null
     install_rust
 fi
-rust_ok || die "Rust $RUST_MIN or later (cargo, rustc) is needed: run without SUBC_SKIP_INSTALL=1, or install it with rustup"
+[ -n "${SUBC_BIN:-}" ] || rust_ok || die "Rust $RUST_MIN or later (cargo, rustc) is needed: run without SUBC_SKIP_INSTALL=1, or install it with rustup"
 
-log "building subc (release)"
-cargo build --release --locked -p subc-cli
-SUBC="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/subc"
+if [ -n "${SUBC_BIN:-}" ]; then
+    SUBC="$(cd "$(dirname "$SUBC_BIN")" && pwd)/$(basename "$SUBC_BIN")"
+    [ -x "$SUBC" ] || die "SUBC_BIN=$SUBC_BIN is not an executable"
+else
+    log "building subc (release)"
+    cargo build --release --locked -p subc-cli
+    SUBC="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/release/subc"
+fi
 
 if ! grep -qs ' /sys/fs/bpf bpf ' /proc/mounts; then
     mount -t bpf bpf /sys/fs/bpf
@@ -153,7 +163,27 @@ token = "$APP_TOKEN"
 [deploy]
 bpffs_root = "$PIN_ROOT"
 EOF
-"$SUBC" serve --config "$WORK/subc.toml" 2>"$WORK/server.log" &
+if [ -n "${SUBC_DEMO_USER:-}" ]; then
+    # What the systemd unit does: a user of its own, the directories it
+    # writes (store, pins, deployment records) owned by it, and only
+    # CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON, effective and ambient.
+    id -u "$SUBC_DEMO_USER" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$SUBC_DEMO_USER"
+    mkdir -p "$PIN_ROOT" "/run/subc/$TARGET"
+    chown "$SUBC_DEMO_USER" "$WORK" "$PIN_ROOT" "/run/subc/$TARGET"
+    chmod 0755 "$WORK"
+    # The checkout may sit where the user cannot read (/root): the binary
+    # and the spec go where it can.
+    install -m 0755 "$SUBC" "$WORK/subc-server"
+    sed -i "s|^spec = .*|spec = \"$WORK/itch.spec\"|" "$WORK/subc.toml"
+    install -m 0644 examples/itch/itch.spec "$WORK/itch.spec"
+    CAPS=+net_admin,+bpf,+perfmon
+    log "the server runs as $SUBC_DEMO_USER with capabilities $CAPS only"
+    setpriv --reuid="$SUBC_DEMO_USER" --regid="$(id -g "$SUBC_DEMO_USER")" --clear-groups \
+        --inh-caps="-all,$CAPS" --ambient-caps="-all,$CAPS" --bounding-set="-all,$CAPS" \
+        "$WORK/subc-server" serve --config "$WORK/subc.toml" 2>"$WORK/server.log" &
+else
+    "$SUBC" serve --config "$WORK/subc.toml" 2>"$WORK/server.log" &
+fi
 SERVER_PID=$!
 for i in $(seq 300); do
     if SUBC_TOKEN="$APP_TOKEN" timeout 5 "$SUBC" sub ls >/dev/null 2>&1; then break; fi
@@ -161,6 +191,15 @@ for i in $(seq 300); do
     [ "$i" != 300 ] || die "subc serve did not answer within 30 s"
     sleep 0.1
 done
+if [ -n "${SUBC_DEMO_USER:-}" ]; then
+    # The process that answers is the user's, with those three capabilities
+    # (bits 12, 38 and 39) and no other.
+    uid="$(awk '/^Uid:/ {print $3}' "/proc/$SERVER_PID/status")"
+    caps="$(awk '/^CapEff:/ {print $2}' "/proc/$SERVER_PID/status")"
+    echo "    server uid $uid, effective capabilities $caps"
+    [ "$uid" = "$(id -u "$SUBC_DEMO_USER")" ] && [ "$caps" = 000000c000001000 ] ||
+        die "the server should run as $SUBC_DEMO_USER with CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON only"
+fi
 
 log "the application adds the ITCH example's subscriptions"
 sed 's/^/    /' examples/itch/rules.subs

@@ -196,7 +196,7 @@ fn slot_json(s: &Slot) -> serde_json::Value {
 /// packet's (reading the maps back) end the run, naming the packet.
 pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, ebpf: &EbpfArgs, json: bool) -> Result<ExitCode> {
     if !loader::can_load_bpf() {
-        bail!("--engine ebpf loads a BPF program into the kernel: run as root, with CAP_NET_ADMIN and CAP_SYS_ADMIN (or CAP_BPF and CAP_PERFMON)");
+        bail!("--engine ebpf loads a BPF program into the kernel: it needs CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), as root or as a user given them");
     }
     let (set, _) = compile_program(program, compiler)?;
     let a = write_set(&program.spec, &set, &ebpf.options())?;

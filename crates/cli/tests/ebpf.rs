@@ -264,3 +264,28 @@ fn attach_status_detach() {
     assert!(!subc(&["status", &name]).status.success());
     assert!(!Path::new("/sys/fs/bpf/subc").join(&name).exists());
 }
+
+/// `scripts/demo.sh` with the server as a user of its own that holds only
+/// CAP_NET_ADMIN, CAP_BPF and CAP_PERFMON (through `setpriv`, as
+/// `dist/systemd/subc.service` runs it): it deploys the eBPF target on a
+/// veth pair, replays the example's packets and checks that every
+/// subscriber received what `subc sim` predicts.
+#[test]
+fn the_demo_passes_with_the_server_holding_only_three_capabilities() {
+    if !kernel_available("the_demo_passes_with_the_server_holding_only_three_capabilities") {
+        return;
+    }
+    let out = Command::new("timeout")
+        .args(["300", "bash", "scripts/demo.sh"])
+        .current_dir(common::repo())
+        .env("SUBC_SKIP_INSTALL", "1")
+        .env("SUBC_BIN", env!("CARGO_BIN_EXE_subc"))
+        .env("SUBC_DEMO_USER", "subc-demo")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the demo failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("the server runs as subc-demo with capabilities +net_admin,+bpf,+perfmon only"), "{stdout}");
+    assert!(stdout.contains("effective capabilities 000000c000001000"), "{stdout}");
+    assert!(stdout.contains("every subscriber received what subc sim predicts"), "{stdout}");
+}

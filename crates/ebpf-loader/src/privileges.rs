@@ -2,17 +2,19 @@
 
 use crate::sys;
 
-/// Whether this process may load, run and attach the programs: it is root
-/// (callers also pin under bpffs, owned by root, and run `ip`), and its
-/// effective capabilities hold what `caps_suffice` asks. So root in a
-/// container without them (Docker's default set) is turned away here, not
-/// by the kernel at load, and a process with the capabilities but another
-/// uid is turned away too, although the kernel would load its programs.
+/// Whether this process may load, run and attach the programs: its
+/// effective capabilities hold what `caps_suffice` asks, whatever its uid.
+/// So root in a container without them (Docker's default set) is turned
+/// away here, not by the kernel at load, and a service user given exactly
+/// those capabilities (docs/server.md's systemd unit, `setpriv`) is let
+/// through; pinning then needs the bpffs directory to be writable by it.
 /// Without a readable `/proc/self/status`, root alone decides. Tests skip
 /// kernel work when this is false, unless `CI=true`.
 pub fn can_load_bpf() -> bool {
-    let root = sys::geteuid() == 0;
-    root && effective_caps().is_none_or(caps_suffice)
+    match effective_caps() {
+        Some(caps) => caps_suffice(caps),
+        None => sys::geteuid() == 0,
+    }
 }
 
 /// The `CapEff` bits of this process.

@@ -5,7 +5,7 @@
 //! the naive baseline the lookup bench compares against decides as the
 //! interpreter does too.
 //!
-//! They need root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and
+//! They need CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and
 //! CAP_PERFMON (`subc_ebpf_loader::can_load_bpf`); without that they skip, except
 //! under `CI=true`, where they fail.
 

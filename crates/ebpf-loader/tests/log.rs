@@ -21,7 +21,8 @@ impl std::io::Write for Captured {
 fn libbpf_messages_become_tracing_events() {
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_max_level(tracing::Level::DEBUG).with_writer(move || writer.clone()).finish();
+    let subscriber =
+        tracing_subscriber::fmt().with_ansi(false).with_max_level(tracing::Level::DEBUG).with_writer(move || writer.clone()).finish();
     subc_ebpf_loader::log_libbpf_through_tracing();
     tracing::subscriber::with_default(subscriber, || {
         let opened = libbpf_rs::ObjectBuilder::default().open_memory(b"this is not an ELF object at all");

@@ -7,7 +7,7 @@
 pub use subc_backend_ebpf::testing::*;
 
 /// What `subc_ebpf_loader::can_load_bpf` asks of the process.
-const NEEDS: &str = "root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and CAP_PERFMON";
+const NEEDS: &str = "CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN)";
 
 /// Whether kernel tests run: with privileges, or fail loudly under `CI=true`.
 pub fn kernel_available(test: &str) -> bool {

@@ -111,7 +111,9 @@ fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
 impl EbpfDriver {
     pub(crate) fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
         if !loader::can_load_bpf() {
-            return Err(DriverError::transient("eBPF targets need root with CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and CAP_PERFMON"));
+            return Err(DriverError::transient(
+                "eBPF targets need CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), in the effective set",
+            ));
         }
         let (hook, mode) = match (proto::Hook::try_from(cfg.hook), proto::XdpMode::try_from(cfg.xdp_mode)) {
             (Ok(proto::Hook::Tc), _) => (Hook::Tc, AttachMode::TcAuto),
