@@ -28,9 +28,16 @@ pub struct Conn {
     /// A file holding the token.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
-    /// CA certificate (PEM) of the server's certificate.
+    /// CA certificate (PEM) of the server's certificate. Without it, an
+    /// `https://` server is checked against the system's roots
+    /// (`/etc/ssl/certs`, or `SSL_CERT_FILE`).
     #[arg(long, value_name = "FILE")]
     ca_cert: Option<PathBuf>,
+    /// The name the server's certificate must carry, when it is not the
+    /// host of `--server` (e.g. `--server https://10.0.0.5:50051
+    /// --tls-server-name subc.example.com`).
+    #[arg(long, value_name = "NAME")]
+    tls_server_name: Option<String>,
     /// Client certificate and key (PEM), for servers that require mTLS.
     #[arg(long, value_name = "FILE")]
     client_cert: Option<PathBuf>,
@@ -54,7 +61,7 @@ impl Conn {
             ca_cert: self.ca_cert.clone(),
             client_cert: self.client_cert.clone(),
             client_key: self.client_key.clone(),
-            domain: None,
+            domain: self.tls_server_name.clone(),
             timeout: Some(Duration::from_secs(600)),
         };
         Ok(connect(&o)?)

@@ -15,7 +15,8 @@ pub struct ClientOptions {
     /// `http://host:port` or `https://host:port`.
     pub server: String,
     pub token: Option<String>,
-    /// CA that signed the server's certificate (https).
+    /// CA that signed the server's certificate (https); without it, the
+    /// system's roots.
     pub ca_cert: Option<PathBuf>,
     /// Client certificate and key, for servers that require mTLS.
     pub client_cert: Option<PathBuf>,
@@ -59,9 +60,12 @@ pub fn connect(o: &ClientOptions) -> Result<Clients, Error> {
     ep = ep.timeout(o.timeout.unwrap_or(Duration::from_secs(60))).connect_timeout(Duration::from_secs(10));
     if o.server.starts_with("https://") || o.ca_cert.is_some() || o.client_cert.is_some() {
         let mut tls = ClientTlsConfig::new();
-        if let Some(ca) = &o.ca_cert {
-            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
-        }
+        tls = match &o.ca_cert {
+            Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
+            // The system's roots (rustls-native-certs: /etc/ssl/certs, or
+            // SSL_CERT_FILE / SSL_CERT_DIR).
+            None => tls.with_native_roots(),
+        };
         if let (Some(c), Some(k)) = (&o.client_cert, &o.client_key) {
             tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
         }

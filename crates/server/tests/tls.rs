@@ -5,73 +5,8 @@
 mod common;
 
 use common::*;
-use std::path::Path;
-use std::process::Command;
 use subc_server::TlsConfig;
 use subc_server::{connect, ClientOptions};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("the openssl command is installed");
-    assert!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// A CA, a server certificate for localhost and 127.0.0.1, a client certificate.
-fn make_certs(dir: &Path) {
-    let key = |name: &str| openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-    key("ca");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=subc test CA",
-            "-days",
-            "2",
-            "-out",
-            "ca.pem",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-    for (name, ext) in [
-        ("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
-        ("client", "extendedKeyUsage=clientAuth\n"),
-    ] {
-        key(name);
-        openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
-        std::fs::write(dir.join(format!("{name}.ext")), format!("basicConstraints=CA:FALSE\n{ext}")).unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-    }
-    // rustls reads PKCS#8 keys.
-    for name in ["server", "client"] {
-        openssl(dir, &["pkcs8", "-topk8", "-nocrypt", "-in", &format!("{name}.key"), "-out", &format!("{name}.pk8")]);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_client_certificates() {
