@@ -6,6 +6,8 @@
 //! prints the server's diagnostics exactly as `subc check` would and exits
 //! 1; any other failure exits 2.
 
+use crate::input::{read_source, stdin_at_most_once};
+use crate::ui;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::collections::HashMap;
@@ -72,7 +74,9 @@ impl Conn {
 pub enum SubCommand {
     /// Add subscriptions from rules files and/or `--rule` texts, atomically.
     Add {
-        /// Rules files: one `condition : actions` per line; `#` comments.
+        /// Rules files: one `condition : actions` per line; `#` comments. `-`
+        /// reads stdin (`<stdin>` in diagnostics):
+        /// `subc gen itch --count 10 | subc sub add -`.
         files: Vec<PathBuf>,
         /// A subscription given on the command line (repeatable).
         #[arg(long = "rule", short = 'r', value_name = "TEXT")]
@@ -267,14 +271,15 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
     runtime()?.block_on(async {
         match cmd {
             SubCommand::Add { files, rules, request_id, conn } => {
-                let mut c = conn.clients()?;
+                stdin_at_most_once(files.iter().map(PathBuf::as_path))?;
                 let mut lines = vec![];
                 let mut name = String::new();
                 for f in files {
-                    let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+                    let (file_name, text) = read_source(f)?;
                     lines.extend(text.lines().map(String::from));
-                    name = f.display().to_string();
+                    name = file_name;
                 }
+                let mut c = conn.clients()?;
                 lines.extend(rules.iter().cloned());
                 if files.len() != 1 || !rules.is_empty() {
                     // Several sources become one: line numbers count from the first.
@@ -532,7 +537,11 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
             }
             TargetCommand::Deploy { name, timeout, conn } => {
                 let mut c = conn.clients()?;
-                match c.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: timeout.saturating_mul(1000) }).await {
+                let waiting = ui::spinner(&format!("deploying {name} (waiting up to {timeout} s)"));
+                let deployed =
+                    c.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: timeout.saturating_mul(1000) }).await;
+                waiting.finish_and_clear();
+                match deployed {
                     Ok(r) => {
                         let s = r.into_inner().status.unwrap_or_default();
                         if conn.json {

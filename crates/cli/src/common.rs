@@ -4,7 +4,7 @@
 //! and from `input`, never from each other's helpers.
 
 use crate::input::{load, Inputs};
-use crate::InputArgs;
+use crate::{ui, InputArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::Write;
@@ -13,20 +13,32 @@ use std::process::ExitCode;
 use std::time::Instant;
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::spec::{QueryFieldId, Spec};
-use subc_lang::{Decision, Program};
+use subc_lang::{Decision, Diagnostics, Program};
 
 /// Loads and checks the inputs, printing diagnostics to stderr. `Err` with
-/// exit code 1 if there are errors.
+/// exit code 1 if there are errors, or warnings under `--deny-warnings`.
 pub fn load_program(input: &InputArgs) -> Result<Result<(Program, Inputs), ExitCode>> {
     let inputs = load(input.spec.as_deref(), &input.rules)?;
     let (program, diags) = subc_lang::check_program(&inputs.sources, inputs.spec, &inputs.rules, input.limits());
     if !diags.is_empty() {
-        eprint!("{}", diags.render(&inputs.sources));
+        eprint!("{}", diags.render_styled(&inputs.sources, ui::diagnostics_style()));
     }
     Ok(match program {
-        Some(p) => Ok((p, inputs)),
-        None => Err(ExitCode::from(1)),
+        Some(p) if !denied_warnings(input, &diags) => Ok((p, inputs)),
+        _ => Err(ExitCode::from(1)),
     })
+}
+
+/// Whether `--deny-warnings` fails a run that has only warnings; if so, says
+/// why on stderr (the diagnostics' own summary line counts errors only).
+pub fn denied_warnings(input: &InputArgs, diags: &Diagnostics) -> bool {
+    let warnings = diags.warning_count();
+    if !input.deny_warnings || warnings == 0 || diags.has_errors() {
+        return false;
+    }
+    let s = if warnings == 1 { "" } else { "s" };
+    eprintln!("{}: {warnings} warning{s} emitted, and --deny-warnings makes warnings fail the run", ui::error_word("error"));
+    true
 }
 
 /// Compiler knobs shared by every target.

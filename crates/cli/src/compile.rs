@@ -6,7 +6,7 @@
 
 use crate::common::{compile_program, load_program, write_outputs, CompilerArgs};
 use crate::input::Inputs;
-use crate::InputArgs;
+use crate::{ui, InputArgs};
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -95,18 +95,22 @@ fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result
 
 /// Sizes that other field orders give: the compiler's own candidates
 /// (every permutation of the constrained fields when there are at most four,
-/// otherwise each one moved first), each compiled in full.
+/// otherwise each one moved first), each compiled in full. On a large set
+/// this is the long part of `--emit stats`, so a terminal shows its progress.
 fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value> {
     let spec = &program.spec;
-    subc_bdd::candidate_orders(spec, &program.normal_forms)
+    let orders: Vec<_> = subc_bdd::candidate_orders(spec, &program.normal_forms).into_iter().take(24).collect();
+    let progress = ui::progress(orders.len() as u64, "compiling other field orders");
+    let sizes = orders
         .into_iter()
-        .take(24)
         .map(|order| {
             let names: Vec<String> = order.iter().map(|f| spec.query_field(*f).name.clone()).collect();
             let mut opts = args.options(spec).unwrap_or_default();
             opts.order = Some(order);
             let t = Instant::now();
-            match CompiledSet::compile(spec, &program.normal_forms, opts) {
+            let compiled = CompiledSet::compile(spec, &program.normal_forms, opts);
+            progress.inc(1);
+            match compiled {
                 Ok(set) => {
                     let s = stats(&set, t.elapsed().as_secs_f64());
                     serde_json::json!({"order": names, "nodes": s.nodes, "entries_total": s.entries_total, "tcam_entries": s.tcam_entries, "pipelines": s.pipelines, "compile_seconds": s.compile_seconds})
@@ -114,5 +118,7 @@ fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value>
                 Err(e) => serde_json::json!({"order": names, "error": e.to_string()}),
             }
         })
-        .collect()
+        .collect();
+    progress.finish_and_clear();
+    sizes
 }

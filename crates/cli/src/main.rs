@@ -5,10 +5,13 @@ mod client;
 mod common;
 mod compile;
 mod ebpf;
+mod explain;
+mod generators;
 mod input;
 mod p4;
 mod serve;
 mod sim;
+mod ui;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -26,11 +29,16 @@ use subc_lang::NfLimits;
                   into match-action tables for P4 switches or into eBPF programs for XDP and TC.\n\n\
                   Inputs are a format spec (*.spec) and subscription files (*.subs), given either as \
                   `--spec SPEC RULES...` or as an example directory holding one spec and its rules.",
-    after_help = "Examples:\n  subc check examples/itch\n  subc check --spec examples/itch/itch.spec examples/itch/rules.subs\n  subc sim examples/itch --pcap examples/itch/packets.pcap --json\n  subc compile examples/itch --emit stats\n  subc compile examples/itch --emit tables -o out/itch"
+    after_help = "Examples:\n  subc check examples/itch\n  subc check --spec examples/itch/itch.spec examples/itch/rules.subs\n  subc sim examples/itch --pcap examples/itch/packets.pcap --json\n  subc compile examples/itch --emit stats\n  subc compile examples/itch --emit tables -o out/itch\n  subc explain E0302\n  subc completions bash > ~/.local/share/bash-completion/completions/subc"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// When to colour diagnostics: `auto` colours a terminal unless `NO_COLOR`
+    /// is set. Output that is an API (`--json`, the server's replies) is always
+    /// plain. Example: `subc --color always check examples/itch 2>&1 | less -R`.
+    #[arg(long, global = true, value_enum, default_value_t = ui::ColorWhen::Auto, value_name = "WHEN")]
+    color: ui::ColorWhen,
 }
 
 /// The spec and rule files shared by most commands.
@@ -41,11 +49,18 @@ pub struct InputArgs {
     #[arg(long, value_name = "SPEC")]
     spec: Option<PathBuf>,
     /// Subscription files (one `condition : action` per line), or an example directory.
+    /// `-` reads rules from stdin, named `<stdin>` in diagnostics:
+    /// `echo 'shares > 100 : fwd(1)' | subc check --spec examples/itch/itch.spec -`.
     #[arg(value_name = "RULES", required = true)]
     rules: Vec<PathBuf>,
     /// Largest number of conjunctions one subscription's normal form may have.
     #[arg(long, default_value_t = 4096, value_name = "N")]
     max_cubes: usize,
+    /// Fail (exit 1, as for errors) if there are warnings, such as W0301 (a
+    /// condition no packet can satisfy). Example, in CI:
+    /// `subc check --deny-warnings examples/itch`.
+    #[arg(long)]
+    deny_warnings: bool,
 }
 
 impl InputArgs {
@@ -56,7 +71,8 @@ impl InputArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check a spec and subscriptions; print every diagnostic. Exit 1 on errors.
+    /// Check a spec and subscriptions; print every diagnostic. Exit 1 on errors
+    /// (and on warnings with `--deny-warnings`).
     Check {
         #[command(flatten)]
         input: InputArgs,
@@ -98,10 +114,35 @@ enum Command {
     Target(client::TargetCommand),
     /// Stream a running service's events as JSON lines.
     Watch(client::WatchArgs),
+    /// Explain a diagnostic code: what triggers it, an example and its fix.
+    #[command(after_help = "Examples:\n  subc explain E0302\n  subc explain            # every code with its one-line summary")]
+    Explain {
+        /// The code, as printed in `error[E0302]` (`e0302` and `0302` work too).
+        /// Without it, every code is listed.
+        #[arg(value_name = "CODE")]
+        code: Option<String>,
+    },
+    /// Print a shell completion script to stdout.
+    #[command(after_help = "Examples:\n  subc completions bash > ~/.local/share/bash-completion/completions/subc\n  \
+                            subc completions zsh > ~/.zfunc/_subc\n  subc completions fish > ~/.config/fish/completions/subc.fish")]
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages: `subc.1` and one page per subcommand (`subc-check.1`, `subc-sub-add.1`, ...).
+    #[command(after_help = "Examples:\n  subc man --out /usr/local/share/man/man1\n  subc man | man -l -      # just subc.1, to stdout")]
+    Man {
+        /// The directory to write every page into (created if needed). Without
+        /// it, only `subc.1` is printed to stdout.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    ui::init(cli.color);
     let result: Result<ExitCode> = match cli.command {
         Command::Check { input, json } => sim::check(&input, json),
         Command::Compile(args) => compile::compile(&args),
@@ -114,6 +155,12 @@ fn main() -> ExitCode {
         Command::Sub(c) => client::sub(&c),
         Command::Target(c) => client::target(&c),
         Command::Watch(args) => client::watch(&args),
+        Command::Explain { code } => explain::explain(code.as_deref()),
+        Command::Completions { shell } => {
+            generators::completions(shell, &mut std::io::stdout().lock());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { out } => generators::man(out.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -121,7 +168,7 @@ fn main() -> ExitCode {
         // an error of ours: stop quietly, as the other tools of a pipeline do.
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("{}: {e:#}", ui::error_word("error"));
             ExitCode::from(2)
         }
     }

@@ -1,8 +1,8 @@
 //! `subc check`, `subc sim` and `subc gen`.
 
-use crate::common::{load_program, write_atomic, SimResult};
+use crate::common::{denied_warnings, load_program, write_atomic, SimResult};
 use crate::input::load;
-use crate::InputArgs;
+use crate::{ui, InputArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
@@ -22,9 +22,10 @@ pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
             writeln!(out, "{}", serde_json::to_string(&d.to_record(&inputs.sources))?)?;
         }
     } else if !diags.is_empty() {
-        eprint!("{}", diags.render(&inputs.sources));
+        eprint!("{}", diags.render_styled(&inputs.sources, ui::diagnostics_style()));
     }
-    Ok(if diags.has_errors() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    let failed = diags.has_errors() || denied_warnings(input, &diags);
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]

@@ -258,6 +258,167 @@ fn compile_emit_stats_prints_the_sizes_as_json() {
 }
 
 // ---------------------------------------------------------------------------
+// Habits: explain, completions and man pages, stdin, --deny-warnings, colour
+
+#[test]
+fn explain_prints_a_code_and_lists_them_all() {
+    let text = ok(&subc(&["explain", "E0302"]));
+    assert!(text.starts_with("# E0302: a subscription names a field that does not exist\n"), "{text}");
+    assert!(text.contains("```subs,itch,E0302\nstok == GOOGL : fwd(1)\n```"), "the wrong example: {text}");
+    assert_eq!(ok(&subc(&["explain", "e0302"])), text, "any case");
+    assert_eq!(ok(&subc(&["explain", "W0301"])), subc_lang::Code::NeverMatches.explanation());
+
+    let list = ok(&subc(&["explain"]));
+    let codes: Vec<&str> = list.lines().map(|l| l.split_whitespace().next().unwrap()).collect();
+    let all: Vec<&str> = subc_lang::Code::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(codes, all, "one line per code, in order");
+    assert!(list.contains("E0302  a subscription names a field that does not exist\n"), "{list}");
+
+    let unknown = subc(&["explain", "E302"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(unknown.stdout.is_empty());
+    let err = stderr_of(&unknown);
+    assert!(err.contains("unknown diagnostic code `E302`; did you mean `E0302`?"), "{err}");
+    assert!(err.contains("`subc explain` lists every code"), "{err}");
+}
+
+/// The generators run here, from the binary, as a user or a packager runs
+/// them (the crate's unit tests check every nested subcommand too).
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let top = [
+        "check",
+        "compile",
+        "sim",
+        "gen",
+        "attach",
+        "detach",
+        "status",
+        "serve",
+        "sub",
+        "target",
+        "watch",
+        "explain",
+        "completions",
+        "man",
+    ];
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = ok(&subc(&["completions", shell]));
+        for name in top {
+            assert!(script.contains(name), "{shell}: no `{name}` in the completions");
+        }
+    }
+    let bad = subc(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2), "an unknown shell is a usage error");
+
+    let dir = tempfile::Builder::new().prefix("subc-cli-man").tempdir().unwrap();
+    let out = subc(&["man", "--out", dir.path().to_str().unwrap()]);
+    ok(&out);
+    for page in std::iter::once("subc.1".to_string()).chain(top.iter().map(|n| format!("subc-{n}.1"))).chain(["subc-sub-add.1".into()]) {
+        let text = std::fs::read_to_string(dir.path().join(&page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not a man page:\n{text}");
+    }
+    let page = ok(&subc(&["man"]));
+    assert!(page.contains(".TH subc") && page.contains("explain"), "{page}");
+}
+
+#[test]
+fn a_dash_reads_rules_from_stdin() {
+    let spec = "examples/itch/itch.spec";
+    let three_errors = std::fs::read(repo().join("crates/lang/tests/diagnostics/three_errors.subs")).unwrap();
+    let out = subc_input(&["check", "--spec", spec, "-"], &[], &three_errors);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr_of(&out);
+    assert!(err.contains("error[E0302]: unknown field `stok`\n --> <stdin>:3:1\n"), "{err}");
+
+    // Good rules from stdin compile and simulate as the same file does.
+    let rules = std::fs::read(repo().join("examples/itch/rules.subs")).unwrap();
+    let piped = ok(&subc_input(&["sim", "--spec", spec, "-", "--pcap", "examples/itch/packets.pcap", "--json"], &[], &rules));
+    assert_eq!(piped, ok(&subc(&["sim", "examples/itch", "--json"])));
+    let stats = |out: &Output| -> Value { serde_json::from_str(&ok(out)).unwrap() };
+    let piped = stats(&subc_input(&["compile", "--spec", spec, "-", "--emit", "stats"], &[], &rules));
+    let from_file = stats(&subc(&["compile", "examples/itch", "--emit", "stats"]));
+    assert_eq!(
+        (piped["entries_total"].as_u64(), piped["nodes"].as_u64()),
+        (from_file["entries_total"].as_u64(), from_file["nodes"].as_u64())
+    );
+    ok(&subc_input(&["check", "examples/itch", "-"], &[], b"stock == MSFT : fwd(4)\n"));
+
+    // Stdin is read once, and rules alone are not a program.
+    let twice = subc_input(&["check", "--spec", spec, "-", "-"], &[], &rules);
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(stderr_of(&twice).contains("more than once"), "{}", stderr_of(&twice));
+    let no_spec = subc_input(&["check", "-"], &[], &rules);
+    assert_eq!(no_spec.status.code(), Some(2));
+    assert!(stderr_of(&no_spec).contains("need a spec"), "{}", stderr_of(&no_spec));
+}
+
+#[test]
+fn deny_warnings_makes_a_warning_fail_the_run() {
+    let input = ["--spec", "examples/itch/itch.spec", "crates/lang/tests/diagnostics/never_matches.subs"];
+    let run = |cmd: &[&str], deny: bool| {
+        let mut args: Vec<&str> = cmd.to_vec();
+        args.extend(input);
+        if deny {
+            args.push("--deny-warnings");
+        }
+        subc(&args)
+    };
+    let pcap = ["sim", "--pcap", "examples/itch/packets.pcap"];
+    for cmd in [&["check"][..], &["compile", "--emit", "stats"], &pcap] {
+        let allowed = run(cmd, false);
+        assert_eq!(allowed.status.code(), Some(0), "{cmd:?}: {}", stderr_of(&allowed));
+        assert!(stderr_of(&allowed).contains("warning[W0301]"), "{cmd:?}: {}", stderr_of(&allowed));
+        let denied = run(cmd, true);
+        let err = stderr_of(&denied);
+        assert_eq!(denied.status.code(), Some(1), "{cmd:?} --deny-warnings: {err}");
+        assert!(err.contains("warning[W0301]"), "{err}");
+        assert!(err.ends_with("error: 3 warnings emitted, and --deny-warnings makes warnings fail the run\n"), "{cmd:?}: {err}");
+        if cmd[0] != "check" {
+            assert!(denied.stdout.is_empty(), "{cmd:?} --deny-warnings compiled anyway");
+        }
+    }
+    // Nothing to deny: the flag changes nothing.
+    ok(&subc(&["check", "--deny-warnings", "examples/itch"]));
+    let json = subc(&["check", "--json", "--deny-warnings", input[0], input[1], input[2]]);
+    assert_eq!(json.status.code(), Some(1));
+    assert_eq!(ok_lines(&json.stdout), 3, "the records still go to stdout");
+}
+
+fn ok_lines(stdout: &[u8]) -> usize {
+    String::from_utf8_lossy(stdout).lines().count()
+}
+
+#[test]
+fn diagnostics_are_coloured_only_when_asked() {
+    let args = ["check", "--spec", "examples/itch/itch.spec", "crates/lang/tests/diagnostics/three_errors.subs"];
+    let with = |extra: &[&str], envs: &[(&str, &str)]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(args);
+        let out = subc_with(&a, envs, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(1));
+        stderr_of(&out)
+    };
+    let plain = with(&[], &[]);
+    assert!(!plain.contains('\x1b'), "a pipe gets plain text: {plain:?}");
+    assert!(plain.starts_with("error[E0302]: unknown field `stok`\n"));
+    for (extra, envs) in [(&["--color", "always"][..], &[][..]), (&["--color=always"][..], &[("NO_COLOR", "1")][..])] {
+        let coloured = with(extra, envs);
+        assert!(coloured.contains("\x1b[1;31merror[E0302]\x1b[0m"), "{extra:?} {envs:?}: {coloured:?}");
+        assert_eq!(strip_ansi(&coloured), plain, "colours only wrap the plain text");
+    }
+    // The flag is global: after the subcommand too.
+    let mut after: Vec<&str> = args.to_vec();
+    after.extend(["--color", "always"]);
+    assert!(stderr_of(&subc(&after)).contains('\x1b'));
+    assert_eq!(with(&["--color", "never"], &[]), plain);
+    assert_eq!(with(&[], &[("NO_COLOR", "1")]), plain);
+    // JSON is an API: never coloured.
+    let json = subc(&["--color", "always", "check", "--json", args[1], args[2], args[3]]);
+    assert!(!json.stdout.is_empty() && !json.stdout.contains(&0x1b), "{}", String::from_utf8_lossy(&json.stdout));
+}
+
+// ---------------------------------------------------------------------------
 // The service client
 
 /// `subc` as a client of `server` with `token`.
@@ -270,6 +431,13 @@ impl Client<'_> {
     fn run(&self, token: &str, args: &[&str]) -> Output {
         let url = self.server.url();
         subc_with(args, &[("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", token)], Duration::from_secs(60))
+    }
+
+    /// `run` with `input` on stdin.
+    #[track_caller]
+    fn run_input(&self, token: &str, args: &[&str], input: &[u8]) -> Output {
+        let url = self.server.url();
+        subc_input(args, &[("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", token)], input)
     }
 
     /// Stdout of a command that must succeed, with the server's log on failure.
@@ -413,6 +581,12 @@ fn the_service_client_commands_against_a_live_server() {
     assert!(err.contains(&format!(" --> {}:2:20", bad.display())), "{err}");
     assert_eq!(c.subscriptions(), after_rm, "the good line of the refused file was not added");
     assert_eq!(c.status("tb")["current_generation"], g2, "no new generation");
+    // The same lines from stdin: the diagnostics name it `<stdin>`.
+    let refused = c.run_input(app.1, &["sub", "add", "-"], &std::fs::read(&bad).unwrap());
+    let err = stderr_of(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.contains(" --> <stdin>:2:20"), "{err}");
+    assert_eq!(c.subscriptions(), after_rm);
 
     let ls = c.ok(ADMIN, &["target", "ls"]);
     let mut ls_lines = ls.lines();

@@ -6,6 +6,13 @@
 //! way rustc does: `error[E0302]: ...`, then `--> file:line:col`, the source
 //! line, and a caret underline. The rendered text is snapshot-tested for every
 //! code (`tests/diagnostics.rs`), so a change in wording shows in review.
+//! [`render_styled`] adds rustc's colours for a terminal and nothing else:
+//! the plain text stays the one form that APIs and snapshots hold.
+//!
+//! Every code also has a long explanation (`Code::explanation`, one Markdown
+//! file per code under `src/explain/`) with an example that triggers it and
+//! its fix; `tests/explain.rs` runs the checker on every example, so an
+//! explanation cannot drift from what the checker does.
 //!
 //! One diagnostic prints a few kilobytes at most, whatever the input: user
 //! text is quoted through [`quoted`] (at most [`MAX_QUOTED_CHARS`]
@@ -66,6 +73,13 @@ macro_rules! codes {
             }
             /// All codes, in code order.
             pub const ALL: &'static [Code] = &[$(Code::$name,)*];
+            /// The long explanation, as Markdown: what triggers the code, an
+            /// example that does and its fix (`subc explain CODE`). Each is a
+            /// file of its own, `src/explain/CODE.md`, so a new code does not
+            /// build without one; `tests/explain.rs` checks every example.
+            pub fn explanation(self) -> &'static str {
+                match self { $(Code::$name => include_str!(concat!("explain/", $code, ".md")),)* }
+            }
         }
     };
 }
@@ -123,6 +137,40 @@ codes! {
     UnknownAction = "E0323", "an action other than `fwd(...)`, `drop` or a variable update";
     FwdAndDrop = "E0324", "a subscription that both forwards and drops";
     NeverMatches = "W0301", "a condition that no packet can satisfy";
+}
+
+/// A code that [`Code::from_str`](std::str::FromStr) does not know, with the
+/// closest known one if any is near.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown diagnostic code `{}`{}", quoted(.given), .suggestion.map(|c| format!("; did you mean `{}`?", c.as_str())).unwrap_or_default())]
+pub struct UnknownCode {
+    /// What was asked for, as given.
+    pub given: String,
+    /// The closest code (see [`did_you_mean`]), if one is close enough.
+    pub suggestion: Option<Code>,
+}
+
+impl std::str::FromStr for Code {
+    type Err = UnknownCode;
+
+    /// A code as printed (`E0302`), in any case; bare digits (`0302`,
+    /// `302`) also name it when only one code has them.
+    fn from_str(given: &str) -> Result<Code, UnknownCode> {
+        let wanted = given.trim().to_ascii_uppercase();
+        if let Some(code) = Code::ALL.iter().find(|c| c.as_str() == wanted) {
+            return Ok(*code);
+        }
+        if !wanted.is_empty() && wanted.len() <= 4 && wanted.bytes().all(|b| b.is_ascii_digit()) {
+            let digits = format!("{wanted:0>4}");
+            let mut hits = Code::ALL.iter().filter(|c| c.as_str()[1..] == digits);
+            if let (Some(code), None) = (hits.next(), hits.next()) {
+                return Ok(*code);
+            }
+        }
+        let suggestion =
+            did_you_mean(&wanted, Code::ALL.iter().map(|c| c.as_str())).and_then(|s| Code::ALL.iter().copied().find(|c| c.as_str() == s));
+        Err(UnknownCode { given: given.to_string(), suggestion })
+    }
 }
 
 /// A labelled span inside a diagnostic.
@@ -282,17 +330,76 @@ impl Diagnostics {
     }
     /// Renders all diagnostics, separated by blank lines, with a summary line.
     pub fn render(&self, sources: &SourceMap) -> String {
+        self.render_styled(sources, RenderStyle::Plain)
+    }
+
+    /// [`Diagnostics::render`] in `style`; plain, it is the same text.
+    pub fn render_styled(&self, sources: &SourceMap, style: RenderStyle) -> String {
+        let paint = Painter(style);
         let mut out = String::new();
         for d in &self.0 {
-            out.push_str(&render(d, sources));
+            out.push_str(&render_styled(d, sources, style));
             out.push('\n');
         }
         let errors = self.error_count();
-        let warnings = self.0.len() - errors;
+        let warnings = self.warning_count();
         if errors > 0 {
-            let _ = writeln!(out, "error: {} error{} and {} warning{} emitted", errors, plural(errors), warnings, plural(warnings));
+            let summary = format!("{} error{} and {} warning{} emitted", errors, plural(errors), warnings, plural(warnings));
+            let _ = writeln!(out, "{}{}", paint.paint(Role::Error, "error"), paint.paint(Role::Emphasis, &format!(": {summary}")));
         }
         out
+    }
+
+    pub fn warning_count(&self) -> usize {
+        self.0.len() - self.error_count()
+    }
+}
+
+/// How [`render_styled`] marks up a diagnostic. Plain text is what every API
+/// returns (the gRPC `rendered` field, `--json` records, the snapshots); ANSI
+/// colours are for a terminal, in rustc's scheme, and only add escape codes
+/// around the plain text: strip them and the plain text is left.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RenderStyle {
+    #[default]
+    Plain,
+    Ansi,
+}
+
+/// What a piece of a rendered diagnostic is, for its colour.
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    Error,
+    Warning,
+    /// The message, and the words `note` and `help`.
+    Emphasis,
+    /// The gutter, the `-->` arrow, and secondary labels.
+    Frame,
+}
+
+/// Paints text in a [`RenderStyle`]; plain, it returns the text as it is.
+#[derive(Clone, Copy, Debug)]
+struct Painter(RenderStyle);
+
+impl Painter {
+    fn paint<'a>(self, role: Role, text: &'a str) -> Cow<'a, str> {
+        if self.0 == RenderStyle::Plain || text.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        let sgr = match role {
+            Role::Error => "1;31",
+            Role::Warning => "1;33",
+            Role::Emphasis => "1",
+            Role::Frame => "1;34",
+        };
+        Cow::Owned(format!("\x1b[{sgr}m{text}\x1b[0m"))
+    }
+
+    fn severity(self, severity: Severity) -> Role {
+        match severity {
+            Severity::Error => Role::Error,
+            Severity::Warning => Role::Warning,
+        }
     }
 }
 
@@ -304,14 +411,22 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// Renders one diagnostic rustc-style.
+/// Renders one diagnostic rustc-style, as plain text.
 pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
+    render_styled(d, sources, RenderStyle::Plain)
+}
+
+/// [`render`] in `style`; plain, it is the same text.
+pub fn render_styled(d: &Diagnostic, sources: &SourceMap, style: RenderStyle) -> String {
+    let paint = Painter(style);
     let mut out = String::new();
     let sev = match d.severity {
         Severity::Error => "error",
         Severity::Warning => "warning",
     };
-    let _ = writeln!(out, "{}[{}]: {}", sev, d.code.as_str(), capped(&d.message));
+    let head = format!("{}[{}]", sev, d.code.as_str());
+    let message = format!(": {}", capped(&d.message));
+    let _ = writeln!(out, "{}{}", paint.paint(paint.severity(d.severity), &head), paint.paint(Role::Emphasis, &message));
     // Group labels by line so that several labels on one line share the source echo.
     let mut labels: Vec<&Label> = d.labels.iter().collect();
     labels.sort_by_key(|l| (!l.primary, l.span.start));
@@ -320,8 +435,8 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
     if let Some(first) = labels.first() {
         let f = sources.file(first.span.file);
         let (line, col) = f.line_col(first.span.start);
-        let _ = writeln!(out, "{pad}--> {}:{}:{}", f.name, line, col);
-        let _ = writeln!(out, "{pad} |");
+        let _ = writeln!(out, "{} {}:{}:{}", paint.paint(Role::Frame, &format!("{pad}-->")), f.name, line, col);
+        let _ = writeln!(out, "{}", paint.paint(Role::Frame, &format!("{pad} |")));
     }
     let mut by_line: Vec<(usize, usize, Vec<&Label>)> = vec![];
     for l in &labels {
@@ -338,11 +453,11 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
         if text.len() > MAX_ECHOED_LINE_BYTES {
             ls.sort_by_key(|l| l.span.start);
             for l in ls {
-                echo_window(&mut out, gutter, f, line, l);
+                echo_window(&mut out, paint, d.severity, gutter, f, line, l);
             }
             continue;
         }
-        let _ = writeln!(out, "{:>gutter$} | {}", line, text.replace('\t', " "));
+        let _ = writeln!(out, "{} {}", paint.paint(Role::Frame, &format!("{line:>gutter$} |")), text.replace('\t', " "));
         ls.sort_by_key(|l| std::cmp::Reverse(l.span.start));
         for l in ls {
             let (_, col) = f.line_col(l.span.start);
@@ -350,32 +465,35 @@ pub fn render(d: &Diagnostic, sources: &SourceMap) -> String {
             let end = l.span.end.min(line_end).max(l.span.start);
             let (_, end_col) = f.line_col(end);
             let width = (end_col.saturating_sub(col)).max(1);
-            underline(&mut out, &pad, col - 1, width, l);
+            underline(&mut out, paint, d.severity, &pad, col - 1, width, l);
         }
     }
     if !d.labels.is_empty() && (d.help.is_some() || !d.notes.is_empty()) {
-        let _ = writeln!(out, "{pad} |");
+        let _ = writeln!(out, "{}", paint.paint(Role::Frame, &format!("{pad} |")));
     }
+    let equals = format!("{pad} =");
     for n in &d.notes {
-        let _ = writeln!(out, "{pad} = note: {}", capped(n));
+        let _ = writeln!(out, "{} {}: {}", paint.paint(Role::Frame, &equals), paint.paint(Role::Emphasis, "note"), capped(n));
     }
     if let Some(h) = &d.help {
-        let _ = writeln!(out, "{pad} = help: {}", capped(h));
+        let _ = writeln!(out, "{} {}: {}", paint.paint(Role::Frame, &equals), paint.paint(Role::Emphasis, "help"), capped(h));
     }
     out
 }
 
-/// Writes a label's underline: `skip` columns of spaces, `width` marks, the message.
-fn underline(out: &mut String, pad: &str, skip: usize, width: usize, l: &Label) {
-    let mark = if l.primary { "^" } else { "-" };
+/// Writes a label's underline: `skip` columns of spaces, `width` marks, the
+/// message; a primary label in the colour of the diagnostic's severity.
+fn underline(out: &mut String, paint: Painter, severity: Severity, pad: &str, skip: usize, width: usize, l: &Label) {
+    let (mark, role) = if l.primary { ("^", paint.severity(severity)) } else { ("-", Role::Frame) };
     let message = capped(&l.message);
-    let _ = writeln!(out, "{pad} | {}{}{}{}", " ".repeat(skip), mark.repeat(width), if message.is_empty() { "" } else { " " }, message);
+    let marked = format!("{}{}{}", mark.repeat(width), if message.is_empty() { "" } else { " " }, message);
+    let _ = writeln!(out, "{} {}{}", paint.paint(Role::Frame, &format!("{pad} |")), " ".repeat(skip), paint.paint(role, &marked));
 }
 
 /// Echoes the part of a long source line around one label, with `…` where
 /// the line goes on, and underlines what of the label is in view. Columns
 /// are characters, as on a short line.
-fn echo_window(out: &mut String, gutter: usize, f: &SourceFile, line: usize, l: &Label) {
+fn echo_window(out: &mut String, paint: Painter, severity: Severity, gutter: usize, f: &SourceFile, line: usize, l: &Label) {
     let text = f.line_text(line);
     let line_start = f.line_start(line);
     let in_line = |offset: u32| floor_char_boundary(text, offset.saturating_sub(line_start) as usize);
@@ -385,10 +503,10 @@ fn echo_window(out: &mut String, gutter: usize, f: &SourceFile, line: usize, l: 
     let to = text[from..].char_indices().nth(SNIPPET_WINDOW_CHARS).map_or(text.len(), |(i, _)| from + i);
     let open = if from > 0 { "…" } else { "" };
     let close = if to < text.len() { "…" } else { "" };
-    let _ = writeln!(out, "{line:>gutter$} | {open}{}{close}", text[from..to].replace('\t', " "));
+    let _ = writeln!(out, "{} {open}{}{close}", paint.paint(Role::Frame, &format!("{line:>gutter$} |")), text[from..to].replace('\t', " "));
     let skip = open.chars().count() + text[from..start].chars().count();
     let width = text[start..end.min(to)].chars().count().max(1);
-    underline(out, &" ".repeat(gutter), skip, width, l);
+    underline(out, paint, severity, &" ".repeat(gutter), skip, width, l);
 }
 
 /// The largest character boundary of `text` at or before `i` (clamped to its length).

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use subc_lang::NfLimits;
 use subc_lang::SourceMap;
-use subc_lang::{Code, Diagnostics};
+use subc_lang::{Code, Diagnostics, RenderStyle};
 
 /// What a case's header comment asks for.
 #[derive(Debug, Default)]
@@ -90,6 +90,19 @@ fn run_case(path: &Path) -> Option<Case> {
     Some(Case { sources, diags, header })
 }
 
+/// `text` without its ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("\x1b[") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        rest = after.find('m').map_or("", |m| &after[m + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
 fn codes(diags: &Diagnostics) -> BTreeSet<String> {
     diags.0.iter().map(|d| d.code.as_str().to_string()).collect()
 }
@@ -102,6 +115,12 @@ fn corpus() {
         let Some(case) = run_case(path) else { return };
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         insta::assert_snapshot!(case.diags.render(&case.sources));
+        let plain = case.diags.render(&case.sources);
+        // Colours only wrap the plain text: take them out and it is left.
+        let coloured = case.diags.render_styled(&case.sources, RenderStyle::Ansi);
+        if !coloured.contains("\x1b[") || strip_ansi(&coloured) != plain {
+            wrong.push(format!("{name}: the coloured rendering is not the plain one plus colours:\n{coloured}"));
+        }
         let expected: BTreeSet<String> = case.header.expect.iter().cloned().collect();
         if expected.is_empty() {
             wrong.push(format!("{name}: says nothing it expects (`# expect: CODE`)"));

@@ -32,17 +32,33 @@ pub fn itch_spec() -> PathBuf {
 /// cannot point a test at another server. Never panics once `subc` has
 /// started, so drop guards may call it while a test unwinds.
 pub fn try_subc_with(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> Option<Output> {
+    try_subc_input(args, envs, None, limit)
+}
+
+/// `try_subc_with`, with `input` on stdin (else stdin is empty). `NO_COLOR`
+/// is cleared too, so that only a test's own `envs` set it.
+pub fn try_subc_input(args: &[&str], envs: &[(&str, &str)], input: Option<&[u8]>, limit: Duration) -> Option<Output> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_subc"))
         .args(args)
         .current_dir(repo())
         .env_remove("SUBC_SERVER")
         .env_remove("SUBC_TOKEN")
+        .env_remove("NO_COLOR")
         .envs(envs.iter().copied())
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("subc starts");
+    // Written from a thread, so that a child that does not read stdin (or
+    // reads it late) cannot block the test on a full pipe.
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        let bytes = bytes.to_vec();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(&bytes);
+        });
+    }
     // Both pipes are drained while the child runs, so a long output cannot
     // block it on a full pipe.
     let drain = |mut r: Box<dyn Read + Send>| {
@@ -80,6 +96,18 @@ pub fn subc_with(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> Outpu
 #[track_caller]
 pub fn subc(args: &[&str]) -> Output {
     subc_with(args, &[], Duration::from_secs(120))
+}
+
+/// `subc` with `input` on stdin and `envs` added, killed after two minutes.
+#[track_caller]
+pub fn subc_input(args: &[&str], envs: &[(&str, &str)], input: &[u8]) -> Output {
+    let limit = Duration::from_secs(120);
+    try_subc_input(args, envs, Some(input), limit).unwrap_or_else(|| panic!("`subc {}` ran longer than {limit:?}", args.join(" ")))
+}
+
+/// `text` without the colours diagnostics use (bold; red, yellow, blue; reset).
+pub fn strip_ansi(text: &str) -> String {
+    ["\x1b[1;31m", "\x1b[1;33m", "\x1b[1;34m", "\x1b[1m", "\x1b[0m"].iter().fold(text.to_string(), |t, sgr| t.replace(sgr, ""))
 }
 
 /// The standard output of a run that must succeed.
