@@ -106,6 +106,9 @@ enum Command {
     },
     /// Run the compiler service: gRPC API, durable store, deployment to targets.
     Serve(serve::ServeArgs),
+    /// Back up a service's store (online, while it runs).
+    #[command(subcommand)]
+    Store(serve::StoreCommand),
     /// Add, remove and list subscriptions on a running service.
     #[command(subcommand)]
     Sub(client::SubCommand),
@@ -152,6 +155,7 @@ fn main() -> ExitCode {
         Command::Detach { name } => ebpf::detach(&name),
         Command::Status { name, json } => ebpf::status(&name, json),
         Command::Serve(args) => serve::serve(&args),
+        Command::Store(c) => serve::store(&c),
         Command::Sub(c) => client::sub(&c),
         Command::Target(c) => client::target(&c),
         Command::Watch(args) => client::watch(&args),

@@ -1,4 +1,5 @@
-//! `subc serve`: runs the compiler service (see `crates/server`).
+//! `subc serve`: runs the compiler service (see `crates/server`); and
+//! `subc store`, what an operator does to its store.
 //!
 //! Configuration comes from a TOML file (`--config`), with the most common
 //! settings also available as flags that override it; without a file,
@@ -7,7 +8,7 @@
 //! tokens (every caller is the administrator, allowed on loopback only).
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,4 +66,55 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
         .context("cannot start the async runtime")?;
     rt.block_on(subc_server::serve(config))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an operator does to a service's store.
+#[derive(Subcommand)]
+pub enum StoreCommand {
+    /// Copy the store while the service runs (SQLite's online backup): one
+    /// committed generation, checked, synced, and renamed into place.
+    #[command(after_help = "Examples:\n  subc store backup --store /var/lib/subc/subc.db /backups/subc-$(date +%F).db\n  \
+                            subc store backup --config /etc/subc/subc.toml backup.db --json\n\n\
+                            To restore: stop the service, then `subc serve --store BACKUP` (or copy it over the store).")]
+    Backup {
+        /// The store to copy (default: the configuration's `store`, else `subc.db`).
+        #[arg(long, value_name = "FILE")]
+        store: Option<PathBuf>,
+        /// The service's configuration file, to find its store.
+        #[arg(long, short = 'c', value_name = "FILE", conflicts_with = "store")]
+        config: Option<PathBuf>,
+        /// Where the copy goes (replaced whole, never half written).
+        #[arg(value_name = "OUT")]
+        out: PathBuf,
+        /// Print what the copy holds as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn store(c: &StoreCommand) -> Result<ExitCode> {
+    match c {
+        StoreCommand::Backup { store, config, out, json } => {
+            let store = match (store, config) {
+                (Some(s), _) => s.clone(),
+                (None, Some(path)) => Config::load(path)?.store,
+                (None, None) => PathBuf::from("subc.db"),
+            };
+            let r = subc_server::backup_store(&store, out)?;
+            if *json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "backed up {} to {}: generation {}, {} subscriptions, {} targets, {} bytes",
+                    store.display(),
+                    out.display(),
+                    r.generation,
+                    r.subscriptions,
+                    r.targets,
+                    r.bytes
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

@@ -521,6 +521,16 @@ fn the_service_client_commands_against_a_live_server() {
     assert_eq!(subs.values().cloned().collect::<Vec<_>>(), rules, "stored as written, in order");
     let listed = c.ok(ADMIN, &["sub", "ls"]);
     assert_eq!(listed.lines().count(), rules.len(), "{listed}");
+
+    // The operator backs the store up while the server runs.
+    let backup = dir.path().join("backup.db");
+    let (store, out) = (dir.path().join("subc.db"), backup.to_str().unwrap().to_string());
+    let report: Value = serde_json::from_str(&ok(&subc(&["store", "backup", "--store", store.to_str().unwrap(), &out, "--json"]))).unwrap();
+    assert_eq!(report["subscriptions"], rules.len(), "{report}");
+    assert_eq!(report["generation"], g1, "{report}");
+    let missing = subc(&["store", "backup", "--store", dir.path().join("none.db").to_str().unwrap(), &out]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr_of(&missing).contains("no such store"), "{}", stderr_of(&missing));
     for (line, (id, text)) in listed.lines().zip(&subs) {
         let words: Vec<&str> = line.split_whitespace().collect();
         assert_eq!((words[0], words[1]), (id.to_string().as_str(), app.0), "{line}");
