@@ -23,6 +23,8 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         protobuf-compiler graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
+    # Real captures for crates/cli/tests/capture.rs: tcpdump, and dumpcap from tshark.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends tcpdump tshark >/dev/null
     install_rust
     # The minimal profile has no rustfmt; the format check below needs it.
     if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then

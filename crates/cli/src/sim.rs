@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
-use subc_lang::{read_pcap, write_pcap};
+use subc_lang::{read_pcap, write_pcap, PcapPacket};
 use subc_workload::{example_packets, EXAMPLES};
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -44,7 +44,9 @@ pub enum Engine {
 pub struct SimArgs {
     #[command(flatten)]
     input: InputArgs,
-    /// Packets to run (classic pcap). Defaults to `packets.pcap` in the example directory.
+    /// Packets to run: a pcap or pcapng capture of Ethernet or Linux cooked
+    /// frames (`tcpdump -i any`), as docs/semantics.md ("Captures") reads
+    /// them. Defaults to `packets.pcap` in the example directory.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
     /// Which engine runs the packets.
@@ -78,6 +80,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     };
     let bytes = std::fs::read(&pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
+    note_capture(&packets);
     let results: Vec<SimResult> = match args.engine {
         Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
         Engine::P4 => crate::p4::sim(&program, &packets, &args.compiler, &args.p4)?,
@@ -111,6 +114,23 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     };
     print_results(&results, args.json)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr where packets differ from the frames on the wire: a
+/// cooked frame's Ethernet addresses are rebuilt, and a frame the snaplen
+/// cut is decided on the bytes the capture kept.
+fn note_capture(packets: &[PcapPacket]) {
+    let cooked = packets.iter().filter(|p| p.link.is_cooked()).count();
+    if cooked > 0 {
+        eprintln!(
+            "note: {cooked} of {} packets are Linux cooked frames (`tcpdump -i any`): their Ethernet addresses are not the wire's (docs/semantics.md, \"Captures\")",
+            packets.len()
+        );
+    }
+    let cut = packets.iter().filter(|p| p.is_truncated()).count();
+    if cut > 0 {
+        eprintln!("note: the capture's snaplen cut {cut} of {} packets: they are decided on the bytes it kept", packets.len());
+    }
 }
 
 /// Prints per-packet results: one JSON object per line, or text.

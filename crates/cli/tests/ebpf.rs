@@ -120,9 +120,9 @@ fn odd_frames_pcap(dir: &Path) -> std::path::PathBuf {
     huge.resize(200 * 1024, 0);
     let packets = [
         a.clone(),
-        PcapPacket { ts_ns: a.ts_ns + 1, data: a.data[..20].to_vec() },
-        PcapPacket { ts_ns: a.ts_ns + 2, data: huge },
-        PcapPacket { ts_ns: b.ts_ns, data: b.data.clone() },
+        PcapPacket::new(a.ts_ns + 1, a.data[..20].to_vec()),
+        PcapPacket::new(a.ts_ns + 2, huge),
+        PcapPacket::new(b.ts_ns, b.data.clone()),
     ];
     let path = dir.join("odd.pcap");
     std::fs::write(&path, write_pcap(&packets)).unwrap();

@@ -8,13 +8,13 @@
 //! ```
 //!
 //! plus the reference interpreter ([`Interpreter`]) that defines what a
-//! subscription set does to a packet (see `docs/semantics.md`), and pcap I/O
-//! on byte buffers. This crate does no I/O of its own: callers hand it text
-//! and bytes.
+//! subscription set does to a packet (see `docs/semantics.md`), and capture
+//! files (pcap, pcapng) read from and written to byte buffers. This crate
+//! does no I/O of its own: callers hand it text and bytes.
 //!
-//! Invariants: no input makes the lexer, parser or checker panic (fuzzed);
-//! every error is a [`Diagnostic`] with a stable code and a span; the
-//! checker reports all errors it can find in one run.
+//! Invariants: no input makes the lexer, parser, checker or capture reader
+//! panic (fuzzed); every error is a [`Diagnostic`] with a stable code and a
+//! span; the checker reports all errors it can find in one run.
 
 #![warn(unreachable_pub)]
 
@@ -24,6 +24,7 @@ mod check_subs;
 mod diag;
 mod interp;
 mod lexer;
+mod link;
 mod namer;
 mod nf;
 mod parse;
@@ -40,10 +41,11 @@ pub use diag::{render, render_styled, Code, Diagnostic, DiagnosticRecord, Diagno
 pub use interp::{
     eval_cond, eval_nf, parse_packet, union_actions, Decision, Interpreter, Outcome, ParsedPacket, QueryValues, Slot, StateStore,
 };
+pub use link::LinkType;
 pub use namer::Namer;
 pub use nf::{normalize, simplify, Cube, Interval, IntervalSet, NfLimits, NfSubscription};
 pub use parse::{parse_rule_text, parse_rules, parse_spec, ParsedRule, MAX_LOGICAL_OPERATORS};
-pub use pcap::{read_pcap, write_pcap, PcapError, PcapPacket};
+pub use pcap::{read_pcap, write_pcap, write_pcapng, PcapError, PcapPacket};
 pub use program::{Actions, Atom, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
 pub use source::{FileId, SourceFile, SourceMap, Span, CHAR_MARK_BYTES};
 pub use value::{ascii_domain, domain_of_raw, format_value, mask, raw_of_domain, read_bits, signed_domain};

@@ -30,10 +30,10 @@ fn itch() -> Vec<PcapPacket> {
             let shares = *rng.pick(&[50u32, 100, 101, 500, 1000, 5000]);
             let price = *rng.pick(&[40u32, 50, 51, 1_000_000, 1_499_999, 2_000_000]);
             let payload = moldudp_add_order(seq, k as u16 + 1, side, shares, stocks[k], price);
-            PcapPacket {
-                ts_ns: 1_000_000_000 + seq * 10_000,
-                data: udp_packet(SRC_MAC, DST_MAC, [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload),
-            }
+            PcapPacket::new(
+                1_000_000_000 + seq * 10_000,
+                udp_packet(SRC_MAC, DST_MAC, [10, 0, 0, 1], [233, 54, 12, 1], 40000, 26400, &payload),
+            )
         })
         .collect()
 }
@@ -52,13 +52,13 @@ fn ewma_channels() -> Vec<PcapPacket> {
     for _ in 0..12 {
         for ch in [0u8, 1, 2, 7] {
             let v = 1000 + rng.below(40) as u32;
-            out.push(PcapPacket { ts_ns: t, data: sample(ch, v) });
+            out.push(PcapPacket::new(t, sample(ch, v)));
             t += 1_000;
         }
     }
     // A burst on channel 7: a spike, then the average settles at the new level.
     for v in [5000u32, 5000, 5100, 4900, 5000, 5000, 5000, 5000, 5000, 5000, 1000] {
-        out.push(PcapPacket { ts_ns: t, data: sample(7, v) });
+        out.push(PcapPacket::new(t, sample(7, v)));
         t += 1_000;
     }
     out
@@ -82,7 +82,7 @@ fn topic_broker() -> Vec<PcapPacket> {
         ("SUBSCRIB", "sensors", ""),
         ("PUBLISH", "sensors", "t=21.6"),
     ];
-    msgs.iter().enumerate().map(|(i, (v, t, m))| PcapPacket { ts_ns: 3_000_000_000 + i as u64 * 1000, data: publish(v, t, m) }).collect()
+    msgs.iter().enumerate().map(|(i, (v, t, m))| PcapPacket::new(3_000_000_000 + i as u64 * 1000, publish(v, t, m))).collect()
 }
 
 fn ip_forwarding() -> Vec<PcapPacket> {
@@ -99,9 +99,6 @@ fn ip_forwarding() -> Vec<PcapPacket> {
     pairs
         .iter()
         .enumerate()
-        .map(|(i, (s, d))| PcapPacket {
-            ts_ns: 4_000_000_000 + i as u64 * 1000,
-            data: udp_packet(SRC_MAC, DST_MAC, *s, *d, 1234, 80, b"payload"),
-        })
+        .map(|(i, (s, d))| PcapPacket::new(4_000_000_000 + i as u64 * 1000, udp_packet(SRC_MAC, DST_MAC, *s, *d, 1234, 80, b"payload")))
         .collect()
 }

@@ -1,6 +1,6 @@
 //! Shared by the tests that run the `subc` binary: running a command with
 //! a time limit, the `subc serve` process (killed on drop), clients, the
-//! kernel gate, network namespaces and veth pairs that are removed on drop
+//! kernel and capture gates, network namespaces and veth pairs that are removed on drop
 //! (also when a test fails), ITCH frames, and `BPF_PROG_TEST_RUN` on a
 //! pinned program.
 #![allow(dead_code)]
@@ -38,18 +38,23 @@ pub fn try_subc_with(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> O
 /// `try_subc_with`, with `input` on stdin (else stdin is empty). `NO_COLOR`
 /// is cleared too, so that only a test's own `envs` set it.
 pub fn try_subc_input(args: &[&str], envs: &[(&str, &str)], input: Option<&[u8]>, limit: Duration) -> Option<Output> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_subc"))
-        .args(args)
-        .current_dir(repo())
-        .env_remove("SUBC_SERVER")
-        .env_remove("SUBC_TOKEN")
-        .env_remove("NO_COLOR")
-        .envs(envs.iter().copied())
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("subc starts");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_subc"));
+    cmd.args(args).current_dir(repo()).env_remove("SUBC_SERVER").env_remove("SUBC_TOKEN").env_remove("NO_COLOR").envs(envs.iter().copied());
+    run_limited_input(&mut cmd, input, limit).expect("subc starts")
+}
+
+/// Runs `cmd` (standard input empty, output captured) and returns what it
+/// printed, or `Ok(None)` if it ran longer than `limit` (it is killed); an
+/// error if it cannot start. Never panics, so drop guards may call it while
+/// a test unwinds.
+pub fn run_limited(cmd: &mut Command, limit: Duration) -> std::io::Result<Option<Output>> {
+    run_limited_input(cmd, None, limit)
+}
+
+/// [`run_limited`] with `input` on stdin.
+pub fn run_limited_input(cmd: &mut Command, input: Option<&[u8]>, limit: Duration) -> std::io::Result<Option<Output>> {
+    let stdin = if input.is_some() { Stdio::piped() } else { Stdio::null() };
+    let mut child = cmd.stdin(stdin).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     // Written from a thread, so that a child that does not read stdin (or
     // reads it late) cannot block the test on a full pipe.
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
@@ -61,15 +66,7 @@ pub fn try_subc_input(args: &[&str], envs: &[(&str, &str)], input: Option<&[u8]>
     }
     // Both pipes are drained while the child runs, so a long output cannot
     // block it on a full pipe.
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut buf = vec![];
-            let _ = r.read_to_end(&mut buf);
-            buf
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
-    let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let until = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -83,7 +80,7 @@ pub fn try_subc_input(args: &[&str], envs: &[(&str, &str)], input: Option<&[u8]>
         }
     };
     let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
-    status.map(|status| Output { status, stdout, stderr })
+    Ok(status.map(|status| Output { status, stdout, stderr }))
 }
 
 /// `try_subc_with`, failing the test on a timeout.
@@ -126,6 +123,39 @@ pub fn kernel_available(test: &str) -> bool {
         panic!("{test}: CI=true but this process cannot load BPF programs (run as root with bpffs mounted)");
     }
     eprintln!("{test}: skipped (not root; set CI=true to make this an error)");
+    false
+}
+
+/// Reads a pipe to its end on a thread of its own.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = vec![];
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Whether the capture tests run: as root, with `ip`, `tcpdump` and
+/// `dumpcap` installed (scripts/test.sh installs them), or fail loudly
+/// under `CI=true`.
+pub fn capture_tools_available(test: &str) -> bool {
+    // The effective user id is the second field of `Uid:`.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|ids| ids.split_whitespace().nth(1)) == Some("0");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing: Vec<&str> =
+        ["ip", "tcpdump", "dumpcap"].into_iter().filter(|tool| !std::env::split_paths(&path).any(|d| d.join(tool).is_file())).collect();
+    let why = match (root, missing.is_empty()) {
+        (true, true) => return true,
+        (false, _) => "not root".to_string(),
+        (true, false) => format!("{} not installed", missing.join(", ")),
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: CI=true but {why} (run as root; scripts/test.sh installs tcpdump and tshark)");
+    }
+    eprintln!("{test}: skipped ({why}; set CI=true to make this an error)");
     false
 }
 
