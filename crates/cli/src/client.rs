@@ -1,10 +1,12 @@
 //! `subc sub ...`, `subc target ...` and `subc watch`: the client of the
-//! compiler service (`subc serve`), over gRPC.
+//! compiler service (`subc serve`), over gRPC, through `subc-client`.
 //!
 //! Every command takes `--server URL` (or `SUBC_SERVER`) and a token
 //! (`--token`, `--token-file` or `SUBC_TOKEN`). A rejected subscription
 //! prints the server's diagnostics exactly as `subc check` would and exits
-//! 1; any other failure exits 2.
+//! 1; any other failure exits 2. With `--json`, every command prints the
+//! reply message in the canonical protobuf JSON mapping (as grpcurl does,
+//! defaults included): the same names, enums and types as the API.
 
 use crate::input::{read_source, stdin_at_most_once};
 use crate::ui;
@@ -15,8 +17,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use subc_server::proto::{self, register_target_request::Kind};
-use subc_server::{connect, ClientOptions, Clients};
+use subc_client::proto::{self, register_target_request::Kind};
+use subc_client::{connect, ClientOptions, Clients, Refusal};
 
 /// Where the server is and who we are.
 #[derive(Args, Clone, Debug)]
@@ -45,7 +47,9 @@ pub struct Conn {
     client_cert: Option<PathBuf>,
     #[arg(long, value_name = "FILE")]
     client_key: Option<PathBuf>,
-    /// Print replies as JSON.
+    /// Print the reply as the API message in canonical protobuf JSON
+    /// (camelCase names, enums by name, 64-bit integers as strings, RFC 3339
+    /// times), the same as `grpcurl -emit-defaults` prints.
     #[arg(long)]
     json: bool,
 }
@@ -224,6 +228,24 @@ pub struct TargetAddArgs {
     /// must already run subc's program.
     #[arg(long, value_name = "FILE")]
     device_config: Option<PathBuf>,
+    /// P4Runtime: connect over TLS, checking the switch's certificate against
+    /// the system's roots (or `--p4-ca-cert`). Implied by the `--p4-*` TLS
+    /// options below. Their files are paths on the machine `subc serve` runs
+    /// on, read at each connect; no key passes through the API.
+    #[arg(long)]
+    p4_tls: bool,
+    /// P4Runtime over TLS: the CA (PEM) that signed the switch's certificate.
+    #[arg(long, value_name = "SERVER_PATH")]
+    p4_ca_cert: Option<String>,
+    /// P4Runtime over mTLS: subc's client certificate and key (PEM).
+    #[arg(long, value_name = "SERVER_PATH", requires = "p4_client_key")]
+    p4_client_cert: Option<String>,
+    #[arg(long, value_name = "SERVER_PATH", requires = "p4_client_cert")]
+    p4_client_key: Option<String>,
+    /// P4Runtime over TLS: the name the switch's certificate carries, when it
+    /// is not the host of `--p4runtime`.
+    #[arg(long, value_name = "NAME")]
+    p4_server_name: Option<String>,
     /// The target changes only on `subc target deploy`.
     #[arg(long)]
     manual: bool,
@@ -239,7 +261,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// the status carries), anything else as `error: CODE: message`. Returns
 /// the exit code.
 fn report(s: tonic::Status) -> ExitCode {
-    match (s.code(), subc_server::diagnostics_of(&s)) {
+    match (s.code(), Refusal::of(&s)) {
         (tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted, Some(d)) => {
             for x in &d.diagnostics {
                 eprintln!("{}", x.rendered);
@@ -258,13 +280,10 @@ fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
-    writeln!(out(), "{}", serde_json::to_string_pretty(v)?)?;
+/// Prints an API message as pretty canonical JSON.
+fn print_json<M: prost::Message + prost::Name>(m: &M) -> Result<()> {
+    writeln!(out(), "{}", serde_json::to_string_pretty(&subc_client::to_json(m))?)?;
     Ok(())
-}
-
-fn sub_json(s: &proto::Subscription) -> serde_json::Value {
-    serde_json::json!({ "id": s.id, "app": s.app, "text": s.text, "generation": s.generation, "created_unix_ms": s.created_unix_ms })
 }
 
 pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
@@ -289,7 +308,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 let r = match c.subs.add(req.clone()).await {
                     Ok(r) => r.into_inner(),
                     // A status carries the first diagnostics; Check has every one.
-                    Err(s) if subc_server::diagnostics_of(&s).is_some() => match c.subs.check(req).await {
+                    Err(s) if Refusal::of(&s).is_some() => match c.subs.check(req).await {
                         Ok(full) if !full.get_ref().ok => {
                             eprint!("{}", full.into_inner().rendered);
                             return Ok(ExitCode::from(1));
@@ -302,11 +321,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     eprint!("{}", w.rendered);
                 }
                 if conn.json {
-                    print_json(&serde_json::json!({
-                        "generation": r.generation,
-                        "replayed": r.replayed,
-                        "subscriptions": r.subscriptions.iter().map(sub_json).collect::<Vec<_>>(),
-                    }))?;
+                    print_json(&r)?;
                 } else {
                     let ids: Vec<String> = r.subscriptions.iter().map(|s| s.id.to_string()).collect();
                     let again = if r.replayed { " (a retry: nothing new was added)" } else { "" };
@@ -317,6 +332,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
             SubCommand::Rm { ids, conn } => {
                 let mut c = conn.clients()?;
                 match c.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await {
+                    Ok(r) if conn.json => print_json(r.get_ref())?,
                     Ok(r) => writeln!(out(), "removed {} subscription(s) at generation {}", ids.len(), r.into_inner().generation)?,
                     Err(s) => return Ok(report(s)),
                 }
@@ -326,6 +342,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 let mut c = conn.clients()?;
                 let mut token = String::new();
                 let mut all = vec![];
+                let mut total;
                 loop {
                     let req = proto::ListRequest { page_size: 1000, page_token: token.clone(), app: app.clone().unwrap_or_default() };
                     let r = match c.subs.list(req).await {
@@ -333,13 +350,15 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                         Err(s) => return Ok(report(s)),
                     };
                     all.extend(r.subscriptions);
+                    total = r.total;
                     if r.next_page_token.is_empty() {
                         break;
                     }
                     token = r.next_page_token;
                 }
                 if conn.json {
-                    print_json(&all.iter().map(sub_json).collect::<Vec<_>>())?;
+                    // Every page as one reply: the last page's, holding them all.
+                    print_json(&proto::ListResponse { subscriptions: all, next_page_token: String::new(), total })?;
                 } else {
                     let mut o = out();
                     for s in &all {
@@ -354,7 +373,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     Ok(r) => {
                         let s = r.into_inner();
                         if conn.json {
-                            print_json(&sub_json(&s))?;
+                            print_json(&s)?;
                         } else {
                             writeln!(out(), "{:>8}  {:<12} {}", s.id, s.app, s.text)?;
                         }
@@ -405,6 +424,18 @@ fn p4info_bytes(path: &std::path::Path) -> Result<Vec<u8>> {
     Ok(info.encode_to_vec())
 }
 
+/// The TLS settings of a P4Runtime target, if any option asks for TLS.
+fn p4runtime_tls(a: &TargetAddArgs) -> Option<proto::P4RuntimeTls> {
+    let file = |f: &Option<String>| f.clone().unwrap_or_default();
+    let any = a.p4_tls || a.p4_ca_cert.is_some() || a.p4_client_cert.is_some() || a.p4_server_name.is_some();
+    any.then(|| proto::P4RuntimeTls {
+        ca_cert_file: file(&a.p4_ca_cert),
+        client_cert_file: file(&a.p4_client_cert),
+        client_key_file: file(&a.p4_client_key),
+        server_name: file(&a.p4_server_name),
+    })
+}
+
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
     let kind = if let Some(iface) = &a.ebpf {
         let mut ports = HashMap::new();
@@ -445,6 +476,7 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             device_config,
             ports,
             election_id: a.election_id,
+            tls: p4runtime_tls(a),
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
@@ -465,15 +497,6 @@ fn state_name(s: &proto::TargetStatus) -> &'static str {
     }
 }
 
-fn status_json(s: &proto::TargetStatus) -> serde_json::Value {
-    serde_json::json!({
-        "name": s.name, "state": state_name(s), "deployed_generation": s.deployed_generation,
-        "current_generation": s.current_generation, "entries": s.entries, "groups": s.groups,
-        "last_error": s.last_error, "consecutive_failures": s.consecutive_failures,
-        "last_deploy_unix_ms": s.last_deploy_unix_ms, "last_diff_entries": s.last_diff_entries,
-    })
-}
-
 fn print_status(s: &proto::TargetStatus) -> Result<()> {
     let mut o = out();
     writeln!(
@@ -489,6 +512,9 @@ fn print_status(s: &proto::TargetStatus) -> Result<()> {
     if s.last_diff_entries > 0 {
         writeln!(o, "  last deploy wrote {} updates (entries and groups)", s.last_diff_entries)?;
     }
+    for p in &s.port_counters {
+        writeln!(o, "  port {}: {} packets, {} bytes", p.port, p.packets, p.bytes)?;
+    }
     if !s.last_error.is_empty() {
         writeln!(o, "  last error ({} in a row): {}", s.consecutive_failures, s.last_error)?;
     }
@@ -501,20 +527,21 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
             TargetCommand::Add(a) => {
                 let mut c = a.conn.clients()?;
                 match c.targets.register(registration(a)?).await {
+                    Ok(t) if a.conn.json => print_json(t.get_ref())?,
                     Ok(t) => writeln!(out(), "registered {}; `subc target deploy {}` installs it", t.into_inner().name, a.name)?,
                     Err(s) => return Ok(report(s)),
                 }
             }
             TargetCommand::Ls { conn } => {
                 let mut c = conn.clients()?;
-                let ts = match c.targets.list(proto::ListTargetsRequest {}).await {
-                    Ok(r) => r.into_inner().targets,
+                let listed = match c.targets.list(proto::ListTargetsRequest {}).await {
+                    Ok(r) => r.into_inner(),
                     Err(s) => return Ok(report(s)),
                 };
                 if conn.json {
-                    print_json(&ts.iter().filter_map(|t| t.status.as_ref()).map(status_json).collect::<Vec<_>>())?;
+                    print_json(&listed)?;
                 } else {
-                    for t in &ts {
+                    for t in &listed.targets {
                         let kind = match &t.kind {
                             Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
                             Some(proto::target::Kind::P4runtime(p)) => format!("p4runtime {} device {}", p.address, p.device_id),
@@ -530,10 +557,11 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
             }
             TargetCommand::Rm { name, uninstall, conn } => {
                 let mut c = conn.clients()?;
-                if let Err(s) = c.targets.remove(proto::RemoveTargetRequest { name: name.clone(), uninstall: *uninstall }).await {
-                    return Ok(report(s));
+                match c.targets.remove(proto::RemoveTargetRequest { name: name.clone(), uninstall: *uninstall }).await {
+                    Ok(r) if conn.json => print_json(r.get_ref())?,
+                    Ok(_) => writeln!(out(), "removed {name}")?,
+                    Err(s) => return Ok(report(s)),
                 }
-                writeln!(out(), "removed {name}")?;
             }
             TargetCommand::Deploy { name, timeout, conn } => {
                 let mut c = conn.clients()?;
@@ -542,28 +570,16 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     c.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: timeout.saturating_mul(1000) }).await;
                 waiting.finish_and_clear();
                 match deployed {
-                    Ok(r) => {
-                        let s = r.into_inner().status.unwrap_or_default();
-                        if conn.json {
-                            print_json(&status_json(&s))?;
-                        } else {
-                            print_status(&s)?;
-                        }
-                    }
+                    Ok(r) if conn.json => print_json(r.get_ref())?,
+                    Ok(r) => print_status(&r.into_inner().status.unwrap_or_default())?,
                     Err(s) => return Ok(report(s)),
                 }
             }
             TargetCommand::Status { name, conn } => {
                 let mut c = conn.clients()?;
                 match c.targets.status(proto::TargetRequest { name: name.clone() }).await {
-                    Ok(r) => {
-                        let s = r.into_inner();
-                        if conn.json {
-                            print_json(&status_json(&s))?;
-                        } else {
-                            print_status(&s)?;
-                        }
-                    }
+                    Ok(r) if conn.json => print_json(r.get_ref())?,
+                    Ok(r) => print_status(r.get_ref())?,
                     Err(s) => return Ok(report(s)),
                 }
             }
@@ -574,12 +590,7 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     Err(s) => return Ok(report(s)),
                 };
                 if conn.json {
-                    let ops: Vec<serde_json::Value> = p.ops.iter().filter_map(|o| serde_json::from_str(o).ok()).collect();
-                    print_json(&serde_json::json!({
-                        "from_generation": p.from_generation, "to_generation": p.to_generation, "full_install": p.full_install,
-                        "inserts": p.inserts, "modifies": p.modifies, "deletes": p.deletes, "groups_changed": p.groups_changed,
-                        "ops": ops, "truncated": p.truncated,
-                    }))?;
+                    print_json(&p)?;
                 } else {
                     let mut o = out();
                     let what = if p.full_install { "a full install" } else { "a diff" };
@@ -590,7 +601,7 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     )?;
                     if *ops {
                         for op in &p.ops {
-                            writeln!(o, "  {op}")?;
+                            writeln!(o, "  {}", subc_client::from_struct(op))?;
                         }
                         if p.truncated {
                             writeln!(o, "  ... (cut at the server's plan limit)")?;
@@ -617,7 +628,8 @@ pub struct WatchArgs {
     conn: Conn,
 }
 
-/// `subc watch`: one JSON object per event.
+/// `subc watch`: one JSON object per event, the `Event` message in
+/// canonical JSON.
 pub fn watch(a: &WatchArgs) -> Result<ExitCode> {
     runtime()?.block_on(async {
         let mut c = a.conn.clients()?;
@@ -629,12 +641,8 @@ pub fn watch(a: &WatchArgs) -> Result<ExitCode> {
         while a.count.is_none_or(|c| n < c) {
             match stream.message().await {
                 Ok(Some(e)) => {
-                    let v = serde_json::json!({
-                        "seq": e.seq, "unix_ms": e.unix_ms, "kind": e.kind().as_str_name(), "generation": e.generation,
-                        "app": e.app, "subscription_ids": e.subscription_ids, "target": e.target, "entries": e.entries, "error": e.error,
-                    });
                     let mut o = out();
-                    writeln!(o, "{v}")?;
+                    writeln!(o, "{}", subc_client::to_json(&e))?;
                     o.flush()?;
                     n += 1;
                 }

@@ -13,13 +13,16 @@ use subc_lang::{read_pcap, write_pcap, PcapPacket};
 use subc_workload::{example_packets, EXAMPLES};
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
+/// `subc check`: diagnostics rendered on stderr, or with `--json` one
+/// `subc.v1.Diagnostic` per line on stdout, as the server's `Check` returns them.
 pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
     let inputs = load(input.spec.as_deref(), &input.rules)?;
     let (_, diags) = subc_lang::check_program(&inputs.sources, inputs.spec, &inputs.rules, input.limits());
     if json {
         let mut out = std::io::stdout().lock();
         for d in &diags.0 {
-            writeln!(out, "{}", serde_json::to_string(&d.to_record(&inputs.sources))?)?;
+            let message = subc_server::diagnostic_message(d.to_record(&inputs.sources));
+            writeln!(out, "{}", subc_client::to_json(&message))?;
         }
     } else if !diags.is_empty() {
         eprint!("{}", diags.render_styled(&inputs.sources, ui::diagnostics_style()));

@@ -221,7 +221,7 @@ fn the_data_plane_outlives_the_control_plane() {
         tokio::time::timeout(Duration::from_secs(60), async {
             loop {
                 let e = events.message().await.unwrap().unwrap();
-                if e.kind() == proto::EventKind::Reconciled && e.target == t && e.unix_ms >= spawned_ms {
+                if e.kind() == proto::EventKind::Reconciled && e.target == t && subc_client::unix_ms(e.time.as_ref()) >= spawned_ms {
                     return e;
                 }
             }

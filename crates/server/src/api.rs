@@ -18,8 +18,6 @@ use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// The type URL of the diagnostics in status details.
-pub(crate) const DIAGNOSTICS_TYPE_URL: &str = "type.googleapis.com/subc.v1.Diagnostics";
 /// Largest percent-encoded status message (`grpc-message`).
 const MAX_MESSAGE_BYTES: usize = 1024;
 /// Largest encoded details (`grpc-status-details-bin`, before its base64):
@@ -93,18 +91,7 @@ pub(crate) fn rejection_status(r: Rejection) -> Status {
     let code = if r.only_limits { tonic::Code::ResourceExhausted } else { tonic::Code::InvalidArgument };
     let message = cut_encoded(&r.summary(), MAX_MESSAGE_BYTES);
     let details = fit_details(r.diagnostics, r.total);
-    let status = proto::RpcStatus {
-        code: code as i32,
-        message: format!("{} diagnostic(s)", r.total),
-        details: vec![proto::AnyMessage { type_url: DIAGNOSTICS_TYPE_URL.into(), value: details.encode_to_vec() }],
-    };
-    Status::with_details(code, message, status.encode_to_vec().into())
-}
-
-/// The diagnostics in a status's details, if it carries any.
-pub fn diagnostics_of(s: &Status) -> Option<proto::Diagnostics> {
-    let st = proto::RpcStatus::decode(s.details()).ok()?;
-    st.details.iter().find(|a| a.type_url == DIAGNOSTICS_TYPE_URL).and_then(|a| proto::Diagnostics::decode(a.value.as_slice()).ok())
+    subc_client::Refusal { diagnostics: details.diagnostics, total: details.total }.into_status(code, message)
 }
 
 impl Api {

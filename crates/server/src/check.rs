@@ -53,7 +53,7 @@ impl Rejection {
     /// many more there are, with user text cut short (a status message
     /// travels in reply metadata, which clients cap).
     pub(crate) fn summary(&self) -> String {
-        let first = self.diagnostics.iter().find(|d| d.severity == "error").or(self.diagnostics.first());
+        let first = self.diagnostics.iter().find(|d| d.severity() == proto::Severity::Error).or(self.diagnostics.first());
         let Some(d) = first else { return format!("{} diagnostic(s)", self.total) };
         let message: String = d.message.chars().take(160).collect();
         let cut = if message.len() < d.message.len() { "…" } else { "" };
@@ -63,7 +63,7 @@ impl Rejection {
         };
         format!(
             "{}[{}]: {message}{cut} at {}:{}:{}{more}",
-            d.severity,
+            severity_word(d.severity()),
             d.code,
             d.file.chars().take(64).collect::<String>(),
             d.line,
@@ -72,13 +72,23 @@ impl Rejection {
     }
 }
 
-pub(crate) fn to_proto(r: DiagnosticRecord) -> proto::Diagnostic {
+/// The word diagnostics print for a severity (`error[E0302]`).
+fn severity_word(s: proto::Severity) -> &'static str {
+    match s {
+        proto::Severity::Error => "error",
+        proto::Severity::Warning => "warning",
+        proto::Severity::Unspecified => "diagnostic",
+    }
+}
+
+/// A diagnostic as the API's message (what `Check`, refusals and `subc
+/// check --json` carry).
+pub fn diagnostic_message(r: DiagnosticRecord) -> proto::Diagnostic {
     proto::Diagnostic {
         severity: match r.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        }
-        .into(),
+            Severity::Error => proto::Severity::Error,
+            Severity::Warning => proto::Severity::Warning,
+        } as i32,
         code: r.code,
         message: r.message,
         file: r.file,
@@ -106,7 +116,7 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
         }
         bytes += r.rendered.len() + 1;
         shown.push(d.clone());
-        records.push(to_proto(r));
+        records.push(diagnostic_message(r));
     }
     let mut message = shown.render(sources);
     let hidden = diags.0.len() - shown.0.len();
@@ -142,7 +152,7 @@ pub(crate) fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_
         .zip(nfs)
         .map(|(s, nf)| CheckedRule { line: f.line_col(s.span.start).0 as u32, text: s.text.trim().to_string(), nf })
         .collect();
-    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| to_proto(d.to_record(&sources))).collect();
+    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| diagnostic_message(d.to_record(&sources))).collect();
     Ok(CheckedBatch { rules, warnings })
 }
 

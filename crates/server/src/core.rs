@@ -401,5 +401,11 @@ impl Drop for WatcherSlot {
 }
 
 pub(crate) fn to_proto(id: u64, r: &SubRecord) -> proto::Subscription {
-    proto::Subscription { id, app: r.app.to_string(), text: r.text.clone(), generation: r.generation, created_unix_ms: r.created_ms }
+    proto::Subscription {
+        id,
+        app: r.app.to_string(),
+        text: r.text.clone(),
+        generation: r.generation,
+        create_time: Some(subc_client::timestamp(r.created_ms)),
+    }
 }

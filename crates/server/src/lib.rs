@@ -25,7 +25,6 @@
 mod api;
 mod auth;
 mod check;
-mod client;
 mod config;
 mod core;
 mod deploy;
@@ -37,18 +36,13 @@ mod store;
 mod trim;
 mod writer;
 
-/// The generated protobuf and gRPC code of `proto/subc.proto`.
-pub mod proto {
-    #![allow(clippy::all)]
-    tonic::include_proto!("subc.v1");
-    /// The encoded descriptors, for server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("subc_descriptor");
-}
+/// The API's generated types and stubs (`proto/subc/v1/subc.proto`), from
+/// the client crate, so that server and clients share one set of types.
+pub use subc_client::proto;
 
-pub use api::{diagnostics_of, Api};
+pub use api::Api;
 pub use auth::Principal;
-pub use check::{check_stored, StoredCheckError};
-pub use client::{connect, ClientOptions, Clients};
+pub use check::{check_stored, diagnostic_message, StoredCheckError};
 pub use config::{Config, LogFormat, TlsConfig};
 pub use core::{load_spec, Core};
 pub use deploy::ebpf::saved_pipelines;
@@ -58,6 +52,7 @@ pub use desired::{compile_options, distance_to_fresh_compile};
 pub use names::{check_name, NameError};
 pub use server::{init_tracing, serve, start, Running};
 pub use store::{backup_store, now_ms, BackupReport, StoredSub};
+pub use subc_client::{connect, ClientOptions, Clients, Refusal};
 pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.

@@ -173,7 +173,7 @@ struct Claims {
 }
 
 fn event(kind: proto::EventKind, generation: u64) -> proto::Event {
-    proto::Event { kind: kind as i32, generation, unix_ms: now_ms(), ..Default::default() }
+    proto::Event { kind: kind as i32, generation, time: Some(subc_client::timestamp(now_ms())), ..Default::default() }
 }
 
 fn reused_request_id(request_id: &str) -> Status {
@@ -638,7 +638,7 @@ impl Writer {
         let e = proto::Event {
             app: who.app.to_string(),
             subscription_ids: ids,
-            unix_ms: created_ms,
+            time: Some(subc_client::timestamp(created_ms)),
             ..event(proto::EventKind::SubscriptionsAdded, generation)
         };
         let publish = Publish { added, removed: vec![], update: Some((generation, compiled.update)) };

@@ -7,7 +7,6 @@ mod common;
 
 use common::*;
 use std::collections::BTreeSet;
-use subc_server::diagnostics_of;
 use subc_server::proto;
 use tonic::Code;
 
@@ -74,7 +73,7 @@ async fn a_batch_with_one_bad_line_adds_nothing() {
         let e =
             alice.subs.add(add_req(&["stock == GOOGL : fwd(1)", "stock == GOOGL : fwd(1", "stock == AAPL : fwd(2)"])).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        let d = diagnostics_of(&e).expect("diagnostics in the details");
+        let d = subc_server::Refusal::of(&e).expect("diagnostics in the details");
         assert_eq!(d.diagnostics.iter().map(|d| d.line).collect::<Vec<_>>(), vec![2]);
         assert!(list_all(alice, 10).await.is_empty());
         // Empty requests are refused too.
@@ -128,7 +127,7 @@ async fn invalid_corpus_gets_the_diagnostics_of_subc_check() {
             let full = alice.subs.check(req).await.unwrap().into_inner();
             assert!(!full.ok, "{name}");
             assert_eq!(full.rendered, rendered, "{name}: Check renders what `subc check` prints");
-            let d = diagnostics_of(&e).expect("diagnostics in the details");
+            let d = subc_server::Refusal::of(&e).expect("diagnostics in the details");
             assert_eq!(d.total as usize, records.len(), "{name}");
             assert_eq!(d.diagnostics.iter().map(|d| d.code.clone()).collect::<Vec<_>>(), expect, "{name}");
             for (got, want) in d.diagnostics.iter().zip(&records) {
@@ -152,7 +151,7 @@ async fn many_errors_fit_in_the_trailers() {
         let lines: Vec<String> = (0..2000).map(|i| format!("add_order.nosuchfield{i} == 1 && stock == VERYLONGNAME{i} : fwd(1)")).collect();
         let e = alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
-        let d = diagnostics_of(&e).unwrap();
+        let d = subc_server::Refusal::of(&e).unwrap();
         assert!(d.total >= 2000 && !d.diagnostics.is_empty(), "{} of {}", d.diagnostics.len(), d.total);
         assert!(e.message().contains("more; Check returns them all"), "{}", e.message());
         env.stop().await;
@@ -297,7 +296,7 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
                 .await,
             "normal form",
         );
-        let d = diagnostics_of(&e).expect("the normal-form refusal carries its diagnostic");
+        let d = subc_server::Refusal::of(&e).expect("the normal-form refusal carries its diagnostic");
         assert_eq!(d.diagnostics[0].code, "E0320");
         assert_eq!(snapshot(admin, &core).await, before);
         // Watchers.

@@ -202,7 +202,7 @@ async fn refusals_fit_every_clients_metadata_limit() {
             e.add_header(&mut headers).unwrap();
             let bytes: usize = headers.iter().map(|(k, v)| k.as_str().len() + v.len()).sum();
             assert!(bytes < 8 * 1024 - 512, "{what}: {bytes} bytes of status metadata");
-            let d = subc_server::diagnostics_of(&e).expect("diagnostics in the details");
+            let d = subc_server::Refusal::of(&e).expect("diagnostics in the details");
             assert!(!d.diagnostics.is_empty() && d.total as usize >= d.diagnostics.len(), "{what}");
             // Check returns every diagnostic in the body.
             let full = env.alice.subs.check(req).await.unwrap().into_inner();

@@ -54,6 +54,7 @@ fn registration(name: &str, addr: &str, device_config: &[u8], p4info: &[u8]) -> 
             device_config: device_config.to_vec(),
             ports: port_map(),
             election_id: 7,
+            tls: None,
         })),
         manual: true,
     }
@@ -102,8 +103,8 @@ fn plan_updates(plan: &proto::PlanResponse) -> Vec<String> {
     plan.ops
         .iter()
         .map(|o| {
-            let v: serde_json::Value = serde_json::from_str(o).unwrap();
-            v["p4"].as_str().unwrap_or_else(|| panic!("an op without its P4Runtime update: {o}")).to_string()
+            let v = subc_client::from_struct(o);
+            v["p4"].as_str().unwrap_or_else(|| panic!("an op without its P4Runtime update: {v}")).to_string()
         })
         .collect()
 }

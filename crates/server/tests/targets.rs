@@ -55,7 +55,7 @@ async fn plan_deploy_and_follow_changes() {
                 + plan.groups_changed
                 + plan.modifies
                 + plan.deletes
-                + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64
+                + plan.ops.iter().filter(|o| subc_client::from_struct(o).to_string().contains("set_root")).count() as u64
         );
 
         let s = admin
@@ -117,7 +117,7 @@ async fn a_manual_target_moves_only_on_deploy() {
                 + plan.modifies
                 + plan.deletes
                 + plan.groups_changed
-                + plan.ops.iter().filter(|o| o.contains("set_root")).count() as u64
+                + plan.ops.iter().filter(|o| subc_client::from_struct(o).to_string().contains("set_root")).count() as u64
         );
         env.stop().await;
     })

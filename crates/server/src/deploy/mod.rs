@@ -451,7 +451,7 @@ impl TargetHandle {
                 if let Some(text) = described.get(i) {
                     v["p4"] = text.clone().into();
                 }
-                v.to_string()
+                subc_client::to_struct(v)
             })
             .collect();
         Ok(r)
@@ -588,7 +588,7 @@ impl TargetHandle {
             s.last_error.clear();
             s.last_diff_entries = written;
             if written > 0 {
-                s.last_deploy_unix_ms = crate::store::now_ms();
+                s.last_deploy_time = Some(subc_client::timestamp(crate::store::now_ms()));
             }
             s.state = if held_gen >= current {
                 proto::TargetState::InSync
@@ -604,7 +604,7 @@ impl TargetHandle {
             generation: held_gen,
             target: self.name.clone(),
             entries: written,
-            unix_ms: crate::store::now_ms(),
+            time: Some(subc_client::timestamp(crate::store::now_ms())),
             ..Default::default()
         });
         if written > 0 || first || reconciled {
@@ -634,7 +634,7 @@ impl TargetHandle {
             generation,
             target: self.name.clone(),
             error: e.message.clone(),
-            unix_ms: crate::store::now_ms(),
+            time: Some(subc_client::timestamp(crate::store::now_ms())),
             ..Default::default()
         };
         (ctx.report)(TargetReport { status, mark_deployed: false, event: Some(event) });

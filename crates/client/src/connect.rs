@@ -1,5 +1,6 @@
-//! Connecting to a subc server: the channel (plain or TLS, with an optional
-//! client certificate) and the bearer token, for the CLI and the tests.
+//! Connecting to a subc server: one channel (plain or TLS, with an optional
+//! client certificate), dialled at the first call, and the bearer token on
+//! every call.
 
 use crate::proto::{events_client::EventsClient, subscriptions_client::SubscriptionsClient, targets_client::TargetsClient};
 use crate::Error;
@@ -10,16 +11,19 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
+/// Where the server is, who we are, and how to check the server.
 #[derive(Clone, Debug, Default)]
 pub struct ClientOptions {
     /// `http://host:port` or `https://host:port`.
     pub server: String,
+    /// The bearer token (an application's, or the administrator's).
     pub token: Option<String>,
     /// CA that signed the server's certificate (https); without it, the
     /// system's roots.
     pub ca_cert: Option<PathBuf>,
     /// Client certificate and key, for servers that require mTLS.
     pub client_cert: Option<PathBuf>,
+    /// The client certificate's key.
     pub client_key: Option<PathBuf>,
     /// The name the server's certificate is checked against, if not the host.
     pub domain: Option<String>,
@@ -40,13 +44,17 @@ impl tonic::service::Interceptor for Token {
     }
 }
 
-pub(crate) type AuthChannel = InterceptedService<Channel, Token>;
+/// The channel every client of [`Clients`] shares.
+pub type AuthChannel = InterceptedService<Channel, Token>;
 
 /// Clients of the three services over one connection.
 #[derive(Clone)]
 pub struct Clients {
+    /// Add, remove, list and check subscriptions.
     pub subs: SubscriptionsClient<AuthChannel>,
+    /// Register, deploy and inspect targets (the administrator).
     pub targets: TargetsClient<AuthChannel>,
+    /// Watch the event stream.
     pub events: EventsClient<AuthChannel>,
 }
 
