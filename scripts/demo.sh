@@ -233,7 +233,7 @@ replay() {
 # What `subc sim` (the reference interpreter) decides for the pcap with the
 # subscriptions the server holds now, as JSON lines in $1.
 predict() {
-    SUBC_TOKEN="$APP_TOKEN" "$SUBC" sub ls --json | python3 -c 'import json, sys; print("\n".join(s["text"] for s in json.load(sys.stdin)))' >"$WORK/held.subs"
+    SUBC_TOKEN="$APP_TOKEN" "$SUBC" sub ls --json | python3 -c 'import json, sys; print("\n".join(s["text"] for s in json.load(sys.stdin)["subscriptions"]))' >"$WORK/held.subs"
     "$SUBC" sim --spec examples/itch/itch.spec "$WORK/held.subs" --pcap examples/itch/packets.pcap --json >"$1"
 }
 
@@ -249,7 +249,7 @@ for i in $(seq 100); do
     if "$SUBC" target status "$TARGET" --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
-sys.exit(0 if s["state"] == "in sync" and s["deployed_generation"] == s["current_generation"] else 1)'; then
+sys.exit(0 if s["state"] == "TARGET_STATE_IN_SYNC" and s["deployedGeneration"] == s["currentGeneration"] else 1)'; then
         break
     fi
     [ "$i" != 100 ] || die "the target did not take the change within 10 s"
@@ -269,9 +269,9 @@ import json, sys
 for line in sys.stdin:
     e = json.loads(line)
     who = e["target"] or e["app"]
-    ids, entries = e["subscription_ids"], e["entries"]
-    extra = "ids %s" % ids if ids else ("%d entries and groups written" % entries if entries else "")
-    print("    %3d  %-32s generation %d  %-10s %s" % (e["seq"], e["kind"], e["generation"], who, extra))' || true
+    ids, entries = e["subscriptionIds"], int(e["entries"])
+    extra = "ids %s" % " ".join(ids) if ids else ("%d entries and groups written" % entries if entries else "")
+    print("    %3s  %-32s generation %s  %-10s %s" % (e["seq"], e["kind"], e["generation"], who, extra))' || true
 
 log "metrics (http://127.0.0.1:$METRICS_PORT/metrics)"
 python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://127.0.0.1:$METRICS_PORT/metrics" |

@@ -116,15 +116,22 @@ pub struct SimResult {
 }
 
 /// Writes artifacts into `dir`, or prints them (text ones only, or JSON) to stdout.
-pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)]) -> Result<()> {
+pub fn write_outputs(dir: Option<&Path>, files: &[(&str, Vec<u8>)], json: bool) -> Result<()> {
     match dir {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
             for (name, bytes) in files {
                 write_atomic(&d.join(name), bytes)?;
             }
-            eprintln!("wrote {} to {}", files.iter().map(|f| f.0).collect::<Vec<_>>().join(", "), d.display());
+            if json {
+                let files: Vec<_> = files.iter().map(|(name, bytes)| serde_json::json!({"name": name, "bytes": bytes.len()})).collect();
+                let manifest = serde_json::json!({"out": d, "files": files});
+                writeln!(std::io::stdout().lock(), "{}", serde_json::to_string_pretty(&manifest)?)?;
+            } else {
+                eprintln!("wrote {} to {}", files.iter().map(|f| f.0).collect::<Vec<_>>().join(", "), d.display());
+            }
         }
+        None if json => bail!("--json lists the files written with -o DIR: give -o (without it, `--emit stats` prints JSON itself)"),
         None => {
             let mut out = std::io::stdout().lock();
             let printable: Vec<&(&str, Vec<u8>)> = files

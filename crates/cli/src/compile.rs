@@ -49,6 +49,10 @@ pub struct CompileArgs {
     /// Write the artifacts into this directory (created if needed) instead of stdout.
     #[arg(short = 'o', long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// With -o: print what was written as JSON on stdout
+    /// (`{"out": DIR, "files": [{"name", "bytes"}]}`) instead of a line on stderr.
+    #[arg(long, requires = "out")]
+    pub json: bool,
     #[command(flatten)]
     pub compiler: CompilerArgs,
     #[command(flatten)]
@@ -64,8 +68,8 @@ pub fn compile(args: &CompileArgs) -> Result<ExitCode> {
     };
     match args.target {
         Target::Ir => compile_ir(args, &program, &inputs),
-        Target::Ebpf => crate::ebpf::compile(&program, &args.compiler, &args.ebpf, args.out.as_deref()),
-        Target::P4 => crate::p4::compile(&program, &args.compiler, &args.p4, args.out.as_deref()),
+        Target::Ebpf => crate::ebpf::compile(&program, &args.compiler, &args.ebpf, args.out.as_deref(), args.json),
+        Target::P4 => crate::p4::compile(&program, &args.compiler, &args.p4, args.out.as_deref(), args.json),
     }
 }
 
@@ -89,7 +93,7 @@ fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result
             Emit::Dot => files.push(("diagram.dot", dot(&set, &program.spec).into_bytes())),
         }
     }
-    write_outputs(args.out.as_deref(), &files)?;
+    write_outputs(args.out.as_deref(), &files, args.json)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -95,7 +95,7 @@ impl EbpfArgs {
 
 /// `subc compile --target ebpf -o DIR`: `subc.c`, `subc.o`, `maps.json`,
 /// `entries.json`.
-pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out: Option<&Path>) -> Result<ExitCode> {
+pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out: Option<&Path>, json: bool) -> Result<ExitCode> {
     let Some(out) = out else {
         bail!("--target ebpf writes a C file, an object and JSON: give a directory with -o DIR");
     };
@@ -110,6 +110,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out:
             ("maps.json", a.maps_json().into_bytes()),
             ("entries.json", a.entries_json().into_bytes()),
         ],
+        json,
     )?;
     Ok(ExitCode::SUCCESS)
 }
@@ -340,6 +341,10 @@ pub struct AttachArgs {
     /// letters, digits, `_` and `-`.
     #[arg(long, default_value = "subc", value_parser = deployment_name)]
     pub name: String,
+    /// Print the new deployment's status as JSON on stdout (what `subc status
+    /// NAME --json` prints).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A deployment name, checked as the service checks target names.
@@ -407,14 +412,22 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
     for a in &d.attachments {
         eprintln!("attached {} to {} ({})", a.program, a.iface, a.kind);
     }
+    if args.json {
+        // What `subc status NAME --json` prints of the new deployment.
+        return status(&args.name, true);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn detach(name: &str) -> Result<ExitCode> {
+pub fn detach(name: &str, json: bool) -> Result<ExitCode> {
     let (d, _) = Deployment::open(name)?;
     let n = d.attachments.len();
     d.remove()?;
-    eprintln!("detached `{name}` ({n} attachments) and removed its pins");
+    if json {
+        writeln!(std::io::stdout().lock(), "{}", serde_json::json!({"name": name, "detached_attachments": n, "pins_removed": true}))?;
+    } else {
+        eprintln!("detached `{name}` ({n} attachments) and removed its pins");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -94,6 +94,9 @@ enum Command {
         /// The deployment's name, as given to `subc attach --name` (default `subc`).
         #[arg(value_parser = ebpf::deployment_name)]
         name: String,
+        /// Print what was removed as JSON on stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Show an attached eBPF deployment: attachments, programs, maps.
     Status {
@@ -152,7 +155,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::sim(&args),
         Command::Gen(g) => sim::gen(&g),
         Command::Attach(args) => ebpf::attach(&args),
-        Command::Detach { name } => ebpf::detach(&name),
+        Command::Detach { name, json } => ebpf::detach(&name, json),
         Command::Status { name, json } => ebpf::status(&name, json),
         Command::Serve(args) => serve::serve(&args),
         Command::Store(c) => serve::store(&c),

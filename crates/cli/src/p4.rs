@@ -51,7 +51,7 @@ impl P4Args {
 }
 
 /// `subc compile --target p4 -o DIR`.
-pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Option<&Path>) -> Result<ExitCode> {
+pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Option<&Path>, json: bool) -> Result<ExitCode> {
     let Some(out) = out else {
         bail!("--target p4 writes several files (program.p4, program.p4info.txtpb, entries.txtpb, entries.bin, mcast.txtpb, resources.json): pass -o DIR");
     };
@@ -94,7 +94,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
         ("mcast.txtpb", write_request_text(&write_request(&groups), describe).into_bytes()),
         ("resources.json", serde_json::to_vec_pretty(&resources)?),
     ];
-    write_outputs(Some(out), &files)?;
+    write_outputs(Some(out), &files, json)?;
     let r = &art.resources;
     eprintln!(
         "{} pipeline(s): {} entries ({} TCAM after range expansion, {} SRAM), {} multicast groups",

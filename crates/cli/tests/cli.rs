@@ -459,7 +459,8 @@ impl Client<'_> {
     #[track_caller]
     fn subscriptions(&self) -> BTreeMap<u64, String> {
         let v: Value = serde_json::from_str(&self.ok(ADMIN, &["sub", "ls", "--json"])).unwrap();
-        v.as_array().unwrap().iter().map(|s| (s["id"].as_u64().unwrap(), s["text"].as_str().unwrap().to_string())).collect()
+        assert_eq!(v["nextPageToken"], "", "every page in one reply: {v}");
+        v["subscriptions"].as_array().unwrap().iter().map(|s| (uint64(&s["id"]), s["text"].as_str().unwrap().to_string())).collect()
     }
 
     #[track_caller]
@@ -480,6 +481,12 @@ impl Client<'_> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// A `uint64` of canonical protobuf JSON: a string of digits.
+#[track_caller]
+fn uint64(v: &Value) -> u64 {
+    v.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("a uint64 is a string of digits in protobuf JSON: {v}"))
 }
 
 /// `added N subscription(s) at generation G: ID ID ...` as (G, ids).
@@ -545,7 +552,11 @@ fn the_service_client_commands_against_a_live_server() {
     assert!(stderr_of(&refused).contains("PermissionDenied"), "{}", stderr_of(&refused));
     assert_eq!(c.ok(ADMIN, &sim).trim(), "registered tb; `subc target deploy tb` installs it");
     let registered = c.status("tb");
-    assert_eq!((registered["state"].as_str(), registered["deployed_generation"].as_u64()), (Some("registered"), Some(0)), "{registered}");
+    assert_eq!(
+        (registered["state"].as_str(), uint64(&registered["deployedGeneration"])),
+        (Some("TARGET_STATE_REGISTERED"), 0),
+        "{registered}"
+    );
 
     // The plan of the first deploy installs what `subc compile` makes of the same rules.
     let stats: Value = serde_json::from_str(&ok(&subc(&["compile", "examples/topic-broker", "--emit", "stats"]))).unwrap();
@@ -562,10 +573,11 @@ fn the_service_client_commands_against_a_live_server() {
     assert!(pipes.as_array().is_some_and(|p| !p.is_empty()), "the file holds the pipelines");
     let s = c.status("tb");
     assert_eq!(
-        (s["state"].as_str(), s["deployed_generation"].as_u64(), s["current_generation"].as_u64()),
-        (Some("in sync"), Some(g1), Some(g1))
+        (s["state"].as_str(), uint64(&s["deployedGeneration"]), uint64(&s["currentGeneration"])),
+        (Some("TARGET_STATE_IN_SYNC"), g1, g1)
     );
-    assert_eq!((s["entries"].as_u64(), s["groups"].as_u64(), s["consecutive_failures"].as_u64()), (Some(entries), Some(groups), Some(0)));
+    assert_eq!((uint64(&s["entries"]), uint64(&s["groups"]), s["consecutiveFailures"].as_u64()), (entries, groups, Some(0)));
+    assert!(s["lastDeployTime"].as_str().is_some_and(|t| t.ends_with('Z')), "an RFC 3339 time: {s}");
 
     // Removing one subscription makes a generation the deployed target follows.
     let gone = ids[1];
@@ -573,8 +585,8 @@ fn the_service_client_commands_against_a_live_server() {
     let g2: u64 =
         removed.trim().strip_prefix("removed 1 subscription(s) at generation ").unwrap_or_else(|| panic!("{removed}")).parse().unwrap();
     assert!(g2 > g1, "{removed}");
-    let s = c.wait_status("tb", "the removal deployed", |s| s["deployed_generation"] == g2 && s["state"] == "in sync");
-    assert!(s["entries"].as_u64().unwrap() < entries, "fewer entries after a removal: {s}");
+    let s = c.wait_status("tb", "the removal deployed", |s| uint64(&s["deployedGeneration"]) == g2 && s["state"] == "TARGET_STATE_IN_SYNC");
+    assert!(uint64(&s["entries"]) < entries, "fewer entries after a removal: {s}");
     let after_rm = c.subscriptions();
     assert_eq!(after_rm.len(), rules.len() - 1);
     assert!(!after_rm.contains_key(&gone));
@@ -590,7 +602,7 @@ fn the_service_client_commands_against_a_live_server() {
     assert!(err.contains("error[E0302]: unknown field `topc`"), "{err}");
     assert!(err.contains(&format!(" --> {}:2:20", bad.display())), "{err}");
     assert_eq!(c.subscriptions(), after_rm, "the good line of the refused file was not added");
-    assert_eq!(c.status("tb")["current_generation"], g2, "no new generation");
+    assert_eq!(uint64(&c.status("tb")["currentGeneration"]), g2, "no new generation");
     // The same lines from stdin: the diagnostics name it `<stdin>`.
     let refused = c.run_input(app.1, &["sub", "add", "-"], &std::fs::read(&bad).unwrap());
     let err = stderr_of(&refused);
@@ -603,7 +615,7 @@ fn the_service_client_commands_against_a_live_server() {
     assert_eq!(ls_lines.next(), Some(format!("tb [sim {}]", tables.display()).as_str()), "{ls}");
     assert!(ls_lines.next().is_some_and(|l| l.starts_with(&format!("tb: in sync, generation {g2} of {g2}, "))), "{ls}");
     let ls_json: Value = serde_json::from_str(&c.ok(ADMIN, &["target", "ls", "--json"])).unwrap();
-    assert_eq!(ls_json.as_array().map(Vec::len), Some(1), "{ls_json}");
+    assert_eq!(ls_json["targets"].as_array().map(Vec::len), Some(1), "{ls_json}");
 
     // Removing the target with --uninstall empties it; it is then unknown.
     assert_eq!(c.ok(ADMIN, &["target", "rm", "tb", "--uninstall"]).trim(), "removed tb");

@@ -24,15 +24,25 @@ pub fn to_json<M: prost::Message + prost::Name>(m: &M) -> serde_json::Value {
     dynamic.serialize_with_options(serde_json::value::Serializer, &options).expect("a message serializes to JSON")
 }
 
+/// The largest integer every smaller one of which a double holds exactly.
+const MAX_EXACT: u64 = 1 << 53;
+
 /// A JSON object as a `google.protobuf.Struct` (anything else becomes
-/// `{"value": ...}`); numbers become doubles, as in `Struct` itself.
+/// `{"value": ...}`). Numbers become doubles, as in `Struct` itself, except
+/// integers a double cannot hold exactly (beyond 2^53, such as 64-bit match
+/// keys), which become strings of digits, as `uint64` does in protobuf JSON.
 pub fn to_struct(v: serde_json::Value) -> prost_types::Struct {
     fn value(v: serde_json::Value) -> prost_types::Value {
         use prost_types::value::Kind;
         let kind = match v {
             serde_json::Value::Null => Kind::NullValue(0),
             serde_json::Value::Bool(b) => Kind::BoolValue(b),
-            serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+            serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) if i.unsigned_abs() <= MAX_EXACT => Kind::NumberValue(i as f64),
+                (None, Some(u), _) if u <= MAX_EXACT => Kind::NumberValue(u as f64),
+                (Some(_), _, _) | (None, Some(_), _) => Kind::StringValue(n.to_string()),
+                (None, None, f) => Kind::NumberValue(f.unwrap_or_default()),
+            },
             serde_json::Value::String(s) => Kind::StringValue(s),
             serde_json::Value::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.into_iter().map(value).collect() }),
             o @ serde_json::Value::Object(_) => Kind::StructValue(to_struct(o)),
@@ -53,7 +63,7 @@ pub fn from_struct(s: &prost_types::Struct) -> serde_json::Value {
         match &v.kind {
             None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
             Some(Kind::BoolValue(b)) => (*b).into(),
-            Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.007_199_254_740_992e15 => (*n as i64).into(),
+            Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() <= MAX_EXACT as f64 => (*n as i64).into(),
             Some(Kind::NumberValue(n)) => (*n).into(),
             Some(Kind::StringValue(s)) => s.clone().into(),
             Some(Kind::ListValue(l)) => l.values.iter().map(value).collect(),
@@ -101,6 +111,9 @@ mod tests {
     fn structs_round_trip() {
         let v = serde_json::json!({"op": "insert", "pipeline": 2, "ratio": 0.5, "keys": [1, "a", null, true], "inner": {"x": -3}});
         assert_eq!(from_struct(&to_struct(v.clone())), v);
+        // A 64-bit key survives, as a string of digits.
+        let big = serde_json::json!({"value": 5788605791469783123u64, "low": -(1i64 << 60)});
+        assert_eq!(from_struct(&to_struct(big)), serde_json::json!({"value": "5788605791469783123", "low": "-1152921504606846976"}));
     }
 
     #[test]

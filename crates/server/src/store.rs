@@ -308,7 +308,8 @@ impl Store {
         Ok(out)
     }
 
-    /// Up to `limit` stored events with `seq > after`, oldest first.
+    /// Up to `limit` stored events with `seq > after`, oldest first. Events
+    /// stored before times were `Timestamp`s get theirs from the old field.
     pub(crate) fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
         let mut st = self.conn.prepare_cached("SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
         let rows =
@@ -318,6 +319,10 @@ impl Store {
             let (seq, body) = row.map_err(sql)?;
             let mut e = proto::Event::decode(body.as_slice()).map_err(|e| Error::Store(format!("a stored event does not decode: {e}")))?;
             e.seq = seq as u64;
+            if e.time.is_none() {
+                e.time =
+                    LegacyEventTime::decode(body.as_slice()).ok().filter(|l| l.unix_ms != 0).map(|l| subc_client::timestamp(l.unix_ms));
+            }
             out.push(e);
         }
         Ok(out)
@@ -449,6 +454,14 @@ impl Txn<'_> {
     }
 }
 
+/// The time of an event stored before `Event.time`: field 2, milliseconds
+/// since the Unix epoch (now reserved in the proto).
+#[derive(Clone, PartialEq, prost::Message)]
+struct LegacyEventTime {
+    #[prost(int64, tag = "2")]
+    unix_ms: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,5 +508,19 @@ mod tests {
         let ev = r.events_after(0, 100).unwrap();
         assert_eq!(ev.iter().map(|e| (e.seq, e.generation)).collect::<Vec<_>>(), vec![(3, 3), (4, 4), (5, 5)]);
         assert_eq!(r.events_after(4, 100).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_event_stored_with_the_old_millisecond_time_reads_as_a_timestamp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut s = Store::open(&path, Durability::Normal).unwrap();
+        // Field 2 as the old `int64 unix_ms`, beside the generation (field 4).
+        let mut old = LegacyEventTime { unix_ms: 1_700_000_000_123 }.encode_to_vec();
+        old.extend(proto::Event { generation: 9, ..Default::default() }.encode_to_vec());
+        s.write(|t| t.tx.execute("INSERT INTO events (body) VALUES (?1)", [old]).map(drop).map_err(sql)).unwrap();
+        let ev = Store::open_reader(&path).unwrap().events_after(0, 10).unwrap();
+        assert_eq!(ev[0].generation, 9);
+        assert_eq!(ev[0].time, Some(subc_client::timestamp(1_700_000_000_123)));
     }
 }
