@@ -22,7 +22,7 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
-        protobuf-compiler graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
+        graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
     # Real captures for crates/cli/tests/capture.rs: tcpdump, and dumpcap from tshark.
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends tcpdump tshark >/dev/null
     install_rust
@@ -89,6 +89,14 @@ fi
 
 log "checking ARCHITECTURE.md (every crate and module named, under 250 lines)"
 python3 scripts/check_architecture.py
+
+log "checking that subc-client pulls in no compiler, store or data plane"
+# An application that depends on the client gets tonic and prost, not
+# vendored libbpf, bundled SQLite or an HTTP server (ARCHITECTURE.md).
+if cargo tree -p subc-client --locked -e normal,build --prefix none | grep -E '^(libbpf|rusqlite|libsqlite3|axum)'; then
+    echo "error: subc-client depends on the crates above" >&2
+    exit 1
+fi
 
 log "linting (clippy, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
