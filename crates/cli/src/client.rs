@@ -264,7 +264,7 @@ fn report(s: tonic::Status) -> ExitCode {
     match (s.code(), Refusal::of(&s)) {
         (tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted, Some(d)) => {
             for x in &d.diagnostics {
-                eprintln!("{}", x.rendered);
+                eprintln!("{}", coloured(&x.rendered));
             }
             eprintln!("{}", s.message());
             ExitCode::from(1)
@@ -274,6 +274,12 @@ fn report(s: tonic::Status) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The server's plain rendering of diagnostics, in colour on a terminal
+/// (`--color`, `NO_COLOR`), as `subc check` prints them.
+fn coloured(rendered: &str) -> String {
+    subc_lang::style_rendered(rendered, ui::diagnostics_style())
 }
 
 fn out() -> std::io::StdoutLock<'static> {
@@ -310,7 +316,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     // A status carries the first diagnostics; Check has every one.
                     Err(s) if Refusal::of(&s).is_some() => match c.subs.check(req).await {
                         Ok(full) if !full.get_ref().ok => {
-                            eprint!("{}", full.into_inner().rendered);
+                            eprint!("{}", coloured(&full.into_inner().rendered));
                             return Ok(ExitCode::from(1));
                         }
                         _ => return Ok(report(s)),
@@ -318,7 +324,7 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     Err(s) => return Ok(report(s)),
                 };
                 for w in &r.warnings {
-                    eprint!("{}", w.rendered);
+                    eprint!("{}", coloured(&w.rendered));
                 }
                 if conn.json {
                     print_json(&r)?;

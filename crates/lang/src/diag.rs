@@ -481,6 +481,71 @@ pub fn render_styled(d: &Diagnostic, sources: &SourceMap, style: RenderStyle) ->
     out
 }
 
+/// Colours text that [`render`] (or [`Diagnostics::render`]) produced, as
+/// [`render_styled`] would have: for a client that holds only the plain
+/// text, such as the server's `rendered` field, to show it on a terminal.
+/// Lines it does not recognize stay as they are.
+pub fn style_rendered(plain: &str, style: RenderStyle) -> String {
+    if style == RenderStyle::Plain {
+        return plain.to_string();
+    }
+    let paint = Painter(style);
+    let mut severity = Severity::Error;
+    let mut out = String::with_capacity(plain.len() * 2);
+    for line in plain.split_inclusive('\n') {
+        let (text, newline) = line.strip_suffix('\n').map_or((line, ""), |t| (t, "\n"));
+        out.push_str(&style_line(paint, text, &mut severity));
+        out.push_str(newline);
+    }
+    out
+}
+
+/// One line of [`style_rendered`]; a header line sets the severity that
+/// the primary underlines after it take.
+fn style_line(paint: Painter, text: &str, severity: &mut Severity) -> String {
+    for (word, sev) in [("error", Severity::Error), ("warning", Severity::Warning)] {
+        let Some(rest) = text.strip_prefix(word) else { continue };
+        if rest.starts_with('[') {
+            if let Some(close) = rest.find("]: ") {
+                *severity = sev;
+                let head = &text[..word.len() + close + 1];
+                return format!("{}{}", paint.paint(paint.severity(sev), head), paint.paint(Role::Emphasis, &text[head.len()..]));
+            }
+        }
+        if rest.starts_with(": ") && sev == Severity::Error {
+            // The summary line of `Diagnostics::render`.
+            return format!("{}{}", paint.paint(Role::Error, word), paint.paint(Role::Emphasis, rest));
+        }
+    }
+    let indent = text.len() - text.trim_start_matches(' ').len();
+    let body = &text[indent..];
+    if let Some(rest) = body.strip_prefix("-->") {
+        return format!("{}{rest}", paint.paint(Role::Frame, &text[..indent + 3]));
+    }
+    if let Some(rest) = body.strip_prefix("= ") {
+        if let Some((word, message)) = rest.split_once(": ").filter(|(w, _)| matches!(*w, "note" | "help")) {
+            return format!("{} {}: {message}", paint.paint(Role::Frame, &text[..indent + 1]), paint.paint(Role::Emphasis, word));
+        }
+    }
+    // The gutter: a line number (a source echo) or blanks (an underline).
+    let digits = body.len() - body.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let Some(after) = body[digits..].strip_prefix(" |").or_else(|| (digits == 0).then(|| body.strip_prefix('|')).flatten()) else {
+        return text.to_string();
+    };
+    let gutter = &text[..text.len() - after.len()];
+    if digits > 0 || after.is_empty() {
+        return format!("{}{after}", paint.paint(Role::Frame, gutter));
+    }
+    let marks = after.trim_start_matches(' ');
+    let role = match marks.chars().next() {
+        Some('^') => paint.severity(*severity),
+        Some('-') => Role::Frame,
+        _ => return format!("{}{after}", paint.paint(Role::Frame, gutter)),
+    };
+    let skip = &after[..after.len() - marks.len()];
+    format!("{}{skip}{}", paint.paint(Role::Frame, gutter), paint.paint(role, marks))
+}
+
 /// Writes a label's underline: `skip` columns of spaces, `width` marks, the
 /// message; a primary label in the colour of the diagnostic's severity.
 fn underline(out: &mut String, paint: Painter, severity: Severity, pad: &str, skip: usize, width: usize, l: &Label) {

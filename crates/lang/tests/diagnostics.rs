@@ -121,6 +121,13 @@ fn corpus() {
         if !coloured.contains("\x1b[") || strip_ansi(&coloured) != plain {
             wrong.push(format!("{name}: the coloured rendering is not the plain one plus colours:\n{coloured}"));
         }
+        // A client holding only the plain text (the server's `rendered`) colours it the same.
+        if subc_lang::style_rendered(&plain, RenderStyle::Ansi) != coloured {
+            wrong.push(format!(
+                "{name}: style_rendered differs from render_styled:\n{coloured:?}\n{:?}",
+                subc_lang::style_rendered(&plain, RenderStyle::Ansi)
+            ));
+        }
         let expected: BTreeSet<String> = case.header.expect.iter().cloned().collect();
         if expected.is_empty() {
             wrong.push(format!("{name}: says nothing it expects (`# expect: CODE`)"));
