@@ -271,6 +271,9 @@ pub fn read_field(s: &CStruct, bytes: &[u8], field: &str, index: u32) -> u64 {
 #[serde(rename_all = "snake_case")]
 pub enum MapType {
     Array,
+    /// An array with one copy of each value per CPU: the program updates
+    /// its own CPU's copy without atomics; user space reads every copy.
+    PercpuArray,
     Hash,
     LpmTrie,
     Devmap,
@@ -281,6 +284,7 @@ impl MapType {
     pub fn c_name(self) -> &'static str {
         match self {
             MapType::Array => "BPF_MAP_TYPE_ARRAY",
+            MapType::PercpuArray => "BPF_MAP_TYPE_PERCPU_ARRAY",
             MapType::Hash => "BPF_MAP_TYPE_HASH",
             MapType::LpmTrie => "BPF_MAP_TYPE_LPM_TRIE",
             MapType::Devmap => "BPF_MAP_TYPE_DEVMAP",
@@ -332,6 +336,8 @@ pub enum MapRole {
     Updates,
     Egress,
     Devmap,
+    /// Packets and bytes handed to each logical port's egress, per CPU.
+    PortStats,
     Record,
     State,
     /// The naive benchmark program's rule list.
@@ -368,8 +374,9 @@ impl MapDef {
     pub fn value_struct(&self) -> &CStruct {
         self.value.as_struct()
     }
-    /// Bytes of memory this map needs at most (an estimate for the report:
-    /// the kernel's own figure is in `/proc/<pid>/fdinfo`).
+    /// Bytes of memory this map needs at most (an estimate for the report,
+    /// one CPU's copy of a per-CPU map: the kernel's own figure is in
+    /// `/proc/<pid>/fdinfo`).
     pub fn approx_bytes(&self) -> u64 {
         (self.key.size() as u64 + self.value.size() as u64) * self.max_entries as u64
     }

@@ -22,6 +22,14 @@
 //! - `subc_leaves` (array): the leaf state's ports bitmap, drop flag and
 //!   update bitmap.
 //!
+//! Where packets go, per logical port: `subc_egress` (interface and
+//! rewrites, written from the target config), `subc_devmap` (XDP), and
+//! `subc_port_stats`, a per-CPU array of `{packets, bytes}` that the
+//! program adds each copy to once it hands the copy to the port's egress
+//! (a redirect, `XDP_TX`, a clone that succeeded). The counters are the
+//! program's own, not the tables': no update writes them, and a new
+//! program starts with its own, at zero.
+//!
 //! Array maps are addressed by *slots*: user space gives each leaf and each
 //! sorted state an index `i`; generation `g` of its value is element
 //! `2 * i + g`. A next-state value carries the next state's *descriptor*:
@@ -131,6 +139,9 @@ pub struct MapIds {
     pub updates: Option<usize>,
     pub egress: usize,
     pub devmap: Option<usize>,
+    /// The per-port counters (absent from the `maps.json` of programs
+    /// generated before they existed).
+    pub port_stats: Option<usize>,
     pub record: usize,
     /// Per state variable of the spec, its map.
     pub states: Vec<usize>,
@@ -379,6 +390,7 @@ struct Structs {
     leaf: CStruct,
     update: CStruct,
     egress: CStruct,
+    port_stats: CStruct,
     config: CStruct,
     record: CStruct,
 }
@@ -412,6 +424,7 @@ impl Structs {
                 .scalar("ip", Scalar::U32)
                 .scalar("port", Scalar::U16)
                 .finish(),
+            port_stats: CStruct::builder("subc_port_stats").scalar("packets", Scalar::U64).scalar("bytes", Scalar::U64).finish(),
             config: CStruct::builder("subc_config").scalar("no_match", Scalar::U32).scalar("now_ns", Scalar::U64).finish(),
             record: CStruct::builder("subc_record")
                 .scalar("decision", Scalar::U32)
@@ -434,7 +447,7 @@ impl Structs {
         if sizes.update_words > 0 {
             out.push(self.update.clone());
         }
-        out.extend([self.egress.clone(), self.config.clone(), self.record.clone()]);
+        out.extend([self.egress.clone(), self.port_stats.clone(), self.config.clone(), self.record.clone()]);
         out
     }
 }
@@ -493,13 +506,15 @@ impl MapList {
         }
     }
 
-    /// Where packets go: the egress per port, the devmap (XDP), and the
-    /// decision record of test builds.
+    /// Where packets go: the egress per port, the devmap (XDP), the
+    /// per-port counters, and the decision record of test builds.
     fn add_egress(&mut self, st: &Structs, ports: u32, hook: Hook) {
         self.ids.egress = self.add(plain_map("subc_egress", MapRole::Egress, MapType::Array, U32, KV::Struct(st.egress.clone()), ports));
         if hook == Hook::Xdp {
             self.ids.devmap = Some(self.add(plain_map("subc_devmap", MapRole::Devmap, MapType::Devmap, U32, U32, ports)));
         }
+        let stats = plain_map("subc_port_stats", MapRole::PortStats, MapType::PercpuArray, U32, KV::Struct(st.port_stats.clone()), ports);
+        self.ids.port_stats = Some(self.add(stats));
         let mut rec = plain_map("subc_record", MapRole::Record, MapType::Array, U32, KV::Struct(st.record.clone()), 1);
         rec.only_if = Some("SUBC_RECORD".into());
         self.ids.record = self.add(rec);
@@ -655,6 +670,7 @@ impl MapIds {
             updates: one(MapRole::Updates),
             egress: need(MapRole::Egress)?,
             devmap: one(MapRole::Devmap),
+            port_stats: one(MapRole::PortStats),
             record: need(MapRole::Record)?,
             states: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::State).map(|(i, _)| i).collect(),
             bits: match (one(MapRole::BitIntervals), one(MapRole::BitRows), one(MapRole::BitOrder), one(MapRole::BitLeaves)) {
@@ -682,6 +698,36 @@ fn state_slot_struct(i: usize, kind: &StateKind) -> CStruct {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec(text: &str) -> Spec {
+        let mut sources = subc_lang::SourceMap::new();
+        let s = sources.add("spec", text);
+        let r = sources.add("rules", "");
+        let (p, diags) = subc_lang::check_program(&sources, s, &[r], Default::default());
+        p.unwrap_or_else(|| panic!("{}", diags.render(&sources))).spec
+    }
+
+    /// The per-port counters: a per-CPU array of one `{packets, bytes}`
+    /// per logical port, for both hooks, found again in `maps.json` by its
+    /// role; a `maps.json` written before they existed reads back without
+    /// them rather than failing.
+    #[test]
+    fn port_stats_are_one_per_port_and_optional_in_maps_json() {
+        let spec = spec("header pkt { kind: 8; }\nparser { start -> pkt; pkt -> accept; }\nquery pkt.kind exact;\nports 12;\n");
+        for hook in [Hook::Xdp, Hook::Tc] {
+            let model = Model::new(&spec, &[], &EbpfOptions { hook, ..Default::default() }).unwrap();
+            let m = model.map(model.ids.port_stats.expect("a port stats map"));
+            assert_eq!((m.name.as_str(), m.map_type, m.max_entries), ("subc_port_stats", MapType::PercpuArray, 12));
+            let fields: Vec<(&str, u32)> = m.value_struct().fields.iter().map(|f| (f.name.as_str(), f.offset)).collect();
+            assert_eq!(fields, [("packets", 0), ("bytes", 8)]);
+            let json = model.maps_json().to_string();
+            assert_eq!(Model::from_maps_json(&json).unwrap().ids.port_stats, model.ids.port_stats);
+
+            let mut old = model.maps_json();
+            old["maps"].as_array_mut().unwrap().retain(|m| m["role"] != "port_stats");
+            assert_eq!(Model::from_maps_json(&old.to_string()).unwrap().ids.port_stats, None);
+        }
+    }
 
     #[test]
     fn nested_prefixes_flatten_to_the_longest_match() {

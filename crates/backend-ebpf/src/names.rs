@@ -123,6 +123,7 @@ mod tests {
         let mut n = c_namer();
         assert_eq!(n.name("add_order.shares"), "add_order_shares");
         assert_eq!(n.name("subc_gen"), "subc_gen_");
+        assert_eq!(n.name("subc_port_stats"), "subc_port_stats_");
         assert_eq!(n.name("BPF_MAP_TYPE_HASH"), "BPF_MAP_TYPE_HASH_");
         assert_eq!(n.name("XDP_PASS"), "XDP_PASS_");
         assert_eq!(n.name("int"), "int_");

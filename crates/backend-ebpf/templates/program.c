@@ -483,6 +483,18 @@ static __always_inline __u32 subc_port_count(const __u64 *ports)
 {% endfor %}    return n;
 }
 
+/* Counts one copy of `bytes` bytes handed to the egress of `port` (a
+ * redirect, XDP_TX, a clone that succeeded). The map is per CPU: no other
+ * CPU writes this copy, so plain adds suffice. */
+static __always_inline void subc_count(__u32 port, __u64 bytes)
+{
+    struct subc_port_stats *c = bpf_map_lookup_elem(&subc_port_stats, &port);
+    if (c) {
+        c->packets += 1;
+        c->bytes += bytes;
+    }
+}
+
 /* RFC 1624: HC' = ~(~HC + ~m + m'), on 16-bit words as stored. */
 static __always_inline __u16 subc_csum_fold(__u64 s)
 {
@@ -549,14 +561,19 @@ int subc_xdp(struct xdp_md *ctx)
             struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
             if (!e || !e->ifindex)
                 return XDP_DROP;
+            /* The verdict first: a copy the devmap refuses is neither
+             * counted nor rewritten (the rewrite changes the frame in place,
+             * not where it goes, nor its length). */
+            long act = e->ifindex == ctx->ingress_ifindex ? XDP_TX : bpf_redirect_map(&subc_devmap, port, XDP_DROP);
+            if (act == XDP_DROP)
+                return XDP_DROP;
+            subc_count(port, (long)ctx->data_end - (long)ctx->data);
             if (e->flags)
                 subc_xdp_rewrite(ctx, e);
-            if (e->ifindex == ctx->ingress_ifindex)
-                return XDP_TX;
-            return bpf_redirect_map(&subc_devmap, port, XDP_DROP);
+            return act;
         }
         /* Several ports: XDP cannot clone. Hand the port bitmap to
-         * subc_tc_fanout in the packet's metadata. */
+         * subc_tc_fanout in the packet's metadata (which counts the copies). */
         if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(r.ports)))
             return XDP_PASS;
         __u64 *meta = (void *)(long)ctx->data_meta;
@@ -637,7 +654,10 @@ __attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, st
     if (!skb || !k || !e || !e->ifindex)
         return 0;
     subc_tc_rewrite(skb, e, k);
-    return bpf_clone_redirect(skb, e->ifindex, 0) == 0;
+    if (bpf_clone_redirect(skb, e->ifindex, 0))
+        return 0;
+    subc_count(port, skb->len);
+    return 1;
 }
 
 /* One port: bpf_redirect. Several: a clone per port, then drop the original. */
@@ -650,6 +670,7 @@ static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *p
         struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
         if (!e || !e->ifindex)
             return SUBC_TC_ACT_SHOT;
+        subc_count(port, skb->len);
         subc_tc_rewrite(skb, e, &k);
         return bpf_redirect(e->ifindex, 0);
     }

@@ -14,7 +14,7 @@
 
 use crate::attach::ifindex;
 use crate::sys;
-use crate::{LoaderError, NoImage};
+use crate::{LoaderError, NoImage, PortCounter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 use serde::Serialize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -275,6 +275,13 @@ impl Dataplane {
             m.update(&0u32.to_ne_bytes(), &vec![0u8; size], MapFlags::ANY).map_err(|e| LoaderError::bpf("subc_record", e))?;
         }
         Ok(())
+    }
+
+    /// Packets and bytes handed to each logical port since the program
+    /// was loaded, summed over CPUs: only ports with at least one packet,
+    /// in port order. Updates do not reset them; see [`PortCounter`].
+    pub fn port_counters(&self) -> Result<Vec<PortCounter>, LoaderError> {
+        crate::counters::read(&self.maps, &self.model)
     }
 
     /// The stream state and variables, as the reference interpreter keeps them.

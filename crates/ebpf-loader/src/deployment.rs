@@ -109,7 +109,7 @@ pub fn status(name: &str) -> Result<Status, LoaderError> {
     for def in &model.maps {
         let Ok(h) = MapHandle::from_pinned_path(d.pin_dir.join(&def.name)) else { continue };
         let entries = match def.map_type {
-            MapType::Array | MapType::Devmap => def.max_entries as usize,
+            MapType::Array | MapType::PercpuArray | MapType::Devmap => def.max_entries as usize,
             _ => h.keys().count(),
         };
         if def.role == MapRole::Generation {

@@ -52,6 +52,11 @@ pub enum LoaderError {
     /// The generation map is not where the deployment pinned it.
     #[error("the generation map is not pinned")]
     GenerationNotPinned,
+    /// The program keeps no per-port counters: it was generated before
+    /// they existed (its `maps.json` names none), or their map is not
+    /// pinned. A reinstall adds them.
+    #[error("the program keeps no per-port counters (generated before they existed, or their map is not pinned); reinstall it to count")]
+    NoPortCounters,
     /// An update asked of maps whose contents are not known.
     #[error("{0}")]
     NoImage(NoImage),

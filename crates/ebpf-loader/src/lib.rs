@@ -14,6 +14,9 @@
 //! - [`PinnedTables`] reopens a deployment's maps in another process
 //!   (checked against the image that filled them, then updated);
 //!   [`replace_programs`] swaps a new build under live attachments.
+//! - [`PortCounter`]: packets and bytes per logical port, summed over
+//!   CPUs, from [`Dataplane::port_counters`] or
+//!   [`PinnedTables::port_counters`].
 //! - [`frame_limits`]: which frames `BPF_PROG_TEST_RUN` takes, measured.
 //! - [`can_load_bpf`]: whether this process has the privileges.
 //! - [`log_libbpf_through_tracing`]: libbpf's messages as `tracing` events.
@@ -27,6 +30,7 @@
 #![warn(unreachable_pub)]
 
 mod attach;
+mod counters;
 mod dataplane;
 mod deployment;
 mod error;
@@ -39,6 +43,7 @@ mod sys;
 pub mod testnet;
 
 pub use attach::{attach, attach_program, ifindex, link_xdp, AttachKind, AttachMode, Attachment, XdpMode};
+pub use counters::PortCounter;
 pub use dataplane::{grace_period, Dataplane, LoadStats, Record, Runner, TestRun, UpdateReport};
 pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};
 pub use error::{LoaderError, NoImage};

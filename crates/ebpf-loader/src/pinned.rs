@@ -14,12 +14,16 @@
 //! atomically (`bpf_link_update`; a replacing filter for clsact), so a
 //! reinstall never leaves an interface without a program.
 //! [`PinnedProgram`] runs packets through a pinned program.
+//!
+//! The per-port counters ([`PinnedTables::port_counters`]) are read from
+//! the pins as the loading process reads them: they are the program's, so
+//! a restart of the process that reads them changes nothing.
 
 use crate::attach::{attach_program, AttachMode};
 use crate::dataplane::{apply_ops, update_maps, Dataplane, UpdateReport};
 use crate::deployment::Deployment;
 use crate::sys::{self, ProgRun};
-use crate::{LoaderError, NoImage};
+use crate::{LoaderError, NoImage, PortCounter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -149,6 +153,16 @@ impl PinnedTables {
     pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Unchecked))?;
         update_maps(&self.maps, &self.model, image, update)
+    }
+
+    /// Packets and bytes the pinned program handed to each logical port
+    /// since it was loaded, summed over CPUs: only ports with at least one
+    /// packet, in port order. Neither updates nor reopening the pins reset
+    /// them; a full reinstall does (see [`PortCounter`]). A deployment
+    /// whose program predates the counters is
+    /// [`LoaderError::NoPortCounters`].
+    pub fn port_counters(&self) -> Result<Vec<PortCounter>, LoaderError> {
+        crate::counters::read(&self.maps, &self.model)
     }
 
     /// Applies map operations (e.g. a changed target config).

@@ -5,7 +5,10 @@
 //! namespace, with the destination MAC, IPv4 address and UDP port
 //! rewritten to the subscriber's socket. Every
 //! subscriber must receive exactly the packets the reference interpreter
-//! forwards to its port, each exactly once, with valid checksums.
+//! forwards to its port, each exactly once, with valid checksums; and the
+//! program's per-port counters must count exactly those copies and their
+//! bytes (for XDP, several ports' copies are counted by its TC fan-out,
+//! which only a real attachment runs).
 //!
 //! Namespaces are removed when the test ends, also when it fails (a guard
 //! deletes them on drop). Every wait is bounded.
@@ -21,7 +24,7 @@ use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, TargetConfig};
 use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, Namespaces};
-use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, PortCounter, XdpMode};
 use subc_lang::Interpreter;
 use subc_workload::inet_checksum;
 
@@ -75,10 +78,14 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     // What the reference interpreter forwards where, by UDP payload.
     let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
     let mut expected: BTreeMap<u32, BTreeSet<Vec<u8>>> = BTreeMap::new();
+    let mut counters: BTreeMap<u32, PortCounter> = BTreeMap::new();
     for pk in &packets {
         let o = interp.run(&pk.data, pk.ts_ns);
         for port in o.ports {
             assert!(expected.entry(port).or_default().insert(pk.data[42..].to_vec()), "payloads identify packets");
+            let c = counters.entry(port).or_insert(PortCounter { port, packets: 0, bytes: 0 });
+            c.packets += 1;
+            c.bytes += pk.data.len() as u64;
         }
     }
     let ports: Vec<u32> = expected.keys().copied().collect();
@@ -131,6 +138,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     let object = clang::compile(&a.source, BuildFlags::default()).unwrap();
     let (ready_tx, ready_rx) = mpsc::channel();
     let (done_tx, done_rx) = mpsc::channel::<()>();
+    let (counted_tx, counted_rx) = mpsc::channel();
     let broker_thread = in_netns(&broker, move || {
         let dp = Dataplane::load_with_image(&object, a.model, a.image).unwrap();
         dp.configure(&cfg).unwrap();
@@ -139,6 +147,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
             attached.as_ref().map(|v| v.iter().map(|a| a.kind.to_string()).collect()).map_err(|e| e.to_string());
         ready_tx.send(kinds).unwrap();
         let _ = done_rx.recv_timeout(Duration::from_secs(60));
+        let _ = counted_tx.send(dp.port_counters().map_err(|e| e.to_string()));
         drop(attached);
     });
     let kinds = ready_rx.recv_timeout(Duration::from_secs(30)).expect("the broker attaches in time").unwrap();
@@ -192,7 +201,9 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         assert_eq!(got_raw, want, "{ex} {hook:?}: frames that reached the interface of port {port}");
     }
     let _ = done_tx.send(());
+    let counted = counted_rx.recv_timeout(Duration::from_secs(30)).expect("the broker reads its counters").unwrap();
     broker_thread.join().unwrap();
+    assert_eq!(counted, counters.into_values().collect::<Vec<_>>(), "{ex} {hook:?} {mode:?}: per-port counters");
 }
 
 #[test]

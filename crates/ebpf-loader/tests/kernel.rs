@@ -1,9 +1,10 @@
 //! Kernel tests: the verifier accepts every generated program, and the
 //! kernel's decisions through `BPF_PROG_TEST_RUN` equal the reference
 //! interpreter's, packet by packet, including stream state and after
-//! add/remove diffs applied to the live maps, and updates are atomic; and
-//! the naive baseline the lookup bench compares against decides as the
-//! interpreter does too.
+//! add/remove diffs applied to the live maps, and updates are atomic; the
+//! per-port counters equal what the interpreter's decisions deliver, and
+//! survive updates and reopened pins; and the naive baseline the lookup
+//! bench compares against decides as the interpreter does too.
 //!
 //! They need CAP_NET_ADMIN, and CAP_SYS_ADMIN or CAP_BPF and
 //! CAP_PERFMON (`subc_ebpf_loader::can_load_bpf`); without that they skip, except
@@ -12,12 +13,15 @@
 mod common;
 
 use common::{artifacts, compile, example, example_packets, examples, kernel_available, program};
+use std::collections::BTreeMap;
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::write_naive;
-use subc_backend_ebpf::NoMatch;
 use subc_backend_ebpf::{EbpfError, EbpfOptions, Hook, RangeLookup};
+use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::{Dataplane, LoaderError, TestRun};
+use subc_ebpf_loader::testnet::{in_netns, Namespaces};
+use subc_ebpf_loader::{Dataplane, LoaderError, PinnedTables, PortCounter, TestRun};
+use subc_lang::spec::Spec;
 use subc_lang::Program;
 use subc_lang::{Decision, Interpreter, Outcome};
 use subc_workload::PacketGen;
@@ -740,4 +744,247 @@ fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions
         );
     }
     assert!(updates > 0, "{name}: some steps were applied as diffs ({relayouts} relayouts)");
+}
+
+/// What the per-port counters must hold: per port, the copies the program
+/// hands to an egress, and their bytes.
+#[derive(Default)]
+struct Tally(BTreeMap<u32, PortCounter>);
+
+impl Tally {
+    /// Adds a packet of `len` bytes the interpreter decided `o`, run with
+    /// [`counting_config`]. XDP hands a packet for several ports to the TC
+    /// fan-out, which counts them and which test runs do not reach (the
+    /// end-to-end test counts those copies).
+    fn add(&mut self, hook: Hook, o: &Outcome, len: usize) {
+        if hook == Hook::Xdp && o.ports.len() > 1 {
+            return;
+        }
+        for &port in &o.ports {
+            let c = self.0.entry(port).or_insert(PortCounter { port, packets: 0, bytes: 0 });
+            c.packets += 1;
+            c.bytes += len as u64;
+        }
+    }
+
+    /// As `port_counters` returns them: counted ports only, in port order.
+    fn expect(&self) -> Vec<PortCounter> {
+        self.0.values().copied().collect()
+    }
+}
+
+/// Every port has an egress: even ports the loopback device, where test
+/// runs come in (XDP sends such a copy back out, `XDP_TX`), odd ports the
+/// veth `ca` of [`in_counting_netns`] (a devmap redirect). TC redirects a
+/// single port and clones to several.
+fn counting_config(spec: &Spec) -> TargetConfig {
+    let egress = |p: u32| Egress { interface: if p.is_multiple_of(2) { "lo" } else { "ca" }.into(), ..Default::default() };
+    TargetConfig { no_match: NoMatch::Pass, ports: (0..spec.ports).map(|p| (p, egress(p))).collect() }
+}
+
+/// The verdict of a packet under [`counting_config`].
+fn counting_verdict(hook: Hook, o: &Outcome) -> Option<u32> {
+    const XDP_PASS: u32 = 2;
+    const XDP_TX: u32 = 3;
+    const XDP_REDIRECT: u32 = 4;
+    const TC_SHOT: u32 = 2;
+    const TC_REDIRECT: u32 = 7;
+    match (hook, o.ports.as_slice()) {
+        (_, []) => expected_verdict(hook, o, NoMatch::Pass),
+        (Hook::Xdp, [p]) if p.is_multiple_of(2) => Some(XDP_TX),
+        (Hook::Xdp, [_]) => Some(XDP_REDIRECT),
+        (Hook::Xdp, _) => Some(XDP_PASS),
+        (Hook::Tc, [_]) => Some(TC_REDIRECT),
+        (Hook::Tc, _) => Some(TC_SHOT),
+    }
+}
+
+/// Runs `f` on a thread in a new network namespace that has a veth pair
+/// (`ca`, `cb`): the copies the program clones or redirects in test runs
+/// leave through its interfaces, never the machine's.
+fn in_counting_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let mut nss = Namespaces::default();
+    let ns = nss.add(&format!("sk{}x{}", std::process::id() % 100_000, N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))).unwrap();
+    nss.veth("ca", &ns, "cb", &ns).unwrap();
+    in_netns(&ns, f).join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Runs packets through kernel and interpreter (configured with
+/// [`counting_config`]): each packet's ports and verdict, and what it adds
+/// to the counters, into `tally`. Returns how many packets went to one
+/// port and how many to several.
+fn counted_run(dp: &Dataplane, interp: &mut Interpreter, packets: &[Timed], tally: &mut Tally, ctx: &str) -> (usize, usize) {
+    let hook = dp.model.hook;
+    let (mut one, mut several) = (0, 0);
+    for (i, (ts, pkt)) in packets.iter().enumerate() {
+        if !runnable(hook, pkt) {
+            continue;
+        }
+        let o = interp.run(pkt, *ts);
+        let r = dp.test_run(pkt, *ts, NoMatch::Pass, 1).unwrap_or_else(|e| panic!("{ctx}, packet {i}: {e}"));
+        assert_eq!(r.record.as_ref().expect("test builds record").ports, o.ports, "{ctx}, packet {i}: ports");
+        assert_eq!(Some(r.verdict), counting_verdict(hook, &o), "{ctx}, packet {i}: verdict ({:?})", o.decision);
+        tally.add(hook, &o, pkt.len());
+        match o.ports.len() {
+            0 => {}
+            1 => one += 1,
+            _ => several += 1,
+        }
+    }
+    (one, several)
+}
+
+/// Random sets (ITCH, and Siena in several pipelines, so that packets go
+/// to several ports) and random packets, every port with an egress: the
+/// per-port counters equal, packet for packet and byte for byte, the
+/// copies the interpreter's decisions deliver, through both hooks and
+/// both layouts.
+#[test]
+fn port_counters_equal_the_interpreters_deliveries() {
+    if !kernel_available("port_counters_equal_the_interpreters_deliveries") {
+        return;
+    }
+    let mut sets: Vec<(String, Program, CompiledSet)> = vec![];
+    for seed in 1..=2u64 {
+        let rules = itch(&ItchParams { subscriptions: 60 * seed as usize, symbols: 8, hosts: 12, seed, ..Default::default() });
+        let p = program(ITCH_SPEC, &rules);
+        let set = compile(&p);
+        sets.push((format!("itch seed {seed}"), p, set));
+        let sp = SienaParams { filters: 30, attributes: 6, ports: 16, seed, ..Default::default() };
+        let p = program(&siena_spec(sp.attributes, sp.ports), &siena(&sp));
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { split_nodes: 40, node_budget: 60, ..Default::default() })
+            .unwrap();
+        sets.push((format!("siena seed {seed}"), p, set));
+    }
+    // Per hook: packets to one port, to several.
+    let mut seen = [(Hook::Xdp, 0, 0), (Hook::Tc, 0, 0)];
+    for (name, p, set) in sets {
+        let packets = random_packets(&p, 300, 31);
+        let runs = in_counting_netns(move || {
+            let mut runs = vec![];
+            for opts in all_options() {
+                let ctx = format!("{name} {opts:?}");
+                let dp = load(&p, &set, &opts);
+                dp.configure(&counting_config(&p.spec)).unwrap();
+                let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+                let mut tally = Tally::default();
+                let run = counted_run(&dp, &mut interp, &packets, &mut tally, &ctx);
+                assert_eq!(dp.port_counters().unwrap(), tally.expect(), "{ctx}: counters");
+                runs.push((opts.hook, run));
+            }
+            runs
+        });
+        for (hook, (one, several)) in runs {
+            let s = seen.iter_mut().find(|s| s.0 == hook).unwrap();
+            s.1 += one;
+            s.2 += several;
+        }
+    }
+    for (hook, one, several) in seen {
+        assert!(one >= 50 && several >= 50, "{hook:?}: the sets must forward many packets to one port and to several ({one}, {several})");
+    }
+}
+
+/// The counters are the program's, not the tables': updates through the
+/// pinned maps (as the service applies them) leave them as they were, and
+/// counting goes on under the new tables; the deployment reopened from its
+/// pins reads the same; a new program pinned over the old one (a full
+/// reinstall) starts from zero; a `maps.json` from before the counters
+/// reads as `NoPortCounters`. Through both hooks.
+#[test]
+fn port_counters_survive_updates_and_reopening() {
+    if !kernel_available("port_counters_survive_updates_and_reopening") {
+        return;
+    }
+    // Generated ITCH rules (a packet to several ports) interleaved with
+    // disjoint share ranges (to one port, which XDP counts itself).
+    let generated = itch(&ItchParams { subscriptions: 60, symbols: 6, hosts: 10, seed: 5, ..Default::default() });
+    let rules: String = generated
+        .lines()
+        .enumerate()
+        .map(|(k, l)| format!("{l}\nshares >= {} && shares <= {} : fwd({})\n", 50 * k, 50 * k + 20, k % 32))
+        .collect();
+    let p = program(ITCH_SPEC, &rules);
+    for hook in [Hook::Xdp, Hook::Tc] {
+        let opts = EbpfOptions { hook, capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..Default::default() };
+        let p = p.clone();
+        in_counting_netns(move || counters_across_updates(&p, &opts));
+    }
+}
+
+fn counters_across_updates(p: &Program, opts: &EbpfOptions) {
+    let dir = std::path::PathBuf::from("/sys/fs/bpf").join(format!("subc-test-counters-{:?}-{}", opts.hook, std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let half = p.normal_forms.len() / 2;
+        let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..half], CompileOptions::default()).unwrap();
+        let a = artifacts(p, &set, opts);
+        let obj = clang::compile(&a.source, BuildFlags::test()).unwrap();
+        let dp = Dataplane::load_with_image(&obj, a.model.clone(), a.image.clone()).unwrap();
+        dp.configure(&counting_config(&p.spec)).unwrap();
+        dp.pin(&dir).unwrap();
+        let reopen = |model: &subc_backend_ebpf::Model| PinnedTables::open(&dir, model.clone()).unwrap();
+        let mut tables = reopen(&a.model);
+        tables.set_image(a.image.clone());
+
+        let packets = random_packets(p, 600, 17);
+        let mut batches = packets.chunks(100);
+        let mut tally = Tally::default();
+        let mut interp = Interpreter::new(&p.spec, &p.subscriptions[..half]);
+        counted_run(&dp, &mut interp, batches.next().unwrap(), &mut tally, "before any update");
+        let mut state = interp.state;
+        assert!(tally.0.len() >= 3, "packets to count: {:?}", tally.expect());
+        assert_eq!(dp.port_counters().unwrap(), tally.expect(), "loaded");
+        assert_eq!(tables.port_counters().unwrap(), tally.expect(), "pinned");
+
+        // Add the second half in three batches, then remove the first 20.
+        let mut live: Vec<bool> = (0..p.normal_forms.len()).map(|i| i < half).collect();
+        let third = (p.normal_forms.len() - half).div_ceil(3);
+        let mut steps: Vec<(Vec<usize>, Vec<usize>)> =
+            (half..p.normal_forms.len()).step_by(third).map(|i| ((i..(i + third).min(p.normal_forms.len())).collect(), vec![])).collect();
+        steps.push((vec![], (0..20).collect()));
+        for (step, (add, remove)) in steps.iter().enumerate() {
+            let ctx = format!("{:?} after update {step}", opts.hook);
+            let u = if add.is_empty() {
+                set.remove(&remove.iter().map(|i| p.normal_forms[*i].id).collect::<Vec<_>>()).unwrap()
+            } else {
+                set.add(&add.iter().map(|i| p.normal_forms[*i].clone()).collect::<Vec<_>>()).unwrap()
+            };
+            tables.update(&u).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            assert_eq!(tables.port_counters().unwrap(), tally.expect(), "{ctx}: the update changed the counters");
+            for i in add {
+                live[*i] = true;
+            }
+            for i in remove {
+                live[*i] = false;
+            }
+            let subs: Vec<_> = p.subscriptions.iter().zip(&live).filter(|(_, l)| **l).map(|(s, _)| s.clone()).collect();
+            let mut interp = Interpreter::new(&p.spec, &subs);
+            interp.state = state;
+            counted_run(&dp, &mut interp, batches.next().unwrap(), &mut tally, &ctx);
+            state = interp.state;
+            assert_eq!(dp.port_counters().unwrap(), tally.expect(), "{ctx}: loaded");
+            assert_eq!(tables.port_counters().unwrap(), tally.expect(), "{ctx}: pinned");
+        }
+
+        // A restarted service reopens the pins: the same counters.
+        assert_eq!(reopen(&a.model).port_counters().unwrap(), tally.expect(), "reopened");
+        // A deployment recorded before the counters existed has none.
+        let mut old = a.model.maps_json();
+        old["maps"].as_array_mut().unwrap().retain(|m| m["role"] != "port_stats");
+        let old = subc_backend_ebpf::Model::from_maps_json(&old.to_string()).unwrap();
+        assert!(matches!(reopen(&old).port_counters(), Err(LoaderError::NoPortCounters)));
+        // A full reinstall: a new program's maps pinned over the old ones.
+        let b = artifacts(p, &set, opts);
+        let obj = clang::compile(&b.source, BuildFlags::test()).unwrap();
+        let fresh = Dataplane::load_with_image(&obj, b.model.clone(), b.image).unwrap();
+        fresh.pin(&dir).unwrap();
+        assert_eq!(reopen(&b.model).port_counters().unwrap(), vec![], "after a reinstall");
+        assert_eq!(dp.port_counters().unwrap(), tally.expect(), "the old program keeps its own");
+    }));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
 }
