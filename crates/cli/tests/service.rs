@@ -254,6 +254,14 @@ fn the_data_plane_outlives_the_control_plane() {
     }
     assert_eq!(reconciled.entries, 0, "nothing was rewritten by the reconcile: {reconciled:?}");
     assert_eq!((saved("image.json"), saved("journal.jsonl")), image_before, "the saved image was not rewritten");
+    // The port counters the restarted server reads count every delivery,
+    // from before the kill too: the program was never reinstalled.
+    let frame_len = itch_frame(broker_mac, 0, "AAAA", 100).len() as u64;
+    let status =
+        rt.block_on(async { server.client(ADMIN).targets.status(proto::TargetRequest { name: t.clone() }).await.unwrap().into_inner() });
+    let counted: Vec<(u32, u64, u64)> = status.port_counters.iter().map(|c| (c.port, c.packets, c.bytes)).collect();
+    let delivered: Vec<(u32, u64, u64)> = got.iter().zip(1..).map(|(g, port)| (port, g.len() as u64, g.len() as u64 * frame_len)).collect();
+    assert_eq!(counted, delivered, "the status's port counters are the deliveries");
 }
 
 /// The ports the reference interpreter forwards each frame to, under `rules`.

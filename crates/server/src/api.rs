@@ -307,7 +307,12 @@ impl Targets for Api {
     async fn status(&self, request: Request<proto::TargetRequest>) -> Result<Response<proto::TargetStatus>, Status> {
         principal(&request)?.require_admin()?;
         let h = self.core.target(&request.into_inner().name)?;
-        Ok(Response::new(h.status(self.core.generation())))
+        let mut status = h.status(self.core.generation());
+        let core = self.core.clone();
+        status.port_counters = tokio::task::spawn_blocking(move || h.read_port_counters(core.metrics()))
+            .await
+            .map_err(|e| Status::internal(format!("reading the port counters: {e}")))?;
+        Ok(Response::new(status))
     }
 
     async fn plan(&self, request: Request<proto::TargetRequest>) -> Result<Response<proto::PlanResponse>, Status> {

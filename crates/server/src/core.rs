@@ -335,6 +335,13 @@ impl Core {
     }
 
     /// Every registered target, by name.
+    /// Reads every target's port counters into the metrics (blocking).
+    pub(crate) fn read_port_counters(&self) {
+        for t in self.targets() {
+            t.read_port_counters(self.metrics());
+        }
+    }
+
     pub fn targets(&self) -> Vec<Arc<TargetHandle>> {
         self.targets.lock().expect("targets").values().cloned().collect()
     }

@@ -55,6 +55,11 @@ pub struct Metrics {
     /// response headers (all of a unary call; a stream's start).
     pub rpc_calls: Family<Labels, Counter>,
     pub rpc_seconds: HistogramFamily,
+    /// Packets and bytes per target and subscription port since its program
+    /// was installed, as last read from the target (at each scrape and
+    /// status request). A reinstall starts them at zero again.
+    pub port_packets: Family<Labels, Gauge>,
+    pub port_bytes: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -117,8 +122,22 @@ impl Metrics {
         let build_info = Family::<Labels, Gauge>::default();
         registry.register("build_info", "Always 1; the labels say which build is running", build_info.clone());
         build_info.get_or_create(&build_labels()).set(1);
+        let port_packets = Family::<Labels, Gauge>::default();
+        registry.register(
+            "port_packets",
+            "Packets delivered per target and subscription port since its program was installed",
+            port_packets.clone(),
+        );
+        let port_bytes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "port_bytes",
+            "Bytes delivered per target and subscription port since its program was installed",
+            port_bytes.clone(),
+        );
         Metrics {
             registry,
+            port_packets,
+            port_bytes,
             target_failing,
             rpc_calls,
             rpc_seconds,
@@ -167,8 +186,12 @@ fn build_labels() -> Labels {
     vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("profile", profile.to_string())]
 }
 
+/// What a scrape reads fresh from the targets first (their port counters);
+/// it may block, so it runs off the async threads.
+pub(crate) type Refresh = Arc<dyn Fn() + Send + Sync>;
+
 /// Serves `GET /metrics` on `addr` until the process ends.
-pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, refresh: Refresh) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -176,7 +199,13 @@ pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::R
         "/metrics",
         get(move || {
             let m = metrics.clone();
-            async move { ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render()) }
+            let refresh = refresh.clone();
+            async move {
+                if let Err(e) = tokio::task::spawn_blocking(move || refresh()).await {
+                    tracing::warn!(error = %e, "refreshing the metrics failed");
+                }
+                ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render())
+            }
         }),
     );
     tokio::spawn(async move {
@@ -197,7 +226,9 @@ mod tests {
         m.subscriptions.get_or_create(&Metrics::label("app", "a")).set(3);
         m.compile_seconds.get_or_create(&Metrics::label("op", "add")).observe(0.001);
         m.deploy_failures.get_or_create(&Metrics::label("target", "t")).inc();
+        m.port_packets.get_or_create(&vec![("target", "t".into()), ("port", "3".into())]).set(42);
         let text = m.render();
+        assert!(text.contains("subc_port_packets{target=\"t\",port=\"3\"} 42"), "{text}");
         assert!(text.contains("subc_subscriptions{app=\"a\"} 3"), "{text}");
         assert!(text.contains("subc_compile_seconds_count{op=\"add\"} 1"), "{text}");
         assert!(text.contains("subc_deploy_failures_total{target=\"t\"} 1"), "{text}");

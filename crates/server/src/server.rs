@@ -103,9 +103,12 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let core = Core::start(config).await?;
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
-            crate::metrics::serve(a, core.metrics().clone())
-                .await
-                .map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?,
+            crate::metrics::serve(a, core.metrics().clone(), {
+                let core = core.clone();
+                Arc::new(move || core.read_port_counters())
+            })
+            .await
+            .map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?,
         ),
         None => None,
     };

@@ -149,6 +149,16 @@ impl EbpfDriver {
 }
 
 impl Driver for EbpfDriver {
+    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
+        let Some(t) = &self.tables else { return Ok(vec![]) };
+        match t.port_counters() {
+            Ok(c) => Ok(c.into_iter().map(|c| proto::PortCounter { port: c.port, packets: c.packets, bytes: c.bytes }).collect()),
+            // Pinned by a version that did not count.
+            Err(LoaderError::NoPortCounters) => Ok(vec![]),
+            Err(e) => Err(err(e)),
+        }
+    }
+
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         self.tables = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };

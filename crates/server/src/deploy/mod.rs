@@ -94,6 +94,12 @@ pub(crate) trait Driver: Send {
     fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::Op)]) -> Vec<Option<String>> {
         vec![]
     }
+    /// Packets and bytes delivered per subscription port since the program
+    /// was installed, ports that carried nothing left out; empty where the
+    /// target counts nothing (the sim target).
+    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
+        Ok(vec![])
+    }
 }
 
 /// What the task knows a target holds.
@@ -216,6 +222,8 @@ pub struct TargetHandle {
     wake: Notify,
     /// The first sync after startup reports a `Reconciled` event.
     reconciling: AtomicBool,
+    /// The port counters last read from the target.
+    counters: Mutex<Vec<proto::PortCounter>>,
 }
 
 /// The plan for one sync.
@@ -279,6 +287,7 @@ impl TargetHandle {
             stopped: AtomicBool::new(false),
             wake: Notify::new(),
             reconciling: AtomicBool::new(deployed),
+            counters: Mutex::new(vec![]),
         })
     }
 
@@ -295,6 +304,31 @@ impl TargetHandle {
         let mut s = self.progress.borrow().status.clone();
         s.current_generation = current;
         s
+    }
+
+    /// Reads the port counters from the target into the status and the
+    /// metrics, and returns them. Blocks (call it off the async threads),
+    /// but never waits for a deploy: while the driver is busy, or before the
+    /// target has one, the last counters read stand.
+    pub fn read_port_counters(&self, metrics: &Metrics) -> Vec<proto::PortCounter> {
+        let read = match self.driver.try_lock() {
+            Ok(mut guard) => guard.as_mut().map(|d| d.port_counters()),
+            Err(_) => None,
+        };
+        let mut last = self.counters.lock().expect("counters");
+        match read {
+            Some(Ok(c)) => {
+                for p in &c {
+                    let labels = vec![("target", self.name.clone()), ("port", p.port.to_string())];
+                    metrics.port_packets.get_or_create(&labels).set(p.packets as i64);
+                    metrics.port_bytes.get_or_create(&labels).set(p.bytes as i64);
+                }
+                *last = c;
+            }
+            Some(Err(e)) => tracing::debug!(target_name = %self.name, error = %e, "cannot read the port counters"),
+            None => {}
+        }
+        last.clone()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Progress> {
