@@ -11,7 +11,7 @@
 //! - `sim`: a P4-semantics simulator that runs on decoded P4Runtime
 //!   messages only;
 //! - [`client`]: a P4Runtime client (arbitration, pipeline config, write,
-//!   read back);
+//!   read back), plaintext or over TLS ([`TlsOptions`]);
 //! - [`proto`]: the P4Runtime messages, generated from the official
 //!   package's descriptors, and their text format.
 //!
@@ -38,6 +38,7 @@ mod simulator;
 #[cfg(feature = "test-server")]
 pub mod testing;
 
+pub use client::TlsOptions;
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
 pub use layout::{field_orders, P4Layout};
 pub use p4info::difference;
@@ -105,6 +106,22 @@ pub enum Error {
     Decode(String),
     #[error("P4Runtime: {0}")]
     Rpc(String),
+    /// A TLS file that cannot be read; `what` names its role (`CA
+    /// certificate`, `client certificate`, `client key`).
+    #[error("TLS: cannot read the {what} {}: {source}", path.display())]
+    TlsFile {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS file that holds no well-formed PEM of what it should.
+    #[error("TLS: the {what} {} is not a usable PEM file: {reason}", path.display())]
+    TlsPem { what: &'static str, path: std::path::PathBuf, reason: String },
+    /// Half a client identity: a certificate without its key, or a key
+    /// without its certificate.
+    #[error("TLS: {given} is set but {missing} is not; a client identity needs both")]
+    TlsIdentity { given: &'static str, missing: &'static str },
     /// A call the switch answered with an error status.
     #[error("P4Runtime: {what}: {message} ({code:?})")]
     Status { what: String, code: tonic::Code, message: String },

@@ -22,6 +22,9 @@
 //! groups) and `GetForwardingPipelineConfig`, and counts and logs every
 //! write, so that a test can tell what a controller wrote.
 //!
+//! It serves plaintext ([`TestServer::start`]) or TLS, optionally requiring
+//! a client certificate ([`TestServer::start_tls`]).
+//!
 //! The checks need the program's [`P4Layout`]: given, or recovered from the
 //! P4Info the controller pushes ([`recover_layout`], for a controller that
 //! generates the program itself).
@@ -332,22 +335,51 @@ impl P4Runtime for FakeSwitch {
 
 /// A fake switch serving on a local port.
 pub struct TestServer {
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://` with TLS.
     pub addr: String,
     pub state: Arc<Mutex<State>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// The test server's TLS, in PEM: its certificate chain and key, and the
+/// CA whose client certificates it requires (mTLS), if any.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub client_ca: Option<Vec<u8>>,
+}
+
 impl TestServer {
-    /// Starts a server on a free local port; it stops when dropped.
+    /// Starts a plaintext server on a free local port; it stops when dropped.
     pub async fn start(checks: Checks) -> std::io::Result<TestServer> {
+        TestServer::serve(checks, None).await
+    }
+
+    /// Starts a TLS server on a free local port; with a client CA it
+    /// refuses clients without a certificate that CA signed.
+    pub async fn start_tls(checks: Checks, tls: ServerTls) -> std::io::Result<TestServer> {
+        TestServer::serve(checks, Some(tls)).await
+    }
+
+    async fn serve(checks: Checks, tls: Option<ServerTls>) -> std::io::Result<TestServer> {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = format!("http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let addr = format!("{scheme}://{}", listener.local_addr()?);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            let mut config = ServerTlsConfig::new().identity(Identity::from_pem(tls.cert, tls.key));
+            if let Some(ca) = tls.client_ca {
+                config = config.client_ca_root(Certificate::from_pem(ca));
+            }
+            builder = builder.tls_config(config).map_err(std::io::Error::other)?;
+        }
         let state = Arc::new(Mutex::new(State::default()));
         let svc = FakeSwitch { state: state.clone(), checks, streams: Arc::new(AtomicU64::new(0)) };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(P4RuntimeServer::new(svc).max_decoding_message_size(256 << 20))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
