@@ -1,5 +1,6 @@
 //! A P4Runtime client: become the primary controller, push the pipeline,
-//! write batches of updates in order, and read back what the switch holds.
+//! write batches of updates in order, read back what the switch holds, and
+//! read the program's per-port counters.
 //!
 //! ```text
 //! let mut c = Client::connect("http://127.0.0.1:9559", 1, 1, None).await?;   // arbitration
@@ -7,6 +8,7 @@
 //! c.write(&batches).await?;                                                // one Write per batch, in order
 //! let held = c.read_all(&p4info).await?;                                   // tables, defaults, groups
 //! let diff = compare(&expected, &held);
+//! let ports = c.read_port_counters(&p4info).await?;                        // packets and bytes per port
 //! ```
 //!
 //! Each batch is one `Write` RPC, sent only after the previous one
@@ -20,6 +22,7 @@
 //! refused by name before anything is dialed.
 
 use crate::entries::Batch;
+use crate::layout::{EGRESS, PORT_COUNTER};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
@@ -49,6 +52,16 @@ pub struct TlsOptions {
     /// the host of the address (a switch dialed by IP address whose
     /// certificate names it).
     pub server_name: Option<String>,
+}
+
+/// Packets and bytes that left one device port, as the program's egress
+/// counted them: every copy of a replicated packet on its own port, no
+/// dropped packet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounter {
+    pub port: u32,
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// A connection to one device, as its primary controller.
@@ -277,6 +290,35 @@ impl Client {
             })),
         });
         self.read(wanted).await
+    }
+
+    /// Packets and bytes per device port, from the program's per-port
+    /// counter (one `Read` of all its indices). Only the ports that sent at
+    /// least one packet are listed, in port order. Fails with
+    /// [`Error::NoCounter`] when the P4Info has no such counter (a program
+    /// generated before it existed).
+    pub async fn read_port_counters(&mut self, p4info: &cfg::P4Info) -> Result<Vec<PortCounter>, Error> {
+        let name = format!("{EGRESS}.{PORT_COUNTER}");
+        let counter_id = p4info
+            .counters
+            .iter()
+            .filter_map(|c| c.preamble.as_ref())
+            .find(|p| p.name == name)
+            .map(|p| p.id)
+            .ok_or(Error::NoCounter(name))?;
+        let wanted =
+            p4v1::Entity { entity: Some(p4v1::entity::Entity::CounterEntry(p4v1::CounterEntry { counter_id, index: None, data: None })) };
+        let mut out: BTreeMap<u32, PortCounter> = BTreeMap::new();
+        for e in self.read(vec![wanted]).await? {
+            let Some(p4v1::entity::Entity::CounterEntry(c)) = e.entity else { continue };
+            let (Some(index), Some(data)) = (c.index, c.data) else { continue };
+            if c.counter_id != counter_id || data.packet_count == 0 {
+                continue;
+            }
+            let port = u32::try_from(index.index).map_err(|_| Error::Decode(format!("counter index {} is no port", index.index)))?;
+            out.insert(port, PortCounter { port, packets: data.packet_count as u64, bytes: data.byte_count as u64 });
+        }
+        Ok(out.into_values().collect())
     }
 }
 

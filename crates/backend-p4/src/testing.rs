@@ -19,8 +19,11 @@
 //!   injects such a failure).
 //!
 //! It answers `Read` (wildcards per table, default entries, multicast
-//! groups) and `GetForwardingPipelineConfig`, and counts and logs every
-//! write, so that a test can tell what a controller wrote.
+//! groups, counters: every counter for `counter_id` 0, every index when
+//! `index` is unset) and `GetForwardingPipelineConfig`, and counts and logs
+//! every write, so that a test can tell what a controller wrote.
+//! [`TestServer::send`] runs packets through the simulator on what the
+//! switch holds; their register updates and counts stay in the switch.
 //!
 //! It serves plaintext ([`TestServer::start`]) or TLS, optionally requiring
 //! a client certificate ([`TestServer::start_tls`]).
@@ -36,7 +39,7 @@ use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::p4::config::v1::{match_field::MatchType, P4Info};
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_server::{P4Runtime, P4RuntimeServer};
-use crate::simulator::{Code, Switch};
+use crate::simulator::{Code, Outcome, SimError, Simulator, Switch};
 use crate::P4Options;
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -218,7 +221,10 @@ impl P4Runtime for FakeSwitch {
                         _ => false,
                     }).cloned())
                 }
-                _ => return Err(Status::unimplemented("only table entries and multicast groups")),
+                Some(p4v1::entity::Entity::CounterEntry(c)) => {
+                    out.extend(sw.read_counters(c).map_err(|e| to_status(e.code, e.message))?);
+                }
+                _ => return Err(Status::unimplemented("only table entries, multicast groups and counters")),
             }
         }
         let stream = tokio_stream::iter(vec![Ok(p4v1::ReadResponse { entities: out })]);
@@ -350,6 +356,15 @@ pub struct ServerTls {
     pub client_ca: Option<Vec<u8>>,
 }
 
+/// Why [`TestServer::send`] could not run a packet.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("no forwarding pipeline config")]
+    NoPipeline,
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
 impl TestServer {
     /// Starts a plaintext server on a free local port; it stops when dropped.
     pub async fn start(checks: Checks) -> std::io::Result<TestServer> {
@@ -392,6 +407,20 @@ impl TestServer {
     /// The state, locked.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    /// Runs packets (bytes, arrival in nanoseconds) through the program of
+    /// `spec` on what the switch holds, in order, as if they arrived on
+    /// some port; their register updates and counts stay in the switch (a
+    /// new pipeline config clears them). The outcomes are the simulator's.
+    pub fn send(&self, spec: &Spec, packets: &[(Vec<u8>, u64)]) -> Result<Vec<Outcome>, SendError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let (Some(sw), Some(layout)) = (st.switch.as_mut(), st.layout.as_ref()) else {
+            return Err(SendError::NoPipeline);
+        };
+        Simulator::on(spec, layout, sw, |sim| packets.iter().map(|(bytes, ts)| sim.run(bytes, *ts)).collect::<Result<Vec<_>, _>>())?
+            .map_err(SendError::from)
     }
 
     /// Waits until no controller's stream is open (a controller that went
