@@ -1,28 +1,68 @@
 //! A P4Runtime client: become the primary controller, push the pipeline,
-//! write batches of updates in order, and read back what the switch holds.
+//! write batches of updates in order, read back what the switch holds, and
+//! read the program's per-port counters.
 //!
 //! ```text
-//! let mut c = Client::connect("http://127.0.0.1:9559", 1, 1).await?;   // arbitration
-//! c.set_pipeline(&p4info, bmv2_json).await?;                         // VERIFY_AND_COMMIT
-//! c.write(&batches).await?;                                          // one Write per batch, in order
-//! let held = c.read_all(&p4info).await?;                             // tables, defaults, groups
+//! let mut c = Client::connect("http://127.0.0.1:9559", 1, 1, None).await?;   // arbitration
+//! c.set_pipeline(&p4info, bmv2_json).await?;                               // VERIFY_AND_COMMIT
+//! c.write(&batches).await?;                                                // one Write per batch, in order
+//! let held = c.read_all(&p4info).await?;                                   // tables, defaults, groups
 //! let diff = compare(&expected, &held);
+//! let ports = c.read_port_counters(&p4info).await?;                        // packets and bytes per port
 //! ```
 //!
 //! Each batch is one `Write` RPC, sent only after the previous one
 //! succeeded: updates inside a batch are independent of each other, but
 //! batches depend on the ones before (see [`crate::entries`]).
+//!
+//! The connection is plaintext, or TLS with [`TlsOptions`] (mutual TLS with
+//! a client certificate). Its files are read at every connect, so a
+//! controller that reconnects after a certificate rotation uses the new
+//! files; a file that cannot be read or holds no PEM of the right kind is
+//! refused by name before anything is dialed.
 
 use crate::entries::Batch;
+use crate::layout::{EGRESS, PORT_COUNTER};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
 use crate::Error;
 use prost::Message;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// TLS to the switch. The files are PEM, read at every connect.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// The CA certificates the switch's certificate must chain to; `None`:
+    /// the system's roots (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
+    /// `SSL_CERT_DIR`).
+    pub ca_cert: Option<PathBuf>,
+    /// The client certificate chain, for a switch that requires one (mTLS);
+    /// needs `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub client_key: Option<PathBuf>,
+    /// The name the switch's certificate must be valid for, when it is not
+    /// the host of the address (a switch dialed by IP address whose
+    /// certificate names it).
+    pub server_name: Option<String>,
+}
+
+/// Packets and bytes that left one device port, as the program's egress
+/// counted them: every copy of a replicated packet on its own port, no
+/// dropped packet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounter {
+    pub port: u32,
+    pub packets: u64,
+    pub bytes: u64,
+}
 
 /// A connection to one device, as its primary controller.
 pub struct Client {
@@ -35,15 +75,99 @@ pub struct Client {
 }
 
 fn rpc_error(what: &str, s: tonic::Status) -> Error {
-    Error::Status { what: what.to_string(), code: s.code(), message: s.message().to_string() }
+    // A status made from a broken connection says only "transport error";
+    // why (a TLS alert: the switch wanted a client certificate) is in its
+    // sources.
+    let mut message = s.message().to_string();
+    if let Some(source) = std::error::Error::source(&s) {
+        let why = with_sources(source);
+        if why.starts_with(&message) {
+            message = why;
+        } else if !message.ends_with(&why) {
+            message = format!("{message}: {why}");
+        }
+    }
+    Error::Status { what: what.to_string(), code: s.code(), message }
 }
 
-async fn rpc(addr: &str) -> Result<P4RuntimeClient<Channel>, Error> {
-    let channel = Channel::from_shared(addr.to_string())
-        .map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?
-        .connect()
-        .await
-        .map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {e}")))?;
+/// An error and its sources, `: `-separated: tonic's own message for a
+/// failed connect is only "transport error", the reason (a refused
+/// connection, an unknown issuer, a name mismatch) is in the sources.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+fn read_tls_file(what: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::TlsFile { what, path: path.to_path_buf(), source })
+}
+
+/// A file of PEM certificates: at least one, every section well formed.
+fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+    let pem = read_tls_file(what, path)?;
+    let bad = |reason: String| Error::TlsPem { what, path: path.to_path_buf(), reason };
+    let certs = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>().map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad("no CERTIFICATE section".into()));
+    }
+    Ok(pem)
+}
+
+/// A file holding a PEM private key.
+fn read_private_key(what: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
+    let pem = read_tls_file(what, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| Error::TlsPem { what, path: path.to_path_buf(), reason: e.to_string() })?;
+    Ok(pem)
+}
+
+impl TlsOptions {
+    /// tonic's configuration, from the files as they are now.
+    fn config(&self) -> Result<ClientTlsConfig, Error> {
+        let mut tls = ClientTlsConfig::new();
+        tls = match &self.ca_cert {
+            Some(ca) => tls.ca_certificate(Certificate::from_pem(read_certificates("CA certificate", ca)?)),
+            None => tls.with_native_roots(),
+        };
+        match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => {
+                let cert = read_certificates("client certificate", cert)?;
+                tls = tls.identity(Identity::from_pem(cert, read_private_key("client key", key)?));
+            }
+            (Some(_), None) => return Err(Error::TlsIdentity { given: "client_cert", missing: "client_key" }),
+            (None, Some(_)) => return Err(Error::TlsIdentity { given: "client_key", missing: "client_cert" }),
+            (None, None) => {}
+        }
+        if let Some(name) = &self.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(tls)
+    }
+}
+
+/// Dials `addr`: plaintext without `tls`; with it, TLS whatever the scheme
+/// (tonic speaks TLS only to `https://` addresses, so `http://` and a bare
+/// `host:port` are dialed as `https://`: TLS options never fall back to
+/// plaintext).
+async fn rpc(addr: &str, tls: Option<&TlsOptions>) -> Result<P4RuntimeClient<Channel>, Error> {
+    let uri = match (tls, addr.split_once("://")) {
+        (Some(_), Some(("http", rest))) => format!("https://{rest}"),
+        (Some(_), None) => format!("https://{addr}"),
+        _ => addr.to_string(),
+    };
+    let mut endpoint = Endpoint::from_shared(uri).map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.config()?).map_err(|e| Error::Rpc(format!("TLS for {addr}: {}", with_sources(&e))))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {}", with_sources(&e))))?;
     Ok(P4RuntimeClient::new(channel).max_decoding_message_size(256 << 20))
 }
 
@@ -52,11 +176,11 @@ fn uint128(v: u128) -> p4v1::Uint128 {
 }
 
 impl Client {
-    /// Connects to `addr` (`http://host:port`) and asks to be the primary
-    /// controller of `device_id` with `election_id`; fails if another
-    /// controller holds a higher election id.
-    pub async fn connect(addr: &str, device_id: u64, election_id: u128) -> Result<Client, Error> {
-        let mut rpc = rpc(addr).await?;
+    /// Connects to `addr` (`http://host:port`), over TLS with `tls`, and
+    /// asks to be the primary controller of `device_id` with `election_id`;
+    /// fails if another controller holds a higher election id.
+    pub async fn connect(addr: &str, device_id: u64, election_id: u128, tls: Option<&TlsOptions>) -> Result<Client, Error> {
+        let mut rpc = rpc(addr, tls).await?;
         let (tx, rx) = mpsc::channel(8);
         let election_id = uint128(election_id);
         tx.send(p4v1::StreamMessageRequest {
@@ -89,8 +213,8 @@ impl Client {
     /// A client that only reads (`Read`, `GetForwardingPipelineConfig`):
     /// P4Runtime serves those to any client, without arbitration, so it
     /// can watch a switch another controller drives.
-    pub async fn reader(addr: &str, device_id: u64) -> Result<Client, Error> {
-        Ok(Client { rpc: rpc(addr).await?, device_id, election_id: uint128(0), _stream: None })
+    pub async fn reader(addr: &str, device_id: u64, tls: Option<&TlsOptions>) -> Result<Client, Error> {
+        Ok(Client { rpc: rpc(addr, tls).await?, device_id, election_id: uint128(0), _stream: None })
     }
 
     /// Installs a program: its P4Info and the target's device config (for
@@ -166,6 +290,35 @@ impl Client {
             })),
         });
         self.read(wanted).await
+    }
+
+    /// Packets and bytes per device port, from the program's per-port
+    /// counter (one `Read` of all its indices). Only the ports that sent at
+    /// least one packet are listed, in port order. Fails with
+    /// [`Error::NoCounter`] when the P4Info has no such counter (a program
+    /// generated before it existed).
+    pub async fn read_port_counters(&mut self, p4info: &cfg::P4Info) -> Result<Vec<PortCounter>, Error> {
+        let name = format!("{EGRESS}.{PORT_COUNTER}");
+        let counter_id = p4info
+            .counters
+            .iter()
+            .filter_map(|c| c.preamble.as_ref())
+            .find(|p| p.name == name)
+            .map(|p| p.id)
+            .ok_or(Error::NoCounter(name))?;
+        let wanted =
+            p4v1::Entity { entity: Some(p4v1::entity::Entity::CounterEntry(p4v1::CounterEntry { counter_id, index: None, data: None })) };
+        let mut out: BTreeMap<u32, PortCounter> = BTreeMap::new();
+        for e in self.read(vec![wanted]).await? {
+            let Some(p4v1::entity::Entity::CounterEntry(c)) = e.entity else { continue };
+            let (Some(index), Some(data)) = (c.index, c.data) else { continue };
+            if c.counter_id != counter_id || data.packet_count == 0 {
+                continue;
+            }
+            let port = u32::try_from(index.index).map_err(|_| Error::Decode(format!("counter index {} is no port", index.index)))?;
+            out.insert(port, PortCounter { port, packets: data.packet_count as u64, bytes: data.byte_count as u64 });
+        }
+        Ok(out.into_values().collect())
     }
 }
 

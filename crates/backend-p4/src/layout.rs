@@ -29,7 +29,13 @@
 //! - leaf actions carry the variable updates as action parameters (Camus
 //!   §3.1: generic update code linked to subscriptions by parameters): per
 //!   variable `<v>_set`, `<v>_to`, `<v>_add`, meaning
-//!   `v = (set ? to : v) + add`.
+//!   `v = (set ? to : v) + add`;
+//! - the egress counts packets and bytes per device port in the indirect
+//!   counter [`PORT_COUNTER`], indexed by `egress_port`, for every copy
+//!   that leaves (after replication, and after the bitmap's pruning). It
+//!   has a cell for every value of v1model's 9-bit port, because the device
+//!   ports are the port map's choice, made at deploy time without changing
+//!   the program.
 
 use crate::names::P4Namer;
 use crate::{Error, P4Options};
@@ -49,6 +55,11 @@ pub(crate) const PORT_WIDTH: u32 = 9;
 pub(crate) const GROUP_WIDTH: u32 = 16;
 /// The fully qualified name of the ingress control, as P4Info names things.
 pub(crate) const INGRESS: &str = "MyIngress";
+/// The fully qualified name of the egress control.
+pub(crate) const EGRESS: &str = "MyEgress";
+/// The egress's per-port counter (a generated name the namer reserves, so
+/// that it never changes with the spec).
+pub(crate) const PORT_COUNTER: &str = "port_counter";
 
 /// How the action sets of the pipelines reach the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -206,6 +217,15 @@ pub struct RegisterDecl {
     pub size: u64,
 }
 
+/// An indirect counter of packets and bytes the program declares (in the
+/// egress control).
+#[derive(Clone, Debug, Serialize)]
+pub struct CounterDecl {
+    pub name: String,
+    /// Cells, indexed `0..size`.
+    pub size: u64,
+}
+
 /// What an action does, for the simulator and the entry encoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum ActionKind {
@@ -353,6 +373,8 @@ pub struct P4Layout {
     pub states: Vec<StateView>,
     pub vars: Vec<VarView>,
     pub registers: Vec<RegisterDecl>,
+    /// Packets and bytes per device port, counted in the egress.
+    pub port_counter: CounterDecl,
     pub actions: Vec<ActionDecl>,
     pub tables: Vec<TableDecl>,
     pub pipelines: Vec<PipelineView>,
@@ -543,6 +565,7 @@ impl<'a> Builder<'a> {
             states: vec![],
             vars: vec![],
             registers: vec![],
+            port_counter: CounterDecl { name: PORT_COUNTER.into(), size: 1 << PORT_WIDTH },
             actions: vec![],
             tables: vec![],
             pipelines: vec![],

@@ -137,7 +137,9 @@ pub(crate) const ARCHITECTURE_NAMES: &[&str] = &[
 /// Prefixes of identifiers P4 compilers keep for themselves.
 pub(crate) const RESERVED_PREFIXES: &[&str] = &["__", "V1MODEL_", "_V1_", "_CORE_"];
 
-/// Identifiers the generator declares at top level or in `MyIngress`.
+/// Identifiers the generator declares at top level or in `MyIngress`, and
+/// the egress's counter (P4Info aliases it by its last name, which no
+/// ingress object may share).
 pub(crate) const GENERATED_NAMES: &[&str] = &[
     "headers_t",
     "metadata_t",
@@ -165,6 +167,7 @@ pub(crate) const GENERATED_NAMES: &[&str] = &[
     "root",
     "leaf",
     "fanout",
+    "port_counter",
     "next",
     "port",
     "group",

@@ -3,14 +3,14 @@
 //! Names are fully qualified the way p4c qualifies them (`MyIngress.leaf`,
 //! `NoAction`), match fields are named by their key expressions
 //! (`meta.state`), and ids follow p4c's `P4RuntimeSymbolTable`: the 8-bit
-//! resource prefix of `p4.config.v1.P4Ids` (0x01 actions, 0x02 tables, 0x16
-//! registers) above the low 24 bits of the Jenkins one-at-a-time hash of the
+//! resource prefix of `p4.config.v1.P4Ids` (0x01 actions, 0x02 tables, 0x12
+//! counters, 0x16 registers) above the low 24 bits of the Jenkins one-at-a-time hash of the
 //! name, names taken in sorted order, collisions resolved by linear probing.
 //! The alias is the shortest suffix of dot-separated components that no
 //! other symbol shares. With `P4TEST` set, a test compares this P4Info with
 //! the one p4c writes for the same program.
 
-use crate::layout::{P4Layout, RegisterDecl, TableDecl, INGRESS};
+use crate::layout::{CounterDecl, P4Layout, RegisterDecl, TableDecl, EGRESS, INGRESS};
 use crate::proto::p4::config::v1 as cfg;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::MatchKind;
@@ -21,6 +21,7 @@ pub struct Ids {
     pub tables: BTreeMap<String, u32>,
     pub actions: BTreeMap<String, u32>,
     pub registers: BTreeMap<String, u32>,
+    pub counters: BTreeMap<String, u32>,
 }
 
 /// The Jenkins one-at-a-time hash, as p4c computes it.
@@ -66,6 +67,11 @@ pub(crate) fn qualified(name: &str) -> String {
     format!("{INGRESS}.{name}")
 }
 
+/// The fully qualified name of an object of the egress control.
+pub(crate) fn egress_qualified(name: &str) -> String {
+    format!("{EGRESS}.{name}")
+}
+
 /// The shortest suffix of dot-separated components of `name` that no other
 /// symbol of `all` ends with.
 fn alias(name: &str, all: &BTreeSet<String>) -> String {
@@ -98,6 +104,7 @@ pub(crate) fn ids(layout: &P4Layout) -> Ids {
     let tables: BTreeSet<String> = layout.tables.iter().map(|t| qualified(&t.name)).collect();
     let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| action_name(a)).collect();
     let registers: BTreeSet<String> = layout.registers.iter().map(|r| qualified(&r.name)).collect();
+    let counters: BTreeSet<String> = [egress_qualified(&layout.port_counter.name)].into();
     let mut taken = BTreeSet::new();
     // p4c assigns ids type by type; the prefixes keep types apart, so the
     // order between types does not matter.
@@ -105,6 +112,7 @@ pub(crate) fn ids(layout: &P4Layout) -> Ids {
         actions: assign(&actions, cfg::p4_ids::Prefix::Action as u32, &mut taken),
         tables: assign(&tables, cfg::p4_ids::Prefix::Table as u32, &mut taken),
         registers: assign(&registers, cfg::p4_ids::Prefix::Register as u32, &mut taken),
+        counters: assign(&counters, cfg::p4_ids::Prefix::Counter as u32, &mut taken),
     }
 }
 
@@ -146,13 +154,14 @@ pub(crate) fn p4info(layout: &P4Layout, ids: &Ids) -> cfg::P4Info {
         tables: layout.tables.iter().map(|t| table_info(layout, ids, &preambles, t)).collect(),
         actions: used_actions(layout).iter().map(|a| action_info(layout, ids, &preambles, a)).collect(),
         registers: layout.registers.iter().map(|r| register_info(ids, &preambles, r)).collect(),
+        counters: vec![counter_info(ids, &preambles, &layout.port_counter)],
         type_info: Some(Default::default()),
         ..Default::default()
     }
 }
 
 /// Makes the preambles of one program's objects: aliases are unique among
-/// all of its tables, actions and registers.
+/// all of its tables, actions, registers and counters.
 struct Preambles {
     all: BTreeSet<String>,
 }
@@ -163,6 +172,7 @@ impl Preambles {
         all.extend(ids.tables.keys().cloned());
         all.extend(ids.actions.keys().cloned());
         all.extend(ids.registers.keys().cloned());
+        all.extend(ids.counters.keys().cloned());
         Preambles { all }
     }
 
@@ -253,6 +263,18 @@ fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Reg
     }
 }
 
+/// An indirect counter of the egress, of packets and bytes.
+fn counter_info(ids: &Ids, preambles: &Preambles, c: &CounterDecl) -> cfg::Counter {
+    let name = egress_qualified(&c.name);
+    let id = ids.counters[&name];
+    cfg::Counter {
+        preamble: preambles.preamble(name, id, vec![]),
+        spec: Some(cfg::CounterSpec { unit: cfg::counter_spec::Unit::Both as i32 }),
+        size: c.size as i64,
+        ..Default::default()
+    }
+}
+
 /// What of a P4Info a controller's entries depend on: the P4Info without
 /// the table sizes (a device config compiled with bigger tables runs the
 /// same program) and the package info (p4c fills in names and versions).
@@ -278,6 +300,7 @@ pub fn difference(ours: &cfg::P4Info, theirs: &cfg::P4Info) -> Option<String> {
     named_difference("table", "match fields, actions or id", &tables(&a), &tables(&b))
         .or_else(|| named_difference("action", "parameters or id", &actions(&a), &actions(&b)))
         .or_else(|| (a.registers != b.registers).then(|| "its registers differ".into()))
+        .or_else(|| (a.counters != b.counters).then(|| "its counters differ".into()))
         .or_else(|| Some("it differs from subc's program outside its tables and actions (order, type info or other objects)".into()))
 }
 
@@ -303,6 +326,8 @@ mod tests {
         assert_eq!(0x0100_0000 | (jenkins_one_at_a_time(b"MyIngress.set_state") & 0xff_ffff), 23787006);
         assert_eq!(0x0200_0000 | (jenkins_one_at_a_time(b"MyIngress.root") & 0xff_ffff), 43173741);
         assert_eq!(0x1600_0000 | (jenkins_one_at_a_time(b"MyIngress.my_counter_window") & 0xff_ffff), 377380468);
+        // Counters have the prefix 0x12 (`P4Ids::COUNTER`).
+        assert_eq!(cfg::p4_ids::Prefix::Counter as u32, 0x12);
     }
 
     #[test]

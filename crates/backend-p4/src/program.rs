@@ -61,6 +61,7 @@ pub(crate) struct ProgramTemplate<'a> {
     pub start: &'a str,
     pub parse_states: Vec<ParseRow>,
     pub registers: &'a [crate::layout::RegisterDecl],
+    pub port_counter: &'a crate::layout::CounterDecl,
     pub direct: bool,
     /// Signatures of the leaf actions (`forward(bit<9> port, ...)`), with
     /// the variables' update parameters, one line per variable.
@@ -107,6 +108,7 @@ impl<'a> ProgramTemplate<'a> {
             start: &l.start,
             parse_states: l.parse_states.iter().map(parse_row).collect(),
             registers: &l.registers,
+            port_counter: &l.port_counter,
             direct: l.fanout == Fanout::Direct,
             sig_forward: action_signature(l, "forward", Some("bit<9> port")),
             sig_multicast: action_signature(l, "multicast", Some("bit<16> group")),

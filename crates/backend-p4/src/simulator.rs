@@ -1,15 +1,19 @@
 //! A P4-semantics simulator of the generated program, fed only P4Runtime
 //! messages.
 //!
-//! [`Switch`] is the control-plane state of a P4Runtime target: it decodes a
-//! P4Info and applies `Update`s the way a P4Runtime server must (ids and
-//! match kinds checked against the P4Info, canonical byte strings, masked
-//! ternary and LPM values, priorities exactly where the table needs them,
-//! `ALREADY_EXISTS` and `NOT_FOUND`), and it can be read back. It knows
-//! nothing of the IR. [`Switch::check_references`] verifies, between any
-//! two updates, that no entry points to a state that has no entries and no
-//! leaf points to a missing multicast group (the property make-before-break
-//! ordering promises).
+//! [`Switch`] is the state of a P4Runtime target: it decodes a P4Info and
+//! applies `Update`s the way a P4Runtime server must (ids and match kinds
+//! checked against the P4Info, canonical byte strings, masked ternary and
+//! LPM values, priorities exactly where the table needs them,
+//! `ALREADY_EXISTS` and `NOT_FOUND`), and it can be read back. It also
+//! holds the cells of the P4Info's registers and counters, which only
+//! packets change, so that everything a target keeps between packets is in
+//! one value; counters read back as P4Runtime `CounterEntry`s
+//! ([`Switch::read_counters`]). It knows nothing of the IR.
+//! [`Switch::check_references`] verifies, between any two updates, that no
+//! entry points to a state that has no entries and no leaf points to a
+//! missing multicast group (the property make-before-break ordering
+//! promises).
 //!
 //! [`Simulator`] runs packets through the program the way v1model does:
 //! the parser of the [`P4Layout`], the metadata copies, the register logic
@@ -17,10 +21,12 @@
 //! multiply-and-shift division, fixed-width arithmetic), then the tables,
 //! looked up by P4Runtime match semantics (exact, then the longest prefix or
 //! the highest priority), with the actions the P4Info names, and the
-//! multicast groups of the replication engine.
+//! multicast groups of the replication engine; the egress counts each copy
+//! that leaves in the per-port counter, packets and bytes (the frame's
+//! length, as BMv2 counts it).
 
 use crate::layout::{ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
-use crate::p4info::qualified;
+use crate::p4info::{egress_qualified, qualified};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -83,6 +89,11 @@ pub enum SimError {
     UnknownActionId { id: u32 },
     #[error("multicast group {group} does not exist")]
     NoGroup { group: u64 },
+    /// `name` is the P4Info's (fully qualified) name.
+    #[error("the P4Info has no register {name}")]
+    NoRegister { name: String },
+    #[error("the P4Info has no counter {name}")]
+    NoCounter { name: String },
 }
 
 /// A reference the program's entries make that nothing answers: what
@@ -173,13 +184,24 @@ struct TableState {
     default: Option<ActionCall>,
 }
 
-/// The control-plane state of a P4Runtime target running one P4Info.
+/// An indirect counter's cells: packets and bytes per index.
+#[derive(Clone, Debug)]
+struct CounterCells {
+    name: String,
+    cells: Vec<(u64, u64)>,
+}
+
+/// The state of a P4Runtime target running one P4Info: what the control
+/// plane wrote, and the cells of the registers and counters.
 #[derive(Clone, Debug)]
 pub struct Switch {
     tables: BTreeMap<u32, TableInfo>,
     actions: BTreeMap<u32, ActionInfo>,
     state: BTreeMap<u32, TableState>,
     groups: BTreeMap<u32, Vec<u32>>,
+    /// Register cells by register id (zero at first, as in BMv2).
+    registers: BTreeMap<u32, (String, Vec<u128>)>,
+    counters: BTreeMap<u32, CounterCells>,
 }
 
 fn bytes_to_u64(b: &[u8]) -> u64 {
@@ -250,7 +272,67 @@ impl Switch {
             );
         }
         let state = tables.keys().map(|id| (*id, TableState::default())).collect();
-        Ok(Switch { tables, actions, state, groups: BTreeMap::new() })
+        let mut registers = BTreeMap::new();
+        for r in &info.registers {
+            let p = r.preamble.as_ref().ok_or(P4InfoError::NoPreamble { what: "a register" })?;
+            registers.insert(p.id, (p.name.clone(), vec![0u128; r.size.max(0) as usize]));
+        }
+        let mut counters = BTreeMap::new();
+        for c in &info.counters {
+            let p = c.preamble.as_ref().ok_or(P4InfoError::NoPreamble { what: "a counter" })?;
+            counters.insert(p.id, CounterCells { name: p.name.clone(), cells: vec![(0, 0); c.size.max(0) as usize] });
+        }
+        Ok(Switch { tables, actions, state, groups: BTreeMap::new(), registers, counters })
+    }
+
+    pub(crate) fn register_id(&self, name: &str) -> Option<u32> {
+        self.registers.iter().find(|(_, r)| r.0 == name).map(|(id, _)| *id)
+    }
+    pub(crate) fn counter_id(&self, name: &str) -> Option<u32> {
+        self.counters.iter().find(|(_, c)| c.name == name).map(|(id, _)| *id)
+    }
+
+    /// Counts one packet of `bytes` bytes in cell `index` of `counter`; an
+    /// index past the counter's size counts nothing (BMv2 refuses it too).
+    fn count(&mut self, counter: u32, index: u64, bytes: u64) {
+        if let Some(cell) = self.counters.get_mut(&counter).and_then(|c| c.cells.get_mut(index as usize)) {
+            cell.0 += 1;
+            cell.1 += bytes;
+        }
+    }
+
+    /// What a P4Runtime `Read` of `want` returns: the cells of one counter,
+    /// or of every counter when its `counter_id` is 0; every index when
+    /// `index` is unset, else that one. A refused read carries the code a
+    /// server answers with, as a refused write does.
+    pub fn read_counters(&self, want: &p4v1::CounterEntry) -> Result<Vec<p4v1::Entity>, WriteError> {
+        let ids: Vec<u32> = if want.counter_id == 0 {
+            self.counters.keys().copied().collect()
+        } else if self.counters.contains_key(&want.counter_id) {
+            vec![want.counter_id]
+        } else {
+            return Err(WriteError { code: Code::NotFound, message: format!("no counter {}", want.counter_id) });
+        };
+        let mut out = vec![];
+        for id in ids {
+            let cells = &self.counters[&id].cells;
+            let indices = match &want.index {
+                None => 0..cells.len(),
+                Some(i) if (0..cells.len() as i64).contains(&i.index) => i.index as usize..i.index as usize + 1,
+                Some(i) => {
+                    let message = format!("counter {id} has no index {} (its size is {})", i.index, cells.len());
+                    return Err(WriteError { code: Code::OutOfRange, message });
+                }
+            };
+            out.extend(indices.map(|i| p4v1::Entity {
+                entity: Some(p4v1::entity::Entity::CounterEntry(p4v1::CounterEntry {
+                    counter_id: id,
+                    index: Some(p4v1::Index { index: i as i64 }),
+                    data: Some(p4v1::CounterData { packet_count: cells[i].0 as i64, byte_count: cells[i].1 as i64 }),
+                })),
+            }));
+        }
+        Ok(out)
     }
 
     pub fn table_id(&self, name: &str) -> Option<u32> {
@@ -733,15 +815,51 @@ pub struct Outcome {
     pub decision: Decision,
 }
 
-/// Runs packets through the program with the entries a [`Switch`] holds.
+/// Runs packets through the program with the entries a [`Switch`] holds,
+/// keeping its registers and counters there.
 pub struct Simulator<'a> {
     spec: &'a Spec,
     layout: &'a P4Layout,
     pub switch: Switch,
-    registers: HashMap<String, Vec<u128>>,
-    /// Table ids by table name, action kinds by action id.
+    ids: Bindings,
+}
+
+/// Where the layout's objects are in a [`Switch`]: table and register ids
+/// by the layout's names, action kinds by action id, the per-port counter.
+struct Bindings {
     table_ids: HashMap<String, u32>,
     action_kinds: HashMap<u32, ActionKind>,
+    register_ids: HashMap<String, u32>,
+    port_counter: u32,
+}
+
+impl Bindings {
+    fn of(layout: &P4Layout, switch: &Switch) -> Result<Bindings, SimError> {
+        let mut table_ids = HashMap::new();
+        for t in &layout.tables {
+            let id = switch.table_id(&qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
+            table_ids.insert(t.name.clone(), id);
+        }
+        let mut action_kinds = HashMap::new();
+        for (id, a) in &switch.actions {
+            let short = a.name.strip_prefix("MyIngress.").unwrap_or(&a.name);
+            let kind = if short == "NoAction" {
+                ActionKind::NoAction
+            } else {
+                layout.action(short).ok_or_else(|| SimError::NoAction { action: a.name.clone() })?.kind
+            };
+            action_kinds.insert(*id, kind);
+        }
+        let mut register_ids = HashMap::new();
+        for r in &layout.registers {
+            let name = qualified(&r.name);
+            let id = switch.register_id(&name).ok_or(SimError::NoRegister { name })?;
+            register_ids.insert(r.name.clone(), id);
+        }
+        let name = egress_qualified(&layout.port_counter.name);
+        let port_counter = switch.counter_id(&name).ok_or(SimError::NoCounter { name })?;
+        Ok(Bindings { table_ids, action_kinds, register_ids, port_counter })
+    }
 }
 
 /// v1model's drop port.
@@ -775,23 +893,32 @@ impl<'a> Simulator<'a> {
     /// the control plane by `info`; no entries yet.
     pub fn new(spec: &'a Spec, layout: &'a P4Layout, info: &cfg::P4Info) -> Result<Simulator<'a>, SimError> {
         let switch = Switch::new(info)?;
-        let registers = layout.registers.iter().map(|r| (r.name.clone(), vec![0u128; r.size as usize])).collect();
-        let mut table_ids = HashMap::new();
-        for t in &layout.tables {
-            let id = switch.table_id(&qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
-            table_ids.insert(t.name.clone(), id);
-        }
-        let mut action_kinds = HashMap::new();
-        for (id, a) in &switch.actions {
-            let short = a.name.strip_prefix("MyIngress.").unwrap_or(&a.name);
-            let kind = if short == "NoAction" {
-                ActionKind::NoAction
-            } else {
-                layout.action(short).ok_or_else(|| SimError::NoAction { action: a.name.clone() })?.kind
-            };
-            action_kinds.insert(*id, kind);
-        }
-        Ok(Simulator { spec, layout, switch, registers, table_ids, action_kinds })
+        let ids = Bindings::of(layout, &switch)?;
+        Ok(Simulator { spec, layout, switch, ids })
+    }
+
+    /// Runs `f` on a simulator of `switch` as it is (entries, registers and
+    /// counters); what the packets change stays in `switch`, which is left
+    /// as it was when the layout does not fit its P4Info.
+    pub(crate) fn on<T>(
+        spec: &Spec,
+        layout: &P4Layout,
+        switch: &mut Switch,
+        f: impl FnOnce(&mut Simulator<'_>) -> T,
+    ) -> Result<T, SimError> {
+        let ids = Bindings::of(layout, switch)?;
+        let empty = Switch {
+            tables: BTreeMap::new(),
+            actions: BTreeMap::new(),
+            state: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            registers: BTreeMap::new(),
+            counters: BTreeMap::new(),
+        };
+        let mut sim = Simulator { spec, layout, switch: std::mem::replace(switch, empty), ids };
+        let out = f(&mut sim);
+        *switch = sim.switch;
+        Ok(out)
     }
 
     fn parse(&self, bytes: &[u8]) -> Option<Packet> {
@@ -839,13 +966,15 @@ impl<'a> Simulator<'a> {
     }
 
     fn reg(&mut self, name: &str, index: u64) -> u128 {
-        self.registers[name].get(index as usize).copied().unwrap_or(0)
+        let id = self.ids.register_ids[name];
+        self.switch.registers[&id].1.get(index as usize).copied().unwrap_or(0)
     }
 
     fn reg_write(&mut self, name: &str, index: u64, value: u128) {
         let width = self.layout.registers.iter().find(|r| r.name == name).map(|r| r.width).unwrap_or(128);
         let v = if width >= 128 { value } else { value & ((1u128 << width) - 1) };
-        if let Some(slot) = self.registers.get_mut(name).and_then(|r| r.get_mut(index as usize)) {
+        let id = self.ids.register_ids[name];
+        if let Some(slot) = self.switch.registers.get_mut(&id).and_then(|r| r.1.get_mut(index as usize)) {
             *slot = v;
         }
     }
@@ -921,7 +1050,7 @@ impl<'a> Simulator<'a> {
     }
 
     fn apply_table(&mut self, name: &str, meta: &mut Meta) -> Result<bool, SimError> {
-        let id = self.table_ids[name];
+        let id = self.ids.table_ids[name];
         let decl = self.layout.table(name).expect("a table of the layout");
         let values: Vec<KeyValue> = decl
             .keys
@@ -939,7 +1068,7 @@ impl<'a> Simulator<'a> {
     }
 
     fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), SimError> {
-        let kind = *self.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
+        let kind = *self.ids.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
         let name = self.switch.action_name(call.action).unwrap_or("").strip_prefix("MyIngress.").unwrap_or("NoAction").to_string();
         let arg = |i: usize| bytes_to_u64(&call.args[i]);
         match kind {
@@ -1017,6 +1146,10 @@ impl<'a> Simulator<'a> {
         } else {
             vec![]
         };
+        // The egress: every copy that leaves counts on its port.
+        for p in &ports {
+            self.switch.count(self.ids.port_counter, *p as u64, bytes.len() as u64);
+        }
         let decision = if !ports.is_empty() {
             Decision::Forward
         } else if meta.dropped {

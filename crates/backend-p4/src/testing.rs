@@ -19,8 +19,14 @@
 //!   injects such a failure).
 //!
 //! It answers `Read` (wildcards per table, default entries, multicast
-//! groups) and `GetForwardingPipelineConfig`, and counts and logs every
-//! write, so that a test can tell what a controller wrote.
+//! groups, counters: every counter for `counter_id` 0, every index when
+//! `index` is unset) and `GetForwardingPipelineConfig`, and counts and logs
+//! every write, so that a test can tell what a controller wrote.
+//! [`TestServer::send`] runs packets through the simulator on what the
+//! switch holds; their register updates and counts stay in the switch.
+//!
+//! It serves plaintext ([`TestServer::start`]) or TLS, optionally requiring
+//! a client certificate ([`TestServer::start_tls`]).
 //!
 //! The checks need the program's [`P4Layout`]: given, or recovered from the
 //! P4Info the controller pushes ([`recover_layout`], for a controller that
@@ -33,7 +39,7 @@ use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::p4::config::v1::{match_field::MatchType, P4Info};
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_server::{P4Runtime, P4RuntimeServer};
-use crate::simulator::{Code, Switch};
+use crate::simulator::{Code, Outcome, SimError, Simulator, Switch};
 use crate::P4Options;
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -215,7 +221,10 @@ impl P4Runtime for FakeSwitch {
                         _ => false,
                     }).cloned())
                 }
-                _ => return Err(Status::unimplemented("only table entries and multicast groups")),
+                Some(p4v1::entity::Entity::CounterEntry(c)) => {
+                    out.extend(sw.read_counters(c).map_err(|e| to_status(e.code, e.message))?);
+                }
+                _ => return Err(Status::unimplemented("only table entries, multicast groups and counters")),
             }
         }
         let stream = tokio_stream::iter(vec![Ok(p4v1::ReadResponse { entities: out })]);
@@ -332,22 +341,60 @@ impl P4Runtime for FakeSwitch {
 
 /// A fake switch serving on a local port.
 pub struct TestServer {
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://` with TLS.
     pub addr: String,
     pub state: Arc<Mutex<State>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// The test server's TLS, in PEM: its certificate chain and key, and the
+/// CA whose client certificates it requires (mTLS), if any.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// Why [`TestServer::send`] could not run a packet.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("no forwarding pipeline config")]
+    NoPipeline,
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
 impl TestServer {
-    /// Starts a server on a free local port; it stops when dropped.
+    /// Starts a plaintext server on a free local port; it stops when dropped.
     pub async fn start(checks: Checks) -> std::io::Result<TestServer> {
+        TestServer::serve(checks, None).await
+    }
+
+    /// Starts a TLS server on a free local port; with a client CA it
+    /// refuses clients without a certificate that CA signed.
+    pub async fn start_tls(checks: Checks, tls: ServerTls) -> std::io::Result<TestServer> {
+        TestServer::serve(checks, Some(tls)).await
+    }
+
+    async fn serve(checks: Checks, tls: Option<ServerTls>) -> std::io::Result<TestServer> {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = format!("http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let addr = format!("{scheme}://{}", listener.local_addr()?);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            let mut config = ServerTlsConfig::new().identity(Identity::from_pem(tls.cert, tls.key));
+            if let Some(ca) = tls.client_ca {
+                config = config.client_ca_root(Certificate::from_pem(ca));
+            }
+            builder = builder.tls_config(config).map_err(std::io::Error::other)?;
+        }
         let state = Arc::new(Mutex::new(State::default()));
         let svc = FakeSwitch { state: state.clone(), checks, streams: Arc::new(AtomicU64::new(0)) };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(P4RuntimeServer::new(svc).max_decoding_message_size(256 << 20))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -360,6 +407,20 @@ impl TestServer {
     /// The state, locked.
     pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    /// Runs packets (bytes, arrival in nanoseconds) through the program of
+    /// `spec` on what the switch holds, in order, as if they arrived on
+    /// some port; their register updates and counts stay in the switch (a
+    /// new pipeline config clears them). The outcomes are the simulator's.
+    pub fn send(&self, spec: &Spec, packets: &[(Vec<u8>, u64)]) -> Result<Vec<Outcome>, SendError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let (Some(sw), Some(layout)) = (st.switch.as_mut(), st.layout.as_ref()) else {
+            return Err(SendError::NoPipeline);
+        };
+        Simulator::on(spec, layout, sw, |sim| packets.iter().map(|(bytes, ts)| sim.run(bytes, *ts)).collect::<Result<Vec<_>, _>>())?
+            .map_err(SendError::from)
     }
 
     /// Waits until no controller's stream is open (a controller that went

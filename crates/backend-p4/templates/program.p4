@@ -316,12 +316,17 @@ control MyIngress(inout headers_t hdr,
     }
 }
 
-/* Egress, checksums, deparser: packets leave unchanged */
+/* Egress: count what leaves; checksums, deparser: packets leave unchanged */
 
 control MyEgress(inout headers_t hdr,
                  inout metadata_t meta,
                  inout standard_metadata_t standard_metadata) {
+    // Packets and bytes per egress port: every copy that leaves, counted
+    // on its own port. A cell for every 9-bit port, whatever the port map.
+    counter({{ port_counter.size }}, CounterType.packets_and_bytes) {{ port_counter.name }};
+
 {%- if ports_width.is_some() %}
+
     apply {
         // Keep the copy only if its port is in the pipelines' union. BMv2
         // shifts by an amount of at most 8 bits, so the 9-bit port (at most
@@ -331,10 +336,15 @@ control MyEgress(inout headers_t hdr,
         bit<8> rest = (bit<8>)(port - (port >> 1));
         if (meta.ports != 0 && (((meta.ports >> half) >> rest) & 1) == 0) {
             mark_to_drop(standard_metadata);
+        } else {
+            {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
         }
     }
 {%- else %}
-    apply { }
+
+    apply {
+        {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
+    }
 {%- endif %}
 }
 

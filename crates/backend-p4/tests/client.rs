@@ -131,8 +131,8 @@ async fn client_against_an_in_process_server() {
 
     // Arbitration: the first controller becomes primary; a lower election
     // id is refused and cannot write.
-    let mut primary = Client::connect(&addr, DEVICE, 10).await.unwrap();
-    let err = Client::connect(&addr, DEVICE, 5).await.err().expect("a lower election id is not primary");
+    let mut primary = Client::connect(&addr, DEVICE, 10, None).await.unwrap();
+    let err = Client::connect(&addr, DEVICE, 5, None).await.err().expect("a lower election id is not primary");
     assert!(err.to_string().contains("not the primary"), "{err}");
     let info = art.p4info.clone();
     run_flow(&mut primary, &target, &mut set, &p, &art.install, &info, b"{\"bmv2\": \"json\"}".to_vec()).await;
@@ -153,7 +153,7 @@ async fn client_against_an_in_process_server() {
     let (p2, set2) = itch_set(10);
     let (_, art2) = p4_compile(&p2.spec, &set2, &P4Options::default()).unwrap();
     let (addr2, state2) = start(P4Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
-    let mut c = Client::connect(&addr2, DEVICE, 1).await.unwrap();
+    let mut c = Client::connect(&addr2, DEVICE, 1, None).await.unwrap();
     c.set_pipeline(&art2.p4info, vec![]).await.unwrap();
     let mut backwards = art2.install.clone();
     backwards.reverse();
@@ -164,7 +164,7 @@ async fn client_against_an_in_process_server() {
     // its stream open) is refused with PERMISSION_DENIED before any update
     // is applied, on a switch where the primary's same write succeeds.
     let (addr3, state3) = start(P4Layout::new(&p2.spec, &set2, &P4Options::default()).unwrap()).await;
-    let mut primary3 = Client::connect(&addr3, DEVICE, 10).await.unwrap();
+    let mut primary3 = Client::connect(&addr3, DEVICE, 10, None).await.unwrap();
     primary3.set_pipeline(&art2.p4info, vec![]).await.unwrap();
     let (mut rpc, answer, _stream) = backup(&addr3, 7).await;
     let status = answer.status.expect("an arbitration status");
@@ -219,7 +219,7 @@ async fn client_against_simple_switch_grpc() {
     let addr = format!("http://127.0.0.1:{port}");
     let mut client = None;
     for _ in 0..100 {
-        match Client::connect(&addr, DEVICE, 1).await {
+        match Client::connect(&addr, DEVICE, 1, None).await {
             Ok(c) => {
                 client = Some(c);
                 break;

@@ -62,7 +62,7 @@ fn registration(name: &str, addr: &str, device_config: &[u8], p4info: &[u8]) -> 
 
 /// What the switch runs and holds, read by a client that is not the primary.
 async fn read_switch(addr: &str) -> (P4Info, Vec<p4v1::Entity>) {
-    let mut c = Client::reader(addr, DEVICE).await.unwrap();
+    let mut c = Client::reader(addr, DEVICE, None).await.unwrap();
     let info = c.pipeline().await.unwrap().and_then(|(i, _)| i).expect("the switch runs a program");
     let held = c.read_all(&info).await.unwrap();
     (info, held)
@@ -163,7 +163,7 @@ async fn delete_an_entry(sw: &Switch) -> p4v1::Entity {
         t.action = None;
     }
     let delete = p4v1::Update { r#type: p4v1::update::Type::Delete as i32, entity: Some(key) };
-    let mut c = Client::connect(&sw.addr, DEVICE, 1000).await.unwrap();
+    let mut c = Client::connect(&sw.addr, DEVICE, 1000, None).await.unwrap();
     c.write(&[subc_backend_p4::Batch { label: "an operator's delete".into(), updates: vec![delete] }]).await.unwrap();
     victim
 }
@@ -354,7 +354,7 @@ async fn p4runtime_target_against_simple_switch_grpc() {
         );
         let addr = format!("http://127.0.0.1:{port}");
         for _ in 0..100 {
-            if Client::reader(&addr, DEVICE).await.is_ok() {
+            if Client::reader(&addr, DEVICE, None).await.is_ok() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

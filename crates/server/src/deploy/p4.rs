@@ -216,7 +216,7 @@ impl P4Driver {
             let (addr, device, election) = (self.addr.clone(), self.device_id, self.election_id);
             let c = self
                 .rt
-                .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election)).await })
+                .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election, None)).await })
                 .map_err(|_| P4Error::Rpc(format!("{addr} did not answer within {} s", CONNECT_TIMEOUT.as_secs())))??;
             self.client = Some(c);
         }
