@@ -900,6 +900,7 @@ impl<'a> Simulator<'a> {
     /// Runs `f` on a simulator of `switch` as it is (entries, registers and
     /// counters); what the packets change stays in `switch`, which is left
     /// as it was when the layout does not fit its P4Info.
+    #[cfg(feature = "test-server")]
     pub(crate) fn on<T>(
         spec: &Spec,
         layout: &P4Layout,

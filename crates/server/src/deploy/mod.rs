@@ -773,6 +773,8 @@ pub(crate) enum RegistrationError {
     P4InfoUndecodable(#[from] prost::DecodeError),
     #[error("the P4Info has no tables")]
     P4InfoEmpty,
+    #[error("P4Runtime TLS: a client certificate needs its key, and a key its certificate")]
+    TlsHalfIdentity,
     #[error("a sim target's path may not contain NUL")]
     SimPathNul,
     #[error("a sim target's path must be a file, and {0:?} is a directory")]
@@ -799,6 +801,11 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
             }
             p4::port_map(p)?;
             p4::given_p4info(p)?;
+            if let Some(t) = &p.tls {
+                if t.client_cert_file.is_empty() != t.client_key_file.is_empty() {
+                    return Err(RegistrationError::TlsHalfIdentity);
+                }
+            }
             Ok(())
         }
         Some(Kind::Sim(s)) => memory::check_path(&s.path),

@@ -45,7 +45,7 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use subc_backend_p4::client::{initial_defaults, program_cookie, Client};
+use subc_backend_p4::client::{initial_defaults, program_cookie, Client, TlsOptions};
 use subc_backend_p4::difference;
 use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
@@ -121,6 +121,8 @@ pub(crate) struct P4Driver {
     given: Option<P4Info>,
     device_config: Vec<u8>,
     ports: PortMap,
+    /// TLS to the switch (none: plaintext).
+    tls: Option<TlsOptions>,
     rt: Rt,
     client: Option<Client>,
     program: Option<Program>,
@@ -160,6 +162,19 @@ pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, Registra
     PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(RegistrationError::Ports)
 }
 
+/// The registration's TLS settings as the client takes them; empty strings
+/// are unset (no CA: the system's roots).
+pub(crate) fn tls_options(cfg: &proto::P4RuntimeTarget) -> Option<TlsOptions> {
+    let t = cfg.tls.as_ref()?;
+    let path = |s: &str| (!s.is_empty()).then(|| std::path::PathBuf::from(s));
+    Some(TlsOptions {
+        ca_cert: path(&t.ca_cert_file),
+        client_cert: path(&t.client_cert_file),
+        client_key: path(&t.client_key_file),
+        server_name: (!t.server_name.is_empty()).then(|| t.server_name.clone()),
+    })
+}
+
 /// The registration's P4Info, decoded (`None` when it has none).
 pub(crate) fn given_p4info(cfg: &proto::P4RuntimeTarget) -> Result<Option<P4Info>, RegistrationError> {
     use prost::Message;
@@ -191,6 +206,7 @@ impl P4Driver {
             given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             device_config: cfg.device_config.clone(),
             ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
+            tls: tls_options(cfg),
             rt: Rt::new()?,
             client: None,
             program: None,
@@ -213,10 +229,10 @@ impl P4Driver {
         f: impl for<'c> FnOnce(&'c mut Client) -> std::pin::Pin<Box<dyn Future<Output = Result<T, P4Error>> + 'c>>,
     ) -> Result<T, P4Error> {
         if self.client.is_none() {
-            let (addr, device, election) = (self.addr.clone(), self.device_id, self.election_id);
+            let (addr, device, election, tls) = (self.addr.clone(), self.device_id, self.election_id, self.tls.clone());
             let c = self
                 .rt
-                .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election, None)).await })
+                .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election, tls.as_ref())).await })
                 .map_err(|_| P4Error::Rpc(format!("{addr} did not answer within {} s", CONNECT_TIMEOUT.as_secs())))??;
             self.client = Some(c);
         }
@@ -334,6 +350,26 @@ impl P4Driver {
 }
 
 impl Driver for P4Driver {
+    /// Read only over a connection deploys opened: a status request never
+    /// waits to dial a switch that is down.
+    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
+        let (Some(program), Some(_)) = (&self.program, &self.client) else { return Ok(vec![]) };
+        let info = program.info.clone();
+        let read = self.call("Read counters", CALL_TIMEOUT, move |c| Box::pin(async move { c.read_port_counters(&info).await }));
+        let counters = match read {
+            Ok(c) => c,
+            // A program of an older subc, with no counter.
+            Err(P4Error::NoCounter(_)) => return Ok(vec![]),
+            Err(e) => return Err(self.transient(e)),
+        };
+        let mut out: Vec<proto::PortCounter> = counters
+            .into_iter()
+            .filter_map(|c| Some(proto::PortCounter { port: self.ports.subscription(c.port)?, packets: c.packets, bytes: c.bytes }))
+            .collect();
+        out.sort_by_key(|c| c.port);
+        Ok(out)
+    }
+
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         self.image = None;
         let image = match self.files.load() {
