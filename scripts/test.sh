@@ -83,6 +83,25 @@ log "checking the Python client: stubs as generated from proto/subc/v1/subc.prot
 "$SUBC_PYTHON" clients/python/generate.py --check
 (cd clients/python && "$SUBC_PYTHON" -m mypy)
 
+# grpcurl, with server reflection only, reads the API and a refusal's details
+# (crates/server/tests/grpcurl.rs); built from its module with Go.
+GRPCURL_VERSION=v1.9.4
+GRPCURL_DIR="${CARGO_TARGET_DIR:-target}/tools/grpcurl-$GRPCURL_VERSION"
+if [ ! -x "$GRPCURL_DIR/grpcurl" ]; then
+    GO="$(command -v go || echo /usr/local/go/bin/go)"
+    if [ -x "$GO" ]; then
+        log "installing grpcurl $GRPCURL_VERSION into $GRPCURL_DIR"
+        mkdir -p "$GRPCURL_DIR"
+        GOBIN="$(cd "$GRPCURL_DIR" && pwd)" GOTOOLCHAIN=local "$GO" install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+    else
+        log "warning: no Go toolchain: the grpcurl test will skip (and fail under CI=true)"
+    fi
+fi
+if [ -x "$GRPCURL_DIR/grpcurl" ]; then
+    GRPCURL="$(cd "$GRPCURL_DIR" && pwd)/grpcurl"
+    export GRPCURL
+fi
+
 log "checking formatting (rustfmt.toml)"
 if cargo fmt --version >/dev/null 2>&1; then
     cargo fmt --all --check
