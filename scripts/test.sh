@@ -61,21 +61,46 @@ P4RUNTIME_PYTHON="$(cd "$P4RT_VENV/bin" && pwd)/python"
 export P4RUNTIME_PYTHON
 PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python "$P4RUNTIME_PYTHON" scripts/p4runtime_fds.py --check proto/p4runtime/p4runtime.fds.bin
 
-# The server's refusals are also read by an independent client, Python
-# grpcio (crates/server/tests/python_client.rs), in a virtual environment of
-# its own: its protobuf is the current one, which the p4runtime package's
-# generated code cannot use.
+# The Python client package (clients/python) is tested against a live server
+# (crates/server/tests/python_client.rs) in a virtual environment of its
+# own: its protobuf is the current one, which the p4runtime package's
+# generated code cannot use. The pinned requirements are installed when they
+# change; the package itself on every run (it is small), so the tests never
+# see a stale copy.
 GRPC_VENV="${CARGO_TARGET_DIR:-target}/grpcio-venv"
-GRPC_REQUIREMENTS=crates/server/tests/python/requirements.txt
+GRPC_REQUIREMENTS=clients/python/requirements-dev.txt
 if ! cmp -s "$GRPC_REQUIREMENTS" "$GRPC_VENV/requirements.txt"; then
-    log "installing Python grpcio into $GRPC_VENV"
+    log "installing the Python client's requirements into $GRPC_VENV"
     rm -rf "$GRPC_VENV"
     python3 -m venv "$GRPC_VENV"
     "$GRPC_VENV/bin/pip" install -q --disable-pip-version-check -r "$GRPC_REQUIREMENTS"
     cp "$GRPC_REQUIREMENTS" "$GRPC_VENV/requirements.txt"
 fi
+"$GRPC_VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall ./clients/python
 SUBC_PYTHON="$(cd "$GRPC_VENV/bin" && pwd)/python"
 export SUBC_PYTHON
+log "checking the Python client: stubs as generated from proto/subc/v1/subc.proto, types (mypy)"
+"$SUBC_PYTHON" clients/python/generate.py --check
+(cd clients/python && "$SUBC_PYTHON" -m mypy)
+
+# grpcurl, with server reflection only, reads the API and a refusal's details
+# (crates/server/tests/grpcurl.rs); built from its module with Go.
+GRPCURL_VERSION=v1.9.4
+GRPCURL_DIR="${CARGO_TARGET_DIR:-target}/tools/grpcurl-$GRPCURL_VERSION"
+if [ ! -x "$GRPCURL_DIR/grpcurl" ]; then
+    GO="$(command -v go || echo /usr/local/go/bin/go)"
+    if [ -x "$GO" ]; then
+        log "installing grpcurl $GRPCURL_VERSION into $GRPCURL_DIR"
+        mkdir -p "$GRPCURL_DIR"
+        GOBIN="$(cd "$GRPCURL_DIR" && pwd)" GOTOOLCHAIN=local "$GO" install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+    else
+        log "warning: no Go toolchain: the grpcurl test will skip (and fail under CI=true)"
+    fi
+fi
+if [ -x "$GRPCURL_DIR/grpcurl" ]; then
+    GRPCURL="$(cd "$GRPCURL_DIR" && pwd)/grpcurl"
+    export GRPCURL
+fi
 
 log "checking formatting (rustfmt.toml)"
 if cargo fmt --version >/dev/null 2>&1; then

@@ -139,6 +139,9 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // The standard detail types of refusals (`google.rpc.ErrorInfo`),
+            // so that generic clients decode them too.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection().build_v1().map_err(|e| Error::Internal(e.to_string()))?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| Error::Internal(e.to_string()))?;

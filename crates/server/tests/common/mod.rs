@@ -2,6 +2,8 @@
 //! with a fresh store, clients with each token, and a time bound.
 #![allow(dead_code)]
 
+pub mod tools;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
