@@ -193,10 +193,10 @@ impl Attached {
         Attached { name: name.to_string(), armed: true }
     }
 
-    /// Detaches now and returns what `subc detach` printed.
-    fn detach(mut self) -> std::process::Output {
+    /// Detaches now and returns what `subc detach --json` printed.
+    fn detach_json(mut self) -> std::process::Output {
         self.armed = false;
-        subc(&["detach", &self.name])
+        subc(&["detach", &self.name, "--json"])
     }
 }
 
@@ -242,7 +242,7 @@ fn attach_status_detach() {
     // From here on the deployment is detached when the test ends, also when
     // an assertion fails, so no pins are left behind.
     let attachment = Attached::new(&name);
-    ok(&subc(&[
+    let attached: serde_json::Value = serde_json::from_str(&ok(&subc(&[
         "attach",
         out.to_str().unwrap(),
         "--iface",
@@ -253,9 +253,35 @@ fn attach_status_detach() {
         cfg.to_str().unwrap(),
         "--name",
         &name,
-    ]));
+        "--json",
+    ])))
+    .unwrap();
     let status: serde_json::Value = serde_json::from_str(&ok(&subc(&["status", &name, "--json"]))).unwrap();
-    ok(&attachment.detach());
+    assert_eq!(attached, status, "attach --json prints the new deployment's status");
+    let detached: serde_json::Value = serde_json::from_str(&ok(&attachment.detach_json())).unwrap();
+    // What differs between runs, kernels and machines: names, interface
+    // indexes, verified instruction counts, the kernel's map memory (per-CPU
+    // maps grow with the CPUs).
+    let redacted = |v: &serde_json::Value| {
+        let text = v.to_string().replace(&name, "[name]").replace(&a, "[iface]");
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut each = |key: &str, f: &dyn Fn(&mut serde_json::Value)| {
+            if let Some(a) = v.get_mut(key).and_then(|x| x.as_array_mut()) {
+                a.iter_mut().for_each(f);
+            }
+        };
+        each("attachments", &|at| at["ifindex"] = "[ifindex]".into());
+        each("programs", &|p| p[1] = "[instructions]".into());
+        each("maps", &|m| m["bytes"] = "[bytes]".into());
+        v
+    };
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("snapshots/json");
+    s.set_prepend_module_to_snapshot(false);
+    s.bind(|| {
+        insta::assert_json_snapshot!("status", redacted(&status));
+        insta::assert_json_snapshot!("detach", redacted(&detached));
+    });
     assert_eq!(status["live_generation"], 0);
     let kinds: Vec<&str> = status["attachments"].as_array().unwrap().iter().map(|a| a["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["xdp-generic", "tcx"]);
