@@ -138,7 +138,7 @@ Examples:
   subc target add edge --ebpf eth0 --port 1=veth1
   # A simulated target whose tables are kept in a file.
   subc target add trial --sim /tmp/trial.json")]
-    Add(TargetAddArgs),
+    Add(Box<TargetAddArgs>),
     /// List targets and their status (admin).
     Ls {
         #[command(flatten)]
