@@ -136,6 +136,7 @@ codes! {
     UnknownFunction = "E0322", "a call of a function the language does not have";
     UnknownAction = "E0323", "an action other than `fwd(...)`, `drop` or a variable update";
     FwdAndDrop = "E0324", "a subscription that both forwards and drops";
+    UnknownEndpoint = "E0325", "`fwd` names an endpoint that no topology declares";
     NeverMatches = "W0301", "a condition that no packet can satisfy";
 }
 
