@@ -38,7 +38,8 @@ mod value;
 pub use check_spec::{check_spec, DEFAULT_PORTS, MAX_PORTS, MAX_WINDOW_US};
 pub use check_subs::{check_rule, Endpoints};
 pub use diag::{
-    render, render_styled, style_rendered, Code, Diagnostic, DiagnosticRecord, Diagnostics, Label, RenderStyle, Severity, UnknownCode,
+    did_you_mean, render, render_styled, style_rendered, Code, Diagnostic, DiagnosticRecord, Diagnostics, Label, RenderStyle, Severity,
+    UnknownCode,
 };
 pub use interp::{
     eval_cond, eval_nf, parse_packet, union_actions, Decision, Interpreter, Outcome, ParsedPacket, QueryValues, Slot, StateStore,
