@@ -54,3 +54,19 @@ fn corpus() {
     });
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// Every topology code has its wording pinned by a case of the corpus.
+#[test]
+fn every_topology_code_has_a_snapshot() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
+    let mut snapshots = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        snapshots.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+    }
+    let missing: Vec<&str> = subc_lang::Code::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .filter(|c| c.starts_with("E07") && !snapshots.contains(&format!("[{c}]")))
+        .collect();
+    assert!(missing.is_empty(), "topology codes with no snapshot: {missing:?}");
+}

@@ -164,7 +164,9 @@ fn every_code_has_a_snapshot() {
             snapshots.push_str(&text);
         }
     }
-    let missing: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).filter(|c| !snapshots.contains(&format!("[{c}]"))).collect();
+    // Topology codes (E07xx) are pinned by `crates/fabric/tests/topologies/`.
+    let missing: Vec<&str> =
+        Code::ALL.iter().map(|c| c.as_str()).filter(|c| !c.starts_with("E07") && !snapshots.contains(&format!("[{c}]"))).collect();
     assert!(missing.is_empty(), "codes with no snapshot in tests/snapshots: {missing:?}");
 }
 
