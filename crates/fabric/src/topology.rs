@@ -271,6 +271,13 @@ impl Checker<'_> {
                 continue;
             }
             first.insert(e.name.get_ref(), span);
+            if !is_rule_word(e.name.get_ref()) {
+                self.diags.push(
+                    Diagnostic::error(Code::TopologySyntax, format!("`{}` cannot be named in `fwd(...)`", e.name.get_ref()))
+                        .primary(span, "an endpoint name is a word of letters, digits and `_`, not starting with a digit")
+                        .note("`and`, `or`, `not`, `in`, `true` and `false` are taken"),
+                );
+            }
             if let Some(at) = self.port(devices, &e.at, "this endpoint") {
                 out.push(Endpoint { name: e.name.get_ref().clone(), at });
             }
@@ -305,4 +312,16 @@ impl Checker<'_> {
         }
         self.diags.push(d.help("add a link between the two parts"));
     }
+}
+
+/// Whether `name` lexes as one identifier in a rule, so that `fwd(name)`
+/// can address it (the rule lexer's words, less its keywords).
+fn is_rule_word(name: &str) -> bool {
+    let b = name.as_bytes();
+    let starts = match b {
+        [c, ..] if c.is_ascii_alphabetic() => true,
+        [b'_', c, ..] => c.is_ascii_alphanumeric() || *c == b'_',
+        _ => false,
+    };
+    starts && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_') && !["and", "or", "not", "in", "true", "false"].contains(&name)
 }
