@@ -18,8 +18,14 @@ use subc_lang::{Decision, Diagnostics, Program};
 /// Loads and checks the inputs, printing diagnostics to stderr. `Err` with
 /// exit code 1 if there are errors, or warnings under `--deny-warnings`.
 pub fn load_program(input: &InputArgs) -> Result<Result<(Program, Inputs), ExitCode>> {
+    load_program_with(input, None)
+}
+
+/// [`load_program`] for a network: `fwd(...)` may name the endpoints of
+/// `endpoints` (`docs/network.md`).
+pub fn load_program_with(input: &InputArgs, endpoints: Option<&subc_lang::Endpoints>) -> Result<Result<(Program, Inputs), ExitCode>> {
     let inputs = load(input.spec.as_deref(), &input.rules)?;
-    let (program, diags) = subc_lang::check_program(&inputs.sources, inputs.spec, &inputs.rules, input.limits());
+    let (program, diags) = subc_lang::check_program_with(&inputs.sources, inputs.spec, &inputs.rules, input.limits(), endpoints);
     if !diags.is_empty() {
         eprint!("{}", diags.render_styled(&inputs.sources, ui::diagnostics_style()));
     }

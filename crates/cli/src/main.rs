@@ -11,6 +11,7 @@ mod input;
 mod p4;
 mod serve;
 mod sim;
+mod topo;
 mod ui;
 
 use anyhow::Result;
@@ -84,6 +85,9 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Run packets from a pcap through the subscriptions and print each decision.
     Sim(sim::SimArgs),
+    /// Check and show a network's topology file (docs/network.md).
+    #[command(subcommand)]
+    Topo(topo::TopoCommand),
     /// Generate workloads: example pcaps and synthetic subscription sets.
     #[command(subcommand)]
     Gen(sim::GenCommand),
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile::compile(&args),
         Command::Sim(args) => sim::sim(&args),
         Command::Gen(g) => sim::gen(&g),
+        Command::Topo(c) => topo::topo(&c),
         Command::Attach(args) => ebpf::attach(&args),
         Command::Detach { name, json } => ebpf::detach(&name, json),
         Command::Status { name, json } => ebpf::status(&name, json),

@@ -63,6 +63,14 @@ pub struct SimArgs {
     /// instead, the run goes on, and the exit status is 1.
     #[arg(long)]
     json: bool,
+    /// Run the packets through a network of devices (docs/network.md): the
+    /// rules' `fwd(...)` name the topology's endpoints, and what each
+    /// endpoint receives is printed. Reference engine only; needs `--publisher`.
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
+    /// With `--topology`: the endpoint the packets are sent from.
+    #[arg(long, value_name = "NAME", requires = "topology")]
+    publisher: Option<String>,
     #[command(flatten)]
     compiler: crate::common::CompilerArgs,
     #[command(flatten)]
@@ -72,6 +80,16 @@ pub struct SimArgs {
 }
 
 pub fn sim(args: &SimArgs) -> Result<ExitCode> {
+    if let Some(topology) = &args.topology {
+        if args.engine != Engine::Ref {
+            bail!("--topology runs the reference engine only");
+        }
+        let Some(pcap) = &args.pcap else { bail!("--topology needs --pcap FILE") };
+        let bytes = std::fs::read(pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
+        let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
+        note_capture(&packets);
+        return crate::topo::sim(&args.input, topology, args.publisher.as_deref(), &packets, args.json);
+    }
     let (program, inputs) = match load_program(&args.input)? {
         Ok(x) => x,
         Err(code) => return Ok(code),

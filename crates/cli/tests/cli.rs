@@ -290,6 +290,7 @@ fn completions_and_man_pages_cover_every_subcommand() {
         "check",
         "compile",
         "sim",
+        "topo",
         "gen",
         "attach",
         "detach",
@@ -626,4 +627,39 @@ fn the_service_client_commands_against_a_live_server() {
     assert!(stderr_of(&unknown).contains("NotFound"), "{}", stderr_of(&unknown));
     // The subscriptions stay.
     assert_eq!(c.subscriptions(), after_rm);
+}
+
+// ---------------------------------------------------------------------------
+// topo, and sim over a topology (docs/network.md)
+
+const LEAF_SPINE: &str = "crates/fabric/tests/topologies/leaf_spine.toml";
+
+#[test]
+fn topo_check_and_show() {
+    let out = subc(&["topo", "check", LEAF_SPINE]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("5 devices, 6 links (4 on the tree), 6 endpoints"), "{}", stderr_of(&out));
+    let out = subc(&["topo", "check", "crates/fabric/tests/topologies/errors.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr_of(&out).contains("error[E0703]: two devices are named `leaf1`"), "{}", stderr_of(&out));
+    let out = subc(&["topo", "show", LEAF_SPINE]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("topo_show_text", String::from_utf8_lossy(&out.stdout));
+    let out = subc(&["topo", "show", LEAF_SPINE, "--emit", "dot"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("topo_show_dot", String::from_utf8_lossy(&out.stdout));
+}
+
+/// The ITCH capture from `pub`: per endpoint, what arrives. The publisher
+/// is subscribed (`fwd(audit, pub)`) and still receives nothing back.
+#[test]
+fn sim_over_a_topology_prints_arrivals_per_endpoint() {
+    let rules = "crates/fabric/tests/network/leaf_spine.subs";
+    let args = ["sim", "--spec", "examples/itch/itch.spec", rules, "--pcap", "examples/itch/packets.pcap", "--topology", LEAF_SPINE];
+    let out = subc(&[&args[..], &["--publisher", "pub"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("sim_topology_from_pub", String::from_utf8_lossy(&out.stdout));
+    let out = subc(&[&args[..], &["--publisher", "pubb"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("no endpoint `pubb`"), "{}", stderr_of(&out));
 }

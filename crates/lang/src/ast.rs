@@ -300,12 +300,37 @@ impl AssignOp {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// `fwd(1, 2)` or any other call-shaped action (checked later).
-    Call { func: Name, args: Vec<(u64, Span)>, span: Span },
+    /// `fwd(1, 2)`, `fwd(trader1)` or any other call-shaped action (checked later).
+    Call { func: Name, args: Vec<ActionArg>, span: Span },
     /// `drop` or any other bare word.
     Word(Name),
     /// `v += 1`
     Update { target: Name, op: AssignOp, value: Value, span: Span },
+}
+
+/// An argument of a call-shaped action: a port number or an endpoint name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActionArg {
+    Int(u64, Span),
+    Name(Name),
+}
+
+impl ActionArg {
+    pub fn span(&self) -> Span {
+        match self {
+            ActionArg::Int(_, span) => *span,
+            ActionArg::Name(n) => n.span,
+        }
+    }
+}
+
+impl std::fmt::Display for ActionArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActionArg::Int(n, _) => write!(f, "{n}"),
+            ActionArg::Name(n) => f.write_str(&n.text),
+        }
+    }
 }
 
 impl Action {

@@ -27,23 +27,63 @@ pub fn check_rule(spec: &Spec, rule: &ast::Rule, id: SubId, text: &str, diags: &
     RuleChecker::new(spec, text.len()).check(rule, id, text, diags)
 }
 
+/// The endpoints of a network, by name, that `fwd(name)` may address. An
+/// endpoint's port number is its index in the table, so once a rule is
+/// checked nothing downstream tells a name from a number (see
+/// `docs/network.md`).
+#[derive(Clone, Debug, Default)]
+pub struct Endpoints {
+    names: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl Endpoints {
+    /// The table of `names`, numbered 0, 1, ... in order; a repeated name
+    /// keeps its first number.
+    pub fn new(names: impl IntoIterator<Item = impl Into<String>>) -> Endpoints {
+        let names: Vec<String> = names.into_iter().map(Into::into).collect();
+        let mut index = HashMap::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            index.entry(n.clone()).or_insert(i as u32);
+        }
+        Endpoints { names, index }
+    }
+
+    /// The port number of endpoint `name`.
+    pub fn port(&self, name: &str) -> Option<u32> {
+        self.index.get(name).copied()
+    }
+
+    /// The endpoint names, in port order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+}
+
 /// Checks the rules of one input against a spec.
 pub(crate) struct RuleChecker<'a> {
     index: SpecIndex<'a>,
     suggest: Suggester,
+    endpoints: Option<&'a Endpoints>,
 }
 
 impl<'a> RuleChecker<'a> {
     /// A checker for an input of `input_bytes` bytes (the size the
     /// did-you-mean budget grows with).
     pub(crate) fn new(spec: &'a Spec, input_bytes: usize) -> RuleChecker<'a> {
-        RuleChecker { index: SpecIndex::new(spec), suggest: Suggester::for_input(input_bytes) }
+        RuleChecker { index: SpecIndex::new(spec), suggest: Suggester::for_input(input_bytes), endpoints: None }
+    }
+
+    /// Lets `fwd(...)` name the endpoints of `endpoints`.
+    pub(crate) fn with_endpoints(mut self, endpoints: Option<&'a Endpoints>) -> RuleChecker<'a> {
+        self.endpoints = endpoints;
+        self
     }
 
     /// [`check_rule`], with this checker's index and budget.
     pub(crate) fn check(&mut self, rule: &ast::Rule, id: SubId, text: &str, diags: &mut Diagnostics) -> Option<Subscription> {
         let before = diags.mark();
-        let mut c = SubChecker { spec: self.index.spec, index: &self.index, suggest: &mut self.suggest, diags };
+        let mut c = SubChecker { spec: self.index.spec, index: &self.index, suggest: &mut self.suggest, endpoints: self.endpoints, diags };
         let cond = c.expr(&rule.cond);
         let actions = c.actions(&rule.actions);
         if c.diags.has_errors_since(before) {
@@ -167,6 +207,7 @@ struct SubChecker<'a> {
     spec: &'a Spec,
     index: &'a SpecIndex<'a>,
     suggest: &'a mut Suggester,
+    endpoints: Option<&'a Endpoints>,
     diags: &'a mut Diagnostics,
 }
 
@@ -627,9 +668,10 @@ impl SubChecker<'_> {
         ok.then_some(out)
     }
 
-    /// `fwd(ports)`: adds the ports that are in range to `ports`, and returns
-    /// whether all of them were (and there was at least one).
-    fn fwd(&mut self, args: &[(u64, Span)], span: Span, ports: &mut BTreeSet<u32>) -> bool {
+    /// `fwd(ports)`: adds the ports that are in range, and the endpoints that
+    /// exist, to `ports`, and returns whether all of them did (and there was
+    /// at least one).
+    fn fwd(&mut self, args: &[ast::ActionArg], span: Span, ports: &mut BTreeSet<u32>) -> bool {
         let mut ok = true;
         if args.is_empty() {
             self.diags.push(
@@ -637,19 +679,54 @@ impl SubChecker<'_> {
             );
             ok = false;
         }
-        for (p, pspan) in args {
-            if *p >= self.spec.ports as u64 {
+        for arg in args {
+            let (p, pspan) = match arg {
+                ast::ActionArg::Int(p, pspan) => (*p, *pspan),
+                ast::ActionArg::Name(name) => match self.endpoint(name) {
+                    Some(p) => (u64::from(p), name.span),
+                    None => {
+                        ok = false;
+                        continue;
+                    }
+                },
+            };
+            if p >= self.spec.ports as u64 {
                 self.diags.push(
                     Diagnostic::error(Code::PortOutOfRange, format!("port {p} is out of range"))
-                        .primary(*pspan, format!("ports are 0 to {}", self.spec.ports - 1))
+                        .primary(pspan, format!("ports are 0 to {}", self.spec.ports - 1))
                         .help("raise the limit with `ports N;` in the spec"),
                 );
                 ok = false;
             } else {
-                ports.insert(*p as u32);
+                ports.insert(p as u32);
             }
         }
         ok
+    }
+
+    /// The port of the endpoint `name`, or `None` (reported) if there is no
+    /// endpoint table or it has no such name.
+    fn endpoint(&mut self, name: &ast::Name) -> Option<u32> {
+        let Some(table) = self.endpoints else {
+            self.diags.push(
+                Diagnostic::error(Code::UnknownEndpoint, format!("`fwd` names endpoint `{}` but there is no topology", quoted(&name.text)))
+                    .primary(name.span, "an endpoint name needs a topology that declares it")
+                    .quoting(&name.text)
+                    .help("forward to port numbers, e.g. `fwd(1)`, or give a topology (`--topology FILE`)"),
+            );
+            return None;
+        };
+        if let Some(p) = table.port(&name.text) {
+            return Some(p);
+        }
+        let mut d = Diagnostic::error(Code::UnknownEndpoint, format!("unknown endpoint `{}`", quoted(&name.text)))
+            .primary(name.span, "the topology declares no endpoint of this name")
+            .quoting(&name.text);
+        if let Some(s) = self.suggest.did_you_mean(&name.text, table.names.iter().map(String::as_str)) {
+            d = d.help(format!("did you mean `{}`?", quoted(s)));
+        }
+        self.diags.push(d);
+        None
     }
 
     /// `variable = n`, `+= n` or `-= n` on a `var` state. A subtraction is

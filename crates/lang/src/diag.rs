@@ -136,7 +136,16 @@ codes! {
     UnknownFunction = "E0322", "a call of a function the language does not have";
     UnknownAction = "E0323", "an action other than `fwd(...)`, `drop` or a variable update";
     FwdAndDrop = "E0324", "a subscription that both forwards and drops";
+    UnknownEndpoint = "E0325", "`fwd` names an endpoint that no topology declares";
     NeverMatches = "W0301", "a condition that no packet can satisfy";
+    // Topologies (checked by `subc-fabric`).
+    TopologySyntax = "E0701", "a topology file that is not TOML of the topology's shape";
+    TopologyUnknownDevice = "E0702", "a link or endpoint at a device the topology does not declare";
+    TopologyDuplicateName = "E0703", "two devices, or two endpoints, with the same name";
+    TopologyPortReused = "E0704", "a device port used by two links or endpoints";
+    TopologySelfLink = "E0705", "a link from a device to itself";
+    TopologyDisconnected = "E0706", "devices that no path of links joins to the rest";
+    TopologyBadPort = "E0707", "a port reference that is not `device:port`";
 }
 
 /// A code that [`Code::from_str`](std::str::FromStr) does not know, with the
@@ -650,7 +659,7 @@ pub(crate) fn list_names(names: impl ExactSizeIterator<Item = String>, sep: &str
 ///
 /// This looks at every candidate; where the candidates are the names of the
 /// input itself, use a [`Suggester`], which bounds the work.
-pub(crate) fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let mut unlimited = u64::MAX;
     closest(name, candidates, &mut unlimited)
 }

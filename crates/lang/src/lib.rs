@@ -36,9 +36,10 @@ pub mod spec;
 mod value;
 
 pub use check_spec::{check_spec, DEFAULT_PORTS, MAX_PORTS, MAX_WINDOW_US};
-pub use check_subs::check_rule;
+pub use check_subs::{check_rule, Endpoints};
 pub use diag::{
-    render, render_styled, style_rendered, Code, Diagnostic, DiagnosticRecord, Diagnostics, Label, RenderStyle, Severity, UnknownCode,
+    did_you_mean, render, render_styled, style_rendered, Code, Diagnostic, DiagnosticRecord, Diagnostics, Label, RenderStyle, Severity,
+    UnknownCode,
 };
 pub use interp::{
     eval_cond, eval_nf, parse_packet, union_actions, Decision, Interpreter, Outcome, ParsedPacket, QueryValues, Slot, StateStore,
@@ -93,6 +94,20 @@ pub fn check_rules_file(
     limits: NfLimits,
     diags: &mut Diagnostics,
 ) -> (Vec<Subscription>, Vec<NfSubscription>) {
+    check_rules_file_with(spec, sources, file, next_id, limits, None, diags)
+}
+
+/// [`check_rules_file`] where `fwd(...)` may also name the endpoints of a
+/// network (`docs/network.md`); each becomes its number in `endpoints`.
+pub fn check_rules_file_with(
+    spec: &Spec,
+    sources: &SourceMap,
+    file: FileId,
+    next_id: &mut SubId,
+    limits: NfLimits,
+    endpoints: Option<&Endpoints>,
+    diags: &mut Diagnostics,
+) -> (Vec<Subscription>, Vec<NfSubscription>) {
     let f = sources.file(file);
     // One line at a time, as `parse::parse_rules` does, but each syntax tree
     // is checked and dropped before the next line is parsed.
@@ -100,7 +115,7 @@ pub fn check_rules_file(
     let mut nfs = Vec::with_capacity(f.line_count());
     // One checker for the file: it indexes the spec once, and its
     // did-you-mean budget is the file's.
-    let mut checker = check_subs::RuleChecker::new(spec, f.text.len());
+    let mut checker = check_subs::RuleChecker::new(spec, f.text.len()).with_endpoints(endpoints);
     for line in 1..=f.line_count() {
         let text = f.line_text(line);
         let Some(rule) = parse::parse_rule_text(text, file, f.line_start(line), diags) else { continue };
@@ -128,6 +143,18 @@ pub fn check_rules_file(
 /// Checks a spec and rule files together; `None` if anything has an error.
 /// Rules are numbered 1, 2, ... across the files in order.
 pub fn check_program(sources: &SourceMap, spec_file: FileId, rule_files: &[FileId], limits: NfLimits) -> (Option<Program>, Diagnostics) {
+    check_program_with(sources, spec_file, rule_files, limits, None)
+}
+
+/// [`check_program`] for a network: `fwd(...)` may also name the endpoints
+/// of `endpoints`, which become their numbers in the table.
+pub fn check_program_with(
+    sources: &SourceMap,
+    spec_file: FileId,
+    rule_files: &[FileId],
+    limits: NfLimits,
+    endpoints: Option<&Endpoints>,
+) -> (Option<Program>, Diagnostics) {
     let mut diags = Diagnostics::default();
     let Some(spec) = check_spec_file(sources, spec_file, &mut diags) else {
         diags.sort();
@@ -137,7 +164,7 @@ pub fn check_program(sources: &SourceMap, spec_file: FileId, rule_files: &[FileI
     let mut subscriptions = vec![];
     let mut normal_forms = vec![];
     for f in rule_files {
-        let (s, n) = check_rules_file(&spec, sources, *f, &mut next_id, limits, &mut diags);
+        let (s, n) = check_rules_file_with(&spec, sources, *f, &mut next_id, limits, endpoints, &mut diags);
         // Most runs have one rule file: take its vectors rather than copy them.
         if subscriptions.is_empty() {
             (subscriptions, normal_forms) = (s, n);

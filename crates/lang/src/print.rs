@@ -76,7 +76,7 @@ pub fn value(v: &Value) -> String {
 fn action_to_string(a: &Action) -> String {
     match a {
         Action::Call { func, args, .. } => {
-            let a: Vec<String> = args.iter().map(|(n, _)| n.to_string()).collect();
+            let a: Vec<String> = args.iter().map(ToString::to_string).collect();
             format!("{}({})", func.text, a.join(", "))
         }
         Action::Word(n) => n.text.clone(),

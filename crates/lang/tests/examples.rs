@@ -48,7 +48,7 @@ fn ast_actions(r: &Rule) -> String {
         .iter()
         .map(|a| match a {
             Action::Call { func, args, .. } => {
-                format!("({} {})", func.text, args.iter().map(|(n, _)| n.to_string()).collect::<Vec<_>>().join(" "))
+                format!("({} {})", func.text, args.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "))
             }
             Action::Word(n) => n.text.clone(),
             Action::Update { target, op, value, .. } => format!("({} {} {})", op.as_str(), target.text, print_value(value)),

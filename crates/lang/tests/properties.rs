@@ -103,11 +103,14 @@ fn action() -> impl Strategy<Value = Action> {
     let s = Span::default();
     let assign = prop_oneof![Just(AssignOp::Set), Just(AssignOp::Add), Just(AssignOp::Sub)];
     prop_oneof![
-        (name(), prop::collection::vec(any::<u64>().prop_map(move |n| (n, s)), 0..4)).prop_map(move |(func, args)| Action::Call {
-            func,
-            args,
-            span: s
-        }),
+        (
+            name(),
+            prop::collection::vec(
+                prop_oneof![any::<u64>().prop_map(move |n| ActionArg::Int(n, s)), name().prop_map(ActionArg::Name)],
+                0..4
+            )
+        )
+            .prop_map(move |(func, args)| Action::Call { func, args, span: s }),
         name().prop_map(Action::Word),
         (name(), assign, value()).prop_map(move |(target, op, value)| Action::Update { target, op, value, span: s }),
     ]
@@ -149,11 +152,17 @@ fn strip(r: &Rule) -> Rule {
             Expr::Bool(b, _) => Expr::Bool(*b, s),
         }
     }
+    fn strip_arg(a: &ActionArg, s: Span) -> ActionArg {
+        match a {
+            ActionArg::Int(n, _) => ActionArg::Int(*n, s),
+            ActionArg::Name(n) => ActionArg::Name(name(n)),
+        }
+    }
     fn action(a: &Action) -> Action {
         let s = Span::default();
         match a {
             Action::Call { func, args, .. } => {
-                Action::Call { func: name(func), args: args.iter().map(|(n, _)| (*n, s)).collect(), span: s }
+                Action::Call { func: name(func), args: args.iter().map(|a| strip_arg(a, s)).collect(), span: s }
             }
             Action::Word(n) => Action::Word(name(n)),
             Action::Update { target, op, value: v, .. } => Action::Update { target: name(target), op: *op, value: value(v), span: s },

@@ -1,0 +1,185 @@
+//! `subc topo check|show` and `subc sim --topology`: a network of devices
+//! (`docs/network.md`), through `subc-fabric`.
+//!
+//! `check` prints the topology's diagnostics; `show` prints its devices,
+//! the spanning tree and each device's port toward every endpoint, or the
+//! fabric as Graphviz DOT; `sim` runs a capture through the whole fabric
+//! from one publisher and prints what each endpoint receives.
+
+use crate::common::load_program_with;
+use crate::input::read_source;
+use crate::{ui, InputArgs};
+use anyhow::{bail, Context, Result};
+use clap::{Subcommand, ValueEnum};
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use subc_fabric::{check_topology, project_all, PortRef, Routes, Simulator, Topology};
+use subc_lang::{Diagnostics, PcapPacket, SourceMap};
+
+#[derive(Subcommand)]
+pub enum TopoCommand {
+    /// Check a topology file; print every diagnostic. Exit 1 on errors.
+    Check {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Print a topology: devices, the spanning tree, each device's port toward every endpoint.
+    Show {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// `text`, or `dot` for Graphviz (`subc topo show F --emit dot | dot -Tsvg`).
+        #[arg(long, value_enum, default_value_t = Emit::Text)]
+        emit: Emit,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub enum Emit {
+    Text,
+    Dot,
+}
+
+pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
+    let (TopoCommand::Check { file } | TopoCommand::Show { file, .. }) = c;
+    let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
+    let routes = Routes::new(&t);
+    let text = match c {
+        TopoCommand::Check { .. } => {
+            eprintln!(
+                "{}: {} devices, {} links ({} on the tree), {} endpoints",
+                file.display(),
+                t.devices.len(),
+                t.links.len(),
+                routes.tree.len(),
+                t.endpoints.len()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        TopoCommand::Show { emit: Emit::Text, .. } => show_text(&t, &routes),
+        TopoCommand::Show { emit: Emit::Dot, .. } => show_dot(&t, &routes),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads and checks a topology, printing diagnostics to stderr; `None` if
+/// it has errors.
+pub fn load_topology(path: &Path) -> Result<Option<Topology>> {
+    let (name, text) = read_source(path)?;
+    let mut sources = SourceMap::new();
+    let file = sources.add(name, text);
+    let mut diags = Diagnostics::default();
+    let t = check_topology(&sources, file, &mut diags);
+    if !diags.is_empty() {
+        eprint!("{}", diags.render_styled(&sources, ui::diagnostics_style()));
+    }
+    Ok(t)
+}
+
+fn end(t: &Topology, p: PortRef) -> String {
+    format!("{}:{}", t.devices[p.device].name, p.port)
+}
+
+fn show_text(t: &Topology, r: &Routes) -> String {
+    let mut out = String::new();
+    for d in &t.devices {
+        let budget = d.budget.map(|b| format!(", budget {b} entries")).unwrap_or_default();
+        let _ = writeln!(out, "device {} ({}{budget})", d.name, d.kind.as_str());
+    }
+    for (i, l) in t.links.iter().enumerate() {
+        let what = if r.tree.contains(&i) { "tree " } else { "spare" };
+        let _ = writeln!(out, "link   {what} {} -- {}", end(t, l.a), end(t, l.b));
+    }
+    for e in &t.endpoints {
+        let _ = writeln!(out, "endpoint {} at {}", e.name, end(t, e.at));
+    }
+    let _ = writeln!(out, "\nport toward each endpoint:");
+    for (d, dev) in t.devices.iter().enumerate() {
+        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}={}", ep.name, r.toward[d][e])).collect();
+        let _ = writeln!(out, "  {}: {}", dev.name, ports.join(" "));
+    }
+    out
+}
+
+/// DOT with every name quoted (DOT's quoted IDs escape only `"` and `\`).
+fn show_dot(t: &Topology, r: &Routes) -> String {
+    let q = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+    let mut out = String::from("graph fabric {\n  node [shape=box];\n");
+    for d in &t.devices {
+        let _ = writeln!(out, "  {} [label={}];", q(&format!("d:{}", d.name)), q(&format!("{} ({})", d.name, d.kind.as_str())));
+    }
+    for e in &t.endpoints {
+        let _ = writeln!(out, "  {} [shape=ellipse, label={}];", q(&format!("e:{}", e.name)), q(&e.name));
+        let _ = writeln!(
+            out,
+            "  {} -- {} [taillabel={}];",
+            q(&format!("d:{}", t.devices[e.at.device].name)),
+            q(&format!("e:{}", e.name)),
+            e.at.port
+        );
+    }
+    for (i, l) in t.links.iter().enumerate() {
+        let style = if r.tree.contains(&i) { "solid" } else { "dashed" };
+        let _ = writeln!(
+            out,
+            "  {} -- {} [taillabel={}, headlabel={}, style={style}];",
+            q(&format!("d:{}", t.devices[l.a.device].name)),
+            q(&format!("d:{}", t.devices[l.b.device].name)),
+            l.a.port,
+            l.b.port
+        );
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// `subc sim --topology FILE --publisher NAME`: every packet of the capture
+/// through the fabric from `publisher`; per packet the endpoints that
+/// received it, then the totals.
+pub fn sim(input: &InputArgs, topology: &Path, publisher: Option<&str>, packets: &[PcapPacket], json: bool) -> Result<ExitCode> {
+    let Some(t) = load_topology(topology)? else { return Ok(ExitCode::from(1)) };
+    let Some(publisher) = publisher else { bail!("--topology needs --publisher NAME, the endpoint the packets come from") };
+    let Some(from) = t.endpoint(publisher) else {
+        let names: Vec<&str> = t.endpoints.iter().map(|e| e.name.as_str()).collect();
+        bail!("no endpoint `{publisher}` in {}; endpoints: {}", topology.display(), names.join(", "))
+    };
+    let table = t.endpoint_table();
+    let (network, _) = match load_program_with(input, Some(&table))? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let routes = Routes::new(&t);
+    let programs = project_all(&t, &routes, &network).context("cannot project the subscriptions onto the devices")?;
+    let mut fabric = Simulator::new(&t, &routes, &programs);
+    let mut totals = vec![0u64; t.endpoints.len()];
+    let mut out = std::io::stdout().lock();
+    for (i, p) in packets.iter().enumerate() {
+        let d = fabric.send(from, &p.data, p.ts_ns);
+        let got: Vec<&str> =
+            t.endpoints.iter().zip(&d.copies).flat_map(|(e, &n)| std::iter::repeat_n(e.name.as_str(), n as usize)).collect();
+        for (total, n) in totals.iter_mut().zip(&d.copies) {
+            *total += u64::from(*n);
+        }
+        let r = if json {
+            writeln!(out, "{}", serde_json::json!({ "packet": i, "endpoints": got }))
+        } else {
+            let what = if got.is_empty() { "reaches no endpoint".to_string() } else { format!("to {}", got.join(",")) };
+            writeln!(out, "packet {i:>4}: {what}")
+        };
+        if let Err(e) = r {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                return Ok(ExitCode::SUCCESS);
+            }
+            return Err(e.into());
+        }
+    }
+    if !json {
+        writeln!(out, "\narrivals per endpoint ({} packets from {publisher}):", packets.len())?;
+        for (e, n) in t.endpoints.iter().zip(&totals) {
+            writeln!(out, "  {:<16} {n}", e.name)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

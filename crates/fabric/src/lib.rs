@@ -1,0 +1,40 @@
+//! subc across a network of devices (issue 15; `docs/network.md`).
+//!
+//! A single device's subscriptions say `fwd(3)`: a port of that device. A
+//! network's say `fwd(trader1)`: an endpoint, wherever it is attached. This
+//! crate holds the pure part of that step, with no kernel and no server:
+//!
+//! ```text
+//! topology TOML ──check_topology──▶ Topology ──Routes::new──▶ Routes (tree, port toward each endpoint)
+//! rules ──check_program_with(endpoints)──▶ network Program ──project(device)──▶ one Program per device
+//! per-device Programs ──Simulator──▶ copies per endpoint (the reference every fabric is checked against)
+//! ```
+//!
+//! Each projected program is an ordinary `subc_lang::Program`, so a device
+//! compiles through the same IR and back ends as a lone device does.
+
+#![warn(unreachable_pub)]
+
+mod project;
+mod routing;
+mod sim;
+mod topology;
+
+pub use project::project;
+pub use routing::Routes;
+pub use sim::{Delivery, Simulator};
+pub use topology::{check_topology, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};
+
+/// Why a network program cannot be put on a device.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FabricError {
+    #[error("device `{device}` would forward to its port {port}, beyond the spec's {ports} ports (raise `ports N;`)")]
+    PortOutOfRange { device: String, port: u32, ports: u32 },
+    #[error("port {port} is not an endpoint: the topology has {endpoints}")]
+    NoSuchEndpoint { port: u32, endpoints: usize },
+}
+
+/// The network program projected onto every device, in device order.
+pub fn project_all(topology: &Topology, routes: &Routes, network: &subc_lang::Program) -> Result<Vec<subc_lang::Program>, FabricError> {
+    (0..topology.devices.len()).map(|d| project(topology, routes, network, d)).collect()
+}

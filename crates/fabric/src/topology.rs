@@ -1,0 +1,327 @@
+//! The topology file: devices, the links between their ports, and the
+//! endpoints attached to them, checked into a [`Topology`].
+//!
+//! The file is TOML, read with spans so that every error is a
+//! [`Diagnostic`] pointing into it, rendered like every other subc
+//! diagnostic (codes E07xx, `subc explain`). All errors are reported in one
+//! run; a topology with any error is not returned.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use subc_lang::{did_you_mean, Code, Diagnostic, Diagnostics, FileId, SourceMap, Span, MAX_PORTS};
+use toml::Spanned;
+
+/// A device of the network, by index in [`Topology::devices`].
+pub type DeviceId = usize;
+/// An endpoint, by index in [`Topology::endpoints`]: also its port number
+/// in the network's subscriptions (`subc_lang::Endpoints`).
+pub type EndpointId = usize;
+
+/// What runs a device. Only the kind is read today; the kind's own fields
+/// stay in [`Device::options`] until deployment reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Sim,
+    Ebpf,
+    P4Runtime,
+}
+
+impl DeviceKind {
+    const NAMES: [(&'static str, DeviceKind); 3] =
+        [("sim", DeviceKind::Sim), ("ebpf", DeviceKind::Ebpf), ("p4runtime", DeviceKind::P4Runtime)];
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, k)| *k == self).map(|(n, _)| *n).unwrap_or_default()
+    }
+}
+
+/// A device.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub name: String,
+    pub kind: DeviceKind,
+    /// The most table entries the device may hold (issue 15, placement).
+    pub budget: Option<u64>,
+    /// The kind's own fields, not interpreted yet.
+    pub options: toml::Table,
+    /// Where the name is written.
+    pub span: Span,
+}
+
+/// One end of a link, or where an endpoint is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRef {
+    pub device: DeviceId,
+    pub port: u32,
+}
+
+/// A link between two ports of two different devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub a: PortRef,
+    pub b: PortRef,
+}
+
+/// A host or application attached to a device port.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub name: String,
+    pub at: PortRef,
+}
+
+/// A checked topology: names unique, every port used once, no link from a
+/// device to itself, and every device reachable from every other.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub devices: Vec<Device>,
+    pub links: Vec<Link>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+impl Topology {
+    /// The endpoint table the network's subscriptions are checked with.
+    pub fn endpoint_table(&self) -> subc_lang::Endpoints {
+        subc_lang::Endpoints::new(self.endpoints.iter().map(|e| e.name.clone()))
+    }
+
+    pub fn device(&self, name: &str) -> Option<DeviceId> {
+        self.devices.iter().position(|d| d.name == name)
+    }
+
+    pub fn endpoint(&self, name: &str) -> Option<EndpointId> {
+        self.endpoints.iter().position(|e| e.name == name)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    device: Vec<RawDevice>,
+    #[serde(default)]
+    link: Vec<RawLink>,
+    #[serde(default)]
+    endpoint: Vec<RawEndpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Spanned<String>,
+    kind: Spanned<String>,
+    budget: Option<u64>,
+    #[serde(default)]
+    options: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLink {
+    a: Spanned<String>,
+    b: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEndpoint {
+    name: Spanned<String>,
+    at: Spanned<String>,
+}
+
+/// Parses and checks the topology in `file`. `None` if anything has an
+/// error (all reported to `diags`).
+pub fn check_topology(sources: &SourceMap, file: FileId, diags: &mut Diagnostics) -> Option<Topology> {
+    let text = &sources.file(file).text;
+    let raw: RawFile = match toml::from_str(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            let span = e.span().map_or(Span::new(file, 0, 0), |r| Span::new(file, r.start, r.end));
+            diags.push(
+                Diagnostic::error(Code::TopologySyntax, "this is not a topology")
+                    .primary(span, e.message().trim_end().to_string())
+                    .help("a topology has `[[device]]`, `[[link]]` and `[[endpoint]]` tables (docs/network.md)"),
+            );
+            return None;
+        }
+    };
+    let before = diags.mark();
+    let mut c = Checker { file, diags, by_name: HashMap::new(), used: HashMap::new() };
+    let devices = c.devices(raw.device);
+    let links: Vec<Link> = raw.link.iter().filter_map(|l| c.link(&devices, l)).collect();
+    let endpoints = c.endpoints(&devices, &raw.endpoint);
+    let topology = Topology { devices, links, endpoints };
+    if !c.diags.has_errors_since(before) {
+        c.connected(&topology);
+    }
+    (!diags.has_errors_since(before)).then_some(topology)
+}
+
+struct Checker<'d> {
+    file: FileId,
+    diags: &'d mut Diagnostics,
+    /// Device names to ids (the first of each name).
+    by_name: HashMap<String, DeviceId>,
+    /// Each device port used so far, and where.
+    used: HashMap<PortRef, Span>,
+}
+
+impl Checker<'_> {
+    fn span<T>(&self, s: &Spanned<T>) -> Span {
+        Span::new(self.file, s.span().start, s.span().end)
+    }
+
+    fn devices(&mut self, raw: Vec<RawDevice>) -> Vec<Device> {
+        let mut out = Vec::with_capacity(raw.len());
+        let mut first: HashMap<String, Span> = HashMap::new();
+        for d in raw {
+            let span = self.span(&d.name);
+            let kind_span = self.span(&d.kind);
+            if let Some(prev) = first.get(d.name.get_ref()) {
+                self.diags.push(
+                    Diagnostic::error(Code::TopologyDuplicateName, format!("two devices are named `{}`", d.name.get_ref()))
+                        .primary(span, "declared again here")
+                        .secondary(*prev, "first declared here"),
+                );
+                continue;
+            }
+            first.insert(d.name.get_ref().clone(), span);
+            let Some(kind) = DeviceKind::NAMES.iter().find(|(n, _)| n == d.kind.get_ref()).map(|(_, k)| *k) else {
+                let mut diag = Diagnostic::error(Code::TopologySyntax, format!("unknown device kind `{}`", d.kind.get_ref()))
+                    .primary(kind_span, "expected `sim`, `ebpf` or `p4runtime`");
+                if let Some(s) = did_you_mean(d.kind.get_ref(), DeviceKind::NAMES.iter().map(|(n, _)| *n)) {
+                    diag = diag.help(format!("did you mean `{s}`?"));
+                }
+                self.diags.push(diag);
+                continue;
+            };
+            self.by_name.insert(d.name.get_ref().clone(), out.len());
+            out.push(Device { name: d.name.into_inner(), kind, budget: d.budget, options: d.options, span });
+        }
+        out
+    }
+
+    /// `device:port`, resolved, and marked used by `what`.
+    fn port(&mut self, devices: &[Device], s: &Spanned<String>, what: &str) -> Option<PortRef> {
+        let span = self.span(s);
+        let Some((name, port)) = s.get_ref().rsplit_once(':') else {
+            self.diags.push(
+                Diagnostic::error(Code::TopologyBadPort, format!("`{}` is not `device:port`", s.get_ref()))
+                    .primary(span, "expected a device name, a colon and a port number, e.g. `leaf1:3`"),
+            );
+            return None;
+        };
+        let port = match port.parse::<u32>() {
+            Ok(p) if p < MAX_PORTS => p,
+            _ => {
+                self.diags.push(
+                    Diagnostic::error(Code::TopologyBadPort, format!("`{port}` is not a port number"))
+                        .primary(span, format!("ports are 0 to {}", MAX_PORTS - 1)),
+                );
+                return None;
+            }
+        };
+        let Some(&device) = self.by_name.get(name) else {
+            let mut d = Diagnostic::error(Code::TopologyUnknownDevice, format!("unknown device `{name}`"))
+                .primary(span, "the topology declares no device of this name");
+            if let Some(s) = did_you_mean(name, devices.iter().map(|d| d.name.as_str())) {
+                d = d.help(format!("did you mean `{s}`?"));
+            }
+            self.diags.push(d);
+            return None;
+        };
+        let at = PortRef { device, port };
+        if let Some(prev) = self.used.get(&at) {
+            self.diags.push(
+                Diagnostic::error(Code::TopologyPortReused, format!("port {port} of `{name}` is used twice"))
+                    .primary(span, format!("used again by {what}"))
+                    .secondary(*prev, "first used here"),
+            );
+            return None;
+        }
+        self.used.insert(at, span);
+        Some(at)
+    }
+
+    fn link(&mut self, devices: &[Device], l: &RawLink) -> Option<Link> {
+        let a = self.port(devices, &l.a, "this link");
+        let b = self.port(devices, &l.b, "this link");
+        let (a, b) = (a?, b?);
+        if a.device == b.device {
+            self.diags.push(
+                Diagnostic::error(Code::TopologySelfLink, format!("a link from `{}` to itself", devices[a.device].name))
+                    .primary(self.span(&l.b), "the same device as the other end")
+                    .secondary(self.span(&l.a), "this end"),
+            );
+            return None;
+        }
+        Some(Link { a, b })
+    }
+
+    fn endpoints(&mut self, devices: &[Device], raw: &[RawEndpoint]) -> Vec<Endpoint> {
+        let mut out = vec![];
+        let mut first: HashMap<&str, Span> = HashMap::new();
+        for e in raw {
+            let span = self.span(&e.name);
+            if let Some(prev) = first.get(e.name.get_ref().as_str()) {
+                self.diags.push(
+                    Diagnostic::error(Code::TopologyDuplicateName, format!("two endpoints are named `{}`", e.name.get_ref()))
+                        .primary(span, "declared again here")
+                        .secondary(*prev, "first declared here"),
+                );
+                continue;
+            }
+            first.insert(e.name.get_ref(), span);
+            if !is_rule_word(e.name.get_ref()) {
+                self.diags.push(
+                    Diagnostic::error(Code::TopologySyntax, format!("`{}` cannot be named in `fwd(...)`", e.name.get_ref()))
+                        .primary(span, "an endpoint name is a word of letters, digits and `_`, not starting with a digit")
+                        .note("`and`, `or`, `not`, `in`, `true` and `false` are taken"),
+                );
+            }
+            if let Some(at) = self.port(devices, &e.at, "this endpoint") {
+                out.push(Endpoint { name: e.name.get_ref().clone(), at });
+            }
+        }
+        out
+    }
+
+    /// Every device reachable from the first by name (the routing root).
+    fn connected(&mut self, t: &Topology) {
+        let Some(root) = (0..t.devices.len()).min_by(|&a, &b| t.devices[a].name.cmp(&t.devices[b].name)) else { return };
+        let mut seen = vec![false; t.devices.len()];
+        seen[root] = true;
+        let mut stack = vec![root];
+        while let Some(d) = stack.pop() {
+            for l in &t.links {
+                for (from, to) in [(l.a.device, l.b.device), (l.b.device, l.a.device)] {
+                    if from == d && !seen[to] {
+                        seen[to] = true;
+                        stack.push(to);
+                    }
+                }
+            }
+        }
+        let lost: Vec<&Device> = t.devices.iter().zip(&seen).filter(|(_, s)| !**s).map(|(d, _)| d).collect();
+        let Some(first) = lost.first() else { return };
+        let names: Vec<String> = lost.iter().map(|d| format!("`{}`", d.name)).collect();
+        let mut d =
+            Diagnostic::error(Code::TopologyDisconnected, format!("no link path joins {} to `{}`", names.join(", "), t.devices[root].name))
+                .primary(first.span, "unreachable");
+        for other in &lost[1..] {
+            d = d.secondary(other.span, "unreachable");
+        }
+        self.diags.push(d.help("add a link between the two parts"));
+    }
+}
+
+/// Whether `name` lexes as one identifier in a rule, so that `fwd(name)`
+/// can address it (the rule lexer's words, less its keywords).
+fn is_rule_word(name: &str) -> bool {
+    let b = name.as_bytes();
+    let starts = match b {
+        [c, ..] if c.is_ascii_alphabetic() => true,
+        [b'_', c, ..] => c.is_ascii_alphanumeric() || *c == b'_',
+        _ => false,
+    };
+    starts && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_') && !["and", "or", "not", "in", "true", "false"].contains(&name)
+}

@@ -1,0 +1,113 @@
+//! The fabric simulator against the interpreter run on the network program
+//! (`docs/network.md`, "Exactly once"): on random connected topologies
+//! (trees and meshes), random ITCH subscriptions over the endpoints and
+//! random packets from a random publisher, every endpoint but the publisher
+//! receives exactly one copy if the network program forwards the packet to
+//! it and none otherwise; the publisher receives none; and no packet visits
+//! a device twice.
+
+use proptest::prelude::*;
+use std::fmt::Write;
+use subc_fabric::{check_topology, project_all, Routes, Simulator};
+use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, SourceMap};
+use subc_workload::{itch, ItchParams, PacketGen, Rng};
+
+/// A connected topology of `devices` devices (a random tree plus `extra`
+/// random links) with `endpoints` endpoints on random devices, as TOML.
+fn topology(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> String {
+    // Names in a shuffled order, so the routing root is not always device 0.
+    let mut names: Vec<usize> = (0..devices).collect();
+    for i in (1..devices).rev() {
+        names.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut next_port = vec![1u32; devices];
+    let mut take = |d: usize| {
+        next_port[d] += 1;
+        format!("s{}:{}", names[d], next_port[d] - 1)
+    };
+    let mut out = String::new();
+    for n in &names {
+        writeln!(out, "[[device]]\nname = \"s{n}\"\nkind = \"sim\"\n").unwrap();
+    }
+    let mut links = vec![];
+    for d in 1..devices {
+        links.push((d, rng.below(d as u64) as usize));
+    }
+    for _ in 0..extra {
+        let a = rng.below(devices as u64) as usize;
+        let b = rng.below(devices as u64) as usize;
+        if a != b {
+            links.push((a, b));
+        }
+    }
+    for (a, b) in links {
+        let (pa, pb) = (take(a), take(b));
+        writeln!(out, "[[link]]\na = \"{pa}\"\nb = \"{pb}\"\n").unwrap();
+    }
+    for e in 0..endpoints {
+        let at = take(rng.below(devices as u64) as usize);
+        writeln!(out, "[[endpoint]]\nname = \"e{e}\"\nat = \"{at}\"\n").unwrap();
+    }
+    out
+}
+
+/// ITCH subscriptions whose `fwd(N)` name endpoints: `fwd(eN)`.
+fn rules(endpoints: usize, seed: u64) -> String {
+    let text = itch(&ItchParams { subscriptions: 12, symbols: 4, max_shares: 1000, hosts: endpoints as u32, seed });
+    text.replace("fwd(", "fwd(e")
+}
+
+/// Checks one case; returns the copies delivered, to show the case is not vacuous.
+fn run(devices: usize, endpoints: usize, extra: usize, seed: u64) -> Result<u32, TestCaseError> {
+    let mut rng = Rng::new(seed);
+    let mut sources = SourceMap::new();
+    let topo_file = sources.add("fabric.toml", topology(devices, endpoints, extra, &mut rng));
+    let mut diags = Diagnostics::default();
+    let topo = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    let spec = sources.add("itch.spec", spec_text);
+    let rule_file = sources.add("rules.subs", rules(endpoints, seed));
+    let table = topo.endpoint_table();
+    let (network, diags) = check_program_with(&sources, spec, &[rule_file], NfLimits::default(), Some(&table));
+    let network = network.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let routes = Routes::new(&topo);
+    let programs = project_all(&topo, &routes, &network).unwrap();
+    let mut fabric = Simulator::new(&topo, &routes, &programs);
+    let mut oracle = Interpreter::new(&network.spec, &network.subscriptions);
+    let gen = PacketGen::new(&network.spec, &network.normal_forms);
+    let mut delivered = 0;
+    for i in 0..24u64 {
+        let bytes = gen.packet(&mut rng, 0.1);
+        let publisher = rng.below(endpoints as u64) as usize;
+        let got = fabric.send(publisher, &bytes, i * 1000);
+        let wanted = oracle.run(&bytes, i * 1000);
+        for e in 0..endpoints {
+            let expect = u32::from(e != publisher && wanted.ports.contains(&(e as u32)));
+            prop_assert_eq!(got.copies[e], expect, "endpoint e{} (publisher e{}), packet {}", e, publisher, i);
+        }
+        prop_assert!(got.visits.iter().all(|&v| v <= 1), "a device visited twice: {:?}", got.visits);
+        delivered += got.copies.iter().sum::<u32>();
+    }
+    Ok(delivered)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fabric_delivers_what_the_network_program_says(
+        devices in 2..=8usize,
+        endpoints in 1..=6usize,
+        extra in 0..4usize,
+        seed in any::<u64>(),
+    ) {
+        run(devices, endpoints, extra, seed).map(drop)?;
+    }
+}
+
+/// Meshes of five devices and six endpoints, with a floor on deliveries.
+#[test]
+fn leaf_spine() {
+    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed).unwrap()).sum();
+    assert!(delivered > 100, "only {delivered} copies: the packets match too little to test anything");
+}

@@ -1,0 +1,72 @@
+//! The topology corpus: every file under `tests/topologies/`, with what
+//! checking it gives snapshotted under `tests/snapshots/`: the rendered
+//! diagnostics, or for a good topology its spanning tree and the port
+//! toward every endpoint from every device. A file's `# expect: CODE ...`
+//! line is the exact set of codes it must produce (none for a good one).
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use subc_fabric::{check_topology, Routes, Topology};
+use subc_lang::{Diagnostics, SourceMap};
+
+fn expected(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# expect:"))
+        .flat_map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .collect()
+}
+
+/// The tree and the routes, one line per device.
+fn describe(t: &Topology) -> String {
+    let r = Routes::new(t);
+    let mut out = String::new();
+    let end = |p: subc_fabric::PortRef| format!("{}:{}", t.devices[p.device].name, p.port);
+    for &i in &r.tree {
+        writeln!(out, "tree  {} -- {}", end(t.links[i].a), end(t.links[i].b)).unwrap();
+    }
+    for &i in &r.spare {
+        writeln!(out, "spare {} -- {}", end(t.links[i].a), end(t.links[i].b)).unwrap();
+    }
+    for (d, dev) in t.devices.iter().enumerate() {
+        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, r.toward[d][e])).collect();
+        writeln!(out, "{} ({}): {}", dev.name, dev.kind.as_str(), ports.join(" ")).unwrap();
+    }
+    out
+}
+
+#[test]
+fn corpus() {
+    let mut wrong = vec![];
+    insta::glob!("topologies/*.toml", |path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut sources = SourceMap::new();
+        let file = sources.add(path.file_name().unwrap().to_string_lossy().into_owned(), text.clone());
+        let mut diags = Diagnostics::default();
+        let topology = check_topology(&sources, file, &mut diags);
+        let codes: BTreeSet<String> = diags.0.iter().map(|d| d.code.as_str().to_string()).collect();
+        if codes != expected(&text) {
+            wrong.push(format!("{}: expected {:?}, got {codes:?}", path.display(), expected(&text)));
+        }
+        match topology {
+            Some(t) => insta::assert_snapshot!(describe(&t)),
+            None => insta::assert_snapshot!(diags.render(&sources)),
+        }
+    });
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every topology code has its wording pinned by a case of the corpus.
+#[test]
+fn every_topology_code_has_a_snapshot() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
+    let mut snapshots = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        snapshots.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+    }
+    let missing: Vec<&str> = subc_lang::Code::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .filter(|c| c.starts_with("E07") && !snapshots.contains(&format!("[{c}]")))
+        .collect();
+    assert!(missing.is_empty(), "topology codes with no snapshot: {missing:?}");
+}
