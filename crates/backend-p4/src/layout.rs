@@ -381,6 +381,8 @@ pub struct P4Layout {
     pub fanout: Fanout,
     /// Whether leaf actions ride on the entries that lead to the leaves.
     pub fold_leaves: bool,
+    /// Whether the egress drops the copy for the ingress port.
+    pub prune_ingress: bool,
     /// Logical ports `0..ports`.
     pub ports: u32,
     /// Whether a counter needs the ingress timestamp.
@@ -571,6 +573,7 @@ impl<'a> Builder<'a> {
             pipelines: vec![],
             fanout,
             fold_leaves: opts.fold_leaves,
+            prune_ingress: opts.prune_ingress,
             ports: spec.ports,
             uses_time: false,
         };

@@ -73,11 +73,22 @@ pub struct P4Options {
     pub fold_leaves: bool,
     /// Subscription port -> device port (empty: the same numbers).
     pub ports: PortMap,
+    /// Never send a copy out of the port the packet came in on: the rule of
+    /// a switch in a fabric (`docs/network.md`). Off, a lone device sends
+    /// to every port its subscriptions name.
+    pub prune_ingress: bool,
 }
 
 impl Default for P4Options {
     fn default() -> Self {
-        P4Options { min_table_size: 1024, headroom: 2, batch_size: 1000, fold_leaves: false, ports: PortMap::default() }
+        P4Options {
+            min_table_size: 1024,
+            headroom: 2,
+            batch_size: 1000,
+            fold_leaves: false,
+            ports: PortMap::default(),
+            prune_ingress: false,
+        }
     }
 }
 

@@ -62,6 +62,7 @@ pub(crate) struct ProgramTemplate<'a> {
     pub parse_states: Vec<ParseRow>,
     pub registers: &'a [crate::layout::RegisterDecl],
     pub port_counter: &'a crate::layout::CounterDecl,
+    pub prune_ingress: bool,
     pub direct: bool,
     /// Signatures of the leaf actions (`forward(bit<9> port, ...)`), with
     /// the variables' update parameters, one line per variable.
@@ -109,6 +110,7 @@ impl<'a> ProgramTemplate<'a> {
             parse_states: l.parse_states.iter().map(parse_row).collect(),
             registers: &l.registers,
             port_counter: &l.port_counter,
+            prune_ingress: l.prune_ingress,
             direct: l.fanout == Fanout::Direct,
             sig_forward: action_signature(l, "forward", Some("bit<9> port")),
             sig_multicast: action_signature(l, "multicast", Some("bit<16> group")),

@@ -1103,8 +1103,15 @@ impl<'a> Simulator<'a> {
         Ok(())
     }
 
-    /// Runs one packet that arrived at `ts_ns` (nanoseconds).
+    /// Runs one packet that arrived at `ts_ns` (nanoseconds), from no
+    /// device port (nothing to prune).
     pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
+        self.run_from(None, bytes, ts_ns)
+    }
+
+    /// Runs one packet that came in on device port `ingress`: a program
+    /// that prunes the ingress port sends no copy back out of it.
+    pub fn run_from(&mut self, ingress: Option<u32>, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
         let Some(pkt) = self.parse(bytes) else {
             return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch });
         };
@@ -1138,7 +1145,7 @@ impl<'a> Simulator<'a> {
         if bitmap && meta.ports != [0] {
             self.apply_table("fanout", &mut meta)?;
         }
-        let ports: Vec<u32> = if meta.mcast_grp != 0 {
+        let mut ports: Vec<u32> = if meta.mcast_grp != 0 {
             let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(SimError::NoGroup { group: meta.mcast_grp })?;
             // Several pipelines: the egress drops the copies outside the bitmap.
             group.into_iter().filter(|p| !bitmap || bit_set(&meta.ports, *p)).collect()
@@ -1147,7 +1154,11 @@ impl<'a> Simulator<'a> {
         } else {
             vec![]
         };
-        // The egress: every copy that leaves counts on its port.
+        // The egress: no copy back out of the ingress port, where pruned;
+        // every copy that leaves counts on its port.
+        if layout.prune_ingress {
+            ports.retain(|p| Some(*p) != ingress);
+        }
         for p in &ports {
             self.switch.count(self.ids.port_counter, *p as u64, bytes.len() as u64);
         }

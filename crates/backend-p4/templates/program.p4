@@ -336,6 +336,11 @@ control MyEgress(inout headers_t hdr,
         bit<8> rest = (bit<8>)(port - (port >> 1));
         if (meta.ports != 0 && (((meta.ports >> half) >> rest) & 1) == 0) {
             mark_to_drop(standard_metadata);
+{%- if prune_ingress %}
+        } else if (standard_metadata.egress_port == standard_metadata.ingress_port) {
+            // Never back out of the port the packet came in on.
+            mark_to_drop(standard_metadata);
+{%- endif %}
         } else {
             {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
         }
@@ -343,7 +348,16 @@ control MyEgress(inout headers_t hdr,
 {%- else %}
 
     apply {
+{%- if prune_ingress %}
+        // Never back out of the port the packet came in on.
+        if (standard_metadata.egress_port == standard_metadata.ingress_port) {
+            mark_to_drop(standard_metadata);
+        } else {
+            {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
+        }
+{%- else %}
         {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
+{%- endif %}
     }
 {%- endif %}
 }

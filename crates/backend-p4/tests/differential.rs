@@ -246,3 +246,46 @@ fn resolved(sw: &subc_backend_p4::Switch) -> Vec<String> {
     out.sort();
     out
 }
+
+/// With `prune_ingress`, a packet from device port `i` leaves by every port
+/// the interpreter names except `i`, leaves in a table or folded, with one
+/// pipeline or several (where the egress filters multicast copies by bitmap).
+#[test]
+fn pruning_the_ingress_port_removes_only_its_copy() {
+    let cases = [
+        (itch_program(300, 4), CompileOptions { max_pipelines: 1, ..Default::default() }),
+        (siena_program(16, 5, false, 16), split_options()),
+    ];
+    let mut most_pipelines = 0;
+    for (p, compile_opts) in &cases {
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, compile_opts.clone()).unwrap();
+        let pipelines = set.pipelines().len();
+        most_pipelines = most_pipelines.max(pipelines);
+        for fold in [false, true] {
+            let opts = P4Options { prune_ingress: true, ..p4_options(fold) };
+            let (target, art) = p4_compile(&p.spec, &set, &opts).unwrap();
+            let layout = target.layout().clone();
+            let info = roundtrip_p4info(&art.p4info);
+            let mut sim = Simulator::new(&p.spec, &layout, &info).unwrap();
+            apply_checked(&mut sim.switch, &layout, &roundtrip_batches(&art.install), false);
+            let mut state = StateStore::new(&p.spec);
+            let mut rng = Rng::new(9);
+            let mut pruned = 0;
+            for (i, (bytes, ts)) in packets(p, 6, 800).iter().enumerate() {
+                let (mut want, decision) = reference(&p.subscriptions, &p.spec, &mut state, bytes, *ts);
+                let ingress = if rng.chance(0.5) { want.first().copied().unwrap_or(0) } else { rng.below(16) as u32 };
+                let before = want.len();
+                want.retain(|&q| q != ingress);
+                pruned += before - want.len();
+                let o = sim.run_from(Some(ingress), bytes, *ts).unwrap();
+                let what = format!("{pipelines} pipeline(s), folded {fold}, packet {i} from port {ingress}");
+                assert_eq!(o.ports, want, "{what}");
+                if !want.is_empty() {
+                    assert_eq!(o.decision, decision, "{what}");
+                }
+            }
+            assert!(pruned > 100, "only {pruned} copies pruned: the test exercises too little");
+        }
+    }
+    assert!(most_pipelines > 1, "no case has several pipelines: the egress's bitmap filter went untested");
+}

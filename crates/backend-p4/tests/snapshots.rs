@@ -36,3 +36,14 @@ fn folded_leaves() {
         insta::assert_json_snapshot!(format!("{name}_folded_resources"), art.resources);
     }
 }
+
+/// With the ingress port pruned, as a switch in a fabric runs it: the
+/// egress drops the copy for the port the packet came in on.
+#[test]
+fn pruned_ingress() {
+    for (name, dir) in corpus().into_iter().filter(|(n, _)| n == "itch") {
+        let (p, set) = compile_dir(&dir);
+        let (_, art) = compile(&p.spec, &set, &P4Options { prune_ingress: true, ..Default::default() }).unwrap();
+        insta::assert_snapshot!(format!("{name}_pruned_program"), art.program);
+    }
+}

@@ -37,6 +37,11 @@ pub struct P4Args {
     /// dropped and how much extra traffic that is on 10,000 sampled packets.
     #[arg(long, value_name = "ENTRIES")]
     pub p4_budget: Option<usize>,
+    /// P4: never send a copy back out of the port the packet came in on, as a switch in a
+    /// fabric must (docs/network.md); without it a lone device sends to every port its
+    /// subscriptions name.
+    #[arg(long)]
+    pub p4_prune_ingress: bool,
 }
 
 impl P4Args {
@@ -45,6 +50,7 @@ impl P4Args {
             min_table_size: self.p4_min_table_size,
             headroom: self.p4_headroom,
             fold_leaves: self.p4_fold_leaves,
+            prune_ingress: self.p4_prune_ingress,
             ..P4Options::default()
         }
     }
