@@ -425,7 +425,11 @@ impl Structs {
                 .scalar("port", Scalar::U16)
                 .finish(),
             port_stats: CStruct::builder("subc_port_stats").scalar("packets", Scalar::U64).scalar("bytes", Scalar::U64).finish(),
-            config: CStruct::builder("subc_config").scalar("no_match", Scalar::U32).scalar("now_ns", Scalar::U64).finish(),
+            config: CStruct::builder("subc_config")
+                .scalar("no_match", Scalar::U32)
+                .scalar("prune_ingress", Scalar::U32)
+                .scalar("now_ns", Scalar::U64)
+                .finish(),
             record: CStruct::builder("subc_record")
                 .scalar("decision", Scalar::U32)
                 .scalar("drop", Scalar::U32)

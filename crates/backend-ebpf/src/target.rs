@@ -54,6 +54,12 @@ pub struct Egress {
 pub struct TargetConfig {
     #[serde(default)]
     pub no_match: NoMatch,
+    /// Never send a copy out of the interface the packet came in on: the
+    /// rule of a switch in a fabric (`docs/network.md`). Off, a single port
+    /// on the ingress interface is answered with `XDP_TX`, as a broker
+    /// answering its publisher's host does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune_ingress: bool,
     #[serde(default)]
     pub ports: BTreeMap<u32, Egress>,
 }
@@ -112,16 +118,17 @@ impl TargetConfig {
                 ops.push(MapOp { map: dm, key: port.to_ne_bytes().to_vec(), value: Some(idx.to_ne_bytes().to_vec()) });
             }
         }
-        ops.push(config_op(model, self.no_match, 0));
+        ops.push(config_op(model, self.no_match, self.prune_ingress, 0));
         Ok(ops)
     }
 }
 
-/// `subc_config`: the no-match action and the clock of test builds.
-pub fn config_op(model: &Model, no_match: NoMatch, now_ns: u64) -> MapOp {
+/// `subc_config`: the no-match action, ingress pruning and the clock of
+/// test builds.
+pub fn config_op(model: &Model, no_match: NoMatch, prune_ingress: bool, now_ns: u64) -> MapOp {
     let s = model.maps[model.ids.config].value_struct();
     let mut v = s.zeroed();
-    v.u32("no_match", (no_match == NoMatch::Drop) as u32).u64("now_ns", now_ns);
+    v.u32("no_match", (no_match == NoMatch::Drop) as u32).u32("prune_ingress", prune_ingress as u32).u64("now_ns", now_ns);
     MapOp { map: model.ids.config, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
 }
 

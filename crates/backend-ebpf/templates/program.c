@@ -468,6 +468,14 @@ static __always_inline int subc_no_match_drops(void)
     return c && c->no_match;
 }
 
+/* The interface no copy may leave by: the ingress one when the target
+ * prunes it (a switch in a fabric), else none (0 is no interface). */
+static __always_inline __u32 subc_pruned_ifindex(__u32 ingress)
+{
+    struct subc_config *c = subc_cfg();
+    return c && c->prune_ingress ? ingress : 0;
+}
+
 /* Single port: the port's index. */
 static __always_inline __u32 subc_first_port(const __u64 *ports)
 {
@@ -559,7 +567,7 @@ int subc_xdp(struct xdp_md *ctx)
         if (subc_port_count(r.ports) == 1) {
             __u32 port = subc_first_port(r.ports);
             struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
-            if (!e || !e->ifindex)
+            if (!e || !e->ifindex || e->ifindex == subc_pruned_ifindex(ctx->ingress_ifindex))
                 return XDP_DROP;
             /* The verdict first: a copy the devmap refuses is neither
              * counted nor rewritten (the rewrite changes the frame in place,
@@ -648,10 +656,10 @@ static __always_inline void subc_tc_rewrite(struct __sk_buff *skb, const struct 
 
 /* One copy of a fanned-out packet. A global function, so the verifier
  * checks it once rather than once per port of the unrolled loops. */
-__attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, struct subc_pkt *k)
+__attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, struct subc_pkt *k, __u32 pruned)
 {
     struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
-    if (!skb || !k || !e || !e->ifindex)
+    if (!skb || !k || !e || !e->ifindex || e->ifindex == pruned)
         return 0;
     subc_tc_rewrite(skb, e, k);
     if (bpf_clone_redirect(skb, e->ifindex, 0))
@@ -664,11 +672,12 @@ __attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, st
 static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *ports)
 {
     struct subc_pkt k;
+    __u32 pruned = subc_pruned_ifindex(skb->ingress_ifindex);
     subc_tc_load(skb, &k);
     if (subc_port_count(ports) == 1) {
         __u32 port = subc_first_port(ports);
         struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
-        if (!e || !e->ifindex)
+        if (!e || !e->ifindex || e->ifindex == pruned)
             return SUBC_TC_ACT_SHOT;
         subc_count(port, skb->len);
         subc_tc_rewrite(skb, e, &k);
@@ -677,7 +686,7 @@ static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *p
 {% for w in port_word_list %}    {
         __u64 bits = ports[{{ w }}];
         for (__u32 j = 0; j < 64 && bits; j++) {
-            subc_tc_copy(skb, {{ w }} * 64 + subc_lowbit(bits), &k);
+            subc_tc_copy(skb, {{ w }} * 64 + subc_lowbit(bits), &k, pruned);
             bits &= bits - 1;
         }
     }

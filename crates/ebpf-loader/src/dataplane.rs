@@ -188,7 +188,7 @@ impl Dataplane {
         let mut dp = Dataplane::load(object, model)?;
         let ops = image.initial_ops(&dp.model);
         dp.apply(&ops)?;
-        dp.apply(&[config_op(&dp.model, NoMatch::Pass, 0)])?;
+        dp.apply(&[config_op(&dp.model, NoMatch::Pass, false, 0)])?;
         dp.image = Some(image);
         Ok(dp)
     }
@@ -233,7 +233,7 @@ impl Dataplane {
     /// kernel test-runs for no program of this hook (too short, too long)
     /// is [`LoaderError::FrameRefused`], with the kernel's limits.
     pub fn test_run(&self, packet: &[u8], now_ns: u64, no_match: NoMatch, repeat: u32) -> Result<TestRun, LoaderError> {
-        self.apply(&[config_op(&self.model, no_match, now_ns)])?;
+        self.apply(&[config_op(&self.model, no_match, false, now_ns)])?;
         let name = self.main_program_name();
         let prog = self.obj.progs_mut().find(|p| p.name() == name).ok_or_else(|| LoaderError::MissingProgram { program: name.into() })?;
         let mut out = vec![0u8; packet.len() + 256];

@@ -779,7 +779,7 @@ impl Tally {
 /// single port and clones to several.
 fn counting_config(spec: &Spec) -> TargetConfig {
     let egress = |p: u32| Egress { interface: if p.is_multiple_of(2) { "lo" } else { "ca" }.into(), ..Default::default() };
-    TargetConfig { no_match: NoMatch::Pass, ports: (0..spec.ports).map(|p| (p, egress(p))).collect() }
+    TargetConfig { no_match: NoMatch::Pass, prune_ingress: false, ports: (0..spec.ports).map(|p| (p, egress(p))).collect() }
 }
 
 /// The verdict of a packet under [`counting_config`].

@@ -125,7 +125,7 @@ impl EbpfDriver {
         for (p, e) in &cfg.ports {
             ports.insert(*p, egress(e)?);
         }
-        let config = TargetConfig { no_match: if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass }, ports };
+        let config = TargetConfig { no_match: if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass }, prune_ingress: false, ports };
         Ok(EbpfDriver {
             name: name.to_string(),
             spec,
