@@ -1,19 +1,21 @@
 //! The fabric simulator against the interpreter run on the network program
 //! (`docs/network.md`, "Exactly once"): on random connected topologies
-//! (trees and meshes), random ITCH subscriptions over the endpoints and
-//! random packets from a random publisher, every endpoint but the publisher
-//! receives exactly one copy if the network program forwards the packet to
-//! it and none otherwise; the publisher receives none; and no packet visits
-//! a device twice.
+//! (trees and meshes) with random declared publishers, random ITCH
+//! subscriptions over the endpoints and random packets from a random
+//! publisher, every endpoint but the publisher receives exactly one copy if
+//! the network program forwards the packet to it and none otherwise; the
+//! publisher receives none; and no packet visits a device twice. The same
+//! holds on meshes after a link goes down, over the routes that avoid it.
 
 use proptest::prelude::*;
 use std::fmt::Write;
-use subc_fabric::{check_topology, project_all, Routes, Simulator};
+use subc_fabric::{check_topology, project_all, Down, FabricError, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, SourceMap};
 use subc_workload::{itch, ItchParams, PacketGen, Rng};
 
 /// A connected topology of `devices` devices (a random tree plus `extra`
-/// random links) with `endpoints` endpoints on random devices, as TOML.
+/// random links) with `endpoints` endpoints on random devices, each
+/// declared a publisher or not at random, as TOML.
 fn topology(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> String {
     // Names in a shuffled order, so the routing root is not always device 0.
     let mut names: Vec<usize> = (0..devices).collect();
@@ -46,7 +48,8 @@ fn topology(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> St
     }
     for e in 0..endpoints {
         let at = take(rng.below(devices as u64) as usize);
-        writeln!(out, "[[endpoint]]\nname = \"e{e}\"\nat = \"{at}\"\n").unwrap();
+        let publishes = rng.below(2) == 0;
+        writeln!(out, "[[endpoint]]\nname = \"e{e}\"\nat = \"{at}\"\npublishes = {publishes}\n").unwrap();
     }
     out
 }
@@ -57,8 +60,27 @@ fn rules(endpoints: usize, seed: u64) -> String {
     text.replace("fwd(", "fwd(e")
 }
 
-/// Checks one case; returns the copies delivered, to show the case is not vacuous.
-fn run(devices: usize, endpoints: usize, extra: usize, seed: u64) -> Result<u32, TestCaseError> {
+/// Routes with one link down, the first from a random one on whose loss
+/// the endpoints stay connected; `None` if every link is needed.
+fn with_a_link_down(t: &Topology, rng: &mut Rng) -> Result<Option<Routes>, TestCaseError> {
+    let n = t.links.len();
+    let start = rng.below(n as u64) as usize;
+    for i in (0..n).map(|k| (start + k) % n) {
+        match Routes::avoiding(t, &Down { links: [i].into(), ..Down::default() }) {
+            Ok(r) => {
+                prop_assert!(!r.tree.contains(&i), "the tree uses link {} which is down", i);
+                return Ok(Some(r));
+            }
+            Err(FabricError::Partitioned { .. }) => {}
+            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+        }
+    }
+    Ok(None)
+}
+
+/// Checks one case; returns the copies delivered, to show the case is not
+/// vacuous. With `fail`, over routes with a link down.
+fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, fail: bool) -> Result<u32, TestCaseError> {
     let mut rng = Rng::new(seed);
     let mut sources = SourceMap::new();
     let topo_file = sources.add("fabric.toml", topology(devices, endpoints, extra, &mut rng));
@@ -70,7 +92,14 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64) -> Result<u32,
     let table = topo.endpoint_table();
     let (network, diags) = check_program_with(&sources, spec, &[rule_file], NfLimits::default(), Some(&table));
     let network = network.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let routes = Routes::new(&topo);
+    let routes = match fail {
+        false => Routes::new(&topo),
+        true => match with_a_link_down(&topo, &mut rng)? {
+            Some(r) => r,
+            None => return Ok(0),
+        },
+    };
+    let publishers = topo.publishers();
     let programs = project_all(&topo, &routes, &network).unwrap();
     let mut fabric = Simulator::new(&topo, &routes, &programs);
     let mut oracle = Interpreter::new(&network.spec, &network.subscriptions);
@@ -78,7 +107,7 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64) -> Result<u32,
     let mut delivered = 0;
     for i in 0..24u64 {
         let bytes = gen.packet(&mut rng, 0.1);
-        let publisher = rng.below(endpoints as u64) as usize;
+        let publisher = publishers[rng.below(publishers.len() as u64) as usize];
         let got = fabric.send(publisher, &bytes, i * 1000);
         let wanted = oracle.run(&bytes, i * 1000);
         for e in 0..endpoints {
@@ -101,13 +130,26 @@ proptest! {
         extra in 0..4usize,
         seed in any::<u64>(),
     ) {
-        run(devices, endpoints, extra, seed).map(drop)?;
+        run(devices, endpoints, extra, seed, false).map(drop)?;
+    }
+
+    #[test]
+    fn fabric_delivers_with_a_link_down(
+        devices in 2..=8usize,
+        endpoints in 1..=6usize,
+        extra in 1..5usize,
+        seed in any::<u64>(),
+    ) {
+        run(devices, endpoints, extra, seed, true).map(drop)?;
     }
 }
 
-/// Meshes of five devices and six endpoints, with a floor on deliveries.
+/// Meshes of five devices and six endpoints, with a floor on deliveries,
+/// whole and with a link down.
 #[test]
 fn leaf_spine() {
-    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed).unwrap()).sum();
+    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed, false).unwrap()).sum();
     assert!(delivered > 100, "only {delivered} copies: the packets match too little to test anything");
+    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed, true).unwrap()).sum();
+    assert!(delivered > 100, "only {delivered} copies with a link down");
 }

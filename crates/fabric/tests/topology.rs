@@ -1,7 +1,8 @@
 //! The topology corpus: every file under `tests/topologies/`, with what
 //! checking it gives snapshotted under `tests/snapshots/`: the rendered
-//! diagnostics, or for a good topology its spanning tree and the port
-//! toward every endpoint from every device. A file's `# expect: CODE ...`
+//! diagnostics, or for a good topology its spanning tree, its declared
+//! publishers, and the port toward every endpoint from every device (`·`
+//! where the device lies on no publisher's path to it). A file's `# expect: CODE ...`
 //! line is the exact set of codes it must produce (none for a good one).
 
 use std::collections::BTreeSet;
@@ -27,8 +28,13 @@ fn describe(t: &Topology) -> String {
     for &i in &r.spare {
         writeln!(out, "spare {} -- {}", end(t.links[i].a), end(t.links[i].b)).unwrap();
     }
+    let declared: Vec<&str> = t.endpoints.iter().filter(|e| e.publishes).map(|e| e.name.as_str()).collect();
+    if !declared.is_empty() {
+        writeln!(out, "publishers {}", declared.join(" ")).unwrap();
+    }
     for (d, dev) in t.devices.iter().enumerate() {
-        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, r.toward[d][e])).collect();
+        let port = |e: usize| if r.carries(d, e) { r.port_toward(d, e).to_string() } else { "·".to_string() };
+        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, port(e))).collect();
         writeln!(out, "{} ({}): {}", dev.name, dev.kind.as_str(), ports.join(" ")).unwrap();
     }
     out
