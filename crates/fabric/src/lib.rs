@@ -8,6 +8,7 @@
 //! topology TOML ──check_topology──▶ Topology ──Routes::new / avoiding(Down)──▶ Routes (tree, port toward each endpoint)
 //! rules ──check_program_with(endpoints)──▶ network Program ──project(device)──▶ one Program per device
 //! per-device Programs ──Simulator──▶ copies per endpoint (the reference every fabric is checked against)
+//! network Program ──place(device, budget)──▶ Placed (compiled set; transit part relaxed to fit)
 //! ```
 //!
 //! Each projected program is an ordinary `subc_lang::Program`, so a device
@@ -15,11 +16,13 @@
 
 #![warn(unreachable_pub)]
 
+mod budget;
 mod project;
 mod routing;
 mod sim;
 mod topology;
 
+pub use budget::{place, place_all, Placed, TRANSIT_ID};
 pub use project::{changed_devices, project, project_rule};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};
@@ -38,6 +41,19 @@ pub enum FabricError {
         names(devices)
     )]
     Partitioned { devices: Vec<String>, root: String },
+    #[error(
+        "device `{device}` has a budget of {budget} entries, but the rules toward its own endpoints alone need {exact}, \
+         and those are never relaxed (raise the budget or move endpoints)"
+    )]
+    ExactOverBudget { device: String, budget: u64, exact: u64 },
+    #[error("device `{device}` has a budget of {budget} entries, but its rules need {needed} even with every transit constraint dropped")]
+    BudgetTooSmall { device: String, budget: u64, needed: u64 },
+    #[error("device `{device}`: {source}")]
+    Compile {
+        device: String,
+        #[source]
+        source: subc_bdd::CompileError,
+    },
 }
 
 /// `a`, `b` and `c`, each in backquotes.

@@ -5,12 +5,16 @@
 //! publisher, every endpoint but the publisher receives exactly one copy if
 //! the network program forwards the packet to it and none otherwise; the
 //! publisher receives none; and no packet visits a device twice. The same
-//! holds on meshes after a link goes down, over the routes that avoid it.
+//! holds on meshes after a link goes down, over the routes that avoid it,
+//! and with random table budgets, each device running the relaxed rules it
+//! was placed with.
 
 use proptest::prelude::*;
 use std::fmt::Write;
-use subc_fabric::{check_topology, project_all, Down, FabricError, Routes, Simulator, Topology};
+use subc_bdd::CompileOptions;
+use subc_fabric::{check_topology, place, project_all, Down, FabricError, Placed, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, SourceMap};
+use subc_lang::{NfSubscription, Program};
 use subc_workload::{itch, ItchParams, PacketGen, Rng};
 
 /// A connected topology of `devices` devices (a random tree plus `extra`
@@ -78,30 +82,70 @@ fn with_a_link_down(t: &Topology, rng: &mut Rng) -> Result<Option<Routes>, TestC
     Ok(None)
 }
 
-/// Checks one case; returns the copies delivered, to show the case is not
-/// vacuous. With `fail`, over routes with a link down.
-fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, fail: bool) -> Result<u32, TestCaseError> {
+/// Every device placed under a random budget, or none where that budget
+/// cannot fit its exact part; returns each device's rules and how many were
+/// relaxed.
+fn placed_rules(t: &mut Topology, routes: &Routes, network: &Program, rng: &mut Rng) -> (Vec<Vec<NfSubscription>>, usize) {
+    let mut rules = vec![];
+    let mut relaxed = 0;
+    for d in 0..t.devices.len() {
+        t.devices[d].budget = Some(rng.range(4, 40));
+        let p: Placed = match place(t, routes, network, d, &CompileOptions::default()) {
+            Ok(p) => p,
+            Err(FabricError::ExactOverBudget { .. } | FabricError::BudgetTooSmall { .. }) => {
+                t.devices[d].budget = None;
+                place(t, routes, network, d, &CompileOptions::default()).unwrap()
+            }
+            Err(e) => panic!("{e}"),
+        };
+        assert!(t.devices[d].budget.is_none_or(|b| p.entries() as u64 <= b), "over budget");
+        relaxed += usize::from(!p.dropped.is_empty());
+        rules.push(p.rules);
+    }
+    (rules, relaxed)
+}
+
+/// How a case runs the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Whole,
+    /// Over routes with a link down.
+    LinkDown,
+    /// Each device under a random budget.
+    Budgets,
+}
+
+/// Checks one case; returns the copies delivered and the devices relaxed,
+/// to show the case is not vacuous.
+fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, mode: Mode) -> Result<(u32, usize), TestCaseError> {
     let mut rng = Rng::new(seed);
     let mut sources = SourceMap::new();
     let topo_file = sources.add("fabric.toml", topology(devices, endpoints, extra, &mut rng));
     let mut diags = Diagnostics::default();
-    let topo = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let mut topo = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
     let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
     let spec = sources.add("itch.spec", spec_text);
     let rule_file = sources.add("rules.subs", rules(endpoints, seed));
     let table = topo.endpoint_table();
     let (network, diags) = check_program_with(&sources, spec, &[rule_file], NfLimits::default(), Some(&table));
     let network = network.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let routes = match fail {
-        false => Routes::new(&topo),
-        true => match with_a_link_down(&topo, &mut rng)? {
+    let routes = match mode {
+        Mode::LinkDown => match with_a_link_down(&topo, &mut rng)? {
             Some(r) => r,
-            None => return Ok(0),
+            None => return Ok((0, 0)),
         },
+        _ => Routes::new(&topo),
+    };
+    let (rules, relaxed) = match mode {
+        Mode::Budgets => placed_rules(&mut topo, &routes, &network, &mut rng),
+        _ => (vec![], 0),
     };
     let publishers = topo.publishers();
     let programs = project_all(&topo, &routes, &network).unwrap();
-    let mut fabric = Simulator::new(&topo, &routes, &programs);
+    let mut fabric = match mode {
+        Mode::Budgets => Simulator::placed(&topo, &routes, &network.spec, &rules),
+        _ => Simulator::new(&topo, &routes, &programs),
+    };
     let mut oracle = Interpreter::new(&network.spec, &network.subscriptions);
     let gen = PacketGen::new(&network.spec, &network.normal_forms);
     let mut delivered = 0;
@@ -117,39 +161,33 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, fail: bool) ->
         prop_assert!(got.visits.iter().all(|&v| v <= 1), "a device visited twice: {:?}", got.visits);
         delivered += got.copies.iter().sum::<u32>();
     }
-    Ok(delivered)
+    Ok((delivered, relaxed))
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
+    /// Trees (`extra` 0; with a link down, nothing can fail there and the
+    /// case is skipped) and meshes, in every mode.
     #[test]
     fn fabric_delivers_what_the_network_program_says(
         devices in 2..=8usize,
         endpoints in 1..=6usize,
-        extra in 0..4usize,
+        extra in 0..5usize,
         seed in any::<u64>(),
+        mode in prop::sample::select(vec![Mode::Whole, Mode::LinkDown, Mode::Budgets]),
     ) {
-        run(devices, endpoints, extra, seed, false).map(drop)?;
-    }
-
-    #[test]
-    fn fabric_delivers_with_a_link_down(
-        devices in 2..=8usize,
-        endpoints in 1..=6usize,
-        extra in 1..5usize,
-        seed in any::<u64>(),
-    ) {
-        run(devices, endpoints, extra, seed, true).map(drop)?;
+        run(devices, endpoints, extra, seed, mode).map(drop)?;
     }
 }
 
 /// Meshes of five devices and six endpoints, with a floor on deliveries,
-/// whole and with a link down.
+/// whole, with a link down, and under budgets (some devices relaxed).
 #[test]
 fn leaf_spine() {
-    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed, false).unwrap()).sum();
-    assert!(delivered > 100, "only {delivered} copies: the packets match too little to test anything");
-    let delivered: u32 = (0..16).map(|seed| run(5, 6, 3, seed, true).unwrap()).sum();
-    assert!(delivered > 100, "only {delivered} copies with a link down");
+    for mode in [Mode::Whole, Mode::LinkDown, Mode::Budgets] {
+        let (delivered, relaxed) = (0..24).map(|seed| run(5, 6, 3, seed, mode).unwrap()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        assert!(delivered > 100, "{mode:?}: only {delivered} copies: the packets match too little to test anything");
+        assert!(mode != Mode::Budgets || relaxed > 8, "only {relaxed} devices relaxed: the budgets test nothing");
+    }
 }
