@@ -5,9 +5,10 @@
 //! crate holds the pure part of that step, with no kernel and no server:
 //!
 //! ```text
-//! topology TOML ──check_topology──▶ Topology ──Routes::new──▶ Routes (tree, port toward each endpoint)
+//! topology TOML ──check_topology──▶ Topology ──Routes::new / avoiding(Down)──▶ Routes (tree, port toward each endpoint)
 //! rules ──check_program_with(endpoints)──▶ network Program ──project(device)──▶ one Program per device
 //! per-device Programs ──Simulator──▶ copies per endpoint (the reference every fabric is checked against)
+//! network Program ──place(device, budget)──▶ Placed (compiled set; transit part relaxed to fit)
 //! ```
 //!
 //! Each projected program is an ordinary `subc_lang::Program`, so a device
@@ -15,23 +16,53 @@
 
 #![warn(unreachable_pub)]
 
+mod budget;
 mod project;
 mod routing;
 mod sim;
 mod topology;
 
-pub use project::project;
-pub use routing::Routes;
+pub use budget::{place, place_all, Placed, TRANSIT_ID};
+pub use project::{changed_devices, project, project_rule};
+pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};
 pub use topology::{check_topology, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};
 
-/// Why a network program cannot be put on a device.
+/// Why a network program cannot be put on a device, or routed at all.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FabricError {
     #[error("device `{device}` would forward to its port {port}, beyond the spec's {ports} ports (raise `ports N;`)")]
     PortOutOfRange { device: String, port: u32, ports: u32 },
     #[error("port {port} is not an endpoint: the topology has {endpoints}")]
     NoSuchEndpoint { port: u32, endpoints: usize },
+    #[error(
+        "with what is down, no surviving link path joins {} to `{root}`, so the endpoints there are cut off \
+         (bring a link back up)",
+        names(devices)
+    )]
+    Partitioned { devices: Vec<String>, root: String },
+    #[error(
+        "device `{device}` has a budget of {budget} entries, but the rules toward its own endpoints alone need {exact}, \
+         and those are never relaxed (raise the budget or move endpoints)"
+    )]
+    ExactOverBudget { device: String, budget: u64, exact: u64 },
+    #[error("device `{device}` has a budget of {budget} entries, but its rules need {needed} even with every transit constraint dropped")]
+    BudgetTooSmall { device: String, budget: u64, needed: u64 },
+    #[error("device `{device}`: {source}")]
+    Compile {
+        device: String,
+        #[source]
+        source: subc_bdd::CompileError,
+    },
+}
+
+/// `a`, `b` and `c`, each in backquotes.
+fn names(devices: &[String]) -> String {
+    let quoted: Vec<String> = devices.iter().map(|d| format!("`{d}`")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
 }
 
 /// The network program projected onto every device, in device order.

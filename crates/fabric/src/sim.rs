@@ -6,11 +6,17 @@
 //! (ingress pruning); a port with an endpoint delivers a copy, a tree link
 //! hands the packet to the device at the other end. Each device keeps its
 //! own state across packets, as a real device would.
+//!
+//! A device runs either its projected program's checked conditions (the
+//! reference, [`Simulator::new`]) or the normal-form rules it was placed
+//! with ([`Simulator::placed`]): under a budget those are relaxed, and only
+//! normal forms exist for them.
 
 use crate::routing::Routes;
 use crate::topology::{DeviceId, EndpointId, PortRef, Topology};
 use std::collections::{HashMap, VecDeque};
-use subc_lang::{Interpreter, Program};
+use subc_lang::spec::Spec;
+use subc_lang::{eval_nf, parse_packet, union_actions, Interpreter, NfSubscription, Program, StateStore};
 
 /// What one packet did in the fabric.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,9 +34,32 @@ enum Next {
     Device(PortRef),
 }
 
+/// What decides a device's ports for a packet.
+enum Engine<'a> {
+    /// The checked conditions, in the reference interpreter.
+    Checked(Interpreter<'a>),
+    /// Normal forms, cube by cube, with the device's own state.
+    Normal { spec: &'a Spec, rules: &'a [NfSubscription], state: StateStore },
+}
+
+impl Engine<'_> {
+    fn ports(&mut self, bytes: &[u8], ts_ns: u64) -> Vec<u32> {
+        match self {
+            Engine::Checked(i) => i.run(bytes, ts_ns).ports,
+            Engine::Normal { spec, rules, state } => {
+                let Some(pkt) = parse_packet(spec, bytes) else { return vec![] };
+                let values = state.pre_stage(spec, &pkt, ts_ns);
+                let actions = union_actions(rules.iter().filter(|r| eval_nf(r, &values)).map(|r| &r.actions));
+                state.apply_updates(spec, &pkt, &actions.updates);
+                actions.ports.into_iter().collect()
+            }
+        }
+    }
+}
+
 /// A fabric of interpreters, one per device, with their state.
 pub struct Simulator<'a> {
-    devices: Vec<Interpreter<'a>>,
+    devices: Vec<Engine<'a>>,
     /// Each used device port: an endpoint or the far end of a tree link.
     wires: HashMap<PortRef, Next>,
     topology: &'a Topology,
@@ -40,6 +69,18 @@ impl<'a> Simulator<'a> {
     /// A simulator over `programs`, the network program projected onto each
     /// device in order ([`crate::project`]).
     pub fn new(topology: &'a Topology, routes: &Routes, programs: &'a [Program]) -> Simulator<'a> {
+        let devices = programs.iter().map(|p| Engine::Checked(Interpreter::new(&p.spec, &p.subscriptions))).collect();
+        Simulator::wired(topology, routes, devices)
+    }
+
+    /// A simulator whose devices run `rules` (in device order), e.g. each
+    /// [`crate::Placed::rules`], over the network's `spec`.
+    pub fn placed(topology: &'a Topology, routes: &Routes, spec: &'a Spec, rules: &'a [Vec<NfSubscription>]) -> Simulator<'a> {
+        let devices = rules.iter().map(|r| Engine::Normal { spec, rules: r, state: StateStore::new(spec) }).collect();
+        Simulator::wired(topology, routes, devices)
+    }
+
+    fn wired(topology: &'a Topology, routes: &Routes, devices: Vec<Engine<'a>>) -> Simulator<'a> {
         let mut wires = HashMap::new();
         for (e, ep) in topology.endpoints.iter().enumerate() {
             wires.insert(ep.at, Next::Endpoint(e));
@@ -49,7 +90,6 @@ impl<'a> Simulator<'a> {
             wires.insert(l.a, Next::Device(l.b));
             wires.insert(l.b, Next::Device(l.a));
         }
-        let devices = programs.iter().map(|p| Interpreter::new(&p.spec, &p.subscriptions)).collect();
         Simulator { devices, wires, topology }
     }
 
@@ -66,8 +106,7 @@ impl<'a> Simulator<'a> {
             budget -= 1;
             let device: DeviceId = ingress.device;
             out.visits[device] += 1;
-            let outcome = self.devices[device].run(bytes, ts_ns);
-            for port in outcome.ports {
+            for port in self.devices[device].ports(bytes, ts_ns) {
                 if port == ingress.port {
                     continue;
                 }

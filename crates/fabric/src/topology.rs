@@ -67,6 +67,9 @@ pub struct Link {
 pub struct Endpoint {
     pub name: String,
     pub at: PortRef,
+    /// Declared a publisher (`publishes = true`). See
+    /// [`Topology::publishers`] for what an undeclared fabric means.
+    pub publishes: bool,
 }
 
 /// A checked topology: names unique, every port used once, no link from a
@@ -90,6 +93,18 @@ impl Topology {
 
     pub fn endpoint(&self, name: &str) -> Option<EndpointId> {
         self.endpoints.iter().position(|e| e.name == name)
+    }
+
+    /// The endpoints that may send packets into the fabric: those declared
+    /// `publishes = true`, or every endpoint if none is. Devices carry a
+    /// rule's packets only along paths from these (`docs/network.md`).
+    pub fn publishers(&self) -> Vec<EndpointId> {
+        let declared: Vec<EndpointId> = (0..self.endpoints.len()).filter(|&e| self.endpoints[e].publishes).collect();
+        if declared.is_empty() {
+            (0..self.endpoints.len()).collect()
+        } else {
+            declared
+        }
     }
 }
 
@@ -126,6 +141,8 @@ struct RawLink {
 struct RawEndpoint {
     name: Spanned<String>,
     at: Spanned<String>,
+    #[serde(default)]
+    publishes: bool,
 }
 
 /// Parses and checks the topology in `file`. `None` if anything has an
@@ -279,7 +296,7 @@ impl Checker<'_> {
                 );
             }
             if let Some(at) = self.port(devices, &e.at, "this endpoint") {
-                out.push(Endpoint { name: e.name.get_ref().clone(), at });
+                out.push(Endpoint { name: e.name.get_ref().clone(), at, publishes: e.publishes });
             }
         }
         out

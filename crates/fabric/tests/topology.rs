@@ -1,7 +1,8 @@
 //! The topology corpus: every file under `tests/topologies/`, with what
 //! checking it gives snapshotted under `tests/snapshots/`: the rendered
-//! diagnostics, or for a good topology its spanning tree and the port
-//! toward every endpoint from every device. A file's `# expect: CODE ...`
+//! diagnostics, or for a good topology its spanning tree, its declared
+//! publishers, and the port toward every endpoint from every device (`·`
+//! where the device lies on no publisher's path to it). A file's `# expect: CODE ...`
 //! line is the exact set of codes it must produce (none for a good one).
 
 use std::collections::BTreeSet;
@@ -27,8 +28,13 @@ fn describe(t: &Topology) -> String {
     for &i in &r.spare {
         writeln!(out, "spare {} -- {}", end(t.links[i].a), end(t.links[i].b)).unwrap();
     }
+    let declared: Vec<&str> = t.endpoints.iter().filter(|e| e.publishes).map(|e| e.name.as_str()).collect();
+    if !declared.is_empty() {
+        writeln!(out, "publishers {}", declared.join(" ")).unwrap();
+    }
     for (d, dev) in t.devices.iter().enumerate() {
-        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, r.toward[d][e])).collect();
+        let port = |e: usize| if r.carries(d, e) { r.port_toward(d, e).to_string() } else { "·".to_string() };
+        let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, port(e))).collect();
         writeln!(out, "{} ({}): {}", dev.name, dev.kind.as_str(), ports.join(" ")).unwrap();
     }
     out
@@ -69,4 +75,22 @@ fn every_topology_code_has_a_snapshot() {
         .filter(|c| c.starts_with("E07") && !snapshots.contains(&format!("[{c}]")))
         .collect();
     assert!(missing.is_empty(), "topology codes with no snapshot: {missing:?}");
+}
+
+/// The benchmark's fat-tree (`subc_workload::topologies`) checks. The tree
+/// (from `a0_0`) crosses the core at `c0` alone; the other core switches,
+/// and every pod's second aggregation switch, are its leaves and carry
+/// nothing.
+#[test]
+fn fat_tree() {
+    let mut sources = SourceMap::new();
+    let file = sources.add("fat_tree.toml", subc_workload::topologies::fat_tree_toml(4, 1));
+    let mut diags = Diagnostics::default();
+    let t = check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    assert_eq!((t.devices.len(), t.links.len(), t.endpoints.len()), (20, 32, 16));
+    assert_eq!(t.publishers(), [0]);
+    let r = Routes::new(&t);
+    assert_eq!(r.tree.len(), 19);
+    let idle: Vec<&str> = (0..t.devices.len()).filter(|&d| !r.carries[d].contains(&true)).map(|d| t.devices[d].name.as_str()).collect();
+    assert_eq!(idle, ["c1", "c2", "c3", "a0_1", "a1_1", "a2_1", "a3_1"], "devices on no path from h0");
 }
