@@ -87,7 +87,8 @@ pub fn mac_of(ns: &str, dev: &str) -> Result<String, LoaderError> {
 }
 
 /// An `AF_PACKET` socket on `dev` of the calling thread's namespace, with
-/// a 20 ms receive timeout.
+/// a 20 ms receive timeout and a 4 MiB receive buffer (frames queue there
+/// while a test sends; the default buffer holds only a few hundred).
 pub fn packet_socket(dev: &str) -> Result<OwnedFd, LoaderError> {
     let idx = crate::ifindex(dev)?;
     let protocol = (libc::ETH_P_ALL as u16).to_be();
@@ -115,8 +116,10 @@ pub fn packet_socket(dev: &str) -> Result<OwnedFd, LoaderError> {
         return Err(LoaderError::io(format!("bind AF_PACKET to {dev}"), std::io::Error::last_os_error()));
     }
     let tv = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
-    // SAFETY: the option value is a `timeval` of the length given, it
-    // outlives the call, which only reads it; the socket is open.
+    let buffer: libc::c_int = 4 << 20;
+    // SAFETY: each option value is a `timeval` or a `c_int` of the length
+    // given, it outlives the call, which only reads it; the socket is open.
+    // The buffer is best effort (SO_RCVBUFFORCE needs CAP_NET_ADMIN).
     unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -124,8 +127,15 @@ pub fn packet_socket(dev: &str) -> Result<OwnedFd, LoaderError> {
             libc::SO_RCVTIMEO,
             (&tv as *const libc::timeval).cast(),
             std::mem::size_of::<libc::timeval>() as u32,
-        )
-    };
+        );
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&buffer as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
+    }
     Ok(fd)
 }
 
@@ -149,6 +159,35 @@ pub fn recv_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
         // which outlives the call; the socket is open.
         let n = unsafe { libc::recv(socket.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n > 0 {
+            out.push(buf[..n as usize].to_vec());
+        }
+    }
+    out
+}
+
+/// Frames that arrived on a packet socket until `until`, leaving out those
+/// the socket's own host sent (`PACKET_OUTGOING`).
+pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
+    let mut out = vec![];
+    let mut buf = vec![0u8; 2048];
+    while Instant::now() < until {
+        // SAFETY: an all-zero `sockaddr_ll` is a valid value to overwrite.
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `buf.len()` bytes to `buf` and
+        // at most `len` bytes to `from`, both of which outlive the call;
+        // the socket is open.
+        let n = unsafe {
+            libc::recvfrom(
+                socket.as_fd().as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&mut from as *mut libc::sockaddr_ll).cast(),
+                &mut len,
+            )
+        };
+        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING as u8 {
             out.push(buf[..n as usize].to_vec());
         }
     }
