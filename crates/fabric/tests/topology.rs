@@ -76,3 +76,21 @@ fn every_topology_code_has_a_snapshot() {
         .collect();
     assert!(missing.is_empty(), "topology codes with no snapshot: {missing:?}");
 }
+
+/// The benchmark's fat-tree (`subc_workload::topologies`) checks. The tree
+/// (from `a0_0`) crosses the core at `c0` alone; the other core switches,
+/// and every pod's second aggregation switch, are its leaves and carry
+/// nothing.
+#[test]
+fn fat_tree() {
+    let mut sources = SourceMap::new();
+    let file = sources.add("fat_tree.toml", subc_workload::topologies::fat_tree_toml(4, 1));
+    let mut diags = Diagnostics::default();
+    let t = check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    assert_eq!((t.devices.len(), t.links.len(), t.endpoints.len()), (20, 32, 16));
+    assert_eq!(t.publishers(), [0]);
+    let r = Routes::new(&t);
+    assert_eq!(r.tree.len(), 19);
+    let idle: Vec<&str> = (0..t.devices.len()).filter(|&d| !r.carries[d].contains(&true)).map(|d| t.devices[d].name.as_str()).collect();
+    assert_eq!(idle, ["c1", "c2", "c3", "a0_1", "a1_1", "a2_1", "a3_1"], "devices on no path from h0");
+}

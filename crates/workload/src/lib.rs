@@ -1,6 +1,6 @@
 //! Deterministic workloads for subc's tests and benchmarks: subscription sets
 //! (Camus's ITCH shape, Siena/SSBG-style filters), random packets for any
-//! spec, and the example pcaps. Same seed, same output, on every machine.
+//! spec, the example pcaps, and network topologies (`topologies`). Same seed, same output, on every machine.
 
 #![warn(unreachable_pub)]
 
@@ -9,6 +9,7 @@ mod packets;
 pub mod programs;
 mod rng;
 mod subscriptions;
+pub mod topologies;
 
 pub use examples::{example_packets, EXAMPLES};
 pub use packets::{inet_checksum, itch_add_orders, moldudp_add_order, siena_event, udp_packet, write_bits, PacketGen};
