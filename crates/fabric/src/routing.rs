@@ -94,10 +94,10 @@ fn surviving_links(t: &Topology, down: &Down) -> Vec<Vec<(usize, DeviceId)>> {
     adj
 }
 
-/// The search's root: the smallest name among the devices up that reach
-/// the first endpoint still attached (by that order, so that with nothing
-/// down it is the smallest name of all), or among all devices up if no
-/// endpoint is.
+/// The search's root: the smallest name among the devices up joined to the
+/// smallest-named device up that has endpoints. With nothing down every
+/// device is joined, so it is the smallest name of all; with no endpoint
+/// up, the smallest name among the devices up.
 fn root_of(t: &Topology, down: &Down, adj: &[Vec<(usize, DeviceId)>]) -> Option<DeviceId> {
     let by_name = |a: &DeviceId, b: &DeviceId| t.devices[*a].name.cmp(&t.devices[*b].name);
     let up: Vec<DeviceId> = (0..t.devices.len()).filter(|&d| down.device_up(d)).collect();

@@ -93,7 +93,11 @@ impl<'a> Simulator<'a> {
         Simulator { devices, wires, topology }
     }
 
-    /// Sends `bytes` from endpoint `publisher` at time `ts_ns`.
+    /// Sends `bytes` from endpoint `publisher` at time `ts_ns`. The
+    /// projections carry packets only from [`Topology::publishers`] (on
+    /// devices up); from any other endpoint, delivery is not promised,
+    /// since the devices on its paths need not carry toward the endpoints
+    /// a packet is for.
     pub fn send(&mut self, publisher: EndpointId, bytes: &[u8], ts_ns: u64) -> Delivery {
         let mut out = Delivery { copies: vec![0; self.topology.endpoints.len()], visits: vec![0; self.topology.devices.len()] };
         let mut queue: VecDeque<PortRef> = VecDeque::from([self.topology.endpoints[publisher].at]);

@@ -5,8 +5,8 @@
 //! publisher, every endpoint but the publisher receives exactly one copy if
 //! the network program forwards the packet to it and none otherwise; the
 //! publisher receives none; and no packet visits a device twice. The same
-//! holds on meshes after a link goes down, over the routes that avoid it,
-//! and with random table budgets, each device running the relaxed rules it
+//! holds on meshes after a link or a device goes down, over the routes that
+//! avoid it (endpoints on a down device neither send nor receive), and with random table budgets, each device running the relaxed rules it
 //! was placed with.
 
 use proptest::prelude::*;
@@ -64,16 +64,23 @@ fn rules(endpoints: usize, seed: u64) -> String {
     text.replace("fwd(", "fwd(e")
 }
 
-/// Routes with one link down, the first from a random one on whose loss
-/// the endpoints stay connected; `None` if every link is needed.
-fn with_a_link_down(t: &Topology, rng: &mut Rng) -> Result<Option<Routes>, TestCaseError> {
-    let n = t.links.len();
+/// Routes with one link (or device) down, the first from a random one on
+/// whose loss the endpoints still up stay connected; `None` if every one is
+/// needed.
+fn with_one_down(t: &Topology, device: bool, rng: &mut Rng) -> Result<Option<(Routes, Down)>, TestCaseError> {
+    let n = if device { t.devices.len() } else { t.links.len() };
     let start = rng.below(n as u64) as usize;
     for i in (0..n).map(|k| (start + k) % n) {
-        match Routes::avoiding(t, &Down { links: [i].into(), ..Down::default() }) {
+        let down = match device {
+            true => Down { devices: [i].into(), ..Down::default() },
+            false => Down { links: [i].into(), ..Down::default() },
+        };
+        match Routes::avoiding(t, &down) {
             Ok(r) => {
-                prop_assert!(!r.tree.contains(&i), "the tree uses link {} which is down", i);
-                return Ok(Some(r));
+                let uses =
+                    |l: &usize| down.links.contains(l) || [t.links[*l].a, t.links[*l].b].iter().any(|p| down.devices.contains(&p.device));
+                prop_assert!(!r.tree.iter().any(uses), "the tree uses something down: {:?}", down);
+                return Ok(Some((r, down)));
             }
             Err(FabricError::Partitioned { .. }) => {}
             Err(e) => return Err(TestCaseError::fail(e.to_string())),
@@ -111,6 +118,8 @@ enum Mode {
     Whole,
     /// Over routes with a link down.
     LinkDown,
+    /// Over routes with a device down: its endpoints neither send nor receive.
+    DeviceDown,
     /// Each device under a random budget.
     Budgets,
 }
@@ -129,18 +138,22 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, mode: Mode) ->
     let table = topo.endpoint_table();
     let (network, diags) = check_program_with(&sources, spec, &[rule_file], NfLimits::default(), Some(&table));
     let network = network.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let routes = match mode {
-        Mode::LinkDown => match with_a_link_down(&topo, &mut rng)? {
+    let (routes, down) = match mode {
+        Mode::LinkDown | Mode::DeviceDown => match with_one_down(&topo, mode == Mode::DeviceDown, &mut rng)? {
             Some(r) => r,
             None => return Ok((0, 0)),
         },
-        _ => Routes::new(&topo),
+        _ => (Routes::new(&topo), Down::default()),
     };
     let (rules, relaxed) = match mode {
         Mode::Budgets => placed_rules(&mut topo, &routes, &network, &mut rng),
         _ => (vec![], 0),
     };
-    let publishers = topo.publishers();
+    let up = |e: usize| !down.devices.contains(&topo.endpoints[e].at.device);
+    let publishers: Vec<usize> = topo.publishers().into_iter().filter(|&p| up(p)).collect();
+    if publishers.is_empty() {
+        return Ok((0, relaxed));
+    }
     let programs = project_all(&topo, &routes, &network).unwrap();
     let mut fabric = match mode {
         Mode::Budgets => Simulator::placed(&topo, &routes, &network.spec, &rules),
@@ -155,7 +168,7 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, mode: Mode) ->
         let got = fabric.send(publisher, &bytes, i * 1000);
         let wanted = oracle.run(&bytes, i * 1000);
         for e in 0..endpoints {
-            let expect = u32::from(e != publisher && wanted.ports.contains(&(e as u32)));
+            let expect = u32::from(e != publisher && up(e) && wanted.ports.contains(&(e as u32)));
             prop_assert_eq!(got.copies[e], expect, "endpoint e{} (publisher e{}), packet {}", e, publisher, i);
         }
         prop_assert!(got.visits.iter().all(|&v| v <= 1), "a device visited twice: {:?}", got.visits);
@@ -175,17 +188,17 @@ proptest! {
         endpoints in 1..=6usize,
         extra in 0..5usize,
         seed in any::<u64>(),
-        mode in prop::sample::select(vec![Mode::Whole, Mode::LinkDown, Mode::Budgets]),
+        mode in prop::sample::select(vec![Mode::Whole, Mode::LinkDown, Mode::DeviceDown, Mode::Budgets]),
     ) {
         run(devices, endpoints, extra, seed, mode).map(drop)?;
     }
 }
 
 /// Meshes of five devices and six endpoints, with a floor on deliveries,
-/// whole, with a link down, and under budgets (some devices relaxed).
+/// in every mode (under budgets, some devices relaxed).
 #[test]
 fn leaf_spine() {
-    for mode in [Mode::Whole, Mode::LinkDown, Mode::Budgets] {
+    for mode in [Mode::Whole, Mode::LinkDown, Mode::DeviceDown, Mode::Budgets] {
         let (delivered, relaxed) = (0..24).map(|seed| run(5, 6, 3, seed, mode).unwrap()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         assert!(delivered > 100, "{mode:?}: only {delivered} copies: the packets match too little to test anything");
         assert!(mode != Mode::Budgets || relaxed > 8, "only {relaxed} devices relaxed: the budgets test nothing");

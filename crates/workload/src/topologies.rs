@@ -15,7 +15,7 @@ use std::fmt::Write;
 /// `publishers` hosts, each the first host of a different pod (spread
 /// evenly over the pods), are declared `publishes = true`.
 pub fn fat_tree_toml(k: usize, publishers: usize) -> String {
-    assert!(k >= 2 && k % 2 == 0, "a fat-tree has an even k, not {k}");
+    assert!(k >= 2 && k.is_multiple_of(2), "a fat-tree has an even k, not {k}");
     let half = k / 2;
     let mut out = String::new();
     let mut device = |name: String| writeln!(out, "[[device]]\nname = \"{name}\"\nkind = \"sim\"\n").unwrap();
