@@ -3,8 +3,11 @@
 //!
 //! `check` prints the topology's diagnostics; `show` prints its devices,
 //! the spanning tree and each device's port toward every endpoint, or the
-//! fabric as Graphviz DOT; `sim` runs a capture through the whole fabric
-//! from one publisher and prints what each endpoint receives.
+//! fabric as Graphviz DOT, optionally with links and devices marked down
+//! (the routes the fabric falls back to) and with a rule set (what each
+//! device would hold: rules, entries, and what its budget relaxed); `sim`
+//! runs a capture through the whole fabric from one publisher and prints
+//! what each endpoint receives.
 
 use crate::common::load_program_with;
 use crate::input::read_source;
@@ -15,23 +18,41 @@ use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use subc_fabric::{check_topology, project_all, PortRef, Routes, Simulator, Topology};
+use subc_bdd::CompileOptions;
+use subc_fabric::{check_topology, place, project_all, Down, PortRef, Routes, Simulator, Topology};
 use subc_lang::{Diagnostics, PcapPacket, SourceMap};
 
 #[derive(Subcommand)]
 pub enum TopoCommand {
     /// Check a topology file; print every diagnostic. Exit 1 on errors.
     Check {
+        /// The topology: devices, links and endpoints (TOML, docs/network.md).
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
     /// Print a topology: devices, the spanning tree, each device's port toward every endpoint.
+    ///
+    /// With `--spec` and `--rules`, also what each device would hold: the rules its
+    /// projection keeps, their table entries, and, over a device's `budget`, the fields
+    /// whose constraints its transit rules dropped (docs/network.md). Example:
+    /// `subc topo show fabric.toml --spec itch.spec --rules net.subs --down spine1`.
     Show {
+        /// The topology: devices, links and endpoints (TOML, docs/network.md).
         #[arg(value_name = "FILE")]
         file: PathBuf,
         /// `text`, or `dot` for Graphviz (`subc topo show F --emit dot | dot -Tsvg`).
         #[arg(long, value_enum, default_value_t = Emit::Text)]
         emit: Emit,
+        /// Mark a device (`spine1`) or the link at a device port (`leaf2:1`) down and
+        /// show the routes around it. Repeat for several.
+        #[arg(long, value_name = "DEVICE|DEVICE:PORT")]
+        down: Vec<String>,
+        /// The spec the rules are checked against (with `--rules`).
+        #[arg(long, value_name = "SPEC", requires = "rules")]
+        spec: Option<PathBuf>,
+        /// Rules naming the topology's endpoints (`fwd(trader1)`); prints each device's share.
+        #[arg(long, value_name = "FILE", requires = "spec")]
+        rules: Vec<PathBuf>,
     },
 }
 
@@ -44,7 +65,10 @@ pub enum Emit {
 pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
     let (TopoCommand::Check { file } | TopoCommand::Show { file, .. }) = c;
     let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
-    let routes = Routes::new(&t);
+    let routes = match c {
+        TopoCommand::Show { down, .. } if !down.is_empty() => Routes::avoiding(&t, &parse_down(&t, down)?)?,
+        _ => Routes::new(&t),
+    };
     let text = match c {
         TopoCommand::Check { .. } => {
             eprintln!(
@@ -56,6 +80,14 @@ pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
                 t.endpoints.len()
             );
             return Ok(ExitCode::SUCCESS);
+        }
+        TopoCommand::Show { emit: Emit::Text, spec: Some(spec), rules, .. } => {
+            let input = InputArgs { spec: Some(spec.clone()), rules: rules.clone(), max_cubes: 4096, deny_warnings: false };
+            let (network, _) = match load_program_with(&input, Some(&t.endpoint_table()))? {
+                Ok(x) => x,
+                Err(code) => return Ok(code),
+            };
+            show_text(&t, &routes) + &show_placement(&t, &routes, &network)?
         }
         TopoCommand::Show { emit: Emit::Text, .. } => show_text(&t, &routes),
         TopoCommand::Show { emit: Emit::Dot, .. } => show_dot(&t, &routes),
@@ -76,6 +108,44 @@ pub fn load_topology(path: &Path) -> Result<Option<Topology>> {
         eprint!("{}", diags.render_styled(&sources, ui::diagnostics_style()));
     }
     Ok(t)
+}
+
+/// `--down` values: device names, or `device:port` for the link at that port.
+fn parse_down(t: &Topology, names: &[String]) -> Result<Down> {
+    let mut down = Down::default();
+    for n in names {
+        if let Some((dev, port)) = n.split_once(':') {
+            let Some(d) = t.device(dev) else { bail!("--down {n}: no device `{dev}`") };
+            let port: u32 = port.parse().with_context(|| format!("--down {n}: `{port}` is not a port number"))?;
+            let Some(i) = t.links.iter().position(|l| l.a == PortRef { device: d, port } || l.b == PortRef { device: d, port }) else {
+                bail!("--down {n}: no link at port {port} of `{dev}`")
+            };
+            down.links.insert(i);
+        } else {
+            let Some(d) = t.device(n) else { bail!("--down {n}: no device `{n}` (a link is DEVICE:PORT)") };
+            down.devices.insert(d);
+        }
+    }
+    Ok(down)
+}
+
+/// Per device: rules kept, entries, and what a budget relaxed.
+fn show_placement(t: &Topology, r: &Routes, network: &subc_lang::Program) -> Result<String> {
+    let mut out = String::from("\nper device (rules kept by the projection, table entries):\n");
+    for (d, dev) in t.devices.iter().enumerate() {
+        let placed = place(t, r, network, d, &CompileOptions::default())?;
+        // A rule split into its exact and transit halves counts once.
+        let kept = placed.rules.iter().map(|n| n.id & !subc_fabric::TRANSIT_ID).collect::<std::collections::BTreeSet<_>>().len();
+        let budget = dev.budget.map(|b| format!(" of {b}")).unwrap_or_default();
+        let relaxed = if placed.dropped.is_empty() {
+            String::new()
+        } else {
+            let fields: Vec<&str> = placed.dropped.iter().map(|f| network.spec.query_field(*f).name.as_str()).collect();
+            format!(", transit relaxed: dropped {}", fields.join(", "))
+        };
+        let _ = writeln!(out, "  {:<12} {kept:>6} rules {:>8} entries{budget}{relaxed}", dev.name, placed.entries());
+    }
+    Ok(out)
 }
 
 fn end(t: &Topology, p: PortRef) -> String {
@@ -145,6 +215,15 @@ pub fn sim(input: &InputArgs, topology: &Path, publisher: Option<&str>, packets:
         let names: Vec<&str> = t.endpoints.iter().map(|e| e.name.as_str()).collect();
         bail!("no endpoint `{publisher}` in {}; endpoints: {}", topology.display(), names.join(", "))
     };
+    if !t.publishers().contains(&from) {
+        let names: Vec<&str> = t.publishers().into_iter().map(|e| t.endpoints[e].name.as_str()).collect();
+        bail!(
+            "`{publisher}` is not a publisher in {}: devices hold rules only on the paths from publishers \
+             (`publishes = true`), so its packets would not reach every subscriber; publishers: {}",
+            topology.display(),
+            names.join(", ")
+        )
+    }
     let table = t.endpoint_table();
     let (network, _) = match load_program_with(input, Some(&table))? {
         Ok(x) => x,

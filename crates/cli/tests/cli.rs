@@ -650,6 +650,37 @@ fn topo_check_and_show() {
     insta::assert_snapshot!("topo_show_dot", String::from_utf8_lossy(&out.stdout));
 }
 
+/// `show` with a link down (the routes around it) and a rule set (each
+/// device's share); a `--down` naming nothing is refused.
+#[test]
+fn topo_show_with_a_link_down_and_rules() {
+    let rules = "crates/fabric/tests/network/leaf_spine.subs";
+    let args = ["topo", "show", LEAF_SPINE, "--spec", "examples/itch/itch.spec", "--rules", rules, "--down", "leaf2:1"];
+    let out = subc(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("topo_show_down_with_rules", String::from_utf8_lossy(&out.stdout));
+    let out = subc(&["topo", "show", LEAF_SPINE, "--down", "leaf2:9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("--down leaf2:9: no link at port 9 of `leaf2`"), "{}", stderr_of(&out));
+    let out = subc(&["topo", "show", LEAF_SPINE, "--down", "spine1", "--down", "spine2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("no surviving link path joins"), "{}", stderr_of(&out));
+}
+
+/// Devices hold rules only on the paths from publishers, so `sim` refuses
+/// to send from an endpoint that does not publish.
+#[test]
+fn sim_over_a_topology_sends_only_from_publishers() {
+    let topology = "crates/fabric/tests/topologies/publishers.toml";
+    let rules = "crates/fabric/tests/network/publishers.subs";
+    let args = ["sim", "--spec", "examples/itch/itch.spec", rules, "--pcap", "examples/itch/packets.pcap", "--topology", topology];
+    let out = subc(&[&args[..], &["--publisher", "feed"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let out = subc(&[&args[..], &["--publisher", "west"]].concat());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("`west` is not a publisher"), "{}", stderr_of(&out));
+}
+
 /// The ITCH capture from `pub`: per endpoint, what arrives. The publisher
 /// is subscribed (`fwd(audit, pub)`) and still receives nothing back.
 #[test]
