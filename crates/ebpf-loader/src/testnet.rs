@@ -187,11 +187,31 @@ pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
                 &mut len,
             )
         };
-        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING as u8 {
+        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING {
             out.push(buf[..n as usize].to_vec());
         }
     }
     out
+}
+
+/// An XDP program that passes every frame. A veth takes XDP redirects
+/// only if its peer runs NAPI, which an XDP program there turns on: tests
+/// attach this one (compiled with `subc_backend_ebpf::clang`) at the far
+/// end of every veth a native XDP program redirects into.
+pub const XDP_PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int pass(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
+
+/// Loads `object` ([`XDP_PASS_C`], compiled) and attaches its program as
+/// native XDP on `dev` of the calling thread's namespace; the link (with
+/// the object it keeps loaded) detaches when dropped.
+pub fn xdp_pass_on(object: &[u8], dev: &str) -> Result<(libbpf_rs::Object, OwnedFd), LoaderError> {
+    let o = libbpf_rs::ObjectBuilder::default()
+        .open_memory(object)
+        .and_then(|o| o.load())
+        .map_err(|e| LoaderError::bpf("loading the XDP pass program", e))?;
+    let prog = o.progs().next().ok_or_else(|| LoaderError::MissingProgram { program: "pass".into() })?;
+    let link = crate::link_xdp(prog.as_fd(), crate::ifindex(dev)?, crate::XdpMode::Native)
+        .map_err(|e| LoaderError::io(format!("native XDP on {dev}"), e))?;
+    Ok((o, link))
 }
 
 /// Pins the calling thread to one CPU.

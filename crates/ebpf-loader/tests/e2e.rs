@@ -23,24 +23,14 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, TargetConfig};
-use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, Namespaces};
-use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, PortCounter, XdpMode};
+use subc_ebpf_loader::testnet::{
+    in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, xdp_pass_on, Namespaces, XDP_PASS_C,
+};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, PortCounter};
 use subc_lang::Interpreter;
 use subc_workload::inet_checksum;
 
 const SUB_PORT: u16 = 7000;
-
-const PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int pass(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
-
-/// Attaches the object's only program as native XDP on `dev`; the returned
-/// link (with the object it keeps loaded) detaches when dropped.
-fn xdp_pass_on(object: &[u8], dev: &str) -> (libbpf_rs::Object, std::os::fd::OwnedFd) {
-    use std::os::fd::AsFd;
-    let o = libbpf_rs::ObjectBuilder::default().open_memory(object).unwrap().load().unwrap();
-    let link = loader::link_xdp(o.progs().next().unwrap().as_fd(), loader::ifindex(dev).unwrap(), XdpMode::Native)
-        .unwrap_or_else(|e| panic!("native XDP on {dev}: {e}"));
-    (o, link)
-}
 
 fn parse_mac(s: &str) -> [u8; 6] {
     subc_backend_ebpf::parse_mac(s).unwrap()
@@ -99,7 +89,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
     let mut subs = vec![];
     // Native XDP redirects into a veth only if its peer runs NAPI, which an
     // XDP program there turns on: give subscribers one that passes all.
-    let pass = (mode == AttachMode::XdpNative).then(|| clang::compile(PASS_C, BuildFlags::default()).unwrap());
+    let pass = (mode == AttachMode::XdpNative).then(|| clang::compile(XDP_PASS_C, BuildFlags::default()).unwrap());
     for port in &ports {
         let ns = nss.add(&format!("{tag}s{port}")).unwrap();
         let (b, s) = (format!("b{port}"), format!("s{port}"));
@@ -125,7 +115,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         let (udp, raw, link) = in_netns(&ns, move || {
             let udp = UdpSocket::bind(("0.0.0.0", SUB_PORT)).unwrap();
             udp.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            let link = pass.map(|o| xdp_pass_on(&o, &s2));
+            let link = pass.map(|o| xdp_pass_on(&o, &s2).unwrap());
             (udp, packet_socket(&s2).unwrap(), link)
         })
         .join()

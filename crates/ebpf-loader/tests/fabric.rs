@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Egress, Hook, NoMatch, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, Namespaces};
+use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, xdp_pass_on, Namespaces, XDP_PASS_C};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
 use subc_fabric::{check_topology, project, DeviceId, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap, SubId};
@@ -103,18 +103,6 @@ const DOWN_LINK: usize = 2;
 /// The name of a device port's interface, in the device's namespace.
 fn port_iface(port: u32) -> String {
     format!("p{port}")
-}
-
-const PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int pass(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
-
-/// Attaches the object's only program as native XDP on `dev`; the link
-/// (with the object it keeps loaded) detaches when dropped.
-fn xdp_pass_on(object: &[u8], dev: &str) -> (libbpf_rs::Object, OwnedFd) {
-    use std::os::fd::AsFd;
-    let o = libbpf_rs::ObjectBuilder::default().open_memory(object).unwrap().load().unwrap();
-    let link = loader::link_xdp(o.progs().next().unwrap().as_fd(), loader::ifindex(dev).unwrap(), subc_ebpf_loader::XdpMode::Native)
-        .unwrap_or_else(|e| panic!("native XDP on {dev}: {e}"));
-    (o, link)
 }
 
 /// The network: spec, topology, and its subscriptions with stable ids.
@@ -262,14 +250,14 @@ impl Fabric {
         }
         let mut hosts = vec![];
         let mut host_xdp = vec![];
-        let pass = (mode == AttachMode::XdpNative).then(|| clang::compile(PASS_C, BuildFlags::default()).unwrap());
+        let pass = (mode == AttachMode::XdpNative).then(|| clang::compile(XDP_PASS_C, BuildFlags::default()).unwrap());
         for e in &t.endpoints {
             let ns = nss.add(&format!("{tag}{}", e.name)).unwrap();
             nss.veth("eth0", &ns, &port_iface(e.at.port), &dev_ns[e.at.device]).unwrap();
             ports[e.at.device].push(e.at.port);
             let pass = pass.clone();
             let (socket, xdp) =
-                in_netns(&ns, move || (packet_socket("eth0").unwrap(), pass.map(|o| xdp_pass_on(&o, "eth0")))).join().unwrap();
+                in_netns(&ns, move || (packet_socket("eth0").unwrap(), pass.map(|o| xdp_pass_on(&o, "eth0").unwrap()))).join().unwrap();
             hosts.push((ns, socket));
             host_xdp.extend(xdp);
         }
