@@ -1,16 +1,18 @@
-//! `subc topo check|show` and `subc sim --topology`: a network of devices
-//! (`docs/network.md`), through `subc-fabric`.
+//! `subc topo check|show|down|up` and `subc sim --topology`: a network of
+//! devices (`docs/network.md`), through `subc-fabric`.
 //!
 //! `check` prints the topology's diagnostics; `show` prints its devices,
 //! the spanning tree and each device's port toward every endpoint, or the
 //! fabric as Graphviz DOT; `sim` runs a capture through the whole fabric
-//! from one publisher and prints what each endpoint receives.
+//! from one publisher and prints what each endpoint receives. `down` and
+//! `up` ask a server in network mode (`subc serve --topology`) to mark
+//! links and devices down or up (the `SetDown` RPC).
 
 use crate::common::load_program_with;
 use crate::input::read_source;
 use crate::{ui, InputArgs};
 use anyhow::{bail, Context, Result};
-use clap::{Subcommand, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,6 +35,24 @@ pub enum TopoCommand {
         #[arg(long, value_enum, default_value_t = Emit::Text)]
         emit: Emit,
     },
+    /// Mark links and devices of a network-mode server down: it routes
+    /// around them and sends diffs to the devices whose programs change.
+    Down(Failures),
+    /// Bring links and devices of a network-mode server back up.
+    Up(Failures),
+}
+
+/// What `subc topo down|up` marks, and the server to ask.
+#[derive(Args)]
+pub struct Failures {
+    /// A link: its index in the topology file (0 is the first), or either end, `device:port`.
+    #[arg(long = "link", value_name = "LINK")]
+    links: Vec<String>,
+    /// A device, by name.
+    #[arg(long = "device", value_name = "NAME")]
+    devices: Vec<String>,
+    #[command(flatten)]
+    conn: crate::client::Conn,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -42,23 +62,34 @@ pub enum Emit {
 }
 
 pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
-    let (TopoCommand::Check { file } | TopoCommand::Show { file, .. }) = c;
+    match c {
+        TopoCommand::Check { file } => check(file),
+        TopoCommand::Show { file, emit } => show(file, *emit),
+        TopoCommand::Down(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, true),
+        TopoCommand::Up(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, false),
+    }
+}
+
+fn check(file: &Path) -> Result<ExitCode> {
     let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
     let routes = Routes::new(&t);
-    let text = match c {
-        TopoCommand::Check { .. } => {
-            eprintln!(
-                "{}: {} devices, {} links ({} on the tree), {} endpoints",
-                file.display(),
-                t.devices.len(),
-                t.links.len(),
-                routes.tree.len(),
-                t.endpoints.len()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        TopoCommand::Show { emit: Emit::Text, .. } => show_text(&t, &routes),
-        TopoCommand::Show { emit: Emit::Dot, .. } => show_dot(&t, &routes),
+    eprintln!(
+        "{}: {} devices, {} links ({} on the tree), {} endpoints",
+        file.display(),
+        t.devices.len(),
+        t.links.len(),
+        routes.tree.len(),
+        t.endpoints.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show(file: &Path, emit: Emit) -> Result<ExitCode> {
+    let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
+    let routes = Routes::new(&t);
+    let text = match emit {
+        Emit::Text => show_text(&t, &routes),
+        Emit::Dot => show_dot(&t, &routes),
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(ExitCode::SUCCESS)
