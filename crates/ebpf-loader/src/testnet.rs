@@ -187,7 +187,7 @@ pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
                 &mut len,
             )
         };
-        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING as u8 {
+        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING {
             out.push(buf[..n as usize].to_vec());
         }
     }
