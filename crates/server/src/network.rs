@@ -25,7 +25,7 @@
 //! Device sets are not stored: at startup they are compiled again from the
 //! stored rules, routed around what the store says is down (meta "down"),
 //! and targets reconcile by reading back, as always. Device targets come
-//! from the topology ([`Fabric::targets`]): `sim` and `ebpf` kinds.
+//! from the topology ([`Fabric::targets`]): `sim`, `ebpf` and `p4runtime`.
 
 use crate::deploy::ebpf::EbpfDevice;
 use crate::proto::{self, register_target_request::Kind};
@@ -92,7 +92,7 @@ impl Fabric {
                     let (target, device) = self.ebpf_options(i, &d.options).map_err(fail)?;
                     (Kind::Ebpf(target), Some(device))
                 }
-                k => return Err(fail(format!("devices of kind `{}` are not deployed by the service yet", k.as_str()))),
+                subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
             };
             let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
             out.push(DeviceTarget { registration, ebpf });
@@ -177,6 +177,52 @@ impl Fabric {
         Ok((t, EbpfDevice { netns, interfaces }))
     }
 
+    /// A `p4runtime` device: `address` (`host:port`, required),
+    /// `device_id` (default 0), `election_id` (default 1), `p4info` and
+    /// `device_config` (files, relative to the topology file: the P4Info in
+    /// binary or text format, and the device's program, which for a switch
+    /// of a fabric `subc compile --target p4 --p4-prune-ingress` writes), and
+    /// `ports = { "1" = 1, ... }`: the switch's port of each device port
+    /// (default: the same number).
+    fn p4_options(&self, options: &toml::Table) -> Result<proto::P4RuntimeTarget, String> {
+        let mut t = proto::P4RuntimeTarget { election_id: 1, ..Default::default() };
+        let int = |k: &str, v: &toml::Value| {
+            v.as_integer().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| format!("option `{k}` must be a number"))
+        };
+        let file = |k: &str, v: &toml::Value| -> Result<Vec<u8>, String> {
+            let path = self.dir.join(v.as_str().ok_or_else(|| format!("option `{k}` must be a file name"))?);
+            std::fs::read(&path).map_err(|e| format!("{k}: cannot read {}: {e}", path.display()))
+        };
+        for (k, v) in options {
+            match k.as_str() {
+                "address" => t.address = v.as_str().ok_or("option `address` must be a string (host:port)")?.to_string(),
+                "device_id" => t.device_id = int(k, v)?,
+                "election_id" => t.election_id = int(k, v)?,
+                "device_config" => t.device_config = file(k, v)?,
+                "p4info" => t.p4info = p4info_binary(&file(k, v)?).map_err(|e| format!("p4info: {e}"))?,
+                "ports" => {
+                    let table = v.as_table().ok_or("option `ports` must be a table of port = switch port")?;
+                    for (p, q) in table {
+                        let n: u32 = p.parse().map_err(|_| format!("ports: {p:?} is not a port number"))?;
+                        let q = u32::try_from(int(&format!("ports.{p}"), q)?).map_err(|_| format!("ports.{p}: too large"))?;
+                        t.ports.insert(n, q);
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports)"
+                    ))
+                }
+            }
+        }
+        if t.address.is_empty() {
+            return Err("a p4runtime device needs `address` (host:port)".into());
+        }
+        let reg = proto::RegisterTargetRequest { name: "device".into(), kind: Some(Kind::P4runtime(t.clone())), manual: false };
+        crate::deploy::validate_registration(&reg).map_err(|e| e.to_string())?;
+        Ok(t)
+    }
+
     /// The ports of `device` that links and endpoints use.
     fn ports_of(&self, device: usize) -> BTreeSet<u32> {
         let t = &self.topology;
@@ -207,6 +253,18 @@ impl Fabric {
     /// What is down, as the API answers it: link indices and device names.
     pub(crate) fn describe_down(&self, down: &Down) -> (Vec<u32>, Vec<String>) {
         (down.links.iter().map(|&l| l as u32).collect(), down.devices.iter().map(|&d| self.topology.devices[d].name.clone()).collect())
+    }
+}
+
+/// A P4Info file's bytes, binary or in text format, as the binary a
+/// registration carries.
+fn p4info_binary(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use prost::Message;
+    use subc_backend_p4::proto::p4::config::v1::P4Info;
+    let text = std::str::from_utf8(bytes).ok().map(subc_backend_p4::proto::from_text::<P4Info>);
+    match text {
+        Some(Ok(info)) => Ok(info.encode_to_vec()),
+        _ => P4Info::decode(bytes).map(|_| bytes.to_vec()).map_err(|_| "not a P4Info (binary or text format)".to_string()),
     }
 }
 

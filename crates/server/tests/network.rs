@@ -245,3 +245,67 @@ async fn a_bad_topology_is_a_configuration_error() {
     assert!(text.starts_with("configuration: the topology has errors:"), "{text}");
     assert!(text.contains("fabric.toml:3"), "{text}");
 }
+
+/// A `p4runtime` device (the in-process switch of `subc_backend_p4::testing`)
+/// holds its projection: the switch decides random packets as the
+/// interpreter does on the device's projected program, ports mapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_p4runtime_device_holds_its_projection() {
+    use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+    bounded(120, async {
+        let (_, plain) = network_program("", &[]);
+        let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(plain.spec.clone()))).await.unwrap();
+        let topology = format!(
+            r#"
+[[device]]
+name = "sw"
+kind = "p4runtime"
+# A device config makes subc push its program; its bytes are opaque to the in-process switch.
+options = {{ address = "{}", device_id = {DEVICE}, device_config = "program.json", ports = {{ "1" = 101, "2" = 102, "3" = 103 }} }}
+
+[[endpoint]]
+name = "a"
+at = "sw:1"
+publishes = true
+
+[[endpoint]]
+name = "b"
+at = "sw:2"
+
+[[endpoint]]
+name = "c"
+at = "sw:3"
+"#,
+            fake.addr.trim_start_matches("http://")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fabric.toml"), &topology).unwrap();
+        std::fs::write(dir.path().join("program.json"), "{}").unwrap();
+        let mut cfg = config(dir.path());
+        cfg.topology = Some(dir.path().join("fabric.toml"));
+        let r = start(cfg).await;
+        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+        let rules = ["stock == GOOGL : fwd(b)", "shares > 100 : fwd(b, c)", "stock == MSFT : fwd(a, c)"];
+        let a = alice.subs.add(add_req(&rules)).await.unwrap().into_inner();
+        let s = wait_in_sync(&mut admin, "sw", a.generation).await;
+        assert!(s.entries > 0, "{s:?}");
+        assert_eq!(fake.lock().violation, None);
+
+        let (t, p) = network_program(&topology, &rules);
+        let device = subc_fabric::project(&t, &subc_fabric::Routes::new(&t), &p, 0).unwrap();
+        let mut oracle = subc_lang::Interpreter::new(&device.spec, &device.subscriptions);
+        let gen = subc_workload::PacketGen::new(&device.spec, &device.normal_forms);
+        let mut rng = subc_workload::Rng::new(11);
+        let packets: Vec<(Vec<u8>, u64)> = (0..300).map(|_| (gen.packet(&mut rng, 0.0), 0)).collect();
+        let got = fake.send(&device.spec, &packets).unwrap();
+        let mut forwarded = 0;
+        for ((bytes, _), out) in packets.iter().zip(&got) {
+            let want: Vec<u32> = oracle.run(bytes, 0).ports.iter().map(|p| p + 100).collect();
+            forwarded += usize::from(!want.is_empty());
+            assert_eq!(out.ports, want);
+        }
+        assert!(forwarded > 30, "too few packets forwarded to test: {forwarded}");
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}

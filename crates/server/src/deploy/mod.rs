@@ -393,7 +393,7 @@ impl TargetHandle {
     fn ensure_driver(&self, ctx: &DeployCtx) -> Result<(), DriverError> {
         let mut d = self.driver.lock().expect("driver");
         if d.is_none() {
-            *d = Some(make_driver(&self.registration, ctx, self.ebpf_device.as_ref())?);
+            *d = Some(make_driver(&self.registration, ctx, self.view.is_some(), self.ebpf_device.as_ref())?);
         }
         Ok(())
     }
@@ -759,9 +759,12 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 }
 
 /// Makes the driver for a registration.
+/// `fabric`: the target is a device of a network (network mode), which
+/// never sends a packet back out of the port it came in on.
 pub(crate) fn make_driver(
     reg: &proto::RegisterTargetRequest,
     ctx: &DeployCtx,
+    fabric: bool,
     device: Option<&ebpf::EbpfDevice>,
 ) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
@@ -769,7 +772,7 @@ pub(crate) fn make_driver(
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
         Some(Kind::P4runtime(p)) => {
             let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir)?))
+            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric)?))
         }
         None => Err(DriverError::transient("the target has no kind")),
     }
