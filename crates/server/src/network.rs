@@ -65,6 +65,10 @@ impl Fabric {
         };
         for d in &topology.devices {
             crate::names::check_name("topology device name", &d.name).map_err(|e| Error::Config(e.to_string()))?;
+            if let Some(budget) = d.budget {
+                // `subc_fabric::place` is not wired into the service yet.
+                tracing::warn!(device = %d.name, budget, "the service compiles every device exactly: its budget is not applied yet");
+            }
         }
         let ports = topology.links.iter().flat_map(|l| [l.a, l.b]).chain(topology.endpoints.iter().map(|e| e.at));
         for p in ports {

@@ -630,7 +630,7 @@ impl Writer {
         let t = Instant::now();
         let r = net.add(core.spec(), nfs, Some(deadline));
         self.observe_compile("add", t);
-        r.map_err(|e| match e.compile_error() {
+        let updates = r.map_err(|e| match e.compile_error() {
             Some(CompileError::DeadlineExceeded) => self.compile_time_refusal("compiling the devices' projections"),
             Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => {
                 self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}"))
@@ -638,7 +638,24 @@ impl Writer {
             // A port number in a rule is an endpoint's; one beyond the topology's.
             None => Status::invalid_argument(e.to_string()),
             _ => Status::internal(format!("compiler: {e}")),
-        })
+        })?;
+        // The memory limit covers every compiled set: the network's and the devices'.
+        let bytes = self.d.set.heap_bytes() + self.d.net.as_ref().map_or(0, |n| n.heap_bytes());
+        let limit = core.config().limits.max_compiler_bytes;
+        if bytes > limit {
+            if let Some(net) = &mut self.d.net {
+                net.undo_add(&nfs.iter().map(|n| n.id).collect::<Vec<_>>());
+            }
+            return Err(self.refuse_limit(
+                "compiler_memory",
+                format!(
+                    "the compiled sets would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
+                    bytes >> 20,
+                    limit >> 20
+                ),
+            ));
+        }
+        Ok(updates)
     }
 
     fn compile_time_refusal(&self, what: &str) -> Status {
