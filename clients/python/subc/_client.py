@@ -197,6 +197,13 @@ class Client:
         installed on it (otherwise its data plane keeps forwarding, unmanaged)."""
         self._call(self.targets.Remove, subc_pb2.RemoveTargetRequest(name=name, uninstall=uninstall), subc_pb2.RemoveTargetResponse)
 
+    def set_down(self, links: Sequence[str] = (), devices: Sequence[str] = (), down: bool = True) -> subc_pb2.SetDownResponse:
+        """Network mode (administrator): marks links (by index, "0", or an
+        end, "leaf1:1") and devices down, or with `down=False` up again; the
+        server reroutes and sends diffs to the devices whose programs change."""
+        request = subc_pb2.SetDownRequest(links=list(links), devices=list(devices), down=down)
+        return self._call(self.targets.SetDown, request, subc_pb2.SetDownResponse)
+
     # ------------------------------------------------------------ events
 
     def watch(self, replay: bool = False, after_seq: int = 0, timeout: Optional[float] = None) -> "Watch":

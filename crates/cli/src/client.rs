@@ -527,6 +527,30 @@ fn print_status(s: &proto::TargetStatus) -> Result<()> {
     Ok(())
 }
 
+/// `subc topo down|up`: marks links and devices of a network-mode server
+/// down (`down`) or up, and prints what is down and which devices changed.
+pub fn set_down(conn: &Conn, links: &[String], devices: &[String], down: bool) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut c = conn.clients()?;
+        let req = proto::SetDownRequest { links: links.to_vec(), devices: devices.to_vec(), down };
+        let r = match c.targets.set_down(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Ok(report(s)),
+        };
+        if conn.json {
+            print_json(&r)?;
+        } else {
+            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+            let mut o = out();
+            writeln!(o, "generation {}", r.generation)?;
+            writeln!(o, "links down: {}", list(r.links_down.iter().map(u32::to_string).collect()))?;
+            writeln!(o, "devices down: {}", list(r.devices_down))?;
+            writeln!(o, "devices changed: {}", list(r.changed))?;
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
     runtime()?.block_on(async {
         match cmd {

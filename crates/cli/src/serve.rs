@@ -22,6 +22,10 @@ pub struct ServeArgs {
     /// The format spec to serve (overrides the file's `spec`).
     #[arg(long, value_name = "SPEC")]
     spec: Option<PathBuf>,
+    /// Network mode: a topology whose devices are the targets and whose
+    /// endpoints rules forward to (overrides `topology`; docs/network.md).
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
     /// Address to listen on (overrides `listen`).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
@@ -44,6 +48,9 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
     };
     if let Some(s) = &a.spec {
         config.spec = s.clone();
+    }
+    if let Some(t) = &a.topology {
+        config.topology = Some(t.clone());
     }
     if let Some(l) = a.listen {
         config.listen = l;

@@ -1,5 +1,5 @@
-//! `subc topo check|show` and `subc sim --topology`: a network of devices
-//! (`docs/network.md`), through `subc-fabric`.
+//! `subc topo check|show|down|up` and `subc sim --topology`: a network of
+//! devices (`docs/network.md`), through `subc-fabric`.
 //!
 //! `check` prints the topology's diagnostics; `show` prints its devices,
 //! the spanning tree and each device's port toward every endpoint, or the
@@ -7,13 +7,15 @@
 //! (the routes the fabric falls back to) and with a rule set (what each
 //! device would hold: rules, entries, and what its budget relaxed); `sim`
 //! runs a capture through the whole fabric from one publisher and prints
-//! what each endpoint receives.
+//! what each endpoint receives. `down` and `up` ask a server in network
+//! mode (`subc serve --topology`) to mark links and devices down or up (the
+//! `SetDown` RPC).
 
 use crate::common::load_program_with;
 use crate::input::read_source;
 use crate::{ui, InputArgs};
 use anyhow::{bail, Context, Result};
-use clap::{Subcommand, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -54,6 +56,24 @@ pub enum TopoCommand {
         #[arg(long, value_name = "FILE", requires = "spec")]
         rules: Vec<PathBuf>,
     },
+    /// Mark links and devices of a network-mode server down: it routes
+    /// around them and sends diffs to the devices whose programs change.
+    Down(Failures),
+    /// Bring links and devices of a network-mode server back up.
+    Up(Failures),
+}
+
+/// What `subc topo down|up` marks, and the server to ask.
+#[derive(Args)]
+pub struct Failures {
+    /// A link: its index in the topology file (0 is the first), or either end, `device:port`.
+    #[arg(long = "link", value_name = "LINK")]
+    links: Vec<String>,
+    /// A device, by name.
+    #[arg(long = "device", value_name = "NAME")]
+    devices: Vec<String>,
+    #[command(flatten)]
+    conn: crate::client::Conn,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
@@ -63,34 +83,42 @@ pub enum Emit {
 }
 
 pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
-    let (TopoCommand::Check { file } | TopoCommand::Show { file, .. }) = c;
+    match c {
+        TopoCommand::Check { file } => check(file),
+        TopoCommand::Show { file, emit, down, spec, rules } => show(file, *emit, down, spec.as_deref(), rules),
+        TopoCommand::Down(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, true),
+        TopoCommand::Up(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, false),
+    }
+}
+
+fn check(file: &Path) -> Result<ExitCode> {
     let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
-    let routes = match c {
-        TopoCommand::Show { down, .. } if !down.is_empty() => Routes::avoiding(&t, &parse_down(&t, down)?)?,
-        _ => Routes::new(&t),
-    };
-    let text = match c {
-        TopoCommand::Check { .. } => {
-            eprintln!(
-                "{}: {} devices, {} links ({} on the tree), {} endpoints",
-                file.display(),
-                t.devices.len(),
-                t.links.len(),
-                routes.tree.len(),
-                t.endpoints.len()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        TopoCommand::Show { emit: Emit::Text, spec: Some(spec), rules, .. } => {
-            let input = InputArgs { spec: Some(spec.clone()), rules: rules.clone(), max_cubes: 4096, deny_warnings: false };
+    let routes = Routes::new(&t);
+    eprintln!(
+        "{}: {} devices, {} links ({} on the tree), {} endpoints",
+        file.display(),
+        t.devices.len(),
+        t.links.len(),
+        routes.tree.len(),
+        t.endpoints.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show(file: &Path, emit: Emit, down: &[String], spec: Option<&Path>, rules: &[PathBuf]) -> Result<ExitCode> {
+    let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
+    let routes = if down.is_empty() { Routes::new(&t) } else { Routes::avoiding(&t, &parse_down(&t, down)?)? };
+    let text = match (emit, spec) {
+        (Emit::Text, Some(spec)) => {
+            let input = InputArgs { spec: Some(spec.to_path_buf()), rules: rules.to_vec(), max_cubes: 4096, deny_warnings: false };
             let (network, _) = match load_program_with(&input, Some(&t.endpoint_table()))? {
                 Ok(x) => x,
                 Err(code) => return Ok(code),
             };
             show_text(&t, &routes) + &show_placement(&t, &routes, &network)?
         }
-        TopoCommand::Show { emit: Emit::Text, .. } => show_text(&t, &routes),
-        TopoCommand::Show { emit: Emit::Dot, .. } => show_dot(&t, &routes),
+        (Emit::Text, None) => show_text(&t, &routes),
+        (Emit::Dot, _) => show_dot(&t, &routes),
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(ExitCode::SUCCESS)

@@ -96,6 +96,63 @@ fn the_service_commands_print_the_api_messages_in_canonical_json() {
     });
 }
 
+/// A triangle of sim devices: `a` reaches `c` directly, and through `b`
+/// once that link is down.
+const TRIANGLE: &str = r#"
+[[device]]
+name = "a"
+kind = "sim"
+
+[[device]]
+name = "b"
+kind = "sim"
+
+[[device]]
+name = "c"
+kind = "sim"
+
+[[link]]
+a = "a:1"
+b = "b:1"
+
+[[link]]
+a = "b:2"
+b = "c:1"
+
+[[link]]
+a = "a:2"
+b = "c:2"
+
+[[endpoint]]
+name = "x"
+at = "a:3"
+publishes = true
+
+[[endpoint]]
+name = "y"
+at = "c:3"
+"#;
+
+#[test]
+fn the_network_commands_print_the_api_messages_in_canonical_json() {
+    let dir = tempfile::Builder::new().prefix("subc-json").tempdir().unwrap();
+    let tmp = dir.path().to_str().unwrap().to_string();
+    std::fs::write(dir.path().join("fabric.toml"), TRIANGLE).unwrap();
+    let spec = repo().join("examples/topic-broker/broker.spec");
+    let server = ServerProc::start_with_spec(dir.path(), &spec, "topology = \"fabric.toml\"");
+    let url = server.url();
+    let app = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", APPS[0].1)];
+    let admin = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", ADMIN)];
+    json_of(&["sub", "add", "--rule", "verb == PUBLISH && topic == news : fwd(y)", "--json"], &app, &tmp);
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("snapshots/json");
+    s.set_prepend_module_to_snapshot(false);
+    s.bind(|| {
+        insta::assert_json_snapshot!("topo_down", json_of(&["topo", "down", "--link", "a:2", "--json"], &admin, &tmp));
+        insta::assert_json_snapshot!("topo_up", json_of(&["topo", "up", "--link", "2", "--json"], &admin, &tmp));
+    });
+}
+
 #[test]
 fn the_local_commands_print_their_json() {
     let dir = tempfile::Builder::new().prefix("subc-json-local").tempdir().unwrap();

@@ -51,4 +51,4 @@ pub use frames::{frame_limits, refuses, FrameLimits, PROBE_CAP};
 pub use log::log_libbpf_through_tracing;
 pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
 pub use privileges::can_load_bpf;
-pub use sys::ProgRun;
+pub use sys::{in_netns, ProgRun};

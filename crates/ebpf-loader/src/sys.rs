@@ -156,3 +156,25 @@ pub(crate) fn prog_load(
         libbpf_sys::bpf_prog_load(prog_type, name.as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), insns.len() as _, std::ptr::null_mut())
     })
 }
+
+/// Runs `f` on a thread that first joins the network namespace `ns`
+/// (`/run/netns/<ns>`, as `ip netns` names them), so that interface names
+/// resolve, and programs attach, there. The thread ends with `f`; links and
+/// maps it made work from any thread afterwards. Needs CAP_SYS_ADMIN.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    let file = std::fs::File::open(Path::new("/run/netns").join(ns))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns reads only its two integer arguments; the
+            // namespace file stays open for the call, and this thread, which
+            // ends with `f`, is the only one whose namespace changes.
+            let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}

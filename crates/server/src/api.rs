@@ -198,10 +198,12 @@ impl Subscriptions for Api {
         principal(&request)?;
         let req = request.into_inner();
         self.check_add_limits(&req)?;
-        let (spec, max_cubes) = (self.core.spec().clone(), self.core.config().limits.max_cubes);
-        let report = tokio::task::spawn_blocking(move || check::check_report(&spec, &req.source_name, &req.lines, max_cubes))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        let report = tokio::task::spawn_blocking(move || {
+            check::check_report(&spec, fabric.as_ref().map(|f| &f.endpoints), &req.source_name, &req.lines, max_cubes)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(report))
     }
 }
@@ -209,10 +211,12 @@ impl Subscriptions for Api {
 impl Api {
     /// Checks a request's text on a blocking thread.
     async fn check(&self, source_name: String, lines: Vec<String>) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
-        let (spec, max_cubes) = (self.core.spec().clone(), self.core.config().limits.max_cubes);
-        tokio::task::spawn_blocking(move || check::check_lines(&spec, &source_name, &lines, max_cubes))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))
+        let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        tokio::task::spawn_blocking(move || {
+            check::check_lines(&spec, fabric.as_ref().map(|f| &f.endpoints), &source_name, &lines, max_cubes)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))
     }
 }
 
@@ -237,6 +241,17 @@ impl Targets for Api {
     async fn register(&self, request: Request<proto::RegisterTargetRequest>) -> Result<Response<proto::Target>, Status> {
         principal(&request)?.require_admin()?;
         let reg = request.into_inner();
+        if let Some(f) = self.core.fabric() {
+            let devices: Vec<&str> = f.topology.devices.iter().map(|d| d.name.as_str()).collect();
+            return Err(match f.device(&reg.name) {
+                Some(_) => Status::already_exists(format!("{:?} is a device of the topology, registered at startup", reg.name)),
+                None => Status::failed_precondition(format!(
+                    "in network mode the targets are the topology's devices ({}), registered at startup; {:?} is not one",
+                    devices.join(", "),
+                    reg.name
+                )),
+            });
+        }
         crate::deploy::validate_registration(&reg).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
         Ok(Response::new(target_proto(&self.core, &h)))
@@ -252,6 +267,12 @@ impl Targets for Api {
         principal(&request)?.require_admin()?;
         let req = request.into_inner();
         let h = self.core.target(&req.name)?;
+        if h.view.is_some() {
+            return Err(Status::failed_precondition(format!(
+                "{:?} is a device of the topology: it stays a target while the server runs in network mode",
+                req.name
+            )));
+        }
         if req.uninstall {
             h.stop();
             h.uninstall(self.core.deploy_ctx())
@@ -323,6 +344,23 @@ impl Targets for Api {
             .await
             .map_err(|e| Status::unavailable(format!("cannot read the target: {e}")))?;
         Ok(Response::new(p))
+    }
+
+    async fn set_down(&self, request: Request<proto::SetDownRequest>) -> Result<Response<proto::SetDownResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let req = request.into_inner();
+        let Some(f) = self.core.fabric() else {
+            return Err(Status::failed_precondition("the server runs without a topology: there is nothing to mark down"));
+        };
+        let links = req.links.iter().map(|l| f.link(l)).collect::<Result<_, _>>().map_err(Status::invalid_argument)?;
+        let devices = req
+            .devices
+            .iter()
+            .map(|d| f.device(d).ok_or_else(|| format!("the topology has no device named {d:?}")))
+            .collect::<Result<_, _>>()
+            .map_err(Status::invalid_argument)?;
+        let down = req.down;
+        Ok(Response::new(self.core.submit(|reply| WriteOp::SetDown { links, devices, down, reply }).await?))
     }
 }
 

@@ -10,7 +10,7 @@ use crate::store::StoredSub;
 use subc_lang::spec::Spec;
 use subc_lang::SourceMap;
 use subc_lang::{Code, DiagnosticRecord, Diagnostics, Severity};
-use subc_lang::{NfLimits, NfSubscription, SubId};
+use subc_lang::{Endpoints, NfLimits, NfSubscription, SubId};
 
 /// Most diagnostics a `Check` reply carries, and renders.
 pub(crate) const MAX_REPORTED: usize = 1000;
@@ -132,14 +132,21 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
     (message, records)
 }
 
-/// Checks the lines of an `Add` request.
-pub(crate) fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> Result<CheckedBatch, Rejection> {
+/// Checks the lines of an `Add` request; in network mode `fwd(...)` names
+/// the topology's `endpoints`.
+pub(crate) fn check_lines(
+    spec: &Spec,
+    endpoints: Option<&Endpoints>,
+    source_name: &str,
+    lines: &[String],
+    max_cubes: usize,
+) -> Result<CheckedBatch, Rejection> {
     let mut sources = SourceMap::new();
     let name = if source_name.is_empty() { "<request>" } else { source_name };
     let file = sources.add(name, lines.join("\n"));
     let mut diags = Diagnostics::default();
     let mut next_id = 1;
-    let (subs, nfs) = subc_lang::check_rules_file(spec, &sources, file, &mut next_id, NfLimits { max_cubes }, &mut diags);
+    let (subs, nfs) = subc_lang::check_rules_file_with(spec, &sources, file, &mut next_id, NfLimits { max_cubes }, endpoints, &mut diags);
     diags.sort();
     if diags.has_errors() {
         let only_limits = diags.0.iter().filter(|d| d.is_error()).all(|d| d.code == Code::NormalFormTooLarge);
@@ -157,8 +164,14 @@ pub(crate) fn check_lines(spec: &Spec, source_name: &str, lines: &[String], max_
 }
 
 /// What the `Check` RPC answers for the lines of a request.
-pub(crate) fn check_report(spec: &Spec, source_name: &str, lines: &[String], max_cubes: usize) -> proto::CheckResponse {
-    match check_lines(spec, source_name, lines, max_cubes) {
+pub(crate) fn check_report(
+    spec: &Spec,
+    endpoints: Option<&Endpoints>,
+    source_name: &str,
+    lines: &[String],
+    max_cubes: usize,
+) -> proto::CheckResponse {
+    match check_lines(spec, endpoints, source_name, lines, max_cubes) {
         Ok(b) => {
             let rendered = b.warnings.iter().map(|w| w.rendered.clone() + "\n").collect();
             proto::CheckResponse { ok: true, total: b.warnings.len() as u32, diagnostics: b.warnings, rendered }
@@ -191,12 +204,18 @@ impl std::error::Error for StoredCheckError {}
 /// The normal-form limit is generous: the configured one applies to new
 /// requests, and lowering it must not make stored subscriptions fail.
 pub fn check_stored(spec: &Spec, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, StoredCheckError> {
+    check_stored_with(spec, None, subs)
+}
+
+/// [`check_stored`] in network mode: `fwd(...)` names `endpoints`.
+pub fn check_stored_with(spec: &Spec, endpoints: Option<&Endpoints>, subs: &[StoredSub]) -> Result<Vec<NfSubscription>, StoredCheckError> {
     let mut sources = SourceMap::new();
     let text: String = subs.iter().map(|s| s.text.replace(['\n', '\r'], " ")).collect::<Vec<_>>().join("\n");
     let file = sources.add("<store>", text);
     let mut diags = Diagnostics::default();
     let mut next_id = 1;
-    let (checked, mut nfs) = subc_lang::check_rules_file(spec, &sources, file, &mut next_id, NfLimits { max_cubes: 1 << 20 }, &mut diags);
+    let (checked, mut nfs) =
+        subc_lang::check_rules_file_with(spec, &sources, file, &mut next_id, NfLimits { max_cubes: 1 << 20 }, endpoints, &mut diags);
     if diags.has_errors() || checked.len() != subs.len() {
         diags.sort();
         let f = sources.file(file);
@@ -233,7 +252,7 @@ mod tests {
     fn comments_and_blank_lines_are_skipped_and_lines_counted() {
         let lines: Vec<String> =
             ["# a comment", "", "stock == GOOGL : fwd(1)", "stock == AAPL && price > 5 : fwd(2)"].map(String::from).to_vec();
-        let b = check_lines(&itch(), "x.subs", &lines, 4096).unwrap();
+        let b = check_lines(&itch(), None, "x.subs", &lines, 4096).unwrap();
         assert_eq!(b.rules.iter().map(|r| r.line).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(b.rules[0].text, "stock == GOOGL : fwd(1)");
     }
@@ -241,7 +260,7 @@ mod tests {
     #[test]
     fn errors_render_as_subc_check_does() {
         let lines = vec!["stock == GOOGL : fwd(1)".to_string(), "stok == GOOGL : fwd(1)".to_string()];
-        let r = check_lines(&itch(), "x.subs", &lines, 4096).unwrap_err();
+        let r = check_lines(&itch(), None, "x.subs", &lines, 4096).unwrap_err();
         assert!(!r.only_limits);
         assert_eq!(r.diagnostics.len(), 1);
         let d = &r.diagnostics[0];
@@ -255,7 +274,7 @@ mod tests {
     #[test]
     fn many_errors_are_capped() {
         let lines: Vec<String> = (0..1100).map(|i| format!("nosuch{i} == 1 : fwd(1)")).collect();
-        let r = check_lines(&itch(), "", &lines, 4096).unwrap_err();
+        let r = check_lines(&itch(), None, "", &lines, 4096).unwrap_err();
         assert_eq!(r.total, 1100);
         assert_eq!(r.diagnostics.len(), MAX_REPORTED);
         assert!(r.rendered.contains("100 not shown"), "{}", &r.rendered[r.rendered.len() - 200..]);

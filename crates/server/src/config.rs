@@ -33,6 +33,10 @@ use std::path::{Path, PathBuf};
 pub struct Config {
     /// The format spec every subscription is checked against.
     pub spec: PathBuf,
+    /// Network mode: a topology (`docs/network.md`) whose devices are the
+    /// targets and whose endpoints the rules forward to. Absent: one device.
+    #[serde(default)]
+    pub topology: Option<PathBuf>,
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
     /// The SQLite database file (created if missing).
@@ -303,6 +307,9 @@ impl Config {
         };
         fix(&mut self.spec);
         fix(&mut self.store);
+        if let Some(t) = &mut self.topology {
+            fix(t);
+        }
         if let Some(t) = &mut self.tls {
             fix(&mut t.cert);
             fix(&mut t.key);

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle};
 use crate::desired::{compile_options, layout_json, order_names, parse_layout, placement_json, Committed, Desired, SubIndex, SubRecord};
 use crate::metrics::Metrics;
+use crate::network::{Devices, Fabric};
 use crate::proto;
 use crate::store::Store;
 use crate::writer::{WriteOp, Writer};
@@ -41,6 +42,8 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T, Status>>;
 pub struct Core {
     spec: Arc<Spec>,
     spec_text: String,
+    /// Network mode: the topology (`network.rs`).
+    fabric: Option<Arc<Fabric>>,
     config: Arc<Config>,
     committed: Arc<RwLock<Committed>>,
     deploy: Arc<DeployCtx>,
@@ -83,7 +86,7 @@ struct Loaded {
 /// Reads the store and compiles the stored set into the pipelines the
 /// targets hold (the stored layout and placements; without them, a fresh
 /// compile in the stored order), and records the shape it compiled.
-async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result<Loaded, Error> {
+async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str, fabric: Option<&Arc<Fabric>>) -> Result<Loaded, Error> {
     let mut store = Store::open(&config.store, config.durability)?;
     let subs = store.load_subs()?;
     let targets = store.load_targets()?;
@@ -95,8 +98,8 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result
     }
 
     let t = Instant::now();
-    let (spec2, subs2) = (spec.clone(), subs.clone());
-    let nfs = tokio::task::spawn_blocking(move || check::check_stored(&spec2, &subs2))
+    let (spec2, subs2, fabric2) = (spec.clone(), subs.clone(), fabric.cloned());
+    let nfs = tokio::task::spawn_blocking(move || check::check_stored_with(&spec2, fabric2.as_ref().map(|f| &f.endpoints), &subs2))
         .await
         .map_err(|e| Error::Internal(e.to_string()))?
         .map_err(Error::StoredNoLongerCheck)?;
@@ -115,6 +118,20 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result
     .await
     .map_err(|e| Error::Internal(e.to_string()))?
     .map_err(|e| Error::Compile(e.to_string()))?;
+    // Network mode: every device's projection, in the network set's order.
+    let net = match fabric {
+        None => None,
+        Some(f) => {
+            let mut opts = compile_options(spec, &config.compile, None)?;
+            opts.order = Some(set.base_order().to_vec());
+            let down = store.meta("down")?.map(|text| crate::network::parse_down(&f.topology, &text)).unwrap_or_default();
+            let (f, spec2, nfs2) = (f.clone(), spec.clone(), nfs.clone());
+            let devices = tokio::task::spawn_blocking(move || Devices::compile(f, &spec2, &nfs2, opts, down))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+            Some(devices)
+        }
+    };
     tracing::info!(
         subscriptions = subs.len(),
         generation,
@@ -147,7 +164,7 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str) -> Result
             Arc::new(SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms }),
         );
     }
-    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id }, targets })
+    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets })
 }
 
 impl Core {
@@ -159,7 +176,12 @@ impl Core {
         let config = Arc::new(config);
         let (spec, spec_text) = load_spec(&config)?;
         let spec = Arc::new(spec);
-        let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text).await?;
+        let fabric = match &config.topology {
+            None => None,
+            Some(path) => Some(Arc::new(Fabric::load(path, &spec)?)),
+        };
+        let devices = fabric.as_ref().map(|f| f.targets()).transpose()?;
+        let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref()).await?;
 
         let metrics = Arc::new(Metrics::new());
         for (app, n) in desired.subs.apps() {
@@ -179,6 +201,7 @@ impl Core {
         let core = Arc::new(Core {
             spec,
             spec_text,
+            fabric,
             config: config.clone(),
             committed,
             deploy,
@@ -192,9 +215,14 @@ impl Core {
             runtime: tokio::runtime::Handle::current(),
         });
 
-        let handles = core.read_back_targets(targets).await;
+        let handles = core.read_back_targets(targets, devices).await;
         core.adopt(&mut desired, &handles);
         for h in handles {
+            if h.view.is_some() {
+                // A device follows from the start: its first sync installs
+                // or reconciles it even when nothing changes.
+                h.request(desired.generation);
+            }
             core.insert_target(h.clone());
             tokio::spawn(deploy::run(h, core.deploy.clone()));
         }
@@ -203,11 +231,27 @@ impl Core {
         Ok(core)
     }
 
-    /// Handles for the stored targets, the deployed ones read back.
-    async fn read_back_targets(&self, targets: Vec<crate::store::StoredTarget>) -> Vec<Arc<TargetHandle>> {
+    /// Handles for the stored targets, the deployed ones read back. In
+    /// network mode (`devices`: each device's registration) the targets are
+    /// the devices, deployed from the start; stored ones are left alone.
+    async fn read_back_targets(
+        &self,
+        targets: Vec<crate::store::StoredTarget>,
+        devices: Option<Vec<crate::network::DeviceTarget>>,
+    ) -> Vec<Arc<TargetHandle>> {
+        let made: Vec<Arc<TargetHandle>> = match devices {
+            None => targets.into_iter().map(|st| TargetHandle::new(st.registration, st.deployed, st.status)).collect(),
+            Some(devices) => {
+                for st in &targets {
+                    tracing::warn!(target_name = %st.registration.name, "a stored target is not a device of the topology: not served in network mode");
+                }
+                let handle =
+                    |(i, d): (usize, crate::network::DeviceTarget)| TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None);
+                devices.into_iter().enumerate().map(handle).collect()
+            }
+        };
         let mut handles = vec![];
-        for st in targets {
-            let h = TargetHandle::new(st.registration, st.deployed, st.status);
+        for h in made {
             if h.is_deployed() {
                 let limit = Duration::from_millis(self.config.deploy.reconcile_timeout_ms);
                 match tokio::time::timeout(limit, h.read_back(&self.deploy)).await {
@@ -228,6 +272,7 @@ impl Core {
         let shape = d.shape();
         let best = handles
             .iter()
+            .filter(|h| h.view.is_none())
             .filter(|h| h.held_shape().as_ref() == Some(&shape))
             .filter_map(|h| h.held_pipes().map(|p| (h, p)))
             .max_by_key(|(_, p)| p.iter().map(|p| p.entry_count()).sum::<usize>());
@@ -237,7 +282,21 @@ impl Core {
                 Err(e) => tracing::warn!(target_name = %h.name, error = %e, "cannot adopt the target's ids"),
             }
         }
-        self.committed.write().expect("committed state").reset_pipelines(d.set.pipelines().into_iter().cloned().collect());
+        let mut committed = self.committed.write().expect("committed state");
+        committed.reset_pipelines(d.set.pipelines().into_iter().cloned().collect());
+        // Network mode: each device adopts the ids its own target holds.
+        if let Some(net) = &mut d.net {
+            for h in handles {
+                let Some(view) = h.view else { continue };
+                let shape = crate::desired::shape_of(net.set_mut(view).pipelines());
+                if let Some(pipes) = h.held_pipes().filter(|_| h.held_shape().as_ref() == Some(&shape)) {
+                    if let Err(e) = net.set_mut(view).adopt(&pipes) {
+                        tracing::warn!(target_name = %h.name, error = %e, "cannot adopt the device's ids");
+                    }
+                }
+                committed.reset_view(view, net.pipelines(view));
+            }
+        }
     }
 
     /// Sends a change to the writer and waits for its reply.
@@ -257,6 +316,10 @@ impl Core {
     }
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+    /// Network mode's topology; `None` for a single device.
+    pub fn fabric(&self) -> Option<&Arc<Fabric>> {
+        self.fabric.as_ref()
     }
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

@@ -102,6 +102,8 @@ pub struct Desired {
     pub subs: SubIndex,
     /// The next subscription id; ids are never reused.
     pub next_id: SubId,
+    /// Network mode: every device's compiled projection (`network.rs`).
+    pub net: Option<crate::network::Devices>,
 }
 
 /// The pipelines' shape: per pipeline, its tables' fields, widths and match
@@ -117,6 +119,15 @@ impl Desired {
     pub fn shape(&self) -> Shape {
         shape_of(self.set.pipelines())
     }
+
+    /// The pipelines targets bound to `view` follow: the set's (`None`) or
+    /// a device's.
+    pub fn view_pipelines(&self, view: Option<usize>) -> Vec<Pipeline> {
+        match (view, &self.net) {
+            (Some(d), Some(net)) => net.pipelines(d),
+            _ => self.set.pipelines().into_iter().cloned().collect(),
+        }
+    }
 }
 
 /// One committed change, as the writer publishes it.
@@ -127,6 +138,15 @@ pub struct Publish {
     /// The generation the change made and the compiler's update (`None`
     /// for a full recompile).
     pub update: Option<(u64, Option<SetDiff>)>,
+    /// Network mode: each device's update of that generation.
+    pub devices: crate::network::DeviceUpdates,
+}
+
+/// What targets bound to one device follow (network mode): its pipelines
+/// and their recent updates, as [`Committed`] keeps the set's.
+struct View {
+    pipelines: Vec<Pipeline>,
+    log: UpdateLog,
 }
 
 /// The state as of the last commit: what readers and deployers see.
@@ -138,6 +158,8 @@ pub struct Committed {
     /// The compiler's update of each recent generation, for diffs over only
     /// the keys they touched (`subc_bdd::diff_touched`).
     log: UpdateLog,
+    /// Network mode: per device, its view (empty otherwise).
+    views: Vec<View>,
 }
 
 impl Committed {
@@ -149,6 +171,9 @@ impl Committed {
             pipelines: d.set.pipelines().into_iter().cloned().collect(),
             base_order: d.set.base_order().to_vec(),
             log: UpdateLog::default(),
+            views: (0..d.net.as_ref().map_or(0, |n| n.len()))
+                .map(|i| View { pipelines: d.view_pipelines(Some(i)), log: UpdateLog::default() })
+                .collect(),
         }
     }
 
@@ -172,9 +197,36 @@ impl Committed {
         &self.log
     }
 
+    /// The pipelines of `view`: the set's (`None`) or a device's.
+    pub fn pipelines_of(&self, view: Option<usize>) -> Vec<&Pipeline> {
+        match view.and_then(|v| self.views.get(v)) {
+            Some(v) => v.pipelines.iter().collect(),
+            None => self.pipelines(),
+        }
+    }
+
+    pub fn shape_of(&self, view: Option<usize>) -> Shape {
+        shape_of(self.pipelines_of(view))
+    }
+
+    /// The recent updates of `view`'s pipelines.
+    pub fn log_of(&self, view: Option<usize>) -> &UpdateLog {
+        match view.and_then(|v| self.views.get(v)) {
+            Some(v) => &v.log,
+            None => &self.log,
+        }
+    }
+
     /// Replaces the pipelines (after startup renamed their ids).
     pub fn reset_pipelines(&mut self, pipes: Vec<Pipeline>) {
         self.pipelines = pipes;
+    }
+
+    /// Replaces device `d`'s pipelines (after startup renamed their ids).
+    pub fn reset_view(&mut self, d: usize, pipes: Vec<Pipeline>) {
+        if let Some(v) = self.views.get_mut(d) {
+            v.pipelines = pipes;
+        }
     }
 
     /// Publishes one committed batch: its changes in order, then the
@@ -184,6 +236,7 @@ impl Committed {
     /// IR's diffs, logged).
     pub fn publish(&mut self, changes: Vec<Publish>, d: &Desired, committed: Instant) {
         let mut copy_whole = false;
+        let mut views_whole = vec![false; self.views.len()];
         for c in changes {
             for id in c.removed {
                 self.subs.remove(id);
@@ -210,10 +263,21 @@ impl Committed {
                 None => copy_whole = true,
             }
             self.log.record(generation, update, committed);
+            for (i, (view, update)) in self.views.iter_mut().zip(c.devices).enumerate() {
+                if !views_whole[i] {
+                    views_whole[i] = !view.apply(generation, update.as_ref());
+                }
+                view.log.record(generation, update, committed);
+            }
         }
         if copy_whole {
             self.pipelines = d.set.pipelines().into_iter().cloned().collect();
             self.base_order = d.set.base_order().to_vec();
+        }
+        for (i, view) in self.views.iter_mut().enumerate() {
+            if views_whole[i] {
+                view.pipelines = d.view_pipelines(Some(i));
+            }
         }
         self.generation = d.generation;
     }
@@ -221,6 +285,25 @@ impl Committed {
     /// Forgets the logged updates every incrementally diffed target holds.
     pub fn forget_updates_through(&mut self, generation: u64) {
         self.log.forget_through(generation);
+        for v in &mut self.views {
+            v.log.forget_through(generation);
+        }
+    }
+}
+
+impl View {
+    /// Applies a device's update of one generation to its pipelines; false
+    /// when they must be copied whole (a recompile, or a diff that does not
+    /// apply, which would be a bug in the IR's diffs, logged).
+    fn apply(&mut self, generation: u64, update: Option<&SetDiff>) -> bool {
+        let Some(u) = update else { return false };
+        for diff in &u.diffs {
+            if !matches!(self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff)), Some(Ok(()))) {
+                tracing::error!(generation, pipeline = diff.pipeline, "a device's committed diff does not apply; copying it whole");
+                return false;
+            }
+        }
+        true
     }
 }
 

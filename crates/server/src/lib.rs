@@ -31,6 +31,7 @@ mod deploy;
 mod desired;
 mod metrics;
 mod names;
+mod network;
 mod server;
 mod store;
 mod trim;
@@ -42,7 +43,7 @@ pub use subc_client::proto;
 
 pub use api::Api;
 pub use auth::Principal;
-pub use check::{check_stored, diagnostic_message, StoredCheckError};
+pub use check::{check_stored, check_stored_with, diagnostic_message, StoredCheckError};
 pub use config::{Config, LogFormat, TlsConfig};
 pub use core::{load_spec, Core};
 pub use deploy::ebpf::saved_pipelines;

@@ -71,6 +71,13 @@ pub(crate) enum WriteOp {
         name: String,
         reply: Reply<()>,
     },
+    /// Network mode: marks links and devices down (or up).
+    SetDown {
+        links: BTreeSet<usize>,
+        devices: BTreeSet<usize>,
+        down: bool,
+        reply: Reply<proto::SetDownResponse>,
+    },
     Report(TargetReport),
 }
 
@@ -112,7 +119,12 @@ enum SqlWrite {
 enum Undo {
     Added(Vec<u64>),
     Removed(Vec<(u64, Arc<SubRecord>)>),
-    Recompiled { old: Box<CompiledSet>, ids: Vec<u64> },
+    Recompiled {
+        old: Box<CompiledSet>,
+        ids: Vec<u64>,
+    },
+    /// What was down before a change of it.
+    Rerouted(subc_fabric::Down),
 }
 
 /// What to do once the batch is committed.
@@ -121,6 +133,7 @@ enum Finish {
     Remove(Reply<proto::RemoveResponse>, proto::RemoveResponse),
     Register(Reply<Arc<TargetHandle>>, proto::RegisterTargetRequest),
     Unregister(Reply<()>, String),
+    SetDown(Reply<proto::SetDownResponse>, proto::SetDownResponse),
     Nothing,
 }
 
@@ -131,6 +144,7 @@ impl Finish {
             Finish::Remove(r, _) => drop(r.send(Err(s))),
             Finish::Register(r, _) => drop(r.send(Err(s))),
             Finish::Unregister(r, _) => drop(r.send(Err(s))),
+            Finish::SetDown(r, _) => drop(r.send(Err(s))),
             Finish::Nothing => {}
         }
     }
@@ -159,6 +173,8 @@ struct Compiled {
     update: Option<SetDiff>,
     /// After a recompile, every subscription's placement in the new layout.
     placements: Option<Vec<(u64, String)>>,
+    /// Network mode: each device's update (`network.rs`).
+    devices: crate::network::DeviceUpdates,
 }
 
 /// Idempotency keys and target names claimed earlier in one batch.
@@ -355,7 +371,8 @@ impl Writer {
         let generation = self.d.generation;
         if generation != gen0 {
             self.core.metrics().generation.set(generation as i64);
-            self.core.metrics().compiler_bytes.set(self.d.set.heap_bytes() as i64);
+            let devices = self.d.net.as_ref().map_or(0, |n| n.heap_bytes());
+            self.core.metrics().compiler_bytes.set((self.d.set.heap_bytes() + devices) as i64);
             self.core.deploy_ctx().generation.send_replace(generation);
         }
         for e in events {
@@ -381,6 +398,7 @@ impl Writer {
                 let _ = r.send(Ok(resp));
             }
             Finish::Remove(r, resp) => drop(r.send(Ok(resp))),
+            Finish::SetDown(r, resp) => drop(r.send(Ok(resp))),
             Finish::Register(r, reg) => {
                 let h = TargetHandle::new(reg, false, None);
                 self.core.insert_target(h.clone());
@@ -407,14 +425,21 @@ impl Writer {
                 if let Err(e) = self.d.set.remove(&ids) {
                     tracing::error!(error = %e, "undoing an add failed");
                 }
+                if let Some(net) = &mut self.d.net {
+                    net.undo_add(&ids);
+                }
                 self.forget_records(&ids);
             }
             Undo::Removed(recs) => {
                 let stored: Vec<StoredSub> = recs.iter().map(|(id, r)| r.stored(*id)).collect();
-                match check::check_stored(self.core.spec(), &stored) {
+                let core = self.core.clone();
+                match check::check_stored_with(core.spec(), core.fabric().map(|f| &f.endpoints), &stored) {
                     Ok(nfs) => {
                         if let Err(e) = self.d.set.add(&nfs) {
                             tracing::error!(error = %e, "undoing a remove failed");
+                        }
+                        if let Some(net) = &mut self.d.net {
+                            net.undo_remove(core.spec(), &nfs);
                         }
                     }
                     Err(e) => tracing::error!(error = %e, "undoing a remove failed"),
@@ -424,8 +449,17 @@ impl Writer {
                     self.d.subs.insert(id, rec);
                 }
             }
+            Undo::Rerouted(old) => {
+                let core = self.core.clone();
+                if let Some(net) = &mut self.d.net {
+                    net.undo_reroute(core.spec(), old);
+                }
+            }
             Undo::Recompiled { old, ids } => {
                 self.d.set = *old;
+                if let Some(net) = &mut self.d.net {
+                    net.undo_add(&ids);
+                }
                 self.forget_records(&ids);
             }
         }
@@ -475,6 +509,10 @@ impl Writer {
                 let e = proto::Event { target: name.clone(), ..event(proto::EventKind::TargetRemoved, self.d.generation) };
                 Ok(Staged::only(vec![SqlWrite::DeleteTarget(name.clone())], vec![e], Finish::Unregister(reply, name)))
             }
+            WriteOp::SetDown { links, devices, down, reply } => match self.stage_set_down(links, devices, down) {
+                Ok((staged, resp)) => Ok(Staged { finish: Finish::SetDown(reply, resp), ..staged }),
+                Err(s) => Err((Finish::SetDown(reply, Default::default()), s)),
+            },
             WriteOp::Report(r) => {
                 // A target removed meanwhile has nothing left to report to.
                 if !self.core.has_target(&r.status.name) {
@@ -508,7 +546,14 @@ impl Writer {
         let first = self.d.next_id;
         let nfs: Vec<NfSubscription> =
             batch.rules.iter().enumerate().map(|(i, r)| NfSubscription { id: first + i as u64, ..r.nf.clone() }).collect();
-        let compiled = self.compile_add(&nfs, received)?;
+        let mut compiled = self.compile_add(&nfs, received)?;
+        match self.compile_devices_add(&nfs, received) {
+            Ok(devices) => compiled.devices = devices,
+            Err(s) => {
+                self.undo(compiled.undo);
+                return Err(s);
+            }
+        }
         self.d.generation += 1;
         self.d.next_id = first + n;
         Ok(self.record_add(who, batch, &nfs, compiled, request_id, fingerprint))
@@ -550,7 +595,7 @@ impl Writer {
         let compiled = match self.d.set.add_until(nfs, Some(deadline)) {
             Ok(u) => {
                 self.observe_compile("add", t);
-                Compiled { undo: Undo::Added(ids), update: Some(u), placements: None }
+                Compiled { undo: Undo::Added(ids), update: Some(u), placements: None, devices: vec![] }
             }
             Err(CompileError::NeedsRecompile { .. }) => self.recompile_with(nfs, ids, t, deadline)?,
             Err(CompileError::DeadlineExceeded) => return Err(self.compile_time_refusal("compiling")),
@@ -575,6 +620,44 @@ impl Writer {
         Ok(compiled)
     }
 
+    /// Network mode: projects new subscriptions onto every device and
+    /// compiles them where a device's rules change (nothing changes on
+    /// refusal). Empty for a single device.
+    fn compile_devices_add(&mut self, nfs: &[NfSubscription], received: Instant) -> Result<crate::network::DeviceUpdates, Status> {
+        let core = self.core.clone();
+        let Some(net) = &mut self.d.net else { return Ok(vec![]) };
+        let deadline = received + Duration::from_millis(core.config().limits.compile_timeout_ms);
+        let t = Instant::now();
+        let r = net.add(core.spec(), nfs, Some(deadline));
+        self.observe_compile("add", t);
+        let updates = r.map_err(|e| match e.compile_error() {
+            Some(CompileError::DeadlineExceeded) => self.compile_time_refusal("compiling the devices' projections"),
+            Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => {
+                self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}"))
+            }
+            // A port number in a rule is an endpoint's; one beyond the topology's.
+            None => Status::invalid_argument(e.to_string()),
+            _ => Status::internal(format!("compiler: {e}")),
+        })?;
+        // The memory limit covers every compiled set: the network's and the devices'.
+        let bytes = self.d.set.heap_bytes() + self.d.net.as_ref().map_or(0, |n| n.heap_bytes());
+        let limit = core.config().limits.max_compiler_bytes;
+        if bytes > limit {
+            if let Some(net) = &mut self.d.net {
+                net.undo_add(&nfs.iter().map(|n| n.id).collect::<Vec<_>>());
+            }
+            return Err(self.refuse_limit(
+                "compiler_memory",
+                format!(
+                    "the compiled sets would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
+                    bytes >> 20,
+                    limit >> 20
+                ),
+            ));
+        }
+        Ok(updates)
+    }
+
     fn compile_time_refusal(&self, what: &str) -> Status {
         let limit = self.core.config().limits.compile_timeout_ms;
         self.refuse_limit(
@@ -592,7 +675,8 @@ impl Writer {
     fn recompile_with(&mut self, nfs: &[NfSubscription], ids: Vec<u64>, t: Instant, deadline: Instant) -> Result<Compiled, Status> {
         let spec = self.core.spec().clone();
         let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
-        let mut all = check::check_stored(&spec, &stored).map_err(|e| Status::internal(e.to_string()))?;
+        let endpoints = self.core.fabric().map(|f| &f.endpoints);
+        let mut all = check::check_stored_with(&spec, endpoints, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
         let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
         let set = match CompiledSet::compile_until(&spec, &all, opts, Some(deadline)) {
@@ -604,7 +688,7 @@ impl Writer {
         self.observe_compile("recompile", t);
         let placements = all.iter().filter_map(|nf| Some((nf.id, placement_json(&set, nf)?))).collect();
         let old = std::mem::replace(&mut self.d.set, set);
-        Ok(Compiled { undo: Undo::Recompiled { old: Box::new(old), ids }, update: None, placements: Some(placements) })
+        Ok(Compiled { undo: Undo::Recompiled { old: Box::new(old), ids }, update: None, placements: Some(placements), devices: vec![] })
     }
 
     /// The records, store writes, reply and event of a compiled Add.
@@ -641,7 +725,7 @@ impl Writer {
             time: Some(subc_client::timestamp(created_ms)),
             ..event(proto::EventKind::SubscriptionsAdded, generation)
         };
-        let publish = Publish { added, removed: vec![], update: Some((generation, compiled.update)) };
+        let publish = Publish { added, removed: vec![], update: Some((generation, compiled.update)), devices: compiled.devices };
         (Staged { sql, undo: Some(compiled.undo), events: vec![e], finish: Finish::Nothing, publish }, resp)
     }
 
@@ -673,6 +757,63 @@ impl Writer {
         sql
     }
 
+    /// Stages a change of what is down (network mode): new routes, every
+    /// device projected again, diffs for those that moved. What is down is
+    /// kept in the store (meta "down"), so a restart routes the same way.
+    fn stage_set_down(
+        &mut self,
+        links: BTreeSet<usize>,
+        devices: BTreeSet<usize>,
+        down: bool,
+    ) -> Result<(Staged, proto::SetDownResponse), Status> {
+        let core = self.core.clone();
+        let (Some(net), Some(fabric)) = (&mut self.d.net, core.fabric()) else {
+            return Err(Status::failed_precondition("the server runs without a topology: there is nothing to mark down"));
+        };
+        let old = net.down().clone();
+        let mut new = old.clone();
+        if down {
+            new.links.extend(links);
+            new.devices.extend(devices);
+        } else {
+            new.links.retain(|l| !links.contains(l));
+            new.devices.retain(|d| !devices.contains(d));
+        }
+        let (links_down, devices_down) = fabric.describe_down(&new);
+        let mut resp = proto::SetDownResponse { links_down, devices_down, changed: vec![], generation: self.d.generation };
+        if new == old {
+            return Ok((Staged::only(vec![], vec![], Finish::Nothing), resp));
+        }
+        let t = Instant::now();
+        let updates = net.reroute(core.spec(), new.clone()).map_err(|e| match e {
+            crate::network::NetError::Fabric(f) => Status::failed_precondition(f.to_string()),
+            e => Status::internal(format!("compiler: {e}")),
+        })?;
+        self.observe_compile("reroute", t);
+        resp.changed = updates
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| crate::network::moved(u.as_ref()))
+            .map(|(d, _)| fabric.topology.devices[d].name.clone())
+            .collect();
+        self.d.generation += 1;
+        resp.generation = self.d.generation;
+        tracing::info!(links_down = ?resp.links_down, devices_down = ?resp.devices_down, changed = ?resp.changed, "rerouted");
+        let staged = Staged {
+            sql: vec![SqlWrite::Meta { key: "down", value: crate::network::down_json(&fabric.topology, &new) }],
+            undo: Some(Undo::Rerouted(old)),
+            events: vec![],
+            finish: Finish::Nothing,
+            publish: Publish {
+                added: vec![],
+                removed: vec![],
+                update: Some((self.d.generation, Some(SetDiff::default()))),
+                devices: updates,
+            },
+        };
+        Ok((staged, resp))
+    }
+
     /// Stages a Remove. An id that does not exist, or that belongs to
     /// another application, answers NOT_FOUND alike (ids cannot be probed).
     fn stage_remove(&mut self, who: &Principal, mut ids: Vec<u64>) -> Result<(Staged, proto::RemoveResponse), Status> {
@@ -686,6 +827,7 @@ impl Writer {
         }
         let t = Instant::now();
         let update = self.d.set.remove(&ids).map_err(|e| Status::internal(format!("compiler: {e}")))?;
+        let devices = self.d.net.as_mut().map(|n| n.remove(&ids)).unwrap_or_default();
         self.observe_compile("remove", t);
         self.d.generation += 1;
         let generation = self.d.generation;
@@ -710,7 +852,7 @@ impl Writer {
             undo: Some(Undo::Removed(removed)),
             events,
             finish: Finish::Nothing,
-            publish: Publish { added: vec![], removed: ids, update: Some((generation, Some(update))) },
+            publish: Publish { added: vec![], removed: ids, update: Some((generation, Some(update))), devices },
         };
         Ok((staged, proto::RemoveResponse { generation }))
     }

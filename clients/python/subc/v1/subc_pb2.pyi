@@ -196,6 +196,28 @@ class Diagnostics(_message.Message):
     total: int
     def __init__(self, diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
+class SetDownRequest(_message.Message):
+    __slots__ = ("links", "devices", "down")
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DOWN_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedScalarFieldContainer[str]
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    down: bool
+    def __init__(self, links: _Optional[_Iterable[str]] = ..., devices: _Optional[_Iterable[str]] = ..., down: _Optional[bool] = ...) -> None: ...
+
+class SetDownResponse(_message.Message):
+    __slots__ = ("links_down", "devices_down", "changed", "generation")
+    LINKS_DOWN_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    links_down: _containers.RepeatedScalarFieldContainer[int]
+    devices_down: _containers.RepeatedScalarFieldContainer[str]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    def __init__(self, links_down: _Optional[_Iterable[int]] = ..., devices_down: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ...) -> None: ...
+
 class EbpfTarget(_message.Message):
     __slots__ = ("interface", "hook", "ports", "drop_unmatched", "xdp_mode")
     class PortsEntry(_message.Message):

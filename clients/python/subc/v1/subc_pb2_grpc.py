@@ -322,6 +322,11 @@ class TargetsStub:
                 request_serializer=subc_dot_v1_dot_subc__pb2.TargetRequest.SerializeToString,
                 response_deserializer=subc_dot_v1_dot_subc__pb2.PlanResponse.FromString,
                 _registered_method=True)
+        self.SetDown = channel.unary_unary(
+                '/subc.v1.Targets/SetDown',
+                request_serializer=subc_dot_v1_dot_subc__pb2.SetDownRequest.SerializeToString,
+                response_deserializer=subc_dot_v1_dot_subc__pb2.SetDownResponse.FromString,
+                _registered_method=True)
 
 
 class TargetsServicer:
@@ -371,6 +376,19 @@ class TargetsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDown(self, request, context):
+        """Network mode (a server started with a topology, whose devices are the
+        targets): marks links and devices down, or up again. The routes are
+        recomputed around everything down, every device's program is projected
+        again, and only the devices whose programs changed are sent diffs. A
+        change that would cut endpoints off from each other is
+        FAILED_PRECONDITION and changes nothing; so is any call to a server
+        without a topology.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -403,6 +421,11 @@ def add_TargetsServicer_to_server(servicer, server):
                     servicer.Plan,
                     request_deserializer=subc_dot_v1_dot_subc__pb2.TargetRequest.FromString,
                     response_serializer=subc_dot_v1_dot_subc__pb2.PlanResponse.SerializeToString,
+            ),
+            'SetDown': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDown,
+                    request_deserializer=subc_dot_v1_dot_subc__pb2.SetDownRequest.FromString,
+                    response_serializer=subc_dot_v1_dot_subc__pb2.SetDownResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -569,6 +592,33 @@ class Targets:
             '/subc.v1.Targets/Plan',
             subc_dot_v1_dot_subc__pb2.TargetRequest.SerializeToString,
             subc_dot_v1_dot_subc__pb2.PlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/subc.v1.Targets/SetDown',
+            subc_dot_v1_dot_subc__pb2.SetDownRequest.SerializeToString,
+            subc_dot_v1_dot_subc__pb2.SetDownResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,12 +36,26 @@ use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, 
 use subc_lang::spec::{Spec, StateVarId};
 use subc_lang::{UpdateOp, VarUpdate};
 
+/// What a device of a network (`network.rs`) adds to an eBPF target: the
+/// program goes on every port's interface, in the device's namespace, and
+/// never sends a packet back out of the port it came in on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EbpfDevice {
+    /// A named network namespace (`/run/netns/<netns>`) in which interfaces
+    /// are resolved and programs attached; `None`: the server's own.
+    pub netns: Option<String>,
+    /// The interfaces the program is attached to: one per device port.
+    pub interfaces: Vec<String>,
+}
+
 pub(crate) struct EbpfDriver {
     name: String,
     spec: Arc<Spec>,
     hook: Hook,
     mode: AttachMode,
-    iface: String,
+    /// The interfaces the program is attached to.
+    ifaces: Vec<String>,
+    netns: Option<String>,
     config: TargetConfig,
     pin_dir: PathBuf,
     tables: Option<PinnedTables>,
@@ -109,7 +123,13 @@ fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
 }
 
 impl EbpfDriver {
-    pub(crate) fn new(name: &str, cfg: &proto::EbpfTarget, spec: Arc<Spec>, bpffs_root: &Path) -> Result<EbpfDriver, DriverError> {
+    pub(crate) fn new(
+        name: &str,
+        cfg: &proto::EbpfTarget,
+        spec: Arc<Spec>,
+        bpffs_root: &Path,
+        device: Option<&EbpfDevice>,
+    ) -> Result<EbpfDriver, DriverError> {
         if !loader::can_load_bpf() {
             return Err(DriverError::transient(
                 "eBPF targets need CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), in the effective set",
@@ -125,13 +145,19 @@ impl EbpfDriver {
         for (p, e) in &cfg.ports {
             ports.insert(*p, egress(e)?);
         }
-        let config = TargetConfig { no_match: if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass }, prune_ingress: false, ports };
+        let no_match = if cfg.drop_unmatched { NoMatch::Drop } else { NoMatch::Pass };
+        let config = TargetConfig { no_match, prune_ingress: device.is_some(), ports };
+        let (ifaces, netns) = match device {
+            Some(d) => (d.interfaces.clone(), d.netns.clone()),
+            None => (vec![cfg.interface.clone()], None),
+        };
         Ok(EbpfDriver {
             name: name.to_string(),
             spec,
             hook,
             mode,
-            iface: cfg.interface.clone(),
+            ifaces,
+            netns,
             config,
             pin_dir: crate::names::child_path(bpffs_root, "target name", name).map_err(|e| DriverError::transient(e.to_string()))?,
             tables: None,
@@ -188,6 +214,37 @@ impl Driver for EbpfDriver {
     }
 
     fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+        match self.netns.clone() {
+            None => self.install_here(pipes),
+            Some(ns) => loader::in_netns(&ns, || self.install_here(pipes))
+                .map_err(|e| DriverError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
+        }
+    }
+
+    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
+        let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
+        t.update(update).map_err(err)?;
+        self.files.append(update, t.image().expect("an updated image"))
+    }
+
+    fn uninstall(&mut self) -> Result<(), DriverError> {
+        self.tables = None;
+        let name = self.name.clone();
+        let remove = move || match Deployment::open(&name) {
+            Ok((d, _)) => d.remove().map_err(err),
+            Err(_) => Ok(()),
+        };
+        match self.netns.clone() {
+            None => remove(),
+            Some(ns) => loader::in_netns(&ns, remove)
+                .map_err(|e| DriverError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
+        }
+    }
+}
+
+impl EbpfDriver {
+    /// [`Driver::install`] in the calling thread's network namespace.
+    fn install_here(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
         let opts = EbpfOptions { hook: self.hook, ..Default::default() };
         let art = write_program(&self.spec, pipes, &opts).map_err(err)?;
         let obj = clang::compile(&art.source, clang::BuildFlags::default()).map_err(err)?;
@@ -204,30 +261,19 @@ impl Driver for EbpfDriver {
             Err(_) => {
                 let _ = std::fs::remove_dir_all(&self.pin_dir);
                 dp.pin(&self.pin_dir).map_err(err)?;
-                let attachments = loader::attach(&dp, &self.iface, Some(self.mode), Some(&self.pin_dir)).map_err(|e| {
-                    let _ = std::fs::remove_dir_all(&self.pin_dir);
-                    err(e)
-                })?;
+                let mut attachments = vec![];
+                for iface in &self.ifaces {
+                    attachments.extend(loader::attach(&dp, iface, Some(self.mode), Some(&self.pin_dir)).map_err(|e| {
+                        let _ = std::fs::remove_dir_all(&self.pin_dir);
+                        err(e)
+                    })?);
+                }
                 Deployment { name: self.name.clone(), pin_dir: self.pin_dir.clone(), attachments }
             }
         };
         deployment.save(&art.model).map_err(err)?;
         self.files.write_base(&art.image)?;
         self.open_tables(art.model, &deployment.pin_dir, art.image)
-    }
-
-    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
-        let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
-        t.update(update).map_err(err)?;
-        self.files.append(update, t.image().expect("an updated image"))
-    }
-
-    fn uninstall(&mut self) -> Result<(), DriverError> {
-        self.tables = None;
-        match Deployment::open(&self.name) {
-            Ok((d, _)) => d.remove().map_err(err),
-            Err(_) => Ok(()),
-        }
     }
 }
 

@@ -209,6 +209,11 @@ impl DeployCtx {
 pub struct TargetHandle {
     pub name: String,
     pub registration: proto::RegisterTargetRequest,
+    /// What the target follows: the set (`None`), or in network mode the
+    /// device it is (`desired.rs`, views).
+    pub view: Option<usize>,
+    /// An eBPF device's own settings (network mode).
+    ebpf_device: Option<ebpf::EbpfDevice>,
     held: Mutex<HeldState>,
     driver: Arc<Mutex<Option<Box<dyn Driver>>>>,
     progress: watch::Sender<Progress>,
@@ -251,12 +256,13 @@ fn counts(held: &Held) -> (u64, u64) {
     }
 }
 
-/// The plan that takes a target holding `held` (generation `from`) to `c`.
-pub(crate) fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
-    let pipes = c.pipelines();
+/// The plan that takes a target holding `held` (generation `from`) to
+/// `c`'s pipelines of `view`.
+pub(crate) fn plan(held: &Held, from: u64, c: &Committed, view: Option<usize>) -> Plan {
+    let pipes = c.pipelines_of(view);
     match held {
-        Held::Pipes(h) if shape_of(h.iter()) == c.shape() => {
-            let diffs = touched::diffs(h, &pipes, from, c.generation(), c.log());
+        Held::Pipes(h) if shape_of(h.iter()) == c.shape_of(view) => {
+            let diffs = touched::diffs(h, &pipes, from, c.generation(), c.log_of(view));
             if diffs.is_empty() {
                 Plan::Nothing
             } else {
@@ -269,6 +275,17 @@ pub(crate) fn plan(held: &Held, from: u64, c: &Committed) -> Plan {
 
 impl TargetHandle {
     pub fn new(registration: proto::RegisterTargetRequest, deployed: bool, status: Option<proto::TargetStatus>) -> Arc<TargetHandle> {
+        TargetHandle::for_view(registration, None, None, deployed, status)
+    }
+
+    /// A target that follows `view` (see [`TargetHandle::view`]).
+    pub(crate) fn for_view(
+        registration: proto::RegisterTargetRequest,
+        view: Option<usize>,
+        ebpf_device: Option<ebpf::EbpfDevice>,
+        deployed: bool,
+        status: Option<proto::TargetStatus>,
+    ) -> Arc<TargetHandle> {
         let name = registration.name.clone();
         let mut status = status.unwrap_or_default();
         status.name = name.clone();
@@ -278,6 +295,8 @@ impl TargetHandle {
         Arc::new(TargetHandle {
             name,
             registration,
+            view,
+            ebpf_device,
             held: Mutex::new(HeldState { held: Held::Unknown, generation: 0 }),
             driver: Arc::new(Mutex::new(None)),
             progress: watch::Sender::new(Progress { status, attempts: 0 }),
@@ -374,7 +393,7 @@ impl TargetHandle {
     fn ensure_driver(&self, ctx: &DeployCtx) -> Result<(), DriverError> {
         let mut d = self.driver.lock().expect("driver");
         if d.is_none() {
-            *d = Some(make_driver(&self.registration, ctx)?);
+            *d = Some(make_driver(&self.registration, ctx, self.view.is_some(), self.ebpf_device.as_ref())?);
         }
         Ok(())
     }
@@ -438,8 +457,8 @@ impl TargetHandle {
             let h = self.held.lock().expect("held");
             let c = ctx.committed();
             let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
-            let after: Option<Vec<Pipeline>> = p4.then(|| c.pipelines().into_iter().cloned().collect());
-            (plan(&held, h.generation, &c), h.generation, c.generation(), after)
+            let after: Option<Vec<Pipeline>> = p4.then(|| c.pipelines_of(self.view).into_iter().cloned().collect());
+            (plan(&held, h.generation, &c, self.view), h.generation, c.generation(), after)
         };
         let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
         let mut ops = vec![];
@@ -513,7 +532,7 @@ impl TargetHandle {
         let (plan, generation, from) = {
             let h = self.held.lock().expect("held");
             let c = ctx.committed();
-            (plan(&h.held, h.generation, &c), c.generation(), h.generation)
+            (plan(&h.held, h.generation, &c, self.view), c.generation(), h.generation)
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         let written = plan.entries();
@@ -561,7 +580,7 @@ impl TargetHandle {
                 // The program cannot take the update: install the set as a whole.
                 let (pipes, generation_now) = {
                     let c = ctx.committed();
-                    (c.pipelines().into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
+                    (c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
                 };
                 tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
                 let r = self
@@ -740,13 +759,20 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 }
 
 /// Makes the driver for a registration.
-pub(crate) fn make_driver(reg: &proto::RegisterTargetRequest, ctx: &DeployCtx) -> Result<Box<dyn Driver>, DriverError> {
+/// `fabric`: the target is a device of a network (network mode), which
+/// never sends a packet back out of the port it came in on.
+pub(crate) fn make_driver(
+    reg: &proto::RegisterTargetRequest,
+    ctx: &DeployCtx,
+    fabric: bool,
+    device: Option<&ebpf::EbpfDevice>,
+) -> Result<Box<dyn Driver>, DriverError> {
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(s)?)),
-        Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root)?)),
+        Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
         Some(Kind::P4runtime(p)) => {
             let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir)?))
+            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric)?))
         }
         None => Err(DriverError::transient("the target has no kind")),
     }

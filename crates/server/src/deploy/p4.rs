@@ -128,6 +128,8 @@ pub(crate) struct P4Driver {
     program: Option<Program>,
     /// The pipelines the switch holds, while that is known.
     image: Option<Vec<Pipeline>>,
+    /// The program drops the copy whose egress port is the ingress port.
+    prune_ingress: bool,
     files: ImageLog,
 }
 
@@ -195,7 +197,14 @@ pub(crate) fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBu
 }
 
 impl P4Driver {
-    pub(crate) fn new(name: &str, cfg: &proto::P4RuntimeTarget, spec: Arc<Spec>, data_dir: &Path) -> Result<P4Driver, DriverError> {
+    /// `prune_ingress`: a switch of a fabric (`docs/network.md`).
+    pub(crate) fn new(
+        name: &str,
+        cfg: &proto::P4RuntimeTarget,
+        spec: Arc<Spec>,
+        data_dir: &Path,
+        prune_ingress: bool,
+    ) -> Result<P4Driver, DriverError> {
         let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
         Ok(P4Driver {
             name: name.to_string(),
@@ -211,6 +220,7 @@ impl P4Driver {
             client: None,
             program: None,
             image: None,
+            prune_ingress,
             files: ImageLog::new(image_dir(data_dir, name).map_err(|e| DriverError::transient(e.to_string()))?),
         })
     }
@@ -259,7 +269,8 @@ impl P4Driver {
         if self.program.as_ref().is_none_or(|p| p.orders != orders) {
             self.program = None;
             let make = |fold_leaves: bool| {
-                P4Target::for_pipelines(&self.spec, pipes, &P4Options { fold_leaves, ports: self.ports.clone(), ..Default::default() })
+                let opts = P4Options { fold_leaves, ports: self.ports.clone(), prune_ingress: self.prune_ingress, ..Default::default() };
+                P4Target::for_pipelines(&self.spec, pipes, &opts)
             };
             let target = make(false).map_err(|e| self.transient(e))?;
             let (target, info) = match &self.given {

@@ -196,3 +196,17 @@ pub fn make_certs(dir: &Path) {
         openssl(dir, &["pkcs8", "-topk8", "-nocrypt", "-in", &format!("{name}.key"), "-out", &format!("{name}.pk8")]);
     }
 }
+
+/// The ITCH example's spec with `rules` checked against the endpoints of
+/// `topology` (a topology file's text), as a server in network mode
+/// checks them; and the checked topology.
+pub fn network_program(topology: &str, rules: &[&str]) -> (subc_fabric::Topology, subc_lang::Program) {
+    let mut sources = subc_lang::SourceMap::new();
+    let spec = sources.add("itch.spec", std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap());
+    let topo = sources.add("fabric.toml", topology.to_string());
+    let mut diags = subc_lang::Diagnostics::default();
+    let t = subc_fabric::check_topology(&sources, topo, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let file = sources.add("rules", rules.join("\n"));
+    let (p, d) = subc_lang::check_program_with(&sources, spec, &[file], Default::default(), Some(&t.endpoint_table()));
+    (t, p.unwrap_or_else(|| panic!("{}", d.render(&sources))))
+}

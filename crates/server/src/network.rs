@@ -1,0 +1,634 @@
+//! Network mode: one service for every device of a topology
+//! (`docs/network.md`, "Deployment").
+//!
+//! With `topology = "fabric.toml"` in the configuration, rules forward to
+//! the topology's endpoints (`fwd(trader1)`), checked with its endpoint
+//! table, and every device of the topology is a target named after it.
+//! The writer keeps two kinds of compiled state:
+//!
+//! - the *network set*: the network program compiled as if it were one
+//!   device (its ports are endpoint numbers). Limits, compile time, memory
+//!   and the stored layout are checked on it exactly as in single-device
+//!   mode; no target holds it.
+//! - per device, a [`Devices`] entry: the compiled set of the device's
+//!   projection (`subc_fabric::project_rule` of each rule) and those
+//!   projected rules. An add or remove is projected onto every device and
+//!   compiled only where the device's rules change; each device's update
+//!   is published to its own *view* of the committed state (`desired.rs`),
+//!   which the device's target follows like a lone target follows the set.
+//!
+//! Failures: `SetDown` marks links and devices down ([`Devices::reroute`]):
+//! routes around them, every device projected again, and each device whose
+//! projection changed moved by removing and adding the rules that differ,
+//! as `crates/ebpf-loader/tests/fabric.rs` moves its switches.
+//!
+//! Device sets are not stored: at startup they are compiled again from the
+//! stored rules, routed around what the store says is down (meta "down"),
+//! and targets reconcile by reading back, as always. Device targets come
+//! from the topology ([`Fabric::targets`]): `sim`, `ebpf` and `p4runtime`.
+
+use crate::deploy::ebpf::EbpfDevice;
+use crate::proto::{self, register_target_request::Kind};
+use crate::Error;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, Pipeline, SetDiff};
+use subc_fabric::{project_rule, Down, FabricError, Routes, Topology};
+use subc_lang::spec::Spec;
+use subc_lang::{Diagnostics, Endpoints, NfSubscription, SourceMap, SubId};
+
+/// The checked topology and what the handlers need of it.
+pub struct Fabric {
+    pub topology: Topology,
+    /// The endpoint table rules are checked with.
+    pub endpoints: Endpoints,
+    /// The topology file's directory: device options' relative paths start there.
+    pub dir: PathBuf,
+}
+
+impl Fabric {
+    /// Reads and checks the topology file; its diagnostics, rendered, are
+    /// a configuration error. Every device port must lie within the spec's
+    /// `ports`, and every device name must be a target name.
+    pub fn load(path: &Path, spec: &Spec) -> Result<Fabric, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("cannot read the topology {}: {e}", path.display())))?;
+        let mut sources = SourceMap::new();
+        let file = sources.add(path.display().to_string(), text);
+        let mut diags = Diagnostics::default();
+        let topology = match subc_fabric::check_topology(&sources, file, &mut diags) {
+            Some(t) if !diags.has_errors() => t,
+            _ => {
+                diags.sort();
+                return Err(Error::Config(format!("the topology has errors:\n{}", diags.render(&sources))));
+            }
+        };
+        for d in &topology.devices {
+            crate::names::check_name("topology device name", &d.name).map_err(|e| Error::Config(e.to_string()))?;
+            if let Some(budget) = d.budget {
+                // `subc_fabric::place` is not wired into the service yet.
+                tracing::warn!(device = %d.name, budget, "the service compiles every device exactly: its budget is not applied yet");
+            }
+        }
+        let ports = topology.links.iter().flat_map(|l| [l.a, l.b]).chain(topology.endpoints.iter().map(|e| e.at));
+        for p in ports {
+            if p.port >= spec.ports {
+                return Err(Error::Config(format!(
+                    "topology: device `{}` uses port {}, beyond the spec's {} ports (raise `ports N;`)",
+                    topology.devices[p.device].name, p.port, spec.ports
+                )));
+            }
+        }
+        let endpoints = topology.endpoint_table();
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        Ok(Fabric { topology, endpoints, dir })
+    }
+
+    /// Each device's target, in device order, from its `kind` and
+    /// `options` (`docs/server.md`, "Network mode").
+    pub(crate) fn targets(&self) -> Result<Vec<DeviceTarget>, Error> {
+        let mut out = vec![];
+        for (i, d) in self.topology.devices.iter().enumerate() {
+            let fail = |m: String| Error::Config(format!("topology: device `{}`: {m}", d.name));
+            let (kind, ebpf) = match d.kind {
+                subc_fabric::DeviceKind::Sim => (Kind::Sim(self.sim_options(&d.options).map_err(fail)?), None),
+                subc_fabric::DeviceKind::Ebpf => {
+                    let (target, device) = self.ebpf_options(i, &d.options).map_err(fail)?;
+                    (Kind::Ebpf(target), Some(device))
+                }
+                subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
+            };
+            let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
+            out.push(DeviceTarget { registration, ebpf });
+        }
+        Ok(out)
+    }
+
+    /// A `sim` device: `path` (optional, relative to the topology file)
+    /// keeps its tables in a file.
+    fn sim_options(&self, options: &toml::Table) -> Result<proto::SimTarget, String> {
+        let mut path = String::new();
+        for (k, v) in options {
+            match (k.as_str(), v) {
+                ("path", toml::Value::String(p)) => path = self.dir.join(p).display().to_string(),
+                _ => return Err(format!("unknown or mistyped option `{k}` (a sim device takes `path`)")),
+            }
+        }
+        crate::deploy::memory::check_path(&path).map_err(|e| e.to_string())?;
+        Ok(proto::SimTarget { path })
+    }
+
+    /// An `ebpf` device: `hook` (`"tc"`, the default, or `"xdp"`), `mode`
+    /// (XDP: `"auto"`, `"native"`, `"generic"`), `netns` (a named network
+    /// namespace), `drop_unmatched` (default true: a switch passes nothing
+    /// up), and `ports = { "1" = "eth1", ... }`: each device port's
+    /// interface, by default `p<N>` for every port the topology uses. The
+    /// program is attached to every port's interface.
+    fn ebpf_options(&self, device: usize, options: &toml::Table) -> Result<(proto::EbpfTarget, EbpfDevice), String> {
+        let mut t = proto::EbpfTarget { hook: proto::Hook::Tc as i32, drop_unmatched: true, ..Default::default() };
+        let mut netns = None;
+        let mut given: Option<BTreeMap<u32, String>> = None;
+        let string = |k: &str, v: &toml::Value| v.as_str().map(String::from).ok_or_else(|| format!("option `{k}` must be a string"));
+        for (k, v) in options {
+            match k.as_str() {
+                "hook" => {
+                    t.hook = match string(k, v)?.as_str() {
+                        "tc" => proto::Hook::Tc,
+                        "xdp" => proto::Hook::Xdp,
+                        h => return Err(format!("hook {h:?} is neither \"tc\" nor \"xdp\"")),
+                    } as i32
+                }
+                "mode" => {
+                    t.xdp_mode = match string(k, v)?.as_str() {
+                        "auto" => proto::XdpMode::Auto,
+                        "native" => proto::XdpMode::Native,
+                        "generic" => proto::XdpMode::Generic,
+                        m => return Err(format!("mode {m:?} is not \"auto\", \"native\" or \"generic\"")),
+                    } as i32
+                }
+                "netns" => {
+                    // It reaches a path (/run/netns/<netns>): one plain component.
+                    let ns = string(k, v)?;
+                    crate::names::check_name("netns", &ns).map_err(|e| e.to_string())?;
+                    netns = Some(ns);
+                }
+                "drop_unmatched" => t.drop_unmatched = v.as_bool().ok_or("option `drop_unmatched` must be true or false")?,
+                "ports" => {
+                    let table = v.as_table().ok_or("option `ports` must be a table of port = \"interface\"")?;
+                    let mut ports = BTreeMap::new();
+                    for (p, iface) in table {
+                        let n: u32 = p.parse().map_err(|_| format!("ports: {p:?} is not a port number"))?;
+                        ports.insert(n, string(&format!("ports.{p}"), iface)?);
+                    }
+                    given = Some(ports);
+                }
+                _ => return Err(format!("unknown option `{k}` (an ebpf device takes hook, mode, netns, drop_unmatched, ports)")),
+            }
+        }
+        let used = self.ports_of(device);
+        let ports = match given {
+            Some(p) => {
+                if let Some(missing) = used.iter().find(|u| !p.contains_key(u)) {
+                    return Err(format!("ports: the topology uses port {missing}, which `ports` does not name"));
+                }
+                p
+            }
+            None => used.iter().map(|&p| (p, format!("p{p}"))).collect(),
+        };
+        let interfaces: Vec<String> = ports.values().cloned().collect();
+        t.interface = interfaces.first().cloned().unwrap_or_default();
+        t.ports = ports.into_iter().map(|(p, interface)| (p, proto::EbpfEgress { interface, ..Default::default() })).collect();
+        Ok((t, EbpfDevice { netns, interfaces }))
+    }
+
+    /// A `p4runtime` device: `address` (`host:port`, required),
+    /// `device_id` (default 0), `election_id` (default 1), `p4info` and
+    /// `device_config` (files, relative to the topology file: the P4Info in
+    /// binary or text format, and the device's program, which for a switch
+    /// of a fabric `subc compile --target p4 --p4-prune-ingress` writes), and
+    /// `ports = { "1" = 1, ... }`: the switch's port of each device port
+    /// (default: the same number).
+    fn p4_options(&self, options: &toml::Table) -> Result<proto::P4RuntimeTarget, String> {
+        let mut t = proto::P4RuntimeTarget { election_id: 1, ..Default::default() };
+        let int = |k: &str, v: &toml::Value| {
+            v.as_integer().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| format!("option `{k}` must be a number"))
+        };
+        let file = |k: &str, v: &toml::Value| -> Result<Vec<u8>, String> {
+            let path = self.dir.join(v.as_str().ok_or_else(|| format!("option `{k}` must be a file name"))?);
+            std::fs::read(&path).map_err(|e| format!("{k}: cannot read {}: {e}", path.display()))
+        };
+        for (k, v) in options {
+            match k.as_str() {
+                "address" => t.address = v.as_str().ok_or("option `address` must be a string (host:port)")?.to_string(),
+                "device_id" => t.device_id = int(k, v)?,
+                "election_id" => t.election_id = int(k, v)?,
+                "device_config" => t.device_config = file(k, v)?,
+                "p4info" => t.p4info = p4info_binary(&file(k, v)?).map_err(|e| format!("p4info: {e}"))?,
+                "ports" => {
+                    let table = v.as_table().ok_or("option `ports` must be a table of port = switch port")?;
+                    for (p, q) in table {
+                        let n: u32 = p.parse().map_err(|_| format!("ports: {p:?} is not a port number"))?;
+                        let q = u32::try_from(int(&format!("ports.{p}"), q)?).map_err(|_| format!("ports.{p}: too large"))?;
+                        t.ports.insert(n, q);
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports)"
+                    ))
+                }
+            }
+        }
+        if t.address.is_empty() {
+            return Err("a p4runtime device needs `address` (host:port)".into());
+        }
+        let reg = proto::RegisterTargetRequest { name: "device".into(), kind: Some(Kind::P4runtime(t.clone())), manual: false };
+        crate::deploy::validate_registration(&reg).map_err(|e| e.to_string())?;
+        Ok(t)
+    }
+
+    /// The ports of `device` that links and endpoints use.
+    fn ports_of(&self, device: usize) -> BTreeSet<u32> {
+        let t = &self.topology;
+        let ends = t.links.iter().flat_map(|l| [l.a, l.b]).chain(t.endpoints.iter().map(|e| e.at));
+        ends.filter(|p| p.device == device).map(|p| p.port).collect()
+    }
+
+    /// Device `name`'s index.
+    pub fn device(&self, name: &str) -> Option<usize> {
+        self.topology.device(name)
+    }
+
+    /// A link named by its index in the file (`"0"`) or either of its ends
+    /// (`"leaf1:1"`).
+    pub(crate) fn link(&self, text: &str) -> Result<usize, String> {
+        let links = &self.topology.links;
+        if let Ok(i) = text.parse::<usize>() {
+            return if i < links.len() { Ok(i) } else { Err(format!("link {i}: the topology has {} links", links.len())) };
+        }
+        let end = text.rsplit_once(':').and_then(|(d, p)| Some((self.topology.device(d)?, p.parse::<u32>().ok()?)));
+        let Some((device, port)) = end else {
+            return Err(format!("{text:?} names no link: give its index in the topology or one of its ends, device:port"));
+        };
+        let at = |p: &subc_fabric::PortRef| p.device == device && p.port == port;
+        links.iter().position(|l| at(&l.a) || at(&l.b)).ok_or_else(|| format!("no link has the end {text:?}"))
+    }
+
+    /// What is down, as the API answers it: link indices and device names.
+    pub(crate) fn describe_down(&self, down: &Down) -> (Vec<u32>, Vec<String>) {
+        (down.links.iter().map(|&l| l as u32).collect(), down.devices.iter().map(|&d| self.topology.devices[d].name.clone()).collect())
+    }
+}
+
+/// A P4Info file's bytes, binary or in text format, as the binary a
+/// registration carries.
+fn p4info_binary(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use prost::Message;
+    use subc_backend_p4::proto::p4::config::v1::P4Info;
+    let text = std::str::from_utf8(bytes).ok().map(subc_backend_p4::proto::from_text::<P4Info>);
+    match text {
+        Some(Ok(info)) => Ok(info.encode_to_vec()),
+        _ => P4Info::decode(bytes).map(|_| bytes.to_vec()).map_err(|_| "not a P4Info (binary or text format)".to_string()),
+    }
+}
+
+/// A device as a target: its registration (what `ListTargets` shows) and,
+/// for an eBPF device, what a lone target does not have.
+pub(crate) struct DeviceTarget {
+    pub registration: proto::RegisterTargetRequest,
+    pub ebpf: Option<EbpfDevice>,
+}
+
+/// Why a change could not be made on the devices.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NetError {
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    #[error("device `{device}`: {source}")]
+    Compile {
+        device: String,
+        #[source]
+        source: CompileError,
+    },
+}
+
+impl NetError {
+    pub(crate) fn compile_error(&self) -> Option<&CompileError> {
+        match self {
+            NetError::Compile { source, .. } => Some(source),
+            NetError::Fabric(_) => None,
+        }
+    }
+}
+
+/// One device's compiled projection.
+struct DeviceSet {
+    set: CompiledSet,
+    /// The projected rules the set holds, by id.
+    rules: BTreeMap<SubId, NfSubscription>,
+}
+
+/// Every device's compiled projection: the writer's, like the network set.
+pub struct Devices {
+    fabric: std::sync::Arc<Fabric>,
+    routes: Routes,
+    /// What is marked down: `routes` avoid it.
+    down: Down,
+    /// The network's rules, by id (what every device's projection is of).
+    network: BTreeMap<SubId, NfSubscription>,
+    devices: Vec<DeviceSet>,
+    opts: CompileOptions,
+    /// Devices whose next update must be published whole: their sets were
+    /// changed by an undo, so their state ids may no longer match what was
+    /// published.
+    stale: BTreeSet<usize>,
+}
+
+/// Per device, the update of one change: `Some(empty)` for a device the
+/// change did not touch, `None` for one compiled afresh.
+pub(crate) type DeviceUpdates = Vec<Option<SetDiff>>;
+
+impl Devices {
+    /// Projects `nfs` (the network's rules) onto every device, routed
+    /// around what is `down`, and compiles each projection with `opts`.
+    pub fn compile(
+        fabric: std::sync::Arc<Fabric>,
+        spec: &Spec,
+        nfs: &[NfSubscription],
+        opts: CompileOptions,
+        down: Down,
+    ) -> Result<Devices, Error> {
+        let routes = Routes::avoiding(&fabric.topology, &down).map_err(|e| Error::Config(format!("the stored failures: {e}")))?;
+        let mut devices = vec![];
+        for d in 0..fabric.topology.devices.len() {
+            let rules = project_all(&fabric.topology, &routes, spec, d, nfs).map_err(|e| Error::Compile(e.to_string()))?;
+            let list: Vec<NfSubscription> = rules.values().cloned().collect();
+            let set = CompiledSet::compile(spec, &list, opts.clone())
+                .map_err(|e| Error::Compile(format!("device `{}`: {e}", fabric.topology.devices[d].name)))?;
+            devices.push(DeviceSet { set, rules });
+        }
+        let network = nfs.iter().map(|n| (n.id, n.clone())).collect();
+        Ok(Devices { fabric, routes, down, network, devices, opts, stale: BTreeSet::new() })
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// Device `d`'s pipelines.
+    pub fn pipelines(&self, d: usize) -> Vec<Pipeline> {
+        self.devices[d].set.pipelines().into_iter().cloned().collect()
+    }
+
+    /// Device `d`'s compiled set (to adopt a target's ids at startup).
+    pub fn set_mut(&mut self, d: usize) -> &mut CompiledSet {
+        &mut self.devices[d].set
+    }
+
+    /// The heap every device's set holds (the compiler's estimate).
+    pub fn heap_bytes(&self) -> usize {
+        self.devices.iter().map(|d| d.set.heap_bytes()).sum()
+    }
+
+    /// Adds the network's rules `nfs` to every device whose projection
+    /// holds them. On failure nothing changed.
+    pub(crate) fn add(&mut self, spec: &Spec, nfs: &[NfSubscription], deadline: Option<Instant>) -> Result<DeviceUpdates, NetError> {
+        let mut out = Vec::with_capacity(self.devices.len());
+        for d in 0..self.devices.len() {
+            match self.add_to(spec, d, nfs, deadline) {
+                Ok(u) => out.push(u),
+                Err(e) => {
+                    let ids: Vec<SubId> = nfs.iter().map(|n| n.id).collect();
+                    for back in 0..d {
+                        self.remove_from(back, &ids);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.network.extend(nfs.iter().map(|n| (n.id, n.clone())));
+        Ok(self.take_stale(out))
+    }
+
+    fn add_to(&mut self, spec: &Spec, d: usize, nfs: &[NfSubscription], deadline: Option<Instant>) -> Result<Option<SetDiff>, NetError> {
+        let topology = &self.fabric.topology;
+        let mut new = vec![];
+        for n in nfs {
+            new.extend(project_rule(topology, &self.routes, spec, d, n)?);
+        }
+        if new.is_empty() {
+            return Ok(Some(SetDiff::default()));
+        }
+        let device = &mut self.devices[d];
+        let compile_error = |source| NetError::Compile { device: topology.devices[d].name.clone(), source };
+        match device.set.add_until(&new, deadline) {
+            Ok(u) => {
+                device.rules.extend(new.into_iter().map(|n| (n.id, n)));
+                Ok(Some(u))
+            }
+            Err(CompileError::NeedsRecompile { .. }) => {
+                // The device's pipelines are full: spread its rules anew.
+                let mut rules = device.rules.clone();
+                rules.extend(new.into_iter().map(|n| (n.id, n)));
+                let list: Vec<NfSubscription> = rules.values().cloned().collect();
+                let mut opts = self.opts.clone();
+                opts.order = Some(device.set.base_order().to_vec());
+                device.set = CompiledSet::compile_until(spec, &list, opts, deadline).map_err(compile_error)?;
+                device.rules = rules;
+                Ok(None)
+            }
+            Err(e) => Err(compile_error(e)),
+        }
+    }
+
+    /// Removes rules `ids` from every device that holds them (a removal
+    /// cannot fail once its ids are known).
+    pub(crate) fn remove(&mut self, ids: &[SubId]) -> DeviceUpdates {
+        let out = (0..self.devices.len()).map(|d| Some(self.remove_from(d, ids))).collect();
+        for id in ids {
+            self.network.remove(id);
+        }
+        self.take_stale(out)
+    }
+
+    fn remove_from(&mut self, d: usize, ids: &[SubId]) -> SetDiff {
+        let device = &mut self.devices[d];
+        let held: Vec<SubId> = ids.iter().copied().filter(|id| device.rules.contains_key(id)).collect();
+        if held.is_empty() {
+            return SetDiff::default();
+        }
+        for id in &held {
+            device.rules.remove(id);
+        }
+        device.set.remove(&held).expect("the device holds these ids")
+    }
+
+    /// Undoes an add of `ids` after a failed commit.
+    pub(crate) fn undo_add(&mut self, ids: &[SubId]) {
+        for d in 0..self.devices.len() {
+            if !self.remove_from(d, ids).diffs.is_empty() {
+                self.stale.insert(d);
+            }
+        }
+        for id in ids {
+            self.network.remove(id);
+        }
+    }
+
+    /// Undoes a removal of `nfs` after a failed commit.
+    pub(crate) fn undo_remove(&mut self, spec: &Spec, nfs: &[NfSubscription]) {
+        for d in 0..self.devices.len() {
+            match self.add_to(spec, d, nfs, None) {
+                Ok(Some(u)) if u.diffs.is_empty() => {}
+                Ok(_) => {
+                    self.stale.insert(d);
+                }
+                Err(e) => {
+                    tracing::error!(device = %self.fabric.topology.devices[d].name, error = %e, "undoing a remove failed");
+                    self.stale.insert(d);
+                }
+            }
+        }
+        self.network.extend(nfs.iter().map(|n| (n.id, n.clone())));
+    }
+
+    /// What is marked down.
+    pub(crate) fn down(&self) -> &Down {
+        &self.down
+    }
+
+    /// Undoes a reroute after a failed commit: back to `old`, every device
+    /// that moved published whole next time.
+    pub(crate) fn undo_reroute(&mut self, spec: &Spec, old: Down) {
+        let mut stale = std::mem::take(&mut self.stale);
+        match self.reroute(spec, old) {
+            Ok(updates) => stale.extend(updates.iter().enumerate().filter(|(_, u)| moved(u.as_ref())).map(|(d, _)| d)),
+            Err(e) => {
+                tracing::error!(error = %e, "undoing a change of what is down failed");
+                stale.extend(0..self.devices.len());
+            }
+        }
+        self.stale.extend(stale);
+    }
+
+    /// Routes around `down` (replacing what was down before), projects the
+    /// network onto every device again, and moves each device whose
+    /// projection changed: its removed and changed rules out, its new and
+    /// changed rules in. A partition is refused before anything changes.
+    pub(crate) fn reroute(&mut self, spec: &Spec, down: Down) -> Result<DeviceUpdates, NetError> {
+        let routes = Routes::avoiding(&self.fabric.topology, &down)?;
+        let nfs: Vec<NfSubscription> = self.network.values().cloned().collect();
+        let mut next = vec![];
+        for d in 0..self.devices.len() {
+            next.push(project_all(&self.fabric.topology, &routes, spec, d, &nfs)?);
+        }
+        let mut out = vec![];
+        for (d, rules) in next.into_iter().enumerate() {
+            match self.follow(spec, d, rules) {
+                Ok(u) => out.push(u),
+                Err(e) => {
+                    // Devices up to this one moved already: their next
+                    // updates are published whole.
+                    self.stale.extend(0..=d);
+                    return Err(e);
+                }
+            }
+        }
+        self.routes = routes;
+        self.down = down;
+        Ok(self.take_stale(out))
+    }
+
+    /// Moves device `d` to the projected `rules`, as the IR's diffs (`None`:
+    /// compiled afresh, its pipelines full).
+    fn follow(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
+        let device = &mut self.devices[d];
+        let gone: Vec<SubId> = device.rules.iter().filter(|(id, n)| rules.get(id) != Some(n)).map(|(id, _)| *id).collect();
+        let new: Vec<NfSubscription> = rules.iter().filter(|(id, n)| device.rules.get(id) != Some(n)).map(|(_, n)| n.clone()).collect();
+        let mut diff = SetDiff::default();
+        if !gone.is_empty() {
+            diff.diffs.extend(device.set.remove(&gone).expect("the device holds these ids").diffs);
+            for id in &gone {
+                device.rules.remove(id);
+            }
+        }
+        if !new.is_empty() {
+            match device.set.add(&new) {
+                Ok(u) => diff.diffs.extend(u.diffs),
+                Err(e) => {
+                    if !matches!(e, CompileError::NeedsRecompile { .. }) {
+                        tracing::warn!(device = %self.fabric.topology.devices[d].name, error = %e, "compiling the device afresh");
+                    }
+                    let list: Vec<NfSubscription> = rules.values().cloned().collect();
+                    let mut opts = self.opts.clone();
+                    opts.order = Some(device.set.base_order().to_vec());
+                    let name = &self.fabric.topology.devices[d].name;
+                    device.set =
+                        CompiledSet::compile(spec, &list, opts).map_err(|source| NetError::Compile { device: name.clone(), source })?;
+                    device.rules = rules;
+                    return Ok(None);
+                }
+            }
+        }
+        device.rules = rules;
+        Ok(Some(diff))
+    }
+
+    /// `updates` with every stale device's replaced by `None` (published
+    /// whole), which clears them.
+    fn take_stale(&mut self, mut updates: DeviceUpdates) -> DeviceUpdates {
+        for d in std::mem::take(&mut self.stale) {
+            updates[d] = None;
+        }
+        updates
+    }
+}
+
+/// Whether a device's update changed it (`None`: compiled afresh).
+pub(crate) fn moved(update: Option<&SetDiff>) -> bool {
+    update.is_none_or(|u| !u.diffs.is_empty())
+}
+
+/// The projection of `nfs` onto device `d`, by id.
+fn project_all(
+    topology: &Topology,
+    routes: &Routes,
+    spec: &Spec,
+    d: usize,
+    nfs: &[NfSubscription],
+) -> Result<BTreeMap<SubId, NfSubscription>, FabricError> {
+    let mut out = BTreeMap::new();
+    for n in nfs {
+        if let Some(p) = project_rule(topology, routes, spec, d, n)? {
+            out.insert(p.id, p);
+        }
+    }
+    Ok(out)
+}
+
+/// What is down, as the store keeps it (meta "down"): link indices and
+/// device names.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct StoredDown {
+    links: Vec<usize>,
+    devices: Vec<String>,
+}
+
+/// `down` as the store keeps it.
+pub(crate) fn down_json(topology: &Topology, down: &Down) -> String {
+    let stored = StoredDown {
+        links: down.links.iter().copied().collect(),
+        devices: down.devices.iter().map(|&d| topology.devices[d].name.clone()).collect(),
+    };
+    serde_json::to_string(&stored).expect("names and numbers serialize")
+}
+
+/// [`down_json`] read back; what no longer names a link or device of the
+/// topology is dropped (with a warning).
+pub(crate) fn parse_down(topology: &Topology, text: &str) -> Down {
+    let stored: StoredDown = serde_json::from_str(text).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the stored failures are unreadable; nothing is down");
+        StoredDown::default()
+    });
+    let mut down = Down::default();
+    for l in stored.links {
+        if l < topology.links.len() {
+            down.links.insert(l);
+        } else {
+            tracing::warn!(link = l, "a stored failure names no link of the topology");
+        }
+    }
+    for name in stored.devices {
+        match topology.device(&name) {
+            Some(d) => {
+                down.devices.insert(d);
+            }
+            None => tracing::warn!(device = %name, "a stored failure names no device of the topology"),
+        }
+    }
+    down
+}

@@ -1,0 +1,311 @@
+//! Network mode over real gRPC (`docs/network.md`, "Deployment"): a server
+//! given a topology of `sim` devices, rules naming endpoints. After every
+//! change (an add, a remove, a link marked down or up, a restart) each
+//! device's target holds exactly a fresh compile of its projection, and
+//! only the devices whose projection changed were written.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use subc_bdd::Pipeline;
+use subc_lang::Program;
+use subc_server::proto::{self, register_target_request::Kind};
+use subc_server::{Clients, Running};
+use tonic::Code;
+
+/// One spine, three leaves, a spare link between leaf2 and leaf3; `feed`
+/// (on leaf1) is the only publisher.
+const TOPOLOGY: &str = r#"
+[[device]]
+name = "spine"
+kind = "sim"
+options = { path = "spine.json" }
+
+[[device]]
+name = "leaf1"
+kind = "sim"
+options = { path = "leaf1.json" }
+
+[[device]]
+name = "leaf2"
+kind = "sim"
+options = { path = "leaf2.json" }
+
+[[device]]
+name = "leaf3"
+kind = "sim"
+options = { path = "leaf3.json" }
+
+[[link]]
+a = "leaf1:1"
+b = "spine:1"
+
+[[link]]
+a = "leaf2:1"
+b = "spine:2"
+
+[[link]]
+a = "leaf3:1"
+b = "spine:3"
+
+# Off the tree: a spare for failover.
+[[link]]
+a = "leaf2:4"
+b = "leaf3:4"
+
+[[endpoint]]
+name = "feed"
+at = "leaf1:2"
+publishes = true
+
+[[endpoint]]
+name = "h1"
+at = "leaf1:3"
+
+[[endpoint]]
+name = "h2"
+at = "leaf2:2"
+
+[[endpoint]]
+name = "h3"
+at = "leaf3:2"
+"#;
+
+const DEVICES: [&str; 4] = ["spine", "leaf1", "leaf2", "leaf3"];
+
+/// A network-mode server whose store and topology are in `dir`.
+async fn start_in(dir: &Path) -> Running {
+    std::fs::write(dir.join("fabric.toml"), TOPOLOGY).unwrap();
+    let mut cfg = config(dir);
+    cfg.topology = Some(dir.join("fabric.toml"));
+    start(cfg).await
+}
+
+/// The network program of `rules` (id and text), projected onto each
+/// device (in topology order) with the links `down`.
+fn projections(rules: &[(u64, &str)], down: &[usize]) -> Vec<subc_lang::Program> {
+    let lines: Vec<&str> = rules.iter().map(|(_, text)| *text).collect();
+    let (topology, mut p) = network_program(TOPOLOGY, &lines);
+    for ((s, nf), (id, _)) in p.subscriptions.iter_mut().zip(&mut p.normal_forms).zip(rules) {
+        (s.id, nf.id) = (*id, *id);
+    }
+    let down = subc_fabric::Down { links: down.iter().copied().collect(), ..Default::default() };
+    subc_fabric::project_all(&topology, &subc_fabric::Routes::avoiding(&topology, &down).unwrap(), &p).unwrap()
+}
+
+fn held(dir: &Path, device: &str) -> Vec<Pipeline> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{device}.json"))).unwrap()).unwrap()
+}
+
+/// Waits until every device holds `generation`; then checks that each holds
+/// exactly its projection in `now`, and that the devices written in the
+/// last sync are exactly `touched`, which the projections confirm
+/// (`subc_fabric::changed_devices` between `was` and `now`).
+async fn check_devices(c: &mut Clients, dir: &Path, generation: u64, was: &[Program], now: &[Program], touched: &[&str]) {
+    let changed: Vec<&str> = subc_fabric::changed_devices(was, now).into_iter().map(|d| DEVICES[d]).collect();
+    assert_eq!(changed, touched, "the projections change on these devices");
+    for (d, name) in DEVICES.iter().enumerate() {
+        let s = wait_in_sync(c, name, generation).await;
+        let p = &now[d];
+        let distance = subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &held(dir, name), &Default::default());
+        assert!(matches!(distance, Ok(0)), "{name} holds its projection: {distance:?}");
+        assert_eq!(s.last_diff_entries > 0, touched.contains(name), "{name} was written iff its projection changed: {s:?}");
+    }
+}
+
+/// Waits until device `name` holds `generation` and says it is in sync
+/// (its first sync after startup has happened).
+async fn wait_in_sync(c: &mut Clients, name: &str, generation: u64) -> proto::TargetStatus {
+    let mut n = 0;
+    loop {
+        let s = c.targets.status(proto::TargetRequest { name: name.into() }).await.expect("status").into_inner();
+        if s.deployed_generation >= generation && s.consecutive_failures == 0 && s.state() == proto::TargetState::InSync {
+            return s;
+        }
+        n += 1;
+        if n % 200 == 0 {
+            eprintln!("waiting for {name} at {generation}: {s:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Adds `line` over gRPC; its id, and the generation it made.
+async fn add(c: &mut Clients, line: &str) -> (u64, u64) {
+    let a = c.subs.add(add_req(&[line])).await.unwrap().into_inner();
+    (a.subscriptions[0].id, a.generation)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_follow_their_projections() {
+    bounded(120, async {
+        let dir = tempfile::tempdir().unwrap();
+        let r = start_in(dir.path()).await;
+        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+
+        // Every device is a target, deployed from the start.
+        let targets = admin.targets.list(proto::ListTargetsRequest::default()).await.unwrap().into_inner().targets;
+        let mut names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["leaf1", "leaf2", "leaf3", "spine"]);
+        for name in DEVICES {
+            wait_in_sync(&mut admin, name, 0).await;
+        }
+
+        // A rule for h2 sits on the path from the feed to it.
+        let (id1, g) = add(&mut alice, "stock == GOOGL : fwd(h2)").await;
+        let one = [(id1, "stock == GOOGL : fwd(h2)")];
+        check_devices(&mut admin, dir.path(), g, &projections(&[], &[]), &projections(&one, &[]), &["spine", "leaf1", "leaf2"]).await;
+
+        // A rule for h1 stays on the feed's own leaf.
+        let (id2, g) = add(&mut alice, "shares > 100 : fwd(h1)").await;
+        let two = [one[0], (id2, "shares > 100 : fwd(h1)")];
+        check_devices(&mut admin, dir.path(), g, &projections(&one, &[]), &projections(&two, &[]), &["leaf1"]).await;
+
+        // Two endpoints at once, one of them on another leaf.
+        let (id3, g) = add(&mut alice, "stock == AAPL : fwd(h1, h3)").await;
+        let three = [two[0], two[1], (id3, "stock == AAPL : fwd(h1, h3)")];
+        check_devices(&mut admin, dir.path(), g, &projections(&two, &[]), &projections(&three, &[]), &["spine", "leaf1", "leaf3"]).await;
+
+        // Removing the first rule touches its path only.
+        let g = alice.subs.remove(proto::RemoveRequest { ids: vec![id1] }).await.unwrap().into_inner().generation;
+        let after = [three[1], three[2]];
+        check_devices(&mut admin, dir.path(), g, &projections(&three, &[]), &projections(&after, &[]), &["spine", "leaf1", "leaf2"]).await;
+
+        // An endpoint the topology lacks is refused, with a did-you-mean.
+        let e = alice.subs.add(add_req(&["stock == GOOGL : fwd(h22)"])).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        let refusal = subc_server::Refusal::of(&e).expect("diagnostics in the status");
+        assert_eq!(refusal.diagnostics[0].code, "E0325", "{e:?}");
+        assert!(refusal.diagnostics[0].help.contains("h2"), "{:?}", refusal.diagnostics[0]);
+        // A port number is not an endpoint either: it is checked as one.
+        assert_eq!(alice.subs.add(add_req(&["stock == GOOGL : fwd(7)"])).await.unwrap_err().code(), Code::InvalidArgument);
+
+        // The targets are the devices: none can be added or removed.
+        let sim = |name: &str| proto::RegisterTargetRequest {
+            name: name.into(),
+            kind: Some(Kind::Sim(proto::SimTarget { path: String::new() })),
+            manual: false,
+        };
+        assert_eq!(admin.targets.register(sim("other")).await.unwrap_err().code(), Code::FailedPrecondition);
+        assert_eq!(admin.targets.register(sim("spine")).await.unwrap_err().code(), Code::AlreadyExists);
+        let rm = proto::RemoveTargetRequest { name: "leaf1".into(), uninstall: false };
+        assert_eq!(admin.targets.remove(rm).await.unwrap_err().code(), Code::FailedPrecondition);
+
+        // The spine's link to leaf3 fails: leaf3 is reached over the spare
+        // link through leaf2, and only the devices whose projections change
+        // are written.
+        let set_down = |links: &[&str], down: bool| proto::SetDownRequest {
+            links: links.iter().map(|l| l.to_string()).collect(),
+            devices: vec![],
+            down,
+        };
+        let r1 = admin.targets.set_down(set_down(&["leaf3:1"], true)).await.unwrap().into_inner();
+        assert_eq!(r1.links_down, [2]);
+        let (up, down) = (projections(&after, &[]), projections(&after, &[2]));
+        let changed: Vec<&str> = subc_fabric::changed_devices(&up, &down).into_iter().map(|d| DEVICES[d]).collect();
+        assert_eq!(r1.changed, changed);
+        check_devices(&mut admin, dir.path(), r1.generation, &up, &down, &["spine", "leaf2"]).await;
+        // Cutting leaf3 off entirely is refused, and changes nothing.
+        let e = admin.targets.set_down(set_down(&["3"], true)).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("leaf3"), "{e:?}");
+        let e = admin.targets.set_down(set_down(&["leaf9:1"], true)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        // An application may not.
+        assert_eq!(alice.targets.set_down(set_down(&["0"], true)).await.unwrap_err().code(), Code::PermissionDenied);
+        r.shutdown().await.unwrap();
+
+        // A restart compiles every device again, routed around what is
+        // still down, and reconciles by reading the devices back: nothing
+        // to write.
+        let r = start_in(dir.path()).await;
+        let mut admin = client(&r, Some(ADMIN));
+        check_devices(&mut admin, dir.path(), r1.generation, &down, &down, &[]).await;
+
+        // The link comes back: the tree is the first one again.
+        let r2 = admin.targets.set_down(set_down(&["2"], false)).await.unwrap().into_inner();
+        assert!(r2.links_down.is_empty() && r2.generation == r1.generation + 1, "{r2:?}");
+        check_devices(&mut admin, dir.path(), r2.generation, &down, &up, &["spine", "leaf2"]).await;
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}
+
+/// A topology with errors does not start, and says where they are.
+#[tokio::test]
+async fn a_bad_topology_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fabric.toml"), "[[device]]\nname = \"a\"\nkind = \"router\"\n").unwrap();
+    let mut cfg = config(dir.path());
+    cfg.topology = Some(dir.path().join("fabric.toml"));
+    let e = subc_server::start(cfg).await.err().expect("refused");
+    let text = e.to_string();
+    assert!(text.starts_with("configuration: the topology has errors:"), "{text}");
+    assert!(text.contains("fabric.toml:3"), "{text}");
+}
+
+/// A `p4runtime` device (the in-process switch of `subc_backend_p4::testing`)
+/// holds its projection: the switch decides random packets as the
+/// interpreter does on the device's projected program, ports mapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_p4runtime_device_holds_its_projection() {
+    use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+    bounded(120, async {
+        let (_, plain) = network_program("", &[]);
+        let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(plain.spec.clone()))).await.unwrap();
+        let topology = format!(
+            r#"
+[[device]]
+name = "sw"
+kind = "p4runtime"
+# A device config makes subc push its program; its bytes are opaque to the in-process switch.
+options = {{ address = "{}", device_id = {DEVICE}, device_config = "program.json", ports = {{ "1" = 101, "2" = 102, "3" = 103 }} }}
+
+[[endpoint]]
+name = "a"
+at = "sw:1"
+publishes = true
+
+[[endpoint]]
+name = "b"
+at = "sw:2"
+
+[[endpoint]]
+name = "c"
+at = "sw:3"
+"#,
+            fake.addr.trim_start_matches("http://")
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fabric.toml"), &topology).unwrap();
+        std::fs::write(dir.path().join("program.json"), "{}").unwrap();
+        let mut cfg = config(dir.path());
+        cfg.topology = Some(dir.path().join("fabric.toml"));
+        let r = start(cfg).await;
+        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+        let rules = ["stock == GOOGL : fwd(b)", "shares > 100 : fwd(b, c)", "stock == MSFT : fwd(a, c)"];
+        let a = alice.subs.add(add_req(&rules)).await.unwrap().into_inner();
+        let s = wait_in_sync(&mut admin, "sw", a.generation).await;
+        assert!(s.entries > 0, "{s:?}");
+        assert_eq!(fake.lock().violation, None);
+
+        let (t, p) = network_program(&topology, &rules);
+        let device = subc_fabric::project(&t, &subc_fabric::Routes::new(&t), &p, 0).unwrap();
+        let mut oracle = subc_lang::Interpreter::new(&device.spec, &device.subscriptions);
+        let gen = subc_workload::PacketGen::new(&device.spec, &device.normal_forms);
+        let mut rng = subc_workload::Rng::new(11);
+        let packets: Vec<(Vec<u8>, u64)> = (0..300).map(|_| (gen.packet(&mut rng, 0.0), 0)).collect();
+        let got = fake.send(&device.spec, &packets).unwrap();
+        let mut forwarded = 0;
+        for ((bytes, _), out) in packets.iter().zip(&got) {
+            let want: Vec<u32> = oracle.run(bytes, 0).ports.iter().map(|p| p + 100).collect();
+            forwarded += usize::from(!want.is_empty());
+            assert_eq!(out.ports, want);
+        }
+        assert!(forwarded > 30, "too few packets forwarded to test: {forwarded}");
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}
