@@ -165,16 +165,23 @@ pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> io::Result<T
     let file = std::fs::File::open(Path::new("/run/netns").join(ns))?;
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: setns reads only its two integer arguments; the
-            // namespace file stays open for the call, and this thread, which
-            // ends with `f`, is the only one whose namespace changes.
-            let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            enter_netns(&file)?;
             Ok(f())
         })
         .join()
         .unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
+}
+
+/// Moves the calling thread into the network namespace `file` opened
+/// (`/run/netns/<ns>`). Only the calling thread changes namespace: call it
+/// on a thread of one's own, which ends with the work done there.
+pub(crate) fn enter_netns(file: &std::fs::File) -> io::Result<()> {
+    // SAFETY: setns reads only its two integer arguments; the namespace
+    // file stays open for the call.
+    let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

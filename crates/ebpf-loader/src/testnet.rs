@@ -70,11 +70,7 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
     let path = format!("/run/netns/{ns}");
     std::thread::spawn(move || {
         let file = std::fs::File::open(&path).expect("the namespace exists");
-        // SAFETY: setns reads only its two integer arguments; the namespace
-        // file is open for the call, and changing the namespace of this
-        // new thread, which nothing else uses yet, is what it is for.
-        let r = unsafe { libc::setns(file.as_fd().as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        crate::sys::enter_netns(&file).unwrap_or_else(|e| panic!("setns {path}: {e}"));
         f()
     })
 }

@@ -382,9 +382,14 @@ impl Devices {
             match self.add_to(spec, d, nfs, deadline) {
                 Ok(u) => out.push(u),
                 Err(e) => {
+                    // Devices before this one took the rules: take them out
+                    // again. Their state ids may now differ from what was
+                    // published, so their next updates are published whole.
                     let ids: Vec<SubId> = nfs.iter().map(|n| n.id).collect();
                     for back in 0..d {
-                        self.remove_from(back, &ids);
+                        if !self.remove_from(back, &ids).diffs.is_empty() {
+                            self.stale.insert(back);
+                        }
                     }
                     return Err(e);
                 }
