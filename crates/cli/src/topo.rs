@@ -145,9 +145,7 @@ fn parse_down(t: &Topology, names: &[String]) -> Result<Down> {
         if let Some((dev, port)) = n.split_once(':') {
             let Some(d) = t.device(dev) else { bail!("--down {n}: no device `{dev}`") };
             let port: u32 = port.parse().with_context(|| format!("--down {n}: `{port}` is not a port number"))?;
-            let Some(i) = t.links.iter().position(|l| l.a == PortRef { device: d, port } || l.b == PortRef { device: d, port }) else {
-                bail!("--down {n}: no link at port {port} of `{dev}`")
-            };
+            let Some(i) = t.link_at(PortRef { device: d, port }) else { bail!("--down {n}: no link at port {port} of `{dev}`") };
             down.links.insert(i);
         } else {
             let Some(d) = t.device(n) else { bail!("--down {n}: no device `{n}` (a link is DEVICE:PORT)") };

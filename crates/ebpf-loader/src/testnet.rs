@@ -148,22 +148,16 @@ pub fn send_frame(socket: impl AsFd, frame: &[u8]) -> std::io::Result<usize> {
 
 /// Frames received on a packet socket until `until`.
 pub fn recv_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
-    let mut out = vec![];
-    let mut buf = vec![0u8; 2048];
-    while Instant::now() < until {
-        // SAFETY: the kernel writes at most `buf.len()` bytes to `buf`,
-        // which outlives the call; the socket is open.
-        let n = unsafe { libc::recv(socket.as_fd().as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n > 0 {
-            out.push(buf[..n as usize].to_vec());
-        }
-    }
-    out
+    recv_until(socket.as_fd(), until, true)
 }
 
 /// Frames that arrived on a packet socket until `until`, leaving out those
 /// the socket's own host sent (`PACKET_OUTGOING`).
 pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
+    recv_until(socket.as_fd(), until, false)
+}
+
+fn recv_until(socket: std::os::fd::BorrowedFd<'_>, until: Instant, outgoing: bool) -> Vec<Vec<u8>> {
     let mut out = vec![];
     let mut buf = vec![0u8; 2048];
     while Instant::now() < until {
@@ -175,7 +169,7 @@ pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
         // the socket is open.
         let n = unsafe {
             libc::recvfrom(
-                socket.as_fd().as_raw_fd(),
+                socket.as_raw_fd(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 0,
@@ -183,11 +177,25 @@ pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
                 &mut len,
             )
         };
-        if n > 0 && from.sll_pkttype != libc::PACKET_OUTGOING {
+        if n > 0 && (outgoing || from.sll_pkttype != libc::PACKET_OUTGOING) {
             out.push(buf[..n as usize].to_vec());
         }
     }
     out
+}
+
+/// Whether a kernel test runs: with the BPF capabilities, it does; without
+/// them it is skipped with a note, except under `CI=true`, where it fails.
+pub fn kernel_available(test: &str) -> bool {
+    const NEEDS: &str = "CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN, which namespaces need too)";
+    if crate::can_load_bpf() {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: CI=true but this process cannot load BPF programs ({NEEDS})");
+    }
+    eprintln!("{test}: skipped (it needs {NEEDS}; set CI=true to make this an error)");
+    false
 }
 
 /// An XDP program that passes every frame. A veth takes XDP redirects

@@ -29,7 +29,7 @@ use subc_backend_ebpf::{write_program, EbpfOptions, Egress, Hook, NoMatch, Targe
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, xdp_pass_on, Namespaces, XDP_PASS_C};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
-use subc_fabric::{check_topology, project, DeviceId, Routes, Simulator, Topology};
+use subc_fabric::{check_topology, project, rule_changes, DeviceId, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap, SubId};
 use subc_workload::{itch, ItchParams, PacketGen, Rng};
 
@@ -199,11 +199,7 @@ impl Switch {
     /// rules out, new and changed rules in, each step the IR's diff applied
     /// to the live maps. Returns whether anything changed.
     fn follow(&mut self, next: Program) -> bool {
-        let before: BTreeMap<SubId, &subc_lang::NfSubscription> = self.program.normal_forms.iter().map(|n| (n.id, n)).collect();
-        let after: BTreeMap<SubId, &subc_lang::NfSubscription> = next.normal_forms.iter().map(|n| (n.id, n)).collect();
-        let gone: Vec<SubId> = before.iter().filter(|(id, n)| after.get(id) != Some(n)).map(|(id, _)| *id).collect();
-        let new: Vec<subc_lang::NfSubscription> =
-            after.iter().filter(|(id, n)| before.get(id) != Some(n)).map(|(_, n)| (*n).clone()).collect();
+        let (gone, new) = rule_changes(&self.program.normal_forms, &next.normal_forms);
         let changed = !gone.is_empty() || !new.is_empty();
         if !gone.is_empty() {
             let diff = self.set.remove(&gone).unwrap();

@@ -23,7 +23,7 @@ mod sim;
 mod topology;
 
 pub use budget::{place, place_all, Placed, TRANSIT_ID};
-pub use project::{changed_devices, project, project_rule};
+pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};
 pub use topology::{check_topology, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};

@@ -55,6 +55,21 @@ pub fn project_rule(
     Ok(on.actions(&rule.actions)?.map(|actions| NfSubscription { id: rule.id, cubes: rule.cubes.clone(), actions }))
 }
 
+/// What moves a device from the rules `before` to the rules `after`: the
+/// ids to remove (gone, or changed in actions or normal form) and the rules
+/// to add (new, or changed). Removing then adding is how a device follows
+/// a change of routes.
+pub fn rule_changes<'a>(
+    before: impl IntoIterator<Item = &'a NfSubscription>,
+    after: impl IntoIterator<Item = &'a NfSubscription>,
+) -> (Vec<SubId>, Vec<NfSubscription>) {
+    let before: BTreeMap<SubId, &NfSubscription> = before.into_iter().map(|n| (n.id, n)).collect();
+    let after: BTreeMap<SubId, &NfSubscription> = after.into_iter().map(|n| (n.id, n)).collect();
+    let gone = before.iter().filter(|(id, n)| after.get(id) != Some(n)).map(|(id, _)| *id).collect();
+    let new = after.iter().filter(|(id, n)| before.get(id) != Some(n)).map(|(_, n)| (*n).clone()).collect();
+    (gone, new)
+}
+
 /// The devices whose projected programs differ between `before` and
 /// `after` (each in device order): a rule added, removed, or changed in its
 /// actions or normal form. Rule text and order do not count.

@@ -95,6 +95,11 @@ impl Topology {
         self.endpoints.iter().position(|e| e.name == name)
     }
 
+    /// The link with an end at `end`, by index in [`Topology::links`].
+    pub fn link_at(&self, end: PortRef) -> Option<usize> {
+        self.links.iter().position(|l| l.a == end || l.b == end)
+    }
+
     /// The endpoints that may send packets into the fabric: those declared
     /// `publishes = true`, or every endpoint if none is. Devices carry a
     /// rule's packets only along paths from these (`docs/network.md`).

@@ -250,8 +250,7 @@ impl Fabric {
         let Some((device, port)) = end else {
             return Err(format!("{text:?} names no link: give its index in the topology or one of its ends, device:port"));
         };
-        let at = |p: &subc_fabric::PortRef| p.device == device && p.port == port;
-        links.iter().position(|l| at(&l.a) || at(&l.b)).ok_or_else(|| format!("no link has the end {text:?}"))
+        self.topology.link_at(subc_fabric::PortRef { device, port }).ok_or_else(|| format!("no link has the end {text:?}"))
     }
 
     /// What is down, as the API answers it: link indices and device names.
@@ -532,8 +531,7 @@ impl Devices {
     /// compiled afresh, its pipelines full).
     fn follow(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
         let device = &mut self.devices[d];
-        let gone: Vec<SubId> = device.rules.iter().filter(|(id, n)| rules.get(id) != Some(n)).map(|(id, _)| *id).collect();
-        let new: Vec<NfSubscription> = rules.iter().filter(|(id, n)| device.rules.get(id) != Some(n)).map(|(_, n)| n.clone()).collect();
+        let (gone, new) = subc_fabric::rule_changes(device.rules.values(), rules.values());
         let mut diff = SetDiff::default();
         if !gone.is_empty() {
             diff.diffs.extend(device.set.remove(&gone).expect("the device holds these ids").diffs);

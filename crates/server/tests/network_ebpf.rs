@@ -20,21 +20,8 @@ use common::*;
 use std::collections::BTreeSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
-use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, Namespaces};
+use subc_ebpf_loader::testnet::{in_netns, ip, kernel_available, packet_socket, recv_incoming_frames, send_frame, Namespaces};
 use subc_server::proto;
-
-const NEEDS: &str = "CAP_NET_ADMIN, CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN (namespaces)";
-
-fn kernel_available(test: &str) -> bool {
-    if subc_ebpf_loader::can_load_bpf() {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: CI=true but this process cannot load BPF programs ({NEEDS})");
-    }
-    eprintln!("{test}: skipped (it needs {NEEDS}; set CI=true to make this an error)");
-    false
-}
 
 /// Devices (name suffix, ports), links and hosts of the fabric. Device
 /// ports are interfaces `pN` in the device's namespace (the service's
