@@ -10,9 +10,14 @@
 //! The per-packet pieces are public so that other engines can share the parts
 //! that are not under test: [`parse_packet`], [`StateStore::pre_stage`],
 //! [`StateStore::apply_updates`], and [`Decision::of`].
+//!
+//! Under a target [`Profile`] other than the reference, the stream state
+//! follows that target's arithmetic instead (`docs/semantics.md`, "Target
+//! profiles").
 
 use crate::ast::CmpOp;
 use crate::nf::NfSubscription;
+use crate::profile::Profile;
 use crate::program::{Actions, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
 use crate::spec::*;
 use crate::value::{domain_of_raw, mask, read_bits};
@@ -73,7 +78,9 @@ pub fn parse_packet(spec: &Spec, bytes: &[u8]) -> Option<ParsedPacket> {
     }
 }
 
-/// One slot of one state variable.
+/// One slot of one state variable. Under [`Profile::Tna`], a counter's
+/// `window` holds the start of its window (the low 32 bits of a time in
+/// nanoseconds) rather than the window's number.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Slot {
@@ -83,18 +90,30 @@ pub enum Slot {
     Var { value: u64 },
 }
 
-/// All state of a subscription set: per variable, its slots.
+/// All state of a subscription set: per variable, its slots, and the
+/// target profile whose arithmetic updates them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StateStore {
     pub vars: Vec<Vec<Slot>>,
+    profile: Profile,
 }
 
 /// The query-field values one packet is evaluated against: packet fields as
 /// parsed, state as read after this packet's stream updates.
 pub type QueryValues = Vec<u64>;
 
+/// Words of a Tofino stateful ALU: 32 bits.
+const TNA_WORD: u32 = 32;
+
 impl StateStore {
+    /// State at its start, updated as `docs/semantics.md` says
+    /// ([`Profile::Reference`]).
     pub fn new(spec: &Spec) -> StateStore {
+        StateStore::with_profile(spec, Profile::Reference)
+    }
+
+    /// State at its start, updated with `profile`'s arithmetic.
+    pub fn with_profile(spec: &Spec, profile: Profile) -> StateStore {
         let vars = spec
             .states
             .iter()
@@ -108,7 +127,12 @@ impl StateStore {
                 vec![slot; s.slots() as usize]
             })
             .collect();
-        StateStore { vars }
+        StateStore { vars, profile }
+    }
+
+    /// The target profile this state follows.
+    pub fn profile(&self) -> Profile {
+        self.profile
     }
 
     fn slot_index(s: &StateVar, pkt: &ParsedPacket) -> usize {
@@ -126,6 +150,16 @@ impl StateStore {
             let idx = Self::slot_index(s, pkt);
             let slot = &mut self.vars[i][idx];
             match (&s.kind, slot) {
+                (StateKind::Counter { window_us }, Slot::Counter { window: start, count }) if self.profile == Profile::Tna => {
+                    // The window is kept as its start: no division on a switch.
+                    let t = ts_ns & mask(TNA_WORD);
+                    if t.wrapping_sub(*start) & mask(TNA_WORD) >= window_us * 1000 {
+                        *start = t;
+                        *count = 1;
+                    } else {
+                        *count = count.wrapping_add(1);
+                    }
+                }
                 (StateKind::Counter { window_us }, Slot::Counter { window, count }) => {
                     let w = ts_ns / (window_us * 1000);
                     if *window != w {
@@ -137,7 +171,10 @@ impl StateStore {
                 // A packet without the averaged field's header leaves the slot as it was.
                 (StateKind::Avg { field, samples }, Slot::Avg { ring, next, sum }) if pkt.valid(field.header) => {
                     let v = pkt.raw(*field);
-                    *sum = *sum + v - ring[*next as usize];
+                    *sum = match self.profile {
+                        Profile::Reference => *sum + v - ring[*next as usize],
+                        Profile::Tna => sum.wrapping_add(v).wrapping_sub(ring[*next as usize]) & mask(TNA_WORD),
+                    };
                     ring[*next as usize] = v;
                     *next = (*next + 1) % samples;
                 }
@@ -168,6 +205,8 @@ impl StateStore {
                     let slot = &self.vars[state.0 as usize][Self::slot_index(s, pkt)];
                     match (read, slot) {
                         (StateRead::Spike, _) => spikes[state.0 as usize] as u64,
+                        // This packet updated its slot: the count includes it.
+                        (_, Slot::Counter { count, .. }) if self.profile == Profile::Tna => *count as u64,
                         (_, Slot::Counter { window, count }) => {
                             let StateKind::Counter { window_us } = s.kind else { unreachable!() };
                             if *window == ts_ns / (window_us * 1000) {
@@ -175,6 +214,9 @@ impl StateStore {
                             } else {
                                 0
                             }
+                        }
+                        (_, Slot::Avg { ring, sum, .. }) if self.profile == Profile::Tna => {
+                            ((sum & mask(TNA_WORD)) >> ring.len().trailing_zeros()) & mask(q.width)
                         }
                         (_, Slot::Avg { ring, sum, .. }) => sum >> ring.len().trailing_zeros(),
                         (_, Slot::Ewma { ewma, .. }) => (ewma >> EWMA_FRACTION_BITS) & mask(q.width),
@@ -297,8 +339,14 @@ pub struct Interpreter<'a> {
 }
 
 impl<'a> Interpreter<'a> {
+    /// An interpreter that follows `docs/semantics.md` ([`Profile::Reference`]).
     pub fn new(spec: &'a Spec, subscriptions: &'a [Subscription]) -> Interpreter<'a> {
-        Interpreter { spec, subscriptions, state: StateStore::new(spec) }
+        Interpreter::with_profile(spec, subscriptions, Profile::Reference)
+    }
+
+    /// An interpreter whose stream state follows `profile`'s arithmetic.
+    pub fn with_profile(spec: &'a Spec, subscriptions: &'a [Subscription], profile: Profile) -> Interpreter<'a> {
+        Interpreter { spec, subscriptions, state: StateStore::with_profile(spec, profile) }
     }
 
     pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Outcome {
