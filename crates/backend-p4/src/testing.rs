@@ -510,3 +510,23 @@ pub fn bmv2_tools() -> Option<(std::ffi::OsString, std::ffi::OsString)> {
         }
     }
 }
+
+/// BMv2's program for `program` (P4_16 source): the JSON `p4c-bm2-ss` (at
+/// `p4c`) writes for it. Panics, with p4c's stderr, if p4c refuses it.
+pub fn bmv2_json(p4c: &std::ffi::OsStr, program: &str) -> Vec<u8> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!("subc-bmv2-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    std::fs::write(dir.join("program.p4"), program).expect("program.p4 is written");
+    let out = std::process::Command::new(p4c)
+        .arg("-o")
+        .arg(dir.join("program.json"))
+        .arg(dir.join("program.p4"))
+        .output()
+        .expect("p4c-bm2-ss runs");
+    let json = std::fs::read(dir.join("program.json"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "p4c-bm2-ss: {}", String::from_utf8_lossy(&out.stderr));
+    json.expect("p4c-bm2-ss wrote program.json")
+}

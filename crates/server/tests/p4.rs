@@ -332,16 +332,7 @@ async fn p4runtime_target_against_simple_switch_grpc() {
         env.stop().await;
         let info = probe.lock().p4info().cloned().unwrap();
         let program = subc_backend_p4::write_program(&spec, &recover_layout(&spec, &info).unwrap());
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("program.p4"), program).unwrap();
-        let out = std::process::Command::new(&p4c)
-            .arg("-o")
-            .arg(dir.path().join("program.json"))
-            .arg(dir.path().join("program.p4"))
-            .output()
-            .expect("p4c-bm2-ss runs");
-        assert!(out.status.success(), "p4c-bm2-ss: {}", String::from_utf8_lossy(&out.stderr));
-        let json = std::fs::read(dir.path().join("program.json")).unwrap();
+        let json = subc_backend_p4::testing::bmv2_json(&p4c, &program);
 
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let thrift = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -1,24 +1,32 @@
-//! Network mode on real kernels (issue 15): a leaf-spine fabric of network
+//! Network mode on a real fabric (issue 15): a leaf-spine fabric of network
 //! namespaces, two spines and three leaves, each a namespace whose ports
-//! are veths, every switch an `ebpf` device of the topology that the
-//! service loads in the switch's namespace, attaches to every port, and
-//! prunes at the ingress; six hosts, each a namespace with a veth into its
-//! leaf, two of them publishers.
+//! are veths; six hosts, each a namespace with a veth into its leaf, two of
+//! them publishers. The switches are either
+//! - `ebpf` devices of the topology, which the service loads in the
+//!   switch's namespace, attaches to every port and prunes at the ingress
+//!   (on real kernels: skips without the BPF capabilities, and fails under
+//!   `CI=true`); or
+//! - `p4runtime` devices, each a BMv2 `simple_switch_grpc` running in the
+//!   switch's namespace on its veths, with subc's program compiled by
+//!   `p4c-bm2-ss` (where `SIMPLE_SWITCH_GRPC` and `P4C_BM2_SS` name them;
+//!   see the README). The service reaches each switch's gRPC server over a
+//!   management veth from the test's own namespace.
 //!
 //! Each publisher sends the ITCH example's frames and 300 random ones, and
 //! every host must receive exactly the frames the reference interpreter,
 //! run on the network program, forwards to it, each once (the publisher
 //! none of its own). The same holds after 50 random adds and removes over
 //! gRPC, and again after a spine link is marked down with `SetDown` (and
-//! its veth set down). Namespaces and pinned programs are removed at the
-//! end, also when the test fails; every wait is bounded. Skips without the
-//! BPF capabilities, and fails under `CI=true`.
+//! its veth set down). Namespaces, switches and pinned programs are removed
+//! at the end, also when the test fails; every wait is bounded.
 
 mod common;
 
 use common::*;
 use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use subc_ebpf_loader::testnet::{in_netns, ip, kernel_available, packet_socket, recv_incoming_frames, send_frame, Namespaces};
 use subc_server::proto;
@@ -41,25 +49,62 @@ const HOSTS: [(&str, bool); 6] =
 /// The link marked down: leaf2's link to spine1, which the first tree uses.
 const DOWN_LINK: &str = "leaf2:1";
 
-/// The fabric's namespaces, and the topology file naming them.
+/// What runs the switches.
+enum Switches {
+    /// The service's `ebpf` devices.
+    Ebpf,
+    /// BMv2: `simple_switch_grpc` at this path, running this program (the
+    /// JSON of `p4c-bm2-ss`).
+    Bmv2 { switch: OsString, program: Vec<u8> },
+}
+
+/// The fabric's namespaces, its switches' processes, and the topology file
+/// naming them.
 struct Fabric {
     tag: String,
     /// Per host: its namespace and a packet socket on its interface.
     hosts: Vec<(String, OwnedFd)>,
     topology: String,
-    // Last: namespaces go after the sockets in them.
+    ebpf: bool,
+    // Dropped in this order: switches, then namespaces (after the sockets in them).
+    _switches: Vec<Killed>,
     _nss: Namespaces,
 }
 
+/// A child process killed (and reaped) on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The port of every switch's P4Runtime server (each in its own namespace).
+const GRPC_PORT: u16 = 9559;
+
 impl Fabric {
-    fn build() -> Fabric {
+    /// Builds the namespaces and links, and for BMv2 starts the switches
+    /// (their program files go to `dir`, beside the topology).
+    fn build(switches: &Switches, dir: &Path) -> Fabric {
         let tag = format!("nf{}", std::process::id() % 100_000);
         let ns = |name: &str| format!("{tag}{name}");
         let mut nss = Namespaces::default();
         let mut topology = String::new();
-        for d in DEVICES {
+        let mut children = vec![];
+        for (i, d) in DEVICES.iter().enumerate() {
             nss.add(&ns(d)).unwrap();
-            topology += &format!("[[device]]\nname = \"{tag}{d}\"\nkind = \"ebpf\"\noptions = {{ netns = \"{}\" }}\n\n", ns(d));
+            let options = match switches {
+                Switches::Ebpf => format!("kind = \"ebpf\"\noptions = {{ netns = \"{}\" }}", ns(d)),
+                Switches::Bmv2 { switch, program } => {
+                    let address = management_link(&tag, i, &ns(d));
+                    std::fs::write(dir.join("program.json"), program).unwrap();
+                    children.push(start_bmv2(switch, &ns(d), &ports_of(d), &address, dir));
+                    format!("kind = \"p4runtime\"\noptions = {{ address = \"{address}\", device_config = \"program.json\" }}")
+                }
+            };
+            topology += &format!("[[device]]\nname = \"{tag}{d}\"\n{options}\n\n");
         }
         let split = |end: &str| -> (String, String) {
             let (d, p) = end.split_once(':').unwrap();
@@ -79,7 +124,7 @@ impl Fabric {
             let socket = in_netns(&h, || packet_socket("eth0").unwrap()).join().unwrap();
             hosts.push((h, socket));
         }
-        Fabric { tag, hosts, topology, _nss: nss }
+        Fabric { tag, hosts, topology, ebpf: matches!(switches, Switches::Ebpf), _switches: children, _nss: nss }
     }
 
     fn devices(&self) -> Vec<String> {
@@ -88,12 +133,69 @@ impl Fabric {
 }
 
 impl Drop for Fabric {
-    /// The data planes outlive the server (their pins): remove them.
+    /// eBPF data planes outlive the server (their pins): remove them.
     fn drop(&mut self) {
+        if !self.ebpf {
+            return;
+        }
         for d in self.devices() {
             if let Ok((dep, _)) = subc_ebpf_loader::Deployment::open(&d) {
                 let _ = dep.remove();
             }
+        }
+    }
+}
+
+/// The ports device `d` uses (its links' and hosts' ends).
+fn ports_of(d: &str) -> Vec<u32> {
+    let ends = LINKS.iter().flat_map(|(a, b)| [*a, *b]).chain(HOSTS.iter().map(|(at, _)| *at));
+    let mut ports: Vec<u32> = ends.filter_map(|e| e.strip_prefix(d)?.strip_prefix(':')?.parse().ok()).collect();
+    ports.sort();
+    ports
+}
+
+/// A veth from the test's namespace into switch `i`'s namespace
+/// (10.77.i.1 here, 10.77.i.2 there), for the service to reach the
+/// switch's P4Runtime server; returns that server's address. It goes with
+/// the namespace.
+fn management_link(tag: &str, i: usize, ns: &str) -> String {
+    let here = format!("{tag}m{i}");
+    ip(&["link", "add", &here, "type", "veth", "peer", "name", "mgmt", "netns", ns]).unwrap();
+    ip(&["addr", "add", &format!("10.77.{i}.1/24"), "dev", &here]).unwrap();
+    ip(&["link", "set", &here, "up"]).unwrap();
+    ip(&["-n", ns, "addr", "add", &format!("10.77.{i}.2/24"), "dev", "mgmt"]).unwrap();
+    ip(&["-n", ns, "link", "set", "mgmt", "up"]).unwrap();
+    format!("10.77.{i}.2:{GRPC_PORT}")
+}
+
+/// Starts `simple_switch_grpc` in namespace `ns` with device port N on
+/// interface `pN`, its P4Runtime server on `address`, no program (the
+/// service pushes it), and its log in `dir`.
+fn start_bmv2(switch: &OsString, ns: &str, ports: &[u32], address: &str, dir: &Path) -> Killed {
+    let mut args: Vec<String> = vec!["netns".into(), "exec".into(), ns.into(), switch.to_string_lossy().into_owned()];
+    args.extend(["--no-p4", "--device-id", "0"].map(String::from));
+    for p in ports {
+        args.extend(["-i".into(), format!("{p}@p{p}")]);
+    }
+    args.extend(["--".into(), "--grpc-server-addr".into(), address.into()]);
+    let log = std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap();
+    let child = std::process::Command::new("ip")
+        .args(&args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("simple_switch_grpc starts");
+    Killed(child)
+}
+
+/// Waits until every switch's P4Runtime server answers.
+async fn bmv2_ready(topology: &str) {
+    for address in topology.lines().filter_map(|l| l.split("address = \"").nth(1)?.split('"').next()) {
+        let url = format!("http://{address}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while subc_backend_p4::client::Client::reader(&url, 0, None).await.is_err() {
+            assert!(Instant::now() < deadline, "the switch at {address} did not answer within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }
@@ -186,21 +288,57 @@ fn frames(fabric: &Fabric, rules: &[String], seed: u64) -> Vec<Vec<u8>> {
     out
 }
 
+/// The field order of every device's program: fixed, so that BMv2's
+/// program can be compiled before any subscription exists.
+const ORDER: [&str; 6] = ["add_order.stock", "add_order.side", "add_order.shares", "add_order.price", "my_counter", "avg_price"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leaf_spine_fabric_follows_changes_and_failures_over_grpc() {
-    if !kernel_available("a_leaf_spine_fabric_follows_changes_and_failures_over_grpc") {
+async fn a_leaf_spine_fabric_of_ebpf_switches_follows_changes_and_failures_over_grpc() {
+    if !kernel_available("a_leaf_spine_fabric_of_ebpf_switches_follows_changes_and_failures_over_grpc") {
         return;
     }
-    let fabric = Fabric::build();
+    follow_changes_and_failures(Switches::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_spine_fabric_of_bmv2_switches_follows_changes_and_failures_over_grpc() {
+    let Some((switch, p4c)) = subc_backend_p4::testing::bmv2_tools() else {
+        eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not set: skipping the BMv2 fabric (see the README)");
+        return;
+    };
+    let program = bmv2_program(&p4c);
+    follow_changes_and_failures(Switches::Bmv2 { switch, program }).await;
+}
+
+/// The program of every BMv2 switch: subc's, for the fixed [`ORDER`], with
+/// ingress pruning, compiled by `p4c-bm2-ss`.
+fn bmv2_program(p4c: &OsStr) -> Vec<u8> {
+    let (_, p) = network_program("", &[]);
+    let order = ORDER.iter().map(|n| p.spec.query_field_by_name(n).unwrap()).collect();
+    let opts = subc_bdd::CompileOptions { order: Some(order), ..Default::default() };
+    let set = subc_bdd::CompiledSet::compile(&p.spec, &[], opts).unwrap();
+    let p4 = subc_backend_p4::P4Options { prune_ingress: true, ..Default::default() };
+    let program = subc_backend_p4::P4Target::new(&p.spec, &set, &p4).unwrap().program(&p.spec);
+    subc_backend_p4::testing::bmv2_json(p4c, &program)
+}
+
+/// The scenario: initial rules, 50 random adds and removes, a spine link
+/// down; after each, every host receives exactly what the interpreter says.
+async fn follow_changes_and_failures(switches: Switches) {
     let dir = tempfile::tempdir().unwrap();
+    let fabric = Fabric::build(&switches, dir.path());
     std::fs::write(dir.path().join("fabric.toml"), &fabric.topology).unwrap();
     let mut cfg = config(dir.path());
     cfg.topology = Some(dir.path().join("fabric.toml"));
+    cfg.compile.order = Some(ORDER.map(String::from).to_vec());
     // Stateless ITCH rules (exactness is claimed for stateless sets) naming hosts.
     let text = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 80, symbols: 4, max_shares: 1000, hosts: 6, seed: 15 });
     let pool: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| l.replace("fwd(", "fwd(h")).collect();
 
-    bounded(240, async {
+    bounded(300, async {
+        if let Switches::Bmv2 { .. } = switches {
+            bmv2_ready(&fabric.topology).await;
+        }
         let r = start(cfg).await;
         let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
         let devices = fabric.devices();
