@@ -22,7 +22,7 @@
 //! refused by name before anything is dialed.
 
 use crate::entries::Batch;
-use crate::layout::{EGRESS, PORT_COUNTER};
+use crate::layout::{Arch, PORT_COUNTER};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use crate::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
@@ -298,14 +298,15 @@ impl Client {
     /// [`Error::NoCounter`] when the P4Info has no such counter (a program
     /// generated before it existed).
     pub async fn read_port_counters(&mut self, p4info: &cfg::P4Info) -> Result<Vec<PortCounter>, Error> {
-        let name = format!("{EGRESS}.{PORT_COUNTER}");
+        // The program's own architecture names it.
+        let names = [Arch::V1Model, Arch::Tna].map(|a| a.egress_qualified(PORT_COUNTER));
         let counter_id = p4info
             .counters
             .iter()
             .filter_map(|c| c.preamble.as_ref())
-            .find(|p| p.name == name)
+            .find(|p| names.contains(&p.name))
             .map(|p| p.id)
-            .ok_or(Error::NoCounter(name))?;
+            .ok_or_else(|| Error::NoCounter(names[0].clone()))?;
         let wanted =
             p4v1::Entity { entity: Some(p4v1::entity::Entity::CounterEntry(p4v1::CounterEntry { counter_id, index: None, data: None })) };
         let mut out: BTreeMap<u32, PortCounter> = BTreeMap::new();

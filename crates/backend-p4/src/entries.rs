@@ -18,7 +18,7 @@
 //! the other.
 
 use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole};
-use crate::p4info::{action_name, qualified, Ids};
+use crate::p4info::Ids;
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
 use serde::Serialize;
@@ -154,7 +154,7 @@ impl<'a> Encoder<'a> {
 
     /// An encoder that writes device ports through `ports`.
     pub fn with_ports(layout: &'a P4Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
-        let table_ids = layout.tables.iter().map(|t| ids.tables[&qualified(&t.name)]).collect();
+        let table_ids = layout.tables.iter().map(|t| ids.tables[&layout.arch.qualified(&t.name)]).collect();
         Encoder { layout, ids, table_ids, ports }
     }
 
@@ -168,7 +168,7 @@ impl<'a> Encoder<'a> {
     }
 
     fn action_id(&self, name: &str) -> u32 {
-        self.ids.actions[&action_name(name)]
+        self.ids.actions[&self.layout.arch.action_name(name)]
     }
 
     fn table_id(&self, role: TableRole) -> Result<u32, Error> {

@@ -53,10 +53,65 @@ pub(crate) const STATE_WIDTH: u32 = 32;
 pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
 pub(crate) const GROUP_WIDTH: u32 = 16;
-/// The fully qualified name of the ingress control, as P4Info names things.
-pub(crate) const INGRESS: &str = "MyIngress";
-/// The fully qualified name of the egress control.
-pub(crate) const EGRESS: &str = "MyEgress";
+/// The architecture a program is written for. Everything but the program
+/// text and the names P4Info qualifies objects with is shared: the tables,
+/// their keys and actions, and so every entry, are the same on both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// BMv2's `simple_switch` (p4c's v1model.p4).
+    #[default]
+    V1Model,
+    /// Tofino's Native Architecture (the open Tofino compiler's tna.p4).
+    Tna,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::V1Model => "v1model",
+            Arch::Tna => "tna",
+        }
+    }
+
+    /// The fully qualified name of the ingress control, as P4Info names
+    /// things: p4c's `MyIngress`; the Tofino compiler puts the pipeline's
+    /// instance name in front (`pipe.Ingress`).
+    pub(crate) fn ingress(self) -> &'static str {
+        match self {
+            Arch::V1Model => "MyIngress",
+            Arch::Tna => "pipe.Ingress",
+        }
+    }
+
+    /// The fully qualified name of the egress control.
+    pub(crate) fn egress(self) -> &'static str {
+        match self {
+            Arch::V1Model => "MyEgress",
+            Arch::Tna => "pipe.Egress",
+        }
+    }
+
+    /// The P4Info name of an object of the ingress control.
+    pub(crate) fn qualified(self, name: &str) -> String {
+        format!("{}.{name}", self.ingress())
+    }
+
+    /// The P4Info name of an object of the egress control.
+    pub(crate) fn egress_qualified(self, name: &str) -> String {
+        format!("{}.{name}", self.egress())
+    }
+
+    /// The P4Info name of an action: `NoAction` is declared by `core.p4` at
+    /// top level, the others in the ingress control.
+    pub(crate) fn action_name(self, name: &str) -> String {
+        if name == "NoAction" {
+            name.to_string()
+        } else {
+            self.qualified(name)
+        }
+    }
+}
 /// The egress's per-port counter (a generated name the namer reserves, so
 /// that it never changes with the spec).
 pub(crate) const PORT_COUNTER: &str = "port_counter";
@@ -180,6 +235,18 @@ pub enum StateLogic {
         ring_reg: String,
         next_reg: String,
         sum_reg: String,
+        /// TNA: the metadata field that carries `v - old` to the sum's
+        /// stateful ALU (one access per register per packet).
+        delta_meta: Option<String>,
+    },
+    /// TNA's counter: its window starts at a packet, not at a multiple of
+    /// the window (no division of run-time values; docs/semantics.md,
+    /// "Target profiles"). One register of `cell_type` (start, count), 32
+    /// bits each, that one stateful ALU action reads and writes.
+    Window {
+        window_ns: u64,
+        reg: String,
+        cell_type: String,
     },
     Ewma {
         header: String,
@@ -363,6 +430,7 @@ pub struct VarView {
 /// The whole program's shape.
 #[derive(Clone, Debug, Serialize)]
 pub struct P4Layout {
+    pub arch: Arch,
     pub headers: Vec<HeaderView>,
     /// The state the parser's `start` goes to.
     pub start: String,
@@ -467,11 +535,19 @@ impl P4Layout {
         // The phases keep this order: most take names from P4's one global
         // namespace, where the first to ask gets the plain name, so the
         // order decides the program's identifiers.
+        if opts.arch == Arch::Tna && orders.len() > 1 {
+            return Err(Error::Unsupported {
+                arch: "tna",
+                what: format!("a set spread over {} pipelines", orders.len()),
+                why: "the egress would test each port's bit of the pipelines' union, a shift by a run-time amount, which \
+                      Tofino's match-action units lack; compile into one pipeline (a larger --node-budget)",
+            });
+        }
         let mut b = Builder::new(spec, opts, orders.len());
         b.declare_headers();
         b.declare_parser();
         b.declare_query_metadata();
-        b.declare_states();
+        b.declare_states()?;
         b.name_update_params();
         b.declare_pipeline_metadata();
         b.declare_actions();
@@ -513,7 +589,14 @@ struct Builder<'a> {
     /// The fields of `metadata_t`; the generator's own fields are reserved,
     /// so that they keep their plain names.
     meta_namer: P4Namer,
+    /// TNA: the struct type of counters' (start, count) cells, once declared.
+    window_cell: Option<String>,
     layout: P4Layout,
+}
+
+/// The error of a state variable the TNA target cannot compile.
+fn tna_refuses(s: &StateVar, why: &'static str) -> Error {
+    Error::Unsupported { arch: "tna", what: format!("state `{}`", s.name), why }
 }
 
 /// The key every table but the roots and the fanout match first.
@@ -559,6 +642,7 @@ impl<'a> Builder<'a> {
     fn new(spec: &'a Spec, opts: &'a P4Options, pipelines: usize) -> Builder<'a> {
         let fanout = if pipelines == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
         let layout = P4Layout {
+            arch: opts.arch,
             headers: vec![],
             start: String::new(),
             parse_states: vec![],
@@ -577,8 +661,11 @@ impl<'a> Builder<'a> {
             ports: spec.ports,
             uses_time: false,
         };
-        let meta_namer = P4Namer::struct_fields(&["parsed", "state", "ports"]);
-        Builder { spec, opts, global: P4Namer::global(), meta_namer, layout }
+        // TNA's counters compare the packet's time, `meta.now`.
+        let reserved: &[&str] = if opts.arch == Arch::Tna { &["parsed", "state", "ports", "now"] } else { &["parsed", "state", "ports"] };
+        let meta_namer = P4Namer::struct_fields(reserved);
+        let global = if opts.arch == Arch::Tna { P4Namer::global_tna() } else { P4Namer::global() };
+        Builder { spec, opts, global, meta_namer, window_cell: None, layout }
     }
 
     /// The header instance and field name of a spec field.
@@ -590,7 +677,8 @@ impl<'a> Builder<'a> {
     /// A header type and instance per spec header (instances, and each
     /// header's fields, have namespaces of their own).
     fn declare_headers(&mut self) {
-        let mut instances = P4Namer::struct_fields(&[]);
+        // TNA's ingress carries `hdr.bridge` to the egress.
+        let mut instances = P4Namer::struct_fields(if self.layout.arch == Arch::Tna { &["bridge"] } else { &[] });
         for h in &self.spec.headers {
             let mut fields = P4Namer::header_fields();
             self.layout.headers.push(HeaderView {
@@ -660,8 +748,9 @@ impl<'a> Builder<'a> {
 
     /// The register logic of each state variable, its registers, and the
     /// variables that leaf actions update.
-    fn declare_states(&mut self) {
+    fn declare_states(&mut self) -> Result<(), Error> {
         let spec = self.spec;
+        let tna = self.layout.arch == Arch::Tna;
         for (si, s) in spec.states.iter().enumerate() {
             let slots = s.slots();
             let key = s.key.map(|k| {
@@ -675,10 +764,25 @@ impl<'a> Builder<'a> {
                 None => String::new(),
             };
             let (logic, what) = match &s.kind {
+                StateKind::Counter { window_us } if tna => self.window_logic(s, slots as u64, *window_us)?,
                 StateKind::Counter { window_us } => self.counter_logic(s, slots as u64, *window_us),
-                StateKind::Avg { field, samples } => self.average_logic(s, slots as u64, *field, *samples),
+                StateKind::Avg { field, samples } => self.average_logic(s, slots as u64, *field, *samples)?,
+                StateKind::Ewma { .. } if tna => {
+                    return Err(tna_refuses(
+                        s,
+                        "an EWMA reads its average, shifts the difference and writes it back; a Tofino stateful ALU \
+                         cannot shift, and a register is accessed once per packet",
+                    ))
+                }
                 StateKind::Ewma { field, shift, spike_shift, warmup } => {
                     self.ewma_logic(s, slots as u64, *field, *shift, *spike_shift, *warmup)
+                }
+                StateKind::Var { .. } if tna => {
+                    return Err(tna_refuses(
+                        s,
+                        "a variable is read before the lookup and written after it, two accesses to its register, \
+                         and Tofino allows one per packet",
+                    ))
                 }
                 StateKind::Var { width } => self.variable_logic(si, s, slots as u64, *width, &value_meta),
             };
@@ -693,6 +797,7 @@ impl<'a> Builder<'a> {
                 logic,
             });
         }
+        Ok(())
     }
 
     /// Declares a register of `size` cells of `width` bits; returns its name.
@@ -715,12 +820,42 @@ impl<'a> Builder<'a> {
         (logic, format!("{}: packets per tumbling window of {} us", s.name, window_us))
     }
 
+    /// TNA's counter: a register of (start, count) pairs, per slot.
+    fn window_logic(&mut self, s: &StateVar, slots: u64, window_us: u64) -> Result<(StateLogic, String), Error> {
+        let window_ns = window_us.saturating_mul(1000);
+        if window_ns >= 1 << 31 {
+            return Err(tna_refuses(s, "its window must be below 2^31 ns (the target compares 32-bit nanosecond times)"));
+        }
+        if !self.layout.uses_time {
+            self.layout.uses_time = true;
+            let comment = "the low 32 bits of the ingress timestamp (ns)".to_string();
+            self.layout.meta.push(MetaField { name: "now".into(), width: 32, comment });
+        }
+        let cell_type = match self.window_cell.clone() {
+            Some(t) => t,
+            None => self.window_cell.insert(self.global.fresh("window_t")).clone(),
+        };
+        let reg = self.register(&format!("{}_window", s.name), 64, slots);
+        let logic = StateLogic::Window { window_ns, reg, cell_type };
+        Ok((logic, format!("{}: packets per window of {} us, from the first packet after the last window", s.name, window_us)))
+    }
+
     /// A mean of the last `samples` values: a ring of them, the ring's next
-    /// index and their sum, per slot.
-    fn average_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, samples: u32) -> (StateLogic, String) {
+    /// index and their sum, per slot. On TNA the sum is 32 bits (it wraps)
+    /// and `delta_meta` carries each sample's change to the sum's ALU.
+    fn average_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, samples: u32) -> Result<(StateLogic, String), Error> {
         let (header, fname) = self.field_expr(field);
         let width = self.spec.field(field).width;
-        let sum_width = width + log2(samples).max(1);
+        let tna = self.layout.arch == Arch::Tna;
+        if tna && width > 32 {
+            return Err(tna_refuses(s, "its samples are wider than a 32-bit stateful ALU word"));
+        }
+        let sum_width = if tna { 32 } else { width + log2(samples).max(1) };
+        let delta_meta = tna.then(|| {
+            let name = self.meta_namer.fresh(&format!("{}_delta", s.name));
+            self.layout.meta.push(MetaField { name: name.clone(), width: 32, comment: format!("a sample's change to {}'s sum", s.name) });
+            name
+        });
         let logic = StateLogic::Avg {
             header,
             field: fname,
@@ -731,8 +866,9 @@ impl<'a> Builder<'a> {
             ring_reg: self.register(&format!("{}_ring", s.name), width, slots * samples as u64),
             next_reg: self.register(&format!("{}_next", s.name), 8, slots),
             sum_reg: self.register(&format!("{}_sum", s.name), sum_width, slots),
+            delta_meta,
         };
-        (logic, format!("{}: mean of the last {} samples of {}", s.name, samples, self.spec.field_name(field)))
+        Ok((logic, format!("{}: mean of the last {} samples of {}", s.name, samples, self.spec.field_name(field))))
     }
 
     /// An exponentially weighted moving average with weight `2^-shift` and

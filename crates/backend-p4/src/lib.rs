@@ -41,7 +41,7 @@ pub mod testing;
 
 pub use client::{PortCounter, TlsOptions};
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
-pub use layout::{field_orders, P4Layout};
+pub use layout::{field_orders, Arch, P4Layout};
 pub use p4info::difference;
 pub use program::write_program;
 pub use repair::{repair, Repair};
@@ -77,6 +77,8 @@ pub struct P4Options {
     /// a switch in a fabric (`docs/network.md`). Off, a lone device sends
     /// to every port its subscriptions name.
     pub prune_ingress: bool,
+    /// The architecture the program is written for.
+    pub arch: Arch,
 }
 
 impl Default for P4Options {
@@ -88,6 +90,7 @@ impl Default for P4Options {
             fold_leaves: false,
             ports: PortMap::default(),
             prune_ingress: false,
+            arch: Arch::V1Model,
         }
     }
 }
@@ -110,6 +113,10 @@ pub enum Error {
          unite their ports and drops (compile into one pipeline, e.g. with a larger --node-budget)"
     )]
     UpdatesAcrossPipelines(StateId),
+    /// Something the spec or the set needs that the architecture's
+    /// hardware cannot do (docs/semantics.md, "Target profiles").
+    #[error("the {arch} target cannot compile {what}: {why}")]
+    Unsupported { arch: &'static str, what: String, why: &'static str },
     #[error("port {port} is outside the spec's {ports} ports")]
     PortOutOfRange { port: u32, ports: u32 },
     #[error("port map: {0}")]

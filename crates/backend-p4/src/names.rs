@@ -187,6 +187,96 @@ pub(crate) const GENERATED_NAMES: &[&str] = &[
     "delta",
 ];
 
+/// Names `tna.p4` (with `tofino.p4`) declares at top level, and the TNA
+/// program's own, reserved only in TNA programs so that v1model programs
+/// keep their names.
+pub(crate) const TNA_NAMES: &[&str] = &[
+    "MulticastGroupId_t",
+    "QueueId_t",
+    "MirrorType_t",
+    "MirrorId_t",
+    "ResubmitType_t",
+    "DigestType_t",
+    "ReplicationId_t",
+    "L1ExclusionId_t",
+    "L2ExclusionId_t",
+    "CloneId_t",
+    "PktSrc_t",
+    "PORT_METADATA_SIZE",
+    "ingress_intrinsic_metadata_t",
+    "ingress_intrinsic_metadata_for_tm_t",
+    "ingress_intrinsic_metadata_from_parser_t",
+    "ingress_intrinsic_metadata_for_deparser_t",
+    "egress_intrinsic_metadata_t",
+    "egress_intrinsic_metadata_from_parser_t",
+    "egress_intrinsic_metadata_for_deparser_t",
+    "egress_intrinsic_metadata_for_output_port_t",
+    "ptp_metadata_t",
+    "CounterType_t",
+    "MeterType_t",
+    "MeterColor_t",
+    "SelectorMode_t",
+    "HashAlgorithm_t",
+    "MathOp_t",
+    "Checksum",
+    "ParserCounter",
+    "ParserPriority",
+    "CRCPolynomial",
+    "Hash",
+    "Random",
+    "max",
+    "min",
+    "invalidate",
+    "port_metadata_unpack",
+    "sizeInBits",
+    "sizeInBytes",
+    "Counter",
+    "DirectCounter",
+    "Meter",
+    "DirectMeter",
+    "Lpf",
+    "DirectLpf",
+    "Wred",
+    "DirectWred",
+    "Register",
+    "DirectRegister",
+    "RegisterParam",
+    "MathUnit",
+    "RegisterAction",
+    "DirectRegisterAction",
+    "ActionProfile",
+    "ActionSelector",
+    "SelectorAction",
+    "Mirror",
+    "Resubmit",
+    "Digest",
+    "Atcam",
+    "Alpm",
+    "Pipeline",
+    "Switch",
+    "IngressParsers",
+    "EgressParsers",
+    "MultiParserPipeline",
+    "MultiParserSwitch",
+    "bridge_t",
+    "egress_headers_t",
+    "egress_metadata_t",
+    "IngressParser",
+    "IngressDeparser",
+    "EgressParser",
+    "EgressDeparser",
+    "pipe",
+    "ig_intr_md",
+    "ig_prsr_md",
+    "ig_dprsr_md",
+    "ig_tm_md",
+    "eg_intr_md",
+    "eg_prsr_md",
+    "eg_dprsr_md",
+    "eg_oport_md",
+    "cell",
+];
+
 /// Methods of header types, which their fields must not be named.
 const HEADER_METHODS: &[&str] = &["isValid", "setValid", "setInvalid", "minSizeInBits", "minSizeInBytes"];
 
@@ -209,6 +299,15 @@ impl P4Namer {
     /// The namer of top-level and ingress-level declarations.
     pub(crate) fn global() -> P4Namer {
         P4Namer::new(GENERATED_NAMES)
+    }
+
+    /// [`P4Namer::global`] for a TNA program: TNA's names reserved too.
+    pub(crate) fn global_tna() -> P4Namer {
+        let mut n = P4Namer::global();
+        for r in TNA_NAMES {
+            n.namer.reserve(r);
+        }
+        n
     }
 
     /// The namer of one header type's fields.

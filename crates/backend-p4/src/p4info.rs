@@ -10,7 +10,7 @@
 //! other symbol shares. With `P4TEST` set, a test compares this P4Info with
 //! the one p4c writes for the same program.
 
-use crate::layout::{CounterDecl, P4Layout, RegisterDecl, TableDecl, EGRESS, INGRESS};
+use crate::layout::{Arch, CounterDecl, P4Layout, RegisterDecl, TableDecl};
 use crate::proto::p4::config::v1 as cfg;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::MatchKind;
@@ -53,25 +53,6 @@ fn assign(names: &BTreeSet<String>, prefix: u32, taken: &mut BTreeSet<u32>) -> B
     out
 }
 
-/// The fully qualified name of an action: `NoAction` is declared by
-/// `core.p4` at top level, the others in the ingress control.
-pub(crate) fn action_name(name: &str) -> String {
-    if name == "NoAction" {
-        name.to_string()
-    } else {
-        format!("{INGRESS}.{name}")
-    }
-}
-
-pub(crate) fn qualified(name: &str) -> String {
-    format!("{INGRESS}.{name}")
-}
-
-/// The fully qualified name of an object of the egress control.
-pub(crate) fn egress_qualified(name: &str) -> String {
-    format!("{EGRESS}.{name}")
-}
-
 /// The shortest suffix of dot-separated components of `name` that no other
 /// symbol of `all` ends with.
 fn alias(name: &str, all: &BTreeSet<String>) -> String {
@@ -101,10 +82,11 @@ fn match_type(k: MatchKind) -> i32 {
 
 /// The ids of `layout`'s objects.
 pub(crate) fn ids(layout: &P4Layout) -> Ids {
-    let tables: BTreeSet<String> = layout.tables.iter().map(|t| qualified(&t.name)).collect();
-    let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| action_name(a)).collect();
-    let registers: BTreeSet<String> = layout.registers.iter().map(|r| qualified(&r.name)).collect();
-    let counters: BTreeSet<String> = [egress_qualified(&layout.port_counter.name)].into();
+    let arch = layout.arch;
+    let tables: BTreeSet<String> = layout.tables.iter().map(|t| arch.qualified(&t.name)).collect();
+    let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| arch.action_name(a)).collect();
+    let registers: BTreeSet<String> = layout.registers.iter().map(|r| arch.qualified(&r.name)).collect();
+    let counters: BTreeSet<String> = [arch.egress_qualified(&layout.port_counter.name)].into();
     let mut taken = BTreeSet::new();
     // p4c assigns ids type by type; the prefixes keep types apart, so the
     // order between types does not matter.
@@ -150,11 +132,11 @@ fn full_width_bytes(v: u64, width: u32) -> Vec<u8> {
 pub(crate) fn p4info(layout: &P4Layout, ids: &Ids) -> cfg::P4Info {
     let preambles = Preambles::new(ids);
     cfg::P4Info {
-        pkg_info: Some(cfg::PkgInfo { arch: "v1model".into(), ..Default::default() }),
+        pkg_info: Some(cfg::PkgInfo { arch: layout.arch.name().into(), ..Default::default() }),
         tables: layout.tables.iter().map(|t| table_info(layout, ids, &preambles, t)).collect(),
         actions: used_actions(layout).iter().map(|a| action_info(layout, ids, &preambles, a)).collect(),
-        registers: layout.registers.iter().map(|r| register_info(ids, &preambles, r)).collect(),
-        counters: vec![counter_info(ids, &preambles, &layout.port_counter)],
+        registers: layout.registers.iter().map(|r| register_info(layout.arch, ids, &preambles, r)).collect(),
+        counters: vec![counter_info(layout.arch, ids, &preambles, &layout.port_counter)],
         type_info: Some(Default::default()),
         ..Default::default()
     }
@@ -184,7 +166,7 @@ impl Preambles {
 /// A table: its match fields named by their key expressions, its actions,
 /// and the default action it starts with.
 fn table_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) -> cfg::Table {
-    let name = qualified(&t.name);
+    let name = layout.arch.qualified(&t.name);
     cfg::Table {
         preamble: preambles.preamble(name.clone(), ids.tables[&name], vec![]),
         match_fields: t
@@ -199,9 +181,13 @@ fn table_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl
                 ..Default::default()
             })
             .collect(),
-        action_refs: t.actions.iter().map(|a| cfg::ActionRef { id: ids.actions[&action_name(a)], ..Default::default() }).collect(),
+        action_refs: t
+            .actions
+            .iter()
+            .map(|a| cfg::ActionRef { id: ids.actions[&layout.arch.action_name(a)], ..Default::default() })
+            .collect(),
         initial_default_action: Some(cfg::TableActionCall {
-            action_id: ids.actions[&action_name(&t.default_action)],
+            action_id: ids.actions[&layout.arch.action_name(&t.default_action)],
             arguments: default_arguments(layout, t),
         }),
         size: t.size as i64,
@@ -229,7 +215,7 @@ fn default_arguments(layout: &P4Layout, t: &TableDecl) -> Vec<cfg::table_action_
 /// An action and its parameters (`NoAction` comes from `core.p4`, with its
 /// annotation).
 fn action_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, a: &str) -> cfg::Action {
-    let name = action_name(a);
+    let name = layout.arch.action_name(a);
     let id = ids.actions[&name];
     if a == "NoAction" {
         return cfg::Action { preamble: preambles.preamble(name, id, vec!["@noWarn(\"unused\")".into()]), params: vec![] };
@@ -247,8 +233,8 @@ fn action_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, a: &str) -> 
 }
 
 /// A register of `bit<width>` cells.
-fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Register {
-    let name = qualified(&r.name);
+fn register_info(arch: Arch, ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Register {
+    let name = arch.qualified(&r.name);
     let id = ids.registers[&name];
     cfg::Register {
         preamble: preambles.preamble(name, id, vec![]),
@@ -264,8 +250,8 @@ fn register_info(ids: &Ids, preambles: &Preambles, r: &RegisterDecl) -> cfg::Reg
 }
 
 /// An indirect counter of the egress, of packets and bytes.
-fn counter_info(ids: &Ids, preambles: &Preambles, c: &CounterDecl) -> cfg::Counter {
-    let name = egress_qualified(&c.name);
+fn counter_info(arch: Arch, ids: &Ids, preambles: &Preambles, c: &CounterDecl) -> cfg::Counter {
+    let name = arch.egress_qualified(&c.name);
     let id = ids.counters[&name];
     cfg::Counter {
         preamble: preambles.preamble(name, id, vec![]),

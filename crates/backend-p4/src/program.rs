@@ -1,9 +1,11 @@
 //! The P4_16 program: a view model of the [`P4Layout`] with every string the
-//! template needs already made, and the askama template that prints it
-//! (`templates/program.p4`). The template only loops and picks snippets.
+//! templates need already made, and the askama templates that print it, one
+//! per architecture (`templates/program.p4` for v1model,
+//! `templates/program_tna.p4` for TNA, which reads the same view model). The
+//! templates only loop and pick snippets.
 
 use crate::layout::{
-    Fanout, P4Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
+    Arch, Fanout, P4Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
 };
 use askama::Template;
 use subc_lang::spec::{MatchKind, Spec};
@@ -78,6 +80,15 @@ pub(crate) struct ProgramTemplate<'a> {
     pub states: &'a [StateView],
     pub uses_time: bool,
     pub emit_order: Vec<String>,
+}
+
+/// The TNA program: the same view model, and the struct type of counters'
+/// cells when there are counters.
+#[derive(Template)]
+#[template(path = "program_tna.p4", escape = "none")]
+pub(crate) struct TnaProgramTemplate<'a> {
+    pub t: ProgramTemplate<'a>,
+    pub window_cell: Option<String>,
 }
 
 /// A constant of a `width`-bit field as P4 source: decimal when small,
@@ -274,10 +285,20 @@ fn meta_type(name: &str, width: u32) -> String {
     }
 }
 
-/// Prints the program.
+/// Prints the program, for the layout's architecture.
 pub fn write_program(spec: &Spec, layout: &P4Layout) -> String {
     let t = ProgramTemplate::new(spec, layout);
-    let mut s = t.render().expect("the program template renders");
+    let rendered = match layout.arch {
+        Arch::V1Model => t.render(),
+        Arch::Tna => {
+            let window_cell = layout.states.iter().find_map(|s| match &s.logic {
+                StateLogic::Window { cell_type, .. } => Some(cell_type.clone()),
+                _ => None,
+            });
+            TnaProgramTemplate { t, window_cell }.render()
+        }
+    };
+    let mut s = rendered.expect("the program template renders");
     if !s.ends_with('\n') {
         s.push('\n');
     }

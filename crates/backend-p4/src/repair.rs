@@ -26,7 +26,6 @@
 use crate::client::normalize;
 use crate::entries::Batch;
 use crate::layout::TableRole;
-use crate::p4info::qualified;
 use crate::proto::p4::v1 as p4v1;
 use crate::P4Target;
 use prost::Message;
@@ -104,7 +103,8 @@ fn is_default(e: &p4v1::Entity) -> Option<u32> {
 pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4v1::Entity]) -> Repair {
     use p4v1::update::Type as T;
     let layout = target.layout();
-    let roles: HashMap<u32, TableRole> = layout.tables.iter().map(|t| (target.ids().tables[&qualified(&t.name)], t.role)).collect();
+    let roles: HashMap<u32, TableRole> =
+        layout.tables.iter().map(|t| (target.ids().tables[&layout.arch.qualified(&t.name)], t.role)).collect();
     let initial: BTreeMap<u32, &p4v1::Entity> = initial.iter().filter_map(|e| Some((is_default(e)?, e))).collect();
     let mut want: BTreeMap<Vec<u8>, &p4v1::Entity> = expected.iter().map(|e| (key_of(e), e)).collect();
     // Default entries nobody asked for are expected to be the initial ones.

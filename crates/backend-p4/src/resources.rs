@@ -11,7 +11,7 @@
 
 use crate::entries::Batch;
 use crate::layout::{P4Layout, Stage, TableRole};
-use crate::p4info::{qualified, Ids};
+use crate::p4info::Ids;
 use crate::proto::p4::v1 as p4v1;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -90,7 +90,7 @@ fn range_cost(r: &p4v1::field_match::Range, width: u32) -> usize {
 pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install: &[Batch]) -> Resources {
     // The width of each table's second key (the field), by table id.
     let widths: BTreeMap<u32, u32> =
-        layout.tables.iter().map(|t| (ids.tables[&qualified(&t.name)], t.keys.get(1).map(|k| k.width).unwrap_or(0))).collect();
+        layout.tables.iter().map(|t| (ids.tables[&layout.arch.qualified(&t.name)], t.keys.get(1).map(|k| k.width).unwrap_or(0))).collect();
     let mut per_table: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     let mut groups = 0;
     let mut replicas = 0;
@@ -127,7 +127,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
     }
     let mut tables = vec![];
     for t in &layout.tables {
-        let (entries, tcam) = per_table.get(&ids.tables[&qualified(&t.name)]).copied().unwrap_or((0, 0));
+        let (entries, tcam) = per_table.get(&ids.tables[&layout.arch.qualified(&t.name)]).copied().unwrap_or((0, 0));
         let (pipeline, field, role) = match t.role {
             TableRole::Root { pipeline } => (Some(pipeline), None, "root".to_string()),
             TableRole::Field { pipeline, level, stage } => {

@@ -26,7 +26,6 @@
 //! length, as BMv2 counts it).
 
 use crate::layout::{ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
-use crate::p4info::{egress_qualified, qualified};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -640,13 +639,14 @@ impl Switch {
 
     /// Checks the references the program's entries make (see the module doc).
     pub fn check_references(&self, layout: &P4Layout) -> Result<(), ReferenceError> {
-        let id_of = |name: &str| self.table_id(&qualified(name)).ok_or_else(|| ReferenceError::NoTable { table: name.to_string() });
-        let state_of = |a: &ActionCall| -> Option<u64> {
-            (self.action_name(a.action) == Some("MyIngress.set_state")).then(|| bytes_to_u64(&a.args[0]))
-        };
-        let group_of = |a: &ActionCall| -> Option<u64> {
-            (self.action_name(a.action) == Some("MyIngress.multicast")).then(|| bytes_to_u64(&a.args[0]))
-        };
+        let id_of =
+            |name: &str| self.table_id(&layout.arch.qualified(name)).ok_or_else(|| ReferenceError::NoTable { table: name.to_string() });
+        let (set_state, multicast, add_ports) =
+            (layout.arch.qualified("set_state"), layout.arch.qualified("multicast"), layout.arch.qualified("add_ports"));
+        let state_of =
+            |a: &ActionCall| -> Option<u64> { (self.action_name(a.action) == Some(set_state.as_str())).then(|| bytes_to_u64(&a.args[0])) };
+        let group_of =
+            |a: &ActionCall| -> Option<u64> { (self.action_name(a.action) == Some(multicast.as_str())).then(|| bytes_to_u64(&a.args[0])) };
         for (p, pv) in layout.pipelines.iter().enumerate() {
             // States defined at each level (they have an entry there), and leaves.
             let mut defined: Vec<BTreeSet<u64>> = vec![];
@@ -709,7 +709,7 @@ impl Switch {
             };
             for pv in &layout.pipelines {
                 for id in self.pipeline_tables(pv, &id_of)? {
-                    for a in self.calls(id).into_iter().filter(|a| self.action_name(a.action) == Some("MyIngress.add_ports")) {
+                    for a in self.calls(id).into_iter().filter(|a| self.action_name(a.action) == Some(add_ports.as_str())) {
                         if let Some(p) = (0..a.args[0].len() as u32 * 8).find(|p| bit_set(&a.args[0], *p) && !all.contains(p)) {
                             return Err(ReferenceError::PortOutsideFanout { port: p });
                         }
@@ -837,12 +837,12 @@ impl Bindings {
     fn of(layout: &P4Layout, switch: &Switch) -> Result<Bindings, SimError> {
         let mut table_ids = HashMap::new();
         for t in &layout.tables {
-            let id = switch.table_id(&qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
+            let id = switch.table_id(&layout.arch.qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
             table_ids.insert(t.name.clone(), id);
         }
         let mut action_kinds = HashMap::new();
         for (id, a) in &switch.actions {
-            let short = a.name.strip_prefix("MyIngress.").unwrap_or(&a.name);
+            let short = a.name.strip_prefix(&format!("{}.", layout.arch.ingress())).unwrap_or(&a.name);
             let kind = if short == "NoAction" {
                 ActionKind::NoAction
             } else {
@@ -852,11 +852,11 @@ impl Bindings {
         }
         let mut register_ids = HashMap::new();
         for r in &layout.registers {
-            let name = qualified(&r.name);
+            let name = layout.arch.qualified(&r.name);
             let id = switch.register_id(&name).ok_or(SimError::NoRegister { name })?;
             register_ids.insert(r.name.clone(), id);
         }
-        let name = egress_qualified(&layout.port_counter.name);
+        let name = layout.arch.egress_qualified(&layout.port_counter.name);
         let port_counter = switch.counter_id(&name).ok_or(SimError::NoCounter { name })?;
         Ok(Bindings { table_ids, action_kinds, register_ids, port_counter })
     }
@@ -1008,6 +1008,20 @@ impl<'a> Simulator<'a> {
                     self.reg_write(count_reg, slot, count);
                     meta.fields.insert(s.value_meta.clone(), count as u64);
                 }
+                StateLogic::Window { window_ns, reg, .. } => {
+                    // The cell is (start, count): start in the low 32 bits.
+                    let t = ts_ns & 0xffff_ffff;
+                    let cell = self.reg(reg, slot);
+                    let (mut start, mut count) = ((cell & 0xffff_ffff) as u64, ((cell >> 32) & 0xffff_ffff) as u64);
+                    if t.wrapping_sub(start) & 0xffff_ffff >= *window_ns {
+                        start = t;
+                        count = 1;
+                    } else {
+                        count = (count + 1) & 0xffff_ffff;
+                    }
+                    self.reg_write(reg, slot, (count as u128) << 32 | start as u128);
+                    meta.fields.insert(s.value_meta.clone(), count);
+                }
                 StateLogic::Avg { header, field, samples, log2, sum_width, ring_reg, next_reg, sum_reg, .. } => {
                     let next = self.reg(next_reg, slot);
                     let mut sum = self.reg(sum_reg, slot);
@@ -1070,7 +1084,13 @@ impl<'a> Simulator<'a> {
 
     fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), SimError> {
         let kind = *self.ids.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
-        let name = self.switch.action_name(call.action).unwrap_or("").strip_prefix("MyIngress.").unwrap_or("NoAction").to_string();
+        let name = self
+            .switch
+            .action_name(call.action)
+            .unwrap_or("")
+            .strip_prefix(&format!("{}.", self.layout.arch.ingress()))
+            .unwrap_or("NoAction")
+            .to_string();
         let arg = |i: usize| bytes_to_u64(&call.args[i]);
         match kind {
             ActionKind::NoAction => {}

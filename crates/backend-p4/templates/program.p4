@@ -227,7 +227,7 @@ control MyIngress(inout headers_t hdr,
             {{ count_reg }}.write(slot, count);
             meta.{{ s.value_meta }} = count;
         }
-{%- when StateLogic::Avg with { header, field, width, samples, log2, sum_width, ring_reg, next_reg, sum_reg } %}
+{%- when StateLogic::Avg with { header, field, width, samples, log2, sum_width, ring_reg, next_reg, sum_reg, .. } %}
         {
 {%- call slot(s) %}{% endcall %}
             bit<8> next;
@@ -280,6 +280,7 @@ control MyIngress(inout headers_t hdr,
             }
             meta.{{ s.value_meta }} = (bit<{{ s.value_width }}>)(avg >> 8);
         }
+{%- when StateLogic::Window with { .. } %}
 {%- endmatch %}
 {%- endfor %}
 {%- endif %}

@@ -2,18 +2,20 @@
 //! messages we emit (encoded, then decoded), against the reference
 //! interpreter, on the examples, on random sets from both generators, and
 //! after random adds and removes (applied as ordered P4Runtime updates,
-//! checking for dangling references after every single update).
+//! checking for dangling references after every single update). The TNA
+//! program's simulator runs its own register logic against the interpreter
+//! under the Tofino profile (`docs/semantics.md`, "Target profiles").
 
 mod common;
 
 use common::*;
 use proptest::prelude::*;
 use subc_backend_p4::Simulator;
-use subc_backend_p4::{compile as p4_compile, P4Options};
+use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::read_pcap;
 use subc_lang::Program;
-use subc_lang::StateStore;
+use subc_lang::{Profile, StateStore};
 use subc_workload::Rng;
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -22,14 +24,38 @@ fn p4_options(fold: bool) -> P4Options {
     P4Options { fold_leaves: fold, ..Default::default() }
 }
 
+/// [`p4_options`] for Tofino (TNA) or v1model.
+fn arch_options(fold: bool, tna: bool) -> P4Options {
+    P4Options { arch: if tna { Arch::Tna } else { Arch::V1Model }, ..p4_options(fold) }
+}
+
+/// The interpreter's state for a program of `opts`' architecture.
+fn state_for(p: &Program, opts: &P4Options) -> StateStore {
+    StateStore::with_profile(&p.spec, if opts.arch == Arch::Tna { Profile::Tna } else { Profile::Reference })
+}
+
+/// The same packets at irregular times: gaps of up to 150 us (counter
+/// windows of the examples are 100 us), and now and then one of seconds,
+/// beyond the 2^32 ns that TNA's 32-bit times wrap at.
+fn irregular(pkts: Vec<(Vec<u8>, u64)>, seed: u64) -> Vec<(Vec<u8>, u64)> {
+    let mut rng = Rng::new(seed);
+    let mut t = 1_000_000_000;
+    pkts.into_iter()
+        .map(|(b, _)| {
+            t += if rng.chance(0.02) { 1_000_000_000 + rng.below(5_000_000_000) } else { rng.below(150_000) };
+            (b, t)
+        })
+        .collect()
+}
+
 /// Compiles, encodes and decodes, loads a simulator, and runs `pkts`.
-fn check_compiled(p: &Program, set: &CompiledSet, fold: bool, pkts: &[(Vec<u8>, u64)], what: &str) {
-    let (target, art) = p4_compile(&p.spec, set, &p4_options(fold)).unwrap();
+fn check_compiled(p: &Program, set: &CompiledSet, opts: &P4Options, pkts: &[(Vec<u8>, u64)], what: &str) {
+    let (target, art) = p4_compile(&p.spec, set, opts).unwrap();
     let layout = target.layout().clone();
     let info = roundtrip_p4info(&art.p4info);
     let mut sim = Simulator::new(&p.spec, &layout, &info).unwrap();
     apply_checked(&mut sim.switch, &layout, &roundtrip_batches(&art.install), false);
-    let mut state = StateStore::new(&p.spec);
+    let mut state = state_for(p, opts);
     agree(&mut sim, &p.subscriptions, &p.spec, &mut state, pkts, what);
 }
 
@@ -43,8 +69,13 @@ fn examples_and_corpus_agree_with_the_interpreter() {
         }
         let base = pkts.last().map(|x| x.1).unwrap_or(0);
         pkts.extend(packets(&p, 1, 1500).into_iter().map(|(b, t)| (b, t + base)));
-        check_compiled(&p, &set, false, &pkts, &name);
-        check_compiled(&p, &set, true, &pkts, &format!("{name} (folded leaves)"));
+        check_compiled(&p, &set, &p4_options(false), &pkts, &name);
+        check_compiled(&p, &set, &p4_options(true), &pkts, &format!("{name} (folded leaves)"));
+        // TNA, where the architecture holds the input (the snapshots pin the refusals).
+        let tna = arch_options(false, true);
+        if p4_compile(&p.spec, &set, &tna).is_ok() {
+            check_compiled(&p, &set, &tna, &irregular(pkts.clone(), 3), &format!("{name} (tna)"));
+        }
     }
 }
 
@@ -135,6 +166,33 @@ fn mixed_program(n: usize, seed: u64) -> Program {
     program(&spec, &[&rules])
 }
 
+/// Random rules on the ITCH example's stream state: its counter (100 us
+/// windows) and its 8-sample average of 32-bit prices, whose sum wraps on
+/// TNA; thresholds that packets cross, so the targets' arithmetic decides.
+fn stateful_itch_program(n: usize, seed: u64) -> Program {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut rules = String::new();
+    for _ in 0..n {
+        let mut parts = vec![];
+        if rng.chance(0.6) {
+            parts.push(format!("my_counter {} {}", rng.pick(&["<", ">", "==", ">="]), rng.below(5)));
+        }
+        if rng.chance(0.6) {
+            parts.push(format!("avg_price {} {}", rng.pick(&["<", ">"]), rng.below(1 << 32)));
+        }
+        if rng.chance(0.3) {
+            parts.push(format!("price > {}", rng.below(1 << 32)));
+        }
+        if parts.is_empty() {
+            parts.push("true".into());
+        }
+        let action = if rng.chance(0.1) { "drop".to_string() } else { format!("fwd({})", rng.below(8)) };
+        rules.push_str(&format!("{} : {action}\n", parts.join(" && ")));
+    }
+    program(&spec, &[&rules])
+}
+
 /// Options that spread even small sets over several pipelines.
 fn split_options() -> CompileOptions {
     CompileOptions { node_budget: 12, split_nodes: 6, ..Default::default() }
@@ -144,10 +202,24 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]
 
     #[test]
-    fn random_itch_sets_agree(seed in 0u64..10_000, n in 1usize..150, fold in any::<bool>()) {
+    fn random_itch_sets_agree(seed in 0u64..10_000, n in 1usize..150, fold in any::<bool>(), tna in any::<bool>()) {
         let p = itch_program(n, seed);
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
-        check_compiled(&p, &set, fold, &packets(&p, seed, 200), "itch");
+        let opts = CompileOptions { max_pipelines: if tna { 1 } else { CompileOptions::default().max_pipelines }, ..Default::default() };
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
+        let pkts = if tna { irregular(packets(&p, seed, 200), seed) } else { packets(&p, seed, 200) };
+        check_compiled(&p, &set, &arch_options(fold, tna), &pkts, if tna { "itch (tna)" } else { "itch" });
+    }
+
+    /// Stream state decides: v1model against the reference semantics, TNA
+    /// against the Tofino profile, on the same random rules and packets.
+    #[test]
+    fn random_stateful_sets_agree_on_both_architectures(seed in 0u64..10_000, n in 1usize..20, fold in any::<bool>()) {
+        let p = stateful_itch_program(n, seed);
+        let one = CompileOptions { max_pipelines: 1, ..Default::default() };
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, one).unwrap();
+        let pkts = irregular(packets(&p, seed, 300), seed);
+        check_compiled(&p, &set, &arch_options(fold, false), &pkts, "stateful itch");
+        check_compiled(&p, &set, &arch_options(fold, true), &pkts, "stateful itch (tna)");
     }
 
     #[test]
@@ -155,14 +227,14 @@ proptest! {
         let p = siena_program(n, seed, camus, 16);
         let opts = if split { split_options() } else { CompileOptions::default() };
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
-        check_compiled(&p, &set, fold, &packets(&p, seed, 200), "siena");
+        check_compiled(&p, &set, &p4_options(fold), &packets(&p, seed, 200), "siena");
     }
 
     #[test]
     fn random_sets_of_every_match_kind_agree(seed in 0u64..10_000, n in 1usize..30, fold in any::<bool>()) {
         let p = mixed_program(n, seed);
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
-        check_compiled(&p, &set, fold, &packets(&p, seed, 300), "mixed");
+        check_compiled(&p, &set, &p4_options(fold), &packets(&p, seed, 300), "mixed");
     }
 
     #[test]
@@ -172,15 +244,18 @@ proptest! {
         // unite variable updates across pipelines, and some seeds (7074, 11
         // rules) split by default.
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { max_pipelines: 1, ..Default::default() }).unwrap();
-        check_compiled(&p, &set, fold, &packets(&p, seed, 300), "vars");
+        check_compiled(&p, &set, &p4_options(fold), &packets(&p, seed, 300), "vars");
     }
 
     #[test]
-    fn random_updates_agree(seed in 0u64..10_000, n in 2usize..40, steps in 1usize..15, kind in 0u8..4, fold in any::<bool>()) {
+    fn random_updates_agree(seed in 0u64..10_000, n in 2usize..40, steps in 1usize..15, kind in 0u8..4, fold in any::<bool>(), tna in any::<bool>()) {
+        // TNA for the sets it holds: ITCH and the mixed set, in one pipeline.
+        let tna = tna && (kind == 0 || kind == 2);
+        let one = CompileOptions { max_pipelines: 1, ..Default::default() };
         let (full, opts) = match kind {
-            0 => (itch_program(n, seed), CompileOptions::default()),
+            0 => (itch_program(n, seed), if tna { one } else { CompileOptions::default() }),
             1 => (siena_program(n.min(16), seed, false, 16), split_options()),
-            2 => (mixed_program(n.min(20), seed), CompileOptions::default()),
+            2 => (mixed_program(n.min(20), seed), if tna { one } else { CompileOptions::default() }),
             // Variable updates need one pipeline (the P4 program cannot
             // unite updates across pipelines, see `UpdatesAcrossPipelines`).
             _ => (vars_program(n.min(10), seed), CompileOptions { max_pipelines: 1, ..Default::default() }),
@@ -192,7 +267,7 @@ proptest! {
         let mut present: Vec<bool> = (0..n).map(|_| rng.chance(0.5)).collect();
         let initial: Vec<_> = full.normal_forms.iter().zip(&present).filter(|(_, p)| **p).map(|(s, _)| s.clone()).collect();
         let mut set = CompiledSet::compile(&full.spec, &initial, opts).unwrap();
-        let (target, art) = p4_compile(&full.spec, &set, &p4_options(fold)).unwrap();
+        let (target, art) = p4_compile(&full.spec, &set, &arch_options(fold, tna)).unwrap();
         let layout = target.layout().clone();
         let info = roundtrip_p4info(&art.p4info);
         let mut sim = Simulator::new(&full.spec, &layout, &info).unwrap();
@@ -200,8 +275,8 @@ proptest! {
         let install = roundtrip_batches(&art.install);
         apply_checked(&mut sim.switch, &layout, &install, false);
         apply_checked(&mut reversed, &layout, &install, true);
-        let mut state = StateStore::new(&full.spec);
-        let pkts = packets(&full, seed ^ 7, 60 * steps);
+        let mut state = state_for(&full, &arch_options(fold, tna));
+        let pkts = if tna { irregular(packets(&full, seed ^ 7, 60 * steps), seed) } else { packets(&full, seed ^ 7, 60 * steps) };
         let mut applied = 0;
         for step in 0..steps {
             // Every step changes the set, unless a refused add found it empty.
@@ -216,7 +291,7 @@ proptest! {
         }
         prop_assert!(applied >= 1, "no update was applied in {} steps", steps);
         // The incrementally updated switch holds what a fresh install would.
-        let (_, fresh) = p4_compile(&full.spec, &set, &p4_options(fold)).unwrap();
+        let (_, fresh) = p4_compile(&full.spec, &set, &arch_options(fold, tna)).unwrap();
         let mut clean = subc_backend_p4::Switch::new(&info).unwrap();
         apply_checked(&mut clean, &layout, &roundtrip_batches(&fresh.install), false);
         prop_assert_eq!(resolved(&sim.switch), resolved(&clean));

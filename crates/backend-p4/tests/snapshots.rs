@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use subc_backend_p4::entries_text;
 use subc_backend_p4::proto::to_text;
-use subc_backend_p4::{compile, P4Options};
+use subc_backend_p4::{compile, Arch, P4Options};
 
 #[test]
 fn every_example() {
@@ -45,5 +45,22 @@ fn pruned_ingress() {
         let (p, set) = compile_dir(&dir);
         let (_, art) = compile(&p.spec, &set, &P4Options { prune_ingress: true, ..Default::default() }).unwrap();
         insta::assert_snapshot!(format!("{name}_pruned_program"), art.program);
+    }
+}
+
+/// For Tofino (`--arch tna`), every input: the program and its P4Info, or
+/// the error that says why the architecture cannot hold it (EWMA and
+/// variable state, a set over several pipelines).
+#[test]
+fn every_example_for_tna() {
+    for (name, dir) in corpus() {
+        let (p, set) = compile_dir(&dir);
+        match compile(&p.spec, &set, &P4Options { arch: Arch::Tna, ..Default::default() }) {
+            Ok((_, art)) => {
+                insta::assert_snapshot!(format!("{name}_tna_program"), art.program);
+                insta::assert_snapshot!(format!("{name}_tna_p4info"), to_text(&art.p4info));
+            }
+            Err(e) => insta::assert_snapshot!(format!("{name}_tna_refused"), e.to_string()),
+        }
     }
 }

@@ -11,7 +11,7 @@ use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::{to_text, write_request_text};
 use subc_backend_p4::Simulator;
-use subc_backend_p4::{compile as p4_compile, P4Options};
+use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
 use subc_backend_p4::{entries_text, write_request, Batch};
 use subc_lang::Decision;
 use subc_lang::PcapPacket;
@@ -42,6 +42,20 @@ pub struct P4Args {
     /// subscriptions name.
     #[arg(long)]
     pub p4_prune_ingress: bool,
+    /// P4: the architecture of the program: `v1model` (BMv2's simple_switch) or `tna`
+    /// (Tofino, for the open Tofino compiler: `p4c --target tofino --arch tna`). TNA keeps
+    /// stream state in Tofino's stateful ALUs, with the differences docs/semantics.md lists
+    /// under "Target profiles"; it refuses `ewma` and `var` state, and a set spread over
+    /// several pipelines.
+    #[arg(long, value_enum, default_value = "v1model")]
+    pub arch: ArchArg,
+}
+
+/// `--arch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ArchArg {
+    V1model,
+    Tna,
 }
 
 impl P4Args {
@@ -51,6 +65,10 @@ impl P4Args {
             headroom: self.p4_headroom,
             fold_leaves: self.p4_fold_leaves,
             prune_ingress: self.p4_prune_ingress,
+            arch: match self.arch {
+                ArchArg::V1model => Arch::V1Model,
+                ArchArg::Tna => Arch::Tna,
+            },
             ..P4Options::default()
         }
     }
