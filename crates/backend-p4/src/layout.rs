@@ -863,7 +863,8 @@ impl<'a> Builder<'a> {
             samples,
             log2: log2(samples),
             sum_width,
-            ring_reg: self.register(&format!("{}_ring", s.name), width, slots * samples as u64),
+            // TNA keeps samples in 32-bit ALU words.
+            ring_reg: self.register(&format!("{}_ring", s.name), if tna { 32 } else { width }, slots * samples as u64),
             next_reg: self.register(&format!("{}_next", s.name), 8, slots),
             sum_reg: self.register(&format!("{}_sum", s.name), sum_width, slots),
             delta_meta,

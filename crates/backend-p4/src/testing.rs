@@ -519,7 +519,10 @@ pub fn bmv2_json(p4c: &std::ffi::OsStr, program: &str) -> Vec<u8> {
     let dir = std::env::temp_dir().join(format!("subc-bmv2-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
     std::fs::write(dir.join("program.p4"), program).expect("program.p4 is written");
+    let include = p4c_include(std::path::Path::new(p4c)).expect("cannot find p4c's p4include directory; set P4C_INCLUDE");
     let out = std::process::Command::new(p4c)
+        .arg("-I")
+        .arg(include)
         .arg("-o")
         .arg(dir.join("program.json"))
         .arg(dir.join("program.p4"))
@@ -529,4 +532,22 @@ pub fn bmv2_json(p4c: &std::ffi::OsStr, program: &str) -> Vec<u8> {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "p4c-bm2-ss: {}", String::from_utf8_lossy(&out.stderr));
     json.expect("p4c-bm2-ss wrote program.json")
+}
+
+/// The p4c include directory for a p4c binary: `P4C_INCLUDE`, or a
+/// `p4include` (source tree) or `share/p4c/p4include` (installed) next to
+/// one of the binary's ancestors.
+pub fn p4c_include(p4c: &std::path::Path) -> Option<std::path::PathBuf> {
+    if let Ok(d) = std::env::var("P4C_INCLUDE") {
+        return Some(std::path::PathBuf::from(d));
+    }
+    let bin = std::fs::canonicalize(p4c).ok()?;
+    for dir in bin.ancestors() {
+        for c in ["p4include", "p4c/p4include", "share/p4c/p4include"] {
+            if dir.join(c).join("core.p4").exists() {
+                return Some(dir.join(c));
+            }
+        }
+    }
+    None
 }

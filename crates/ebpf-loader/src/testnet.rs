@@ -204,18 +204,30 @@ pub fn kernel_available(test: &str) -> bool {
 /// end of every veth a native XDP program redirects into.
 pub const XDP_PASS_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int pass(struct xdp_md *c) { return XDP_PASS; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
 
-/// Loads `object` ([`XDP_PASS_C`], compiled) and attaches its program as
-/// native XDP on `dev` of the calling thread's namespace; the link (with
-/// the object it keeps loaded) detaches when dropped.
-pub fn xdp_pass_on(object: &[u8], dev: &str) -> Result<(libbpf_rs::Object, OwnedFd), LoaderError> {
+/// An XDP program that drops every frame: on both ends of a veth, it cuts
+/// the link while both interfaces stay up.
+pub const XDP_DROP_C: &str = "#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\nSEC(\"xdp\") int cut(struct xdp_md *c) { return XDP_DROP; }\nchar _l[] SEC(\"license\") = \"GPL\";\n";
+
+/// Loads `object` (one XDP program, such as [`XDP_PASS_C`] or
+/// [`XDP_DROP_C`] compiled) and attaches its program as native XDP on
+/// `dev` of the calling thread's namespace; the link (with the object it
+/// keeps loaded) detaches when dropped.
+pub fn xdp_on(object: &[u8], dev: &str) -> Result<XdpAttachment, LoaderError> {
     let o = libbpf_rs::ObjectBuilder::default()
         .open_memory(object)
         .and_then(|o| o.load())
-        .map_err(|e| LoaderError::bpf("loading the XDP pass program", e))?;
-    let prog = o.progs().next().ok_or_else(|| LoaderError::MissingProgram { program: "pass".into() })?;
+        .map_err(|e| LoaderError::bpf("loading an XDP test program", e))?;
+    let prog = o.progs().next().ok_or_else(|| LoaderError::MissingProgram { program: "an XDP test program".into() })?;
     let link = crate::link_xdp(prog.as_fd(), crate::ifindex(dev)?, crate::XdpMode::Native)
         .map_err(|e| LoaderError::io(format!("native XDP on {dev}"), e))?;
-    Ok((o, link))
+    Ok(XdpAttachment { _link: link, _object: o })
+}
+
+/// A test program attached by [`xdp_on`]: detached, and unloaded, when dropped.
+pub struct XdpAttachment {
+    // The link first: detached before the object goes.
+    _link: OwnedFd,
+    _object: libbpf_rs::Object,
 }
 
 /// Pins the calling thread to one CPU.

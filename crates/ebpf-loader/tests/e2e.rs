@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, TargetConfig};
-use subc_ebpf_loader::testnet::{
-    in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, xdp_pass_on, Namespaces, XDP_PASS_C,
-};
+use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, packet_socket, recv_frames, send_frame, sysctl, xdp_on, Namespaces, XDP_PASS_C};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, PortCounter};
 use subc_lang::Interpreter;
 use subc_workload::inet_checksum;
@@ -115,7 +113,7 @@ fn run(ex: &str, hook: Hook, mode: AttachMode) {
         let (udp, raw, link) = in_netns(&ns, move || {
             let udp = UdpSocket::bind(("0.0.0.0", SUB_PORT)).unwrap();
             udp.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            let link = pass.map(|o| xdp_pass_on(&o, &s2).unwrap());
+            let link = pass.map(|o| xdp_on(&o, &s2).unwrap());
             (udp, packet_socket(&s2).unwrap(), link)
         })
         .join()

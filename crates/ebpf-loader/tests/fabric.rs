@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Egress, Hook, NoMatch, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, xdp_pass_on, Namespaces, XDP_PASS_C};
+use subc_ebpf_loader::testnet::{
+    in_netns, ip, packet_socket, recv_incoming_frames, send_frame, xdp_on, Namespaces, XdpAttachment, XDP_PASS_C,
+};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
 use subc_fabric::{check_topology, project, rule_changes, DeviceId, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap, SubId};
@@ -226,7 +228,7 @@ struct Fabric {
     /// With native XDP, a program on each host's interface that passes
     /// everything: a veth takes XDP redirects only if its peer runs NAPI,
     /// which an XDP program there turns on.
-    _host_xdp: Vec<(libbpf_rs::Object, OwnedFd)>,
+    _host_xdp: Vec<XdpAttachment>,
     // Declared last: namespaces go after the attachments in them.
     _nss: Namespaces,
 }
@@ -253,7 +255,7 @@ impl Fabric {
             ports[e.at.device].push(e.at.port);
             let pass = pass.clone();
             let (socket, xdp) =
-                in_netns(&ns, move || (packet_socket("eth0").unwrap(), pass.map(|o| xdp_pass_on(&o, "eth0").unwrap()))).join().unwrap();
+                in_netns(&ns, move || (packet_socket("eth0").unwrap(), pass.map(|o| xdp_on(&o, "eth0").unwrap()))).join().unwrap();
             hosts.push((ns, socket));
             host_xdp.extend(xdp);
         }

@@ -28,7 +28,9 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use subc_ebpf_loader::testnet::{in_netns, ip, kernel_available, packet_socket, recv_incoming_frames, send_frame, Namespaces};
+use subc_ebpf_loader::testnet::{
+    in_netns, ip, kernel_available, packet_socket, recv_incoming_frames, send_frame, xdp_on, Namespaces, XdpAttachment, XDP_DROP_C,
+};
 use subc_server::proto;
 
 /// Devices (name suffix, ports), links and hosts of the fabric. Device
@@ -88,19 +90,22 @@ impl Fabric {
     /// Builds the namespaces and links, and for BMv2 starts the switches
     /// (their program files go to `dir`, beside the topology).
     fn build(switches: &Switches, dir: &Path) -> Fabric {
-        let tag = format!("nf{}", std::process::id() % 100_000);
+        // One tag per process and kind: both tests may run at once.
+        let kind = if let Switches::Ebpf = switches { 'e' } else { 'b' };
+        let tag = format!("nf{}{kind}", std::process::id() % 100_000);
         let ns = |name: &str| format!("{tag}{name}");
         let mut nss = Namespaces::default();
         let mut topology = String::new();
-        let mut children = vec![];
+        // BMv2 switches start once their ports exist: (device, address).
+        let mut bmv2 = vec![];
         for (i, d) in DEVICES.iter().enumerate() {
             nss.add(&ns(d)).unwrap();
             let options = match switches {
                 Switches::Ebpf => format!("kind = \"ebpf\"\noptions = {{ netns = \"{}\" }}", ns(d)),
-                Switches::Bmv2 { switch, program } => {
+                Switches::Bmv2 { program, .. } => {
                     let address = management_link(&tag, i, &ns(d));
                     std::fs::write(dir.join("program.json"), program).unwrap();
-                    children.push(start_bmv2(switch, &ns(d), &ports_of(d), &address, dir));
+                    bmv2.push((d, address.clone()));
                     format!("kind = \"p4runtime\"\noptions = {{ address = \"{address}\", device_config = \"program.json\" }}")
                 }
             };
@@ -124,7 +129,40 @@ impl Fabric {
             let socket = in_netns(&h, || packet_socket("eth0").unwrap()).join().unwrap();
             hosts.push((h, socket));
         }
+        let children = match switches {
+            Switches::Bmv2 { switch, .. } => {
+                bmv2.iter().map(|(d, address)| start_bmv2(switch, &ns(d), &ports_of(d), address, dir)).collect()
+            }
+            Switches::Ebpf => vec![],
+        };
         Fabric { tag, hosts, topology, ebpf: matches!(switches, Switches::Ebpf), _switches: children, _nss: nss }
+    }
+
+    /// Breaks the link at `end` (`device:port`). For eBPF switches its veth
+    /// goes down. BMv2's packet I/O stops on every port of a switch once one
+    /// of its interfaces goes down (its pcap loop, measured here), which no
+    /// real link failure does to a switch; so for BMv2 the link is cut
+    /// instead: XDP on both ends drops every frame, both interfaces stay up.
+    /// The cut lasts while the returned links live.
+    fn fail_link(&self, end: &str, switches: &Switches) -> Vec<XdpAttachment> {
+        let (dev, port) = end.split_once(':').unwrap();
+        let here = (format!("{}{dev}", self.tag), format!("p{port}"));
+        if let Switches::Ebpf = switches {
+            ip(&["-n", &here.0, "link", "set", &here.1, "down"]).unwrap();
+            return vec![];
+        }
+        let (a, b) = LINKS.iter().find(|(a, b)| *a == end || *b == end).expect("a link end");
+        let far = if *a == end { b } else { a };
+        let (fdev, fport) = far.split_once(':').unwrap();
+        let there = (format!("{}{fdev}", self.tag), format!("p{fport}"));
+        let drop = subc_backend_ebpf::clang::compile(XDP_DROP_C, subc_backend_ebpf::clang::BuildFlags::default()).unwrap();
+        [here, there]
+            .into_iter()
+            .map(|(ns, iface)| {
+                let drop = drop.clone();
+                in_netns(&ns, move || xdp_on(&drop, &iface).unwrap()).join().unwrap()
+            })
+            .collect()
     }
 
     fn devices(&self) -> Vec<String> {
@@ -179,6 +217,7 @@ fn start_bmv2(switch: &OsString, ns: &str, ports: &[u32], address: &str, dir: &P
     }
     args.extend(["--".into(), "--grpc-server-addr".into(), address.into()]);
     let log = std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap();
+    let _ = dir;
     let child = std::process::Command::new("ip")
         .args(&args)
         .stdout(log.try_clone().unwrap())
@@ -367,9 +406,8 @@ async fn follow_changes_and_failures(switches: Switches) {
         all_in_sync(&mut admin, &devices, generation).await;
         check("after 50 adds and removes", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 2)).await;
 
-        // A spine link goes down: its veth, and the service routes around it.
-        let (dev, port) = DOWN_LINK.split_once(':').unwrap();
-        ip(&["-n", &format!("{}{dev}", fabric.tag), "link", "set", &format!("p{port}"), "down"]).unwrap();
+        // A spine link goes down, and the service routes around it.
+        let _cut = fabric.fail_link(DOWN_LINK, &switches);
         let req = proto::SetDownRequest { links: vec![format!("{}{DOWN_LINK}", fabric.tag)], devices: vec![], down: true };
         let d = admin.targets.set_down(req).await.unwrap().into_inner();
         assert!(!d.changed.is_empty(), "the down link was on the tree: {d:?}");

@@ -212,20 +212,4 @@ pub fn temp_dir(what: &str) -> PathBuf {
     d
 }
 
-/// The p4c include directory for a p4test binary: `P4C_INCLUDE`, or a
-/// `p4include` (source tree) or `share/p4c/p4include` (installed) next to
-/// one of the binary's ancestors.
-pub fn p4c_include(p4test: &Path) -> Option<PathBuf> {
-    if let Ok(d) = std::env::var("P4C_INCLUDE") {
-        return Some(PathBuf::from(d));
-    }
-    let bin = std::fs::canonicalize(p4test).ok()?;
-    for dir in bin.ancestors() {
-        for c in ["p4include", "p4c/p4include", "share/p4c/p4include"] {
-            if dir.join(c).join("core.p4").exists() {
-                return Some(dir.join(c));
-            }
-        }
-    }
-    None
-}
+pub use subc_backend_p4::testing::p4c_include;
