@@ -198,16 +198,7 @@ async fn client_against_simple_switch_grpc() {
     };
     let (p, mut set) = itch_set(60);
     let (target, art) = p4_compile(&p.spec, &set, &P4Options::default()).unwrap();
-    let dir = temp_dir("bmv2");
-    std::fs::write(dir.join("program.p4"), &art.program).unwrap();
-    let out = std::process::Command::new(&p4c)
-        .arg("-o")
-        .arg(dir.join("program.json"))
-        .arg(dir.join("program.p4"))
-        .output()
-        .expect("p4c-bm2-ss runs");
-    assert!(out.status.success(), "p4c-bm2-ss: {}", String::from_utf8_lossy(&out.stderr));
-    let json = std::fs::read(dir.join("program.json")).unwrap();
+    let json = subc_backend_p4::testing::bmv2_json(&p4c, &art.program);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let thrift = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = tokio::process::Command::new(&ss)

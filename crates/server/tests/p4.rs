@@ -277,7 +277,10 @@ async fn flow(sw: Switch) {
     assert_eq!((s.state(), s.last_diff_entries), (proto::TargetState::InSync, 0), "{s:?}");
     let reconciled = next_event(&mut events, proto::EventKind::Reconciled).await;
     assert_eq!((reconciled.target.as_str(), reconciled.entries), ("sw", 0));
-    assert_eq!(written(&sw.fake), mark + 1, "nothing else was written");
+    if sw.fake.is_some() {
+        // Only the in-process switch records writes (BMv2: the reads above).
+        assert_eq!(written(&sw.fake), mark + 1, "nothing else was written");
+    }
     agree(&info, &held, &current(&lines), 4, "after the restart");
 
     // Removing the target with --uninstall empties the switch and forgets the image.
