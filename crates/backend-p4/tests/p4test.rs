@@ -12,6 +12,7 @@ mod common;
 use common::*;
 use std::process::Command;
 use subc_backend_p4::proto::{from_text, p4::config::v1::P4Info, to_text};
+use subc_backend_p4::testing::p4c_include;
 use subc_backend_p4::{compile, P4Options};
 
 /// Every corpus program, with a leaf table and with folded leaves: its name,

@@ -211,5 +211,3 @@ pub fn temp_dir(what: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
-
-pub use subc_backend_p4::testing::p4c_include;
