@@ -8,7 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
+use subc_lang::{parse_packet, Decision, Interpreter, Profile, StateStore};
 use subc_lang::{read_pcap, write_pcap, PcapPacket};
 use subc_workload::{example_packets, EXAMPLES};
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
@@ -102,11 +102,13 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     let bytes = std::fs::read(&pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
     note_capture(&packets);
+    // `--arch tna`: stream state as a Tofino computes it (docs/semantics.md, "Target profiles").
+    let profile = if args.p4.arch == crate::p4::ArchArg::Tna { Profile::Tna } else { Profile::Reference };
     let results: Vec<SimResult> = match args.engine {
         Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
         Engine::P4 => crate::p4::sim(&program, &packets, &args.compiler, &args.p4)?,
         Engine::Ref => {
-            let mut interp = Interpreter::new(&program.spec, &program.subscriptions);
+            let mut interp = Interpreter::with_profile(&program.spec, &program.subscriptions, profile);
             packets
                 .iter()
                 .map(|p| {
@@ -117,7 +119,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
         }
         Engine::Tables => {
             let (set, _) = crate::common::compile_program(&program, &args.compiler)?;
-            let mut state = StateStore::new(&program.spec);
+            let mut state = StateStore::with_profile(&program.spec, profile);
             packets
                 .iter()
                 .map(|p| match parse_packet(&program.spec, &p.data) {

@@ -90,7 +90,14 @@ fn check_reports_every_error_with_its_location_and_a_summary() {
 /// `subc sim EXAMPLE --json --engine ENGINE`, one object per line, each
 /// checked for the documented shape.
 fn sim_json(example: &str, engine: &str) -> Vec<Value> {
-    let text = ok(&subc(&["sim", example, "--json", "--engine", engine]));
+    sim_json_with(example, engine, &[])
+}
+
+/// [`sim_json`] with more arguments (`--arch tna`).
+fn sim_json_with(example: &str, engine: &str, more: &[&str]) -> Vec<Value> {
+    let mut args = vec!["sim", example, "--json", "--engine", engine];
+    args.extend(more);
+    let text = ok(&subc(&args));
     let rows: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{example} --engine {engine}: not JSON ({e}): {l}")))
@@ -123,6 +130,29 @@ fn sim_engines_agree_on_every_example() {
             assert_eq!(outcome(&sim_json(&ex, engine)), outcome(&reference), "{ex}: --engine {engine} against --engine ref");
         }
     }
+}
+
+/// `--arch tna`: the reference and tables engines follow the Tofino profile,
+/// the P4 engine simulates the TNA program; they agree wherever TNA
+/// compiles, and an example TNA refuses says why.
+#[test]
+fn sim_engines_agree_under_the_tna_profile() {
+    let outcome = |rows: &[Value]| -> Vec<(Value, Value)> { rows.iter().map(|r| (r["ports"].clone(), r["decision"].clone())).collect() };
+    let mut compared = 0;
+    for ex in examples() {
+        let p4 = subc(&["sim", &ex, "--json", "--engine", "p4", "--arch", "tna"]);
+        if !p4.status.success() {
+            let stderr = String::from_utf8_lossy(&p4.stderr);
+            assert!(stderr.contains("the tna target cannot compile state `chan_ewma`"), "{ex}: {stderr}");
+            continue;
+        }
+        let reference = sim_json_with(&ex, "ref", &["--arch", "tna"]);
+        for engine in ["tables", "p4"] {
+            assert_eq!(outcome(&sim_json_with(&ex, engine, &["--arch", "tna"])), outcome(&reference), "{ex}: --engine {engine} --arch tna");
+        }
+        compared += 1;
+    }
+    assert_eq!(compared, examples().len() - 1, "every example but the EWMA one compiles for TNA");
 }
 
 // ---------------------------------------------------------------------------
