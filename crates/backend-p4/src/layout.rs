@@ -235,9 +235,8 @@ pub enum StateLogic {
         ring_reg: String,
         next_reg: String,
         sum_reg: String,
-        /// TNA: the metadata field that carries `v - old` to the sum's
-        /// stateful ALU (one access per register per packet).
-        delta_meta: Option<String>,
+        /// TNA: the average's stateful ALU actions, one per access.
+        alu: Option<AvgAlu>,
     },
     /// TNA's counter: its window starts at a packet, not at a multiple of
     /// the window (no division of run-time values; docs/semantics.md,
@@ -247,6 +246,8 @@ pub enum StateLogic {
         window_ns: u64,
         reg: String,
         cell_type: String,
+        /// The RegisterAction that counts the packet.
+        count_action: String,
     },
     Ewma {
         header: String,
@@ -262,6 +263,22 @@ pub enum StateLogic {
         reg: String,
         slot_meta: String,
     },
+}
+
+/// TNA: the RegisterActions of an average, one per register access, and the
+/// metadata field that carries a sample's change (`v - old`) to the sum's
+/// ALU.
+#[derive(Clone, Debug, Serialize)]
+pub struct AvgAlu {
+    pub delta_meta: String,
+    /// Returns the ring's next index and advances it.
+    pub advance: String,
+    /// Returns the ring's old sample and stores the new one.
+    pub swap: String,
+    /// Adds the change to the sum and returns it.
+    pub add: String,
+    /// Returns the sum (a packet without the field).
+    pub read: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -836,13 +853,14 @@ impl<'a> Builder<'a> {
             None => self.window_cell.insert(self.global.fresh("window_t")).clone(),
         };
         let reg = self.register(&format!("{}_window", s.name), 64, slots);
-        let logic = StateLogic::Window { window_ns, reg, cell_type };
+        let count_action = self.global.fresh(&format!("{reg}_count"));
+        let logic = StateLogic::Window { window_ns, reg, cell_type, count_action };
         Ok((logic, format!("{}: packets per window of {} us, from the first packet after the last window", s.name, window_us)))
     }
 
     /// A mean of the last `samples` values: a ring of them, the ring's next
     /// index and their sum, per slot. On TNA the sum is 32 bits (it wraps)
-    /// and `delta_meta` carries each sample's change to the sum's ALU.
+    /// and `alu` names its stateful ALU actions.
     fn average_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, samples: u32) -> Result<(StateLogic, String), Error> {
         let (header, fname) = self.field_expr(field);
         let width = self.spec.field(field).width;
@@ -856,19 +874,21 @@ impl<'a> Builder<'a> {
             self.layout.meta.push(MetaField { name: name.clone(), width: 32, comment: format!("a sample's change to {}'s sum", s.name) });
             name
         });
-        let logic = StateLogic::Avg {
-            header,
-            field: fname,
-            width,
-            samples,
-            log2: log2(samples),
-            sum_width,
+        let (ring_reg, next_reg, sum_reg) = (
             // TNA keeps samples in 32-bit ALU words.
-            ring_reg: self.register(&format!("{}_ring", s.name), if tna { 32 } else { width }, slots * samples as u64),
-            next_reg: self.register(&format!("{}_next", s.name), 8, slots),
-            sum_reg: self.register(&format!("{}_sum", s.name), sum_width, slots),
+            self.register(&format!("{}_ring", s.name), if tna { 32 } else { width }, slots * samples as u64),
+            self.register(&format!("{}_next", s.name), 8, slots),
+            self.register(&format!("{}_sum", s.name), sum_width, slots),
+        );
+        let alu = delta_meta.map(|delta_meta| AvgAlu {
             delta_meta,
-        };
+            advance: self.global.fresh(&format!("{next_reg}_advance")),
+            swap: self.global.fresh(&format!("{ring_reg}_swap")),
+            add: self.global.fresh(&format!("{sum_reg}_add")),
+            read: self.global.fresh(&format!("{sum_reg}_read")),
+        });
+        let logic =
+            StateLogic::Avg { header, field: fname, width, samples, log2: log2(samples), sum_width, ring_reg, next_reg, sum_reg, alu };
         Ok((logic, format!("{}: mean of the last {} samples of {}", s.name, samples, self.spec.field_name(field))))
     }
 

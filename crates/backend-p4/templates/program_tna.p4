@@ -123,11 +123,11 @@ control Ingress(inout headers_t hdr,
                 inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
 {%- for s in t.states %}
 {%- match s.logic %}
-{%- when StateLogic::Window with { window_ns, reg, cell_type } %}
+{%- when StateLogic::Window with { window_ns, reg, cell_type, count_action } %}
 
     // {{ s.comment }}
     Register<{{ cell_type }}, bit<32>>({{ s.slots }}) {{ reg }};
-    RegisterAction<{{ cell_type }}, bit<32>, bit<32>>({{ reg }}) {{ reg }}_count = {
+    RegisterAction<{{ cell_type }}, bit<32>, bit<32>>({{ reg }}) {{ count_action }} = {
         void apply(inout {{ cell_type }} cell, out bit<32> count) {
             if (meta.now - cell.start >= {{ window_ns }}) {
                 cell.start = meta.now;
@@ -138,11 +138,12 @@ control Ingress(inout headers_t hdr,
             count = cell.count;
         }
     };
-{%- when StateLogic::Avg with { header, field, samples, ring_reg, next_reg, sum_reg, delta_meta, .. } %}
+{%- when StateLogic::Avg with { header, field, samples, ring_reg, next_reg, sum_reg, alu, .. } %}
+{%- if let Some(a) = alu %}
 
     // {{ s.comment }}
     Register<bit<8>, bit<32>>({{ s.slots }}) {{ next_reg }};
-    RegisterAction<bit<8>, bit<32>, bit<8>>({{ next_reg }}) {{ next_reg }}_advance = {
+    RegisterAction<bit<8>, bit<32>, bit<8>>({{ next_reg }}) {{ a.advance }} = {
         void apply(inout bit<8> cell, out bit<8> next) {
             next = cell;
             if (cell == {{ samples - 1 }}) {
@@ -153,26 +154,25 @@ control Ingress(inout headers_t hdr,
         }
     };
     Register<bit<32>, bit<32>>({{ s.slots * samples }}) {{ ring_reg }};
-    RegisterAction<bit<32>, bit<32>, bit<32>>({{ ring_reg }}) {{ ring_reg }}_swap = {
+    RegisterAction<bit<32>, bit<32>, bit<32>>({{ ring_reg }}) {{ a.swap }} = {
         void apply(inout bit<32> cell, out bit<32> old) {
             old = cell;
             cell = (bit<32>)hdr.{{ header }}.{{ field }};
         }
     };
     Register<bit<32>, bit<32>>({{ s.slots }}) {{ sum_reg }};
-    RegisterAction<bit<32>, bit<32>, bit<32>>({{ sum_reg }}) {{ sum_reg }}_add = {
+    RegisterAction<bit<32>, bit<32>, bit<32>>({{ sum_reg }}) {{ a.add }} = {
         void apply(inout bit<32> cell, out bit<32> sum) {
-{%- if let Some(d) = delta_meta %}
-            cell = cell + meta.{{ d }};
+            cell = cell + meta.{{ a.delta_meta }};
+            sum = cell;
+        }
+    };
+    RegisterAction<bit<32>, bit<32>, bit<32>>({{ sum_reg }}) {{ a.read }} = {
+        void apply(inout bit<32> cell, out bit<32> sum) {
+            sum = cell;
+        }
+    };
 {%- endif %}
-            sum = cell;
-        }
-    };
-    RegisterAction<bit<32>, bit<32>, bit<32>>({{ sum_reg }}) {{ sum_reg }}_read = {
-        void apply(inout bit<32> cell, out bit<32> sum) {
-            sum = cell;
-        }
-    };
 {%- else %}
 {%- endmatch %}
 {%- endfor %}
@@ -243,27 +243,27 @@ control Ingress(inout headers_t hdr,
 
             // {{ s.comment }}
 {%- match s.logic %}
-{%- when StateLogic::Window with { reg, .. } %}
+{%- when StateLogic::Window with { count_action, .. } %}
             {
 {%- call slot(s) %}{% endcall %}
-                meta.{{ s.value_meta }} = {{ reg }}_count.execute(slot);
+                meta.{{ s.value_meta }} = {{ count_action }}.execute(slot);
             }
-{%- when StateLogic::Avg with { header, field, log2, ring_reg, next_reg, sum_reg, delta_meta, .. } %}
+{%- when StateLogic::Avg with { header, field, log2, alu, .. } %}
+{%- if let Some(a) = alu %}
             {
 {%- call slot(s) %}{% endcall %}
                 bit<32> sum;
                 if (hdr.{{ header }}.isValid()) {
-                    bit<8> next = {{ next_reg }}_advance.execute(slot);
-                    bit<32> old = {{ ring_reg }}_swap.execute((slot << {{ log2 }}) | (bit<32>)next);
-{%- if let Some(d) = delta_meta %}
-                    meta.{{ d }} = (bit<32>)hdr.{{ header }}.{{ field }} - old;
-{%- endif %}
-                    sum = {{ sum_reg }}_add.execute(slot);
+                    bit<8> next = {{ a.advance }}.execute(slot);
+                    bit<32> old = {{ a.swap }}.execute((slot << {{ log2 }}) | (bit<32>)next);
+                    meta.{{ a.delta_meta }} = (bit<32>)hdr.{{ header }}.{{ field }} - old;
+                    sum = {{ a.add }}.execute(slot);
                 } else {
-                    sum = {{ sum_reg }}_read.execute(slot);
+                    sum = {{ a.read }}.execute(slot);
                 }
                 meta.{{ s.value_meta }} = (bit<{{ s.value_width }}>)(sum >> {{ log2 }});
             }
+{%- endif %}
 {%- else %}
 {%- endmatch %}
 {%- endfor %}
