@@ -111,6 +111,21 @@ impl Arch {
             self.qualified(name)
         }
     }
+
+    /// The ingress control's own name for a P4Info name it qualified
+    /// (`MyIngress.leaf` -> `leaf`); `None` for any other name.
+    pub(crate) fn unqualified(self, name: &str) -> Option<&str> {
+        name.strip_prefix(self.ingress())?.strip_prefix('.')
+    }
+
+    /// The interpreter's profile that computes what this architecture's
+    /// programs compute (docs/semantics.md, "Target profiles").
+    pub fn profile(self) -> subc_lang::Profile {
+        match self {
+            Arch::V1Model => subc_lang::Profile::Reference,
+            Arch::Tna => subc_lang::Profile::Tna,
+        }
+    }
 }
 /// The egress's per-port counter (a generated name the namer reserves, so
 /// that it never changes with the spec).
@@ -554,7 +569,7 @@ impl P4Layout {
         // order decides the program's identifiers.
         if opts.arch == Arch::Tna && orders.len() > 1 {
             return Err(Error::Unsupported {
-                arch: "tna",
+                arch: Arch::Tna.name(),
                 what: format!("a set spread over {} pipelines", orders.len()),
                 why: "the egress would test each port's bit of the pipelines' union, a shift by a run-time amount, which \
                       Tofino's match-action units lack; compile into one pipeline (a larger --node-budget)",
@@ -613,7 +628,7 @@ struct Builder<'a> {
 
 /// The error of a state variable the TNA target cannot compile.
 fn tna_refuses(s: &StateVar, why: &'static str) -> Error {
-    Error::Unsupported { arch: "tna", what: format!("state `{}`", s.name), why }
+    Error::Unsupported { arch: Arch::Tna.name(), what: format!("state `{}`", s.name), why }
 }
 
 /// The key every table but the roots and the fanout match first.

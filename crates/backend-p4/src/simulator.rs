@@ -842,7 +842,7 @@ impl Bindings {
         }
         let mut action_kinds = HashMap::new();
         for (id, a) in &switch.actions {
-            let short = a.name.strip_prefix(&format!("{}.", layout.arch.ingress())).unwrap_or(&a.name);
+            let short = layout.arch.unqualified(&a.name).unwrap_or(&a.name);
             let kind = if short == "NoAction" {
                 ActionKind::NoAction
             } else {
@@ -1084,13 +1084,7 @@ impl<'a> Simulator<'a> {
 
     fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), SimError> {
         let kind = *self.ids.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
-        let name = self
-            .switch
-            .action_name(call.action)
-            .unwrap_or("")
-            .strip_prefix(&format!("{}.", self.layout.arch.ingress()))
-            .unwrap_or("NoAction")
-            .to_string();
+        let name = self.switch.action_name(call.action).and_then(|n| self.layout.arch.unqualified(n)).unwrap_or("NoAction").to_string();
         let arg = |i: usize| bytes_to_u64(&call.args[i]);
         match kind {
             ActionKind::NoAction => {}

@@ -15,7 +15,7 @@ use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::read_pcap;
 use subc_lang::Program;
-use subc_lang::{Profile, StateStore};
+use subc_lang::StateStore;
 use subc_workload::Rng;
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -31,7 +31,7 @@ fn arch_options(fold: bool, tna: bool) -> P4Options {
 
 /// The interpreter's state for a program of `opts`' architecture.
 fn state_for(p: &Program, opts: &P4Options) -> StateStore {
-    StateStore::with_profile(&p.spec, if opts.arch == Arch::Tna { Profile::Tna } else { Profile::Reference })
+    StateStore::with_profile(&p.spec, opts.arch.profile())
 }
 
 /// The same packets at irregular times: gaps of up to 150 us (counter

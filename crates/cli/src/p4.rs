@@ -66,11 +66,16 @@ impl P4Args {
             headroom: self.p4_headroom,
             fold_leaves: self.p4_fold_leaves,
             prune_ingress: self.p4_prune_ingress,
-            arch: match self.arch {
-                ArchArg::V1model => Arch::V1Model,
-                ArchArg::Tna => Arch::Tna,
-            },
+            arch: self.arch(),
             ..P4Options::default()
+        }
+    }
+
+    /// The architecture `--arch` names.
+    pub fn arch(&self) -> Arch {
+        match self.arch {
+            ArchArg::V1model => Arch::V1Model,
+            ArchArg::Tna => Arch::Tna,
         }
     }
 }

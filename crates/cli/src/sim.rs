@@ -8,7 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::{parse_packet, Decision, Interpreter, Profile, StateStore};
+use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
 use subc_lang::{read_pcap, write_pcap, PcapPacket};
 use subc_workload::{example_packets, EXAMPLES};
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
@@ -103,7 +103,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
     note_capture(&packets);
     // `--arch tna`: stream state as a Tofino computes it (docs/semantics.md, "Target profiles").
-    let profile = if args.p4.arch == crate::p4::ArchArg::Tna { Profile::Tna } else { Profile::Reference };
+    let profile = args.p4.arch().profile();
     let results: Vec<SimResult> = match args.engine {
         Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
         Engine::P4 => crate::p4::sim(&program, &packets, &args.compiler, &args.p4)?,

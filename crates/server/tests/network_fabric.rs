@@ -17,7 +17,7 @@
 //! run on the network program, forwards to it, each once (the publisher
 //! none of its own). The same holds after 50 random adds and removes over
 //! gRPC, and again after a spine link is marked down with `SetDown` (and
-//! its veth set down). Namespaces, switches and pinned programs are removed
+//! its veth set down, or for BMv2 cut: see [`Fabric::fail_link`]). Namespaces, switches and pinned programs are removed
 //! at the end, also when the test fails; every wait is bounded.
 
 mod common;
@@ -68,19 +68,11 @@ struct Fabric {
     hosts: Vec<(String, OwnedFd)>,
     topology: String,
     ebpf: bool,
+    /// BMv2: each switch's P4Runtime server.
+    addresses: Vec<String>,
     // Dropped in this order: switches, then namespaces (after the sockets in them).
     _switches: Vec<Killed>,
     _nss: Namespaces,
-}
-
-/// A child process killed (and reaped) on drop.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The port of every switch's P4Runtime server (each in its own namespace).
@@ -96,16 +88,18 @@ impl Fabric {
         let ns = |name: &str| format!("{tag}{name}");
         let mut nss = Namespaces::default();
         let mut topology = String::new();
-        // BMv2 switches start once their ports exist: (device, address).
-        let mut bmv2 = vec![];
+        // BMv2 switches start once their ports exist; each reads the one program.
+        let mut addresses = vec![];
+        if let Switches::Bmv2 { program, .. } = switches {
+            std::fs::write(dir.join("program.json"), program).unwrap();
+        }
         for (i, d) in DEVICES.iter().enumerate() {
             nss.add(&ns(d)).unwrap();
             let options = match switches {
                 Switches::Ebpf => format!("kind = \"ebpf\"\noptions = {{ netns = \"{}\" }}", ns(d)),
-                Switches::Bmv2 { program, .. } => {
+                Switches::Bmv2 { .. } => {
                     let address = management_link(&tag, i, &ns(d));
-                    std::fs::write(dir.join("program.json"), program).unwrap();
-                    bmv2.push((d, address.clone()));
+                    addresses.push(address.clone());
                     format!("kind = \"p4runtime\"\noptions = {{ address = \"{address}\", device_config = \"program.json\" }}")
                 }
             };
@@ -131,11 +125,11 @@ impl Fabric {
         }
         let children = match switches {
             Switches::Bmv2 { switch, .. } => {
-                bmv2.iter().map(|(d, address)| start_bmv2(switch, &ns(d), &ports_of(d), address, dir)).collect()
+                DEVICES.iter().zip(&addresses).map(|(d, address)| start_bmv2(switch, &ns(d), &ports_of(d), address, dir)).collect()
             }
             Switches::Ebpf => vec![],
         };
-        Fabric { tag, hosts, topology, ebpf: matches!(switches, Switches::Ebpf), _switches: children, _nss: nss }
+        Fabric { tag, hosts, topology, ebpf: matches!(switches, Switches::Ebpf), addresses, _switches: children, _nss: nss }
     }
 
     /// Breaks the link at `end` (`device:port`). For eBPF switches its veth
@@ -144,10 +138,10 @@ impl Fabric {
     /// real link failure does to a switch; so for BMv2 the link is cut
     /// instead: XDP on both ends drops every frame, both interfaces stay up.
     /// The cut lasts while the returned links live.
-    fn fail_link(&self, end: &str, switches: &Switches) -> Vec<XdpAttachment> {
+    fn fail_link(&self, end: &str) -> Vec<XdpAttachment> {
         let (dev, port) = end.split_once(':').unwrap();
         let here = (format!("{}{dev}", self.tag), format!("p{port}"));
-        if let Switches::Ebpf = switches {
+        if self.ebpf {
             ip(&["-n", &here.0, "link", "set", &here.1, "down"]).unwrap();
             return vec![];
         }
@@ -217,7 +211,6 @@ fn start_bmv2(switch: &OsString, ns: &str, ports: &[u32], address: &str, dir: &P
     }
     args.extend(["--".into(), "--grpc-server-addr".into(), address.into()]);
     let log = std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap();
-    let _ = dir;
     let child = std::process::Command::new("ip")
         .args(&args)
         .stdout(log.try_clone().unwrap())
@@ -228,8 +221,8 @@ fn start_bmv2(switch: &OsString, ns: &str, ports: &[u32], address: &str, dir: &P
 }
 
 /// Waits until every switch's P4Runtime server answers.
-async fn bmv2_ready(topology: &str) {
-    for address in topology.lines().filter_map(|l| l.split("address = \"").nth(1)?.split('"').next()) {
+async fn bmv2_ready(addresses: &[String]) {
+    for address in addresses {
         let url = format!("http://{address}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while subc_backend_p4::client::Client::reader(&url, 0, None).await.is_err() {
@@ -375,9 +368,7 @@ async fn follow_changes_and_failures(switches: Switches) {
     let pool: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(|l| l.replace("fwd(", "fwd(h")).collect();
 
     bounded(300, async {
-        if let Switches::Bmv2 { .. } = switches {
-            bmv2_ready(&fabric.topology).await;
-        }
+        bmv2_ready(&fabric.addresses).await;
         let r = start(cfg).await;
         let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
         let devices = fabric.devices();
@@ -407,7 +398,7 @@ async fn follow_changes_and_failures(switches: Switches) {
         check("after 50 adds and removes", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 2)).await;
 
         // A spine link goes down, and the service routes around it.
-        let _cut = fabric.fail_link(DOWN_LINK, &switches);
+        let _cut = fabric.fail_link(DOWN_LINK);
         let req = proto::SetDownRequest { links: vec![format!("{}{DOWN_LINK}", fabric.tag)], devices: vec![], down: true };
         let d = admin.targets.set_down(req).await.unwrap().into_inner();
         assert!(!d.changed.is_empty(), "the down link was on the tree: {d:?}");

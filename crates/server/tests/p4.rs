@@ -139,16 +139,6 @@ struct Switch {
     _child: Option<Killed>,
 }
 
-/// A child process killed when dropped.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Deletes one table entry behind the service's back, as a controller of
 /// higher election id; returns it.
 async fn delete_an_entry(sw: &Switch) -> p4v1::Entity {

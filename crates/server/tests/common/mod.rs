@@ -210,3 +210,13 @@ pub fn network_program(topology: &str, rules: &[&str]) -> (subc_fabric::Topology
     let (p, d) = subc_lang::check_program_with(&sources, spec, &[file], Default::default(), Some(&t.endpoint_table()));
     (t, p.unwrap_or_else(|| panic!("{}", d.render(&sources))))
 }
+
+/// A child process killed when dropped.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
