@@ -154,7 +154,7 @@ impl<'a> Encoder<'a> {
 
     /// An encoder that writes device ports through `ports`.
     pub fn with_ports(layout: &'a P4Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
-        let table_ids = layout.tables.iter().map(|t| ids.tables[&layout.arch.qualified(&t.name)]).collect();
+        let table_ids = layout.tables.iter().map(|t| ids.tables[&layout.table_name(t)]).collect();
         Encoder { layout, ids, table_ids, ports }
     }
 
@@ -409,13 +409,41 @@ impl<'a> Encoder<'a> {
             is_default_action: true,
             ..Default::default()
         };
-        Ok(vec![
-            Batch { label: "create the multicast group of all ports".into(), updates: vec![group] },
-            Batch {
-                label: "multicast to it when several pipelines forward".into(),
-                updates: vec![update(p4v1::update::Type::Modify, p4v1::entity::Entity::TableEntry(fanout))],
-            },
-        ])
+        let mut out = vec![Batch { label: "create the multicast group of all ports".into(), updates: vec![group] }];
+        if self.layout.table_index(TableRole::PortFilter).is_some() {
+            out.push(Batch { label: "keep the copies to the bitmap's ports".into(), updates: self.port_filter_entries(&ports)? });
+        }
+        out.push(Batch {
+            label: "multicast to it when several pipelines forward".into(),
+            updates: vec![update(p4v1::update::Type::Modify, p4v1::entity::Entity::TableEntry(fanout))],
+        });
+        Ok(out)
+    }
+
+    /// TNA, several pipelines: per device port `d` of the bitmap, the entry
+    /// `(egress_port == d, ports &&& bit d == bit d)` that lets its copies
+    /// leave (a copy that misses is dropped).
+    fn port_filter_entries(&self, devices: &[u32]) -> Result<Vec<p4v1::Update>, Error> {
+        let Fanout::Bitmap { width } = self.layout.fanout else { return Ok(vec![]) };
+        let table_id = self.table_id(TableRole::PortFilter)?;
+        let no_action = p4v1::TableAction {
+            r#type: Some(p4v1::table_action::Type::Action(p4v1::Action { action_id: self.action_id("NoAction"), params: vec![] })),
+        };
+        let entries = devices.iter().filter(|d| **d < width).map(|&d| {
+            let bit = port_bitmap(&[d], width);
+            let ternary = p4v1::field_match::Ternary { value: bit.clone(), mask: bit };
+            p4v1::TableEntry {
+                table_id,
+                r#match: vec![
+                    exact(1, canonical(d as u64)),
+                    p4v1::FieldMatch { field_id: 2, field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(ternary)) },
+                ],
+                action: Some(no_action.clone()),
+                priority: 1,
+                ..Default::default()
+            }
+        });
+        Ok(entries.map(|e| update(p4v1::update::Type::Insert, p4v1::entity::Entity::TableEntry(e))).collect())
     }
 
     /// One IR op of pipeline `pipe` (as it is after the op's diff) as a

@@ -25,7 +25,9 @@
 //!   each leaf ORs its ports into a bitmap `meta.ports`; a packet with any
 //!   bit set goes to the multicast group of all ports (the keyless `fanout`
 //!   table's default action names it) and the egress drops the copies whose
-//!   port's bit is clear: the union of any leaves, with no table of unions;
+//!   port's bit is clear: the union of any leaves, with no table of unions
+//!   (on TNA the bitmap is bridged to the egress, whose
+//!   [`TableRole::PortFilter`] does the test without a run-time shift);
 //! - leaf actions carry the variable updates as action parameters (Camus
 //!   §3.1: generic update code linked to subscriptions by parameters): per
 //!   variable `<v>_set`, `<v>_to`, `<v>_add`, meaning
@@ -130,6 +132,8 @@ impl Arch {
 /// The egress's per-port counter (a generated name the namer reserves, so
 /// that it never changes with the spec).
 pub(crate) const PORT_COUNTER: &str = "port_counter";
+/// TNA's egress table of kept ports (reserved in TNA programs).
+pub(crate) const PORT_FILTER: &str = "port_filter";
 
 /// How the action sets of the pipelines reach the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -396,6 +400,11 @@ pub enum TableRole {
     /// Several pipelines: the keyless table whose default action multicasts
     /// to the group of all ports.
     Fanout,
+    /// Several pipelines on TNA: the egress's table, keyed on the egress
+    /// port and the bridged bitmap, that a copy must hit to leave (one
+    /// ternary entry per device port, testing that port's bit). Tofino
+    /// cannot shift by a run-time amount, which v1model's egress does.
+    PortFilter,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -567,14 +576,6 @@ impl P4Layout {
         // The phases keep this order: most take names from P4's one global
         // namespace, where the first to ask gets the plain name, so the
         // order decides the program's identifiers.
-        if opts.arch == Arch::Tna && orders.len() > 1 {
-            return Err(Error::Unsupported {
-                arch: Arch::Tna.name(),
-                what: format!("a set spread over {} pipelines", orders.len()),
-                why: "the egress would test each port's bit of the pipelines' union, a shift by a run-time amount, which \
-                      Tofino's match-action units lack; compile into one pipeline (a larger --node-budget)",
-            });
-        }
         let mut b = Builder::new(spec, opts, orders.len());
         b.declare_headers();
         b.declare_parser();
@@ -585,6 +586,14 @@ impl P4Layout {
         b.declare_actions();
         b.declare_tables(orders);
         Ok(b.layout)
+    }
+
+    /// The table's P4Info name: qualified by the control it is declared in.
+    pub(crate) fn table_name(&self, t: &TableDecl) -> String {
+        match t.role {
+            TableRole::PortFilter => self.arch.egress_qualified(&t.name),
+            _ => self.arch.qualified(&t.name),
+        }
     }
 
     pub fn table(&self, name: &str) -> Option<&TableDecl> {
@@ -602,7 +611,7 @@ impl P4Layout {
     /// power of two, so that updates have room.
     pub fn size_tables(&mut self, counts: &[usize], opts: &P4Options) {
         for (t, n) in self.tables.iter_mut().zip(counts) {
-            if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout) {
+            if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter) {
                 continue;
             }
             let want = (*n as u64).saturating_mul(opts.headroom.max(1)).next_power_of_two();
@@ -694,7 +703,8 @@ impl<'a> Builder<'a> {
             uses_time: false,
         };
         // TNA's counters compare the packet's time, `meta.now`.
-        let reserved: &[&str] = if opts.arch == Arch::Tna { &["parsed", "state", "ports", "now"] } else { &["parsed", "state", "ports"] };
+        let reserved: &[&str] =
+            if opts.arch == Arch::Tna { &["parsed", "state", "ports", "now", "forwarding"] } else { &["parsed", "state", "ports"] };
         let meta_namer = P4Namer::struct_fields(reserved);
         let global = if opts.arch == Arch::Tna { P4Namer::global_tna() } else { P4Namer::global() };
         Builder { spec, opts, global, meta_namer, window_cell: None, layout }
@@ -972,6 +982,15 @@ impl<'a> Builder<'a> {
                 width,
                 comment: "the union of the pipelines' ports, one bit per port".into(),
             });
+            if self.opts.arch == Arch::Tna {
+                // Tofino's gateways compare a few bytes, not a bitmap of
+                // hundreds of bits with 0: the leaves raise a flag instead.
+                self.layout.meta.push(MetaField {
+                    name: "forwarding".into(),
+                    width: 1,
+                    comment: "some pipeline forwards (the bitmap is not empty)".into(),
+                });
+            }
         }
     }
 
@@ -1042,7 +1061,27 @@ impl<'a> Builder<'a> {
                 default_args: String::new(),
                 size: 1,
             });
+            if self.opts.arch == Arch::Tna {
+                self.declare_port_filter();
+            }
         }
+    }
+
+    /// TNA, several pipelines: the egress's [`TableRole::PortFilter`].
+    fn declare_port_filter(&mut self) {
+        let Fanout::Bitmap { width } = self.layout.fanout else { return };
+        self.layout.tables.push(TableDecl {
+            name: PORT_FILTER.into(),
+            role: TableRole::PortFilter,
+            keys: vec![
+                KeyDecl { expr: "eg_intr_md.egress_port".into(), width: PORT_WIDTH, kind: MatchKind::Exact },
+                KeyDecl { expr: "hdr.bridge.ports".into(), width, kind: MatchKind::Ternary },
+            ],
+            actions: vec!["NoAction".into()],
+            default_action: "NoAction".into(),
+            default_args: String::new(),
+            size: (width as u64).next_power_of_two(),
+        });
     }
 
     /// A pipeline's root table, its levels' tables, and its leaf table

@@ -275,6 +275,10 @@ pub(crate) const TNA_NAMES: &[&str] = &[
     "eg_dprsr_md",
     "eg_oport_md",
     "cell",
+    // With several pipelines: the egress's table of kept ports, and the
+    // ingress's flag that some pipeline forwards.
+    "port_filter",
+    "forwarding",
 ];
 
 /// Methods of header types, which their fields must not be named.

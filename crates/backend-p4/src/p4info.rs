@@ -83,7 +83,7 @@ fn match_type(k: MatchKind) -> i32 {
 /// The ids of `layout`'s objects.
 pub(crate) fn ids(layout: &P4Layout) -> Ids {
     let arch = layout.arch;
-    let tables: BTreeSet<String> = layout.tables.iter().map(|t| arch.qualified(&t.name)).collect();
+    let tables: BTreeSet<String> = layout.tables.iter().map(|t| layout.table_name(t)).collect();
     let actions: BTreeSet<String> = used_actions(layout).iter().map(|a| arch.action_name(a)).collect();
     let registers: BTreeSet<String> = layout.registers.iter().map(|r| arch.qualified(&r.name)).collect();
     let counters: BTreeSet<String> = [arch.egress_qualified(&layout.port_counter.name)].into();
@@ -166,7 +166,7 @@ impl Preambles {
 /// A table: its match fields named by their key expressions, its actions,
 /// and the default action it starts with.
 fn table_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, t: &TableDecl) -> cfg::Table {
-    let name = layout.arch.qualified(&t.name);
+    let name = layout.table_name(t);
     cfg::Table {
         preamble: preambles.preamble(name.clone(), ids.tables[&name], vec![]),
         match_fields: t

@@ -89,6 +89,10 @@ pub(crate) struct ProgramTemplate<'a> {
 pub(crate) struct TnaProgramTemplate<'a> {
     pub t: ProgramTemplate<'a>,
     pub window_cell: Option<String>,
+    /// Several pipelines: the egress's table of kept ports, and the bits
+    /// that pad the bridged bitmap to whole bytes.
+    pub port_filter: Option<TableRow>,
+    pub ports_pad: u32,
 }
 
 /// A constant of a `width`-bit field as P4 source: decimal when small,
@@ -128,7 +132,8 @@ impl<'a> ProgramTemplate<'a> {
             sig_drop: action_signature(l, "drop", None),
             sig_update: action_signature(l, "update", None),
             updates: variable_updates(l),
-            tables: l.tables.iter().map(|t| table_row(l, t)).collect(),
+            // The ingress's tables; the egress's are the architecture's own.
+            tables: l.tables.iter().filter(|t| t.role != TableRole::PortFilter).map(|t| table_row(l, t)).collect(),
             copies,
             flips,
             states: &l.states,
@@ -252,6 +257,7 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
         }
         TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
         TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
+        TableRole::PortFilter => Some("A copy leaves only if its port's bit is set: one entry per port, testing that bit.".into()),
         TableRole::Field { .. } => None,
     }
 }
@@ -295,7 +301,9 @@ pub fn write_program(spec: &Spec, layout: &P4Layout) -> String {
                 StateLogic::Window { cell_type, .. } => Some(cell_type.clone()),
                 _ => None,
             });
-            TnaProgramTemplate { t, window_cell }.render()
+            let port_filter = layout.tables.iter().find(|t| t.role == TableRole::PortFilter).map(|t| table_row(layout, t));
+            let ports_pad = t.ports_width.map(|w| (8 - w % 8) % 8).unwrap_or(0);
+            TnaProgramTemplate { t, window_cell, port_filter, ports_pad }.render()
         }
     };
     let mut s = rendered.expect("the program template renders");

@@ -103,8 +103,7 @@ fn is_default(e: &p4v1::Entity) -> Option<u32> {
 pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4v1::Entity]) -> Repair {
     use p4v1::update::Type as T;
     let layout = target.layout();
-    let roles: HashMap<u32, TableRole> =
-        layout.tables.iter().map(|t| (target.ids().tables[&layout.arch.qualified(&t.name)], t.role)).collect();
+    let roles: HashMap<u32, TableRole> = layout.tables.iter().map(|t| (target.ids().tables[&layout.table_name(t)], t.role)).collect();
     let initial: BTreeMap<u32, &p4v1::Entity> = initial.iter().filter_map(|e| Some((is_default(e)?, e))).collect();
     let mut want: BTreeMap<Vec<u8>, &p4v1::Entity> = expected.iter().map(|e| (key_of(e), e)).collect();
     // Default entries nobody asked for are expected to be the initial ones.

@@ -77,6 +77,8 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
                 .count(),
             TableRole::Leaf { pipeline } => pipes[pipeline].leaves.len(),
             TableRole::Fanout => 1,
+            // One entry per device port, which the port map decides.
+            TableRole::PortFilter => layout.ports as usize,
         })
         .collect()
 }
@@ -90,7 +92,7 @@ fn range_cost(r: &p4v1::field_match::Range, width: u32) -> usize {
 pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install: &[Batch]) -> Resources {
     // The width of each table's second key (the field), by table id.
     let widths: BTreeMap<u32, u32> =
-        layout.tables.iter().map(|t| (ids.tables[&layout.arch.qualified(&t.name)], t.keys.get(1).map(|k| k.width).unwrap_or(0))).collect();
+        layout.tables.iter().map(|t| (ids.tables[&layout.table_name(t)], t.keys.get(1).map(|k| k.width).unwrap_or(0))).collect();
     let mut per_table: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     let mut groups = 0;
     let mut replicas = 0;
@@ -127,7 +129,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
     }
     let mut tables = vec![];
     for t in &layout.tables {
-        let (entries, tcam) = per_table.get(&ids.tables[&layout.arch.qualified(&t.name)]).copied().unwrap_or((0, 0));
+        let (entries, tcam) = per_table.get(&ids.tables[&layout.table_name(t)]).copied().unwrap_or((0, 0));
         let (pipeline, field, role) = match t.role {
             TableRole::Root { pipeline } => (Some(pipeline), None, "root".to_string()),
             TableRole::Field { pipeline, level, stage } => {
@@ -142,6 +144,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
             }
             TableRole::Leaf { pipeline } => (Some(pipeline), None, "leaf".to_string()),
             TableRole::Fanout => (None, None, "fanout".to_string()),
+            TableRole::PortFilter => (None, None, "port_filter".to_string()),
         };
         let is_tcam = t.keys.iter().any(|k| k.kind != MatchKind::Exact);
         tables.push(TableResources {

@@ -123,9 +123,11 @@ fn invalid(msg: impl Into<String>) -> WriteError {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum FieldValue {
     Exact(Vec<u8>),
+    /// Canonical byte strings: a ternary key may be wider than 64 bits
+    /// (TNA's port filter matches the whole port bitmap).
     Ternary {
-        value: u64,
-        mask: u64,
+        value: Vec<u8>,
+        mask: Vec<u8>,
     },
     Lpm {
         value: u64,
@@ -205,6 +207,13 @@ pub struct Switch {
 
 fn bytes_to_u64(b: &[u8]) -> u64 {
     b.iter().fold(0u64, |a, x| (a << 8) | *x as u64)
+}
+
+/// Whether `key & mask == value`, on big-endian byte strings of any
+/// lengths (missing high bytes are zero).
+fn masked_equal(value: &[u8], mask: &[u8], key: &[u8]) -> bool {
+    let at = |b: &[u8], i: usize| if i < b.len() { b[b.len() - 1 - i] } else { 0 };
+    (0..value.len().max(mask.len()).max(key.len())).all(|i| at(key, i) & at(mask, i) == at(value, i))
 }
 
 /// Checks that `b` is a canonical byte string of at most `width` bits.
@@ -395,14 +404,13 @@ impl Switch {
                 (Some(F::Ternary(x)), MatchKind::Ternary) => {
                     check_canonical(&x.value, f.width, &what)?;
                     check_canonical(&x.mask, f.width, &what)?;
-                    let (value, m2) = (bytes_to_u64(&x.value), bytes_to_u64(&x.mask));
-                    if m2 == 0 {
+                    if x.mask.iter().all(|b| *b == 0) {
                         return Err(invalid(format!("{what}: a zero mask must be left out")));
                     }
-                    if value & !m2 != 0 {
+                    if !masked_equal(&x.value, &x.mask, &x.value) {
                         return Err(invalid(format!("{what}: value bits outside the mask")));
                     }
-                    FieldValue::Ternary { value, mask: m2 }
+                    FieldValue::Ternary { value: x.value.clone(), mask: x.mask.clone() }
                 }
                 (Some(F::Lpm(x)), MatchKind::Lpm) => {
                     check_canonical(&x.value, f.width, &what)?;
@@ -607,7 +615,8 @@ impl Switch {
                 (FieldValue::Any, _) => true,
                 (FieldValue::Exact(b), KeyValue::Bytes(x)) => b == x,
                 (FieldValue::Exact(b), KeyValue::Int(x)) => bytes_to_u64(b) == *x && b.len() <= 8,
-                (FieldValue::Ternary { value, mask }, KeyValue::Int(x)) => x & mask == *value,
+                (FieldValue::Ternary { value, mask }, KeyValue::Int(x)) => masked_equal(value, mask, &x.to_be_bytes()),
+                (FieldValue::Ternary { value, mask }, KeyValue::Bytes(x)) => masked_equal(value, mask, x),
                 (FieldValue::Lpm { value, len }, KeyValue::Int(x)) => {
                     lpm_len = *len;
                     (x >> (f.width - len)) == (value >> (f.width - len))
@@ -770,7 +779,7 @@ fn table_entity(id: u32, t: &TableInfo, e: Option<&Entry>, action: &ActionCall) 
             let m = match v {
                 FieldValue::Any => continue,
                 FieldValue::Exact(b) => F::Exact(p4v1::field_match::Exact { value: b.clone() }),
-                FieldValue::Ternary { value, mask } => F::Ternary(p4v1::field_match::Ternary { value: c(*value), mask: c(*mask) }),
+                FieldValue::Ternary { value, mask } => F::Ternary(p4v1::field_match::Ternary { value: value.clone(), mask: mask.clone() }),
                 FieldValue::Lpm { value, len } => F::Lpm(p4v1::field_match::Lpm { value: c(*value), prefix_len: *len as i32 }),
                 FieldValue::Range { lo, hi } => F::Range(p4v1::field_match::Range { low: c(*lo), high: c(*hi) }),
             };
@@ -837,7 +846,7 @@ impl Bindings {
     fn of(layout: &P4Layout, switch: &Switch) -> Result<Bindings, SimError> {
         let mut table_ids = HashMap::new();
         for t in &layout.tables {
-            let id = switch.table_id(&layout.arch.qualified(&t.name)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
+            let id = switch.table_id(&layout.table_name(t)).ok_or_else(|| SimError::NoTable { table: t.name.clone() })?;
             table_ids.insert(t.name.clone(), id);
         }
         let mut action_kinds = HashMap::new();
@@ -1082,6 +1091,16 @@ impl<'a> Simulator<'a> {
         Ok(hit)
     }
 
+    /// Whether the egress keeps a copy to `port` under the pipelines' bitmap:
+    /// v1model tests the port's bit; TNA looks the copy up in its port
+    /// filter, whose entries the control plane wrote.
+    fn port_in_bitmap(&mut self, port: u32, ports: &[u8]) -> Result<bool, SimError> {
+        let Some(i) = self.layout.table_index(crate::layout::TableRole::PortFilter) else { return Ok(bit_set(ports, port)) };
+        let id = self.ids.table_ids[&self.layout.tables[i].name];
+        let (_, hit) = self.switch.lookup(id, &[KeyValue::Int(port as u64), KeyValue::Bytes(ports.to_vec())])?;
+        Ok(hit)
+    }
+
     fn execute(&mut self, call: &ActionCall, meta: &mut Meta) -> Result<(), SimError> {
         let kind = *self.ids.action_kinds.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
         let name = self.switch.action_name(call.action).and_then(|n| self.layout.arch.unqualified(n)).unwrap_or("NoAction").to_string();
@@ -1162,7 +1181,13 @@ impl<'a> Simulator<'a> {
         let mut ports: Vec<u32> = if meta.mcast_grp != 0 {
             let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(SimError::NoGroup { group: meta.mcast_grp })?;
             // Several pipelines: the egress drops the copies outside the bitmap.
-            group.into_iter().filter(|p| !bitmap || bit_set(&meta.ports, *p)).collect()
+            let mut kept = vec![];
+            for p in group {
+                if !bitmap || self.port_in_bitmap(p, &meta.ports)? {
+                    kept.push(p);
+                }
+            }
+            kept
         } else if meta.egress_spec != DROP_PORT {
             vec![meta.egress_spec as u32]
         } else {

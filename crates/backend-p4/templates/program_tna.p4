@@ -28,14 +28,24 @@
 #include <tna.p4>
 
 typedef bit<{{ t.state_width }}> state_t;
+{%- if let Some(w) = t.ports_width %}
+typedef bit<{{ w }}> ports_t;
+{%- endif %}
 
 /* Headers */
 
 // The ingress port, carried from the ingress to the egress (which prunes
-// the copy that would go back out of it); the egress removes it.
+// the copy that would go back out of it){% if t.ports_width.is_some() %}, and the pipelines' port
+// bitmap (the egress keeps the copies to its ports){% endif %}; the egress removes it.
 header bridge_t {
     bit<7> pad;
     PortId_t ingress_port;
+{%- if t.ports_width.is_some() %}
+{%- if ports_pad > 0 %}
+    bit<{{ ports_pad }}> ports_pad;
+{%- endif %}
+    ports_t ports;
+{%- endif %}
 }
 {% for h in t.headers %}
 header {{ h.type_name }} {
@@ -181,6 +191,8 @@ control Ingress(inout headers_t hdr,
         meta.state = next;
     }
 
+{%- if t.direct %}
+
     action {{ t.sig_forward }} {
         ig_tm_md.ucast_egress_port = port;
         ig_dprsr_md.drop_ctl = 0;
@@ -194,6 +206,22 @@ control Ingress(inout headers_t hdr,
     action {{ t.sig_drop }} {
         ig_dprsr_md.drop_ctl = 1;
     }
+{%- else %}
+
+    action multicast(MulticastGroupId_t group) {
+        ig_tm_md.mcast_grp_a = group;
+        ig_dprsr_md.drop_ctl = 0;
+    }
+
+    action drop() {
+        ig_dprsr_md.drop_ctl = 1;
+    }
+
+    action add_ports(ports_t ports) {
+        meta.ports = meta.ports | ports;
+        meta.forwarding = 1;
+    }
+{%- endif %}
 {% for tb in t.tables %}
 {%- if let Some(c) = tb.comment %}
     // {{ c }}
@@ -290,7 +318,21 @@ control Ingress(inout headers_t hdr,
             {{ leaf }}.apply();
 {%- endif %}
 {%- endfor %}
+{%- if t.ports_width.is_some() %}
+
+            // Several pipelines: send the packet to every port; the egress
+            // keeps the copies to the ports of the union.
+            if (meta.forwarding == 1) {
+                fanout.apply();
+            }
+{%- endif %}
         }
+{%- if t.ports_width.is_some() %}
+{%- if ports_pad > 0 %}
+        hdr.bridge.ports_pad = 0;
+{%- endif %}
+        hdr.bridge.ports = meta.ports;
+{%- endif %}
     }
 }
 
@@ -328,6 +370,39 @@ control Egress(inout egress_headers_t hdr,
     // Packets and bytes per egress port: every copy that leaves, counted
     // on its own port. A cell for every 9-bit port, whatever the port map.
     Counter<bit<64>, PortId_t>({{ t.port_counter.size }}, CounterType_t.PACKETS_AND_BYTES) {{ t.port_counter.name }};
+{%- if let Some(tb) = port_filter %}
+{%- if let Some(c) = tb.comment %}
+
+    // {{ c }}
+{%- endif %}
+    table {{ tb.name }} {
+        key = {
+{%- for k in tb.keys %}
+            {{ k.0 }}: {{ k.1 }};
+{%- endfor %}
+        }
+        actions = {
+{%- for a in tb.actions %}
+            {{ a }};
+{%- endfor %}
+        }
+        default_action = {{ tb.default_action }};
+        size = {{ tb.size }};
+    }
+
+    apply {
+        if (!{{ tb.name }}.apply().hit) {
+            eg_dprsr_md.drop_ctl = 1;
+{%- if t.prune_ingress %}
+        } else if (eg_intr_md.egress_port == hdr.bridge.ingress_port) {
+            // Never back out of the port the packet came in on.
+            eg_dprsr_md.drop_ctl = 1;
+{%- endif %}
+        } else {
+            {{ t.port_counter.name }}.count(eg_intr_md.egress_port);
+        }
+    }
+{%- else %}
 
     apply {
 {%- if t.prune_ingress %}
@@ -341,6 +416,7 @@ control Egress(inout egress_headers_t hdr,
         {{ t.port_counter.name }}.count(eg_intr_md.egress_port);
 {%- endif %}
     }
+{%- endif %}
 }
 
 // The bridged header is not emitted: packets leave as they came in.

@@ -204,8 +204,7 @@ proptest! {
     #[test]
     fn random_itch_sets_agree(seed in 0u64..10_000, n in 1usize..150, fold in any::<bool>(), tna in any::<bool>()) {
         let p = itch_program(n, seed);
-        let opts = CompileOptions { max_pipelines: if tna { 1 } else { CompileOptions::default().max_pipelines }, ..Default::default() };
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
         let pkts = if tna { irregular(packets(&p, seed, 200), seed) } else { packets(&p, seed, 200) };
         check_compiled(&p, &set, &arch_options(fold, tna), &pkts, if tna { "itch (tna)" } else { "itch" });
     }
@@ -223,11 +222,11 @@ proptest! {
     }
 
     #[test]
-    fn random_siena_sets_agree(seed in 0u64..10_000, n in 1usize..16, camus in any::<bool>(), split in any::<bool>(), fold in any::<bool>()) {
+    fn random_siena_sets_agree(seed in 0u64..10_000, n in 1usize..16, camus in any::<bool>(), split in any::<bool>(), fold in any::<bool>(), tna in any::<bool>()) {
         let p = siena_program(n, seed, camus, 16);
         let opts = if split { split_options() } else { CompileOptions::default() };
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
-        check_compiled(&p, &set, &p4_options(fold), &packets(&p, seed, 200), "siena");
+        check_compiled(&p, &set, &arch_options(fold, tna), &packets(&p, seed, 200), if tna { "siena (tna)" } else { "siena" });
     }
 
     #[test]
@@ -249,13 +248,12 @@ proptest! {
 
     #[test]
     fn random_updates_agree(seed in 0u64..10_000, n in 2usize..40, steps in 1usize..15, kind in 0u8..4, fold in any::<bool>(), tna in any::<bool>()) {
-        // TNA for the sets it holds: ITCH and the mixed set, in one pipeline.
-        let tna = tna && (kind == 0 || kind == 2);
-        let one = CompileOptions { max_pipelines: 1, ..Default::default() };
+        // TNA for every set but the variables', which it refuses.
+        let tna = tna && kind != 3;
         let (full, opts) = match kind {
-            0 => (itch_program(n, seed), if tna { one } else { CompileOptions::default() }),
+            0 => (itch_program(n, seed), CompileOptions::default()),
             1 => (siena_program(n.min(16), seed, false, 16), split_options()),
-            2 => (mixed_program(n.min(20), seed), if tna { one } else { CompileOptions::default() }),
+            2 => (mixed_program(n.min(20), seed), CompileOptions::default()),
             // Variable updates need one pipeline (the P4 program cannot
             // unite updates across pipelines, see `UpdatesAcrossPipelines`).
             _ => (vars_program(n.min(10), seed), CompileOptions { max_pipelines: 1, ..Default::default() }),

@@ -84,3 +84,41 @@ fn p4c_bm2_ss_compiles_every_program_with_every_table() {
         let _ = std::fs::remove_dir_all(&out);
     }
 }
+
+/// Where p4c's tree has the Tofino back end's `tna.p4`
+/// (`backends/tofino/bf-p4c/p4include`, or `TNA_INCLUDE`): p4c's front and
+/// mid end accept every program `--arch tna` writes, without a warning.
+/// (The Tofino compiler itself is `tests/tofino.rs`.)
+#[test]
+fn p4test_accepts_every_tna_program() {
+    let Some(p4test) = std::env::var_os("P4TEST") else {
+        eprintln!("P4TEST is not set: skipping the p4c checks of TNA programs");
+        return;
+    };
+    let p4test = std::path::PathBuf::from(p4test);
+    let include = p4c_include(&p4test).expect("cannot find p4c's p4include directory; set P4C_INCLUDE");
+    let tna = std::env::var_os("TNA_INCLUDE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| include.join("../backends/tofino/bf-p4c/p4include"));
+    if !tna.join("tna.p4").exists() {
+        eprintln!("no tna.p4 in {}: skipping (set TNA_INCLUDE to bf-p4c's p4include)", tna.display());
+        return;
+    }
+    let mut checked = 0;
+    for (name, dir) in corpus() {
+        let (p, set) = compile_dir(&dir);
+        let Ok((_, art)) = compile(&p.spec, &set, &P4Options { arch: subc_backend_p4::Arch::Tna, ..Default::default() }) else {
+            continue; // a refusal, which the snapshots pin
+        };
+        let out = temp_dir("p4test-tna");
+        std::fs::write(out.join("program.p4"), &art.program).unwrap();
+        run_p4c(
+            &name,
+            "p4test (tna)",
+            Command::new(&p4test).arg("-D__TARGET_TOFINO__=1").arg("-I").arg(&include).arg("-I").arg(&tna).arg(out.join("program.p4")),
+        );
+        checked += 1;
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    assert!(checked > 0, "no program compiled for TNA");
+}
