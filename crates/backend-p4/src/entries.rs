@@ -175,10 +175,11 @@ impl<'a> Encoder<'a> {
         self.layout.table_index(role).map(|i| self.table_ids[i]).ok_or(Error::NoTable(format!("{role:?}")))
     }
 
-    fn set_state(&self, next: StateId) -> p4v1::TableAction {
+    /// Pipeline `pipeline`'s action that moves its diagram to `next`.
+    fn set_state(&self, pipeline: usize, next: StateId) -> p4v1::TableAction {
         p4v1::TableAction {
             r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
-                action_id: self.action_id("set_state"),
+                action_id: self.action_id(&self.layout.pipelines[pipeline].set_state),
                 params: vec![p4v1::action::Param { param_id: 1, value: canonical(next as u64) }],
             })),
         }
@@ -186,12 +187,12 @@ impl<'a> Encoder<'a> {
 
     /// What an entry leading to `next` does: go to that state, or, with
     /// folded leaves, the leaf's action when `next` is a leaf of `pipe`.
-    fn goto(&self, next: StateId, pipe: &Pipeline) -> Result<p4v1::TableAction, Error> {
+    fn goto(&self, pipeline: usize, next: StateId, pipe: &Pipeline) -> Result<p4v1::TableAction, Error> {
         match pipe.leaves.get(&next) {
             Some(leaf) if self.layout.fold_leaves => {
                 Ok(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(self.leaf_action(next, leaf)?)) })
             }
-            _ => Ok(self.set_state(next)),
+            _ => Ok(self.set_state(pipeline, next)),
         }
     }
 
@@ -269,7 +270,7 @@ impl<'a> Encoder<'a> {
                 }
             }
         }
-        Ok(p4v1::TableEntry { table_id, r#match: matches, action: Some(self.goto(next, pipe)?), priority, ..Default::default() })
+        Ok(p4v1::TableEntry { table_id, r#match: matches, action: Some(self.goto(pipeline, next, pipe)?), priority, ..Default::default() })
     }
 
     /// The match key of a field-table entry (for deletes).
@@ -363,7 +364,7 @@ impl<'a> Encoder<'a> {
     pub fn root_entry(&self, pipeline: usize, root: StateId, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
         Ok(p4v1::TableEntry {
             table_id: self.table_id(TableRole::Root { pipeline })?,
-            action: Some(self.goto(root, pipe)?),
+            action: Some(self.goto(pipeline, root, pipe)?),
             is_default_action: true,
             ..Default::default()
         })

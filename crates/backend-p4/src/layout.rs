@@ -448,6 +448,13 @@ pub struct LevelView {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct PipelineView {
+    /// The metadata field of the pipeline's diagram state, and the action
+    /// that sets it: `state` and `set_state`, shared by every pipeline,
+    /// except on TNA with several pipelines, where each has its own
+    /// (`p1_state`, `p1_set_state`) so that the Tofino compiler sees no
+    /// dependency between pipelines and places them side by side.
+    pub state_meta: String,
+    pub set_state: String,
     pub root: String,
     pub levels: Vec<LevelView>,
     /// The leaf table; `None` when leaves are folded into the entries.
@@ -596,6 +603,11 @@ impl P4Layout {
         }
     }
 
+    /// Whether `meta.<name>` holds some pipeline's diagram state.
+    pub(crate) fn is_state_meta(&self, name: &str) -> bool {
+        self.pipelines.iter().any(|p| p.state_meta == name)
+    }
+
     pub fn table(&self, name: &str) -> Option<&TableDecl> {
         self.tables.iter().find(|t| t.name == name)
     }
@@ -632,6 +644,9 @@ struct Builder<'a> {
     meta_namer: P4Namer,
     /// TNA: the struct type of counters' (start, count) cells, once declared.
     window_cell: Option<String>,
+    /// Per pipeline: its state's metadata field and the action that sets it.
+    pipeline_state: Vec<(String, String)>,
+    pipelines: usize,
     layout: P4Layout,
 }
 
@@ -641,8 +656,8 @@ fn tna_refuses(s: &StateVar, why: &'static str) -> Error {
 }
 
 /// The key every table but the roots and the fanout match first.
-fn state_key() -> KeyDecl {
-    KeyDecl { expr: "meta.state".into(), width: STATE_WIDTH, kind: MatchKind::Exact }
+fn state_key(state_meta: &str) -> KeyDecl {
+    KeyDecl { expr: format!("meta.{state_meta}"), width: STATE_WIDTH, kind: MatchKind::Exact }
 }
 
 /// The actions each kind of table offers.
@@ -653,7 +668,8 @@ struct TableActions {
 }
 
 impl TableActions {
-    fn of(layout: &P4Layout) -> TableActions {
+    /// For a pipeline whose state `set_state` sets.
+    fn of(layout: &P4Layout, set_state: &str) -> TableActions {
         let leaf: Vec<String> = if layout.fanout == Fanout::Direct {
             let mut a = vec!["forward".to_string(), "multicast".into(), "drop".into()];
             if !layout.vars.is_empty() {
@@ -665,7 +681,7 @@ impl TableActions {
             vec!["add_ports".into(), "drop".into(), "NoAction".into()]
         };
         if !layout.fold_leaves {
-            return TableActions { root: vec!["set_state".into()], field: vec!["set_state".into(), "NoAction".into()], leaf };
+            return TableActions { root: vec![set_state.into()], field: vec![set_state.into(), "NoAction".into()], leaf };
         }
         // Folded leaves: the entries that lead to a leaf carry its action, so
         // field tables (and the root, when the root is a leaf) take the leaf
@@ -673,7 +689,7 @@ impl TableActions {
         // state stays that of the table's own level, which no later table
         // has entries for, so the rest of the pipeline misses.
         let folded = leaf.iter().filter(|a| *a != "NoAction").cloned();
-        let root: Vec<String> = std::iter::once("set_state".to_string()).chain(folded).collect();
+        let root: Vec<String> = std::iter::once(set_state.to_string()).chain(folded).collect();
         let field = root.iter().cloned().chain(std::iter::once("NoAction".to_string())).collect();
         TableActions { root, field, leaf }
     }
@@ -707,7 +723,7 @@ impl<'a> Builder<'a> {
             if opts.arch == Arch::Tna { &["parsed", "state", "ports", "now", "forwarding"] } else { &["parsed", "state", "ports"] };
         let meta_namer = P4Namer::struct_fields(reserved);
         let global = if opts.arch == Arch::Tna { P4Namer::global_tna() } else { P4Namer::global() };
-        Builder { spec, opts, global, meta_namer, window_cell: None, layout }
+        Builder { spec, opts, global, meta_namer, window_cell: None, pipeline_state: vec![], pipelines, layout }
     }
 
     /// The header instance and field name of a spec field.
@@ -975,7 +991,17 @@ impl<'a> Builder<'a> {
     /// The metadata the pipelines use: the diagram's state, and with several
     /// pipelines the bitmap of their ports.
     fn declare_pipeline_metadata(&mut self) {
-        self.layout.meta.push(MetaField { name: "state".into(), width: STATE_WIDTH, comment: "the decision diagram's state".into() });
+        if self.opts.arch == Arch::Tna && self.pipelines > 1 {
+            for p in 0..self.pipelines {
+                let name = self.meta_namer.fresh(&format!("p{p}_state"));
+                let comment = format!("pipeline {p}'s decision diagram state");
+                self.layout.meta.push(MetaField { name: name.clone(), width: STATE_WIDTH, comment });
+                self.pipeline_state.push((name, String::new()));
+            }
+        } else {
+            self.layout.meta.push(MetaField { name: "state".into(), width: STATE_WIDTH, comment: "the decision diagram's state".into() });
+            self.pipeline_state = vec![("state".into(), String::new()); self.pipelines];
+        }
         if let Fanout::Bitmap { width } = self.layout.fanout {
             self.layout.meta.push(MetaField {
                 name: "ports".into(),
@@ -1024,7 +1050,15 @@ impl<'a> Builder<'a> {
         let next = ParamDecl { name: "next".into(), ty: "state_t".into(), width: STATE_WIDTH, role: ParamRole::Next };
         let port = ParamDecl { name: "port".into(), ty: "bit<9>".into(), width: PORT_WIDTH, role: ParamRole::Port };
         let group = ParamDecl { name: "group".into(), ty: "bit<16>".into(), width: GROUP_WIDTH, role: ParamRole::Group };
-        let mut actions = vec![ActionDecl { name: "set_state".into(), kind: ActionKind::SetState, params: vec![next] }];
+        let own = self.opts.arch == Arch::Tna && self.pipelines > 1;
+        let mut actions = vec![];
+        for p in 0..self.pipelines {
+            let name = if own { self.global.fresh(&format!("p{p}_set_state")) } else { "set_state".to_string() };
+            if p == 0 || own {
+                actions.push(ActionDecl { name: name.clone(), kind: ActionKind::SetState, params: vec![next.clone()] });
+            }
+            self.pipeline_state[p].1 = name;
+        }
         if direct {
             actions.push(leaf("forward", ActionKind::Forward, Some(port)));
         }
@@ -1043,8 +1077,8 @@ impl<'a> Builder<'a> {
     /// Each pipeline's tables in the order they apply, then, with several
     /// pipelines, the `fanout` table.
     fn declare_tables(&mut self, orders: &[Vec<QueryFieldId>]) {
-        let actions = TableActions::of(&self.layout);
         for (p, order) in orders.iter().enumerate() {
+            let actions = TableActions::of(&self.layout, &self.pipeline_state[p].1);
             // The generator's own names are reserved; with several pipelines
             // they get a prefix and go through the namer like the rest.
             let prefix = if orders.len() > 1 { Some(format!("p{p}_")) } else { None };
@@ -1091,13 +1125,14 @@ impl<'a> Builder<'a> {
             Some(prefix) => global.fresh(&format!("{prefix}{name}")),
             None => name.to_string(),
         };
+        let (state_meta, set_state) = self.pipeline_state[p].clone();
         let root = own(&mut self.global, "root");
         self.layout.tables.push(TableDecl {
             name: root.clone(),
             role: TableRole::Root { pipeline: p },
             keys: vec![],
             actions: actions.root.clone(),
-            default_action: "set_state".into(),
+            default_action: set_state.clone(),
             default_args: "0".into(),
             size: 1,
         });
@@ -1107,10 +1142,10 @@ impl<'a> Builder<'a> {
             None
         } else {
             let leaf = own(&mut self.global, "leaf");
-            self.push_entry_table(leaf.clone(), TableRole::Leaf { pipeline: p }, vec![state_key()], &actions.leaf);
+            self.push_entry_table(leaf.clone(), TableRole::Leaf { pipeline: p }, vec![state_key(&state_meta)], &actions.leaf);
             Some(leaf)
         };
-        PipelineView { root, levels, leaf }
+        PipelineView { state_meta, set_state, root, levels, leaf }
     }
 
     /// The tables of one level, keyed on the state and the level's field:
@@ -1123,16 +1158,17 @@ impl<'a> Builder<'a> {
             move |kind: MatchKind| KeyDecl { expr: expr.clone(), width, kind }
         };
         let role = |stage: Stage| TableRole::Field { pipeline, level, stage };
+        let state = state_key(&self.pipeline_state[pipeline].0);
         let base = format!("{prefix}{}", query_base(self.spec, q));
         let exact = self.global.fresh(&format!("{base}_exact"));
-        self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state_key(), field_key(MatchKind::Exact)], actions);
+        self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state.clone(), field_key(MatchKind::Exact)], actions);
         let ranged = (kind != MatchKind::Exact).then(|| {
             let name = self.global.fresh(&format!("{base}_{}", kind.as_str()));
-            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state_key(), field_key(kind)], actions);
+            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state.clone(), field_key(kind)], actions);
             name
         });
         let default = self.global.fresh(&format!("{base}_default"));
-        self.push_entry_table(default.clone(), role(Stage::Default), vec![state_key()], actions);
+        self.push_entry_table(default.clone(), role(Stage::Default), vec![state], actions);
         LevelView { query: q, source, exact, ranged, default }
     }
 

@@ -13,6 +13,8 @@ use subc_lang::spec::{MatchKind, Spec};
 pub(crate) struct PipelineRow {
     pub index: usize,
     pub order: String,
+    pub state_meta: String,
+    pub set_state: String,
     pub root: String,
     pub levels: Vec<crate::layout::LevelView>,
     pub leaf: Option<String>,
@@ -151,6 +153,8 @@ fn pipeline_rows(l: &P4Layout) -> Vec<PipelineRow> {
         .map(|(i, p)| PipelineRow {
             index: i,
             order: p.levels.iter().map(|x| x.source.as_str()).collect::<Vec<_>>().join(", "),
+            state_meta: p.state_meta.clone(),
+            set_state: p.set_state.clone(),
             root: p.root.clone(),
             levels: p.levels.clone(),
             leaf: p.leaf.clone(),
@@ -164,7 +168,7 @@ fn meta_rows(l: &P4Layout) -> Vec<MetaRow> {
     l.meta
         .iter()
         .map(|m| {
-            let ty = meta_type(&m.name, m.width);
+            let ty = if l.is_state_meta(&m.name) { "state_t".to_string() } else { meta_type(&m.name, m.width) };
             let pad = " ".repeat(widest + 2 - ty.len() - m.name.len());
             MetaRow { ty, name: m.name.clone(), pad, comment: m.comment.clone() }
         })

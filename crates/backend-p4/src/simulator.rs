@@ -650,10 +650,11 @@ impl Switch {
     pub fn check_references(&self, layout: &P4Layout) -> Result<(), ReferenceError> {
         let id_of =
             |name: &str| self.table_id(&layout.arch.qualified(name)).ok_or_else(|| ReferenceError::NoTable { table: name.to_string() });
-        let (set_state, multicast, add_ports) =
-            (layout.arch.qualified("set_state"), layout.arch.qualified("multicast"), layout.arch.qualified("add_ports"));
-        let state_of =
-            |a: &ActionCall| -> Option<u64> { (self.action_name(a.action) == Some(set_state.as_str())).then(|| bytes_to_u64(&a.args[0])) };
+        let (multicast, add_ports) = (layout.arch.qualified("multicast"), layout.arch.qualified("add_ports"));
+        let set_states: BTreeSet<String> = layout.pipelines.iter().map(|p| layout.arch.qualified(&p.set_state)).collect();
+        let state_of = |a: &ActionCall| -> Option<u64> {
+            self.action_name(a.action).is_some_and(|n| set_states.contains(n)).then(|| bytes_to_u64(&a.args[0]))
+        };
         let group_of =
             |a: &ActionCall| -> Option<u64> { (self.action_name(a.action) == Some(multicast.as_str())).then(|| bytes_to_u64(&a.args[0])) };
         for (p, pv) in layout.pipelines.iter().enumerate() {
@@ -889,8 +890,8 @@ impl Packet {
 
 /// Per-packet metadata and intrinsic metadata the actions change.
 struct Meta {
+    /// `metadata_t`'s fields by name, the diagram states included.
     fields: HashMap<String, u64>,
-    state: u64,
     ports: Vec<u8>,
     egress_spec: u64,
     mcast_grp: u64,
@@ -1080,7 +1081,6 @@ impl<'a> Simulator<'a> {
             .keys
             .iter()
             .map(|k| match k.expr.strip_prefix("meta.") {
-                Some("state") => KeyValue::Int(meta.state),
                 Some("ports") => KeyValue::Bytes(meta.ports.clone()),
                 Some(f) => KeyValue::Int(meta.fields.get(f).copied().unwrap_or(0)),
                 None => KeyValue::Int(0),
@@ -1107,7 +1107,12 @@ impl<'a> Simulator<'a> {
         let arg = |i: usize| bytes_to_u64(&call.args[i]);
         match kind {
             ActionKind::NoAction => {}
-            ActionKind::SetState => meta.state = arg(0),
+            ActionKind::SetState => {
+                // The field of the pipeline whose action this is: on TNA
+                // with several pipelines each has its own.
+                let p = self.layout.pipelines.iter().find(|p| p.set_state == name).ok_or(SimError::UnknownActionId { id: call.action })?;
+                meta.fields.insert(p.state_meta.clone(), arg(0));
+            }
             ActionKind::Forward => meta.egress_spec = arg(0),
             ActionKind::Multicast => meta.mcast_grp = arg(0),
             ActionKind::Drop => {
@@ -1149,7 +1154,7 @@ impl<'a> Simulator<'a> {
             return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch });
         };
         let layout = self.layout;
-        let mut meta = Meta { fields: HashMap::new(), state: 0, ports: vec![0], egress_spec: DROP_PORT, mcast_grp: 0, dropped: false };
+        let mut meta = Meta { fields: HashMap::new(), ports: vec![0], egress_spec: DROP_PORT, mcast_grp: 0, dropped: false };
         for q in &layout.queries {
             if let QueryValue::Packet { header, field, flip } = &q.value {
                 let raw = pkt.field(layout, header, field).unwrap_or(0);

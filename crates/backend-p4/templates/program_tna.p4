@@ -187,9 +187,14 @@ control Ingress(inout headers_t hdr,
 {%- endmatch %}
 {%- endfor %}
 
-    action set_state(state_t next) {
-        meta.state = next;
+{%- for p in t.pipelines %}
+{%- if p.index == 0 || p.set_state != "set_state" %}
+
+    action {{ p.set_state }}(state_t next) {
+        meta.{{ p.state_meta }} = next;
     }
+{%- endif %}
+{%- endfor %}
 
 {%- if t.direct %}
 

@@ -45,8 +45,7 @@ pub struct P4Args {
     /// P4: the architecture of the program: `v1model` (BMv2's simple_switch) or `tna`
     /// (Tofino, for the open Tofino compiler: `p4c --target tofino --arch tna`). TNA keeps
     /// stream state in Tofino's stateful ALUs, with the differences docs/semantics.md lists
-    /// under "Target profiles"; it refuses `ewma` and `var` state, and a set spread over
-    /// several pipelines. With `subc sim`, every engine follows the target: `--engine p4`
+    /// under "Target profiles", and refuses `ewma` and `var` state. With `subc sim`, every engine follows the target: `--engine p4`
     /// simulates the TNA program, `ref` and `tables` compute state as a Tofino does.
     #[arg(long, value_enum, default_value = "v1model")]
     pub arch: ArchArg,
