@@ -277,6 +277,8 @@ pub enum StateLogic {
         avg_reg: String,
         samples_reg: String,
         spike_meta: Option<String>,
+        /// TNA: the names of the two-pass logic.
+        alu: Option<EwmaAlu>,
     },
     Var {
         reg: String,
@@ -298,6 +300,27 @@ pub struct AvgAlu {
     pub add: String,
     /// Returns the sum (a packet without the field).
     pub read: String,
+}
+
+/// TNA's EWMA, in two passes (a stateful ALU cannot shift): a sample's
+/// first pass reads the average and the sample count, computes the new
+/// ones, and resubmits the packet with them; the second pass stores them
+/// and goes on as any packet does. Packets without the sample pass once.
+#[derive(Clone, Debug, Serialize)]
+pub struct EwmaAlu {
+    /// RegisterActions returning the average and the count (a first pass).
+    pub read_avg: String,
+    pub read_samples: String,
+    /// RegisterActions storing the resubmitted ones (a second pass).
+    pub write_avg: String,
+    pub write_samples: String,
+    /// The resubmitted data's header type, and the metadata member holding it.
+    pub resubmit_type: String,
+    pub resubmit: String,
+    /// The parser states that extract the resubmitted data, or skip the
+    /// port metadata of a first pass.
+    pub resubmitted_state: String,
+    pub port_state: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -825,11 +848,11 @@ impl<'a> Builder<'a> {
                 StateKind::Counter { window_us } if tna => self.window_logic(s, slots as u64, *window_us)?,
                 StateKind::Counter { window_us } => self.counter_logic(s, slots as u64, *window_us),
                 StateKind::Avg { field, samples } => self.average_logic(s, slots as u64, *field, *samples)?,
-                StateKind::Ewma { .. } if tna => {
+                StateKind::Ewma { .. } if tna && self.layout.states.iter().any(|v| matches!(v.logic, StateLogic::Ewma { .. })) => {
                     return Err(tna_refuses(
                         s,
-                        "an EWMA reads its average, shifts the difference and writes it back; a Tofino stateful ALU \
-                         cannot shift, and a register is accessed once per packet",
+                        "a sample's first pass hands its EWMA's new value to the second in the 64 bits of resubmit \
+                         data, which hold one EWMA: declare at most one",
                     ))
                 }
                 StateKind::Ewma { field, shift, spike_shift, warmup } => {
@@ -938,16 +961,20 @@ impl<'a> Builder<'a> {
     fn ewma_logic(&mut self, s: &StateVar, slots: u64, field: FieldRef, shift: u32, spike_shift: u32, warmup: u32) -> (StateLogic, String) {
         let (header, fname) = self.field_expr(field);
         let spike_meta = s.spike_field.map(|q| self.layout.queries[q.0 as usize].meta.clone());
-        let logic = StateLogic::Ewma {
-            header,
-            field: fname,
-            shift,
-            spike_shift,
-            warmup,
-            avg_reg: self.register(&format!("{}_avg", s.name), 64, slots),
-            samples_reg: self.register(&format!("{}_samples", s.name), 8, slots),
-            spike_meta,
-        };
+        let tna = self.layout.arch == Arch::Tna;
+        let avg_reg = self.register(&format!("{}_avg", s.name), if tna { 32 } else { 64 }, slots);
+        let samples_reg = self.register(&format!("{}_samples", s.name), 8, slots);
+        let alu = tna.then(|| EwmaAlu {
+            read_avg: self.global.fresh(&format!("{avg_reg}_read")),
+            read_samples: self.global.fresh(&format!("{samples_reg}_read")),
+            write_avg: self.global.fresh(&format!("{avg_reg}_write")),
+            write_samples: self.global.fresh(&format!("{samples_reg}_write")),
+            resubmit_type: self.global.fresh("resubmit_t"),
+            resubmit: self.meta_namer.fresh("first_pass"),
+            resubmitted_state: self.global.fresh("resubmitted"),
+            port_state: self.global.fresh("port_metadata"),
+        });
+        let logic = StateLogic::Ewma { header, field: fname, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu };
         let what = format!(
             "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples",
             s.name,

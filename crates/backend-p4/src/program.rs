@@ -95,6 +95,8 @@ pub(crate) struct TnaProgramTemplate<'a> {
     /// that pad the bridged bitmap to whole bytes.
     pub port_filter: Option<TableRow>,
     pub ports_pad: u32,
+    /// The EWMA's two-pass logic, when there is one.
+    pub ewma: Option<crate::layout::EwmaAlu>,
 }
 
 /// A constant of a `width`-bit field as P4 source: decimal when small,
@@ -307,7 +309,11 @@ pub fn write_program(spec: &Spec, layout: &P4Layout) -> String {
             });
             let port_filter = layout.tables.iter().find(|t| t.role == TableRole::PortFilter).map(|t| table_row(layout, t));
             let ports_pad = t.ports_width.map(|w| (8 - w % 8) % 8).unwrap_or(0);
-            TnaProgramTemplate { t, window_cell, port_filter, ports_pad }.render()
+            let ewma = layout.states.iter().find_map(|s| match &s.logic {
+                StateLogic::Ewma { alu, .. } => alu.clone(),
+                _ => None,
+            });
+            TnaProgramTemplate { t, window_cell, port_filter, ports_pad, ewma }.render()
         }
     };
     let mut s = rendered.expect("the program template renders");

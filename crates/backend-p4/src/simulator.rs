@@ -1046,7 +1046,32 @@ impl<'a> Simulator<'a> {
                     }
                     meta.fields.insert(s.value_meta.clone(), ((sum >> log2) as u64) & mask(s.value_width));
                 }
-                StateLogic::Ewma { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta } => {
+                StateLogic::Ewma { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu: Some(_) } => {
+                    // TNA, as its two passes compute it, one after the other:
+                    // the first pass's min, max and equality tests in 32 bits.
+                    let e = self.reg(avg_reg, slot) as u64;
+                    let c = self.reg(samples_reg, slot) as u64;
+                    let mut value = e;
+                    if let Some(v) = pkt.field(layout, header, field) {
+                        let x = (v << 8) & mask(32);
+                        let (hi, lo) = (x.max(e), x.min(e));
+                        let (mut delta, mut next) = (hi - lo, x);
+                        if c != 0 {
+                            delta >>= shift;
+                            next = if hi == x { e + delta } else { e - delta };
+                        }
+                        if let Some(spike) = spike_meta {
+                            if c >= *warmup as u64 && delta.min(e >> spike_shift) != delta {
+                                meta.fields.insert(spike.clone(), 1);
+                            }
+                        }
+                        self.reg_write(avg_reg, slot, next as u128);
+                        self.reg_write(samples_reg, slot, (c + 1).min(255) as u128);
+                        value = next;
+                    }
+                    meta.fields.insert(s.value_meta.clone(), (value >> 8) & mask(s.value_width));
+                }
+                StateLogic::Ewma { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu: None } => {
                     let mut avg = self.reg(avg_reg, slot) as u64;
                     let mut samples = self.reg(samples_reg, slot) as u64;
                     if let Some(v) = pkt.field(layout, header, field) {

@@ -245,7 +245,7 @@ control MyIngress(inout headers_t hdr,
             }
             meta.{{ s.value_meta }} = (bit<{{ s.value_width }}>)(sum >> {{ log2 }});
         }
-{%- when StateLogic::Ewma with { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta } %}
+{%- when StateLogic::Ewma with { header, field, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, .. } %}
         {
 {%- call slot(s) %}{% endcall %}
             bit<64> avg;

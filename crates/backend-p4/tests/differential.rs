@@ -170,7 +170,9 @@ fn mixed_program(n: usize, seed: u64) -> Program {
 /// windows) and its 8-sample average of 32-bit prices, whose sum wraps on
 /// TNA; thresholds that packets cross, so the targets' arithmetic decides.
 fn stateful_itch_program(n: usize, seed: u64) -> Program {
-    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let mut spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    // An EWMA too: TNA runs it in two passes, on 32-bit words.
+    spec.push_str("\nstate price_level = ewma(add_order.price, shift = 2, spike = 1, warmup = 2) per add_order.stock_locate[16];\n");
     let mut rng = Rng::new(seed);
     let mut rules = String::new();
     for _ in 0..n {
@@ -183,6 +185,12 @@ fn stateful_itch_program(n: usize, seed: u64) -> Program {
         }
         if rng.chance(0.3) {
             parts.push(format!("price > {}", rng.below(1 << 32)));
+        }
+        if rng.chance(0.3) {
+            parts.push(rng.pick(&["spike(price_level)", "!spike(price_level)"]).to_string());
+        }
+        if rng.chance(0.3) {
+            parts.push(format!("price_level {} {}", rng.pick(&["<", ">"]), rng.below(1 << 32)));
         }
         if parts.is_empty() {
             parts.push("true".into());

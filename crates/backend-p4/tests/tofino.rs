@@ -96,7 +96,7 @@ fn the_tofino_compiler_accepts_every_tna_program() {
     let mut compiled = 0;
     for (name, dir) in corpus() {
         let (p, set) = compile_dir(&dir);
-        // The refusals (ewma, var) are pinned by the snapshots.
+        // The refusals (var) are pinned by the snapshots.
         let Ok((_, art)) = compile(&p.spec, &set, &P4Options { arch: Arch::Tna, ..Default::default() }) else { continue };
         let out = tofino_compile(&bf, &name, &art.program);
         let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();

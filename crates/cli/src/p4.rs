@@ -45,7 +45,7 @@ pub struct P4Args {
     /// P4: the architecture of the program: `v1model` (BMv2's simple_switch) or `tna`
     /// (Tofino, for the open Tofino compiler: `p4c --target tofino --arch tna`). TNA keeps
     /// stream state in Tofino's stateful ALUs, with the differences docs/semantics.md lists
-    /// under "Target profiles", and refuses `ewma` and `var` state. With `subc sim`, every engine follows the target: `--engine p4`
+    /// under "Target profiles" (an EWMA runs in two passes), and refuses `var` state. With `subc sim`, every engine follows the target: `--engine p4`
     /// simulates the TNA program, `ref` and `tables` compute state as a Tofino does.
     #[arg(long, value_enum, default_value = "v1model")]
     pub arch: ArchArg,

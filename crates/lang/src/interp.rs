@@ -179,7 +179,11 @@ impl StateStore {
                     *next = (*next + 1) % samples;
                 }
                 (StateKind::Ewma { field, shift, spike_shift, warmup }, Slot::Ewma { ewma, count }) if pkt.valid(field.header) => {
-                    let x = pkt.raw(*field) << EWMA_FRACTION_BITS;
+                    let x = match self.profile {
+                        Profile::Reference => pkt.raw(*field) << EWMA_FRACTION_BITS,
+                        // One 32-bit word: the average then stays below 2^32.
+                        Profile::Tna => (pkt.raw(*field) << EWMA_FRACTION_BITS) & mask(TNA_WORD),
+                    };
                     let old = *ewma;
                     let new = if *count == 0 {
                         x

@@ -5,7 +5,8 @@
 //! it exactly. The Tofino ASIC (the TNA architecture) cannot: a stateful ALU
 //! gets one access per register per packet, words of at most 32 bits, and no
 //! multiplication or division of run-time values. So it keeps a counter's
-//! window as its start time (no `t / W`) and an average's sum in 32 bits.
+//! window as its start time (no `t / W`), an average's sum in 32 bits, and
+//! an EWMA in one 32-bit word.
 //! Under [`Profile::Tna`] the interpreter computes exactly what that
 //! target's program computes, so differential tests against it stay exact;
 //! `docs/semantics.md` ("Target profiles") states the rules.
@@ -14,11 +15,10 @@ use serde::Serialize;
 
 /// Which target's arithmetic the interpreter follows.
 ///
-/// Only `counter` and `avg` state differ between profiles. `ewma` and `var`
-/// state are computed as under [`Profile::Reference`] by every profile: the
-/// TNA back end refuses them (a Tofino stateful ALU cannot shift, and a
-/// variable is read before the lookup and written after it, which is two
-/// accesses to one register).
+/// Only `counter`, `avg` and `ewma` state differ between profiles. `var`
+/// state is computed as under [`Profile::Reference`] by every profile: the
+/// TNA back end refuses it (a variable is read before the lookup and
+/// written after it, which is two accesses to one register).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
@@ -28,6 +28,6 @@ pub enum Profile {
     Reference,
     /// Tofino (TNA): a counter's window starts at a packet, kept as the low
     /// 32 bits of its start time in nanoseconds; an average's sum is kept
-    /// modulo 2^32.
+    /// modulo 2^32; an EWMA's fixed-point sample is taken modulo 2^32.
     Tna,
 }

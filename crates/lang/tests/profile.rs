@@ -128,3 +128,37 @@ fn subscriptions_see_the_profiles_values() {
         }
     }
 }
+
+const EWMA_SPEC: &str = "
+header sample {
+    value: 32;
+}
+
+parser {
+    start -> sample;
+    sample -> accept;
+}
+
+state level = ewma(sample.value, shift = 1, spike = 1, warmup = 0);
+";
+
+/// An EWMA of weight 1/2 over samples 0xffff_ffff, 0xffff_ffff, 2: the
+/// reference keeps 8 fractional bits above the 32-bit sample (40 bits);
+/// TNA keeps one 32-bit word, so the fixed-point sample `v << 8` is taken
+/// modulo 2^32 (0xffff_ff00 for the first two).
+#[test]
+fn an_ewma_keeps_one_32_bit_word_on_tna() {
+    let spec = common::checked_spec("ewma.spec", EWMA_SPEC);
+    let level = spec.query_field_by_name("level").expect("level").0 as usize;
+    let samples: [u32; 3] = [0xffff_ffff, 0xffff_ffff, 2];
+    let want = [(Profile::Reference, [0xffff_ffff, 0xffff_ffff, 0x8000_0000]), (Profile::Tna, [0x00ff_ffff, 0x00ff_ffff, 0x0080_0000])];
+    for (profile, want) in want {
+        let mut state = StateStore::with_profile(&spec, profile);
+        let got: Vec<u64> = samples
+            .iter()
+            .enumerate()
+            .map(|(t, v)| state.pre_stage(&spec, &parse_packet(&spec, &v.to_be_bytes()).expect("a sample parses"), t as u64)[level])
+            .collect();
+        assert_eq!(got, want, "under {profile:?}");
+    }
+}
