@@ -23,7 +23,7 @@ use crate::proto::p4::v1 as p4v1;
 use crate::Error;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use subc_bdd::{LeafEntry, Match, Pipeline, StateId};
+use subc_bdd::{range_to_prefixes, LeafEntry, Match, Pipeline, StateId};
 use subc_bdd::{Op, PipelineDiff, TableDiff};
 use subc_lang::mask;
 use subc_lang::spec::MatchKind;
@@ -198,7 +198,7 @@ impl<'a> Encoder<'a> {
 
     /// The table entry of one field-table entry of the IR; `pipe` is the
     /// pipeline it belongs to (for the leaves, when they are folded).
-    pub fn field_entry(
+    fn field_entry(
         &self,
         pipeline: usize,
         level: usize,
@@ -273,11 +273,52 @@ impl<'a> Encoder<'a> {
         Ok(p4v1::TableEntry { table_id, r#match: matches, action: Some(self.goto(pipeline, next, pipe)?), priority, ..Default::default() })
     }
 
-    /// The match key of a field-table entry (for deletes).
-    fn field_key(&self, pipeline: usize, level: usize, state: StateId, m: &Match, pipe: &Pipeline) -> Result<p4v1::TableEntry, Error> {
-        let mut e = self.field_entry(pipeline, level, state, m, 0, pipe)?;
-        e.action = None;
-        Ok(e)
+    /// The table entries of one field-table entry of the IR: itself, or on
+    /// a level whose ranges are written as prefixes (TNA), one ternary
+    /// entry per prefix of its range (disjoint, so one priority serves).
+    pub fn field_entries(
+        &self,
+        pipeline: usize,
+        level: usize,
+        state: StateId,
+        m: &Match,
+        next: StateId,
+        pipe: &Pipeline,
+    ) -> Result<Vec<p4v1::TableEntry>, Error> {
+        let lv = &self.layout.pipelines[pipeline].levels[level];
+        let width = self.layout.queries[lv.query.0 as usize].width;
+        match *m {
+            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(lo == 0 && hi == mask(width)) => {
+                let entry = self.field_entry(pipeline, level, state, m, next, pipe)?;
+                Ok(range_to_prefixes(lo, hi, width)
+                    .into_iter()
+                    .map(|(value, len)| {
+                        let m2 = mask(width) & !mask(width - len);
+                        let ternary = p4v1::field_match::Ternary { value: canonical(value & m2), mask: canonical(m2) };
+                        let field =
+                            p4v1::FieldMatch { field_id: 2, field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(ternary)) };
+                        p4v1::TableEntry { r#match: vec![entry.r#match[0].clone(), field], ..entry.clone() }
+                    })
+                    .collect())
+            }
+            _ => Ok(vec![self.field_entry(pipeline, level, state, m, next, pipe)?]),
+        }
+    }
+
+    /// The match keys of a field-table entry (for deletes).
+    fn field_keys(
+        &self,
+        pipeline: usize,
+        level: usize,
+        state: StateId,
+        m: &Match,
+        pipe: &Pipeline,
+    ) -> Result<Vec<p4v1::TableEntry>, Error> {
+        let mut es = self.field_entries(pipeline, level, state, m, 0, pipe)?;
+        for e in &mut es {
+            e.action = None;
+        }
+        Ok(es)
     }
 
     /// The update parameters of a leaf: per variable, set flag, value, addend.
@@ -447,10 +488,24 @@ impl<'a> Encoder<'a> {
         Ok(entries.map(|e| update(p4v1::update::Type::Insert, p4v1::entity::Entity::TableEntry(e))).collect())
     }
 
-    /// One IR op of pipeline `pipe` (as it is after the op's diff) as a
-    /// P4Runtime update. With folded leaves, leaf ops have no update of
-    /// their own (see [`batches_of_ops`]).
-    pub fn op(&self, pipeline: usize, op: &Op, pipe: &Pipeline) -> Result<Option<p4v1::Update>, Error> {
+    /// One IR op of pipeline `pipe` (as it is after the op's diff) as
+    /// P4Runtime updates: one, except that a range written as prefixes
+    /// (TNA) is one update per prefix, and that with folded leaves, leaf ops
+    /// have none of their own (see [`batches_of_ops`]).
+    pub fn op(&self, pipeline: usize, op: &Op, pipe: &Pipeline) -> Result<Vec<p4v1::Update>, Error> {
+        use p4v1::entity::Entity as E;
+        use p4v1::update::Type as T;
+        let entries = |kind: T, entries: Vec<p4v1::TableEntry>| entries.into_iter().map(|e| update(kind, E::TableEntry(e))).collect();
+        Ok(match op {
+            Op::Insert { table, state, key, next } => entries(T::Insert, self.field_entries(pipeline, *table, *state, key, *next, pipe)?),
+            Op::Modify { table, state, key, next } => entries(T::Modify, self.field_entries(pipeline, *table, *state, key, *next, pipe)?),
+            Op::Delete { table, state, key } => entries(T::Delete, self.field_keys(pipeline, *table, *state, key, pipe)?),
+            _ => self.one_update(pipeline, op, pipe)?.into_iter().collect(),
+        })
+    }
+
+    /// [`Encoder::op`] for the ops that are at most one update.
+    fn one_update(&self, pipeline: usize, op: &Op, pipe: &Pipeline) -> Result<Option<p4v1::Update>, Error> {
         use p4v1::entity::Entity as E;
         use p4v1::update::Type as T;
         let direct = self.layout.fanout == Fanout::Direct;
@@ -470,13 +525,7 @@ impl<'a> Encoder<'a> {
             Op::InsertLeaf { state, leaf } => update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
             Op::ModifyLeaf { state, leaf } => update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
             Op::DeleteLeaf { state } => update(T::Delete, E::TableEntry(self.leaf_key(pipeline, *state)?)),
-            Op::Insert { table, state, key, next } => {
-                update(T::Insert, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?))
-            }
-            Op::Modify { table, state, key, next } => {
-                update(T::Modify, E::TableEntry(self.field_entry(pipeline, *table, *state, key, *next, pipe)?))
-            }
-            Op::Delete { table, state, key } => update(T::Delete, E::TableEntry(self.field_key(pipeline, *table, *state, key, pipe)?)),
+            Op::Insert { .. } | Op::Modify { .. } | Op::Delete { .. } => unreachable!("field ops are Encoder::op's"),
             Op::SetRoot { state } => update(T::Modify, E::TableEntry(self.root_entry(pipeline, *state, pipe)?)),
         }))
     }
@@ -525,18 +574,60 @@ fn batch_label(op: &Op, pipeline: usize, layout: &P4Layout) -> String {
 /// already act as the new leaf says when the new paths join them).
 pub(crate) fn batches_of_ops(enc: &Encoder, pipeline: usize, ops: &[Op], pipe: &Pipeline, max: usize) -> Result<Vec<Batch>, Error> {
     let ops = if enc.layout().fold_leaves { fold_leaf_ops(ops, pipe) } else { ops.to_vec() };
+    let mut encoded = ops.iter().map(|op| Ok((op, enc.op(pipeline, op, pipe)?))).collect::<Result<Vec<_>, Error>>()?;
+    if enc.layout().pipelines.iter().any(|p| p.levels.iter().any(|l| l.ranges_as_prefixes)) {
+        share_prefixes(&mut encoded);
+    }
     let mut out: Vec<Batch> = vec![];
     let mut last: Option<(u8, usize)> = None;
-    for op in &ops {
-        let Some(u) = enc.op(pipeline, op, pipe)? else { continue };
+    for (op, updates) in encoded {
         let key = batch_key(op);
-        match out.last_mut() {
-            Some(b) if last == Some(key) && b.updates.len() < max.max(1) => b.updates.push(u),
-            _ => out.push(Batch { label: batch_label(op, pipeline, enc.layout()), updates: vec![u] }),
+        for u in updates {
+            match out.last_mut() {
+                Some(b) if last == Some(key) && b.updates.len() < max.max(1) => b.updates.push(u),
+                _ => out.push(Batch { label: batch_label(op, pipeline, enc.layout()), updates: vec![u] }),
+            }
+            last = Some(key);
         }
-        last = Some(key);
     }
     Ok(out)
+}
+
+/// The match key of a table-entry update (its table and match fields).
+fn entry_key(u: &p4v1::Update) -> Option<(u32, Vec<u8>)> {
+    use prost::Message;
+    match u.entity.as_ref()?.entity.as_ref()? {
+        p4v1::entity::Entity::TableEntry(e) => {
+            let fields: Vec<u8> = e.r#match.iter().flat_map(|m| m.encode_to_vec()).collect();
+            Some((e.table_id, fields))
+        }
+        _ => None,
+    }
+}
+
+/// Ranges written as prefixes: a range the diff inserts and one it deletes
+/// (at the same state, so never both live after the diff) may share a
+/// prefix, which is one table entry. Its insert becomes a modify, made
+/// where the insert was, and its delete goes.
+fn share_prefixes(encoded: &mut [(&Op, Vec<p4v1::Update>)]) {
+    use std::collections::HashSet;
+    let deleted: HashSet<(u32, Vec<u8>)> =
+        encoded.iter().filter(|(op, _)| matches!(op, Op::Delete { .. })).flat_map(|(_, us)| us.iter().filter_map(entry_key)).collect();
+    if deleted.is_empty() {
+        return;
+    }
+    let mut shared = HashSet::new();
+    for (_, us) in encoded.iter_mut().filter(|(op, _)| matches!(op, Op::Insert { .. })) {
+        for u in us.iter_mut() {
+            if let Some(k) = entry_key(u).filter(|k| deleted.contains(k)) {
+                u.r#type = p4v1::update::Type::Modify as i32;
+                shared.insert(k);
+            }
+        }
+    }
+    for (_, us) in encoded.iter_mut().filter(|(op, _)| matches!(op, Op::Delete { .. })) {
+        us.retain(|u| entry_key(u).is_none_or(|k| !shared.contains(&k)));
+    }
 }
 
 /// Replaces each changed leaf by modifies of the entries (and the root)

@@ -51,6 +51,10 @@ use subc_lang::spec::{
 
 /// Width of `meta.state` and of state parameters (`state_t`).
 pub(crate) const STATE_WIDTH: u32 = 32;
+/// The widest field the Tofino compiler matches by `range` (its range
+/// keys must fit in five PHV nibbles; 16 bits always do). Wider ranged
+/// fields are matched `ternary`, each range as its covering prefixes.
+pub(crate) const TNA_RANGE_BITS: u32 = 16;
 /// Width of v1model's `egress_spec` (`PortId_t`).
 pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
@@ -467,6 +471,9 @@ pub struct LevelView {
     pub exact: String,
     pub ranged: Option<String>,
     pub default: String,
+    /// The ranged table matches `ternary` and each range is written as the
+    /// prefixes that cover it (TNA, fields wider than [`TNA_RANGE_BITS`]).
+    pub ranges_as_prefixes: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -1186,17 +1193,19 @@ impl<'a> Builder<'a> {
         };
         let role = |stage: Stage| TableRole::Field { pipeline, level, stage };
         let state = state_key(&self.pipeline_state[pipeline].0);
+        let ranges_as_prefixes = self.opts.arch == Arch::Tna && kind == MatchKind::Range && qv.width > TNA_RANGE_BITS;
+        let table_kind = if ranges_as_prefixes { MatchKind::Ternary } else { kind };
         let base = format!("{prefix}{}", query_base(self.spec, q));
         let exact = self.global.fresh(&format!("{base}_exact"));
         self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state.clone(), field_key(MatchKind::Exact)], actions);
         let ranged = (kind != MatchKind::Exact).then(|| {
             let name = self.global.fresh(&format!("{base}_{}", kind.as_str()));
-            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state.clone(), field_key(kind)], actions);
+            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state.clone(), field_key(table_kind)], actions);
             name
         });
         let default = self.global.fresh(&format!("{base}_default"));
         self.push_entry_table(default.clone(), role(Stage::Default), vec![state], actions);
-        LevelView { query: q, source, exact, ranged, default }
+        LevelView { query: q, source, exact, ranged, default, ranges_as_prefixes }
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and

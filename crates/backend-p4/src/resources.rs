@@ -17,6 +17,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use subc_bdd::CompiledSet;
 use subc_bdd::{range_to_prefixes, Match};
+use subc_lang::mask;
 use subc_lang::spec::MatchKind;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -63,18 +64,29 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
         .iter()
         .map(|t| match t.role {
             TableRole::Root { .. } => 1,
-            TableRole::Field { pipeline, level, stage } => pipes[pipeline].tables[level]
-                .entries
-                .keys()
-                .filter(|(_, m)| {
-                    let s = match m {
-                        Match::Exact { .. } => Stage::Exact,
-                        Match::Default => Stage::Default,
-                        _ => Stage::Ranged,
-                    };
-                    s == stage
-                })
-                .count(),
+            TableRole::Field { pipeline, level, stage } => {
+                let lv = &layout.pipelines[pipeline].levels[level];
+                let width = layout.queries[lv.query.0 as usize].width;
+                pipes[pipeline].tables[level]
+                    .entries
+                    .keys()
+                    .map(|(_, m)| {
+                        let s = match m {
+                            Match::Exact { .. } => Stage::Exact,
+                            Match::Default => Stage::Default,
+                            _ => Stage::Ranged,
+                        };
+                        match m {
+                            _ if s != stage => 0,
+                            // Written as its prefixes (TNA); the whole domain is one wildcard.
+                            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(*lo == 0 && *hi == mask(width)) => {
+                                range_to_prefixes(*lo, *hi, width).len()
+                            }
+                            _ => 1,
+                        }
+                    })
+                    .sum()
+            }
             TableRole::Leaf { pipeline } => pipes[pipeline].leaves.len(),
             TableRole::Fanout => 1,
             // One entry per device port, which the port map decides.

@@ -413,7 +413,9 @@ control Ingress(inout headers_t hdr,
                 bit<32> sum;
                 if (hdr.{{ header }}.isValid()) {
                     bit<8> next = {{ a.advance }}.execute(slot);
-                    bit<32> old = {{ a.swap }}.execute((slot << {{ log2 }}) | (bit<32>)next);
+                    // The ring's cell: a field of its own, as a stateful ALU's address must be.
+                    bit<32> at = (slot << {{ log2 }}) | (bit<32>)next;
+                    bit<32> old = {{ a.swap }}.execute(at);
                     meta.{{ a.delta_meta }} = (bit<32>)hdr.{{ header }}.{{ field }} - old;
                     sum = {{ a.add }}.execute(slot);
                 } else {

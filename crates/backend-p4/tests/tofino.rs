@@ -2,7 +2,7 @@
 //! `-DENABLE_TOFINO=ON`, its `p4c` script; the README says how), every
 //! program `--arch tna` writes must compile for Tofino: no error, and the
 //! compiler's `context.json`, `bf-rt.json` (`bfrt.json`) and resource report
-//! (`resources.json`). The stages it used, and TCAM and SRAM per stage, are
+//! (`resources.json`), and a P4Info (standard externs) equal to ours. The stages it used, and TCAM and SRAM per stage, are
 //! printed as one JSON line per program (`BENCHMARKS.md`). Without `BF_P4C`
 //! the test prints a note and passes: the compiler is in no package
 //! registry.
@@ -12,6 +12,7 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use subc_backend_p4::proto::{from_text, p4::config::v1::P4Info, to_text};
 use subc_backend_p4::{compile, Arch, P4Options};
 
 /// The files under `dir` named `name`, at any depth.
@@ -69,7 +70,9 @@ fn tofino_compile(bf: &Path, name: &str, program: &str) -> PathBuf {
     let out = temp_dir("tofino");
     std::fs::write(out.join("program.p4"), program).unwrap();
     let run = Command::new(bf)
-        .args(["--target", "tofino", "--arch", "tna", "-g", "--verbose", "1", "-o"])
+        .args(["--target", "tofino", "--arch", "tna", "-g", "--verbose", "1", "--p4runtime-force-std-externs", "--p4runtime-files"])
+        .arg(out.join("p4info.txtpb"))
+        .arg("-o")
         .arg(out.join("build"))
         .arg(out.join("program.p4"))
         .output()
@@ -86,6 +89,18 @@ fn tofino_compile(bf: &Path, name: &str, program: &str) -> PathBuf {
     out
 }
 
+/// The P4Info the compiler wrote (standard externs) must equal ours, line
+/// for line in text form.
+fn assert_same_p4info(name: &str, theirs: &Path, ours: &P4Info) {
+    let text = std::fs::read_to_string(theirs).unwrap_or_else(|e| panic!("{name}: no P4Info from the compiler: {e}"));
+    let theirs: P4Info = from_text(&text).unwrap();
+    let (a, b) = (to_text(&theirs), to_text(ours));
+    if let Some((i, (x, y))) = a.lines().zip(b.lines()).enumerate().find(|(_, (x, y))| x != y) {
+        panic!("{name}: the Tofino compiler's P4Info differs from ours at line {}: it has `{x}`, we have `{y}`", i + 1);
+    }
+    assert_eq!(a.lines().count(), b.lines().count(), "{name}: the Tofino compiler's P4Info and ours differ in length");
+}
+
 #[test]
 fn the_tofino_compiler_accepts_every_tna_program() {
     let Some(bf) = std::env::var_os("BF_P4C") else {
@@ -100,6 +115,7 @@ fn the_tofino_compiler_accepts_every_tna_program() {
         let Ok((_, art)) = compile(&p.spec, &set, &P4Options { arch: Arch::Tna, ..Default::default() }) else { continue };
         let out = tofino_compile(&bf, &name, &art.program);
         let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();
+        assert_same_p4info(&name, &out.join("p4info.txtpb"), &art.p4info);
         let used = stages(&resources);
         assert!(!used.is_empty(), "{name}: the resource report shows no stage in use");
         let line = serde_json::json!({

@@ -501,8 +501,8 @@ impl Driver for P4Driver {
         let enc = program.target.encoder();
         ops.iter()
             .map(|(p, op)| match after.get(*p).map(|pipe| enc.op(*p, op, pipe)) {
-                Some(Ok(Some(u))) => Some(describe(&u, &program.info)),
-                Some(Ok(None)) | None => None,
+                Some(Ok(us)) if !us.is_empty() => Some(us.iter().map(|u| describe(u, &program.info)).collect::<Vec<_>>().join("; ")),
+                Some(Ok(_)) | None => None,
                 Some(Err(e)) => Some(format!("cannot be encoded: {e}")),
             })
             .collect()
