@@ -325,6 +325,29 @@ pub struct EwmaAlu {
     /// port metadata of a first pass.
     pub resubmitted_state: String,
     pub port_state: String,
+    /// Metadata of the first pass's arithmetic: the stored average and
+    /// count, the sample in fixed point, the spike's bound (`old >> s`),
+    /// the larger and smaller of sample and average, the step (their
+    /// distance, shifted), and `min(step, bound)`.
+    pub old: String,
+    pub count: String,
+    pub x: String,
+    pub bound: String,
+    pub hi: String,
+    pub lo: String,
+    pub step: String,
+    pub floor: String,
+    /// Its actions, one per dependent step (a Tofino action computes each
+    /// result from values that exist before it): scale (x, bound, the
+    /// count), order (hi, lo), distance (step = hi - lo), weigh (step >>= k),
+    /// and the new average of a first sample, a rise or a fall.
+    pub scale: String,
+    pub order: String,
+    pub distance: String,
+    pub weigh: String,
+    pub first: String,
+    pub rise: String,
+    pub fall: String,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -971,7 +994,31 @@ impl<'a> Builder<'a> {
         let tna = self.layout.arch == Arch::Tna;
         let avg_reg = self.register(&format!("{}_avg", s.name), if tna { 32 } else { 64 }, slots);
         let samples_reg = self.register(&format!("{}_samples", s.name), 8, slots);
-        let alu = tna.then(|| EwmaAlu {
+        let alu = tna.then(|| self.ewma_alu(s, &avg_reg, &samples_reg));
+        let logic = StateLogic::Ewma { header, field: fname, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu };
+        let what = format!(
+            "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples",
+            s.name,
+            self.spec.field_name(field)
+        );
+        (logic, what)
+    }
+
+    /// TNA: the names of an EWMA's two passes, and its metadata fields.
+    fn ewma_alu(&mut self, s: &StateVar, avg_reg: &str, samples_reg: &str) -> EwmaAlu {
+        let mut meta = |suffix: &str, width: u32, what: &str| {
+            let name = self.meta_namer.fresh(&format!("{}_{suffix}", s.name));
+            self.layout.meta.push(MetaField { name: name.clone(), width, comment: format!("{}'s first pass: {what}", s.name) });
+            name
+        };
+        let (old, count) = (meta("old", 32, "the stored average"), meta("count", 8, "the stored sample count"));
+        let (x, bound) = (meta("x", 32, "the sample, fixed point"), meta("bound", 32, "old >> spike"));
+        let (hi, lo) = (meta("hi", 32, "max(x, old)"), meta("lo", 32, "min(x, old)"));
+        let (step, floor) = (meta("step", 32, "the change of the average"), meta("floor", 32, "min(step, bound)"));
+        let mut action = |suffix: &str| self.global.fresh(&format!("{}_{suffix}", s.name));
+        let (scale, order, distance, weigh) = (action("scale"), action("order"), action("distance"), action("weigh"));
+        let (first, rise, fall) = (action("first"), action("rise"), action("fall"));
+        EwmaAlu {
             read_avg: self.global.fresh(&format!("{avg_reg}_read")),
             read_samples: self.global.fresh(&format!("{samples_reg}_read")),
             write_avg: self.global.fresh(&format!("{avg_reg}_write")),
@@ -980,14 +1027,22 @@ impl<'a> Builder<'a> {
             resubmit: self.meta_namer.fresh("first_pass"),
             resubmitted_state: self.global.fresh("resubmitted"),
             port_state: self.global.fresh("port_metadata"),
-        });
-        let logic = StateLogic::Ewma { header, field: fname, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu };
-        let what = format!(
-            "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples",
-            s.name,
-            self.spec.field_name(field)
-        );
-        (logic, what)
+            old,
+            count,
+            x,
+            bound,
+            hi,
+            lo,
+            step,
+            floor,
+            scale,
+            order,
+            distance,
+            weigh,
+            first,
+            rise,
+            fall,
+        }
     }
 
     /// A variable that leaf actions update: its register, and the metadata

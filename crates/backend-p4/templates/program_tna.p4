@@ -222,7 +222,7 @@ control Ingress(inout headers_t hdr,
         }
     };
 {%- endif %}
-{%- when StateLogic::Ewma with { avg_reg, samples_reg, alu, .. } %}
+{%- when StateLogic::Ewma with { header, field, shift, spike_shift, avg_reg, samples_reg, alu, .. } %}
 {%- if let Some(a) = alu %}
 
     // {{ s.comment }}
@@ -248,6 +248,46 @@ control Ingress(inout headers_t hdr,
             cell = meta.{{ a.resubmit }}.samples;
         }
     };
+
+    // The first pass's arithmetic, one step per action: a Tofino action
+    // computes each result from values that exist before it.
+    action {{ a.scale }}() {
+        meta.{{ a.x }} = (bit<32>)hdr.{{ header }}.{{ field }} << 8;
+        meta.{{ a.bound }} = meta.{{ a.old }} >> {{ spike_shift }};
+        meta.{{ a.resubmit }}.setValid();
+        meta.{{ a.resubmit }}.samples = meta.{{ a.count }} |+| 1;
+        meta.{{ a.resubmit }}.pad = 0;
+        meta.{{ a.resubmit }}.spike = 0;
+        meta.{{ a.resubmit }}.pad2 = 0;
+    }
+
+    action {{ a.order }}() {
+        meta.{{ a.hi }} = max(meta.{{ a.x }}, meta.{{ a.old }});
+        meta.{{ a.lo }} = min(meta.{{ a.x }}, meta.{{ a.old }});
+    }
+
+    action {{ a.distance }}() {
+        meta.{{ a.step }} = meta.{{ a.hi }} - meta.{{ a.lo }};
+    }
+
+    action {{ a.weigh }}() {
+        meta.{{ a.step }} = meta.{{ a.step }} >> {{ shift }};
+    }
+
+    action {{ a.first }}() {
+        meta.{{ a.resubmit }}.avg = meta.{{ a.x }};
+        meta.{{ a.floor }} = min(meta.{{ a.step }}, meta.{{ a.bound }});
+    }
+
+    action {{ a.rise }}() {
+        meta.{{ a.resubmit }}.avg = meta.{{ a.old }} + meta.{{ a.step }};
+        meta.{{ a.floor }} = min(meta.{{ a.step }}, meta.{{ a.bound }});
+    }
+
+    action {{ a.fall }}() {
+        meta.{{ a.resubmit }}.avg = meta.{{ a.old }} - meta.{{ a.step }};
+        meta.{{ a.floor }} = min(meta.{{ a.step }}, meta.{{ a.bound }});
+    }
 {%- endif %}
 {%- else %}
 {%- endmatch %}
@@ -340,51 +380,43 @@ control Ingress(inout headers_t hdr,
 {%- endif %}
 {%- for s in t.states %}
 {%- match s.logic %}
-{%- when StateLogic::Ewma with { header, field, shift, spike_shift, warmup, spike_meta, alu, .. } %}
+{%- when StateLogic::Ewma with { header, warmup, spike_meta, alu, .. } %}
 {%- if let Some(a) = alu %}
 
             // {{ s.comment }}.
             // Before any other state: a sample's first pass ends here.
             {
 {%- call slot(s) %}{% endcall %}
-                bit<32> e;
-                bit<8> c = 0;
                 if (ig_intr_md.resubmit_flag == 0) {
-                    e = {{ a.read_avg }}.execute(slot);
-                    c = {{ a.read_samples }}.execute(slot);
+                    meta.{{ a.old }} = {{ a.read_avg }}.execute(slot);
+                    meta.{{ a.count }} = {{ a.read_samples }}.execute(slot);
                 } else {
                     // A second pass: store what the first computed.
                     {{ a.write_avg }}.execute(slot);
                     {{ a.write_samples }}.execute(slot);
-                    e = meta.{{ a.resubmit }}.avg;
+                    meta.{{ a.old }} = meta.{{ a.resubmit }}.avg;
 {%- if let Some(spike) = spike_meta %}
                     meta.{{ spike }} = meta.{{ a.resubmit }}.spike;
 {%- endif %}
                 }
-                meta.{{ s.value_meta }} = (bit<{{ s.value_width }}>)(e >> 8);
+                meta.{{ s.value_meta }} = (bit<{{ s.value_width }}>)(meta.{{ a.old }} >> 8);
                 if (ig_intr_md.resubmit_flag == 0 && hdr.{{ header }}.isValid()) {
                     // A sample's first pass: the new average and count, in
                     // 32-bit words, then a second pass stores them.
-                    bit<32> x = (bit<32>)hdr.{{ header }}.{{ field }} << 8;
-                    bit<32> hi = max(x, e);
-                    bit<32> lo = min(x, e);
-                    bit<32> delta = hi - lo;
-                    bit<32> next = x;
-                    if (c != 0) {
-                        delta = delta >> {{ shift }};
-                        if (hi == x) {
-                            next = e + delta;
+                    {{ a.scale }}();
+                    {{ a.order }}();
+                    {{ a.distance }}();
+                    if (meta.{{ a.count }} == 0) {
+                        {{ a.first }}();
+                    } else {
+                        {{ a.weigh }}();
+                        if (meta.{{ a.hi }} == meta.{{ a.x }}) {
+                            {{ a.rise }}();
                         } else {
-                            next = e - delta;
+                            {{ a.fall }}();
                         }
                     }
-                    meta.{{ a.resubmit }}.setValid();
-                    meta.{{ a.resubmit }}.avg = next;
-                    meta.{{ a.resubmit }}.samples = c |+| 1;
-                    meta.{{ a.resubmit }}.pad = 0;
-                    meta.{{ a.resubmit }}.spike = 0;
-                    meta.{{ a.resubmit }}.pad2 = 0;
-                    if (c >= {{ warmup }} && min(delta, e >> {{ spike_shift }}) != delta) {
+                    if (meta.{{ a.count }} >= {{ warmup }} && meta.{{ a.floor }} != meta.{{ a.step }}) {
                         meta.{{ a.resubmit }}.spike = 1;
                     }
                     ig_dprsr_md.resubmit_type = 1;
