@@ -81,12 +81,11 @@ impl Arch {
     }
 
     /// The fully qualified name of the ingress control, as P4Info names
-    /// things: p4c's `MyIngress`; the Tofino compiler puts the pipeline's
-    /// instance name in front (`pipe.Ingress`).
+    /// things: `MyIngress`, `Ingress` (see [`Arch::id_key`] for the ids).
     pub(crate) fn ingress(self) -> &'static str {
         match self {
             Arch::V1Model => "MyIngress",
-            Arch::Tna => "pipe.Ingress",
+            Arch::Tna => "Ingress",
         }
     }
 
@@ -94,7 +93,18 @@ impl Arch {
     pub(crate) fn egress(self) -> &'static str {
         match self {
             Arch::V1Model => "MyEgress",
-            Arch::Tna => "pipe.Egress",
+            Arch::Tna => "Egress",
+        }
+    }
+
+    /// The string whose hash is a P4Info object's id. The Tofino compiler
+    /// hashes the name with the pipeline's instance in front
+    /// (`pipe.Ingress.root`) for every object but actions, though the name
+    /// it writes leaves it out.
+    pub(crate) fn id_key(self, name: &str, action: bool) -> String {
+        match self {
+            Arch::Tna if !action && name != "NoAction" => format!("pipe.{name}"),
+            _ => name.to_string(),
         }
     }
 
@@ -368,6 +378,9 @@ pub struct RegisterDecl {
     pub name: String,
     pub width: u32,
     pub size: u64,
+    /// TNA: the struct type of its cells (a counter's `window_t`), which
+    /// P4Info describes by name.
+    pub cell_struct: Option<String>,
 }
 
 /// An indirect counter of packets and bytes the program declares (in the
@@ -656,6 +669,19 @@ impl P4Layout {
         }
     }
 
+    /// Actions the program calls directly rather than through a table (TNA's
+    /// EWMA steps), in declaration order. No entry names them, but P4Info
+    /// lists them.
+    pub(crate) fn direct_actions(&self) -> Vec<&str> {
+        let mut out = vec![];
+        for s in &self.states {
+            if let StateLogic::Ewma { alu: Some(a), .. } = &s.logic {
+                out.extend([&a.scale, &a.order, &a.distance, &a.weigh, &a.first, &a.rise, &a.fall].map(String::as_str));
+            }
+        }
+        out
+    }
+
     /// Whether `meta.<name>` holds some pipeline's diagram state.
     pub(crate) fn is_state_meta(&self, name: &str) -> bool {
         self.pipelines.iter().any(|p| p.state_meta == name)
@@ -914,7 +940,7 @@ impl<'a> Builder<'a> {
     /// Declares a register of `size` cells of `width` bits; returns its name.
     fn register(&mut self, base: &str, width: u32, size: u64) -> String {
         let name = self.global.fresh(base);
-        self.layout.registers.push(RegisterDecl { name: name.clone(), width, size });
+        self.layout.registers.push(RegisterDecl { name: name.clone(), width, size, cell_struct: None });
         name
     }
 
@@ -947,6 +973,9 @@ impl<'a> Builder<'a> {
             None => self.window_cell.insert(self.global.fresh("window_t")).clone(),
         };
         let reg = self.register(&format!("{}_window", s.name), 64, slots);
+        if let Some(r) = self.layout.registers.last_mut() {
+            r.cell_struct = Some(cell_type.clone());
+        }
         let count_action = self.global.fresh(&format!("{reg}_count"));
         let logic = StateLogic::Window { window_ns, reg, cell_type, count_action };
         Ok((logic, format!("{}: packets per window of {} us, from the first packet after the last window", s.name, window_us)))
@@ -974,6 +1003,12 @@ impl<'a> Builder<'a> {
             self.register(&format!("{}_next", s.name), 8, slots),
             self.register(&format!("{}_sum", s.name), sum_width, slots),
         );
+        if tna {
+            // The TNA program declares the index first (P4Info lists
+            // registers in declaration order).
+            let n = self.layout.registers.len();
+            self.layout.registers.swap(n - 3, n - 2);
+        }
         let alu = delta_meta.map(|delta_meta| AvgAlu {
             delta_meta,
             advance: self.global.fresh(&format!("{next_reg}_advance")),

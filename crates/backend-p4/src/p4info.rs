@@ -22,7 +22,15 @@ pub struct Ids {
     pub actions: BTreeMap<String, u32>,
     pub registers: BTreeMap<String, u32>,
     pub counters: BTreeMap<String, u32>,
+    /// TNA: the id of the ingress parser's port metadata (an extern).
+    pub port_metadata: Option<u32>,
 }
+
+/// TNA: the Tofino compiler describes the port metadata the ingress parser
+/// skips as an instance of its `PortMetadata` extern (type 144, which is
+/// also its ids' 8-bit prefix), keyed on the ingress port.
+const PORT_METADATA: &str = "IngressParser.$PORT_METADATA";
+const PORT_METADATA_TYPE: u32 = 144;
 
 /// The Jenkins one-at-a-time hash, as p4c computes it.
 pub(crate) fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
@@ -39,10 +47,10 @@ pub(crate) fn jenkins_one_at_a_time(key: &[u8]) -> u32 {
 }
 
 /// Assigns ids to `names` of one resource type, p4c's way.
-fn assign(names: &BTreeSet<String>, prefix: u32, taken: &mut BTreeSet<u32>) -> BTreeMap<String, u32> {
+fn assign(names: &BTreeSet<String>, key: impl Fn(&str) -> String, prefix: u32, taken: &mut BTreeSet<u32>) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
     for name in names {
-        let mut h = jenkins_one_at_a_time(name.as_bytes());
+        let mut h = jenkins_one_at_a_time(key(name).as_bytes());
         let make = |h: u32| (prefix << 24) | (h & 0x00ff_ffff);
         while taken.contains(&make(h)) {
             h = h.wrapping_add(1);
@@ -91,22 +99,29 @@ pub(crate) fn ids(layout: &P4Layout) -> Ids {
     // p4c assigns ids type by type; the prefixes keep types apart, so the
     // order between types does not matter.
     Ids {
-        actions: assign(&actions, cfg::p4_ids::Prefix::Action as u32, &mut taken),
-        tables: assign(&tables, cfg::p4_ids::Prefix::Table as u32, &mut taken),
-        registers: assign(&registers, cfg::p4_ids::Prefix::Register as u32, &mut taken),
-        counters: assign(&counters, cfg::p4_ids::Prefix::Counter as u32, &mut taken),
+        actions: assign(&actions, |n| arch.id_key(n, true), cfg::p4_ids::Prefix::Action as u32, &mut taken),
+        tables: assign(&tables, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Table as u32, &mut taken),
+        registers: assign(&registers, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Register as u32, &mut taken),
+        counters: assign(&counters, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Counter as u32, &mut taken),
+        port_metadata: (arch == Arch::Tna).then(|| {
+            let h = jenkins_one_at_a_time(arch.id_key(PORT_METADATA, false).as_bytes());
+            (PORT_METADATA_TYPE << 24) | (h & 0x00ff_ffff)
+        }),
     }
 }
 
-/// Actions some table refers to, in declaration order (`NoAction`, from
-/// `core.p4`, first; the template declares the others in the order of
-/// [`P4Layout::actions`]); p4c leaves out actions no table uses.
+/// Actions some table refers to or the program calls, in declaration order
+/// (`NoAction`, from `core.p4`, first; the template declares the others in
+/// the order of [`P4Layout::actions`]); p4c leaves out actions nothing uses.
 fn used_actions(layout: &P4Layout) -> Vec<String> {
     let used: BTreeSet<&str> = layout.tables.iter().flat_map(|t| t.actions.iter().map(String::as_str)).collect();
     let mut out = vec![];
     if used.contains("NoAction") {
         out.push("NoAction".to_string());
     }
+    // Actions the program calls directly are declared with the state,
+    // before the others.
+    out.extend(layout.direct_actions().into_iter().map(String::from));
     for a in &layout.actions {
         if used.contains(a.name.as_str()) {
             out.push(a.name.clone());
@@ -137,9 +152,44 @@ pub(crate) fn p4info(layout: &P4Layout, ids: &Ids) -> cfg::P4Info {
         actions: used_actions(layout).iter().map(|a| action_info(layout, ids, &preambles, a)).collect(),
         registers: layout.registers.iter().map(|r| register_info(layout.arch, ids, &preambles, r)).collect(),
         counters: vec![counter_info(layout.arch, ids, &preambles, &layout.port_counter)],
-        type_info: Some(Default::default()),
+        externs: ids.port_metadata.map(port_metadata_info).into_iter().collect(),
+        type_info: Some(type_info(layout)),
         ..Default::default()
     }
+}
+
+/// TNA's port metadata extern (see [`PORT_METADATA`]).
+fn port_metadata_info(id: u32) -> cfg::Extern {
+    cfg::Extern {
+        extern_type_id: PORT_METADATA_TYPE,
+        extern_type_name: "PortMetadata".into(),
+        instances: vec![cfg::ExternInstance {
+            preamble: Some(cfg::Preamble { id, name: PORT_METADATA.into(), alias: "$PORT_METADATA".into(), ..Default::default() }),
+            info: Some(prost_types::Any {
+                type_url: "type.googleapis.com/barefoot.PortMetadata".into(),
+                value: b"ig_intr_md.ingress_port".to_vec(),
+            }),
+        }],
+    }
+}
+
+/// The struct types of register cells: two 32-bit members each (TNA's
+/// counter window, `start` and `count`).
+fn type_info(layout: &P4Layout) -> cfg::P4TypeInfo {
+    let bits = |w: i32| cfg::P4DataTypeSpec {
+        type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
+            type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: w })),
+            ..Default::default()
+        })),
+    };
+    let member = |name: &str| cfg::p4_struct_type_spec::Member { name: name.into(), type_spec: Some(bits(32)) };
+    let structs = layout
+        .registers
+        .iter()
+        .filter_map(|r| r.cell_struct.clone())
+        .map(|name| (name, cfg::P4StructTypeSpec { members: vec![member("start"), member("count")], ..Default::default() }))
+        .collect();
+    cfg::P4TypeInfo { structs, ..Default::default() }
 }
 
 /// Makes the preambles of one program's objects: aliases are unique among
@@ -220,11 +270,12 @@ fn action_info(layout: &P4Layout, ids: &Ids, preambles: &Preambles, a: &str) -> 
     if a == "NoAction" {
         return cfg::Action { preamble: preambles.preamble(name, id, vec!["@noWarn(\"unused\")".into()]), params: vec![] };
     }
-    let decl = layout.action(a).expect("a declared action");
+    // The EWMA's steps (called directly) are not in the layout's actions,
+    // and have no parameters.
+    let params = layout.action(a).map(|d| d.params.as_slice()).unwrap_or_default();
     cfg::Action {
         preamble: preambles.preamble(name, id, vec![]),
-        params: decl
-            .params
+        params: params
             .iter()
             .enumerate()
             .map(|(i, p)| cfg::action::Param { id: i as u32 + 1, name: p.name.clone(), bitwidth: p.width as i32, ..Default::default() })
@@ -238,11 +289,16 @@ fn register_info(arch: Arch, ids: &Ids, preambles: &Preambles, r: &RegisterDecl)
     let id = ids.registers[&name];
     cfg::Register {
         preamble: preambles.preamble(name, id, vec![]),
-        type_spec: Some(cfg::P4DataTypeSpec {
-            type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
-                type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: r.width as i32 })),
-                ..Default::default()
-            })),
+        type_spec: Some(match &r.cell_struct {
+            Some(s) => {
+                cfg::P4DataTypeSpec { type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Struct(cfg::P4NamedType { name: s.clone() })) }
+            }
+            None => cfg::P4DataTypeSpec {
+                type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
+                    type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: r.width as i32 })),
+                    ..Default::default()
+                })),
+            },
         }),
         size: r.size as i32,
         ..Default::default()

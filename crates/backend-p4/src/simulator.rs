@@ -853,6 +853,9 @@ impl Bindings {
         let mut action_kinds = HashMap::new();
         for (id, a) in &switch.actions {
             let short = layout.arch.unqualified(&a.name).unwrap_or(&a.name);
+            if layout.direct_actions().contains(&short) {
+                continue; // called by the program itself, never by an entry
+            }
             let kind = if short == "NoAction" {
                 ActionKind::NoAction
             } else {
