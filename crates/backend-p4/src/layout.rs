@@ -292,7 +292,7 @@ pub enum StateLogic {
         samples_reg: String,
         spike_meta: Option<String>,
         /// TNA: the names of the two-pass logic.
-        alu: Option<EwmaAlu>,
+        alu: Option<Box<EwmaAlu>>,
     },
     Var {
         reg: String,
@@ -1029,7 +1029,7 @@ impl<'a> Builder<'a> {
         let tna = self.layout.arch == Arch::Tna;
         let avg_reg = self.register(&format!("{}_avg", s.name), if tna { 32 } else { 64 }, slots);
         let samples_reg = self.register(&format!("{}_samples", s.name), 8, slots);
-        let alu = tna.then(|| self.ewma_alu(s, &avg_reg, &samples_reg));
+        let alu = tna.then(|| Box::new(self.ewma_alu(s, &avg_reg, &samples_reg)));
         let logic = StateLogic::Ewma { header, field: fname, shift, spike_shift, warmup, avg_reg, samples_reg, spike_meta, alu };
         let what = format!(
             "{}: EWMA of {} with weight 2^-{shift} and 8 fractional bits; a spike moves it by more than avg >> {spike_shift} after {warmup} samples",

@@ -310,7 +310,7 @@ pub fn write_program(spec: &Spec, layout: &P4Layout) -> String {
             let port_filter = layout.tables.iter().find(|t| t.role == TableRole::PortFilter).map(|t| table_row(layout, t));
             let ports_pad = t.ports_width.map(|w| (8 - w % 8) % 8).unwrap_or(0);
             let ewma = layout.states.iter().find_map(|s| match &s.logic {
-                StateLogic::Ewma { alu, .. } => alu.clone(),
+                StateLogic::Ewma { alu, .. } => alu.as_deref().cloned(),
                 _ => None,
             });
             TnaProgramTemplate { t, window_cell, port_filter, ports_pad, ewma }.render()
