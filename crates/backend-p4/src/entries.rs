@@ -17,7 +17,7 @@
 //! order (P4Runtime does not promise one); batches must be written one after
 //! the other.
 
-use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole};
+use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole, MERGED_DEFAULT, MERGED_RANGED};
 use crate::p4info::Ids;
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
@@ -210,12 +210,12 @@ impl<'a> Encoder<'a> {
         let lv = &self.layout.pipelines[pipeline].levels[level];
         let q = &self.layout.queries[lv.query.0 as usize];
         let width = q.width;
-        let stage = match m {
-            Match::Exact { .. } => Stage::Exact,
-            Match::Default => Stage::Default,
-            _ => Stage::Ranged,
-        };
-        let table_id = self.table_id(TableRole::Field { pipeline, level, stage })?;
+        let table_id = self.table_id(TableRole::Field { pipeline, level, stage: Stage::of(m, lv.merged) })?;
+        if lv.merged {
+            let (matches, priority) = self.merged_match(state, m, q)?;
+            let action = Some(self.goto(pipeline, next, pipe)?);
+            return Ok(p4v1::TableEntry { table_id, r#match: matches, action, priority, ..Default::default() });
+        }
         let mut matches = vec![exact(1, canonical(state as u64))];
         let mut priority = 0;
         let kind_mismatch = || Error::BadMatch { field: q.source.clone(), kind: q.kind.as_str(), entry: format!("{m:?}") };
@@ -288,21 +288,51 @@ impl<'a> Encoder<'a> {
         let lv = &self.layout.pipelines[pipeline].levels[level];
         let width = self.layout.queries[lv.query.0 as usize].width;
         match *m {
-            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(lo == 0 && hi == mask(width)) => {
-                let entry = self.field_entry(pipeline, level, state, m, next, pipe)?;
-                Ok(range_to_prefixes(lo, hi, width)
-                    .into_iter()
-                    .map(|(value, len)| {
-                        let m2 = mask(width) & !mask(width - len);
-                        let ternary = p4v1::field_match::Ternary { value: canonical(value & m2), mask: canonical(m2) };
-                        let field =
-                            p4v1::FieldMatch { field_id: 2, field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(ternary)) };
-                        p4v1::TableEntry { r#match: vec![entry.r#match[0].clone(), field], ..entry.clone() }
-                    })
-                    .collect())
-            }
+            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(lo == 0 && hi == mask(width)) => range_to_prefixes(lo, hi, width)
+                .into_iter()
+                .map(|(value, len)| self.field_entry(pipeline, level, state, &Match::Prefix { value, len }, next, pipe))
+                .collect(),
             _ => Ok(vec![self.field_entry(pipeline, level, state, m, next, pipe)?]),
         }
+    }
+
+    /// An IR entry in a TNA level's one ternary table: its match fields and
+    /// its priority band (see [`MERGED_RANGED`]). A range here is one of
+    /// its prefixes (a `Match::Prefix`, from [`Encoder::field_entries`]),
+    /// or the whole domain.
+    fn merged_match(&self, state: StateId, m: &Match, q: &crate::layout::QueryView) -> Result<(Vec<p4v1::FieldMatch>, i32), Error> {
+        let width = q.width;
+        let ternary = |value: u64, m2: u64| p4v1::FieldMatch {
+            field_id: 2,
+            field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(p4v1::field_match::Ternary {
+                value: canonical(value & m2),
+                mask: canonical(m2),
+            })),
+        };
+        // A mask of no bits is a don't-care: no match field.
+        let fields = |value: u64, m2: u64| {
+            let state = exact(1, canonical(state as u64));
+            if m2 == 0 {
+                vec![state]
+            } else {
+                vec![state, ternary(value, m2)]
+            }
+        };
+        Ok(match *m {
+            Match::Exact { value } => (fields(value, mask(width)), MERGED_RANGED + width as i32 + 1),
+            Match::Default => (fields(0, 0), MERGED_DEFAULT),
+            Match::Range { lo, hi } if lo == 0 && hi == mask(width) => (fields(0, 0), MERGED_RANGED),
+            Match::Range { .. } => return Err(Error::BadMatch { field: q.source.clone(), kind: q.kind.as_str(), entry: format!("{m:?}") }),
+            Match::Ternary { value, mask: m2 } => {
+                let m2 = m2 & mask(width);
+                (fields(value, m2), MERGED_RANGED + m2.count_ones() as i32)
+            }
+            Match::Prefix { value, len } => {
+                // A range's prefixes share one priority: they are disjoint.
+                let band = if q.kind == MatchKind::Range { MERGED_RANGED } else { MERGED_RANGED + len as i32 };
+                (fields(value, mask(width) & !mask(width - len)), band)
+            }
+        })
     }
 
     /// The match keys of a field-table entry (for deletes).
@@ -598,7 +628,9 @@ fn entry_key(u: &p4v1::Update) -> Option<(u32, Vec<u8>)> {
     use prost::Message;
     match u.entity.as_ref()?.entity.as_ref()? {
         p4v1::entity::Entity::TableEntry(e) => {
-            let fields: Vec<u8> = e.r#match.iter().flat_map(|m| m.encode_to_vec()).collect();
+            // A ternary entry's priority is part of its key.
+            let mut fields: Vec<u8> = e.priority.to_be_bytes().to_vec();
+            fields.extend(e.r#match.iter().flat_map(|m| m.encode_to_vec()));
             Some((e.table_id, fields))
         }
         _ => None,

@@ -51,10 +51,6 @@ use subc_lang::spec::{
 
 /// Width of `meta.state` and of state parameters (`state_t`).
 pub(crate) const STATE_WIDTH: u32 = 32;
-/// The widest field the Tofino compiler matches by `range` (its range
-/// keys must fit in five PHV nibbles; 16 bits always do). Wider ranged
-/// fields are matched `ternary`, each range as its covering prefixes.
-pub(crate) const TNA_RANGE_BITS: u32 = 16;
 /// Width of v1model's `egress_spec` (`PortId_t`).
 pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
@@ -445,7 +441,31 @@ pub enum Stage {
     Exact,
     Ranged,
     Default,
+    /// TNA: the level's one table, holding its exact, ranged and default
+    /// entries (see [`LevelView::merged`]).
+    All,
 }
+
+impl Stage {
+    /// The table of a level that holds an IR entry matching `m` (on TNA,
+    /// the level's one table).
+    pub(crate) fn of(m: &subc_bdd::Match, merged: bool) -> Stage {
+        match m {
+            _ if merged => Stage::All,
+            subc_bdd::Match::Exact { .. } => Stage::Exact,
+            subc_bdd::Match::Default => Stage::Default,
+            _ => Stage::Ranged,
+        }
+    }
+}
+
+/// Priorities in a TNA level's one table, where the lookup chain exact,
+/// then ranged, then default becomes priority bands: a default entry
+/// ([`MERGED_DEFAULT`]), ranged entries above it (a range's prefixes at
+/// [`MERGED_RANGED`], a ternary or prefix entry at that plus its mask's
+/// bits), exact entries above all (`MERGED_RANGED + width + 1`).
+pub(crate) const MERGED_DEFAULT: i32 = 1;
+pub(crate) const MERGED_RANGED: i32 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum TableRole {
@@ -507,9 +527,16 @@ pub struct LevelView {
     pub exact: String,
     pub ranged: Option<String>,
     pub default: String,
-    /// The ranged table matches `ternary` and each range is written as the
-    /// prefixes that cover it (TNA, fields wider than [`TNA_RANGE_BITS`]).
+    /// Each range is written as the ternary prefixes that cover it (TNA:
+    /// the Tofino compiler matches `range` on keys of at most five PHV
+    /// nibbles, and a merged table is ternary).
     pub ranges_as_prefixes: bool,
+    /// TNA: the level is one ternary table (named by `exact` and `default`)
+    /// whose priorities play the lookup chain. Tofino resolves a table's
+    /// hit or miss too late in a stage for the next table of a chain to
+    /// run there, so three tables per level cost three stages; one costs
+    /// one.
+    pub merged: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -1283,19 +1310,25 @@ impl<'a> Builder<'a> {
         };
         let role = |stage: Stage| TableRole::Field { pipeline, level, stage };
         let state = state_key(&self.pipeline_state[pipeline].0);
-        let ranges_as_prefixes = self.opts.arch == Arch::Tna && kind == MatchKind::Range && qv.width > TNA_RANGE_BITS;
-        let table_kind = if ranges_as_prefixes { MatchKind::Ternary } else { kind };
         let base = format!("{prefix}{}", query_base(self.spec, q));
+        if self.opts.arch == Arch::Tna {
+            // One table, in which every entry is ternary.
+            let name = self.global.fresh(&format!("{base}_match"));
+            let keys = vec![state, field_key(MatchKind::Ternary)];
+            self.push_entry_table(name.clone(), role(Stage::All), keys, actions);
+            let default = name.clone();
+            return LevelView { query: q, source, exact: name, ranged: None, default, ranges_as_prefixes: true, merged: true };
+        }
         let exact = self.global.fresh(&format!("{base}_exact"));
         self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state.clone(), field_key(MatchKind::Exact)], actions);
         let ranged = (kind != MatchKind::Exact).then(|| {
             let name = self.global.fresh(&format!("{base}_{}", kind.as_str()));
-            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state.clone(), field_key(table_kind)], actions);
+            self.push_entry_table(name.clone(), role(Stage::Ranged), vec![state.clone(), field_key(kind)], actions);
             name
         });
         let default = self.global.fresh(&format!("{base}_default"));
         self.push_entry_table(default.clone(), role(Stage::Default), vec![state], actions);
-        LevelView { query: q, source, exact, ranged, default, ranges_as_prefixes }
+        LevelView { query: q, source, exact, ranged, default, ranges_as_prefixes: false, merged: false }
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and

@@ -264,6 +264,10 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
         TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
         TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
         TableRole::PortFilter => Some("A copy leaves only if its port's bit is set: one entry per port, testing that bit.".into()),
+        TableRole::Field { level, stage: Stage::All, pipeline } => Some(format!(
+            "Pipeline {pipeline}, {}: one table; by priority its exact entries, then its ranged ones, then its default.",
+            l.pipelines[pipeline].levels[level].source
+        )),
         TableRole::Field { .. } => None,
     }
 }

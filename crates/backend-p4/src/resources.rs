@@ -71,13 +71,8 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
                     .entries
                     .keys()
                     .map(|(_, m)| {
-                        let s = match m {
-                            Match::Exact { .. } => Stage::Exact,
-                            Match::Default => Stage::Default,
-                            _ => Stage::Ranged,
-                        };
                         match m {
-                            _ if s != stage => 0,
+                            _ if Stage::of(m, lv.merged) != stage => 0,
                             // Written as its prefixes (TNA); the whole domain is one wildcard.
                             Match::Range { lo, hi } if lv.ranges_as_prefixes && !(*lo == 0 && *hi == mask(width)) => {
                                 range_to_prefixes(*lo, *hi, width).len()
@@ -151,6 +146,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
                     Stage::Exact => "exact",
                     Stage::Default => "default",
                     Stage::Ranged => kind.as_str(),
+                    Stage::All => "level",
                 };
                 (Some(pipeline), Some(lv.source.clone()), role.to_string())
             }

@@ -1193,7 +1193,8 @@ impl<'a> Simulator<'a> {
         for p in &layout.pipelines {
             self.apply_table(&p.root, &mut meta)?;
             for l in &p.levels {
-                if self.apply_table(&l.exact, &mut meta)? {
+                // A merged level (TNA) is one table; otherwise the chain.
+                if self.apply_table(&l.exact, &mut meta)? || l.merged {
                     continue;
                 }
                 if let Some(r) = &l.ranged {

@@ -465,18 +465,7 @@ control Ingress(inout headers_t hdr,
             // Pipeline {{ p.index }}: walk the diagram, then act on the leaf.
             {{ p.root }}.apply();
 {%- for l in p.levels %}
-{%- match l.ranged %}
-{%- when Some(r) %}
-            if (!{{ l.exact }}.apply().hit) {
-                if (!{{ r }}.apply().hit) {
-                    {{ l.default }}.apply();
-                }
-            }
-{%- when None %}
-            if (!{{ l.exact }}.apply().hit) {
-                {{ l.default }}.apply();
-            }
-{%- endmatch %}
+            {{ l.exact }}.apply();
 {%- endfor %}
 {%- if let Some(leaf) = p.leaf %}
             {{ leaf }}.apply();
