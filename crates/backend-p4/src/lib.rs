@@ -38,6 +38,7 @@ mod resources;
 mod simulator;
 #[cfg(feature = "test-server")]
 pub mod testing;
+mod tofino;
 
 pub use client::{PortCounter, TlsOptions};
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
@@ -46,6 +47,7 @@ pub use p4info::difference;
 pub use program::write_program;
 pub use repair::{repair, Repair};
 pub use simulator::{Simulator, Switch};
+pub use tofino::{TableEstimate, TofinoEstimate};
 
 use entries::{batches_of_ops, install_ops, Encoder};
 use layout::Fanout;

@@ -55,6 +55,9 @@ pub struct Resources {
     pub updates: usize,
     pub writes: usize,
     pub tables: Vec<TableResources>,
+    /// TNA: our estimate of the stages and memory blocks on a Tofino.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tofino: Option<crate::tofino::TofinoEstimate>,
 }
 
 /// Entries per table of the layout, from the pipelines (to size the tables).
@@ -188,5 +191,6 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
         updates,
         writes: install.len(),
         tables,
+        tofino: (layout.arch == crate::layout::Arch::Tna).then(|| crate::tofino::estimate(layout)),
     }
 }

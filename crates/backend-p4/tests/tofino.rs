@@ -2,10 +2,11 @@
 //! `-DENABLE_TOFINO=ON`, its `p4c` script; the README says how), every
 //! program `--arch tna` writes must compile for Tofino: no error, and the
 //! compiler's `context.json`, `bf-rt.json` (`bfrt.json`) and resource report
-//! (`resources.json`), and a P4Info (standard externs) equal to ours. The stages it used, and TCAM and SRAM per stage, are
-//! printed as one JSON line per program (`BENCHMARKS.md`). Without `BF_P4C`
-//! the test prints a note and passes: the compiler is in no package
-//! registry.
+//! (`resources.json`), and a P4Info (standard externs) equal to ours. The
+//! stages it used, and TCAM and SRAM per stage, are printed as one JSON line
+//! per program (`BENCHMARKS.md`), beside our own estimate, which must be
+//! close (`src/tofino.rs`). Without `BF_P4C` the test prints a note and
+//! passes: the compiler is in no package registry.
 
 mod common;
 
@@ -101,6 +102,15 @@ fn assert_same_p4info(name: &str, theirs: &Path, ours: &P4Info) {
     assert_eq!(a.lines().count(), b.lines().count(), "{name}: the Tofino compiler's P4Info and ours differ in length");
 }
 
+/// Our estimate (`resources.json`, `tofino`) against the compiler's
+/// report: the stages an upper bound within 3, memory blocks within 10 %.
+fn assert_estimate(name: &str, ours: &subc_backend_p4::TofinoEstimate, stages: u32, tcam: u64, sram: u64) {
+    assert!(ours.stages >= stages && ours.stages <= stages + 3, "{name}: we estimate {} stages, the compiler used {stages}", ours.stages);
+    let near = |a: u64, b: u64| a.abs_diff(b) <= (b / 10).max(1);
+    assert!(near(ours.tcam_blocks, tcam), "{name}: we estimate {} TCAM blocks, the compiler used {tcam}", ours.tcam_blocks);
+    assert!(near(ours.sram_blocks, sram), "{name}: we estimate {} SRAM blocks, the compiler used {sram}", ours.sram_blocks);
+}
+
 #[test]
 fn the_tofino_compiler_accepts_every_tna_program() {
     let Some(bf) = std::env::var_os("BF_P4C") else {
@@ -118,15 +128,19 @@ fn the_tofino_compiler_accepts_every_tna_program() {
         assert_same_p4info(&name, &out.join("p4info.txtpb"), &art.p4info);
         let used = stages(&resources);
         assert!(!used.is_empty(), "{name}: the resource report shows no stage in use");
+        let (tcam, sram) = (used.iter().map(|s| s.tcam as u64).sum::<u64>(), used.iter().map(|s| s.sram as u64).sum::<u64>());
+        let ours = art.resources.tofino.as_ref().expect("a TNA program's resources.json has our estimate");
         let line = serde_json::json!({
             "program": name,
             "entries": art.resources.entries,
             "stages": used.len(),
-            "tcam_blocks": used.iter().map(|s| s.tcam).sum::<usize>(),
-            "sram_blocks": used.iter().map(|s| s.sram).sum::<usize>(),
+            "tcam_blocks": tcam,
+            "sram_blocks": sram,
+            "estimate": { "stages": ours.stages, "tcam_blocks": ours.tcam_blocks, "sram_blocks": ours.sram_blocks },
             "per_stage": used,
         });
         println!("{line}");
+        assert_estimate(&name, ours, used.len() as u32, tcam, sram);
         let _ = std::fs::remove_dir_all(&out);
         compiled += 1;
     }
