@@ -1,5 +1,6 @@
-//! Where `BF_P4C` names the open Tofino compiler's driver (p4c built with
-//! `-DENABLE_TOFINO=ON`, its `p4c` script; the README says how), every
+//! Where `BF_P4C` names the open Tofino compiler (p4c built with
+//! `-DENABLE_TOFINO=ON`: its `p4c` driver, or the `p4c-barefoot` compiler
+//! itself, which the driver runs before the assembler; the README says how), every
 //! program `--arch tna` writes must compile for Tofino: no error, and the
 //! compiler's `context.json`, `bf-rt.json` (`bfrt.json`) and resource report
 //! (`resources.json`), and a P4Info (standard externs) equal to ours. The
@@ -14,6 +15,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use subc_backend_p4::proto::{from_text, p4::config::v1::P4Info, to_text};
+use subc_backend_p4::testing::p4c_include;
 use subc_backend_p4::{compile, Arch, P4Options};
 
 /// The files under `dir` named `name`, at any depth.
@@ -70,14 +72,22 @@ fn stages(resources: &serde_json::Value) -> Vec<StageUse> {
 fn tofino_compile(bf: &Path, name: &str, program: &str) -> PathBuf {
     let out = temp_dir("tofino");
     std::fs::write(out.join("program.p4"), program).unwrap();
-    let run = Command::new(bf)
-        .args(["--target", "tofino", "--arch", "tna", "-g", "--verbose", "1", "--p4runtime-force-std-externs", "--p4runtime-files"])
+    let mut cmd = Command::new(bf);
+    cmd.args(["--target", "tofino", "--arch", "tna", "-g", "--p4runtime-force-std-externs", "--p4runtime-files"])
         .arg(out.join("p4info.txtpb"))
         .arg("-o")
-        .arg(out.join("build"))
-        .arg(out.join("program.p4"))
-        .output()
-        .unwrap_or_else(|e| panic!("{} does not run: {e}", bf.display()));
+        .arg(out.join("build"));
+    if bf.file_name().is_some_and(|n| n == "p4c-barefoot") {
+        // The compiler itself rather than its driver: it needs the include
+        // paths and target macro the driver passes, and asking for bf-rt.json.
+        let include = p4c_include(bf).expect("cannot find p4c's p4include directory; set P4C_INCLUDE");
+        let tna = include.join("../backends/tofino/bf-p4c/p4include");
+        cmd.arg("-I").arg(&include).arg("-I").arg(&tna).arg("-D__TARGET_TOFINO__=1");
+        cmd.arg("--bf-rt-schema").arg(out.join("build/bf-rt.json"));
+    } else {
+        cmd.args(["--verbose", "1"]);
+    }
+    let run = cmd.arg(out.join("program.p4")).output().unwrap_or_else(|e| panic!("{} does not run: {e}", bf.display()));
     let text = format!("{}{}", String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
     assert!(run.status.success(), "{name}: the Tofino compiler refused the program:\n{text}");
     for artifact in ["context.json", "resources.json"] {
