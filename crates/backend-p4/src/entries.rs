@@ -167,6 +167,15 @@ impl<'a> Encoder<'a> {
         self.layout
     }
 
+    /// The program's level for the IR's level `level` of `pipeline`.
+    fn level(&self, pipeline: usize, level: usize) -> Result<&crate::layout::LevelView, Error> {
+        self.layout.level(pipeline, level).ok_or_else(|| {
+            Error::NoTable(format!(
+                "level {level} of pipeline {pipeline}: the program left it out (it had no entries when compiled); compile again"
+            ))
+        })
+    }
+
     fn action_id(&self, name: &str) -> u32 {
         self.ids.actions[&self.layout.arch.action_name(name)]
     }
@@ -207,7 +216,7 @@ impl<'a> Encoder<'a> {
         next: StateId,
         pipe: &Pipeline,
     ) -> Result<p4v1::TableEntry, Error> {
-        let lv = &self.layout.pipelines[pipeline].levels[level];
+        let lv = self.level(pipeline, level)?;
         let q = &self.layout.queries[lv.query.0 as usize];
         let width = q.width;
         let table_id = self.table_id(TableRole::Field { pipeline, level, stage: Stage::of(m, lv.merged) })?;
@@ -285,7 +294,7 @@ impl<'a> Encoder<'a> {
         next: StateId,
         pipe: &Pipeline,
     ) -> Result<Vec<p4v1::TableEntry>, Error> {
-        let lv = &self.layout.pipelines[pipeline].levels[level];
+        let lv = self.level(pipeline, level)?;
         let width = self.layout.queries[lv.query.0 as usize].width;
         match *m {
             Match::Range { lo, hi } if lv.ranges_as_prefixes && !(lo == 0 && hi == mask(width)) => range_to_prefixes(lo, hi, width)
@@ -579,7 +588,7 @@ fn batch_key(op: &Op) -> (u8, usize) {
 }
 
 fn batch_label(op: &Op, pipeline: usize, layout: &P4Layout) -> String {
-    let field = |t: usize| layout.pipelines[pipeline].levels[t].source.clone();
+    let field = |t: usize| layout.level(pipeline, t).map(|l| l.source.clone()).unwrap_or_default();
     let what = match op {
         Op::CreateGroup { .. } => "create multicast groups".to_string(),
         Op::ChangeGroup { .. } => "change multicast groups".into(),

@@ -522,6 +522,8 @@ impl TableDecl {
 /// One level of a pipeline: the tables of one field, in lookup order.
 #[derive(Clone, Debug, Serialize)]
 pub struct LevelView {
+    /// The IR's level (its table's index in the pipeline) this level is.
+    pub ir_level: usize,
     pub query: QueryFieldId,
     pub source: String,
     pub exact: String,
@@ -670,6 +672,14 @@ impl P4Layout {
 
     /// As [`P4Layout::new`], from the pipelines' field orders alone.
     pub fn for_orders(spec: &Spec, orders: &[Vec<QueryFieldId>], opts: &P4Options) -> Result<P4Layout, Error> {
+        let levels: Vec<Vec<(usize, QueryFieldId)>> = orders.iter().map(|o| o.iter().copied().enumerate().collect()).collect();
+        P4Layout::for_levels(spec, &levels, opts)
+    }
+
+    /// As [`P4Layout::for_orders`], with each pipeline's levels given as
+    /// (the IR's level, its field): a program may leave levels out (see
+    /// [`P4Options::skip_empty_levels`]).
+    pub(crate) fn for_levels(spec: &Spec, orders: &[Vec<(usize, QueryFieldId)>], opts: &P4Options) -> Result<P4Layout, Error> {
         if orders.is_empty() {
             return Err(Error::NoPipeline);
         }
@@ -707,6 +717,12 @@ impl P4Layout {
             }
         }
         out
+    }
+
+    /// The level of `pipeline` that is the IR's level `ir_level`; `None`
+    /// when the program left it out (it had no entries).
+    pub(crate) fn level(&self, pipeline: usize, ir_level: usize) -> Option<&LevelView> {
+        self.pipelines.get(pipeline)?.levels.iter().find(|l| l.ir_level == ir_level)
     }
 
     /// Whether `meta.<name>` holds some pipeline's diagram state.
@@ -1227,7 +1243,7 @@ impl<'a> Builder<'a> {
 
     /// Each pipeline's tables in the order they apply, then, with several
     /// pipelines, the `fanout` table.
-    fn declare_tables(&mut self, orders: &[Vec<QueryFieldId>]) {
+    fn declare_tables(&mut self, orders: &[Vec<(usize, QueryFieldId)>]) {
         for (p, order) in orders.iter().enumerate() {
             let actions = TableActions::of(&self.layout, &self.pipeline_state[p].1);
             // The generator's own names are reserved; with several pipelines
@@ -1271,7 +1287,13 @@ impl<'a> Builder<'a> {
 
     /// A pipeline's root table, its levels' tables, and its leaf table
     /// unless leaves are folded.
-    fn declare_pipeline(&mut self, p: usize, order: &[QueryFieldId], prefix: Option<&str>, actions: &TableActions) -> PipelineView {
+    fn declare_pipeline(
+        &mut self,
+        p: usize,
+        order: &[(usize, QueryFieldId)],
+        prefix: Option<&str>,
+        actions: &TableActions,
+    ) -> PipelineView {
         let own = |global: &mut P4Namer, name: &str| match prefix {
             Some(prefix) => global.fresh(&format!("{prefix}{name}")),
             None => name.to_string(),
@@ -1288,7 +1310,7 @@ impl<'a> Builder<'a> {
             size: 1,
         });
         let prefix = prefix.unwrap_or("");
-        let levels = order.iter().enumerate().map(|(level, q)| self.declare_level(p, level, *q, prefix, &actions.field)).collect();
+        let levels = order.iter().map(|(level, q)| self.declare_level(p, *level, *q, prefix, &actions.field)).collect();
         let leaf = if self.layout.fold_leaves {
             None
         } else {
@@ -1317,7 +1339,16 @@ impl<'a> Builder<'a> {
             let keys = vec![state, field_key(MatchKind::Ternary)];
             self.push_entry_table(name.clone(), role(Stage::All), keys, actions);
             let default = name.clone();
-            return LevelView { query: q, source, exact: name, ranged: None, default, ranges_as_prefixes: true, merged: true };
+            return LevelView {
+                ir_level: level,
+                query: q,
+                source,
+                exact: name,
+                ranged: None,
+                default,
+                ranges_as_prefixes: true,
+                merged: true,
+            };
         }
         let exact = self.global.fresh(&format!("{base}_exact"));
         self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state.clone(), field_key(MatchKind::Exact)], actions);
@@ -1328,7 +1359,7 @@ impl<'a> Builder<'a> {
         });
         let default = self.global.fresh(&format!("{base}_default"));
         self.push_entry_table(default.clone(), role(Stage::Default), vec![state], actions);
-        LevelView { query: q, source, exact, ranged, default, ranges_as_prefixes: false, merged: false }
+        LevelView { ir_level: level, query: q, source, exact, ranged, default, ranges_as_prefixes: false, merged: false }
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and

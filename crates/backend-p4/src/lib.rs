@@ -81,6 +81,11 @@ pub struct P4Options {
     pub prune_ingress: bool,
     /// The architecture the program is written for.
     pub arch: Arch,
+    /// TNA: leave out the levels whose tables have no entries (fields no
+    /// subscription tests, as after `--p4-budget` drops them). Each level
+    /// costs a Tofino stage; such a program cannot take entries for those
+    /// fields later (an update that needs one is refused).
+    pub skip_empty_levels: bool,
 }
 
 impl Default for P4Options {
@@ -93,6 +98,7 @@ impl Default for P4Options {
             ports: PortMap::default(),
             prune_ingress: false,
             arch: Arch::V1Model,
+            skip_empty_levels: false,
         }
     }
 }
@@ -191,7 +197,12 @@ impl P4Target {
     /// As [`P4Target::new`], from the pipelines alone (their tables give the
     /// field orders).
     pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
-        let mut layout = P4Layout::for_orders(spec, &layout::field_orders(pipes), opts)?;
+        let skip = opts.skip_empty_levels && opts.arch == Arch::Tna;
+        let levels: Vec<Vec<(usize, subc_lang::spec::QueryFieldId)>> = pipes
+            .iter()
+            .map(|p| p.tables.iter().enumerate().filter(|(_, t)| !skip || !t.entries.is_empty()).map(|(i, t)| (i, t.field)).collect())
+            .collect();
+        let mut layout = P4Layout::for_levels(spec, &levels, opts)?;
         let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);
@@ -204,6 +215,12 @@ impl P4Target {
 
     pub fn layout(&self) -> &P4Layout {
         &self.layout
+    }
+
+    /// TNA: our estimate of what the program costs on a Tofino
+    /// (`resources.json`'s `tofino`); `None` for v1model.
+    pub fn tofino_estimate(&self) -> Option<TofinoEstimate> {
+        (self.layout.arch == Arch::Tna).then(|| tofino::estimate(&self.layout))
     }
     pub fn ids(&self) -> &Ids {
         &self.ids

@@ -251,7 +251,7 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
     match role {
         TableRole::Root { pipeline } => Some(format!("Pipeline {pipeline}: the diagram's root state (the control plane sets it).")),
         TableRole::Field { level, stage: Stage::Exact, pipeline } => {
-            let lv = &l.pipelines[pipeline].levels[level];
+            let lv = l.level(pipeline, level).expect("a level of the layout");
             Some(match &lv.ranged {
                 Some(_) => format!(
                     "Pipeline {pipeline}, {}: the state's exact entries, then its {} entries, then its default.",
@@ -266,7 +266,7 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
         TableRole::PortFilter => Some("A copy leaves only if its port's bit is set: one entry per port, testing that bit.".into()),
         TableRole::Field { level, stage: Stage::All, pipeline } => Some(format!(
             "Pipeline {pipeline}, {}: one table; by priority its exact entries, then its ranged ones, then its default.",
-            l.pipelines[pipeline].levels[level].source
+            l.level(pipeline, level).expect("a level of the layout").source
         )),
         TableRole::Field { .. } => None,
     }

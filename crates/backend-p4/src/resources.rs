@@ -68,7 +68,7 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
         .map(|t| match t.role {
             TableRole::Root { .. } => 1,
             TableRole::Field { pipeline, level, stage } => {
-                let lv = &layout.pipelines[pipeline].levels[level];
+                let lv = layout.level(pipeline, level).expect("a level of the layout");
                 let width = layout.queries[lv.query.0 as usize].width;
                 pipes[pipeline].tables[level]
                     .entries
@@ -143,7 +143,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
         let (pipeline, field, role) = match t.role {
             TableRole::Root { pipeline } => (Some(pipeline), None, "root".to_string()),
             TableRole::Field { pipeline, level, stage } => {
-                let lv = &layout.pipelines[pipeline].levels[level];
+                let lv = layout.level(pipeline, level).expect("a level of the layout");
                 let kind = layout.queries[lv.query.0 as usize].kind;
                 let role = match stage {
                     Stage::Exact => "exact",

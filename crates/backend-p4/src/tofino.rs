@@ -11,16 +11,17 @@
 //! - **Stages** follow the ingress's chain of dependencies: stage 0 holds
 //!   the roots and the field copies, a signed field's flip takes one more,
 //!   then the longest state computation (a counter's window 1, an average
-//!   3: index, ring, sum; an EWMA 6: read, then its five steps), then one
-//!   stage per level of the deepest pipeline (each level reads the state
-//!   the one before wrote), then the leaf. With several pipelines their
+//!   3: index, ring, sum; an EWMA 6: read, then its five steps), then the
+//!   levels of the deepest pipeline one after another (each reads the state
+//!   the one before wrote), a level as many stages as its TCAM blocks fill
+//!   at 24 a stage, then the leaf. With several pipelines their
 //!   leaves all OR into the port bitmap, so they follow one another, and
 //!   the fanout comes last. The compiler may overlap state and levels that
 //!   do not read it, so this is an upper bound (BENCHMARKS.md compares).
 //! - **TCAM**: a ternary table of `size` entries and `k` key bits takes
 //!   `ceil(k / 44) * ceil(size / 512)` blocks (Tofino's TCAMs are 512
 //!   words of 44 bits), and, when its actions carry data, one SRAM block
-//!   per 1,024 entries for it.
+//!   per 2,048 entries for it.
 //! - **SRAM** (blocks of 1,024 words of 128 bits) of an exact table: words
 //!   holding `128 / (k + 32)` entries each (key and action data), in four
 //!   hash ways of at least one block each. A register or counter takes the
@@ -28,7 +29,7 @@
 //!   block while reading another).
 //!
 //! On the corpus the stages are exact but for the EWMA's (8, estimated 11),
-//! and TCAM and SRAM blocks are exact.
+//! and TCAM and SRAM blocks are exact; BENCHMARKS.md has 100,000 ITCH.
 
 use crate::layout::{Fanout, P4Layout, StateLogic, TableRole};
 use serde::Serialize;
@@ -36,8 +37,10 @@ use subc_lang::spec::MatchKind;
 
 /// MAU stages of a Tofino pipe.
 pub(crate) const STAGES: u32 = 12;
+/// TCAM blocks of one stage.
+const TCAM_PER_STAGE: u64 = 24;
 /// TCAM and SRAM blocks of a Tofino pipe (24 TCAMs and 80 RAMs per stage).
-pub(crate) const TCAM_BLOCKS: u64 = 24 * STAGES as u64;
+pub(crate) const TCAM_BLOCKS: u64 = TCAM_PER_STAGE * STAGES as u64;
 pub(crate) const SRAM_BLOCKS: u64 = 80 * STAGES as u64;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -62,12 +65,14 @@ pub struct TofinoEstimate {
 /// The estimate for a TNA layout whose tables have their final sizes.
 pub(crate) fn estimate(layout: &P4Layout) -> TofinoEstimate {
     let tables: Vec<TableEstimate> = layout.tables.iter().map(table_estimate).collect();
+    let level_stages =
+        |name: &str| tables.iter().find(|t| t.name == name).map(|t| t.tcam_blocks.div_ceil(TCAM_PER_STAGE).max(1)).unwrap_or(1);
     let tcam_blocks = tables.iter().map(|t| t.tcam_blocks).sum();
     // Registers, and the port counter's packets and bytes (128 bits a cell).
     let stateful: u64 = layout.registers.iter().map(|r| stateful_blocks(r.size, r.width as u64)).sum::<u64>()
         + stateful_blocks(layout.port_counter.size, 128);
     let sram_blocks = tables.iter().map(|t| t.sram_blocks).sum::<u64>() + stateful;
-    let stages = stages(layout);
+    let stages = stages(layout, &level_stages);
     TofinoEstimate {
         stages,
         tcam_blocks,
@@ -79,7 +84,7 @@ pub(crate) fn estimate(layout: &P4Layout) -> TofinoEstimate {
 
 /// The ingress's chain: copies, flips, state, levels, leaf, and with
 /// several pipelines one leaf after another and the fanout.
-fn stages(layout: &P4Layout) -> u32 {
+fn stages(layout: &P4Layout, level_stages: &dyn Fn(&str) -> u64) -> u32 {
     let flips = layout.queries.iter().any(|q| matches!(q.value, crate::layout::QueryValue::Packet { flip, .. } if flip != 0));
     let state = layout
         .states
@@ -92,7 +97,7 @@ fn stages(layout: &P4Layout) -> u32 {
         })
         .max()
         .unwrap_or(0);
-    let levels = layout.pipelines.iter().map(|p| p.levels.len() as u32).max().unwrap_or(0);
+    let levels = layout.pipelines.iter().map(|p| p.levels.iter().map(|l| level_stages(&l.exact) as u32).sum::<u32>()).max().unwrap_or(0);
     let leaves = match layout.fanout {
         Fanout::Direct => 1,
         Fanout::Bitmap { .. } => layout.pipelines.len() as u32 + 1,
@@ -112,7 +117,7 @@ fn table_estimate(t: &crate::layout::TableDecl) -> TableEstimate {
         (0, 0)
     } else if t.keys.iter().any(|k| k.kind != MatchKind::Exact) {
         let data = t.actions.iter().any(|a| a != "NoAction");
-        (key_bits.div_ceil(44) * size.div_ceil(512), if data { size.div_ceil(1024) } else { 0 })
+        (key_bits.div_ceil(44) * size.div_ceil(512), if data { size.div_ceil(2048) } else { 0 })
     } else {
         let per_word = (128 / (key_bits + 32)).max(1);
         let words_per_way = size.div_ceil(4);

@@ -29,6 +29,12 @@ fn arch_options(fold: bool, tna: bool) -> P4Options {
     P4Options { arch: if tna { Arch::Tna } else { Arch::V1Model }, ..p4_options(fold) }
 }
 
+/// As [`arch_options`], for a set compiled once and never updated: TNA then
+/// leaves out the levels without entries, as `subc compile` does.
+fn static_options(fold: bool, tna: bool) -> P4Options {
+    P4Options { skip_empty_levels: true, ..arch_options(fold, tna) }
+}
+
 /// The interpreter's state for a program of `opts`' architecture.
 fn state_for(p: &Program, opts: &P4Options) -> StateStore {
     StateStore::with_profile(&p.spec, opts.arch.profile())
@@ -72,7 +78,7 @@ fn examples_and_corpus_agree_with_the_interpreter() {
         check_compiled(&p, &set, &p4_options(false), &pkts, &name);
         check_compiled(&p, &set, &p4_options(true), &pkts, &format!("{name} (folded leaves)"));
         // TNA, where the architecture holds the input (the snapshots pin the refusals).
-        let tna = arch_options(false, true);
+        let tna = static_options(false, true);
         if p4_compile(&p.spec, &set, &tna).is_ok() {
             check_compiled(&p, &set, &tna, &irregular(pkts.clone(), 3), &format!("{name} (tna)"));
         }
@@ -214,7 +220,7 @@ proptest! {
         let p = itch_program(n, seed);
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
         let pkts = if tna { irregular(packets(&p, seed, 200), seed) } else { packets(&p, seed, 200) };
-        check_compiled(&p, &set, &arch_options(fold, tna), &pkts, if tna { "itch (tna)" } else { "itch" });
+        check_compiled(&p, &set, &static_options(fold, tna), &pkts, if tna { "itch (tna)" } else { "itch" });
     }
 
     /// Stream state decides: v1model against the reference semantics, TNA
@@ -226,7 +232,7 @@ proptest! {
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, one).unwrap();
         let pkts = irregular(packets(&p, seed, 300), seed);
         check_compiled(&p, &set, &arch_options(fold, false), &pkts, "stateful itch");
-        check_compiled(&p, &set, &arch_options(fold, true), &pkts, "stateful itch (tna)");
+        check_compiled(&p, &set, &static_options(fold, true), &pkts, "stateful itch (tna)");
     }
 
     #[test]
@@ -234,7 +240,7 @@ proptest! {
         let p = siena_program(n, seed, camus, 16);
         let opts = if split { split_options() } else { CompileOptions::default() };
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
-        check_compiled(&p, &set, &arch_options(fold, tna), &packets(&p, seed, 200), if tna { "siena (tna)" } else { "siena" });
+        check_compiled(&p, &set, &static_options(fold, tna), &packets(&p, seed, 200), if tna { "siena (tna)" } else { "siena" });
     }
 
     #[test]
@@ -369,4 +375,21 @@ fn pruning_the_ingress_port_removes_only_its_copy() {
         }
     }
     assert!(most_pipelines > 1, "no case has several pipelines: the egress's bitmap filter went untested");
+}
+
+/// A TNA program compiled without the levels of untested fields refuses,
+/// with an error that says to compile again, an update that needs one; it
+/// does not write half of it.
+#[test]
+fn a_tna_program_refuses_entries_for_a_level_it_left_out() {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let full = program(&spec, &["add_order.stock == \"GOOGL\" : fwd(1)\nadd_order.price > 5 : fwd(2)\n"]);
+    let one = CompileOptions { max_pipelines: 1, ..Default::default() };
+    let mut set = CompiledSet::compile(&full.spec, &full.normal_forms[..1], one).unwrap();
+    let (target, _) = p4_compile(&full.spec, &set, &static_options(false, true)).unwrap();
+    let price = full.spec.query_field_by_name("add_order.price").unwrap();
+    assert!(target.layout().pipelines[0].levels.iter().all(|l| l.query != price), "the price level was left out");
+    let update = set.add(&full.normal_forms[1..]).unwrap();
+    let e = target.apply(&set, &update).expect_err("an entry for the price level has no table");
+    assert!(e.to_string().contains("compile again"), "{e}");
 }

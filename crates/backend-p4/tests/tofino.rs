@@ -156,3 +156,51 @@ fn the_tofino_compiler_accepts_every_tna_program() {
     }
     assert!(compiled >= 4, "only {compiled} programs compiled for TNA: too few to test");
 }
+
+/// The scale of the issue: 100,000 Camus ITCH subscriptions (`subc gen itch
+/// --count 100000`, tables sized for their entries, `--p4-headroom 1`), and
+/// 10,000 Siena filters (`subc gen siena --count 10000`) relaxed under a
+/// budget of 20,000 entries until our estimate fits one Tofino pipe. Both
+/// must compile, within Tofino's 12 stages, with our estimate close.
+#[test]
+fn the_tofino_compiler_fits_100000_itch_subscriptions_and_10000_siena_filters_under_a_budget() {
+    let Some(bf) = std::env::var_os("BF_P4C") else {
+        eprintln!("BF_P4C is not set: skipping the Tofino compiler at scale");
+        return;
+    };
+    let bf = PathBuf::from(bf);
+    let tna = P4Options { arch: Arch::Tna, headroom: 1, skip_empty_levels: true, ..Default::default() };
+    let itch_spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 100_000, ..Default::default() });
+    let itch = program(&itch_spec, &[&rules]);
+    let itch_set = subc_bdd::CompiledSet::compile(&itch.spec, &itch.normal_forms, Default::default()).unwrap();
+    let siena_spec = subc_workload::siena_spec(20, 64);
+    let filters = subc_workload::siena(&subc_workload::SienaParams { filters: 10_000, ..Default::default() });
+    let siena = program(&siena_spec, &[&filters]);
+    let fits = |set: &subc_bdd::CompiledSet| {
+        subc_backend_p4::P4Target::new(&siena.spec, set, &tna).is_ok_and(|t| t.tofino_estimate().is_some_and(|e| e.fits))
+    };
+    let siena_fit =
+        subc_bdd::compile_within_by(&siena.spec, &siena.normal_forms, Default::default(), 20_000, fits).expect("a relaxation fits");
+    for (name, p, set) in [("itch 100000", &itch, &itch_set), ("siena 10000, budget 20000", &siena, &siena_fit.set)] {
+        let (_, art) = compile(&p.spec, set, &tna).unwrap();
+        let out = tofino_compile(&bf, name, &art.program);
+        assert_same_p4info(name, &out.join("p4info.txtpb"), &art.p4info);
+        let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();
+        let used = stages(&resources);
+        let (tcam, sram) = (used.iter().map(|s| s.tcam as u64).sum::<u64>(), used.iter().map(|s| s.sram as u64).sum::<u64>());
+        let ours = art.resources.tofino.as_ref().expect("our estimate");
+        println!(
+            "{}",
+            serde_json::json!({
+                "program": name, "entries": art.resources.entries, "tcam_entries": art.resources.tcam_entries,
+                "multicast_groups": art.resources.multicast_groups, "stages": used.len(), "tcam_blocks": tcam, "sram_blocks": sram,
+                "estimate": { "stages": ours.stages, "tcam_blocks": ours.tcam_blocks, "sram_blocks": ours.sram_blocks },
+                "per_stage": used,
+            })
+        );
+        assert!(used.len() <= 12, "{name}: {} stages, more than a Tofino pipe has", used.len());
+        assert_estimate(name, ours, used.len() as u32, tcam, sram);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}

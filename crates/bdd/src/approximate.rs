@@ -61,6 +61,8 @@ pub enum BudgetError {
          match, so a set with updates is compiled exactly or not at all"
     )]
     Updates { sub: u64 },
+    #[error("no relaxation fits the target's own limits (its stages or memory): with every constraint dropped the set still does not")]
+    TargetLimits,
     #[error(transparent)]
     Compile(#[from] CompileError),
 }
@@ -72,7 +74,20 @@ const SAMPLE: usize = 2000;
 /// Compiles `subs` exactly if that fits `budget` table and leaf entries,
 /// else relaxed: dropping fields (the one with the most distinct constants
 /// first) until it fits.
-pub fn compile_within(spec: &Spec, subs: &[NfSubscription], mut opts: CompileOptions, budget: usize) -> Result<Fit, BudgetError> {
+pub fn compile_within(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions, budget: usize) -> Result<Fit, BudgetError> {
+    compile_within_by(spec, subs, opts, budget, |_| true)
+}
+
+/// As [`compile_within`], and the set must also pass `fits` (a target's
+/// own limits, such as a switch's stages and memory), which is asked only
+/// of sets within the entry budget.
+pub fn compile_within_by(
+    spec: &Spec,
+    subs: &[NfSubscription],
+    mut opts: CompileOptions,
+    budget: usize,
+    fits: impl Fn(&CompiledSet) -> bool,
+) -> Result<Fit, BudgetError> {
     // One field order for every attempt: measuring orders (as a plain
     // compile does) for each relaxation would cost a compile per candidate.
     if opts.order.is_none() {
@@ -92,11 +107,16 @@ pub fn compile_within(spec: &Spec, subs: &[NfSubscription], mut opts: CompileOpt
         };
         if estimate <= budget.saturating_mul(2) || step == 1 {
             if let Ok(set) = CompiledSet::compile(spec, &relaxed, opts.clone()) {
-                if set.entry_count() <= budget {
+                let within = set.entry_count() <= budget;
+                if within && fits(&set) {
                     return Ok(Fit { set, dropped });
                 }
                 if order.is_empty() {
-                    return Err(BudgetError::TooSmall { budget, needed: set.entry_count() });
+                    return Err(if within {
+                        BudgetError::TargetLimits
+                    } else {
+                        BudgetError::TooSmall { budget, needed: set.entry_count() }
+                    });
                 }
             }
         }

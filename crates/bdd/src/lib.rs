@@ -35,7 +35,7 @@ mod pipeline;
 pub mod report;
 mod verify;
 
-pub use approximate::{compile_within, extra, relax, sample_values, BudgetError, Extra, Fit};
+pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
 pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot, WordOf};
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, Op, PipelineDiff, TableDiff};

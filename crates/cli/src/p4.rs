@@ -34,7 +34,9 @@ pub struct P4Args {
     /// constraints on some fields are dropped (most distinct constants first) until it fits,
     /// so the switch may forward more than the subscriptions ask, never less; filter exactly
     /// on the hosts with `--target ebpf`. resources.json's `approximation` says what was
-    /// dropped and how much extra traffic that is on 10,000 sampled packets.
+    /// dropped and how much extra traffic that is on 10,000 sampled packets. With `--arch tna`
+    /// the program must also fit one Tofino pipe (12 stages, its TCAM and SRAM), by the
+    /// estimate resources.json's `tofino` gives.
     #[arg(long, value_name = "ENTRIES")]
     pub p4_budget: Option<usize>,
     /// P4: never send a copy back out of the port the packet came in on, as a switch in a
@@ -45,7 +47,8 @@ pub struct P4Args {
     /// P4: the architecture of the program: `v1model` (BMv2's simple_switch) or `tna`
     /// (Tofino, for the open Tofino compiler: `p4c --target tofino --arch tna`). TNA keeps
     /// stream state in Tofino's stateful ALUs, with the differences docs/semantics.md lists
-    /// under "Target profiles" (an EWMA runs in two passes), and refuses `var` state. With `subc sim`, every engine follows the target: `--engine p4`
+    /// under "Target profiles" (an EWMA runs in two passes), and refuses `var` state. Fields no
+    /// subscription tests get no table (each would cost one of Tofino's 12 stages). With `subc sim`, every engine follows the target: `--engine p4`
     /// simulates the TNA program, `ref` and `tables` compute state as a Tofino does.
     #[arg(long, value_enum, default_value = "v1model")]
     pub arch: ArchArg,
@@ -66,6 +69,9 @@ impl P4Args {
             fold_leaves: self.p4_fold_leaves,
             prune_ingress: self.p4_prune_ingress,
             arch: self.arch(),
+            // A compiled TNA program is static (the service deploys
+            // v1model): levels of untested fields would only cost stages.
+            skip_empty_levels: true,
             ..P4Options::default()
         }
     }
@@ -91,7 +97,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
     }
     let (set, approximation) = match p4.p4_budget {
         None => (compile_program(program, compiler)?.0, None),
-        Some(budget) => fit_budget(program, compiler, budget)?,
+        Some(budget) => fit_budget(program, compiler, p4, budget)?,
     };
     let (_, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
     let mut resources = serde_json::to_value(&art.resources)?;
@@ -136,10 +142,22 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
 /// costs: the fields dropped, and the extra deliveries on sampled packets
 /// against the exact set (compiled with bit-vector groups, so that it
 /// compiles at any size).
-fn fit_budget(program: &Program, compiler: &CompilerArgs, budget: usize) -> Result<(subc_bdd::CompiledSet, Option<serde_json::Value>)> {
-    use subc_bdd::{compile_within, extra, sample_values};
+fn fit_budget(
+    program: &Program,
+    compiler: &CompilerArgs,
+    p4: &P4Args,
+    budget: usize,
+) -> Result<(subc_bdd::CompiledSet, Option<serde_json::Value>)> {
+    use subc_bdd::{compile_within_by, extra, sample_values};
     let opts = compiler.options(&program.spec)?;
-    let fit = compile_within(&program.spec, &program.normal_forms, opts.clone(), budget).context("--p4-budget")?;
+    // TNA: the program must also fit one Tofino pipe, by our estimate
+    // (stages, TCAM and SRAM: resources.json's `tofino`).
+    let p4_opts = p4.options();
+    let fits_target = |set: &subc_bdd::CompiledSet| match subc_backend_p4::P4Target::new(&program.spec, set, &p4_opts) {
+        Ok(t) => t.tofino_estimate().is_none_or(|e| e.fits),
+        Err(_) => false,
+    };
+    let fit = compile_within_by(&program.spec, &program.normal_forms, opts.clone(), budget, fits_target).context("--p4-budget")?;
     let exact =
         subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { bit_vectors: true, ..opts })
             .context("the exact set, to measure the approximation")?;
