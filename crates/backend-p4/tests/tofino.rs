@@ -97,6 +97,10 @@ fn tofino_compile(bf: &Path, name: &str, program: &str) -> PathBuf {
         !find(&out, "bf-rt.json").is_empty() || !find(&out, "bfrt.json").is_empty(),
         "{name}: the Tofino compiler wrote no bf-rt.json:\n{text}"
     );
+    if bf.file_name().is_none_or(|n| n != "p4c-barefoot") {
+        // The driver also assembles the program for the device.
+        assert!(!find(&out, "tofino.bin").is_empty(), "{name}: the assembler wrote no tofino.bin:\n{text}");
+    }
     out
 }
 
