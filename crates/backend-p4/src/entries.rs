@@ -147,6 +147,17 @@ fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
     p4v1::FieldMatch { field_id, field_match_type: Some(p4v1::field_match::FieldMatchType::Exact(p4v1::field_match::Exact { value })) }
 }
 
+/// Field 2 matched ternary: `value &&& m2` (value bits outside the mask cleared).
+fn ternary(value: u64, m2: u64) -> p4v1::FieldMatch {
+    p4v1::FieldMatch {
+        field_id: 2,
+        field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(p4v1::field_match::Ternary {
+            value: canonical(value & m2),
+            mask: canonical(m2),
+        })),
+    }
+}
+
 impl<'a> Encoder<'a> {
     pub fn new(layout: &'a P4Layout, ids: &'a Ids) -> Encoder<'a> {
         Encoder::with_ports(layout, ids, PortMap::default())
@@ -205,9 +216,11 @@ impl<'a> Encoder<'a> {
         }
     }
 
-    /// The table entry of one field-table entry of the IR; `pipe` is the
-    /// pipeline it belongs to (for the leaves, when they are folded).
-    fn field_entry(
+    /// The table entries of one field-table entry of the IR; `pipe` is the
+    /// pipeline it belongs to (for the leaves, when they are folded). One
+    /// entry, except on a TNA level, where a range is one ternary entry per
+    /// prefix that covers it.
+    pub fn field_entries(
         &self,
         pipeline: usize,
         level: usize,
@@ -215,16 +228,22 @@ impl<'a> Encoder<'a> {
         m: &Match,
         next: StateId,
         pipe: &Pipeline,
-    ) -> Result<p4v1::TableEntry, Error> {
+    ) -> Result<Vec<p4v1::TableEntry>, Error> {
         let lv = self.level(pipeline, level)?;
         let q = &self.layout.queries[lv.query.0 as usize];
-        let width = q.width;
         let table_id = self.table_id(TableRole::Field { pipeline, level, stage: Stage::of(m, lv.merged) })?;
-        if lv.merged {
-            let (matches, priority) = self.merged_match(state, m, q)?;
-            let action = Some(self.goto(pipeline, next, pipe)?);
-            return Ok(p4v1::TableEntry { table_id, r#match: matches, action, priority, ..Default::default() });
-        }
+        let keys = if lv.merged { self.merged_matches(state, m, q)? } else { vec![self.chained_match(state, m, q)?] };
+        let action = Some(self.goto(pipeline, next, pipe)?);
+        Ok(keys
+            .into_iter()
+            .map(|(r#match, priority)| p4v1::TableEntry { table_id, r#match, action: action.clone(), priority, ..Default::default() })
+            .collect())
+    }
+
+    /// An IR entry's match fields and priority in the table of a chained
+    /// level (exact, ranged, default: v1model).
+    fn chained_match(&self, state: StateId, m: &Match, q: &crate::layout::QueryView) -> Result<(Vec<p4v1::FieldMatch>, i32), Error> {
+        let width = q.width;
         let mut matches = vec![exact(1, canonical(state as u64))];
         let mut priority = 0;
         let kind_mismatch = || Error::BadMatch { field: q.source.clone(), kind: q.kind.as_str(), entry: format!("{m:?}") };
@@ -254,13 +273,7 @@ impl<'a> Encoder<'a> {
                 let m2 = m2 & mask(width);
                 priority = m2.count_ones() as i32;
                 if m2 != 0 {
-                    matches.push(p4v1::FieldMatch {
-                        field_id: 2,
-                        field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(p4v1::field_match::Ternary {
-                            value: canonical(value & m2),
-                            mask: canonical(m2),
-                        })),
-                    });
+                    matches.push(ternary(value, m2));
                 }
             }
             Match::Prefix { value, len } => {
@@ -279,45 +292,14 @@ impl<'a> Encoder<'a> {
                 }
             }
         }
-        Ok(p4v1::TableEntry { table_id, r#match: matches, action: Some(self.goto(pipeline, next, pipe)?), priority, ..Default::default() })
-    }
-
-    /// The table entries of one field-table entry of the IR: itself, or on
-    /// a level whose ranges are written as prefixes (TNA), one ternary
-    /// entry per prefix of its range (disjoint, so one priority serves).
-    pub fn field_entries(
-        &self,
-        pipeline: usize,
-        level: usize,
-        state: StateId,
-        m: &Match,
-        next: StateId,
-        pipe: &Pipeline,
-    ) -> Result<Vec<p4v1::TableEntry>, Error> {
-        let lv = self.level(pipeline, level)?;
-        let width = self.layout.queries[lv.query.0 as usize].width;
-        match *m {
-            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(lo == 0 && hi == mask(width)) => range_to_prefixes(lo, hi, width)
-                .into_iter()
-                .map(|(value, len)| self.field_entry(pipeline, level, state, &Match::Prefix { value, len }, next, pipe))
-                .collect(),
-            _ => Ok(vec![self.field_entry(pipeline, level, state, m, next, pipe)?]),
-        }
+        Ok((matches, priority))
     }
 
     /// An IR entry in a TNA level's one ternary table: its match fields and
-    /// its priority band (see [`MERGED_RANGED`]). A range here is one of
-    /// its prefixes (a `Match::Prefix`, from [`Encoder::field_entries`]),
-    /// or the whole domain.
-    fn merged_match(&self, state: StateId, m: &Match, q: &crate::layout::QueryView) -> Result<(Vec<p4v1::FieldMatch>, i32), Error> {
+    /// priority band (see [`MERGED_RANGED`]), one pair per prefix of a
+    /// range.
+    fn merged_matches(&self, state: StateId, m: &Match, q: &crate::layout::QueryView) -> Result<Vec<(Vec<p4v1::FieldMatch>, i32)>, Error> {
         let width = q.width;
-        let ternary = |value: u64, m2: u64| p4v1::FieldMatch {
-            field_id: 2,
-            field_match_type: Some(p4v1::field_match::FieldMatchType::Ternary(p4v1::field_match::Ternary {
-                value: canonical(value & m2),
-                mask: canonical(m2),
-            })),
-        };
         // A mask of no bits is a don't-care: no match field.
         let fields = |value: u64, m2: u64| {
             let state = exact(1, canonical(state as u64));
@@ -328,19 +310,18 @@ impl<'a> Encoder<'a> {
             }
         };
         Ok(match *m {
-            Match::Exact { value } => (fields(value, mask(width)), MERGED_RANGED + width as i32 + 1),
-            Match::Default => (fields(0, 0), MERGED_DEFAULT),
-            Match::Range { lo, hi } if lo == 0 && hi == mask(width) => (fields(0, 0), MERGED_RANGED),
-            Match::Range { .. } => return Err(Error::BadMatch { field: q.source.clone(), kind: q.kind.as_str(), entry: format!("{m:?}") }),
+            Match::Exact { value } => vec![(fields(value, mask(width)), MERGED_RANGED + width as i32 + 1)],
+            Match::Default => vec![(fields(0, 0), MERGED_DEFAULT)],
+            // A range's prefixes share one priority: they are disjoint.
+            Match::Range { lo, hi } => range_to_prefixes(lo, hi, width)
+                .into_iter()
+                .map(|(value, len)| (fields(value, mask(width) & !mask(width - len)), MERGED_RANGED))
+                .collect(),
             Match::Ternary { value, mask: m2 } => {
                 let m2 = m2 & mask(width);
-                (fields(value, m2), MERGED_RANGED + m2.count_ones() as i32)
+                vec![(fields(value, m2), MERGED_RANGED + m2.count_ones() as i32)]
             }
-            Match::Prefix { value, len } => {
-                // A range's prefixes share one priority: they are disjoint.
-                let band = if q.kind == MatchKind::Range { MERGED_RANGED } else { MERGED_RANGED + len as i32 };
-                (fields(value, mask(width) & !mask(width - len)), band)
-            }
+            Match::Prefix { value, len } => vec![(fields(value, mask(width) & !mask(width - len)), MERGED_RANGED + len as i32)],
         })
     }
 
@@ -535,38 +516,28 @@ impl<'a> Encoder<'a> {
         use p4v1::entity::Entity as E;
         use p4v1::update::Type as T;
         let entries = |kind: T, entries: Vec<p4v1::TableEntry>| entries.into_iter().map(|e| update(kind, E::TableEntry(e))).collect();
+        let direct = self.layout.fanout == Fanout::Direct;
+        let fold = self.layout.fold_leaves;
         Ok(match op {
+            Op::InsertLeaf { .. } | Op::ModifyLeaf { .. } | Op::DeleteLeaf { .. } if fold => vec![],
+            // With several pipelines, leaves carry port bitmaps, not the IR's
+            // per-pipeline groups.
+            Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => vec![],
+            Op::CreateGroup { group, ports } => {
+                vec![update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))]
+            }
+            Op::ChangeGroup { group, ports } => {
+                vec![update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))]
+            }
+            Op::RemoveGroup { group } => vec![update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[])))],
+            Op::InsertLeaf { state, leaf } => vec![update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?))],
+            Op::ModifyLeaf { state, leaf } => vec![update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?))],
+            Op::DeleteLeaf { state } => vec![update(T::Delete, E::TableEntry(self.leaf_key(pipeline, *state)?))],
             Op::Insert { table, state, key, next } => entries(T::Insert, self.field_entries(pipeline, *table, *state, key, *next, pipe)?),
             Op::Modify { table, state, key, next } => entries(T::Modify, self.field_entries(pipeline, *table, *state, key, *next, pipe)?),
             Op::Delete { table, state, key } => entries(T::Delete, self.field_keys(pipeline, *table, *state, key, pipe)?),
-            _ => self.one_update(pipeline, op, pipe)?.into_iter().collect(),
+            Op::SetRoot { state } => vec![update(T::Modify, E::TableEntry(self.root_entry(pipeline, *state, pipe)?))],
         })
-    }
-
-    /// [`Encoder::op`] for the ops that are at most one update.
-    fn one_update(&self, pipeline: usize, op: &Op, pipe: &Pipeline) -> Result<Option<p4v1::Update>, Error> {
-        use p4v1::entity::Entity as E;
-        use p4v1::update::Type as T;
-        let direct = self.layout.fanout == Fanout::Direct;
-        let fold = self.layout.fold_leaves;
-        Ok(Some(match op {
-            Op::InsertLeaf { .. } | Op::ModifyLeaf { .. } | Op::DeleteLeaf { .. } if fold => return Ok(None),
-            // With several pipelines, leaves carry port bitmaps, not the IR's
-            // per-pipeline groups.
-            Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => return Ok(None),
-            Op::CreateGroup { group, ports } => {
-                update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))
-            }
-            Op::ChangeGroup { group, ports } => {
-                update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))
-            }
-            Op::RemoveGroup { group } => update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[]))),
-            Op::InsertLeaf { state, leaf } => update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
-            Op::ModifyLeaf { state, leaf } => update(T::Modify, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?)),
-            Op::DeleteLeaf { state } => update(T::Delete, E::TableEntry(self.leaf_key(pipeline, *state)?)),
-            Op::Insert { .. } | Op::Modify { .. } | Op::Delete { .. } => unreachable!("field ops are Encoder::op's"),
-            Op::SetRoot { state } => update(T::Modify, E::TableEntry(self.root_entry(pipeline, *state, pipe)?)),
-        }))
     }
 }
 
@@ -614,7 +585,7 @@ fn batch_label(op: &Op, pipeline: usize, layout: &P4Layout) -> String {
 pub(crate) fn batches_of_ops(enc: &Encoder, pipeline: usize, ops: &[Op], pipe: &Pipeline, max: usize) -> Result<Vec<Batch>, Error> {
     let ops = if enc.layout().fold_leaves { fold_leaf_ops(ops, pipe) } else { ops.to_vec() };
     let mut encoded = ops.iter().map(|op| Ok((op, enc.op(pipeline, op, pipe)?))).collect::<Result<Vec<_>, Error>>()?;
-    if enc.layout().pipelines.iter().any(|p| p.levels.iter().any(|l| l.ranges_as_prefixes)) {
+    if enc.layout().pipelines.iter().any(|p| p.levels.iter().any(|l| l.merged)) {
         share_prefixes(&mut encoded);
     }
     let mut out: Vec<Batch> = vec![];

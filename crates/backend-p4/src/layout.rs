@@ -529,15 +529,12 @@ pub struct LevelView {
     pub exact: String,
     pub ranged: Option<String>,
     pub default: String,
-    /// Each range is written as the ternary prefixes that cover it (TNA:
-    /// the Tofino compiler matches `range` on keys of at most five PHV
-    /// nibbles, and a merged table is ternary).
-    pub ranges_as_prefixes: bool,
     /// TNA: the level is one ternary table (named by `exact` and `default`)
     /// whose priorities play the lookup chain. Tofino resolves a table's
     /// hit or miss too late in a stage for the next table of a chain to
     /// run there, so three tables per level cost three stages; one costs
-    /// one.
+    /// one. Each range is then written as the prefixes that cover it (the
+    /// Tofino compiler matches `range` on keys of at most five PHV nibbles).
     pub merged: bool,
 }
 
@@ -1339,16 +1336,7 @@ impl<'a> Builder<'a> {
             let keys = vec![state, field_key(MatchKind::Ternary)];
             self.push_entry_table(name.clone(), role(Stage::All), keys, actions);
             let default = name.clone();
-            return LevelView {
-                ir_level: level,
-                query: q,
-                source,
-                exact: name,
-                ranged: None,
-                default,
-                ranges_as_prefixes: true,
-                merged: true,
-            };
+            return LevelView { ir_level: level, query: q, source, exact: name, ranged: None, default, merged: true };
         }
         let exact = self.global.fresh(&format!("{base}_exact"));
         self.push_entry_table(exact.clone(), role(Stage::Exact), vec![state.clone(), field_key(MatchKind::Exact)], actions);
@@ -1359,7 +1347,7 @@ impl<'a> Builder<'a> {
         });
         let default = self.global.fresh(&format!("{base}_default"));
         self.push_entry_table(default.clone(), role(Stage::Default), vec![state], actions);
-        LevelView { ir_level: level, query: q, source, exact, ranged, default, ranges_as_prefixes: false, merged: false }
+        LevelView { ir_level: level, query: q, source, exact, ranged, default, merged: false }
     }
 
     /// Declares a table the control plane fills: a miss runs `NoAction`, and

@@ -103,10 +103,9 @@ pub(crate) fn ids(layout: &P4Layout) -> Ids {
         tables: assign(&tables, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Table as u32, &mut taken),
         registers: assign(&registers, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Register as u32, &mut taken),
         counters: assign(&counters, |n| arch.id_key(n, false), cfg::p4_ids::Prefix::Counter as u32, &mut taken),
-        port_metadata: (arch == Arch::Tna).then(|| {
-            let h = jenkins_one_at_a_time(arch.id_key(PORT_METADATA, false).as_bytes());
-            (PORT_METADATA_TYPE << 24) | (h & 0x00ff_ffff)
-        }),
+        port_metadata: (arch == Arch::Tna)
+            .then(|| assign(&[PORT_METADATA.to_string()].into(), |n| arch.id_key(n, false), PORT_METADATA_TYPE, &mut taken))
+            .and_then(|ids| ids.into_values().next()),
     }
 }
 
@@ -158,6 +157,16 @@ pub(crate) fn p4info(layout: &P4Layout, ids: &Ids) -> cfg::P4Info {
     }
 }
 
+/// `bit<width>` as P4Info types it.
+fn bit_type(width: u32) -> cfg::P4DataTypeSpec {
+    cfg::P4DataTypeSpec {
+        type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
+            type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: width as i32 })),
+            ..Default::default()
+        })),
+    }
+}
+
 /// TNA's port metadata extern (see [`PORT_METADATA`]).
 fn port_metadata_info(id: u32) -> cfg::Extern {
     cfg::Extern {
@@ -176,13 +185,7 @@ fn port_metadata_info(id: u32) -> cfg::Extern {
 /// The struct types of register cells: two 32-bit members each (TNA's
 /// counter window, `start` and `count`).
 fn type_info(layout: &P4Layout) -> cfg::P4TypeInfo {
-    let bits = |w: i32| cfg::P4DataTypeSpec {
-        type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
-            type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: w })),
-            ..Default::default()
-        })),
-    };
-    let member = |name: &str| cfg::p4_struct_type_spec::Member { name: name.into(), type_spec: Some(bits(32)) };
+    let member = |name: &str| cfg::p4_struct_type_spec::Member { name: name.into(), type_spec: Some(bit_type(32)) };
     let structs = layout
         .registers
         .iter()
@@ -293,12 +296,7 @@ fn register_info(arch: Arch, ids: &Ids, preambles: &Preambles, r: &RegisterDecl)
             Some(s) => {
                 cfg::P4DataTypeSpec { type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Struct(cfg::P4NamedType { name: s.clone() })) }
             }
-            None => cfg::P4DataTypeSpec {
-                type_spec: Some(cfg::p4_data_type_spec::TypeSpec::Bitstring(cfg::P4BitstringLikeTypeSpec {
-                    type_spec: Some(cfg::p4_bitstring_like_type_spec::TypeSpec::Bit(cfg::P4BitTypeSpec { bitwidth: r.width as i32 })),
-                    ..Default::default()
-                })),
-            },
+            None => bit_type(r.width),
         }),
         size: r.size as i32,
         ..Default::default()

@@ -166,11 +166,11 @@ fn pipeline_rows(l: &P4Layout) -> Vec<PipelineRow> {
 
 /// The fields of `metadata_t`, their comments lined up in one column.
 fn meta_rows(l: &P4Layout) -> Vec<MetaRow> {
-    let widest = l.meta.iter().map(|m| meta_type(m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
+    let widest = l.meta.iter().map(|m| meta_type(l, m.name.as_str(), m.width).len() + m.name.len()).max().unwrap_or(0);
     l.meta
         .iter()
         .map(|m| {
-            let ty = if l.is_state_meta(&m.name) { "state_t".to_string() } else { meta_type(&m.name, m.width) };
+            let ty = meta_type(l, &m.name, m.width);
             let pad = " ".repeat(widest + 2 - ty.len() - m.name.len());
             MetaRow { ty, name: m.name.clone(), pad, comment: m.comment.clone() }
         })
@@ -292,10 +292,11 @@ fn header_copies(l: &P4Layout) -> (Vec<CopyRow>, Vec<(String, String)>) {
     (copies, flips)
 }
 
-/// The generator's metadata fields use the program's typedefs.
-fn meta_type(name: &str, width: u32) -> String {
+/// The generator's metadata fields use the program's typedefs: a
+/// pipeline's state (`state`, or on TNA `p1_state`) and the port bitmap.
+fn meta_type(l: &P4Layout, name: &str, width: u32) -> String {
     match name {
-        "state" => "state_t".into(),
+        _ if l.is_state_meta(name) => "state_t".into(),
         "ports" => "ports_t".into(),
         _ => format!("bit<{width}>"),
     }

@@ -17,7 +17,6 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use subc_bdd::CompiledSet;
 use subc_bdd::{range_to_prefixes, Match};
-use subc_lang::mask;
 use subc_lang::spec::MatchKind;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -76,10 +75,8 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
                     .map(|(_, m)| {
                         match m {
                             _ if Stage::of(m, lv.merged) != stage => 0,
-                            // Written as its prefixes (TNA); the whole domain is one wildcard.
-                            Match::Range { lo, hi } if lv.ranges_as_prefixes && !(*lo == 0 && *hi == mask(width)) => {
-                                range_to_prefixes(*lo, *hi, width).len()
-                            }
+                            // Written as its prefixes (TNA); the whole domain is one, a wildcard.
+                            Match::Range { lo, hi } if lv.merged => range_to_prefixes(*lo, *hi, width).len(),
                             _ => 1,
                         }
                     })

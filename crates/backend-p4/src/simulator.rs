@@ -25,7 +25,9 @@
 //! that leaves in the per-port counter, packets and bytes (the frame's
 //! length, as BMv2 counts it).
 
-use crate::layout::{ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, Transition, PARSED_STATE, UNPARSED_EXIT};
+use crate::layout::{
+    ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, TableRole, Transition, PARSED_STATE, UNPARSED_EXIT,
+};
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -811,10 +813,10 @@ fn table_entity(id: u32, t: &TableInfo, e: Option<&Entry>, action: &ActionCall) 
 
 /// A value a table is looked up with.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyValue {
+pub enum KeyValue<'a> {
     Int(u64),
     /// Canonical bytes (for fields wider than 64 bits).
-    Bytes(Vec<u8>),
+    Bytes(&'a [u8]),
 }
 
 /// What the switch does with one packet.
@@ -838,6 +840,11 @@ pub struct Simulator<'a> {
 /// by the layout's names, action kinds by action id, the per-port counter.
 struct Bindings {
     table_ids: HashMap<String, u32>,
+    /// Each `set_state` action's state field (one per pipeline on TNA with
+    /// several pipelines, else `state`).
+    state_fields: HashMap<u32, String>,
+    /// TNA with several pipelines: the egress's port filter.
+    port_filter: Option<u32>,
     action_kinds: HashMap<u32, ActionKind>,
     register_ids: HashMap<String, u32>,
     port_counter: u32,
@@ -851,9 +858,11 @@ impl Bindings {
             table_ids.insert(t.name.clone(), id);
         }
         let mut action_kinds = HashMap::new();
+        let mut state_fields = HashMap::new();
+        let direct = layout.direct_actions();
         for (id, a) in &switch.actions {
             let short = layout.arch.unqualified(&a.name).unwrap_or(&a.name);
-            if layout.direct_actions().contains(&short) {
+            if direct.contains(&short) {
                 continue; // called by the program itself, never by an entry
             }
             let kind = if short == "NoAction" {
@@ -861,8 +870,12 @@ impl Bindings {
             } else {
                 layout.action(short).ok_or_else(|| SimError::NoAction { action: a.name.clone() })?.kind
             };
+            if let Some(p) = layout.pipelines.iter().find(|p| p.set_state == short) {
+                state_fields.insert(*id, p.state_meta.clone());
+            }
             action_kinds.insert(*id, kind);
         }
+        let port_filter = layout.table_index(TableRole::PortFilter).map(|i| table_ids[&layout.tables[i].name]);
         let mut register_ids = HashMap::new();
         for r in &layout.registers {
             let name = layout.arch.qualified(&r.name);
@@ -871,7 +884,7 @@ impl Bindings {
         }
         let name = layout.arch.egress_qualified(&layout.port_counter.name);
         let port_counter = switch.counter_id(&name).ok_or(SimError::NoCounter { name })?;
-        Ok(Bindings { table_ids, action_kinds, register_ids, port_counter })
+        Ok(Bindings { table_ids, state_fields, port_filter, action_kinds, register_ids, port_counter })
     }
 }
 
@@ -1109,7 +1122,7 @@ impl<'a> Simulator<'a> {
             .keys
             .iter()
             .map(|k| match k.expr.strip_prefix("meta.") {
-                Some("ports") => KeyValue::Bytes(meta.ports.clone()),
+                Some("ports") => KeyValue::Bytes(&meta.ports),
                 Some(f) => KeyValue::Int(meta.fields.get(f).copied().unwrap_or(0)),
                 None => KeyValue::Int(0),
             })
@@ -1122,10 +1135,9 @@ impl<'a> Simulator<'a> {
     /// Whether the egress keeps a copy to `port` under the pipelines' bitmap:
     /// v1model tests the port's bit; TNA looks the copy up in its port
     /// filter, whose entries the control plane wrote.
-    fn port_in_bitmap(&mut self, port: u32, ports: &[u8]) -> Result<bool, SimError> {
-        let Some(i) = self.layout.table_index(crate::layout::TableRole::PortFilter) else { return Ok(bit_set(ports, port)) };
-        let id = self.ids.table_ids[&self.layout.tables[i].name];
-        let (_, hit) = self.switch.lookup(id, &[KeyValue::Int(port as u64), KeyValue::Bytes(ports.to_vec())])?;
+    fn port_in_bitmap(&self, port: u32, ports: &[u8]) -> Result<bool, SimError> {
+        let Some(id) = self.ids.port_filter else { return Ok(bit_set(ports, port)) };
+        let (_, hit) = self.switch.lookup(id, &[KeyValue::Int(port as u64), KeyValue::Bytes(ports)])?;
         Ok(hit)
     }
 
@@ -1138,8 +1150,13 @@ impl<'a> Simulator<'a> {
             ActionKind::SetState => {
                 // The field of the pipeline whose action this is: on TNA
                 // with several pipelines each has its own.
-                let p = self.layout.pipelines.iter().find(|p| p.set_state == name).ok_or(SimError::UnknownActionId { id: call.action })?;
-                meta.fields.insert(p.state_meta.clone(), arg(0));
+                let field = self.ids.state_fields.get(&call.action).ok_or(SimError::UnknownActionId { id: call.action })?;
+                match meta.fields.get_mut(field) {
+                    Some(v) => *v = arg(0),
+                    None => {
+                        meta.fields.insert(field.clone(), arg(0));
+                    }
+                }
             }
             ActionKind::Forward => meta.egress_spec = arg(0),
             ActionKind::Multicast => meta.mcast_grp = arg(0),

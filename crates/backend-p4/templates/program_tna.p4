@@ -293,13 +293,12 @@ control Ingress(inout headers_t hdr,
 {%- endmatch %}
 {%- endfor %}
 
+{#- TNA: one state field and action per pipeline (layout.rs, PipelineView) #}
 {%- for p in t.pipelines %}
-{%- if p.index == 0 || p.set_state != "set_state" %}
 
     action {{ p.set_state }}(state_t next) {
         meta.{{ p.state_meta }} = next;
     }
-{%- endif %}
 {%- endfor %}
 
 {%- if t.direct %}

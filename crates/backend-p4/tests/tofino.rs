@@ -125,6 +125,34 @@ fn assert_estimate(name: &str, ours: &subc_backend_p4::TofinoEstimate, stages: u
     assert!(near(ours.sram_blocks, sram), "{name}: we estimate {} SRAM blocks, the compiler used {sram}", ours.sram_blocks);
 }
 
+/// Compiles `art`'s program with the Tofino compiler, checks its P4Info
+/// and our estimate against the compiler's, prints the report as one JSON
+/// line, and returns the stages used.
+fn compile_and_report(bf: &Path, name: &str, art: &subc_backend_p4::Artifacts) -> usize {
+    let out = tofino_compile(bf, name, &art.program);
+    assert_same_p4info(name, &out.join("p4info.txtpb"), &art.p4info);
+    let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();
+    let used = stages(&resources);
+    assert!(!used.is_empty(), "{name}: the resource report shows no stage in use");
+    let (tcam, sram) = (used.iter().map(|s| s.tcam as u64).sum::<u64>(), used.iter().map(|s| s.sram as u64).sum::<u64>());
+    let ours = art.resources.tofino.as_ref().expect("a TNA program's resources.json has our estimate");
+    let line = serde_json::json!({
+        "program": name,
+        "entries": art.resources.entries,
+        "tcam_entries": art.resources.tcam_entries,
+        "multicast_groups": art.resources.multicast_groups,
+        "stages": used.len(),
+        "tcam_blocks": tcam,
+        "sram_blocks": sram,
+        "estimate": { "stages": ours.stages, "tcam_blocks": ours.tcam_blocks, "sram_blocks": ours.sram_blocks },
+        "per_stage": used,
+    });
+    println!("{line}");
+    assert_estimate(name, ours, used.len() as u32, tcam, sram);
+    let _ = std::fs::remove_dir_all(&out);
+    used.len()
+}
+
 #[test]
 fn the_tofino_compiler_accepts_every_tna_program() {
     let Some(bf) = std::env::var_os("BF_P4C") else {
@@ -137,25 +165,7 @@ fn the_tofino_compiler_accepts_every_tna_program() {
         let (p, set) = compile_dir(&dir);
         // The refusals (var) are pinned by the snapshots.
         let Ok((_, art)) = compile(&p.spec, &set, &P4Options { arch: Arch::Tna, ..Default::default() }) else { continue };
-        let out = tofino_compile(&bf, &name, &art.program);
-        let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();
-        assert_same_p4info(&name, &out.join("p4info.txtpb"), &art.p4info);
-        let used = stages(&resources);
-        assert!(!used.is_empty(), "{name}: the resource report shows no stage in use");
-        let (tcam, sram) = (used.iter().map(|s| s.tcam as u64).sum::<u64>(), used.iter().map(|s| s.sram as u64).sum::<u64>());
-        let ours = art.resources.tofino.as_ref().expect("a TNA program's resources.json has our estimate");
-        let line = serde_json::json!({
-            "program": name,
-            "entries": art.resources.entries,
-            "stages": used.len(),
-            "tcam_blocks": tcam,
-            "sram_blocks": sram,
-            "estimate": { "stages": ours.stages, "tcam_blocks": ours.tcam_blocks, "sram_blocks": ours.sram_blocks },
-            "per_stage": used,
-        });
-        println!("{line}");
-        assert_estimate(&name, ours, used.len() as u32, tcam, sram);
-        let _ = std::fs::remove_dir_all(&out);
+        compile_and_report(&bf, &name, &art);
         compiled += 1;
     }
     assert!(compiled >= 4, "only {compiled} programs compiled for TNA: too few to test");
@@ -188,23 +198,7 @@ fn the_tofino_compiler_fits_100000_itch_subscriptions_and_10000_siena_filters_un
         subc_bdd::compile_within_by(&siena.spec, &siena.normal_forms, Default::default(), 20_000, fits).expect("a relaxation fits");
     for (name, p, set) in [("itch 100000", &itch, &itch_set), ("siena 10000, budget 20000", &siena, &siena_fit.set)] {
         let (_, art) = compile(&p.spec, set, &tna).unwrap();
-        let out = tofino_compile(&bf, name, &art.program);
-        assert_same_p4info(name, &out.join("p4info.txtpb"), &art.p4info);
-        let resources: serde_json::Value = serde_json::from_slice(&std::fs::read(&find(&out, "resources.json")[0]).unwrap()).unwrap();
-        let used = stages(&resources);
-        let (tcam, sram) = (used.iter().map(|s| s.tcam as u64).sum::<u64>(), used.iter().map(|s| s.sram as u64).sum::<u64>());
-        let ours = art.resources.tofino.as_ref().expect("our estimate");
-        println!(
-            "{}",
-            serde_json::json!({
-                "program": name, "entries": art.resources.entries, "tcam_entries": art.resources.tcam_entries,
-                "multicast_groups": art.resources.multicast_groups, "stages": used.len(), "tcam_blocks": tcam, "sram_blocks": sram,
-                "estimate": { "stages": ours.stages, "tcam_blocks": ours.tcam_blocks, "sram_blocks": ours.sram_blocks },
-                "per_stage": used,
-            })
-        );
-        assert!(used.len() <= 12, "{name}: {} stages, more than a Tofino pipe has", used.len());
-        assert_estimate(name, ours, used.len() as u32, tcam, sram);
-        let _ = std::fs::remove_dir_all(&out);
+        let stages = compile_and_report(&bf, name, &art);
+        assert!(stages <= 12, "{name}: {stages} stages, more than a Tofino pipe has");
     }
 }
