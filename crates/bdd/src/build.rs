@@ -24,6 +24,7 @@ use crate::diagram::{Edge, Manager, NodeId, EMPTY, LEAF_LEVEL};
 use crate::hash::FxHashMap;
 use crate::leaf::{Leaf, PortSet};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use subc_lang::IntervalSet;
 use subc_lang::VarUpdate;
@@ -114,25 +115,54 @@ pub enum BuildStop {
 /// expensive change cannot hold the compiler (and the service's writer)
 /// past its limit: it stops with [`BuildStop::Deadline`] and its caller
 /// undoes what it started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Deadline(Option<Instant>);
+///
+/// A deadline may also *yield*: past a time of its own, it passes as soon
+/// as a flag is raised (the service raises it when another application's
+/// change waits, so that a long compile steps aside for short ones).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Deadline {
+    at: Option<Instant>,
+    yield_to: Option<Yield>,
+}
+
+/// Stop once `after` has passed and `when` is set.
+#[derive(Clone, Copy, Debug)]
+struct Yield {
+    after: Instant,
+    when: &'static AtomicBool,
+}
 
 impl Deadline {
     /// No deadline.
-    pub const NONE: Deadline = Deadline(None);
+    pub const NONE: Deadline = Deadline { at: None, yield_to: None };
     /// Work between two reads of the clock: well under a millisecond even
     /// in a debug build, against a clock read of tens of nanoseconds.
     const CHECK_EVERY: u64 = 4096;
 
     pub fn at(t: Option<Instant>) -> Deadline {
-        Deadline(t)
+        Deadline { at: t, yield_to: None }
+    }
+    /// This deadline, and also: once `after` has passed, whenever `when`
+    /// is set.
+    pub fn yielding(self, after: Instant, when: &'static AtomicBool) -> Deadline {
+        Deadline { yield_to: Some(Yield { after, when }), ..self }
     }
     pub fn instant(&self) -> Option<Instant> {
-        self.0
+        self.at
     }
-    /// Whether the deadline has passed (reads the clock).
+    fn is_set(&self) -> bool {
+        self.at.is_some() || self.yield_to.is_some()
+    }
+    /// Whether the deadline has passed, or it yields now (reads the clock).
     pub fn passed(&self) -> bool {
-        self.0.is_some_and(|t| Instant::now() >= t)
+        let now = Instant::now();
+        self.at.is_some_and(|t| now >= t) || self.yield_to.is_some_and(|y| now >= y.after && y.when.load(Ordering::Relaxed))
+    }
+}
+
+impl From<Option<Instant>> for Deadline {
+    fn from(t: Option<Instant>) -> Deadline {
+        Deadline::at(t)
     }
 }
 
@@ -148,7 +178,7 @@ impl DeadlineCheck {
     }
     /// Counts `work` units done; past the deadline, stops.
     fn spend(&mut self, work: usize) -> Result<(), BuildStop> {
-        if self.deadline.0.is_none() {
+        if !self.deadline.is_set() {
             return Ok(());
         }
         self.work += work as u64 + 1;

@@ -50,7 +50,6 @@ use crate::order::choose_order;
 use crate::pipeline::Pipeline;
 use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Instant;
 use subc_lang::mask;
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::{Actions, SubId};
@@ -230,12 +229,13 @@ impl CompiledSet {
     }
 
     /// [`CompiledSet::compile`], giving up with
-    /// [`CompileError::DeadlineExceeded`] when `deadline` passes.
+    /// [`CompileError::DeadlineExceeded`] when `deadline` passes (an
+    /// `Option<Instant>`, or a [`Deadline`] that may also yield).
     pub fn compile_until(
         spec: &Spec,
         subs: &[NfSubscription],
         opts: CompileOptions,
-        deadline: Option<Instant>,
+        deadline: impl Into<Deadline>,
     ) -> Result<CompiledSet, CompileError> {
         let mut seen = BTreeSet::new();
         for s in subs {
@@ -243,7 +243,7 @@ impl CompiledSet {
                 return Err(CompileError::Duplicate(s.id));
             }
         }
-        let mut set = Self::compile_cubes(spec, subs, opts, Deadline::at(deadline))?;
+        let mut set = Self::compile_cubes(spec, subs, opts, deadline.into())?;
         set.deadline = Deadline::NONE;
         set.track_cubeless(subs);
         set.debug_verify("compile");
@@ -754,8 +754,9 @@ impl CompiledSet {
 
     /// [`CompiledSet::add`], giving up with
     /// [`CompileError::DeadlineExceeded`] (and changing nothing) when
-    /// `deadline` passes.
-    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: Option<Instant>) -> Result<SetDiff, CompileError> {
+    /// `deadline` passes (an `Option<Instant>`, or a [`Deadline`] that may
+    /// also yield).
+    pub fn add_until(&mut self, subs: &[NfSubscription], deadline: impl Into<Deadline>) -> Result<SetDiff, CompileError> {
         let mut seen = BTreeSet::new();
         for s in subs {
             if self.subs.contains_key(&s.id) || !seen.insert(s.id) {
@@ -770,7 +771,7 @@ impl CompiledSet {
         let pending: Vec<PendingRule> =
             subs.iter().flat_map(|s| s.cubes.iter().map(move |cube| PendingRule { sub: s.id, cube, actions: &s.actions })).collect();
         let mut placed: Vec<(SubId, usize, u32)> = vec![];
-        self.deadline = Deadline::at(deadline);
+        self.deadline = deadline.into();
         let result = self.place_all(&pending, &mut placed);
         self.deadline = Deadline::NONE;
         if let Err(e) = result {

@@ -37,6 +37,7 @@ mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
 pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot, WordOf};
+pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};

@@ -110,6 +110,29 @@ pub fn check_rules_file_with(
     endpoints: Option<&Endpoints>,
     diags: &mut Diagnostics,
 ) -> (Vec<Subscription>, Vec<NfSubscription>) {
+    match check_rules_file_until(spec, sources, file, next_id, limits, endpoints, &|| false, diags) {
+        Ok(checked) => checked,
+        Err(Stopped) => unreachable!("a check that is never asked to stop"),
+    }
+}
+
+/// The check was asked to stop (by a deadline, or a caller that went away).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stopped;
+
+/// [`check_rules_file_with`] that stops, with [`Stopped`], as soon as
+/// `stop` says so; it asks before each line.
+#[allow(clippy::too_many_arguments)]
+pub fn check_rules_file_until(
+    spec: &Spec,
+    sources: &SourceMap,
+    file: FileId,
+    next_id: &mut SubId,
+    limits: NfLimits,
+    endpoints: Option<&Endpoints>,
+    stop: &dyn Fn() -> bool,
+    diags: &mut Diagnostics,
+) -> Result<(Vec<Subscription>, Vec<NfSubscription>), Stopped> {
     let f = sources.file(file);
     // One line at a time, as `parse::parse_rules` does, but each syntax tree
     // is checked and dropped before the next line is parsed.
@@ -119,6 +142,9 @@ pub fn check_rules_file_with(
     // did-you-mean budget is the file's.
     let mut checker = check_subs::RuleChecker::new(spec, f.text.len()).with_endpoints(endpoints);
     for line in 1..=f.line_count() {
+        if stop() {
+            return Err(Stopped);
+        }
         let text = f.line_text(line);
         let Some(rule) = parse::parse_rule_text(text, file, f.line_start(line), diags) else { continue };
         let id = *next_id;
@@ -139,7 +165,7 @@ pub fn check_rules_file_with(
             Err(d) => diags.push(d),
         }
     }
-    (subs, nfs)
+    Ok((subs, nfs))
 }
 
 /// Checks a spec and rule files together; `None` if anything has an error.

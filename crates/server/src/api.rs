@@ -19,7 +19,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 /// Largest percent-encoded status message (`grpc-message`).
-const MAX_MESSAGE_BYTES: usize = 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024;
 /// Largest encoded details (`grpc-status-details-bin`, before its base64):
 /// with the message and the other headers, reply metadata stays under
 /// 8 KiB, the smallest limit of common clients (grpcio's default).
@@ -38,7 +38,7 @@ fn encoded_len(s: &str) -> usize {
 }
 
 /// `s` cut, at a character boundary, to at most `max` encoded bytes.
-fn cut_encoded(s: &str, max: usize) -> String {
+pub(crate) fn cut_encoded(s: &str, max: usize) -> String {
     let mut out = String::new();
     let mut n = 0;
     for c in s.chars() {
@@ -139,8 +139,7 @@ impl Subscriptions for Api {
         self.check_add_limits(&req)?;
         let fingerprint = crate::writer::request_fingerprint(&req.source_name, &req.lines);
         let proto::AddRequest { lines, source_name, request_id } = req;
-        let received = std::time::Instant::now();
-        let batch = match self.check(source_name, lines).await? {
+        let batch = match self.check(&who, source_name, lines).await? {
             Ok(b) => b,
             Err(r) => {
                 if r.only_limits {
@@ -152,7 +151,7 @@ impl Subscriptions for Api {
         if batch.rules.is_empty() {
             return Err(Status::invalid_argument("the request holds no subscription (only blank lines or comments)"));
         }
-        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, fingerprint, received, reply }).await?;
+        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, fingerprint, spent: Duration::ZERO, reply }).await?;
         Ok(Response::new(resp))
     }
 
@@ -195,28 +194,37 @@ impl Subscriptions for Api {
     }
 
     async fn check(&self, request: Request<proto::AddRequest>) -> Result<Response<proto::CheckResponse>, Status> {
-        principal(&request)?;
+        let who = principal(&request)?;
         let req = request.into_inner();
         self.check_add_limits(&req)?;
         let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
-        let report = tokio::task::spawn_blocking(move || {
-            check::check_report(&spec, fabric.as_ref().map(|f| &f.endpoints), &req.source_name, &req.lines, max_cubes)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?;
+        let report = self
+            .core
+            .text_gate()
+            .run(&who.app, move |stop| {
+                check::check_report(&spec, fabric.as_ref().map(|f| &f.endpoints), &req.source_name, &req.lines, max_cubes, stop)
+            })
+            .await?;
         Ok(Response::new(report))
     }
 }
 
 impl Api {
-    /// Checks a request's text on a blocking thread.
-    async fn check(&self, source_name: String, lines: Vec<String>) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
+    /// Checks a request's text on a blocking thread, admitted by the text
+    /// gate (`admission.rs`).
+    async fn check(
+        &self,
+        who: &Principal,
+        source_name: String,
+        lines: Vec<String>,
+    ) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
         let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
-        tokio::task::spawn_blocking(move || {
-            check::check_lines(&spec, fabric.as_ref().map(|f| &f.endpoints), &source_name, &lines, max_cubes)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))
+        self.core
+            .text_gate()
+            .run(&who.app, move |stop| {
+                check::check_lines_until(&spec, fabric.as_ref().map(|f| &f.endpoints), &source_name, &lines, max_cubes, stop)
+            })
+            .await
     }
 }
 

@@ -132,8 +132,10 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
     (message, records)
 }
 
-/// Checks the lines of an `Add` request; in network mode `fwd(...)` names
+/// Checks the lines of an `Add` request (tests; the service stops checks at
+/// a deadline: [`check_lines_until`]); in network mode `fwd(...)` names
 /// the topology's `endpoints`.
+#[cfg(test)]
 pub(crate) fn check_lines(
     spec: &Spec,
     endpoints: Option<&Endpoints>,
@@ -141,16 +143,40 @@ pub(crate) fn check_lines(
     lines: &[String],
     max_cubes: usize,
 ) -> Result<CheckedBatch, Rejection> {
+    check_lines_until(spec, endpoints, source_name, lines, max_cubes, &|| false).expect("a check that never stops")
+}
+
+/// [`check_lines`] that stops, with `None`, when `stop` says so.
+pub(crate) fn check_lines_until(
+    spec: &Spec,
+    endpoints: Option<&Endpoints>,
+    source_name: &str,
+    lines: &[String],
+    max_cubes: usize,
+    stop: &dyn Fn() -> bool,
+) -> Option<Result<CheckedBatch, Rejection>> {
     let mut sources = SourceMap::new();
     let name = if source_name.is_empty() { "<request>" } else { source_name };
     let file = sources.add(name, lines.join("\n"));
     let mut diags = Diagnostics::default();
     let mut next_id = 1;
-    let (subs, nfs) = subc_lang::check_rules_file_with(spec, &sources, file, &mut next_id, NfLimits { max_cubes }, endpoints, &mut diags);
+    let limits = NfLimits { max_cubes };
+    let (subs, nfs) = subc_lang::check_rules_file_until(spec, &sources, file, &mut next_id, limits, endpoints, stop, &mut diags).ok()?;
+    Some(checked_batch(subs, nfs, diags, &sources, file))
+}
+
+/// The batch of checked rules, or the rejection their diagnostics make.
+fn checked_batch(
+    subs: Vec<subc_lang::Subscription>,
+    nfs: Vec<NfSubscription>,
+    mut diags: Diagnostics,
+    sources: &SourceMap,
+    file: subc_lang::FileId,
+) -> Result<CheckedBatch, Rejection> {
     diags.sort();
     if diags.has_errors() {
         let only_limits = diags.0.iter().filter(|d| d.is_error()).all(|d| d.code == Code::NormalFormTooLarge);
-        let (rendered, diagnostics) = render_capped(&diags, &sources);
+        let (rendered, diagnostics) = render_capped(&diags, sources);
         return Err(Rejection { only_limits, rendered, diagnostics, total: diags.0.len() });
     }
     let f = sources.file(file);
@@ -159,7 +185,7 @@ pub(crate) fn check_lines(
         .zip(nfs)
         .map(|(s, nf)| CheckedRule { line: f.line_col(s.span.start).0 as u32, text: s.text.trim().to_string(), nf })
         .collect();
-    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| diagnostic_message(d.to_record(&sources))).collect();
+    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| diagnostic_message(d.to_record(sources))).collect();
     Ok(CheckedBatch { rules, warnings })
 }
 
@@ -170,14 +196,15 @@ pub(crate) fn check_report(
     source_name: &str,
     lines: &[String],
     max_cubes: usize,
-) -> proto::CheckResponse {
-    match check_lines(spec, endpoints, source_name, lines, max_cubes) {
+    stop: &dyn Fn() -> bool,
+) -> Option<proto::CheckResponse> {
+    Some(match check_lines_until(spec, endpoints, source_name, lines, max_cubes, stop)? {
         Ok(b) => {
             let rendered = b.warnings.iter().map(|w| w.rendered.clone() + "\n").collect();
             proto::CheckResponse { ok: true, total: b.warnings.len() as u32, diagnostics: b.warnings, rendered }
         }
         Err(r) => proto::CheckResponse { ok: false, diagnostics: r.diagnostics, total: r.total as u32, rendered: r.rendered },
-    }
+    })
 }
 
 /// Stored subscriptions that no longer check against the served spec: the

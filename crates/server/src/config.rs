@@ -54,6 +54,8 @@ pub struct Config {
     #[serde(default)]
     pub tls: Option<TlsConfig>,
     #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
     pub compile: CompileConfig,
     #[serde(default)]
     pub deploy: DeployConfig,
@@ -123,6 +125,14 @@ impl SecretSource {
         if value.len() < 8 {
             return Err(Error::Config(format!("{what}: a token must have at least 8 characters")));
         }
+        // Clients send it as `authorization: Bearer <token>` metadata, which
+        // carries visible ASCII only: any other token could never be sent.
+        if let Some(c) = value.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(Error::Config(format!(
+                "{what}: a token may hold only visible ASCII characters (no spaces, line breaks or {c:?}): \
+                 it travels in gRPC metadata"
+            )));
+        }
         Ok(Some(value))
     }
 }
@@ -190,6 +200,15 @@ pub struct Limits {
     /// Longest one change may spend in the compiler: checked while it runs,
     /// so a change that would take longer is given up at the limit.
     pub compile_timeout_ms: u64,
+    /// How long a compile runs before it yields to another waiting change
+    /// (and resumes later, its limit counting only compile time).
+    pub compile_slice_ms: u64,
+    /// Longest the text phase (parse, check, normal form) of one Add or
+    /// Check may take; it stops at the limit, or when the caller goes.
+    pub check_timeout_ms: u64,
+    /// Most text phases running at once, in all and per application.
+    pub max_concurrent_checks: usize,
+    pub max_concurrent_checks_per_app: usize,
     /// Most bytes the compiled set may hold (the IR's own estimate of its
     /// diagrams, rules and tables); a change that would take it past this is
     /// refused.
@@ -210,9 +229,43 @@ impl Default for Limits {
             max_line_bytes: 4096,
             max_cubes: 4096,
             compile_timeout_ms: 10_000,
+            compile_slice_ms: 50,
+            check_timeout_ms: 10_000,
+            max_concurrent_checks: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_concurrent_checks_per_app: 1,
             max_compiler_bytes: 8 << 30,
             max_watchers: 256,
             max_targets: 1024,
+        }
+    }
+}
+
+/// Connections before any call (`transport.rs`): how many, how fast they
+/// must start talking, and their TCP options. Both listeners (gRPC and
+/// metrics) apply them, each on its own.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// Most open connections; lowered to the descriptor limit less 128.
+    pub max_connections: usize,
+    /// Most open connections from one IP address.
+    pub max_connections_per_peer: usize,
+    /// How long a new connection may take to answer the server's first
+    /// bytes (HTTP/2 settings, TLS handshake) before it is closed.
+    pub handshake_timeout_ms: u64,
+    pub tcp_nodelay: bool,
+    /// TCP keepalive probes after this much idle time (0: none).
+    pub tcp_keepalive_secs: u64,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            max_connections: 10_000,
+            max_connections_per_peer: 256,
+            handshake_timeout_ms: 10_000,
+            tcp_nodelay: true,
+            tcp_keepalive_secs: 60,
         }
     }
 }
@@ -343,6 +396,12 @@ impl Config {
                 return Err(Error::Config(format!("application {:?} has no token", a.name)));
             }
         }
+        let store = self.store.to_string_lossy();
+        if let Some((scheme, _)) = store.split_once("://") {
+            return Err(Error::Config(format!(
+                "store = {store:?}: a `{scheme}://` URL is not a store this server can use; give the SQLite file's path"
+            )));
+        }
         if !self.auth.has_tokens() && !self.auth.allow_anonymous && !self.listen.ip().is_loopback() {
             return Err(Error::Config(format!(
                 "no tokens are configured and {} is not a loopback address: configure [auth] tokens, or set \
@@ -367,6 +426,10 @@ impl Config {
         at_least("limits.max_line_bytes", l.max_line_bytes as u64, 16)?;
         at_least("limits.max_cubes", l.max_cubes as u64, 1)?;
         at_least("limits.compile_timeout_ms", l.compile_timeout_ms, 1)?;
+        at_least("limits.compile_slice_ms", l.compile_slice_ms, 1)?;
+        at_least("limits.check_timeout_ms", l.check_timeout_ms, 1)?;
+        at_least("limits.max_concurrent_checks", l.max_concurrent_checks as u64, 1)?;
+        at_least("limits.max_concurrent_checks_per_app", l.max_concurrent_checks_per_app as u64, 1)?;
         at_least("limits.max_compiler_bytes", l.max_compiler_bytes as u64, 1 << 20)?;
         at_least("limits.max_subscriptions", l.max_subscriptions, 1)?;
         at_least("limits.max_subscriptions_per_app", l.max_subscriptions_per_app, 1)?;
@@ -378,6 +441,10 @@ impl Config {
         at_least("deploy.retry_max_ms", d.retry_max_ms, d.retry_initial_ms)?;
         at_least("deploy.reconcile_timeout_ms", d.reconcile_timeout_ms, 1)?;
         at_least("deploy.plan_max_ops", d.plan_max_ops as u64, 1)?;
+        let t = &self.transport;
+        at_least("transport.max_connections", t.max_connections as u64, 1)?;
+        at_least("transport.max_connections_per_peer", t.max_connections_per_peer as u64, 1)?;
+        at_least("transport.handshake_timeout_ms", t.handshake_timeout_ms, 10)?;
         if let Some(order) = &c.order {
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = order.iter().find(|n| !seen.insert(n.as_str())) {
@@ -408,6 +475,25 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("allow_anonymous"));
         c.auth.allow_anonymous = true;
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_url_is_not_a_store_path() {
+        let mut c = Config::with_spec("x.spec");
+        c.store = PathBuf::from("etcd://127.0.0.1:2379/subc");
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("`etcd://` URL"), "{e}");
+    }
+
+    #[test]
+    fn a_token_that_metadata_cannot_carry_is_refused() {
+        for bad in ["with a space", "new\nline0", "caf\u{e9}-token"] {
+            let s = SecretSource { token: Some(bad.into()), ..Default::default() };
+            let e = s.resolve("auth.admin_token").unwrap_err().to_string();
+            assert!(e.contains("visible ASCII"), "{bad:?}: {e}");
+        }
+        let ok = SecretSource { token: Some("s3cret-token".into()), ..Default::default() };
+        assert_eq!(ok.resolve("t").unwrap().as_deref(), Some("s3cret-token"));
     }
 
     #[test]

@@ -55,7 +55,13 @@ pub struct Core {
     /// otherwise hold a graceful shutdown open forever.
     closing: watch::Sender<bool>,
     writer: mpsc::Sender<WriteOp>,
+    /// Raised when a change is queued, so that a long compile yields to it
+    /// (`writer.rs`, fairness). One per server, leaked: the IR's deadline
+    /// stays `Copy` by holding a `&'static`.
+    yield_flag: &'static std::sync::atomic::AtomicBool,
     reader: Mutex<Store>,
+    /// Admission to the text phase of Add and Check.
+    text_gate: crate::admission::TextGate,
     /// The runtime the writer thread starts target tasks on.
     runtime: tokio::runtime::Handle,
 }
@@ -198,6 +204,7 @@ impl Core {
             }
         });
         let deploy = Arc::new(DeployCtx::new(spec.clone(), config.clone(), committed.clone(), desired.generation, metrics.clone(), report));
+        let text_gate = crate::admission::TextGate::new(&config.limits, metrics.clone());
         let core = Arc::new(Core {
             spec,
             spec_text,
@@ -211,7 +218,9 @@ impl Core {
             watchers: AtomicUsize::new(0),
             closing: watch::Sender::new(false),
             writer: tx,
+            yield_flag: Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))),
             reader: Mutex::new(Store::open_reader(&config.store)?),
+            text_gate,
             runtime: tokio::runtime::Handle::current(),
         });
 
@@ -303,6 +312,7 @@ impl Core {
     pub(crate) async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> WriteOp) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         self.writer.send(make(tx)).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
+        self.yield_flag.store(true, Ordering::SeqCst);
         rx.await.map_err(|_| Status::internal("the writer dropped the request"))?
     }
 
@@ -323,6 +333,12 @@ impl Core {
     }
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+    pub(crate) fn text_gate(&self) -> &crate::admission::TextGate {
+        &self.text_gate
+    }
+    pub(crate) fn yield_flag(&self) -> &'static std::sync::atomic::AtomicBool {
+        self.yield_flag
     }
     pub(crate) fn deploy_ctx(&self) -> &Arc<DeployCtx> {
         &self.deploy

@@ -22,6 +22,7 @@
 
 #![warn(unreachable_pub)]
 
+mod admission;
 mod api;
 mod auth;
 mod check;
@@ -34,6 +35,7 @@ mod names;
 mod network;
 mod server;
 mod store;
+mod transport;
 mod trim;
 mod writer;
 

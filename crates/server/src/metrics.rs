@@ -1,7 +1,8 @@
 //! Prometheus metrics and the HTTP endpoint that serves them (`/metrics`).
 //!
-//! Label values are bounded: applications come from the configuration and
-//! targets from registrations, never from request text.
+//! Label values are bounded and escaped: applications come from the
+//! configuration and targets from registrations; a gRPC method is one of
+//! the API's (from its descriptor) or `unknown`, never request text.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -60,6 +61,13 @@ pub struct Metrics {
     /// status request). A reinstall starts them at zero again.
     pub port_packets: Family<Labels, Gauge>,
     pub port_bytes: Family<Labels, Gauge>,
+    /// Open connections per listener, and those the transport closed, per
+    /// reason (`transport.rs`).
+    pub connections: Family<Labels, Gauge>,
+    pub connections_closed: Family<Labels, Counter>,
+    /// The API's methods (`/subc.v1.Subscriptions/Add`, ...): the only
+    /// values of the `method` label besides `unknown`.
+    known_methods: std::collections::HashSet<String>,
 }
 
 impl Default for Metrics {
@@ -134,7 +142,18 @@ impl Metrics {
             "Bytes delivered per target and subscription port since its program was installed",
             port_bytes.clone(),
         );
+        let connections = Family::<Labels, Gauge>::default();
+        registry.register("connections", "Open connections per listener (grpc, metrics)", connections.clone());
+        let connections_closed = Family::<Labels, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections the server closed before any call, per listener and reason (a limit, the handshake deadline)",
+            connections_closed.clone(),
+        );
         Metrics {
+            connections,
+            connections_closed,
+            known_methods: api_methods(),
             registry,
             port_packets,
             port_bytes,
@@ -161,14 +180,25 @@ impl Metrics {
 
     /// Counts one gRPC call of `method` (a path such as
     /// `/subc.v1.Subscriptions/Add`) that answered `code`.
+    /// A path that names no method of the API, whatever its status (an
+    /// unauthenticated caller's included), is counted as `unknown`: the
+    /// series never grow with what callers send.
     pub fn rpc(&self, method: &str, code: tonic::Code, seconds: f64) {
-        let method = if code == tonic::Code::Unimplemented { "unknown" } else { method };
-        self.rpc_calls.get_or_create(&vec![("method", method.to_string()), ("code", format!("{code:?}"))]).inc();
+        let method = if self.known_methods.contains(method) { method } else { "unknown" };
+        let code = format!("{code:?}");
+        self.rpc_calls.get_or_create(&Metrics::labels(&[("method", method), ("code", &code)])).inc();
         self.rpc_seconds.get_or_create(&Metrics::label("method", method)).observe(seconds);
     }
 
+    /// One label, its value escaped for the text format.
     pub fn label(key: &'static str, value: &str) -> Labels {
-        vec![(key, value.to_string())]
+        Metrics::labels(&[(key, value)])
+    }
+
+    /// Labels, their values escaped for the text format (`\\`, `\"`, `\n`):
+    /// prometheus_client writes label values as given.
+    pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+        pairs.iter().map(|(k, v)| (*k, escape_label_value(v))).collect()
     }
 
     /// The metrics in the Prometheus text format.
@@ -177,6 +207,36 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
+}
+
+/// `value` as the Prometheus and OpenMetrics text formats quote it.
+fn escape_label_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Every method path of the API's services, from its file descriptor set.
+fn api_methods() -> std::collections::HashSet<String> {
+    use prost::Message;
+    let set = prost_types::FileDescriptorSet::decode(crate::proto::FILE_DESCRIPTOR_SET).expect("the API's descriptor set decodes");
+    let mut out = std::collections::HashSet::new();
+    for file in &set.file {
+        let package = file.package();
+        for service in &file.service {
+            for method in &service.method {
+                out.insert(format!("/{package}.{}/{}", service.name(), method.name()));
+            }
+        }
+    }
+    out
 }
 
 /// What `subc_build_info` says: the version, and whether the build is
@@ -191,10 +251,16 @@ fn build_labels() -> Labels {
 pub(crate) type Refresh = Arc<dyn Fn() + Send + Sync>;
 
 /// Serves `GET /metrics` on `addr` until the process ends.
-pub(crate) async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, refresh: Refresh) -> std::io::Result<SocketAddr> {
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    limits: crate::transport::ConnectionLimits,
+    metrics: Arc<Metrics>,
+    refresh: Refresh,
+) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    let listener = crate::transport::GatedListener::new(listener, limits, metrics.clone(), "metrics");
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {
@@ -226,11 +292,32 @@ mod tests {
         m.subscriptions.get_or_create(&Metrics::label("app", "a")).set(3);
         m.compile_seconds.get_or_create(&Metrics::label("op", "add")).observe(0.001);
         m.deploy_failures.get_or_create(&Metrics::label("target", "t")).inc();
-        m.port_packets.get_or_create(&vec![("target", "t".into()), ("port", "3".into())]).set(42);
+        m.port_packets.get_or_create(&Metrics::labels(&[("target", "t"), ("port", "3")])).set(42);
         let text = m.render();
         assert!(text.contains("subc_port_packets{target=\"t\",port=\"3\"} 42"), "{text}");
         assert!(text.contains("subc_subscriptions{app=\"a\"} 3"), "{text}");
         assert!(text.contains("subc_compile_seconds_count{op=\"add\"} 1"), "{text}");
         assert!(text.contains("subc_deploy_failures_total{target=\"t\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn methods_are_the_apis_or_unknown() {
+        let m = Metrics::new();
+        m.rpc("/subc.v1.Subscriptions/Add", tonic::Code::Ok, 0.001);
+        for i in 0..100 {
+            m.rpc(&format!("/subc.v1.Subscriptions/x{i}\"}} 1\n"), tonic::Code::Unauthenticated, 0.001);
+        }
+        let text = m.render();
+        assert!(text.contains("subc_rpc_calls_total{method=\"/subc.v1.Subscriptions/Add\",code=\"Ok\"} 1"), "{text}");
+        assert!(text.contains("subc_rpc_calls_total{method=\"unknown\",code=\"Unauthenticated\"} 100"), "{text}");
+        assert!(!text.contains("x1"), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new();
+        m.deploy_failures.get_or_create(&Metrics::label("target", "a\"}\\\nb")).inc();
+        let text = m.render();
+        assert!(text.contains("subc_deploy_failures_total{target=\"a\\\"}\\\\\\nb\"} 1"), "{text}");
     }
 }

@@ -32,7 +32,7 @@ use crate::proto::{self, register_target_request::Kind};
 use crate::Error;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+
 use subc_bdd::{CompileError, CompileOptions, CompiledSet, Pipeline, SetDiff};
 use subc_fabric::{project_rule, Down, FabricError, Routes, Topology};
 use subc_lang::spec::Spec;
@@ -63,6 +63,13 @@ impl Fabric {
                 return Err(Error::Config(format!("the topology has errors:\n{}", diags.render(&sources))));
             }
         };
+        if topology.devices.is_empty() || topology.endpoints.is_empty() {
+            return Err(Error::Config(format!(
+                "the topology {} has no {}: network mode needs at least one device and one endpoint",
+                path.display(),
+                if topology.devices.is_empty() { "devices" } else { "endpoints" }
+            )));
+        }
         for d in &topology.devices {
             crate::names::check_name("topology device name", &d.name).map_err(|e| Error::Config(e.to_string()))?;
             if let Some(budget) = d.budget {
@@ -375,7 +382,7 @@ impl Devices {
 
     /// Adds the network's rules `nfs` to every device whose projection
     /// holds them. On failure nothing changed.
-    pub(crate) fn add(&mut self, spec: &Spec, nfs: &[NfSubscription], deadline: Option<Instant>) -> Result<DeviceUpdates, NetError> {
+    pub(crate) fn add(&mut self, spec: &Spec, nfs: &[NfSubscription], deadline: subc_bdd::Deadline) -> Result<DeviceUpdates, NetError> {
         let mut out = Vec::with_capacity(self.devices.len());
         for d in 0..self.devices.len() {
             match self.add_to(spec, d, nfs, deadline) {
@@ -398,7 +405,7 @@ impl Devices {
         Ok(self.take_stale(out))
     }
 
-    fn add_to(&mut self, spec: &Spec, d: usize, nfs: &[NfSubscription], deadline: Option<Instant>) -> Result<Option<SetDiff>, NetError> {
+    fn add_to(&mut self, spec: &Spec, d: usize, nfs: &[NfSubscription], deadline: subc_bdd::Deadline) -> Result<Option<SetDiff>, NetError> {
         let topology = &self.fabric.topology;
         let mut new = vec![];
         for n in nfs {
@@ -466,7 +473,7 @@ impl Devices {
     /// Undoes a removal of `nfs` after a failed commit.
     pub(crate) fn undo_remove(&mut self, spec: &Spec, nfs: &[NfSubscription]) {
         for d in 0..self.devices.len() {
-            match self.add_to(spec, d, nfs, None) {
+            match self.add_to(spec, d, nfs, subc_bdd::Deadline::NONE) {
                 Ok(Some(u)) if u.diffs.is_empty() => {}
                 Ok(_) => {
                     self.stale.insert(d);

@@ -99,11 +99,12 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         .map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
     let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
     let metrics_listen = config.metrics_listen;
+    let limits = crate::transport::ConnectionLimits::from_config(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
     let core = Core::start(config).await?;
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
-            crate::metrics::serve(a, core.metrics().clone(), {
+            crate::metrics::serve(a, limits, core.metrics().clone(), {
                 let core = core.clone();
                 Arc::new(move || core.read_port_counters())
             })
@@ -114,16 +115,18 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     };
 
     let api = Api { core: core.clone() };
-    // Requests up to 4x the limit are decoded, so that the Add handler can
-    // refuse them with a message counting lines and bytes (and Register can
-    // carry a P4 program of a few megabytes); past that the transport refuses
-    // them before decoding, and `SizeRefusal` gives that refusal the status
-    // every other limit has.
+    // Subscriptions' requests over the limit are refused by the transport
+    // before they are decoded (a request of empty lines costs many times
+    // its size once decoded); Register may carry a P4 program of a few
+    // megabytes, up to 4x the limit. `SizeRefusal` gives those refusals the
+    // status every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
     let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone() };
     let a1 = auth.clone();
     let subs = refusal(max_bytes, "limits.max_request_bytes")
-        .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r)));
+        .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(max_bytes), move |r| {
+            a1.intercept(r)
+        }));
     let a2 = auth.clone();
     let targets = refusal(hard_cap, "4 x limits.max_request_bytes")
         .wrap(InterceptedService::new(TargetsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a2.intercept(r)));
@@ -149,10 +152,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     // HTTP/2 pings find peers that vanished without closing (a killed
     // client, a dropped NAT mapping), so that their Watch streams end and
     // free their slots.
-    let mut builder = Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .tcp_keepalive(Some(KEEPALIVE_INTERVAL));
+    let mut builder = Server::builder().http2_keepalive_interval(Some(KEEPALIVE_INTERVAL)).http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| Error::Tls(e.to_string()))?;
     }
@@ -164,7 +164,8 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         .add_service(targets)
         .add_service(events);
     let (tx, rx) = oneshot::channel::<()>();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Limits, the handshake deadline and TCP options (transport.rs).
+    let incoming = crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").into_stream();
     let join = tokio::spawn(async move {
         router
             .serve_with_incoming_shutdown(incoming, async move {
@@ -214,28 +215,44 @@ impl SizeRefusal {
         SizeRefused { inner, refusal: self }
     }
 
-    /// RESOURCE_EXHAUSTED for tonic's refusal of a message over the decoding
-    /// limit, `None` for any other response.
+    /// What a refusal in the response headers (a trailers-only response)
+    /// becomes; `None` to leave it as it is.
     ///
-    /// tonic refuses such a message before any handler runs, with
-    /// OUT_OF_RANGE ("decoded message length too large: found N bytes") in a
-    /// trailers-only response, so the status is in the response headers. No
-    /// handler of ours answers OUT_OF_RANGE, and the message is checked too.
+    /// tonic refuses a message over the decoding limit before any handler
+    /// runs, with OUT_OF_RANGE ("decoded message length too large: found N
+    /// bytes"): RESOURCE_EXHAUSTED, as every limit. A message that does not
+    /// decode (a string that is not UTF-8) it refuses as INTERNAL: the
+    /// caller's fault, so INVALID_ARGUMENT. And any message too long for
+    /// clients' metadata limits is cut.
     fn status_for(&self, headers: &http::HeaderMap) -> Option<Status> {
-        if headers.get("grpc-status").map(|v| v.as_bytes()) != Some(b"11") {
+        let message_len = headers.get("grpc-message").map_or(0, |v| v.len());
+        let code = headers.get("grpc-status").map(|v| v.as_bytes());
+        if code != Some(b"11") && code != Some(b"13") && message_len <= crate::api::MAX_MESSAGE_BYTES {
             return None;
         }
         let s = Status::from_header_map(headers)?;
-        let message = s.message();
-        if s.code() != Code::OutOfRange || !message.contains("message length too large") {
-            return None;
+        if s.code() == Code::Internal && s.message().starts_with("failed to decode Protobuf message") {
+            return Some(Status::invalid_argument(format!("the request does not decode: {}", s.message())));
         }
+        if s.code() == Code::OutOfRange && s.message().contains("message length too large") {
+            return Some(self.size_refusal(s.message()));
+        }
+        if message_len > crate::api::MAX_MESSAGE_BYTES {
+            let cut = crate::api::cut_encoded(s.message(), crate::api::MAX_MESSAGE_BYTES);
+            return Some(Status::with_details(s.code(), cut, s.details().to_vec().into()));
+        }
+        None
+    }
+
+    /// RESOURCE_EXHAUSTED for tonic's refusal of a message over the
+    /// decoding limit, counted.
+    fn size_refusal(&self, message: &str) -> Status {
         let found = message.split("found ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse::<u64>().ok());
         self.metrics.limit_refusals.get_or_create(&Metrics::label("limit", "request_bytes")).inc();
-        Some(Status::resource_exhausted(match found {
+        Status::resource_exhausted(match found {
             Some(n) => format!("the request has {n} bytes, over the limit of {} ({})", self.limit, self.name),
             None => format!("the request is over the limit of {} bytes ({})", self.limit, self.name),
-        }))
+        })
     }
 }
 
@@ -292,6 +309,7 @@ impl<S: NamedService> NamedService for SizeRefused<S> {
 
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
 pub async fn serve(config: Config) -> Result<(), Error> {
+    crate::transport::raise_descriptor_limit();
     let mut running = start(config).await?;
     let stop = running.take_shutdown();
     let signals = async {

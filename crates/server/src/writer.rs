@@ -13,6 +13,14 @@
 //! A change that is refused (a limit, an unknown id, a reused idempotency
 //! key) is refused alone and before anything of it is applied.
 //!
+//! Fairness: the compile limit counts time spent compiling, never time
+//! spent waiting. A compile that has run past `limits.compile_slice_ms`
+//! while another change waits yields (the IR's [`Deadline`] stops it and
+//! nothing changes); it is put back behind the waiting changes, and
+//! resumes, with what is left of its limit, when none waits. So one
+//! application's expensive adds cannot hold another's cheap ones for more
+//! than a slice.
+//!
 //! The phases have types of their own: a [`Staged`] change carries the
 //! [`SqlWrite`]s to commit, the [`Undo`] that reverses it in memory, the
 //! [`Publish`] that shows it to readers, and the [`Finish`] that replies.
@@ -31,10 +39,10 @@ use crate::proto;
 use crate::store::{now_ms, Store, StoredSub};
 use crate::Error;
 use prost::Message;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_bdd::{CompileError, CompiledSet, SetDiff};
+use subc_bdd::{CompileError, CompiledSet, Deadline, SetDiff};
 use subc_lang::NfSubscription;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -53,9 +61,9 @@ pub(crate) enum WriteOp {
         /// What the request carried (`request_fingerprint`): a reused
         /// `request_id` with other content is refused, not replayed.
         fingerprint: String,
-        /// When the request arrived: the compile time limit counts from
-        /// here, so that checking and queueing are part of it.
-        received: Instant,
+        /// Time already spent compiling this change in attempts that
+        /// yielded to other changes: the compile limit counts it.
+        spent: Duration,
         reply: Reply<proto::AddResponse>,
     },
     Remove {
@@ -177,6 +185,79 @@ struct Compiled {
     devices: crate::network::DeviceUpdates,
 }
 
+/// Why an Add was not staged.
+enum AddRefusal {
+    Refused(Status),
+    /// It stopped to let a waiting change through, having spent this long
+    /// compiling in all; it runs again later.
+    Yielded(Duration),
+}
+
+impl From<Status> for AddRefusal {
+    fn from(s: Status) -> AddRefusal {
+        AddRefusal::Refused(s)
+    }
+}
+
+/// One attempt's share of a change's compile limit.
+struct CompileBudget {
+    started: Instant,
+    /// Spent in earlier attempts.
+    spent: Duration,
+    limit: Duration,
+    /// What is left of the limit; yielding after the slice while another
+    /// change waits.
+    deadline: Deadline,
+}
+
+impl CompileBudget {
+    fn start(spent: Duration, w: &Writer) -> CompileBudget {
+        let limits = &w.core.config().limits;
+        let limit = Duration::from_millis(limits.compile_timeout_ms);
+        let started = Instant::now();
+        let flag = w.core.yield_flag();
+        if w.others_wait {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let deadline = Deadline::at(Some(started + limit.saturating_sub(spent)))
+            .yielding(started + Duration::from_millis(limits.compile_slice_ms), flag);
+        CompileBudget { started, spent, limit, deadline }
+    }
+
+    fn spent_now(&self) -> Duration {
+        self.spent + self.started.elapsed()
+    }
+}
+
+/// For each change of a batch, whether a change of another caller follows
+/// it in the batch (which it must not hold up for long).
+fn others_after(batch: &[WriteOp]) -> VecDeque<bool> {
+    let mut out = VecDeque::with_capacity(batch.len());
+    for (i, op) in batch.iter().enumerate() {
+        let me = op.caller();
+        out.push_back(batch[i + 1..].iter().any(|o| o.caller() != me || me.is_none()));
+    }
+    out
+}
+
+impl WriteOp {
+    /// The application that sent the change; `None` for the service's own.
+    pub(crate) fn caller(&self) -> Option<&str> {
+        match self {
+            WriteOp::Add { who, .. } | WriteOp::Remove { who, .. } => Some(&who.app),
+            _ => None,
+        }
+    }
+
+    /// An Add's idempotency key, if it has one.
+    fn request_key(&self) -> Option<(Arc<str>, String)> {
+        match self {
+            WriteOp::Add { who, request_id, .. } if !request_id.is_empty() => Some((who.app.clone(), request_id.clone())),
+            _ => None,
+        }
+    }
+}
+
 /// Idempotency keys and target names claimed earlier in one batch.
 #[derive(Default)]
 struct Claims {
@@ -203,17 +284,44 @@ pub(crate) struct Writer {
     core: Arc<Core>,
     store: Store,
     d: Desired,
+    /// Changes that yielded to others, oldest first: each runs alone once
+    /// nothing else waits.
+    deferred: VecDeque<WriteOp>,
+    /// Whether another change waits while the current one is staged: the
+    /// rest of the batch, or the queue (`Core::submit` raises the flag for
+    /// what arrives meanwhile).
+    others_wait: bool,
+    queue_has_more: bool,
+}
+
+/// What staging a change came to.
+enum Outcome {
+    Staged(Staged),
+    Refused(Finish, Status),
+    /// It yielded to other changes; here it is back, to run later.
+    Yielded(WriteOp),
 }
 
 impl Writer {
     pub(crate) fn new(core: Arc<Core>, store: Store, d: Desired) -> Writer {
-        Writer { core, store, d }
+        Writer { core, store, d, deferred: VecDeque::new(), others_wait: false, queue_has_more: false }
     }
 
-    /// Takes queued changes in batches until every sender is gone.
+    /// Takes queued changes in batches until every sender is gone and no
+    /// change is deferred; a deferred change runs alone when nothing is queued.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
         let mut commits: u64 = 0;
-        while let Some(first) = rx.blocking_recv() {
+        loop {
+            let first = match rx.try_recv() {
+                Ok(op) => op,
+                Err(_) => match self.deferred.pop_front() {
+                    Some(op) => op,
+                    None => match rx.blocking_recv() {
+                        Some(op) => op,
+                        None => break,
+                    },
+                },
+            };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -221,24 +329,42 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            self.queue_has_more = !rx.is_empty() || !self.deferred.is_empty();
             commits += 1;
-            self.process(batch, commits.is_multiple_of(256));
+            self.process(batch, &rx, commits.is_multiple_of(256));
         }
         tracing::debug!("writer stopped");
     }
 
     /// Stages, commits and publishes one batch.
-    fn process(&mut self, batch: Vec<WriteOp>, prune: bool) {
+    fn process(&mut self, batch: Vec<WriteOp>, rx: &mpsc::Receiver<WriteOp>, prune: bool) {
         let n = batch.len();
         let (gen0, next0) = (self.d.generation, self.d.next_id);
         let mut claims = Claims::default();
         let mut staged: Vec<Staged> = Vec::with_capacity(n);
+        let mut waiting_after = others_after(&batch);
         for op in batch {
+            let key = op.request_key();
+            let after = waiting_after.pop_front().unwrap_or(false);
             let Some(op) = self.claim_request_id(op, &mut claims, staged.len()) else { continue };
-            staged.push(self.stage(op, &mut claims.names).unwrap_or_else(|(finish, status)| {
-                finish.fail(status);
-                Staged::only(vec![], vec![], Finish::Nothing)
-            }));
+            // Lowered before reading the queue: what arrives later raises it.
+            self.core.yield_flag().store(false, std::sync::atomic::Ordering::SeqCst);
+            self.others_wait = after || self.queue_has_more || !rx.is_empty();
+            match self.stage(op, &mut claims.names) {
+                Outcome::Staged(st) => staged.push(st),
+                Outcome::Refused(finish, status) => {
+                    finish.fail(status);
+                    staged.push(Staged::only(vec![], vec![], Finish::Nothing));
+                }
+                Outcome::Yielded(op) => {
+                    // Its key is claimed again when it runs (a duplicate later in
+                    // this batch then runs first, and it replays that one's reply).
+                    if let Some(k) = key {
+                        claims.keys.remove(&k);
+                    }
+                    self.deferred.push_back(op);
+                }
+            }
         }
         let t = Instant::now();
         let result = self.commit(&staged, gen0, prune);
@@ -256,9 +382,9 @@ impl Writer {
     /// the store or earlier in this batch); otherwise claims its key and
     /// gives the change back.
     fn claim_request_id(&self, op: WriteOp, claims: &mut Claims, index: usize) -> Option<WriteOp> {
-        let WriteOp::Add { who, batch, request_id, fingerprint, received, reply } = op else { return Some(op) };
+        let WriteOp::Add { who, batch, request_id, fingerprint, spent, reply } = op else { return Some(op) };
         if request_id.is_empty() {
-            return Some(WriteOp::Add { who, batch, request_id, fingerprint, received, reply });
+            return Some(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply });
         }
         let key = (who.app.clone(), request_id.clone());
         if let Some((i, first)) = claims.keys.get(&key) {
@@ -282,7 +408,7 @@ impl Writer {
             }
             Ok(None) => {
                 claims.keys.insert(key, (index, fingerprint.clone()));
-                Some(WriteOp::Add { who, batch, request_id, fingerprint, received, reply })
+                Some(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply })
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::unavailable(e.to_string())));
@@ -476,14 +602,24 @@ impl Writer {
 
     /// Applies one change to the writer's copy and says what to write; on
     /// refusal nothing of it was applied.
-    fn stage(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Result<Staged, (Finish, Status)> {
+    fn stage(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Outcome {
         match op {
-            WriteOp::Add { who, batch, request_id, fingerprint, received, reply } => {
-                match self.stage_add(who, batch, request_id, fingerprint, received) {
-                    Ok((staged, resp)) => Ok(Staged { finish: Finish::Add(reply, resp), ..staged }),
-                    Err(s) => Err((Finish::Add(reply, Default::default()), s)),
+            WriteOp::Add { who, batch, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent) {
+                Ok((nfs, compiled)) => {
+                    let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
+                    Outcome::Staged(Staged { finish: Finish::Add(reply, resp), ..staged })
                 }
-            }
+                Err(AddRefusal::Yielded(spent)) => Outcome::Yielded(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply }),
+                Err(AddRefusal::Refused(s)) => Outcome::Refused(Finish::Add(reply, Default::default()), s),
+            },
+            op => self.stage_other(op, names).map_or_else(|(f, s)| Outcome::Refused(f, s), Outcome::Staged),
+        }
+    }
+
+    /// Stages a change other than an Add.
+    fn stage_other(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Result<Staged, (Finish, Status)> {
+        match op {
+            WriteOp::Add { .. } => unreachable!("Adds are staged by stage_add"),
             WriteOp::Remove { who, ids, reply } => match self.stage_remove(&who, ids) {
                 Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
                 Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
@@ -532,22 +668,22 @@ impl Writer {
         Status::resource_exhausted(message)
     }
 
-    /// Stages an Add: the counts, the compile, then the records.
-    fn stage_add(
+    /// An Add's counts and compile, applied to the writer's copy: its
+    /// normal forms with their ids, and what the compile changed.
+    fn compile_batch(
         &mut self,
-        who: Principal,
-        batch: CheckedBatch,
-        request_id: String,
-        fingerprint: String,
-        received: Instant,
-    ) -> Result<(Staged, proto::AddResponse), Status> {
+        who: &Principal,
+        batch: &CheckedBatch,
+        spent: Duration,
+    ) -> Result<(Vec<NfSubscription>, Compiled), AddRefusal> {
         let n = batch.rules.len() as u64;
-        self.check_counts(&who, n)?;
+        self.check_counts(who, n)?;
         let first = self.d.next_id;
         let nfs: Vec<NfSubscription> =
             batch.rules.iter().enumerate().map(|(i, r)| NfSubscription { id: first + i as u64, ..r.nf.clone() }).collect();
-        let mut compiled = self.compile_add(&nfs, received)?;
-        match self.compile_devices_add(&nfs, received) {
+        let budget = CompileBudget::start(spent, self);
+        let mut compiled = self.compile_add(&nfs, &budget)?;
+        match self.compile_devices_add(&nfs, &budget) {
             Ok(devices) => compiled.devices = devices,
             Err(s) => {
                 self.undo(compiled.undo);
@@ -556,7 +692,7 @@ impl Writer {
         }
         self.d.generation += 1;
         self.d.next_id = first + n;
-        Ok(self.record_add(who, batch, &nfs, compiled, request_id, fingerprint))
+        Ok((nfs, compiled))
     }
 
     /// Refuses an Add that would pass the per-application or total count.
@@ -586,36 +722,37 @@ impl Writer {
     /// recompile when the pipelines are full; within the compile time limit
     /// (counted from when the request arrived, and checked while the
     /// compiler runs) and the memory limit. On refusal the set is as it was.
-    fn compile_add(&mut self, nfs: &[NfSubscription], received: Instant) -> Result<Compiled, Status> {
+    fn compile_add(&mut self, nfs: &[NfSubscription], budget: &CompileBudget) -> Result<Compiled, AddRefusal> {
         let config = self.core.config().clone();
         let limits = &config.limits;
         let t = Instant::now();
-        let deadline = received + Duration::from_millis(limits.compile_timeout_ms);
         let ids: Vec<u64> = nfs.iter().map(|n| n.id).collect();
-        let compiled = match self.d.set.add_until(nfs, Some(deadline)) {
+        let compiled = match self.d.set.add_until(nfs, budget.deadline) {
             Ok(u) => {
                 self.observe_compile("add", t);
                 Compiled { undo: Undo::Added(ids), update: Some(u), placements: None, devices: vec![] }
             }
-            Err(CompileError::NeedsRecompile { .. }) => self.recompile_with(nfs, ids, t, deadline)?,
-            Err(CompileError::DeadlineExceeded) => return Err(self.compile_time_refusal("compiling")),
+            Err(CompileError::NeedsRecompile { .. }) => self.recompile_with(nfs, ids, t, budget)?,
+            Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "compiling")),
             Err(e @ (CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. })) => {
-                return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")))
+                return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into())
             }
-            Err(e) => return Err(Status::internal(format!("compiler: {e}"))),
+            Err(e) => return Err(Status::internal(format!("compiler: {e}")).into()),
         };
         let bytes = self.d.set.heap_bytes();
         let limit = limits.max_compiler_bytes;
         if bytes > limit {
             self.undo(compiled.undo);
-            return Err(self.refuse_limit(
-                "compiler_memory",
-                format!(
-                    "the compiled set would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
-                    bytes >> 20,
-                    limit >> 20
-                ),
-            ));
+            return Err(self
+                .refuse_limit(
+                    "compiler_memory",
+                    format!(
+                        "the compiled set would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
+                        bytes >> 20,
+                        limit >> 20
+                    ),
+                )
+                .into());
         }
         Ok(compiled)
     }
@@ -623,21 +760,20 @@ impl Writer {
     /// Network mode: projects new subscriptions onto every device and
     /// compiles them where a device's rules change (nothing changes on
     /// refusal). Empty for a single device.
-    fn compile_devices_add(&mut self, nfs: &[NfSubscription], received: Instant) -> Result<crate::network::DeviceUpdates, Status> {
+    fn compile_devices_add(&mut self, nfs: &[NfSubscription], budget: &CompileBudget) -> Result<crate::network::DeviceUpdates, AddRefusal> {
         let core = self.core.clone();
         let Some(net) = &mut self.d.net else { return Ok(vec![]) };
-        let deadline = received + Duration::from_millis(core.config().limits.compile_timeout_ms);
         let t = Instant::now();
-        let r = net.add(core.spec(), nfs, Some(deadline));
+        let r = net.add(core.spec(), nfs, budget.deadline);
         self.observe_compile("add", t);
         let updates = r.map_err(|e| match e.compile_error() {
-            Some(CompileError::DeadlineExceeded) => self.compile_time_refusal("compiling the devices' projections"),
+            Some(CompileError::DeadlineExceeded) => self.out_of_time(budget, "compiling the devices' projections"),
             Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => {
-                self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}"))
+                self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into()
             }
             // A port number in a rule is an endpoint's; one beyond the topology's.
-            None => Status::invalid_argument(e.to_string()),
-            _ => Status::internal(format!("compiler: {e}")),
+            None => Status::invalid_argument(e.to_string()).into(),
+            _ => Status::internal(format!("compiler: {e}")).into(),
         })?;
         // The memory limit covers every compiled set: the network's and the devices'.
         let bytes = self.d.set.heap_bytes() + self.d.net.as_ref().map_or(0, |n| n.heap_bytes());
@@ -646,16 +782,28 @@ impl Writer {
             if let Some(net) = &mut self.d.net {
                 net.undo_add(&nfs.iter().map(|n| n.id).collect::<Vec<_>>());
             }
-            return Err(self.refuse_limit(
-                "compiler_memory",
-                format!(
+            return Err(self
+                .refuse_limit(
+                    "compiler_memory",
+                    format!(
                     "the compiled sets would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was added",
                     bytes >> 20,
                     limit >> 20
                 ),
-            ));
+                )
+                .into());
         }
         Ok(updates)
+    }
+
+    /// A compile that stopped at its deadline: it yielded to a waiting
+    /// change while some of its limit is left, or it used the limit up.
+    fn out_of_time(&self, budget: &CompileBudget, what: &str) -> AddRefusal {
+        let spent = budget.spent_now();
+        if spent < budget.limit {
+            return AddRefusal::Yielded(spent);
+        }
+        self.compile_time_refusal(what).into()
     }
 
     fn compile_time_refusal(&self, what: &str) -> Status {
@@ -672,17 +820,23 @@ impl Writer {
 
     /// The pipelines are full: spreads the whole set anew. Targets then get
     /// a new program (a full install).
-    fn recompile_with(&mut self, nfs: &[NfSubscription], ids: Vec<u64>, t: Instant, deadline: Instant) -> Result<Compiled, Status> {
+    fn recompile_with(
+        &mut self,
+        nfs: &[NfSubscription],
+        ids: Vec<u64>,
+        t: Instant,
+        budget: &CompileBudget,
+    ) -> Result<Compiled, AddRefusal> {
         let spec = self.core.spec().clone();
         let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
         let endpoints = self.core.fabric().map(|f| &f.endpoints);
         let mut all = check::check_stored_with(&spec, endpoints, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
         let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
-        let set = match CompiledSet::compile_until(&spec, &all, opts, Some(deadline)) {
+        let set = match CompiledSet::compile_until(&spec, &all, opts, budget.deadline) {
             Ok(set) => set,
-            Err(CompileError::DeadlineExceeded) => return Err(self.compile_time_refusal("recompiling the whole set")),
-            Err(e) => return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}"))),
+            Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "recompiling the whole set")),
+            Err(e) => return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into()),
         };
         tracing::info!(pipelines = set.pipeline_count(), "recompiled the whole set: targets get a new program");
         self.observe_compile("recompile", t);

@@ -338,7 +338,7 @@ impl TargetHandle {
         match read {
             Some(Ok(c)) => {
                 for p in &c {
-                    let labels = vec![("target", self.name.clone()), ("port", p.port.to_string())];
+                    let labels = Metrics::labels(&[("target", &self.name), ("port", &p.port.to_string())]);
                     metrics.port_packets.get_or_create(&labels).set(p.packets as i64);
                     metrics.port_bytes.get_or_create(&labels).set(p.bytes as i64);
                 }
