@@ -453,3 +453,147 @@ mod tests {
         }
     }
 }
+
+/// What a diff does to one key: the value after it, or its removal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Effect<V> {
+    Insert(V),
+    Modify(V),
+    Delete,
+}
+
+/// Two diffs cannot follow each other: the second inserts what the first
+/// left in place, or changes what the first removed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the later diff does not apply after the earlier one: it {0}")]
+pub struct ComposeError(String);
+
+/// The effects of `first` then `later` on one kind of key, as one.
+fn compose_effects<K: Ord + Copy + std::fmt::Debug, V>(
+    first: BTreeMap<K, Effect<V>>,
+    later: BTreeMap<K, Effect<V>>,
+) -> Result<BTreeMap<K, Effect<V>>, ComposeError> {
+    use Effect::*;
+    let mut out = first;
+    for (k, b) in later {
+        let composed = match (out.remove(&k), b) {
+            (None, b) => Some(b),
+            (Some(Insert(_)), Modify(v)) => Some(Insert(v)),
+            (Some(Insert(_)), Delete) => None,
+            (Some(Modify(_)), Modify(v)) => Some(Modify(v)),
+            (Some(Modify(_)), Delete) => Some(Delete),
+            // Removed, then put back: the key existed before, so it changes.
+            (Some(Delete), Insert(v)) => Some(Modify(v)),
+            (Some(Insert(_) | Modify(_)), Insert(_)) => return Err(ComposeError(format!("inserts {k:?}, which exists"))),
+            (Some(Delete), Modify(_) | Delete) => return Err(ComposeError(format!("changes {k:?}, which was removed"))),
+        };
+        if let Some(e) = composed {
+            out.insert(k, e);
+        }
+    }
+    Ok(out)
+}
+
+fn effects<K: Ord + Copy, V>(inserts: Vec<(K, V)>, modifies: Vec<(K, V)>, deletes: Vec<K>) -> BTreeMap<K, Effect<V>> {
+    let mut out = BTreeMap::new();
+    out.extend(inserts.into_iter().map(|(k, v)| (k, Effect::Insert(v))));
+    out.extend(modifies.into_iter().map(|(k, v)| (k, Effect::Modify(v))));
+    out.extend(deletes.into_iter().map(|k| (k, Effect::Delete)));
+    out
+}
+
+type Parts<K, V> = (Vec<(K, V)>, Vec<(K, V)>, Vec<K>);
+
+fn split<K: Copy, V>(effects: BTreeMap<K, Effect<V>>) -> Parts<K, V> {
+    let (mut ins, mut mods, mut dels) = (vec![], vec![], vec![]);
+    for (k, e) in effects {
+        match e {
+            Effect::Insert(v) => ins.push((k, v)),
+            Effect::Modify(v) => mods.push((k, v)),
+            Effect::Delete => dels.push(k),
+        }
+    }
+    (ins, mods, dels)
+}
+
+impl PipelineDiff {
+    /// This diff followed by `later` (of the same pipeline), as one diff:
+    /// applying it does what applying both in turn does. Keys both touch
+    /// take their last value; a key removed and put back is modified; one
+    /// inserted and removed is left alone. Its [`PipelineDiff::ops`] keep the
+    /// make-before-break order, as they order any diff between two versions.
+    pub fn then(self, later: PipelineDiff) -> Result<PipelineDiff, ComposeError> {
+        let tables_n = self.tables.len().max(later.tables.len());
+        let mut tables = Vec::with_capacity(tables_n);
+        let (mut mine, mut theirs) = (self.tables.into_iter(), later.tables.into_iter());
+        for _ in 0..tables_n {
+            let a = mine.next().unwrap_or_default();
+            let b = theirs.next().unwrap_or_default();
+            let key = |(s, m, n): (StateId, Match, StateId)| ((s, m), n);
+            let ea = effects(a.inserts.into_iter().map(key).collect(), a.modifies.into_iter().map(key).collect(), a.deletes);
+            let eb = effects(b.inserts.into_iter().map(key).collect(), b.modifies.into_iter().map(key).collect(), b.deletes);
+            let (ins, mods, dels) = split(compose_effects(ea, eb)?);
+            let flat = |v: Vec<((StateId, Match), StateId)>| v.into_iter().map(|((s, m), n)| (s, m, n)).collect();
+            tables.push(TableDiff { inserts: flat(ins), modifies: flat(mods), deletes: dels });
+        }
+        let leaves = compose_effects(
+            effects(self.leaf_inserts, self.leaf_modifies, self.leaf_deletes),
+            effects(later.leaf_inserts, later.leaf_modifies, later.leaf_deletes),
+        )?;
+        let (leaf_inserts, leaf_modifies, leaf_deletes) = split(leaves);
+        let groups = compose_effects(
+            effects(self.groups_created, self.groups_changed, self.groups_removed),
+            effects(later.groups_created, later.groups_changed, later.groups_removed),
+        )?;
+        let (groups_created, groups_changed, groups_removed) = split(groups);
+        Ok(PipelineDiff {
+            pipeline: self.pipeline,
+            groups_created,
+            groups_changed,
+            groups_removed,
+            tables,
+            leaf_inserts,
+            leaf_modifies,
+            leaf_deletes,
+            root: later.root.or(self.root),
+        })
+    }
+}
+
+impl SetDiff {
+    /// This update followed by `later`, as one: one diff per pipeline (each
+    /// pipeline's diffs composed with [`PipelineDiff::then`]), the
+    /// bit-vector parts merged. `apply(apply(s, a), b) == apply(s, a.then(b))`.
+    pub fn then(self, later: SetDiff) -> Result<SetDiff, ComposeError> {
+        self.debug_check();
+        later.debug_check();
+        let mut by_pipeline: BTreeMap<usize, PipelineDiff> = self.diffs.into_iter().map(|d| (d.pipeline, d)).collect();
+        for d in later.diffs {
+            let composed = match by_pipeline.remove(&d.pipeline) {
+                Some(first) => first.then(d)?,
+                None => d,
+            };
+            by_pipeline.insert(composed.pipeline, composed);
+        }
+        let bits = match (self.bits, later.bits) {
+            (Some(mut a), Some(b)) => {
+                a.then(b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
+        let out = SetDiff { diffs: by_pipeline.into_values().filter(|d| !d.is_empty()).collect(), bits };
+        Ok(out)
+    }
+
+    /// Debug builds: panics if two diffs name one pipeline (a `SetDiff`
+    /// holds one diff per pipeline; compose updates with [`SetDiff::then`]).
+    pub fn debug_check(&self) {
+        if cfg!(debug_assertions) {
+            let mut seen = BTreeSet::new();
+            for d in &self.diffs {
+                assert!(seen.insert(d.pipeline), "a SetDiff holds two diffs for pipeline {}", d.pipeline);
+            }
+        }
+    }
+}

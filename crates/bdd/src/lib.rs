@@ -39,7 +39,7 @@ pub use approximate::{compile_within, compile_within_by, extra, relax, sample_va
 pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot, WordOf};
 pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
-pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, Op, PipelineDiff, TableDiff};
+pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
 pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, StateId, Table, DEAD};

@@ -247,6 +247,7 @@ impl Committed {
             let Some((generation, update)) = c.update else { continue };
             match &update {
                 Some(u) if !copy_whole => {
+                    u.debug_check();
                     for diff in &u.diffs {
                         let applied = self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff));
                         if !matches!(applied, Some(Ok(()))) {
@@ -297,6 +298,7 @@ impl View {
     /// apply, which would be a bug in the IR's diffs, logged).
     fn apply(&mut self, generation: u64, update: Option<&SetDiff>) -> bool {
         let Some(u) = update else { return false };
+        u.debug_check();
         for diff in &u.diffs {
             if !matches!(self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff)), Some(Ok(()))) {
                 tracing::error!(generation, pipeline = diff.pipeline, "a device's committed diff does not apply; copying it whole");

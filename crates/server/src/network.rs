@@ -393,7 +393,7 @@ impl Devices {
                     // published, so their next updates are published whole.
                     let ids: Vec<SubId> = nfs.iter().map(|n| n.id).collect();
                     for back in 0..d {
-                        if !self.remove_from(back, &ids).diffs.is_empty() {
+                        if !self.remove_from(back, &ids).is_empty() {
                             self.stale.insert(back);
                         }
                     }
@@ -461,7 +461,7 @@ impl Devices {
     /// Undoes an add of `ids` after a failed commit.
     pub(crate) fn undo_add(&mut self, ids: &[SubId]) {
         for d in 0..self.devices.len() {
-            if !self.remove_from(d, ids).diffs.is_empty() {
+            if !self.remove_from(d, ids).is_empty() {
                 self.stale.insert(d);
             }
         }
@@ -474,7 +474,7 @@ impl Devices {
     pub(crate) fn undo_remove(&mut self, spec: &Spec, nfs: &[NfSubscription]) {
         for d in 0..self.devices.len() {
             match self.add_to(spec, d, nfs, subc_bdd::Deadline::NONE) {
-                Ok(Some(u)) if u.diffs.is_empty() => {}
+                Ok(Some(u)) if u.is_empty() => {}
                 Ok(_) => {
                     self.stale.insert(d);
                 }
@@ -541,14 +541,16 @@ impl Devices {
         let (gone, new) = subc_fabric::rule_changes(device.rules.values(), rules.values());
         let mut diff = SetDiff::default();
         if !gone.is_empty() {
-            diff.diffs.extend(device.set.remove(&gone).expect("the device holds these ids").diffs);
+            diff = device.set.remove(&gone).expect("the device holds these ids");
             for id in &gone {
                 device.rules.remove(id);
             }
         }
         if !new.is_empty() {
             match device.set.add(&new) {
-                Ok(u) => diff.diffs.extend(u.diffs),
+                // The remove's and the add's diffs, composed in the IR: one
+                // diff per pipeline, their bit-vector parts merged.
+                Ok(u) => diff = diff.then(u).expect("an add's diff follows the remove's it was computed after"),
                 Err(e) => {
                     if !matches!(e, CompileError::NeedsRecompile { .. }) {
                         tracing::warn!(device = %self.fabric.topology.devices[d].name, error = %e, "compiling the device afresh");
@@ -580,7 +582,7 @@ impl Devices {
 
 /// Whether a device's update changed it (`None`: compiled afresh).
 pub(crate) fn moved(update: Option<&SetDiff>) -> bool {
-    update.is_none_or(|u| !u.diffs.is_empty())
+    update.is_none_or(|u| !u.is_empty())
 }
 
 /// The projection of `nfs` onto device `d`, by id.
