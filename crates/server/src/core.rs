@@ -26,7 +26,6 @@ use crate::store::Store;
 use crate::writer::{WriteOp, Writer};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
@@ -50,7 +49,7 @@ pub struct Core {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<proto::Event>,
     targets: Mutex<BTreeMap<String, Arc<TargetHandle>>>,
-    watchers: AtomicUsize,
+    watchers: crate::watch::Slots,
     /// Set when the server shuts down: ends the Watch streams, which would
     /// otherwise hold a graceful shutdown open forever.
     closing: watch::Sender<bool>,
@@ -208,7 +207,7 @@ impl Core {
             metrics,
             events: broadcast::channel(4096).0,
             targets: Mutex::new(BTreeMap::new()),
-            watchers: AtomicUsize::new(0),
+            watchers: crate::watch::Slots::default(),
             closing: watch::Sender::new(false),
             writer: tx,
             reader: Mutex::new(Store::open_reader(&config.store)?),
@@ -438,13 +437,19 @@ impl Core {
         self.events.subscribe()
     }
 
-    /// Claims a Watch slot; `None` when all are taken.
-    pub fn claim_watcher(self: &Arc<Self>) -> Option<WatcherSlot> {
-        if self.watchers.fetch_add(1, Ordering::SeqCst) >= self.config.limits.max_watchers {
-            self.watchers.fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        Some(WatcherSlot(self.clone()))
+    /// Claims a Watch slot for `who`, or says which limit is reached.
+    pub(crate) fn claim_watcher(self: &Arc<Self>, who: &Principal) -> Result<crate::watch::Slot, crate::watch::SlotRefusal> {
+        self.watchers.claim(&self.config.limits, who)?;
+        Ok(crate::watch::Slot::new(self.clone(), who.clone()))
+    }
+
+    pub(crate) fn watch_slots(&self) -> &crate::watch::Slots {
+        &self.watchers
+    }
+
+    /// Watch streams open now.
+    pub fn watchers(&self) -> usize {
+        self.watchers.taken()
     }
 
     /// Ends the Watch streams and stops the target tasks (the first steps of
@@ -458,15 +463,6 @@ impl Core {
 
     pub fn closing(&self) -> watch::Receiver<bool> {
         self.closing.subscribe()
-    }
-}
-
-/// A claimed Watch slot, given back when dropped.
-pub struct WatcherSlot(Arc<Core>);
-
-impl Drop for WatcherSlot {
-    fn drop(&mut self) {
-        self.0.watchers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -26,6 +26,7 @@ mod api;
 mod auth;
 mod check;
 mod config;
+mod conn;
 mod core;
 mod deploy;
 mod desired;
@@ -35,6 +36,7 @@ mod network;
 mod server;
 mod store;
 mod trim;
+mod watch;
 mod writer;
 
 /// The API's generated types and stubs (`proto/subc/v1/subc.proto`), from

@@ -7,12 +7,14 @@
 use crate::api::Api;
 use crate::auth::Authenticator;
 use crate::config::{Config, LogFormat};
+use crate::conn::Cutter;
 use crate::core::Core;
 use crate::metrics::Metrics;
 use crate::proto::{events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
 use crate::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
@@ -27,21 +29,34 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     pub core: Arc<Core>,
     shutdown: Option<oneshot::Sender<()>>,
+    cutter: Arc<Cutter>,
     join: JoinHandle<Result<(), Error>>,
 }
 
+/// How long a shutdown lets calls in flight finish before it cuts the
+/// connections still open (clients that stopped reading a stream), and
+/// how long it then waits for the transport to let go.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+const AFTER_CUT: Duration = Duration::from_secs(3);
+
 impl Running {
-    /// Stops accepting calls, lets running ones finish, and returns.
+    /// Stops accepting calls, lets running ones finish for
+    /// [`SHUTDOWN_GRACE`], cuts the connections still open, and returns.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         self.core.begin_shutdown();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        match tokio::time::timeout(std::time::Duration::from_secs(10), &mut self.join).await {
+        if let Ok(r) = tokio::time::timeout(SHUTDOWN_GRACE, &mut self.join).await {
+            return r.map_err(|e| Error::Internal(e.to_string()))?;
+        }
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the grace: cutting them");
+        self.cutter.cut();
+        match tokio::time::timeout(AFTER_CUT, &mut self.join).await {
             Ok(r) => r.map_err(|e| Error::Internal(e.to_string()))?,
             Err(_) => {
                 self.join.abort();
-                Err(Error::Internal("calls were still running 10 s after the shutdown began".into()))
+                Err(Error::Internal(format!("the transport still ran {:?} after the shutdown began", SHUTDOWN_GRACE + AFTER_CUT)))
             }
         }
     }
@@ -164,8 +179,16 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         .add_service(targets)
         .add_service(events);
     let (tx, rx) = oneshot::channel::<()>();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let cutter = Arc::new(Cutter::new());
+    let incoming = {
+        let cutter = cutter.clone();
+        tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), move |io| io.map(|io| cutter.wrap(io)))
+    };
+    let held = cutter.clone();
     let join = tokio::spawn(async move {
+        // The cutter lives while the server serves (connections are cut
+        // when it goes).
+        let _held = held;
         router
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.await;
@@ -177,7 +200,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .map_err(Error::from)
     });
     tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
-    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), join })
+    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), cutter, join })
 }
 
 /// How often the server pings an idle HTTP/2 connection, and how long it
@@ -290,10 +313,10 @@ impl<S: NamedService> NamedService for SizeRefused<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully
+/// ([`Running::shutdown`]).
 pub async fn serve(config: Config) -> Result<(), Error> {
     let mut running = start(config).await?;
-    let stop = running.take_shutdown();
     let signals = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
@@ -306,9 +329,5 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         _ = signals => {}
     }
     tracing::info!("shutting down");
-    running.core.begin_shutdown();
-    if let Some(s) = stop {
-        let _ = s.send(());
-    }
-    running.join.await.map_err(|e| Error::Internal(e.to_string()))?
+    running.shutdown().await
 }

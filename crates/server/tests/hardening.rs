@@ -225,6 +225,9 @@ fn nonsense_configuration_is_refused_by_key() {
         ("compile.split_nodes", |c| c.compile.split_nodes = 0),
         ("limits.max_compiler_bytes", |c| c.limits.max_compiler_bytes = 0),
         ("deploy.plan_max_ops", |c| c.deploy.plan_max_ops = 0),
+        ("limits.admin_watchers", |c| c.limits.admin_watchers = c.limits.max_watchers + 1),
+        ("limits.max_watchers_per_app", |c| c.limits.max_watchers_per_app = 0),
+        ("limits.watch_buffer_events", |c| c.limits.watch_buffer_events = 0),
     ] {
         let mut c = config(dir.path());
         set(&mut c);

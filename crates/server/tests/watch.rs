@@ -1,0 +1,226 @@
+//! Watchers that stop reading, and who may hold Watch slots: each test is
+//! a reproduction (issue 27). A SIGTERM once never finished while a client
+//! had stopped reading a Watch stream; one application could take all 256
+//! slots, the administrator's too, and a stuck watcher kept its slot.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+use subc_server::proto::{self, events_client::EventsClient};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+type Events = EventsClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer <token>`.
+#[derive(Clone)]
+struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut().insert("authorization", self.0.clone());
+        Ok(req)
+    }
+}
+
+/// A client on its own connection whose streams take `stream_window`
+/// bytes before the client reads them (HTTP/2 flow control): a client that
+/// stops reading stops the server's sending after that much.
+fn events_client(addr: &str, token: &str, stream_window: u32) -> Events {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .initial_stream_window_size(Some(stream_window))
+        .initial_connection_window_size(Some(8 << 20))
+        .connect_lazy();
+    EventsClient::with_interceptor(channel, Bearer(format!("Bearer {token}").parse().unwrap()))
+}
+
+/// Opens a Watch of live events, never to be read.
+async fn stuck_watch(c: &mut Events) -> Result<tonic::Streaming<proto::Event>, tonic::Status> {
+    c.watch(proto::WatchRequest::default()).await.map(|r| r.into_inner())
+}
+
+/// `n` Adds of one subscription each: `n` events.
+async fn add_events(c: &mut subc_server::Clients, n: usize) {
+    for i in 0..n {
+        c.subs.add(add_req(&[&format!("stock == S{i} : fwd(1)")])).await.unwrap();
+    }
+}
+
+/// The config of [`sigterm_ends_the_server_though_a_watcher_stopped_reading`]'s
+/// server process.
+const SERVE_ENV: &str = "SUBC_TEST_SERVE_CONFIG";
+
+/// A real server process (this test binary, running `subc_server::serve` as
+/// `subc serve` does) with a Watch client that stopped reading, its window
+/// full and events waiting, exits within 10 s of SIGTERM. It once ran on
+/// after 30 s: the graceful shutdown waited for a stream that could never
+/// send its last bytes.
+#[test]
+fn sigterm_ends_the_server_though_a_watcher_stopped_reading() {
+    if let Ok(path) = std::env::var(SERVE_ENV) {
+        return serve_from(std::path::Path::new(&path));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config_path = dir.path().join("subc.toml");
+    let addr = format!("127.0.0.1:{port}");
+    std::fs::write(&config_path, config_text(dir.path(), &addr)).unwrap();
+    let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "sigterm_ends_the_server_though_a_watcher_stopped_reading", "--nocapture", "--test-threads=1"])
+        .env(SERVE_ENV, &config_path)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut server = Killed(child);
+    let pid = server.0.id() as i32;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let took = rt.block_on(async {
+        wait_listening(&addr, &mut server, dir.path()).await;
+        let mut stuck = events_client(&addr, ADMIN, 1024);
+        let _stream = stuck_watch(&mut stuck).await.unwrap();
+        let options = subc_server::ClientOptions { server: format!("http://{addr}"), token: Some(ALICE.into()), ..Default::default() };
+        let mut alice = subc_server::connect(&options).unwrap();
+        add_events(&mut alice, 60).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let t = Instant::now();
+        while server.0.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        t.elapsed()
+    });
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+    let status = server.0.try_wait().unwrap();
+    eprintln!("SIGTERM to exit with a stuck watcher: {took:?} ({status:?})");
+    assert!(status.is_some_and(|s| s.success()), "the server still ran {took:?} after SIGTERM ({status:?}):\n{log}");
+    assert!(took < Duration::from_secs(10), "the server exited {took:?} after SIGTERM:\n{log}");
+}
+
+/// The server side of the SIGTERM test: serves until a signal.
+fn serve_from(path: &std::path::Path) {
+    let config = subc_server::Config::load(path).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(subc_server::serve(config)).unwrap();
+}
+
+/// A configuration as `common::config(dir)`'s, listening on `listen`.
+fn config_text(dir: &std::path::Path, listen: &str) -> String {
+    format!(
+        "spec = {:?}\nlisten = {listen:?}\nstore = {:?}\n[auth]\nadmin_token = \"{ADMIN}\"\n[[auth.apps]]\nname = \"alice\"\ntoken = \"{ALICE}\"\n",
+        repo().join("examples/itch/itch.spec").display().to_string(),
+        dir.join("subc.db").display().to_string()
+    )
+}
+
+async fn wait_listening(addr: &str, server: &mut Killed, dir: &std::path::Path) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        let log = || std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        assert!(server.0.try_wait().unwrap().is_none(), "the server exited:\n{}", log());
+        assert!(Instant::now() < until, "the server did not listen:\n{}", log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Watches `c` opens until one is refused (at most `max` + 1 tries): the
+/// streams and the refusal.
+async fn watch_until_refused(c: &mut Events, max: usize) -> (Vec<tonic::Streaming<proto::Event>>, Option<tonic::Status>) {
+    let mut open = vec![];
+    for _ in 0..=max {
+        match stuck_watch(c).await {
+            Ok(s) => open.push(s),
+            Err(e) => return (open, Some(e)),
+        }
+    }
+    (open, None)
+}
+
+const CAROL: &str = "carol-token-0001";
+const DAVE: &str = "dave-token-00001";
+
+/// With the default limits (256 slots, 64 per application, 16 the
+/// administrator's), an application gets 64, applications together 240,
+/// and the administrator its 16 whatever the applications hold. Once,
+/// alice alone took all 256 and the administrator was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_slots_are_per_application_with_a_share_for_the_administrator() {
+    bounded(120, async {
+        let env = Env::with(|cfg| {
+            for (name, token) in [("carol", CAROL), ("dave", DAVE)] {
+                let mut app = cfg.auth.apps[0].clone();
+                (app.name, app.token) = (name.into(), Some(token.into()));
+                cfg.auth.apps.push(app);
+            }
+        })
+        .await;
+        let addr = env.r.addr.to_string();
+        let mut held = vec![];
+        for (who, token, expect) in [("alice", ALICE, 64), ("bob", BOB, 64), ("carol", CAROL, 64), ("dave", DAVE, 48)] {
+            let mut c = events_client(&addr, token, 1 << 20);
+            let (open, refused) = watch_until_refused(&mut c, 64).await;
+            assert_eq!(open.len(), expect, "{who} got {} slots", open.len());
+            let e = refused.unwrap_or_else(|| panic!("{who}: no refusal"));
+            assert_eq!(e.code(), Code::ResourceExhausted, "{who}: {e:?}");
+            let key = if expect == 64 { "limits.max_watchers_per_app" } else { "limits.admin_watchers" };
+            assert!(e.message().contains(key), "{who}: {}", e.message());
+            held.push(open);
+        }
+        let mut admin = events_client(&addr, ADMIN, 1 << 20);
+        let (open, refused) = watch_until_refused(&mut admin, 16).await;
+        assert_eq!(open.len(), 16);
+        assert!(refused.is_some_and(|e| e.message().contains("limits.max_watchers")));
+        drop((held, open));
+        env.stop().await;
+    })
+    .await;
+}
+
+/// A watcher that stops reading is dropped once `limits.watch_buffer_events`
+/// events wait for it (by default 256): its slot is free again at once, and
+/// when the client reads again it gets what was buffered and ABORTED saying
+/// where to resume. Once, it kept its slot for as long as the client kept
+/// the connection (and the server's shutdown waited for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_stops_reading_is_dropped_and_its_slot_freed() {
+    bounded(120, async {
+        let mut env = Env::new().await;
+        let addr = env.r.addr.to_string();
+        let mut alice = events_client(&addr, ALICE, 1024);
+        let (mut open, refused) = watch_until_refused(&mut alice, 64).await;
+        assert_eq!(open.len(), 64, "{refused:?}");
+        assert!(refused.is_some_and(|e| e.message().contains("limits.max_watchers_per_app")));
+        // 64 slots taken by streams nobody reads; events pile up.
+        add_events(&mut env.alice, 400).await;
+        let t = Instant::now();
+        let freed = loop {
+            match stuck_watch(&mut alice).await {
+                Ok(s) => break s,
+                Err(e) if t.elapsed() < Duration::from_secs(10) => assert_eq!(e.code(), Code::ResourceExhausted),
+                Err(e) => panic!("alice's stuck slots were not freed: {e:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        drop(freed);
+        // Reading again: what was buffered, then ABORTED.
+        let mut events = 0;
+        let end = loop {
+            match open[0].message().await {
+                Ok(Some(_)) => events += 1,
+                Ok(None) => panic!("the stream ended without a status after {events} events"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(end.code(), Code::Aborted, "{end:?}");
+        assert!(end.message().contains("limits.watch_buffer_events") && end.message().contains("after_seq"), "{}", end.message());
+        assert!((256..400).contains(&events), "{events} events before the end");
+        open.clear();
+        env.stop().await;
+    })
+    .await;
+}
