@@ -5,15 +5,43 @@
 //! (its HTTP/2 window full) holds it open forever. So every accepted
 //! connection is wrapped in [`Cuttable`]: once the server's [`Cutter`]
 //! fires, its reads and writes fail, hyper drops the connection and its
-//! streams, and the shutdown completes.
+//! streams, and the shutdown completes. [`Calls`] counts the handlers
+//! running, so that a shutdown cuts as soon as only streams are left.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// The handlers running now (a stream's handler returns once the stream
+/// is set up).
+#[derive(Default)]
+pub(crate) struct Calls(watch::Sender<usize>);
+
+impl Calls {
+    /// Counts a call until the guard drops.
+    pub(crate) fn enter(self: &Arc<Self>) -> CallGuard {
+        self.0.send_modify(|n| *n += 1);
+        CallGuard(self.clone())
+    }
+
+    /// Returns once no handler runs.
+    pub(crate) async fn idle(&self) {
+        let _ = self.0.subscribe().wait_for(|n| *n == 0).await;
+    }
+}
+
+pub(crate) struct CallGuard(Arc<Calls>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.0 .0.send_modify(|n| *n -= 1);
+    }
+}
 
 /// Fires the cut of every connection accepted so far and later.
 pub(crate) struct Cutter(watch::Sender<bool>);

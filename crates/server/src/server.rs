@@ -7,7 +7,7 @@
 use crate::api::Api;
 use crate::auth::Authenticator;
 use crate::config::{Config, LogFormat};
-use crate::conn::Cutter;
+use crate::conn::{Calls, Cutter};
 use crate::core::Core;
 use crate::metrics::Metrics;
 use crate::proto::{events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
@@ -30,27 +30,36 @@ pub struct Running {
     pub core: Arc<Core>,
     shutdown: Option<oneshot::Sender<()>>,
     cutter: Arc<Cutter>,
+    calls: Arc<Calls>,
     join: JoinHandle<Result<(), Error>>,
 }
 
 /// How long a shutdown lets calls in flight finish before it cuts the
-/// connections still open (clients that stopped reading a stream), and
-/// how long it then waits for the transport to let go.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-const AFTER_CUT: Duration = Duration::from_secs(3);
+/// connections still open (clients that stopped reading a stream); once
+/// no handler runs, replies get [`SETTLE`] to go out before the cut; and
+/// how long the shutdown then waits for the transport to let go.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+const SETTLE: Duration = Duration::from_millis(500);
+const AFTER_CUT: Duration = Duration::from_millis(1500);
 
 impl Running {
-    /// Stops accepting calls, lets running ones finish for
-    /// [`SHUTDOWN_GRACE`], cuts the connections still open, and returns.
+    /// Stops accepting calls, lets running ones finish (for at most
+    /// [`SHUTDOWN_GRACE`]), cuts the connections still open, and returns.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         self.core.begin_shutdown();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        if let Ok(r) = tokio::time::timeout(SHUTDOWN_GRACE, &mut self.join).await {
-            return r.map_err(|e| Error::Internal(e.to_string()))?;
+        let calls = self.calls.clone();
+        let settled = async move {
+            calls.idle().await;
+            tokio::time::sleep(SETTLE).await;
+        };
+        tokio::select! {
+            r = &mut self.join => return r.map_err(|e| Error::Internal(e.to_string()))?,
+            _ = tokio::time::timeout(SHUTDOWN_GRACE, settled) => {}
         }
-        tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the grace: cutting them");
+        tracing::info!("cutting the connections still open (clients that stopped reading)");
         self.cutter.cut();
         match tokio::time::timeout(AFTER_CUT, &mut self.join).await {
             Ok(r) => r.map_err(|e| Error::Internal(e.to_string()))?,
@@ -135,7 +144,8 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     // them before decoding, and `SizeRefusal` gives that refusal the status
     // every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
-    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone() };
+    let calls = Arc::new(Calls::default());
+    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone(), calls: calls.clone() };
     let a1 = auth.clone();
     let subs = refusal(max_bytes, "limits.max_request_bytes")
         .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(hard_cap), move |r| a1.intercept(r)));
@@ -200,7 +210,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .map_err(Error::from)
     });
     tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
-    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), cutter, join })
+    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), cutter, calls, join })
 }
 
 /// How often the server pings an idle HTTP/2 connection, and how long it
@@ -230,6 +240,7 @@ struct SizeRefusal {
     /// Its name in the configuration.
     name: &'static str,
     metrics: Arc<Metrics>,
+    calls: Arc<Calls>,
 }
 
 impl SizeRefusal {
@@ -290,7 +301,9 @@ where
         let started = std::time::Instant::now();
         let response = self.inner.call(request);
         let refusal = self.refusal.clone();
+        let call = refusal.calls.enter();
         Box::pin(async move {
+            let _call = call;
             let mut response = response.await?;
             if let Some(status) = refusal.status_for(response.headers()) {
                 // Replaces grpc-status and grpc-message; the body of a

@@ -69,13 +69,7 @@ fn sigterm_ends_the_server_though_a_watcher_stopped_reading() {
     let addr = format!("127.0.0.1:{port}");
     std::fs::write(&config_path, config_text(dir.path(), &addr)).unwrap();
     let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-    let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigterm_ends_the_server_though_a_watcher_stopped_reading", "--nocapture", "--test-threads=1"])
-        .env(SERVE_ENV, &config_path)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+    let child = server_command(&config_path).stdout(log.try_clone().unwrap()).stderr(log).spawn().unwrap();
     let mut server = Killed(child);
     let pid = server.0.id() as i32;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -100,6 +94,25 @@ fn sigterm_ends_the_server_though_a_watcher_stopped_reading() {
     eprintln!("SIGTERM to exit with a stuck watcher: {took:?} ({status:?})");
     assert!(status.is_some_and(|s| s.success()), "the server still ran {took:?} after SIGTERM ({status:?}):\n{log}");
     assert!(took < Duration::from_secs(10), "the server exited {took:?} after SIGTERM:\n{log}");
+}
+
+/// The server process: `$SUBC_BIN serve` when set (a `subc` binary built
+/// by `cargo build -p subc-cli`), else this test binary serving as
+/// `subc serve` does (always built from this tree).
+fn server_command(config: &std::path::Path) -> std::process::Command {
+    match std::env::var_os("SUBC_BIN") {
+        Some(bin) => {
+            let mut c = std::process::Command::new(bin);
+            c.args(["serve", "--config"]).arg(config);
+            c
+        }
+        None => {
+            let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+            c.args(["--exact", "sigterm_ends_the_server_though_a_watcher_stopped_reading", "--nocapture", "--test-threads=1"]);
+            c.env(SERVE_ENV, config);
+            c
+        }
+    }
 }
 
 /// The server side of the SIGTERM test: serves until a signal.
@@ -221,6 +234,41 @@ async fn a_watcher_that_stops_reading_is_dropped_and_its_slot_freed() {
         assert!((256..400).contains(&events), "{events} events before the end");
         open.clear();
         env.stop().await;
+    })
+    .await;
+}
+
+/// `terms` conjuncts `(price != i || shares != i)`: 2^terms cubes, a slow
+/// compile from a short line.
+fn blowup_rule(terms: usize) -> String {
+    let c: Vec<String> = (0..terms).map(|i| format!("(price != {i} || shares != {i})")).collect();
+    format!("{} : fwd(1)", c.join(" && "))
+}
+
+/// A call in flight when the shutdown begins gets its reply before the
+/// shutdown cuts the connection of a client that stopped reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_gets_its_reply_before_the_cut() {
+    bounded(120, async {
+        let Env { r, mut alice, mut bob, dir, .. } = Env::new().await;
+        let mut stuck = events_client(&r.addr.to_string(), ADMIN, 1024);
+        let _stream = stuck_watch(&mut stuck).await.unwrap();
+        add_events(&mut alice, 60).await;
+        let slow = tokio::spawn(async move {
+            let t = Instant::now();
+            let reply = bob.subs.add(add_req(&[&blowup_rule(8)])).await;
+            (reply, t.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t = Instant::now();
+        r.shutdown().await.unwrap();
+        let stopped = t.elapsed();
+        let (reply, took) = slow.await.unwrap();
+        eprintln!("the slow Add took {took:?}, the shutdown {stopped:?}");
+        reply.expect("the call in flight got its reply");
+        // The shutdown waited for the call, not for the stuck watcher.
+        assert!(stopped + Duration::from_millis(50) >= took && stopped < took + Duration::from_secs(2), "{stopped:?}, the call {took:?}");
+        drop(dir);
     })
     .await;
 }
