@@ -136,8 +136,9 @@ Examples:
       --port 1=1 --port 2=2 --port 3=3
   # An interface of this machine, forwarding port 1 to a veth.
   subc target add edge --ebpf eth0 --port 1=veth1
-  # A simulated target whose tables are kept in a file.
-  subc target add trial --sim /tmp/trial.json")]
+  # A simulated target whose tables are kept in a file of its own
+  # (<the store's directory>/sim/trial/trial.json).
+  subc target add trial --sim trial.json")]
     Add(Box<TargetAddArgs>),
     /// List targets and their status (admin).
     Ls {
@@ -190,7 +191,8 @@ pub struct TargetAddArgs {
     /// tables and multicast groups holding the subscriptions.
     #[arg(long, value_name = "ADDR", group = "kind")]
     p4runtime: Option<String>,
-    /// A simulated target, its tables kept in this file (or in memory: `--sim ''`).
+    /// A simulated target, its tables kept in this file (or in memory: `--sim ''`):
+    /// a file name, in the target's own directory under the store's.
     #[arg(long, value_name = "FILE", group = "kind")]
     sim: Option<String>,
     /// eBPF: the hook.

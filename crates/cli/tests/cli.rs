@@ -567,8 +567,9 @@ fn the_service_client_commands_against_a_live_server() {
     }
 
     // Targets are the admin's; an application may not register one.
-    let tables = dir.path().join("tb.json");
-    let sim = ["target", "add", "tb", "--sim", tables.to_str().unwrap()];
+    // The sim target's file, in its own directory under the store's.
+    let tables = dir.path().join("sim/tb/tb.json");
+    let sim = ["target", "add", "tb", "--sim", "tb.json"];
     let refused = c.run(app.1, &sim);
     assert_eq!(refused.status.code(), Some(2));
     assert!(stderr_of(&refused).contains("PermissionDenied"), "{}", stderr_of(&refused));
@@ -634,7 +635,7 @@ fn the_service_client_commands_against_a_live_server() {
 
     let ls = c.ok(ADMIN, &["target", "ls"]);
     let mut ls_lines = ls.lines();
-    assert_eq!(ls_lines.next(), Some(format!("tb [sim {}]", tables.display()).as_str()), "{ls}");
+    assert_eq!(ls_lines.next(), Some("tb [sim tb.json]"), "{ls}");
     assert!(ls_lines.next().is_some_and(|l| l.starts_with(&format!("tb: in sync, generation {g2} of {g2}, "))), "{ls}");
     let ls_json: Value = serde_json::from_str(&c.ok(ADMIN, &["target", "ls", "--json"])).unwrap();
     assert_eq!(ls_json["targets"].as_array().map(Vec::len), Some(1), "{ls_json}");

@@ -12,10 +12,8 @@ use crate::metrics::Metrics;
 use crate::proto::{self, events_server::Events, subscriptions_server::Subscriptions, targets_server::Targets};
 use crate::writer::WriteOp;
 use prost::Message;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 /// Largest percent-encoded status message (`grpc-message`).
@@ -372,82 +370,14 @@ impl Targets for Api {
     }
 }
 
-/// Whether `who` may see an event.
-fn visible(who: &Principal, e: &proto::Event) -> bool {
-    let own =
-        matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
-    who.admin || !own || *who.app == *e.app
-}
-
-type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl Events for Api {
-    type WatchStream = EventStream;
+    type WatchStream = crate::watch::EventStream;
 
-    async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<EventStream>, Status> {
+    async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<crate::watch::EventStream>, Status> {
         let who = principal(&request)?;
         let req = request.into_inner();
-        let core = self.core.clone();
-        let Some(slot) = core.claim_watcher() else {
-            let max = core.config().limits.max_watchers;
-            return Err(self.limit("watchers", format!("{max} watchers are connected, the limit")));
-        };
-        // Subscribe before replaying, so nothing falls between the two.
-        let mut live = core.subscribe_events();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<proto::Event, Status>>(256);
-        tokio::spawn(async move {
-            let _slot = slot;
-            let mut last = req.after_seq;
-            if req.replay {
-                loop {
-                    let page = match core.read_events(last, 1000) {
-                        Ok(p) => p,
-                        Err(s) => {
-                            let _ = tx.send(Err(s)).await;
-                            return;
-                        }
-                    };
-                    if page.is_empty() {
-                        break;
-                    }
-                    for e in page {
-                        last = e.seq;
-                        if visible(&who, &e) && tx.send(Ok(e)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-            let mut closing = core.closing();
-            loop {
-                let next = tokio::select! {
-                    e = live.recv() => e,
-                    _ = tx.closed() => return,
-                    _ = closing.wait_for(|c| *c) => return,
-                };
-                match next {
-                    Ok(e) => {
-                        if e.seq <= last && req.replay {
-                            continue;
-                        }
-                        last = e.seq;
-                        if visible(&who, &e) && tx.send(Ok(e)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx
-                            .send(Err(Status::aborted(format!(
-                                "this watcher fell {n} events behind; watch again with replay and after_seq = {last}"
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        let slot = self.core.claim_watcher(&who).map_err(|e| self.limit(e.label(), e.to_string()))?;
+        Ok(Response::new(crate::watch::start(self.core.clone(), who, req, slot)))
     }
 }

@@ -213,8 +213,13 @@ pub struct Limits {
     /// diagrams, rules and tables); a change that would take it past this is
     /// refused.
     pub max_compiler_bytes: usize,
-    /// Most concurrent Watch streams.
+    /// Most concurrent Watch streams; of them, `admin_watchers` are the
+    /// administrator's, and an application holds `max_watchers_per_app`.
     pub max_watchers: usize,
+    pub admin_watchers: usize,
+    pub max_watchers_per_app: usize,
+    /// Events a watcher may leave unread; one more drops it (`watch.rs`).
+    pub watch_buffer_events: usize,
     /// Most registered targets.
     pub max_targets: usize,
 }
@@ -235,6 +240,9 @@ impl Default for Limits {
             max_concurrent_checks_per_app: 1,
             max_compiler_bytes: 8 << 30,
             max_watchers: 256,
+            admin_watchers: 16,
+            max_watchers_per_app: 64,
+            watch_buffer_events: 256,
             max_targets: 1024,
         }
     }
@@ -434,6 +442,14 @@ impl Config {
         at_least("limits.max_subscriptions", l.max_subscriptions, 1)?;
         at_least("limits.max_subscriptions_per_app", l.max_subscriptions_per_app, 1)?;
         at_least("limits.max_targets", l.max_targets as u64, 1)?;
+        if l.admin_watchers > l.max_watchers {
+            return Err(Error::Config(format!(
+                "limits.admin_watchers = {}: it must be at most limits.max_watchers = {}",
+                l.admin_watchers, l.max_watchers
+            )));
+        }
+        at_least("limits.max_watchers_per_app", l.max_watchers_per_app as u64, 1)?;
+        at_least("limits.watch_buffer_events", l.watch_buffer_events as u64, 1)?;
         at_least("compile.node_budget", c.node_budget as u64, 1)?;
         at_least("compile.split_nodes", c.split_nodes as u64, 1)?;
         at_least("compile.max_pipelines", c.max_pipelines as u64, 1)?;

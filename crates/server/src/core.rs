@@ -26,7 +26,6 @@ use crate::store::Store;
 use crate::writer::{WriteOp, Writer};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
@@ -50,7 +49,7 @@ pub struct Core {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<proto::Event>,
     targets: Mutex<BTreeMap<String, Arc<TargetHandle>>>,
-    watchers: AtomicUsize,
+    watchers: crate::watch::Slots,
     /// Set when the server shuts down: ends the Watch streams, which would
     /// otherwise hold a graceful shutdown open forever.
     closing: watch::Sender<bool>,
@@ -215,7 +214,7 @@ impl Core {
             metrics,
             events: broadcast::channel(4096).0,
             targets: Mutex::new(BTreeMap::new()),
-            watchers: AtomicUsize::new(0),
+            watchers: crate::watch::Slots::default(),
             closing: watch::Sender::new(false),
             writer: tx,
             yield_flag: Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))),
@@ -312,7 +311,7 @@ impl Core {
     pub(crate) async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> WriteOp) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         self.writer.send(make(tx)).await.map_err(|_| Status::unavailable("the server is shutting down"))?;
-        self.yield_flag.store(true, Ordering::SeqCst);
+        self.yield_flag.store(true, std::sync::atomic::Ordering::SeqCst);
         rx.await.map_err(|_| Status::internal("the writer dropped the request"))?
     }
 
@@ -454,13 +453,19 @@ impl Core {
         self.events.subscribe()
     }
 
-    /// Claims a Watch slot; `None` when all are taken.
-    pub fn claim_watcher(self: &Arc<Self>) -> Option<WatcherSlot> {
-        if self.watchers.fetch_add(1, Ordering::SeqCst) >= self.config.limits.max_watchers {
-            self.watchers.fetch_sub(1, Ordering::SeqCst);
-            return None;
-        }
-        Some(WatcherSlot(self.clone()))
+    /// Claims a Watch slot for `who`, or says which limit is reached.
+    pub(crate) fn claim_watcher(self: &Arc<Self>, who: &Principal) -> Result<crate::watch::Slot, crate::watch::SlotRefusal> {
+        self.watchers.claim(&self.config.limits, who)?;
+        Ok(crate::watch::Slot::new(self.clone(), who.clone()))
+    }
+
+    pub(crate) fn watch_slots(&self) -> &crate::watch::Slots {
+        &self.watchers
+    }
+
+    /// Watch streams open now.
+    pub fn watchers(&self) -> usize {
+        self.watchers.taken()
     }
 
     /// Ends the Watch streams and stops the target tasks (the first steps of
@@ -474,15 +479,6 @@ impl Core {
 
     pub fn closing(&self) -> watch::Receiver<bool> {
         self.closing.subscribe()
-    }
-}
-
-/// A claimed Watch slot, given back when dropped.
-pub struct WatcherSlot(Arc<Core>);
-
-impl Drop for WatcherSlot {
-    fn drop(&mut self) {
-        self.0.watchers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

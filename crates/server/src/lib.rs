@@ -27,6 +27,7 @@ mod api;
 mod auth;
 mod check;
 mod config;
+mod conn;
 mod core;
 mod deploy;
 mod desired;
@@ -37,6 +38,7 @@ mod server;
 mod store;
 mod transport;
 mod trim;
+mod watch;
 mod writer;
 
 /// The API's generated types and stubs (`proto/subc/v1/subc.proto`), from

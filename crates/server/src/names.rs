@@ -7,7 +7,9 @@
 //! `..` once made an uninstall delete the store's directory. So a name is
 //! an identifier, checked wherever one is accepted, and [`child_path`] is
 //! the only way from a name to a path: it checks the name again and that
-//! the result is a direct child of its root.
+//! the result is a direct child of its root. A sim target's file is named
+//! too (its `path` once deleted the store): [`file_path`] is the way from
+//! a file name to a path in the target's own directory.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -24,6 +26,8 @@ pub enum NameError {
     TooLong { what: &'static str, shown: String, len: usize },
     #[error("{what} {shown}: a name is letters, digits, `_` and `-`, and starts with a letter, a digit or `_`")]
     NotAnIdentifier { what: &'static str, shown: String },
+    #[error("{what} {shown}: a file name is letters, digits, `_`, `-` and `.`, and starts with a letter, a digit or `_` (no directories: the file is kept in the target's own directory under the store's)")]
+    NotAFileName { what: &'static str, shown: String },
 }
 
 /// The name as an error message shows it: quoted and escaped, at most 40
@@ -64,6 +68,34 @@ pub(crate) fn child_path(root: &Path, what: &'static str, name: &str) -> Result<
     }
 }
 
+/// Checks that `file` (of a `what`) is a plain file name: 1 to
+/// [`MAX_NAME_BYTES`] of `[A-Za-z0-9_.-]`, not starting with `.` or `-`
+/// (so not `.`, `..`, a hidden file, a path or an option).
+pub(crate) fn check_file_name(what: &'static str, file: &str) -> Result<(), NameError> {
+    if file.is_empty() {
+        return Err(NameError::Empty { what });
+    }
+    if file.len() > MAX_NAME_BYTES {
+        return Err(NameError::TooLong { what, shown: shown(file), len: file.len() });
+    }
+    let ok = file.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.') && !file.starts_with(['.', '-']);
+    if !ok {
+        return Err(NameError::NotAFileName { what, shown: shown(file) });
+    }
+    Ok(())
+}
+
+/// `dir/file`, for a `file` that passes [`check_file_name`]; the path is
+/// checked to be exactly one normal component below `dir`.
+pub(crate) fn file_path(dir: &Path, what: &'static str, file: &str) -> Result<PathBuf, NameError> {
+    check_file_name(what, file)?;
+    let mut components = Path::new(file).components();
+    match (components.next(), components.next()) {
+        (Some(Component::Normal(c)), None) if c == file => Ok(dir.join(file)),
+        _ => Err(NameError::NotAFileName { what, shown: shown(file) }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +109,16 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "/", "a\0b", "-rf", "é", "a.b", " a", &"a".repeat(65), "..\\x"] {
             assert!(check_name("target name", bad).is_err(), "{bad:?}");
             assert!(child_path(Path::new("/r"), "target name", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn file_names_pass_and_path_tricks_do_not() {
+        for ok in ["t.json", "tables", "a-b_c.1.json", "_x"] {
+            assert_eq!(file_path(Path::new("/r"), "file", ok).unwrap(), Path::new("/r").join(ok));
+        }
+        for bad in ["", ".", "..", ".hidden", "a/b", "/etc/passwd", "../subc.db", "a\0b", "-rf", "é", " a", &"a".repeat(65), "..\\x"] {
+            assert!(file_path(Path::new("/r"), "file", bad).is_err(), "{bad:?}");
         }
     }
 

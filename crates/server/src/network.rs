@@ -111,13 +111,13 @@ impl Fabric {
         Ok(out)
     }
 
-    /// A `sim` device: `path` (optional, relative to the topology file)
-    /// keeps its tables in a file.
+    /// A `sim` device: `path` (optional, a file name) keeps its tables in
+    /// that file, in the device's own directory under the store's.
     fn sim_options(&self, options: &toml::Table) -> Result<proto::SimTarget, String> {
         let mut path = String::new();
         for (k, v) in options {
             match (k.as_str(), v) {
-                ("path", toml::Value::String(p)) => path = self.dir.join(p).display().to_string(),
+                ("path", toml::Value::String(p)) => path = p.clone(),
                 _ => return Err(format!("unknown or mistyped option `{k}` (a sim device takes `path`)")),
             }
         }

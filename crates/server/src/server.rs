@@ -7,12 +7,14 @@
 use crate::api::Api;
 use crate::auth::Authenticator;
 use crate::config::{Config, LogFormat};
+use crate::conn::{Calls, Cutter};
 use crate::core::Core;
 use crate::metrics::Metrics;
 use crate::proto::{events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
 use crate::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
@@ -27,21 +29,43 @@ pub struct Running {
     pub metrics_addr: Option<SocketAddr>,
     pub core: Arc<Core>,
     shutdown: Option<oneshot::Sender<()>>,
+    cutter: Arc<Cutter>,
+    calls: Arc<Calls>,
     join: JoinHandle<Result<(), Error>>,
 }
 
+/// How long a shutdown lets calls in flight finish before it cuts the
+/// connections still open (clients that stopped reading a stream); once
+/// no handler runs, replies get [`SETTLE`] to go out before the cut; and
+/// how long the shutdown then waits for the transport to let go.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+const SETTLE: Duration = Duration::from_millis(500);
+const AFTER_CUT: Duration = Duration::from_millis(1500);
+
 impl Running {
-    /// Stops accepting calls, lets running ones finish, and returns.
+    /// Stops accepting calls, lets running ones finish (for at most
+    /// [`SHUTDOWN_GRACE`]), cuts the connections still open, and returns.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         self.core.begin_shutdown();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        match tokio::time::timeout(std::time::Duration::from_secs(10), &mut self.join).await {
+        let calls = self.calls.clone();
+        let settled = async move {
+            calls.idle().await;
+            tokio::time::sleep(SETTLE).await;
+        };
+        tokio::select! {
+            r = &mut self.join => return r.map_err(|e| Error::Internal(e.to_string()))?,
+            _ = tokio::time::timeout(SHUTDOWN_GRACE, settled) => {}
+        }
+        tracing::info!("cutting the connections still open (clients that stopped reading)");
+        self.cutter.cut();
+        match tokio::time::timeout(AFTER_CUT, &mut self.join).await {
             Ok(r) => r.map_err(|e| Error::Internal(e.to_string()))?,
             Err(_) => {
                 self.join.abort();
-                Err(Error::Internal("calls were still running 10 s after the shutdown began".into()))
+                Err(Error::Internal(format!("the transport still ran {:?} after the shutdown began", SHUTDOWN_GRACE + AFTER_CUT)))
             }
         }
     }
@@ -121,7 +145,8 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     // megabytes, up to 4x the limit. `SizeRefusal` gives those refusals the
     // status every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
-    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone() };
+    let calls = Arc::new(Calls::default());
+    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone(), calls: calls.clone() };
     let a1 = auth.clone();
     let subs = refusal(max_bytes, "limits.max_request_bytes")
         .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(max_bytes), move |r| {
@@ -164,9 +189,19 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         .add_service(targets)
         .add_service(events);
     let (tx, rx) = oneshot::channel::<()>();
-    // Limits, the handshake deadline and TCP options (transport.rs).
-    let incoming = crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").into_stream();
+    // Limits, the handshake deadline and TCP options (transport.rs); a
+    // shutdown can cut every connection (conn.rs).
+    let cutter = Arc::new(Cutter::new());
+    let incoming = {
+        let cutter = cutter.clone();
+        let gated = crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").into_stream();
+        tokio_stream::StreamExt::map(gated, move |io| io.map(|io| cutter.wrap(io)))
+    };
+    let held = cutter.clone();
     let join = tokio::spawn(async move {
+        // The cutter lives while the server serves (connections are cut
+        // when it goes).
+        let _held = held;
         router
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.await;
@@ -178,7 +213,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .map_err(Error::from)
     });
     tracing::info!(%addr, metrics = ?metrics_addr, generation = core.generation(), "serving");
-    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), join })
+    Ok(Running { addr, metrics_addr, core, shutdown: Some(tx), cutter, calls, join })
 }
 
 /// How often the server pings an idle HTTP/2 connection, and how long it
@@ -208,6 +243,7 @@ struct SizeRefusal {
     /// Its name in the configuration.
     name: &'static str,
     metrics: Arc<Metrics>,
+    calls: Arc<Calls>,
 }
 
 impl SizeRefusal {
@@ -284,7 +320,9 @@ where
         let started = std::time::Instant::now();
         let response = self.inner.call(request);
         let refusal = self.refusal.clone();
+        let call = refusal.calls.enter();
         Box::pin(async move {
+            let _call = call;
             let mut response = response.await?;
             if let Some(status) = refusal.status_for(response.headers()) {
                 // Replaces grpc-status and grpc-message; the body of a
@@ -307,11 +345,11 @@ impl<S: NamedService> NamedService for SizeRefused<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully.
+/// Runs the server until SIGINT or SIGTERM, then shuts down gracefully
+/// ([`Running::shutdown`]).
 pub async fn serve(config: Config) -> Result<(), Error> {
     crate::transport::raise_descriptor_limit();
     let mut running = start(config).await?;
-    let stop = running.take_shutdown();
     let signals = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
@@ -324,9 +362,5 @@ pub async fn serve(config: Config) -> Result<(), Error> {
         _ = signals => {}
     }
     tracing::info!("shutting down");
-    running.core.begin_shutdown();
-    if let Some(s) = stop {
-        let _ = s.send(());
-    }
-    running.join.await.map_err(|e| Error::Internal(e.to_string()))?
+    running.shutdown().await
 }

@@ -241,7 +241,7 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
             cfg.limits.max_lines_per_request = 20;
             cfg.limits.max_line_bytes = 200;
             cfg.limits.max_cubes = 8;
-            cfg.limits.max_watchers = 1;
+            (cfg.limits.max_watchers, cfg.limits.admin_watchers) = (1, 0);
         })
         .await;
         let Env { admin, alice, bob, r, .. } = &mut env;

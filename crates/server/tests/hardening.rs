@@ -1,6 +1,7 @@
 //! Hostile and careless clients: each test is a reproduction of a way the
 //! service once failed (memory that grew with every add, a short rule that
-//! froze every reader, a target name that deleted the store, refusals too
+//! froze every reader, a target name that deleted the store, a sim
+//! target's path that deleted it or any file, refusals too
 //! large for other clients' metadata limits, a reused idempotency key that
 //! silently dropped new lines, ids that could be probed).
 
@@ -225,6 +226,9 @@ fn nonsense_configuration_is_refused_by_key() {
         ("compile.split_nodes", |c| c.compile.split_nodes = 0),
         ("limits.max_compiler_bytes", |c| c.limits.max_compiler_bytes = 0),
         ("deploy.plan_max_ops", |c| c.deploy.plan_max_ops = 0),
+        ("limits.admin_watchers", |c| c.limits.admin_watchers = c.limits.max_watchers + 1),
+        ("limits.max_watchers_per_app", |c| c.limits.max_watchers_per_app = 0),
+        ("limits.watch_buffer_events", |c| c.limits.watch_buffer_events = 0),
     ] {
         let mut c = config(dir.path());
         set(&mut c);
@@ -233,22 +237,66 @@ fn nonsense_configuration_is_refused_by_key() {
     }
 }
 
-/// A sim target whose file is a directory is refused at registration
-/// (it once registered and then failed every deploy).
+fn sim(name: &str, path: &str) -> proto::RegisterTargetRequest {
+    proto::RegisterTargetRequest { name: name.into(), kind: Some(Kind::Sim(proto::SimTarget { path: path.into() })), manual: false }
+}
+
+/// A sim target's `path` is a file name in the target's own directory
+/// (`<store's directory>/sim/<name>/`): the store's path, another file's,
+/// a directory, `..` are refused at registration. Once, registering the
+/// store's path and removing the target with `uninstall` deleted the store
+/// (the next Add was acknowledged, and after a restart nothing was left),
+/// and any file the service could write could be deleted or overwritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sim_target_on_a_directory_is_refused() {
+async fn a_sim_target_writes_only_inside_its_own_directory() {
     bounded(60, async {
         let mut env = Env::new().await;
         let dir = env.dir.path().to_path_buf();
-        let reg = proto::RegisterTargetRequest {
-            name: "d".into(),
-            kind: Some(Kind::Sim(proto::SimTarget { path: dir.display().to_string() })),
-            manual: false,
-        };
-        let e = env.admin.targets.register(reg).await.unwrap_err();
-        assert_eq!(e.code(), Code::InvalidArgument);
-        assert!(e.message().contains("is a directory"), "{}", e.message());
-        env.stop().await;
+        let canary = dir.join("canary.json");
+        std::fs::write(&canary, "canary").unwrap();
+        env.alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
+        let store = dir.join("subc.db");
+        let tries = [
+            store.display().to_string(),
+            canary.display().to_string(),
+            dir.display().to_string(),
+            "../subc.db".into(),
+            "a/../../canary.json".into(),
+            ".".into(),
+        ];
+        for (i, path) in tries.iter().enumerate() {
+            let name = format!("x{i}");
+            let registered = env.admin.targets.register(sim(&name, path)).await;
+            if registered.is_ok() {
+                // What once deleted the store.
+                let _ = env.admin.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: 2000 }).await;
+                let _ = env.admin.targets.remove(proto::RemoveTargetRequest { name, uninstall: true }).await;
+            }
+            let e = registered
+                .err()
+                .unwrap_or_else(|| panic!("a sim target on {path:?} was registered; afterwards the store exists: {}", store.exists()));
+            assert_eq!(e.code(), Code::InvalidArgument, "{path:?}: {e:?}");
+            assert!(e.message().contains("file name"), "{path:?}: {}", e.message());
+        }
+        // A file name: kept in the target's directory; an uninstall removes
+        // that file and nothing the target did not write.
+        env.admin.targets.register(sim("t", "t.json")).await.unwrap();
+        let own = dir.join("sim/t/t.json");
+        let beside = dir.join("sim/t/other.json");
+        std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+        std::fs::write(&beside, "not the target's").unwrap();
+        env.admin.targets.deploy(proto::DeployRequest { name: "t".into(), timeout_ms: 10_000 }).await.unwrap();
+        assert!(own.is_file());
+        env.admin.targets.remove(proto::RemoveTargetRequest { name: "t".into(), uninstall: true }).await.unwrap();
+        assert!(!own.exists());
+        assert_eq!(std::fs::read_to_string(&beside).unwrap(), "not the target's");
+        assert_eq!(std::fs::read_to_string(&canary).unwrap(), "canary");
+        // The store is whole, after a restart too.
+        env.alice.subs.add(add_req(&["stock == AAPL : fwd(2)"])).await.unwrap();
+        let dir = env.stop().await;
+        let mut again = Env::with_dir(dir).await;
+        assert_eq!(list_all(&mut again.admin, 100).await.len(), 2);
+        again.stop().await;
     })
     .await;
 }

@@ -94,8 +94,9 @@ fn projections(rules: &[(u64, &str)], down: &[usize]) -> Vec<subc_lang::Program>
     subc_fabric::project_all(&topology, &subc_fabric::Routes::avoiding(&topology, &down).unwrap(), &p).unwrap()
 }
 
+/// What sim device `device` holds: its file, in its own directory under the store's.
 fn held(dir: &Path, device: &str) -> Vec<Pipeline> {
-    serde_json::from_str(&std::fs::read_to_string(dir.join(format!("{device}.json"))).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(dir.join(format!("sim/{device}/{device}.json"))).unwrap()).unwrap()
 }
 
 /// Waits until every device holds `generation`; then checks that each holds

@@ -12,7 +12,7 @@ use subc_server::{Config, Running};
 fn sim(name: &str, path: &std::path::Path) -> proto::RegisterTargetRequest {
     proto::RegisterTargetRequest {
         name: name.into(),
-        kind: Some(Kind::Sim(proto::SimTarget { path: path.display().to_string() })),
+        kind: Some(Kind::Sim(proto::SimTarget { path: path.file_name().unwrap().to_string_lossy().into_owned() })),
         manual: false,
     }
 }
@@ -73,7 +73,7 @@ async fn a_restart_after_a_recompile_keeps_its_order_and_writes_nothing() {
     bounded(120, async {
         let mut env = Env::with(small_compiler).await;
         let dir = env.dir.path().to_path_buf();
-        let path = dir.join("t.json");
+        let path = dir.join("sim/t/t.json");
         let core = env.r.core.clone();
         let first_order = stored_order(&dir);
         assert_eq!(first_order.first().map(String::as_str), Some("add_order.stock"), "{first_order:?}");
@@ -132,7 +132,7 @@ async fn a_restart_after_adds_to_split_pipelines_writes_nothing() {
     bounded(120, async {
         let mut env = Env::with(split_compiler).await;
         let dir = env.dir.path().to_path_buf();
-        let path = dir.join("t.json");
+        let path = dir.join("sim/t/t.json");
         let core = env.r.core.clone();
         let mut rng = subc_workload::Rng::new(1);
         let mut rule = move || {

@@ -10,8 +10,11 @@ use subc_bdd::Pipeline;
 use subc_server::proto::{self, register_target_request::Kind};
 use tonic::Code;
 
+/// Sim target `name` keeping its tables in `path`, which is
+/// `<store's directory>/sim/<name>/<file>`: registered by its file name.
 fn sim(name: &str, path: &std::path::Path, manual: bool) -> proto::RegisterTargetRequest {
-    proto::RegisterTargetRequest { name: name.into(), kind: Some(Kind::Sim(proto::SimTarget { path: path.display().to_string() })), manual }
+    let file = path.file_name().unwrap().to_string_lossy().into_owned();
+    proto::RegisterTargetRequest { name: name.into(), kind: Some(Kind::Sim(proto::SimTarget { path: file })), manual }
 }
 
 fn held(path: &std::path::Path) -> Vec<Pipeline> {
@@ -33,7 +36,7 @@ fn equals_fresh_compile(held: &[Pipeline], lines: &[String]) -> bool {
 async fn plan_deploy_and_follow_changes() {
     bounded(60, async {
         let mut env = Env::new().await;
-        let path = env.dir.path().join("t1.json");
+        let path = env.dir.path().join("sim/t1/t1.json");
         let Env { alice, admin, .. } = &mut env;
         let lines: Vec<String> =
             ["stock == GOOGL : fwd(1)", "stock == GOOGL && shares > 100 : fwd(2)", "stock == AAPL : fwd(1,2)"].map(String::from).to_vec();
@@ -95,7 +98,7 @@ async fn plan_deploy_and_follow_changes() {
 async fn a_manual_target_moves_only_on_deploy() {
     bounded(60, async {
         let mut env = Env::new().await;
-        let path = env.dir.path().join("m.json");
+        let path = env.dir.path().join("sim/m/m.json");
         let Env { alice, admin, .. } = &mut env;
         alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
         admin.targets.register(sim("m", &path, true)).await.unwrap();
@@ -128,8 +131,10 @@ async fn a_manual_target_moves_only_on_deploy() {
 async fn a_failing_target_is_retried_until_it_works() {
     bounded(60, async {
         let mut env = Env::new().await;
-        let dir = env.dir.path().join("not-yet");
-        let path = dir.join("f.json");
+        // A file where the sim targets' directory goes: every write fails.
+        let blocker = env.dir.path().join("sim");
+        std::fs::write(&blocker, "").unwrap();
+        let path = env.dir.path().join("sim/f/f.json");
         let Env { alice, admin, .. } = &mut env;
         let mut events = admin.events.watch(proto::WatchRequest::default()).await.unwrap().into_inner();
         let a = alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap().into_inner();
@@ -138,7 +143,7 @@ async fn a_failing_target_is_retried_until_it_works() {
         assert_eq!(e.code(), Code::Unavailable, "{e:?}");
         let s = admin.targets.status(proto::TargetRequest { name: "f".into() }).await.unwrap().into_inner();
         assert_eq!(s.state(), proto::TargetState::Failing);
-        assert!(s.last_error.contains("not-yet"), "{}", s.last_error);
+        assert!(s.last_error.contains("sim"), "{}", s.last_error);
         let failing = |v: u8| format!("subc_target_failing{{target=\"f\"}} {v}");
         assert!(env.r.core.metrics().render().contains(&failing(1)), "the gauge shows the failing target");
         let Env { admin, .. } = &mut env;
@@ -150,8 +155,8 @@ async fn a_failing_target_is_retried_until_it_works() {
                 break;
             }
         }
-        // Once the directory exists, a retry succeeds without anyone asking.
-        std::fs::create_dir(&dir).unwrap();
+        // Once the way is clear, a retry succeeds without anyone asking.
+        std::fs::remove_file(&blocker).unwrap();
         let s = wait_deployed(admin, "f", a.generation).await;
         assert_eq!(s.state(), proto::TargetState::InSync);
         assert!(path.exists());
@@ -165,7 +170,7 @@ async fn a_failing_target_is_retried_until_it_works() {
 async fn a_restart_reconciles_without_rewriting_what_did_not_change() {
     bounded(120, async {
         let mut env = Env::new().await;
-        let path = env.dir.path().join("r.json");
+        let path = env.dir.path().join("sim/r/r.json");
         let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 2000, ..Default::default() });
         let lines: Vec<String> = rules.lines().map(String::from).collect();
         {
@@ -212,7 +217,7 @@ async fn a_restart_reconciles_without_rewriting_what_did_not_change() {
 async fn removing_a_target_with_uninstall_clears_it() {
     bounded(60, async {
         let mut env = Env::new().await;
-        let path = env.dir.path().join("u.json");
+        let path = env.dir.path().join("sim/u/u.json");
         let Env { alice, admin, .. } = &mut env;
         alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
         admin.targets.register(sim("u", &path, false)).await.unwrap();

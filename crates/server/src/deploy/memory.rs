@@ -6,66 +6,128 @@
 //! tables are written to that file (atomically: temporary file and rename)
 //! after every change and read back from it, so it survives a restart of
 //! the server as a real target does; a write that fails changes nothing.
+//!
+//! The file is the target's own: `path` is a file name, kept in
+//! `<store's directory>/sim/<target name>/` (a directory only this target
+//! writes). Once, `path` was any path: registering the store's own file and
+//! removing the target with `uninstall` deleted the store.
 
 use super::{Driver, DriverError, RegistrationError};
+use crate::names::{self, NameError};
 use crate::proto;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
 
+const WHAT: &str = "a sim target's file";
+
 pub(crate) struct MemoryDriver {
-    path: Option<PathBuf>,
+    file: Option<OwnFile>,
     pipes: Option<Vec<Pipeline>>,
 }
 
-/// Checks a sim target's file: empty (in memory), or a file that may not
-/// exist yet. A directory would fail every deploy. (A missing directory is
-/// not refused: it may be created later, and deploys are retried.)
+/// A sim target's file and the directory it alone writes.
+struct OwnFile {
+    dir: PathBuf,
+    path: PathBuf,
+}
+
+/// Checks a sim target's file: empty (in memory), or a file name.
 pub(crate) fn check_path(path: &str) -> Result<(), RegistrationError> {
     if path.is_empty() {
         return Ok(());
     }
-    if path.contains('\0') {
-        return Err(RegistrationError::SimPathNul);
+    Ok(names::check_file_name(WHAT, path)?)
+}
+
+/// Where sim target `name` keeps `file`: `<data_dir>/sim/<name>/<file>`.
+pub(crate) fn file_of(data_dir: &Path, name: &str, file: &str) -> Result<PathBuf, NameError> {
+    names::file_path(&names::child_path(&data_dir.join("sim"), "target name", name)?, WHAT, file)
+}
+
+/// An error unless `path` is what it should be and not a symbolic link
+/// (which could lead a write or a removal outside the target's directory).
+fn not_a_link(path: &Path, dir: bool) -> Result<(), DriverError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() || m.is_dir() != dir => Err(DriverError::transient(format!(
+            "{} is not a {}: a sim target writes only its own file in its own directory",
+            path.display(),
+            if dir { "directory" } else { "file" }
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(DriverError::transient(format!("{}: {e}", path.display()))),
     }
-    if std::path::Path::new(path).is_dir() {
-        return Err(RegistrationError::SimPathIsDirectory(path.to_string()));
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> DriverError {
+    DriverError::transient(format!("{}: {e}", path.display()))
+}
+
+impl OwnFile {
+    /// Creates the target's directory, checking what leads to it.
+    fn make_dir(&self) -> Result<(), DriverError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| io_error(&self.dir, e))?;
+        if let Some(root) = self.dir.parent() {
+            not_a_link(root, true)?;
+        }
+        not_a_link(&self.dir, true)
     }
-    Ok(())
+
+    fn read(&self) -> Result<Option<Vec<Pipeline>>, DriverError> {
+        not_a_link(&self.path, false)?;
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| DriverError::transient(format!("{}: {e}", self.path.display())))?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_error(&self.path, e)),
+        }
+    }
+
+    fn write(&self, pipes: &[Pipeline]) -> Result<(), DriverError> {
+        self.make_dir()?;
+        not_a_link(&self.path, false)?;
+        let text = serde_json::to_string(pipes).map_err(|e| DriverError::transient(e.to_string()))?;
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &self.path)).map_err(|e| io_error(&self.path, e))
+    }
+
+    /// Removes the file (and the directory, once empty): nothing else.
+    fn remove(&self) -> Result<(), DriverError> {
+        not_a_link(&self.dir, true)?;
+        not_a_link(&self.path, false)?;
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(&self.path, e)),
+            _ => {}
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        Ok(())
+    }
 }
 
 impl MemoryDriver {
-    pub(crate) fn new(cfg: &proto::SimTarget) -> Result<MemoryDriver, DriverError> {
-        let path = (!cfg.path.is_empty()).then(|| PathBuf::from(&cfg.path));
-        Ok(MemoryDriver { path, pipes: None })
+    /// The sim target `name`; its file, if any, under `data_dir`.
+    pub(crate) fn new(name: &str, cfg: &proto::SimTarget, data_dir: &Path) -> Result<MemoryDriver, DriverError> {
+        if cfg.path.is_empty() {
+            return Ok(MemoryDriver { file: None, pipes: None });
+        }
+        let path = file_of(data_dir, name, &cfg.path).map_err(|e| DriverError::transient(format!("{e}; register the target again")))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(MemoryDriver { file: Some(OwnFile { dir, path }), pipes: None })
     }
 
     fn persist(&self, pipes: Option<&[Pipeline]>) -> Result<(), DriverError> {
-        let Some(path) = &self.path else { return Ok(()) };
-        match pipes {
-            None => match std::fs::remove_file(path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DriverError::transient(format!("{}: {e}", path.display()))),
-                _ => Ok(()),
-            },
-            Some(p) => {
-                let text = serde_json::to_string(p).expect("pipelines serialize");
-                let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, text)
-                    .and_then(|_| std::fs::rename(&tmp, path))
-                    .map_err(|e| DriverError::transient(format!("{}: {e}", path.display())))
-            }
+        match (&self.file, pipes) {
+            (None, _) => Ok(()),
+            (Some(f), None) => f.remove(),
+            (Some(f), Some(p)) => f.write(p),
         }
     }
 }
 
 impl Driver for MemoryDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
-        if let Some(path) = &self.path {
-            self.pipes = match std::fs::read_to_string(path) {
-                Ok(text) => Some(serde_json::from_str(&text).map_err(|e| DriverError::transient(format!("{}: {e}", path.display())))?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(DriverError::transient(format!("{}: {e}", path.display()))),
-            };
+        if let Some(f) = &self.file {
+            self.pipes = f.read()?;
         }
         Ok(self.pipes.clone())
     }
@@ -102,13 +164,32 @@ mod tests {
     #[test]
     fn a_failed_write_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("missing-dir").join("t.json");
-        let mut d = MemoryDriver::new(&proto::SimTarget { path: path.display().to_string() }).unwrap();
+        // The directory cannot be made: a file is in the way.
+        std::fs::write(dir.path().join("sim"), "").unwrap();
+        let mut d = MemoryDriver::new("t", &proto::SimTarget { path: "t.json".into() }, dir.path()).unwrap();
         let empty: Vec<&Pipeline> = vec![];
         assert!(d.install(&empty).is_err());
+        assert_eq!(d.pipes, None);
+        std::fs::remove_file(dir.path().join("sim")).unwrap();
         assert_eq!(d.read_back().unwrap(), None);
-        std::fs::create_dir(dir.path().join("missing-dir")).unwrap();
         d.install(&empty).unwrap();
         assert_eq!(d.read_back().unwrap(), Some(vec![]));
+        assert!(dir.path().join("sim/t/t.json").is_file());
+        d.uninstall().unwrap();
+        assert!(!dir.path().join("sim/t").exists());
+    }
+
+    #[test]
+    fn a_symbolic_link_is_neither_followed_nor_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside.json");
+        std::fs::write(&outside, "[]").unwrap();
+        std::fs::create_dir_all(dir.path().join("sim/t")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("sim/t/t.json")).unwrap();
+        let mut d = MemoryDriver::new("t", &proto::SimTarget { path: "t.json".into() }, dir.path()).unwrap();
+        assert!(d.read_back().is_err());
+        assert!(d.install(&[]).is_err());
+        assert!(d.uninstall().is_err());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "[]");
     }
 }

@@ -767,13 +767,11 @@ pub(crate) fn make_driver(
     fabric: bool,
     device: Option<&ebpf::EbpfDevice>,
 ) -> Result<Box<dyn Driver>, DriverError> {
+    let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     match &reg.kind {
-        Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(s)?)),
+        Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
-        Some(Kind::P4runtime(p)) => {
-            let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric)?))
-        }
+        Some(Kind::P4runtime(p)) => Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric)?)),
         None => Err(DriverError::transient("the target has no kind")),
     }
 }
@@ -801,10 +799,6 @@ pub(crate) enum RegistrationError {
     P4InfoEmpty,
     #[error("P4Runtime TLS: a client certificate needs its key, and a key its certificate")]
     TlsHalfIdentity,
-    #[error("a sim target's path may not contain NUL")]
-    SimPathNul,
-    #[error("a sim target's path must be a file, and {0:?} is a directory")]
-    SimPathIsDirectory(String),
 }
 
 /// Checks a registration's fields (not whether the target is reachable).

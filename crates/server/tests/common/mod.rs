@@ -127,6 +127,13 @@ impl Env {
         Env { dir, r, alice, bob, admin }
     }
 
+    /// A server on the store a stopped `Env` left in `dir` (a restart).
+    pub async fn with_dir(dir: tempfile::TempDir) -> Env {
+        let r = start(config(dir.path())).await;
+        let (alice, bob, admin) = (client(&r, Some(ALICE)), client(&r, Some(BOB)), client(&r, Some(ADMIN)));
+        Env { dir, r, alice, bob, admin }
+    }
+
     pub async fn stop(self) -> tempfile::TempDir {
         self.r.shutdown().await.expect("clean shutdown");
         self.dir

@@ -1,0 +1,264 @@
+//! Watch streams: who may hold how many, and what a watcher that stops
+//! reading costs.
+//!
+//! Slots are counted per application (`limits.max_watchers_per_app`) and in
+//! all (`limits.max_watchers`), of which `limits.admin_watchers` are the
+//! administrator's: applications together never take those. Once, one
+//! application could take every slot and keep them with streams it never
+//! read.
+//!
+//! Each watcher has a buffer of `limits.watch_buffer_events` events. A live
+//! event that finds it full drops the watcher: its task ends, its slot is
+//! given back, and the stream ends, after what was buffered, with ABORTED
+//! saying where to resume. A replay waits for room (it can go at the
+//! reader's pace) but at most [`REPLAY_STALL`]. Shutdown ends every task at
+//! once; `server.rs` then cuts the connections of clients that read nothing.
+
+use crate::auth::Principal;
+use crate::config::Limits;
+use crate::core::Core;
+use crate::proto;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::Status;
+
+/// How long a replay waits for a watcher to read before dropping it.
+const REPLAY_STALL: Duration = Duration::from_secs(10);
+/// Events a replay reads from the store at a time.
+const REPLAY_PAGE: usize = 1000;
+
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, Status>> + Send>>;
+
+/// The Watch slots taken: in all, by applications, per application.
+#[derive(Default)]
+pub(crate) struct Slots {
+    taken: Mutex<Taken>,
+}
+
+#[derive(Default)]
+struct Taken {
+    total: usize,
+    apps: usize,
+    per_app: HashMap<Arc<str>, usize>,
+}
+
+/// Why a Watch was refused a slot: the limit's metric label and message.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SlotRefusal {
+    #[error("{0} watchers are connected, the limit (limits.max_watchers)")]
+    All(usize),
+    #[error("applications hold {0} watchers, their share of limits.max_watchers ({1} are the administrator's: limits.admin_watchers)")]
+    AppsShare(usize, usize),
+    #[error("application {0:?} holds {1} watchers, the limit (limits.max_watchers_per_app)")]
+    PerApp(Arc<str>, usize),
+}
+
+impl SlotRefusal {
+    /// The `limit` label of `subc_limit_refusals_total`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            SlotRefusal::All(_) | SlotRefusal::AppsShare(..) => "watchers",
+            SlotRefusal::PerApp(..) => "watchers_per_app",
+        }
+    }
+}
+
+impl Slots {
+    /// Takes a slot for `who`, or says which limit is reached.
+    pub(crate) fn claim(&self, limits: &Limits, who: &Principal) -> Result<(), SlotRefusal> {
+        let mut t = self.taken.lock().expect("watch slots");
+        if t.total >= limits.max_watchers {
+            return Err(SlotRefusal::All(limits.max_watchers));
+        }
+        if !who.admin {
+            let apps_share = limits.max_watchers.saturating_sub(limits.admin_watchers);
+            if t.apps >= apps_share {
+                return Err(SlotRefusal::AppsShare(apps_share, limits.admin_watchers));
+            }
+            let mine = t.per_app.get(&who.app).copied().unwrap_or(0);
+            if mine >= limits.max_watchers_per_app {
+                return Err(SlotRefusal::PerApp(who.app.clone(), limits.max_watchers_per_app));
+            }
+            t.apps += 1;
+            *t.per_app.entry(who.app.clone()).or_default() += 1;
+        }
+        t.total += 1;
+        Ok(())
+    }
+
+    /// Gives back a slot [`Slots::claim`] took for `who`.
+    fn release(&self, who: &Principal) {
+        let mut t = self.taken.lock().expect("watch slots");
+        t.total -= 1;
+        if !who.admin {
+            t.apps -= 1;
+            if let Some(n) = t.per_app.get_mut(&who.app) {
+                *n -= 1;
+                if *n == 0 {
+                    t.per_app.remove(&who.app);
+                }
+            }
+        }
+    }
+
+    /// Slots taken in all.
+    pub(crate) fn taken(&self) -> usize {
+        self.taken.lock().expect("watch slots").total
+    }
+}
+
+/// A claimed slot, given back when dropped (when the watcher's task ends).
+pub(crate) struct Slot {
+    core: Arc<Core>,
+    who: Principal,
+}
+
+impl Slot {
+    pub(crate) fn new(core: Arc<Core>, who: Principal) -> Slot {
+        Slot { core, who }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.core.watch_slots().release(&self.who);
+    }
+}
+
+/// Whether `who` may see an event.
+fn visible(who: &Principal, e: &proto::Event) -> bool {
+    let own =
+        matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
+    who.admin || !own || *who.app == *e.app
+}
+
+/// A watcher's task stops: the client went, the server is closing, or the
+/// stream ended with a status.
+struct Stop;
+
+/// The watcher's end of its stream: a buffer of `capacity` events and
+/// one place more, for the status that ends it.
+struct Sink {
+    tx: mpsc::Sender<Result<proto::Event, Status>>,
+    capacity: usize,
+    who: Principal,
+    /// The last event passed (sent or not visible), where to resume.
+    last: u64,
+}
+
+impl Sink {
+    /// Queues a live event, or drops the watcher when its buffer is full.
+    fn offer(&mut self, e: proto::Event) -> Result<(), Stop> {
+        if self.tx.is_closed() {
+            return Err(Stop);
+        }
+        if !visible(&self.who, &e) {
+            self.last = e.seq;
+            return Ok(());
+        }
+        if self.tx.capacity() <= 1 {
+            let why = format!(
+                "this watcher read nothing while {} events waited for it (limits.watch_buffer_events); watch again with replay and after_seq = {}",
+                self.capacity, self.last
+            );
+            return self.end(Status::aborted(why));
+        }
+        self.last = e.seq;
+        self.tx.try_send(Ok(e)).map_err(|_| Stop)
+    }
+
+    /// Queues a replayed event, waiting for room (at most [`REPLAY_STALL`]).
+    async fn replay(&mut self, e: proto::Event) -> Result<(), Stop> {
+        if !visible(&self.who, &e) {
+            self.last = e.seq;
+            return Ok(());
+        }
+        // Room for the event and the status that may follow it.
+        if self.tx.capacity() <= 1 {
+            let room = tokio::time::timeout(REPLAY_STALL, self.tx.reserve_many(2)).await.map(|r| r.is_ok());
+            match room {
+                Ok(true) => {}
+                Ok(false) => return Err(Stop),
+                Err(_) => {
+                    let why = format!(
+                        "this watcher read nothing for {} s of its replay; watch again with replay and after_seq = {}",
+                        REPLAY_STALL.as_secs(),
+                        self.last
+                    );
+                    return self.end(Status::aborted(why));
+                }
+            }
+        }
+        self.last = e.seq;
+        self.tx.try_send(Ok(e)).map_err(|_| Stop)
+    }
+
+    /// Ends the stream with `status` (after what is buffered).
+    fn end(&mut self, status: Status) -> Result<(), Stop> {
+        let _ = self.tx.try_send(Err(status));
+        Err(Stop)
+    }
+}
+
+/// Starts a watcher holding `slot` and returns its stream.
+pub(crate) fn start(core: Arc<Core>, who: Principal, req: proto::WatchRequest, slot: Slot) -> EventStream {
+    // Subscribe before replaying, so nothing falls between the two.
+    let live = core.subscribe_events();
+    let capacity = core.config().limits.watch_buffer_events;
+    let (tx, rx) = mpsc::channel(capacity + 1);
+    let sink = Sink { tx, capacity, who, last: req.after_seq };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let _ = run(&core, sink, live, req.replay).await;
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A watcher's task: the replay, then live events until a stop.
+async fn run(core: &Core, mut sink: Sink, mut live: tokio::sync::broadcast::Receiver<proto::Event>, replay: bool) -> Result<(), Stop> {
+    let mut closing = core.closing();
+    if replay {
+        tokio::select! {
+            r = replay_stored(core, &mut sink) => r?,
+            _ = closing.wait_for(|c| *c) => return Err(Stop),
+        }
+    }
+    let replayed = if replay { sink.last } else { 0 };
+    loop {
+        let next = tokio::select! {
+            e = live.recv() => e,
+            _ = sink.tx.closed() => return Err(Stop),
+            _ = closing.wait_for(|c| *c) => return Err(Stop),
+        };
+        match next {
+            Ok(e) if e.seq <= replayed => {}
+            Ok(e) => sink.offer(e)?,
+            Err(RecvError::Lagged(n)) => {
+                let why = format!("this watcher fell {n} events behind; watch again with replay and after_seq = {}", sink.last);
+                return sink.end(Status::aborted(why));
+            }
+            Err(RecvError::Closed) => return Err(Stop),
+        }
+    }
+}
+
+/// Sends the stored events after `sink.last`, page by page.
+async fn replay_stored(core: &Core, sink: &mut Sink) -> Result<(), Stop> {
+    loop {
+        let page = match core.read_events(sink.last, REPLAY_PAGE) {
+            Ok(p) => p,
+            Err(s) => return sink.end(s),
+        };
+        if page.is_empty() {
+            return Ok(());
+        }
+        for e in page {
+            sink.replay(e).await?;
+        }
+    }
+}
