@@ -102,7 +102,10 @@ async fn a_slow_rule_is_refused_at_the_limit_and_readers_never_wait() {
                 Err(e) => {
                     assert_eq!(e.code(), Code::ResourceExhausted, "{terms} terms: {e:?}");
                     assert!(e.message().contains("limits.compile_timeout_ms"), "{}", e.message());
-                    assert!(took < Duration::from_millis(limit_ms + 1000), "{terms} terms: refused after {took:?}");
+                    // The limit counts compile time only: the text phase (a
+                    // normal form of 4,096 cubes, about a second in a debug
+                    // build) comes before it.
+                    assert!(took < Duration::from_millis(limit_ms + 2500), "{terms} terms: refused after {took:?}");
                 }
                 Ok(_) => assert!(!must_refuse, "{terms} terms were compiled in {took:?}, within {limit_ms} ms"),
             }
