@@ -398,11 +398,16 @@ impl Core {
     }
 
     /// Every registered target, by name.
-    /// Reads every target's port counters into the metrics (blocking).
-    pub(crate) fn read_port_counters(&self) {
+    /// Reads every target's port counters into the metrics, all at once,
+    /// each within `deploy.counter_timeout_ms`.
+    pub(crate) async fn read_port_counters(&self) {
+        let deadline = std::time::Duration::from_millis(self.config.deploy.counter_timeout_ms);
+        let mut reads = tokio::task::JoinSet::new();
         for t in self.targets() {
-            t.read_port_counters(self.metrics());
+            let metrics = self.metrics.clone();
+            reads.spawn(async move { t.read_port_counters(&metrics, deadline).await });
         }
+        while reads.join_next().await.is_some() {}
     }
 
     pub fn targets(&self) -> Vec<Arc<TargetHandle>> {
