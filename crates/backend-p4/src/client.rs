@@ -12,10 +12,11 @@
 //! ```
 //!
 //! Everything a switch sends is bounded ([`ReadLimits`]): no message is
-//! decoded past `max_message_bytes`, and one Read stops, with
+//! taken past `max_message_bytes`, and one Read stops, with
 //! [`Error::ReadTooLarge`], once its entities pass `max_read_bytes`.
-//! [`Client::read_each`] hands each entity on as it arrives, so a caller
-//! that folds them (a repair) never holds the Read as a whole. Text a
+//! [`Client::read_each`] decodes a Read's messages one entity at a time and
+//! hands each on, so a caller that folds them (a repair) never holds the
+//! Read, nor even one message, decoded as a whole. Text a
 //! switch sends (an error status's message) is cut to [`MAX_DEVICE_TEXT`]
 //! bytes.
 //!
@@ -77,7 +78,9 @@ pub struct PortCounter {
 pub struct ReadLimits {
     /// Largest message decoded (a Read response, a pipeline config).
     pub max_message_bytes: usize,
-    /// Most bytes of entities (as encoded) one Read may return.
+    /// Most bytes of entities one Read may return, each counted as its
+    /// encoding plus its decoded record (`size_of::<Entity>()`), so that
+    /// tiny entities cannot make many times the cap in memory.
     pub max_read_bytes: u64,
 }
 
@@ -107,6 +110,8 @@ pub fn truncate_text(text: &str, max: usize) -> String {
 /// A connection to one device, as its primary controller.
 pub struct Client {
     rpc: P4RuntimeClient<Channel>,
+    /// The connection `rpc` uses, for the Read that decodes as it goes.
+    channel: Channel,
     device_id: u64,
     election_id: p4v1::Uint128,
     limits: ReadLimits,
@@ -212,7 +217,7 @@ impl TlsOptions {
 /// (tonic speaks TLS only to `https://` addresses, so `http://` and a bare
 /// `host:port` are dialed as `https://`: TLS options never fall back to
 /// plaintext).
-async fn rpc(addr: &str, tls: Option<&TlsOptions>) -> Result<P4RuntimeClient<Channel>, Error> {
+async fn dial(addr: &str, tls: Option<&TlsOptions>) -> Result<Channel, Error> {
     let uri = match (tls, addr.split_once("://")) {
         (Some(_), Some(("http", rest))) => format!("https://{rest}"),
         (Some(_), None) => format!("https://{addr}"),
@@ -223,7 +228,12 @@ async fn rpc(addr: &str, tls: Option<&TlsOptions>) -> Result<P4RuntimeClient<Cha
         endpoint = endpoint.tls_config(tls.config()?).map_err(|e| Error::Rpc(format!("TLS for {addr}: {}", with_sources(&e))))?;
     }
     let channel = endpoint.connect().await.map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {}", with_sources(&e))))?;
-    Ok(P4RuntimeClient::new(channel).max_decoding_message_size(ReadLimits::default().max_message_bytes))
+    Ok(channel)
+}
+
+/// The P4Runtime stub over `channel`, decoding messages up to the limit.
+fn stub(channel: &Channel, limits: &ReadLimits) -> P4RuntimeClient<Channel> {
+    P4RuntimeClient::new(channel.clone()).max_decoding_message_size(limits.max_message_bytes)
 }
 
 fn uint128(v: u128) -> p4v1::Uint128 {
@@ -235,7 +245,8 @@ impl Client {
     /// asks to be the primary controller of `device_id` with `election_id`;
     /// fails if another controller holds a higher election id.
     pub async fn connect(addr: &str, device_id: u64, election_id: u128, tls: Option<&TlsOptions>) -> Result<Client, Error> {
-        let mut rpc = rpc(addr, tls).await?;
+        let (channel, limits) = (dial(addr, tls).await?, ReadLimits::default());
+        let mut rpc = stub(&channel, &limits);
         let (tx, rx) = mpsc::channel(8);
         let election_id = uint128(election_id);
         tx.send(p4v1::StreamMessageRequest {
@@ -262,12 +273,12 @@ impl Client {
                 break;
             }
         }
-        Ok(Client { rpc, device_id, election_id, limits: ReadLimits::default(), _stream: Some((tx, stream)) })
+        Ok(Client { rpc, channel, device_id, election_id, limits, _stream: Some((tx, stream)) })
     }
 
     /// The client with other [`ReadLimits`] (default: [`ReadLimits::default`]).
     pub fn with_limits(mut self, limits: ReadLimits) -> Client {
-        self.rpc = self.rpc.max_decoding_message_size(limits.max_message_bytes);
+        self.rpc = stub(&self.channel, &limits);
         self.limits = limits;
         self
     }
@@ -276,14 +287,16 @@ impl Client {
     /// arbitration), with its limits: for reads that must not wait for
     /// this client's calls.
     pub fn read_only(&self) -> Client {
-        Client { rpc: self.rpc.clone(), device_id: self.device_id, election_id: uint128(0), limits: self.limits, _stream: None }
+        let (rpc, channel) = (self.rpc.clone(), self.channel.clone());
+        Client { rpc, channel, device_id: self.device_id, election_id: uint128(0), limits: self.limits, _stream: None }
     }
 
     /// A client that only reads (`Read`, `GetForwardingPipelineConfig`):
     /// P4Runtime serves those to any client, without arbitration, so it
     /// can watch a switch another controller drives.
     pub async fn reader(addr: &str, device_id: u64, tls: Option<&TlsOptions>) -> Result<Client, Error> {
-        Ok(Client { rpc: rpc(addr, tls).await?, device_id, election_id: uint128(0), limits: ReadLimits::default(), _stream: None })
+        let (channel, limits) = (dial(addr, tls).await?, ReadLimits::default());
+        Ok(Client { rpc: stub(&channel, &limits), channel, device_id, election_id: uint128(0), limits, _stream: None })
     }
 
     /// Installs a program: its P4Info and the target's device config (for
@@ -342,20 +355,32 @@ impl Client {
     }
 
     /// Reads `entities` (wildcards allowed) and hands each entity the switch
-    /// returns to `f` as its message arrives; fails with
+    /// returns to `f`, decoded one at a time from its message; fails with
     /// [`Error::ReadTooLarge`] once they pass the limits' `max_read_bytes`
-    /// (the stream is then dropped: the switch is told to stop).
+    /// (the stream is then dropped: the switch is told to stop). Each
+    /// entity counts its encoding and its decoded record, so that the cap
+    /// bounds memory however small the entities.
     pub async fn read_each(&mut self, entities: Vec<p4v1::Entity>, mut f: impl FnMut(p4v1::Entity)) -> Result<(), Error> {
         let limits = self.limits;
         let req = p4v1::ReadRequest { device_id: self.device_id, entities, ..Default::default() };
-        let mut stream = self.rpc.read(req).await.map_err(|s| read_error("Read", &limits, s))?.into_inner();
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(limits.max_message_bytes);
+        grpc.ready().await.map_err(|e| Error::Rpc(format!("Read: the connection is not ready: {}", with_sources(&e))))?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/p4.v1.P4Runtime/Read");
+        let read = grpc.server_streaming(tonic::Request::new(req), path, EncodedReads);
+        let mut stream = read.await.map_err(|s| read_error("Read", &limits, s))?.into_inner();
         let mut bytes = 0u64;
-        while let Some(r) = stream.message().await.map_err(|s| read_error("Read", &limits, s))? {
-            bytes = bytes.saturating_add(r.entities.iter().map(|e| e.encoded_len() as u64).sum());
-            if bytes > limits.max_read_bytes {
-                return Err(Error::ReadTooLarge { limit: limits.max_read_bytes });
-            }
-            r.entities.into_iter().for_each(&mut f);
+        while let Some(message) = stream.message().await.map_err(|s| read_error("Read", &limits, s))? {
+            each_entity(
+                &message,
+                |len| {
+                    bytes = bytes.saturating_add((len + std::mem::size_of::<p4v1::Entity>()) as u64);
+                    if bytes > limits.max_read_bytes {
+                        return Err(Error::ReadTooLarge { limit: limits.max_read_bytes });
+                    }
+                    Ok(())
+                },
+                &mut f,
+            )?;
         }
         Ok(())
     }
@@ -400,6 +425,65 @@ impl Client {
             return Err(Error::Decode(format!("counter index {index} is no port")));
         }
         Ok(out.into_values().collect())
+    }
+}
+
+/// The entities of an encoded `ReadResponse`, decoded one at a time: `admit`
+/// is asked with each one's encoded length before it is decoded.
+fn each_entity(
+    mut message: &[u8],
+    mut admit: impl FnMut(usize) -> Result<(), Error>,
+    f: &mut impl FnMut(p4v1::Entity),
+) -> Result<(), Error> {
+    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+    let bad = |e: prost::DecodeError| Error::Decode(format!("a Read response: {e}"));
+    while !message.is_empty() {
+        let (tag, wire) = decode_key(&mut message).map_err(bad)?;
+        if (tag, wire) != (1, WireType::LengthDelimited) {
+            skip_field(wire, tag, &mut message, DecodeContext::default()).map_err(bad)?;
+            continue;
+        }
+        let len = usize::try_from(decode_varint(&mut message).map_err(bad)?).unwrap_or(usize::MAX);
+        if len > message.len() {
+            return Err(Error::Decode("a Read response's entity runs past its end".into()));
+        }
+        admit(len)?;
+        let (entity, rest) = message.split_at(len);
+        f(p4v1::Entity::decode(entity).map_err(bad)?);
+        message = rest;
+    }
+    Ok(())
+}
+
+/// The Read RPC's codec: the request encoded as usual, each response kept
+/// as its bytes (for [`each_entity`]), so that a message is never decoded
+/// as a whole.
+#[derive(Clone, Copy, Default)]
+struct EncodedReads;
+
+impl tonic::codec::Codec for EncodedReads {
+    type Encode = p4v1::ReadRequest;
+    type Decode = Vec<u8>;
+    type Encoder = tonic_prost::ProstEncoder<p4v1::ReadRequest>;
+    type Decoder = EncodedReads;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(tonic::codec::BufferSettings::default())
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        EncodedReads
+    }
+}
+
+impl tonic::codec::Decoder for EncodedReads {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf;
+        let mut out = vec![0; buf.remaining()];
+        buf.copy_to_slice(&mut out);
+        Ok(Some(out))
     }
 }
 

@@ -116,7 +116,14 @@ async fn a_switch_that_floods_a_read_fails_at_the_cap_in_bounded_memory() {
         while flood.sent.load(Ordering::SeqCst) < 1 << 30 && !flood.stop.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let s = status(&mut env, "flood").await;
+        let mut s = status(&mut env, "flood").await;
+        for _ in 0..100 {
+            if s.state() == proto::TargetState::Failing && s.last_error.contains("deploy.p4_read_max_bytes") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s = status(&mut env, "flood").await;
+        }
         let sent = flood.sent.load(Ordering::SeqCst);
         let highest = sampler.highest();
         assert_eq!(s.state(), proto::TargetState::Failing, "{s:?}");

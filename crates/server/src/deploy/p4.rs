@@ -143,9 +143,13 @@ pub(crate) struct P4Driver {
 }
 
 /// Whether a failed call leaves the connection worth keeping (the switch
-/// answered and refused), or it should be made anew.
+/// answered and refused, or sent more than the client takes: that stream
+/// is reset, the connection is sound), or it should be made anew.
 fn keeps_connection(e: &P4Error) -> bool {
     use tonic::Code as C;
+    if matches!(e, P4Error::ReadTooLarge { .. } | P4Error::MessageTooLarge { .. }) {
+        return true;
+    }
     matches!(
         e.code(),
         Some(
