@@ -397,7 +397,6 @@ impl Core {
         Err(Status::not_found(format!("no target named {name:?}")))
     }
 
-    /// Every registered target, by name.
     /// Reads every target's port counters into the metrics, all at once,
     /// each within `deploy.counter_timeout_ms`.
     pub(crate) async fn read_port_counters(&self) {
@@ -410,6 +409,7 @@ impl Core {
         while reads.join_next().await.is_some() {}
     }
 
+    /// Every registered target, by name.
     pub fn targets(&self) -> Vec<Arc<TargetHandle>> {
         self.targets.lock().expect("targets").values().cloned().collect()
     }
