@@ -79,8 +79,8 @@ pub struct ReadLimits {
     /// Largest message decoded (a Read response, a pipeline config).
     pub max_message_bytes: usize,
     /// Most bytes of entities one Read may return, each counted as its
-    /// encoding plus its decoded record (`size_of::<Entity>()`), so that
-    /// tiny entities cannot make many times the cap in memory.
+    /// encoding plus [`ENTITY_RECORD`], so that tiny entities cannot make
+    /// many times the cap in memory.
     pub max_read_bytes: u64,
 }
 
@@ -89,6 +89,11 @@ impl Default for ReadLimits {
         ReadLimits { max_message_bytes: 16 << 20, max_read_bytes: 256 << 20 }
     }
 }
+
+/// What keeping an entity (a repair keeps the key of each one to delete)
+/// costs beyond its encoding: a vector and its slot in a set. Entities are
+/// decoded one at a time, so no more than one decoded record is held.
+pub const ENTITY_RECORD: usize = 64;
 
 /// Most bytes of a switch's text (an error message) the client passes on.
 pub const MAX_DEVICE_TEXT: usize = 512;
@@ -358,7 +363,7 @@ impl Client {
     /// returns to `f`, decoded one at a time from its message; fails with
     /// [`Error::ReadTooLarge`] once they pass the limits' `max_read_bytes`
     /// (the stream is then dropped: the switch is told to stop). Each
-    /// entity counts its encoding and its decoded record, so that the cap
+    /// entity counts its encoding and [`ENTITY_RECORD`], so that the cap
     /// bounds memory however small the entities.
     pub async fn read_each(&mut self, entities: Vec<p4v1::Entity>, mut f: impl FnMut(p4v1::Entity)) -> Result<(), Error> {
         let limits = self.limits;
@@ -373,7 +378,7 @@ impl Client {
             each_entity(
                 &message,
                 |len| {
-                    bytes = bytes.saturating_add((len + std::mem::size_of::<p4v1::Entity>()) as u64);
+                    bytes = bytes.saturating_add((len + ENTITY_RECORD) as u64);
                     if bytes > limits.max_read_bytes {
                         return Err(Error::ReadTooLarge { limit: limits.max_read_bytes });
                     }
