@@ -40,12 +40,12 @@ mod simulator;
 pub mod testing;
 mod tofino;
 
-pub use client::{PortCounter, TlsOptions};
+pub use client::{PortCounter, ReadLimits, TlsOptions};
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
 pub use layout::{field_orders, Arch, P4Layout};
 pub use p4info::difference;
 pub use program::write_program;
-pub use repair::{repair, Repair};
+pub use repair::{repair, Repair, Repairing};
 pub use simulator::{Simulator, Switch};
 pub use tofino::{TableEstimate, TofinoEstimate};
 
@@ -152,9 +152,26 @@ pub enum Error {
     /// without its certificate.
     #[error("TLS: {given} is set but {missing} is not; a client identity needs both")]
     TlsIdentity { given: &'static str, missing: &'static str },
+    /// One Read returned more bytes of entities than the client takes
+    /// ([`client::ReadLimits::max_read_bytes`]); what it had sent is dropped.
+    #[error("the switch sent more than {} of entities in one Read, the cap", bytes_text(*limit))]
+    ReadTooLarge { limit: u64 },
+    /// The switch sent a message larger than the client decodes
+    /// ([`client::ReadLimits::max_message_bytes`]).
+    #[error("{what}: the switch sent a message larger than {}, the cap ({message})", bytes_text(*limit as u64))]
+    MessageTooLarge { what: String, limit: usize, message: String },
     /// A call the switch answered with an error status.
     #[error("P4Runtime: {what}: {message} ({code:?})")]
     Status { what: String, code: tonic::Code, message: String },
+}
+
+/// A size in bytes, with its MiB when it is a whole number of them.
+fn bytes_text(n: u64) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB ({n} bytes)", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
 }
 
 impl Error {

@@ -29,7 +29,7 @@ use crate::layout::TableRole;
 use crate::proto::p4::v1 as p4v1;
 use crate::P4Target;
 use prost::Message;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The writes of a repair, and what they do.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -101,55 +101,99 @@ fn is_default(e: &p4v1::Entity) -> Option<u32> {
 /// ([`crate::client::initial_defaults`]), which a Read may return for tables
 /// whose default nobody set.
 pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4v1::Entity]) -> Repair {
-    use p4v1::update::Type as T;
-    let layout = target.layout();
-    let roles: HashMap<u32, TableRole> = layout.tables.iter().map(|t| (target.ids().tables[&layout.table_name(t)], t.role)).collect();
-    let initial: BTreeMap<u32, &p4v1::Entity> = initial.iter().filter_map(|e| Some((is_default(e)?, e))).collect();
-    let mut want: BTreeMap<Vec<u8>, &p4v1::Entity> = expected.iter().map(|e| (key_of(e), e)).collect();
-    // Default entries nobody asked for are expected to be the initial ones.
-    for e in initial.values() {
-        want.entry(key_of(e)).or_insert(e);
+    let mut r = Repairing::new(target, expected, initial);
+    actual.iter().for_each(|e| r.see(e));
+    r.finish()
+}
+
+/// A [`repair`] fed what a Read returns one entity at a time
+/// ([`crate::client::Client::read_each`]), so that the Read is never held
+/// as a whole: of each entity only whether it matched its expected one, or
+/// the key of an entry to delete, is kept.
+pub struct Repairing<'a> {
+    target: &'a P4Target,
+    roles: HashMap<u32, TableRole>,
+    initial: BTreeMap<u32, &'a p4v1::Entity>,
+    /// Per key, what should be there and whether the switch has it: not
+    /// seen, seen equal, seen different (the last one seen counts).
+    want: BTreeMap<Vec<u8>, (&'a p4v1::Entity, Option<bool>)>,
+    /// The keys of entries and groups the switch should not hold (each the
+    /// encoding of the key alone, as a delete carries it).
+    unwanted: BTreeSet<Vec<u8>>,
+}
+
+fn same(a: &p4v1::Entity, b: &p4v1::Entity) -> bool {
+    normalize(a).encode_to_vec() == normalize(b).encode_to_vec()
+}
+
+impl<'a> Repairing<'a> {
+    pub fn new(target: &'a P4Target, expected: &'a [p4v1::Entity], initial: &'a [p4v1::Entity]) -> Repairing<'a> {
+        let layout = target.layout();
+        let roles = layout.tables.iter().map(|t| (target.ids().tables[&layout.table_name(t)], t.role)).collect();
+        let initial: BTreeMap<u32, &p4v1::Entity> = initial.iter().filter_map(|e| Some((is_default(e)?, e))).collect();
+        let mut want: BTreeMap<Vec<u8>, (&p4v1::Entity, Option<bool>)> = expected.iter().map(|e| (key_of(e), (e, None))).collect();
+        // Default entries nobody asked for are expected to be the initial ones.
+        for e in initial.values() {
+            want.entry(key_of(e)).or_insert((*e, None));
+        }
+        Repairing { target, roles, initial, want, unwanted: BTreeSet::new() }
     }
-    let mut have: BTreeMap<Vec<u8>, &p4v1::Entity> = BTreeMap::new();
-    for e in actual {
-        have.insert(key_of(e), e);
-    }
-    // (rank, update type) -> updates, in rank order.
-    let mut steps: BTreeMap<((u8, usize), i32), Vec<p4v1::Update>> = BTreeMap::new();
-    let mut out = Repair::default();
-    let same = |a: &p4v1::Entity, b: &p4v1::Entity| normalize(a).encode_to_vec() == normalize(b).encode_to_vec();
-    for (k, w) in &want {
-        let (kind, entity) = match (have.get(k), is_default(w)) {
-            (Some(h), _) if same(h, w) => continue,
-            // A default entry a Read leaves out is the initial one.
-            (None, Some(t)) if initial.get(&t).is_some_and(|i| same(i, w)) => continue,
-            (None, None) => {
-                out.inserts += 1;
-                (T::Insert, (*w).clone())
-            }
-            _ => {
-                out.modifies += 1;
-                (T::Modify, (*w).clone())
-            }
-        };
-        steps
-            .entry((rank(&entity, &roles, false), kind as i32))
-            .or_default()
-            .push(p4v1::Update { r#type: kind as i32, entity: Some(entity) });
-    }
-    for (k, h) in &have {
-        if want.contains_key(k) || is_default(h).is_some() {
+
+    /// One entity the switch holds.
+    pub fn see(&mut self, e: &p4v1::Entity) {
+        let k = key_of(e);
+        if let Some((w, seen)) = self.want.get_mut(&k) {
+            *seen = Some(same(e, w));
+        } else if is_default(e).is_none() {
             // Defaults are never deleted; those of tables without an initial
             // default entry are left as they are.
-            continue;
+            self.unwanted.insert(k);
         }
-        out.deletes += 1;
-        steps
-            .entry((rank(h, &roles, true), T::Delete as i32))
-            .or_default()
-            .push(p4v1::Update { r#type: T::Delete as i32, entity: Some(without_action(h)) });
     }
-    let max = target.options().batch_size.max(1);
+
+    /// The writes, in the order of the module doc.
+    pub fn finish(self) -> Repair {
+        use p4v1::update::Type as T;
+        // (rank, update type) -> updates, in rank order.
+        let mut steps: BTreeMap<((u8, usize), i32), Vec<p4v1::Update>> = BTreeMap::new();
+        let mut out = Repair::default();
+        for (w, seen) in self.want.values() {
+            let kind = match (seen, is_default(w)) {
+                (Some(true), _) => continue,
+                // A default entry a Read leaves out is the initial one.
+                (None, Some(t)) if self.initial.get(&t).is_some_and(|i| same(i, w)) => continue,
+                (None, None) => {
+                    out.inserts += 1;
+                    T::Insert
+                }
+                _ => {
+                    out.modifies += 1;
+                    T::Modify
+                }
+            };
+            let entity = (*w).clone();
+            steps
+                .entry((rank(&entity, &self.roles, false), kind as i32))
+                .or_default()
+                .push(p4v1::Update { r#type: kind as i32, entity: Some(entity) });
+        }
+        for k in &self.unwanted {
+            // The key is an encoded entity (`key_of`): it decodes.
+            let Ok(key) = p4v1::Entity::decode(k.as_slice()) else { continue };
+            out.deletes += 1;
+            steps
+                .entry((rank(&key, &self.roles, true), T::Delete as i32))
+                .or_default()
+                .push(p4v1::Update { r#type: T::Delete as i32, entity: Some(key) });
+        }
+        out.batches = batches(steps, self.target.options().batch_size.max(1));
+        out
+    }
+}
+
+/// The steps' updates in batches of at most `max`, labelled.
+fn batches(steps: BTreeMap<((u8, usize), i32), Vec<p4v1::Update>>, max: usize) -> Vec<Batch> {
+    let mut out = vec![];
     for (((step, _), kind), updates) in steps {
         let what = match step {
             1 => "multicast groups",
@@ -158,9 +202,9 @@ pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Enti
             4 => "default entries",
             _ => "groups",
         };
-        let verb = T::try_from(kind).map(|t| t.as_str_name().to_ascii_lowercase()).unwrap_or_default();
+        let verb = p4v1::update::Type::try_from(kind).map(|t| t.as_str_name().to_ascii_lowercase()).unwrap_or_default();
         for chunk in updates.chunks(max) {
-            out.batches.push(Batch { label: format!("repair: {verb} {what}"), updates: chunk.to_vec() });
+            out.push(Batch { label: format!("repair: {verb} {what}"), updates: chunk.to_vec() });
         }
     }
     out

@@ -25,6 +25,11 @@
 //! [`TestServer::send`] runs packets through the simulator on what the
 //! switch holds; their register updates and counts stay in the switch.
 //!
+//! It can misbehave as a broken or hostile switch: stream a flood of
+//! entries after what a Read should return ([`State::flood`], generated as
+//! the client takes it, so the test does not hold it), or leave counter
+//! reads unanswered ([`State::stall_counter_reads`]).
+//!
 //! It serves plaintext ([`TestServer::start`]) or TLS, optionally requiring
 //! a client certificate ([`TestServer::start_tls`]).
 //!
@@ -80,6 +85,63 @@ pub struct State {
     /// Makes the next write apply this many updates and then fail with
     /// `UNAVAILABLE`, as a switch that goes away in the middle of a write.
     pub fail_after: Option<usize>,
+    /// The message of that failure, instead of the default.
+    pub fail_text: Option<String>,
+    /// Every Read of table entries streams this after the real answer.
+    pub flood: Option<Flood>,
+    /// While set, Reads of counters wait (they answer once it is cleared).
+    pub stall_counter_reads: bool,
+    /// Reads of counters received.
+    pub counter_reads: usize,
+}
+
+/// Made-up table entries, all different, that a Read streams after the
+/// real ones: `bytes` in all, in messages of about `message_bytes`, each
+/// entry about `entry_bytes`. Made as the client takes them.
+#[derive(Clone, Debug)]
+pub struct Flood {
+    pub bytes: u64,
+    pub message_bytes: usize,
+    pub entry_bytes: usize,
+    /// Bytes of entries made so far (over all Reads).
+    pub sent: Arc<AtomicU64>,
+    /// Set: no further message is made (the stream ends).
+    pub stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Flood {
+    pub fn new(bytes: u64, message_bytes: usize, entry_bytes: usize) -> Flood {
+        Flood { bytes, message_bytes, entry_bytes, sent: Default::default(), stop: Default::default() }
+    }
+
+    /// The messages, made lazily, of entries in `table`.
+    fn messages(self, table: u32) -> impl Iterator<Item = Result<p4v1::ReadResponse, Status>> + Send + 'static {
+        let per_message = (self.message_bytes / self.entry_bytes.max(1)).max(1);
+        let messages = self.bytes.div_ceil((per_message * self.entry_bytes.max(1)) as u64);
+        let stop = self.stop.clone();
+        (0..messages).take_while(move |_| !stop.load(Ordering::SeqCst)).map(move |m| {
+            let entities: Vec<p4v1::Entity> = (0..per_message).map(|i| self.entry(table, m * per_message as u64 + i as u64)).collect();
+            self.sent.fetch_add((per_message * self.entry_bytes) as u64, Ordering::SeqCst);
+            Ok(p4v1::ReadResponse { entities })
+        })
+    }
+
+    /// Entry `n`: an exact match on a value of `entry_bytes` that starts with `n`.
+    fn entry(&self, table: u32, n: u64) -> p4v1::Entity {
+        let mut value = vec![0xab; self.entry_bytes.max(8)];
+        value[..8].copy_from_slice(&n.to_be_bytes());
+        let field = p4v1::FieldMatch {
+            field_id: 1,
+            field_match_type: Some(p4v1::field_match::FieldMatchType::Exact(p4v1::field_match::Exact { value })),
+        };
+        p4v1::Entity {
+            entity: Some(p4v1::entity::Entity::TableEntry(p4v1::TableEntry {
+                table_id: table,
+                r#match: vec![field],
+                ..Default::default()
+            })),
+        }
+    }
 }
 
 impl State {
@@ -162,11 +224,12 @@ impl P4Runtime for FakeSwitch {
         };
         let before = sw.clone();
         let fail_after = st.fail_after.take();
+        let fail_text = st.fail_text.take();
         // P4Runtime does not order the updates of one request: apply them
         // last to first, and check the references after each.
         for (n, u) in w.updates.iter().rev().enumerate() {
             if fail_after == Some(n) {
-                return Err(Status::unavailable(format!("injected failure after {n} updates of the write")));
+                return Err(Status::unavailable(fail_text.unwrap_or_else(|| format!("injected failure after {n} updates of the write"))));
             }
             sw.apply(u).map_err(|e| to_status(e.code, e.message))?;
             st.updates += 1;
@@ -186,6 +249,17 @@ impl P4Runtime for FakeSwitch {
         let r = request.into_inner();
         if r.device_id != DEVICE {
             return Err(Status::not_found(format!("no device {}", r.device_id)));
+        }
+        let counters = r.entities.iter().any(|e| matches!(e.entity, Some(p4v1::entity::Entity::CounterEntry(_))));
+        if counters {
+            lock(&self.state).counter_reads += 1;
+            loop {
+                let stalled = lock(&self.state).stall_counter_reads;
+                if !stalled {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         }
         let st = lock(&self.state);
         let (Some(sw), Some(info)) = (st.switch.as_ref(), st.p4info()) else {
@@ -227,7 +301,13 @@ impl P4Runtime for FakeSwitch {
                 _ => return Err(Status::unimplemented("only table entries, multicast groups and counters")),
             }
         }
-        let stream = tokio_stream::iter(vec![Ok(p4v1::ReadResponse { entities: out })]);
+        let tables = r.entities.iter().any(|e| matches!(e.entity, Some(p4v1::entity::Entity::TableEntry(_))));
+        let flood = st
+            .flood
+            .clone()
+            .filter(|_| tables)
+            .map(|f| f.messages(info.tables.first().and_then(|t| t.preamble.as_ref()).map_or(0, |p| p.id)));
+        let stream = tokio_stream::iter(std::iter::once(Ok(p4v1::ReadResponse { entities: out })).chain(flood.into_iter().flatten()));
         Ok(Response::new(Box::pin(stream)))
     }
 

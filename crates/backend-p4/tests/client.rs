@@ -223,3 +223,39 @@ async fn client_against_simple_switch_grpc() {
     run_flow(&mut client, &target, &mut set, &p, &art.install, &info, json).await;
     let _ = child.kill().await;
 }
+
+/// What a switch sends is bounded: a Read that streams past the client's
+/// `max_read_bytes` stops there with `ReadTooLarge` (the switch is told to
+/// stop: it made little more than the cap), a message past
+/// `max_message_bytes` is refused before it is decoded, and the client
+/// reads normally once the switch behaves.
+#[tokio::test]
+async fn reads_past_the_clients_limits_are_refused() {
+    use subc_backend_p4::testing::Flood;
+    use subc_backend_p4::{Error, ReadLimits};
+    let (p, set) = itch_set(10);
+    let (target, art) = p4_compile(&p.spec, &set, &P4Options::default()).unwrap();
+    let (addr, state) = start(target.layout().clone()).await;
+    let limits = ReadLimits { max_message_bytes: 2 << 20, max_read_bytes: 8 << 20 };
+    let mut c = Client::connect(&addr, DEVICE, 1, None).await.unwrap().with_limits(limits);
+    c.set_pipeline(&art.p4info, vec![]).await.unwrap();
+    c.write(&art.install).await.unwrap();
+
+    let flood = Flood::new(1 << 30, 1 << 20, 1024);
+    state.lock().flood = Some(flood.clone());
+    let e = c.read_all(&art.p4info).await.unwrap_err();
+    assert!(matches!(e, Error::ReadTooLarge { limit } if limit == 8 << 20), "{e}");
+    assert!(e.to_string().contains("more than 8 MiB (8388608 bytes) of entities in one Read"), "{e}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let sent = flood.sent.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(sent < 32 << 20, "the switch made {sent} bytes for a read stopped at 8 MiB");
+
+    state.lock().flood = Some(Flood::new(3 << 20, 3 << 20, 1024));
+    let e = c.read_all(&art.p4info).await.unwrap_err();
+    assert!(matches!(&e, Error::MessageTooLarge { limit, .. } if *limit == 2 << 20), "{e}");
+
+    state.lock().flood = None;
+    let held = c.read_all(&art.p4info).await.unwrap();
+    let diff = compare(&expected(&art.p4info, target.layout(), &[&art.install]), &held, &initial_defaults(&art.p4info));
+    assert!(diff.is_empty(), "{diff:?}");
+}

@@ -335,10 +335,8 @@ impl Targets for Api {
         principal(&request)?.require_admin()?;
         let h = self.core.target(&request.into_inner().name)?;
         let mut status = h.status(self.core.generation());
-        let core = self.core.clone();
-        status.port_counters = tokio::task::spawn_blocking(move || h.read_port_counters(core.metrics()))
-            .await
-            .map_err(|e| Status::internal(format!("reading the port counters: {e}")))?;
+        let deadline = Duration::from_millis(self.core.config().deploy.counter_timeout_ms);
+        status.port_counters = h.read_port_counters(self.core.metrics(), deadline).await;
         Ok(Response::new(status))
     }
 

@@ -319,6 +319,12 @@ pub struct DeployConfig {
     pub bpffs_root: PathBuf,
     /// Most operations a Plan reply lists.
     pub plan_max_ops: usize,
+    /// P4Runtime: most bytes of entities one Read of a switch may return.
+    pub p4_read_max_bytes: u64,
+    /// P4Runtime: largest message decoded from a switch, in bytes.
+    pub p4_message_max_bytes: u64,
+    /// How long a read of a target's port counters (Status, /metrics) may take.
+    pub counter_timeout_ms: u64,
 }
 
 impl Default for DeployConfig {
@@ -329,6 +335,9 @@ impl Default for DeployConfig {
             reconcile_timeout_ms: 30_000,
             bpffs_root: PathBuf::from("/sys/fs/bpf/subc"),
             plan_max_ops: 10_000,
+            p4_read_max_bytes: 256 << 20,
+            p4_message_max_bytes: 16 << 20,
+            counter_timeout_ms: 2_000,
         }
     }
 }
@@ -461,6 +470,9 @@ impl Config {
         at_least("transport.max_connections", t.max_connections as u64, 1)?;
         at_least("transport.max_connections_per_peer", t.max_connections_per_peer as u64, 1)?;
         at_least("transport.handshake_timeout_ms", t.handshake_timeout_ms, 10)?;
+        at_least("deploy.p4_read_max_bytes", d.p4_read_max_bytes, 1 << 20)?;
+        at_least("deploy.p4_message_max_bytes", d.p4_message_max_bytes, 1 << 20)?;
+        at_least("deploy.counter_timeout_ms", d.counter_timeout_ms, 1)?;
         if let Some(order) = &c.order {
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = order.iter().find(|n| !seen.insert(n.as_str())) {

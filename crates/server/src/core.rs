@@ -412,14 +412,19 @@ impl Core {
         Err(Status::not_found(format!("no target named {name:?}")))
     }
 
-    /// Every registered target, by name.
-    /// Reads every target's port counters into the metrics (blocking).
-    pub(crate) fn read_port_counters(&self) {
+    /// Reads every target's port counters into the metrics, all at once,
+    /// each within `deploy.counter_timeout_ms`.
+    pub(crate) async fn read_port_counters(&self) {
+        let deadline = std::time::Duration::from_millis(self.config.deploy.counter_timeout_ms);
+        let mut reads = tokio::task::JoinSet::new();
         for t in self.targets() {
-            t.read_port_counters(self.metrics());
+            let metrics = self.metrics.clone();
+            reads.spawn(async move { t.read_port_counters(&metrics, deadline).await });
         }
+        while reads.join_next().await.is_some() {}
     }
 
+    /// Every registered target, by name.
     pub fn targets(&self) -> Vec<Arc<TargetHandle>> {
         self.targets.lock().expect("targets").values().cloned().collect()
     }

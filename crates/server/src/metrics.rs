@@ -246,9 +246,9 @@ fn build_labels() -> Labels {
     vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("profile", profile.to_string())]
 }
 
-/// What a scrape reads fresh from the targets first (their port counters);
-/// it may block, so it runs off the async threads.
-pub(crate) type Refresh = Arc<dyn Fn() + Send + Sync>;
+/// What a scrape reads fresh from the targets first (their port counters,
+/// each read bounded by `deploy.counter_timeout_ms`).
+pub(crate) type Refresh = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Serves `GET /metrics` on `addr` until the process ends.
 pub(crate) async fn serve(
@@ -267,9 +267,7 @@ pub(crate) async fn serve(
             let m = metrics.clone();
             let refresh = refresh.clone();
             async move {
-                if let Err(e) = tokio::task::spawn_blocking(move || refresh()).await {
-                    tracing::warn!(error = %e, "refreshing the metrics failed");
-                }
+                refresh().await;
                 ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render())
             }
         }),

@@ -130,7 +130,11 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         Some(a) => Some(
             crate::metrics::serve(a, limits, core.metrics().clone(), {
                 let core = core.clone();
-                Arc::new(move || core.read_port_counters())
+                Arc::new(move || {
+                    let core = core.clone();
+                    Box::pin(async move { core.read_port_counters().await })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+                })
             })
             .await
             .map_err(|e| Error::Io { context: format!("cannot listen on {a}"), source: e })?,

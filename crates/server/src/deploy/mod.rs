@@ -100,6 +100,18 @@ pub(crate) trait Driver: Send {
     fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
         Ok(vec![])
     }
+    /// Reads the port counters without the driver, where a read may wait on
+    /// the device (P4Runtime): taken after each driver call, and used
+    /// instead of [`Driver::port_counters`] from then on.
+    fn counter_reader(&mut self) -> Option<Arc<dyn CounterReader>> {
+        None
+    }
+}
+
+/// A target's port counters, read apart from its driver (see
+/// [`Driver::counter_reader`]); the caller bounds the time.
+pub(crate) trait CounterReader: Send + Sync {
+    fn read(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<proto::PortCounter>, DriverError>> + Send>>;
 }
 
 /// What the task knows a target holds.
@@ -229,6 +241,11 @@ pub struct TargetHandle {
     reconciling: AtomicBool,
     /// The port counters last read from the target.
     counters: Mutex<Vec<proto::PortCounter>>,
+    /// What reads them apart from the driver, once the driver offered one.
+    counter_reader: Mutex<Option<Arc<dyn CounterReader>>>,
+    /// Held while a counter read is under way: another caller meanwhile
+    /// gets the last counters rather than a second read.
+    counters_reading: tokio::sync::Mutex<()>,
 }
 
 /// The plan for one sync.
@@ -307,6 +324,8 @@ impl TargetHandle {
             wake: Notify::new(),
             reconciling: AtomicBool::new(deployed),
             counters: Mutex::new(vec![]),
+            counter_reader: Mutex::new(None),
+            counters_reading: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -326,28 +345,53 @@ impl TargetHandle {
     }
 
     /// Reads the port counters from the target into the status and the
-    /// metrics, and returns them. Blocks (call it off the async threads),
-    /// but never waits for a deploy: while the driver is busy, or before the
-    /// target has one, the last counters read stand.
-    pub fn read_port_counters(&self, metrics: &Metrics) -> Vec<proto::PortCounter> {
-        let read = match self.driver.try_lock() {
+    /// metrics, and returns them. Never waits for a deploy, nor past
+    /// `deadline` for the target: while a read is under way, while the
+    /// driver is busy (targets without a [`CounterReader`]), before the
+    /// target has one, or when the read fails or takes too long, the last
+    /// counters read stand.
+    pub async fn read_port_counters(&self, metrics: &Metrics, deadline: Duration) -> Vec<proto::PortCounter> {
+        let Ok(_reading) = self.counters_reading.try_lock() else { return self.last_counters() };
+        let reader = self.counter_reader.lock().expect("counter reader").clone();
+        let read = match reader {
+            Some(r) => Some(Self::read_within(r.read(), deadline).await),
+            None => self.port_counters_if_idle().await,
+        };
+        match read {
+            Some(Ok(c)) => self.record_counters(metrics, c),
+            Some(Err(e)) => tracing::debug!(target_name = %self.name, error = %e, "cannot read the port counters; the last ones stand"),
+            None => {}
+        }
+        self.last_counters()
+    }
+
+    async fn read_within<T>(read: impl std::future::Future<Output = Result<T, DriverError>>, deadline: Duration) -> Result<T, DriverError> {
+        tokio::time::timeout(deadline, read)
+            .await
+            .unwrap_or_else(|_| Err(DriverError::transient(format!("the port counters did not come within {} ms", deadline.as_millis()))))
+    }
+
+    /// The driver's own counter read, unless the driver is busy.
+    async fn port_counters_if_idle(&self) -> Option<Result<Vec<proto::PortCounter>, DriverError>> {
+        let driver = self.driver.clone();
+        let read = move || match driver.try_lock() {
             Ok(mut guard) => guard.as_mut().map(|d| d.port_counters()),
             Err(_) => None,
         };
-        let mut last = self.counters.lock().expect("counters");
-        match read {
-            Some(Ok(c)) => {
-                for p in &c {
-                    let labels = Metrics::labels(&[("target", &self.name), ("port", &p.port.to_string())]);
-                    metrics.port_packets.get_or_create(&labels).set(p.packets as i64);
-                    metrics.port_bytes.get_or_create(&labels).set(p.bytes as i64);
-                }
-                *last = c;
-            }
-            Some(Err(e)) => tracing::debug!(target_name = %self.name, error = %e, "cannot read the port counters"),
-            None => {}
+        tokio::task::spawn_blocking(read).await.ok().flatten()
+    }
+
+    fn record_counters(&self, metrics: &Metrics, counters: Vec<proto::PortCounter>) {
+        for p in &counters {
+            let labels = Metrics::labels(&[("target", &self.name), ("port", &p.port.to_string())]);
+            metrics.port_packets.get_or_create(&labels).set(p.packets as i64);
+            metrics.port_bytes.get_or_create(&labels).set(p.bytes as i64);
         }
-        last.clone()
+        *self.counters.lock().expect("counters") = counters;
+    }
+
+    fn last_counters(&self) -> Vec<proto::PortCounter> {
+        self.counters.lock().expect("counters").clone()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Progress> {
@@ -410,7 +454,11 @@ impl TargetHandle {
             me.ensure_driver(&ctx)?;
             let mut guard = me.driver.lock().expect("driver");
             let driver = guard.as_mut().expect("driver was just made");
-            f(driver.as_mut())
+            let r = f(driver.as_mut());
+            if let Some(reader) = driver.counter_reader() {
+                *me.counter_reader.lock().expect("counter reader") = Some(reader);
+            }
+            r
         })
         .await
         .map_err(|e| DriverError::transient(format!("the driver thread failed: {e}")))?
@@ -755,6 +803,7 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
     // not when the handle goes.
     let driver = h.driver.clone();
     let _ = tokio::task::spawn_blocking(move || drop(driver.lock().expect("driver").take())).await;
+    drop(h.counter_reader.lock().expect("counter reader").take());
     tracing::debug!(target_name = %h.name, "target task stopped");
 }
 
@@ -771,7 +820,14 @@ pub(crate) fn make_driver(
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
-        Some(Kind::P4runtime(p)) => Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric)?)),
+        Some(Kind::P4runtime(p)) => {
+            let d = &ctx.config.deploy;
+            let limits = subc_backend_p4::ReadLimits {
+                max_message_bytes: usize::try_from(d.p4_message_max_bytes).unwrap_or(usize::MAX),
+                max_read_bytes: d.p4_read_max_bytes,
+            };
+            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric, limits)?))
+        }
         None => Err(DriverError::transient("the target has no kind")),
     }
 }

@@ -32,18 +32,25 @@
 //! repair the switch refuses, reads as "nothing known": the deployer
 //! installs anew.
 //!
+//! What a switch sends is bounded (`deploy.p4_read_max_bytes` per Read,
+//! `deploy.p4_message_max_bytes` per message): a Read streams into the
+//! repair (`Repairing`), and one past the cap fails the attempt, naming it.
+//! Port counters are read over a read-only clone of the connection
+//! ([`P4Counters`]), so a counter read never holds the driver.
+//!
 //! Writes are not atomic on P4Runtime: a failed write leaves the image
 //! untrusted (`apply` needs an install or a read back again), and the
 //! deployer's read back after a failure repairs the switch to the saved
 //! image before the next diff.
 
 use super::image::ImageLog;
-use super::{Driver, DriverError, RegistrationError};
+use super::{CounterReader, Driver, DriverError, RegistrationError};
 use crate::proto;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use subc_backend_p4::client::{initial_defaults, program_cookie, Client, TlsOptions};
 use subc_backend_p4::difference;
@@ -51,8 +58,8 @@ use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::{describe, Batch, PortMap};
-use subc_backend_p4::{repair, Repair};
 use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
+use subc_backend_p4::{ReadLimits, Repair, Repairing};
 use subc_bdd::Op;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
@@ -123,9 +130,11 @@ pub(crate) struct P4Driver {
     ports: PortMap,
     /// TLS to the switch (none: plaintext).
     tls: Option<TlsOptions>,
+    /// What the switch may send (from `[deploy]`).
+    limits: ReadLimits,
     rt: Rt,
     client: Option<Client>,
-    program: Option<Program>,
+    program: Option<Arc<Program>>,
     /// The pipelines the switch holds, while that is known.
     image: Option<Vec<Pipeline>>,
     /// The program drops the copy whose egress port is the ingress port.
@@ -134,9 +143,13 @@ pub(crate) struct P4Driver {
 }
 
 /// Whether a failed call leaves the connection worth keeping (the switch
-/// answered and refused), or it should be made anew.
+/// answered and refused, or sent more than the client takes: that stream
+/// is reset, the connection is sound), or it should be made anew.
 fn keeps_connection(e: &P4Error) -> bool {
     use tonic::Code as C;
+    if matches!(e, P4Error::ReadTooLarge { .. } | P4Error::MessageTooLarge { .. }) {
+        return true;
+    }
     matches!(
         e.code(),
         Some(
@@ -204,6 +217,7 @@ impl P4Driver {
         spec: Arc<Spec>,
         data_dir: &Path,
         prune_ingress: bool,
+        limits: ReadLimits,
     ) -> Result<P4Driver, DriverError> {
         let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
         Ok(P4Driver {
@@ -216,6 +230,7 @@ impl P4Driver {
             device_config: cfg.device_config.clone(),
             ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             tls: tls_options(cfg),
+            limits,
             rt: Rt::new()?,
             client: None,
             program: None,
@@ -244,7 +259,7 @@ impl P4Driver {
                 .rt
                 .block_on(async { tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(&addr, device, election, tls.as_ref())).await })
                 .map_err(|_| P4Error::Rpc(format!("{addr} did not answer within {} s", CONNECT_TIMEOUT.as_secs())))??;
-            self.client = Some(c);
+            self.client = Some(c.with_limits(self.limits));
         }
         let client = self.client.as_mut().expect("connected above");
         let r = match self.rt.block_on(async { tokio::time::timeout(limit, f(client)).await }) {
@@ -261,6 +276,17 @@ impl P4Driver {
 
     fn transient(&self, e: impl std::fmt::Display) -> DriverError {
         DriverError::transient(format!("P4Runtime target {}: {e}", self.addr))
+    }
+
+    /// A failed call as the target's error; a cap the switch went past is
+    /// named by its key.
+    fn failed(&self, e: P4Error) -> DriverError {
+        let key = match e {
+            P4Error::ReadTooLarge { .. } => "deploy.p4_read_max_bytes",
+            P4Error::MessageTooLarge { .. } => "deploy.p4_message_max_bytes",
+            _ => return self.transient(e),
+        };
+        self.transient(format!("{e}; raise {key} if the switch really holds that much"))
     }
 
     /// The program for pipelines of this shape (kept while the shape stays).
@@ -294,9 +320,9 @@ impl P4Driver {
                 },
             };
             let initial = initial_defaults(&info);
-            self.program = Some(Program { orders, target, info, initial });
+            self.program = Some(Arc::new(Program { orders, target, info, initial }));
         }
-        Ok(self.program.as_ref().expect("made above"))
+        Ok(self.program.as_deref().expect("made above"))
     }
 
     /// Whether the switch runs the program (`Err`: it could not be asked).
@@ -331,11 +357,6 @@ impl P4Driver {
         self.transient(format!("{why}, and the target has no device config to push subc's (register it with --device-config)"))
     }
 
-    fn read_all(&mut self) -> Result<Vec<p4v1::Entity>, P4Error> {
-        let info = self.program.as_ref().expect("a program").info.clone();
-        self.call("Read", CALL_TIMEOUT, move |c| Box::pin(async move { c.read_all(&info).await }))
-    }
-
     fn write(&mut self, batches: Vec<Batch>) -> Result<usize, P4Error> {
         let limit = CALL_TIMEOUT + Duration::from_millis(100) * batches.len() as u32;
         self.call("Write", limit, move |c| Box::pin(async move { c.write(&batches).await }))
@@ -346,11 +367,17 @@ impl P4Driver {
         self.program.as_ref().expect("a program").target.entities(pipes).map_err(|e| self.transient(e))
     }
 
-    /// The writes that take the switch from what a Read finds to `expected`.
-    fn repair_to(&mut self, expected: &[p4v1::Entity]) -> Result<Repair, P4Error> {
-        let actual = self.read_all()?;
-        let program = self.program.as_ref().expect("a program");
-        Ok(repair(&program.target, expected, &actual, &program.initial))
+    /// The writes that take the switch from what a Read finds to
+    /// `expected`; the Read streams into them, never held as a whole.
+    fn repair_to(&mut self, expected: Vec<p4v1::Entity>) -> Result<Repair, P4Error> {
+        let program = self.program.clone().expect("a program");
+        self.call("Read", CALL_TIMEOUT, move |c| {
+            Box::pin(async move {
+                let mut r = Repairing::new(&program.target, &expected, &program.initial);
+                c.read_all_each(&program.info, |e| r.see(&e)).await?;
+                Ok(r.finish())
+            })
+        })
     }
 
     /// A few of a repair's updates in the program's names, for the log.
@@ -361,24 +388,12 @@ impl P4Driver {
 }
 
 impl Driver for P4Driver {
-    /// Read only over a connection deploys opened: a status request never
-    /// waits to dial a switch that is down.
-    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
-        let (Some(program), Some(_)) = (&self.program, &self.client) else { return Ok(vec![]) };
-        let info = program.info.clone();
-        let read = self.call("Read counters", CALL_TIMEOUT, move |c| Box::pin(async move { c.read_port_counters(&info).await }));
-        let counters = match read {
-            Ok(c) => c,
-            // A program of an older subc, with no counter.
-            Err(P4Error::NoCounter(_)) => return Ok(vec![]),
-            Err(e) => return Err(self.transient(e)),
-        };
-        let mut out: Vec<proto::PortCounter> = counters
-            .into_iter()
-            .filter_map(|c| Some(proto::PortCounter { port: self.ports.subscription(c.port)?, packets: c.packets, bytes: c.bytes }))
-            .collect();
-        out.sort_by_key(|c| c.port);
-        Ok(out)
+    /// Over the connection deploys opened (a status request never waits to
+    /// dial a switch that is down), but not through this driver: a counter
+    /// read never holds it.
+    fn counter_reader(&mut self) -> Option<Arc<dyn CounterReader>> {
+        let (Some(program), Some(client)) = (&self.program, &self.client) else { return None };
+        Some(Arc::new(P4Counters { client: Mutex::new(client.read_only()), program: program.clone(), ports: self.ports.clone() }))
     }
 
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
@@ -406,13 +421,13 @@ impl Driver for P4Driver {
             Running::NotOurs(why) => return Err(self.cannot_push(&why)),
         }
         let expected = self.entities(&pipes)?;
-        let r = match self.repair_to(&expected) {
+        let r = match self.repair_to(expected) {
             Ok(r) => r,
             Err(e) if not_our_program(&e) => {
                 tracing::warn!(target_name = %self.name, error = %e, "the switch cannot be read as subc's program; it will be installed anew");
                 return Ok(None);
             }
-            Err(e) => return Err(self.transient(e)),
+            Err(e) => return Err(self.failed(e)),
         };
         if !r.is_empty() {
             let sample = self.sample(&r);
@@ -449,7 +464,7 @@ impl Driver for P4Driver {
                 .map_err(|e| self.transient(e))?;
         }
         let expected = self.entities(pipes)?;
-        let r = self.repair_to(&expected).map_err(|e| self.transient(e))?;
+        let r = self.repair_to(expected).map_err(|e| self.failed(e))?;
         let (inserts, modifies, deletes) = (r.inserts, r.modifies, r.deletes);
         self.write(r.batches).map_err(|e| self.transient(e))?;
         tracing::info!(target_name = %self.name, inserts, modifies, deletes, "installed");
@@ -488,7 +503,7 @@ impl Driver for P4Driver {
         self.program_for(&pipes.iter().collect::<Vec<_>>())?;
         // A switch that runs another program holds nothing of subc's.
         if let Running::Ours = self.running()? {
-            let r = self.repair_to(&[]).map_err(|e| self.transient(e))?;
+            let r = self.repair_to(vec![]).map_err(|e| self.failed(e))?;
             let deletes = r.deletes;
             self.write(r.batches).map_err(|e| self.transient(e))?;
             tracing::info!(target_name = %self.name, deletes, "removed subc's entries and groups");
@@ -506,5 +521,36 @@ impl Driver for P4Driver {
                 Some(Err(e)) => Some(format!("cannot be encoded: {e}")),
             })
             .collect()
+    }
+}
+
+/// Reads a switch's port counters over a read-only clone of the driver's
+/// connection: another stream of the same HTTP/2 connection, so neither
+/// waits for the other.
+struct P4Counters {
+    /// Cloned for each read (the clone is a handle on the same connection).
+    client: Mutex<Client>,
+    program: Arc<Program>,
+    ports: subc_backend_p4::PortMap,
+}
+
+impl CounterReader for P4Counters {
+    fn read(&self) -> Pin<Box<dyn Future<Output = Result<Vec<proto::PortCounter>, DriverError>> + Send>> {
+        let mut client = self.client.lock().unwrap_or_else(|p| p.into_inner()).read_only();
+        let (program, ports) = (self.program.clone(), self.ports.clone());
+        Box::pin(async move {
+            let counters = match client.read_port_counters(&program.info).await {
+                Ok(c) => c,
+                // A program of an older subc, with no counter.
+                Err(P4Error::NoCounter(_)) => return Ok(vec![]),
+                Err(e) => return Err(DriverError::transient(format!("reading the port counters: {e}"))),
+            };
+            let mut out: Vec<proto::PortCounter> = counters
+                .into_iter()
+                .filter_map(|c| Some(proto::PortCounter { port: ports.subscription(c.port)?, packets: c.packets, bytes: c.bytes }))
+                .collect();
+            out.sort_by_key(|c| c.port);
+            Ok(out)
+        })
     }
 }
