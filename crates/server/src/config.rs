@@ -62,6 +62,8 @@ pub struct Config {
     /// How many events the store keeps for `Watch` replays.
     #[serde(default = "default_events_keep")]
     pub events_keep: u64,
+    #[serde(default)]
+    pub retention: Retention,
 }
 
 fn default_listen() -> SocketAddr {
@@ -213,6 +215,30 @@ impl Default for Limits {
             max_compiler_bytes: 8 << 30,
             max_watchers: 256,
             max_targets: 1024,
+        }
+    }
+}
+
+/// How long and in how many bytes the store keeps what only grows: the
+/// replies of `Add`s by `request_id` (replays) and the events (`Watch`
+/// replays; also at most `events_keep` of them). The oldest go first; the
+/// newest of each is always kept.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    pub request_max_age_ms: u64,
+    pub request_max_bytes: u64,
+    pub events_max_age_ms: u64,
+    pub events_max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            request_max_age_ms: 24 * 3600 * 1000,
+            request_max_bytes: 4 << 20,
+            events_max_age_ms: 7 * 24 * 3600 * 1000,
+            events_max_bytes: 4 << 20,
         }
     }
 }
@@ -378,6 +404,11 @@ impl Config {
         at_least("deploy.retry_max_ms", d.retry_max_ms, d.retry_initial_ms)?;
         at_least("deploy.reconcile_timeout_ms", d.reconcile_timeout_ms, 1)?;
         at_least("deploy.plan_max_ops", d.plan_max_ops as u64, 1)?;
+        let r = &self.retention;
+        at_least("retention.request_max_age_ms", r.request_max_age_ms, 1000)?;
+        at_least("retention.events_max_age_ms", r.events_max_age_ms, 1000)?;
+        at_least("retention.request_max_bytes", r.request_max_bytes, 64 << 10)?;
+        at_least("retention.events_max_bytes", r.events_max_bytes, 64 << 10)?;
         if let Some(order) = &c.order {
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = order.iter().find(|n| !seen.insert(n.as_str())) {
