@@ -193,6 +193,9 @@ async fn churn(cycles: usize, n: usize, f: impl FnOnce(&mut subc_server::Config)
         let added = add_lines(&mut env.alice, cheap, &format!("cycle-{cycle}")).await;
         let ids = added.subscriptions.iter().map(|s| s.id).collect();
         env.alice.subs.remove(proto::RemoveRequest { ids }).await.expect("remove");
+        if cycles >= 50 && cycle % 10 == 9 {
+            eprintln!("cycle {}: {} bytes, {} with the WAL", cycle + 1, size(&store), size(&store) + size(&sidecar(&store, "-wal")));
+        }
     }
     let sizes = (size(&store) + size(&sidecar(&store, "-wal")), size(&store));
     let _ = env.stop().await;
