@@ -226,9 +226,13 @@ impl Default for Limits {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Retention {
+    /// How long an Add's reply is replayed for a reused `request_id`.
     pub request_max_age_ms: u64,
+    /// Most bytes of stored replies.
     pub request_max_bytes: u64,
+    /// How long an event is kept for `Watch` replays.
     pub events_max_age_ms: u64,
+    /// Most bytes of stored events.
     pub events_max_bytes: u64,
 }
 
@@ -439,6 +443,15 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("allow_anonymous"));
         c.auth.allow_anonymous = true;
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn retention_has_defaults_and_refuses_tiny_limits() {
+        let c: Config = toml::from_str("spec = \"a\"\n[retention]\nevents_max_bytes = 1048576").unwrap();
+        assert_eq!((c.retention.events_max_bytes, c.retention.request_max_bytes), (1 << 20, 4 << 20));
+        c.validate().unwrap();
+        let c: Config = toml::from_str("spec = \"a\"\n[retention]\nrequest_max_bytes = 10").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("retention.request_max_bytes"));
     }
 
     #[test]
