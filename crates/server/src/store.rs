@@ -9,6 +9,14 @@
 //! the pipelines' layout); and per subscription, the pipelines its rules
 //! were placed in.
 //!
+//! What only grows, the replies and the events, is pruned by age and size
+//! (`[retention]`, and `events_keep`), and the pages it freed go back to the
+//! file system (`auto_vacuum = INCREMENTAL`, then a checkpoint that
+//! truncates the WAL), so the file follows the subscriptions, not the
+//! changes made to them. An existing store is checked (`quick_check`) when
+//! opened; an empty or damaged one is refused (`restore.rs` puts a backup
+//! in its place).
+//!
 //! Invariants:
 //! - One writer: the service's writer thread owns the only writing
 //!   connection; readers (`Watch` replays) open their own.
@@ -505,6 +513,7 @@ impl Txn<'_> {
             .map_err(sql)?;
         Ok(())
     }
+
     pub(crate) fn put_target(&self, reg: &proto::RegisterTargetRequest) -> Result<(), Error> {
         self.tx
             .prepare_cached("INSERT INTO targets (name, registration, deployed, created_ms) VALUES (?1, ?2, 0, ?3)")
@@ -697,6 +706,27 @@ mod tests {
         })
         .unwrap();
         assert_eq!((count(&s, "events"), count(&s, "requests")), (0, 0));
+    }
+
+    /// A store of an earlier build (no auto_vacuum, events without
+    /// `created_ms`) is converted once, its rows kept.
+    #[test]
+    fn an_earlier_store_is_converted_to_give_pages_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "PRAGMA journal_mode=WAL; CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL);
+                 INSERT INTO events (body) VALUES (x'2001');",
+            )
+            .unwrap();
+            assert_eq!(c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 0);
+        }
+        let s = Store::open(&path, Durability::Full).unwrap();
+        assert_eq!(s.conn.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 2);
+        assert_eq!(s.events_after(0, 10).unwrap().len(), 1);
+        s.conn.execute("UPDATE events SET created_ms = 1", []).unwrap();
     }
 
     #[test]
