@@ -82,7 +82,7 @@ pub enum StoreCommand {
     /// committed generation, checked, synced, and renamed into place.
     #[command(after_help = "Examples:\n  subc store backup --store /var/lib/subc/subc.db /backups/subc-$(date +%F).db\n  \
                             subc store backup --config /etc/subc/subc.toml backup.db --json\n\n\
-                            To restore: stop the service, then `subc serve --store BACKUP` (or copy it over the store).")]
+                            To restore: stop the service, then `subc store restore BACKUP --store STORE`.")]
     Backup {
         /// The store to copy (default: the configuration's `store`, else `subc.db`).
         #[arg(long, value_name = "FILE")]
@@ -97,16 +97,47 @@ pub enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Put a backup in the store's place, with the service stopped: refused
+    /// while anything holds the store; the backup is checked and copied
+    /// beside the store, the old store's WAL files removed, the copy renamed
+    /// over it. Ids the replaced store gave out are never given again.
+    #[command(after_help = "Examples:\n  subc store restore /backups/subc-2026-11-27.db --store /var/lib/subc/subc.db\n  \
+                            subc store restore backup.db --config /etc/subc/subc.toml --json\n\n\
+                            Do not copy a backup over a store by hand: a stale WAL beside it would be applied to it.")]
+    Restore {
+        /// The backup (`subc store backup`'s copy).
+        #[arg(value_name = "BACKUP")]
+        backup: PathBuf,
+        /// The store to replace (default: the configuration's `store`, else `subc.db`).
+        #[arg(long, value_name = "FILE")]
+        store: Option<PathBuf>,
+        /// The service's configuration file, to find its store.
+        #[arg(long, short = 'c', value_name = "FILE", conflicts_with = "store")]
+        config: Option<PathBuf>,
+        /// New subscription ids start at least here. Needed when the store
+        /// to replace is unreadable: give one above every id a client was given.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        min_next_id: u64,
+        /// Print what the restored store holds as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The store a `subc store` command acts on: `--store`, else the
+/// configuration's, else `subc.db`.
+fn store_path(store: &Option<PathBuf>, config: &Option<PathBuf>) -> Result<PathBuf> {
+    Ok(match (store, config) {
+        (Some(s), _) => s.clone(),
+        (None, Some(path)) => Config::load(path)?.store,
+        (None, None) => PathBuf::from("subc.db"),
+    })
 }
 
 pub fn store(c: &StoreCommand) -> Result<ExitCode> {
     match c {
         StoreCommand::Backup { store, config, out, json } => {
-            let store = match (store, config) {
-                (Some(s), _) => s.clone(),
-                (None, Some(path)) => Config::load(path)?.store,
-                (None, None) => PathBuf::from("subc.db"),
-            };
+            let store = store_path(store, config)?;
             let r = subc_server::backup_store(&store, out)?;
             if *json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -119,6 +150,24 @@ pub fn store(c: &StoreCommand) -> Result<ExitCode> {
                     r.subscriptions,
                     r.targets,
                     r.bytes
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Restore { backup, store, config, min_next_id, json } => {
+            let store = store_path(store, config)?;
+            let r = subc_server::restore_store(backup, &store, *min_next_id)?;
+            if *json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "restored {} to {}: generation {}, {} subscriptions, {} targets; new ids start at {}",
+                    backup.display(),
+                    store.display(),
+                    r.generation,
+                    r.subscriptions,
+                    r.targets,
+                    r.next_id
                 );
             }
             Ok(ExitCode::SUCCESS)

@@ -651,6 +651,48 @@ fn the_service_client_commands_against_a_live_server() {
     assert_eq!(c.subscriptions(), after_rm);
 }
 
+/// `subc store restore` after a crash (SIGKILL: the store's WAL stays
+/// behind): refused while the server runs; then the backup is served, not
+/// the stale WAL's subscriptions, and new ids start above every id the
+/// crashed server acknowledged. On 99f2b95 there was no such command, and
+/// the documented copy over the store served the WAL's subscriptions.
+#[test]
+fn store_restore_after_a_crash_serves_the_backup_and_gives_no_id_twice() {
+    let dir = tempfile::Builder::new().prefix("subc-cli-restore").tempdir().unwrap();
+    let mut server = ServerProc::start(dir.path(), "");
+    let c = Client { server: &server };
+    let app = APPS[0];
+    let rules = |name: &str, lines: &[&str]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (_, kept) = parse_added(&c.ok(app.1, &["sub", "add", &rules("a.subs", &["stock == GOOGL : fwd(1)", "stock == AAPL : fwd(2)"])]));
+    let (store, backup) = (dir.path().join("subc.db"), dir.path().join("backup.db"));
+    let (store_arg, backup_arg) = (store.to_str().unwrap(), backup.to_str().unwrap());
+    ok(&subc(&["store", "backup", "--store", store_arg, backup_arg]));
+    let (_, later) = parse_added(&c.ok(app.1, &["sub", "add", &rules("b.subs", &["stock == MSFT : fwd(3)"])]));
+
+    let refused = subc(&["store", "restore", backup_arg, "--store", store_arg]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(stderr_of(&refused).contains("in use"), "{}", stderr_of(&refused));
+
+    server.kill9();
+    assert!(dir.path().join("subc.db-wal").exists(), "the crash left the WAL");
+    let config = dir.path().join("subc.toml");
+    let report: Value =
+        serde_json::from_str(&ok(&subc(&["store", "restore", backup_arg, "--config", config.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(report["subscriptions"], kept.len(), "{report}");
+    assert!(report["next_id"].as_u64().unwrap() > later[0] && report["replaced"] == true, "{report}");
+    assert!(!dir.path().join("subc.db-wal").exists());
+
+    server.spawn();
+    let c = Client { server: &server };
+    assert_eq!(c.subscriptions().keys().copied().collect::<Vec<_>>(), kept);
+    let (_, new) = parse_added(&c.ok(app.1, &["sub", "add", &rules("c.subs", &["stock == IBM : fwd(4)"])]));
+    assert!(new[0] > later[0], "id {} was given before the restore", new[0]);
+}
+
 // ---------------------------------------------------------------------------
 // topo, and sim over a topology (docs/network.md)
 

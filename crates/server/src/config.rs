@@ -64,6 +64,8 @@ pub struct Config {
     /// How many events the store keeps for `Watch` replays.
     #[serde(default = "default_events_keep")]
     pub events_keep: u64,
+    #[serde(default)]
+    pub retention: Retention,
 }
 
 fn default_listen() -> SocketAddr {
@@ -278,6 +280,34 @@ impl Default for TransportConfig {
     }
 }
 
+/// How long and in how many bytes the store keeps what only grows: the
+/// replies of `Add`s by `request_id` (replays) and the events (`Watch`
+/// replays; also at most `events_keep` of them). The oldest go first; the
+/// newest of each is always kept.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// How long an Add's reply is replayed for a reused `request_id`.
+    pub request_max_age_ms: u64,
+    /// Most bytes of stored replies.
+    pub request_max_bytes: u64,
+    /// How long an event is kept for `Watch` replays.
+    pub events_max_age_ms: u64,
+    /// Most bytes of stored events.
+    pub events_max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            request_max_age_ms: 24 * 3600 * 1000,
+            request_max_bytes: 4 << 20,
+            events_max_age_ms: 7 * 24 * 3600 * 1000,
+            events_max_bytes: 4 << 20,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
@@ -473,6 +503,11 @@ impl Config {
         at_least("deploy.p4_read_max_bytes", d.p4_read_max_bytes, 1 << 20)?;
         at_least("deploy.p4_message_max_bytes", d.p4_message_max_bytes, 1 << 20)?;
         at_least("deploy.counter_timeout_ms", d.counter_timeout_ms, 1)?;
+        let r = &self.retention;
+        at_least("retention.request_max_age_ms", r.request_max_age_ms, 1000)?;
+        at_least("retention.events_max_age_ms", r.events_max_age_ms, 1000)?;
+        at_least("retention.request_max_bytes", r.request_max_bytes, 64 << 10)?;
+        at_least("retention.events_max_bytes", r.events_max_bytes, 64 << 10)?;
         if let Some(order) = &c.order {
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = order.iter().find(|n| !seen.insert(n.as_str())) {
@@ -522,6 +557,15 @@ mod tests {
         }
         let ok = SecretSource { token: Some("s3cret-token".into()), ..Default::default() };
         assert_eq!(ok.resolve("t").unwrap().as_deref(), Some("s3cret-token"));
+    }
+
+    #[test]
+    fn retention_has_defaults_and_refuses_tiny_limits() {
+        let c: Config = toml::from_str("spec = \"a\"\n[retention]\nevents_max_bytes = 1048576").unwrap();
+        assert_eq!((c.retention.events_max_bytes, c.retention.request_max_bytes), (1 << 20, 4 << 20));
+        c.validate().unwrap();
+        let c: Config = toml::from_str("spec = \"a\"\n[retention]\nrequest_max_bytes = 10").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("retention.request_max_bytes"));
     }
 
     #[test]

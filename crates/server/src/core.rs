@@ -385,20 +385,12 @@ impl Core {
             None => subs.len() as u64,
             Some(a) => subs.count_of(a),
         };
-        let mut out = proto::ListResponse { total, ..Default::default() };
-        let mut last = None;
-        for (id, r) in subs.starting_at(after.saturating_add(1)) {
-            if app.is_some_and(|a| *r.app != *a) {
-                continue;
-            }
-            if out.subscriptions.len() == size {
-                out.next_page_token = last.map(|l: u64| l.to_string()).unwrap_or_default();
-                break;
-            }
-            out.subscriptions.push(to_proto(id, r));
-            last = Some(id);
+        let (page, last) = subs.page(app, after, size);
+        proto::ListResponse {
+            total,
+            subscriptions: page.into_iter().map(|(id, r)| to_proto(id, r)).collect(),
+            next_page_token: last.map(|l| l.to_string()).unwrap_or_default(),
         }
-        out
     }
 
     /// The target named `name`. A name that is no identifier, and names no

@@ -17,7 +17,7 @@
 
 use crate::deploy::touched::UpdateLog;
 use crate::store::StoredSub;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use subc_bdd::Pipeline;
@@ -42,11 +42,12 @@ impl SubRecord {
     }
 }
 
-/// The subscriptions by id, with a count per application.
+/// The subscriptions by id, and each application's ids (so that one
+/// application's List reads only its own subscriptions).
 #[derive(Clone, Default)]
 pub struct SubIndex {
     by_id: BTreeMap<SubId, Arc<SubRecord>>,
-    per_app: HashMap<Arc<str>, u64>,
+    by_app: HashMap<Arc<str>, BTreeSet<SubId>>,
 }
 
 impl SubIndex {
@@ -61,34 +62,53 @@ impl SubIndex {
     }
     /// Subscriptions of `app`.
     pub fn count_of(&self, app: &str) -> u64 {
-        self.per_app.get(app).copied().unwrap_or(0)
+        self.by_app.get(app).map_or(0, |ids| ids.len() as u64)
     }
     pub fn apps(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
-        self.per_app.iter().map(|(a, n)| (a, *n))
+        self.by_app.iter().map(|(a, ids)| (a, ids.len() as u64))
     }
     /// Subscriptions with an id of at least `from`, in id order.
     pub fn starting_at(&self, from: SubId) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
         self.by_id.range(from..).map(|(id, r)| (*id, r))
     }
+    /// `app`'s subscriptions with an id of at least `from`, in id order:
+    /// only `app`'s are visited.
+    pub fn of_app_starting_at<'a>(&'a self, app: &str, from: SubId) -> impl Iterator<Item = (SubId, &'a Arc<SubRecord>)> + 'a {
+        let ids = self.by_app.get(app).map(|ids| ids.range(from..));
+        ids.into_iter().flatten().filter_map(|id| Some((*id, self.by_id.get(id)?)))
+    }
+    /// A page of up to `size` subscriptions of `app` (all with `None`) with
+    /// an id above `after`, and the last id on it when more follow.
+    pub fn page(&self, app: Option<&str>, after: SubId, size: usize) -> (Vec<(SubId, &Arc<SubRecord>)>, Option<SubId>) {
+        let from = after.saturating_add(1);
+        let mut rest: Box<dyn Iterator<Item = (SubId, &Arc<SubRecord>)>> = match app {
+            None => Box::new(self.starting_at(from)),
+            Some(a) => Box::new(self.of_app_starting_at(a, from)),
+        };
+        let page: Vec<_> = rest.by_ref().take(size).collect();
+        let more = size > 0 && rest.next().is_some();
+        let last = page.last().map(|(id, _)| *id).filter(|_| more);
+        (page, last)
+    }
     pub fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
         self.by_id.iter().map(|(id, r)| (*id, r))
     }
     pub fn insert(&mut self, id: SubId, rec: Arc<SubRecord>) {
-        *self.per_app.entry(rec.app.clone()).or_default() += 1;
-        if let Some(old) = self.by_id.insert(id, rec) {
-            self.uncount(&old.app);
+        if let Some(old) = self.by_id.insert(id, rec.clone()) {
+            self.unindex(&old.app, id);
         }
+        self.by_app.entry(rec.app.clone()).or_default().insert(id);
     }
     pub fn remove(&mut self, id: SubId) -> Option<Arc<SubRecord>> {
         let rec = self.by_id.remove(&id)?;
-        self.uncount(&rec.app);
+        self.unindex(&rec.app, id);
         Some(rec)
     }
-    fn uncount(&mut self, app: &Arc<str>) {
-        if let Some(n) = self.per_app.get_mut(app) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_app.remove(app);
+    fn unindex(&mut self, app: &Arc<str>, id: SubId) {
+        if let Some(ids) = self.by_app.get_mut(app) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.by_app.remove(app);
             }
         }
     }
@@ -403,6 +423,62 @@ pub fn distance_to_fresh_compile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rec(app: &str) -> Arc<SubRecord> {
+        Arc::new(SubRecord { app: Arc::from(app), text: String::new(), generation: 0, created_ms: 0 })
+    }
+
+    /// What a page was before the per-application index: every id from
+    /// `after + 1` visited, other applications' skipped.
+    fn scanned_page(ix: &SubIndex, app: Option<&str>, after: SubId, size: usize) -> (Vec<SubId>, Option<SubId>) {
+        let mine: Vec<SubId> = ix.starting_at(after + 1).filter(|(_, r)| app.is_none_or(|a| *r.app == *a)).map(|(id, _)| id).collect();
+        let page: Vec<SubId> = mine.iter().copied().take(size).collect();
+        let last = page.last().copied().filter(|_| size > 0 && mine.len() > size);
+        (page, last)
+    }
+
+    /// The per-application index follows inserts, removes and an id that
+    /// changes hands; its pages, walked with their tokens, are the pages a
+    /// scan of every subscription gave.
+    #[test]
+    fn an_applications_pages_come_from_its_own_index() {
+        let mut ix = SubIndex::default();
+        let apps = ["alice", "bob", "carol"];
+        for id in 1..=300u64 {
+            ix.insert(id, rec(apps[(id * 7 % 3) as usize]));
+        }
+        for id in (1..=300u64).filter(|id| id % 5 == 0) {
+            ix.remove(id);
+        }
+        ix.insert(7, rec("carol"));
+        ix.insert(8, rec("alice"));
+        assert!(ix.remove(1000).is_none());
+        let total: u64 = ix.apps().map(|(_, n)| n).sum();
+        assert_eq!(total, ix.len() as u64);
+        for app in [None, Some("alice"), Some("bob"), Some("carol"), Some("nobody")] {
+            let expected = app.map_or(ix.len() as u64, |a| ix.iter().filter(|(_, r)| *r.app == *a).count() as u64);
+            assert_eq!(app.map_or(ix.len() as u64, |a| ix.count_of(a)), expected);
+            for size in [0, 1, 7, 100, 1000] {
+                let mut after = 0;
+                loop {
+                    let (page, last) = ix.page(app, after, size);
+                    let page: Vec<SubId> = page.into_iter().map(|(id, _)| id).collect();
+                    assert_eq!((page.clone(), last), scanned_page(&ix, app, after, size), "{app:?} {size} {after}");
+                    assert!(app.is_none_or(|a| page.iter().all(|id| *ix.get(*id).unwrap().app == *a)));
+                    match last {
+                        Some(l) => after = l,
+                        None => break,
+                    }
+                }
+            }
+        }
+        // An application with no subscriptions left is forgotten.
+        for id in ix.iter().filter(|(_, r)| &*r.app == "bob").map(|(id, _)| id).collect::<Vec<_>>() {
+            ix.remove(id);
+        }
+        assert!(ix.apps().all(|(a, _)| &**a != "bob"));
+        assert_eq!(ix.of_app_starting_at("bob", 0).count(), 0);
+    }
 
     /// The stored layout is the JSON the server has always written, and
     /// reads back.

@@ -9,6 +9,14 @@
 //! the pipelines' layout); and per subscription, the pipelines its rules
 //! were placed in.
 //!
+//! What only grows, the replies and the events, is pruned by age and size
+//! (`[retention]`, and `events_keep`), and the pages it freed go back to the
+//! file system (`auto_vacuum = INCREMENTAL`, then a checkpoint that
+//! truncates the WAL), so the file follows the subscriptions, not the
+//! changes made to them. An existing store is checked (`quick_check`) when
+//! opened; an empty or damaged one is refused (`restore.rs` puts a backup
+//! in its place).
+//!
 //! Invariants:
 //! - One writer: the service's writer thread owns the only writing
 //!   connection; readers (`Watch` replays) open their own.
@@ -69,23 +77,89 @@ CREATE TABLE IF NOT EXISTS target_status (
     name TEXT PRIMARY KEY,
     status BLOB NOT NULL
 ) WITHOUT ROWID;
+-- `created_ms`: NULL in rows of stores from before it (pruned by count and
+-- size only).
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    body BLOB NOT NULL
+    body BLOB NOT NULL,
+    created_ms INTEGER
 );
 ";
 
 /// Columns added to tables after schema version 1 created them (a store
 /// of an earlier build gets them, empty, when it is opened).
 fn add_missing_columns(conn: &Connection) -> Result<(), Error> {
-    let has: bool = conn
-        .query_row("SELECT COUNT(*) FROM pragma_table_info('requests') WHERE name = 'fingerprint'", [], |r| r.get::<_, i64>(0))
-        .map_err(sql)?
-        > 0;
-    if !has {
-        conn.execute_batch("ALTER TABLE requests ADD COLUMN fingerprint TEXT").map_err(sql)?;
+    for (table, column, ty) in [("requests", "fingerprint", "TEXT"), ("events", "created_ms", "INTEGER")] {
+        let has: bool = conn
+            .query_row(&format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = '{column}'"), [], |r| r.get::<_, i64>(0))
+            .map_err(sql)?
+            > 0;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ty}")).map_err(sql)?;
+        }
     }
     Ok(())
+}
+
+/// The most bytes the WAL keeps once checkpointed (`journal_size_limit`):
+/// a large transaction's WAL is cut back to this, not kept at its peak.
+const WAL_SIZE_LIMIT: u64 = 4 << 20;
+
+/// What an operator is told to do with a store the server refuses.
+fn restore_hint(path: &Path) -> String {
+    format!("stop anything using it and restore a backup with `subc store restore BACKUP --store {}`", path.display())
+}
+
+fn damaged(path: &Path, detail: &str) -> Error {
+    Error::Store(format!("{}: the store is damaged ({detail}); the server will not use it: {}", path.display(), restore_hint(path)))
+}
+
+/// An existing 0-byte file is no store (a store is never empty once
+/// created): refused rather than silently started afresh. A missing file is
+/// fine (a new store), and so is an empty one whose WAL holds its pages.
+fn refuse_empty_file(path: &Path) -> Result<(), Error> {
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+    if len(path) == Some(0) && len(&sidecar(path, "-wal")).unwrap_or(0) == 0 {
+        return Err(Error::Store(format!(
+            "{}: the store is an empty file (0 bytes), not a subc store; the server will not start afresh over it: {}, \
+             or remove the file to start with no subscriptions",
+            path.display(),
+            restore_hint(path)
+        )));
+    }
+    Ok(())
+}
+
+/// `PRAGMA quick_check` (every page and record read and checked, without
+/// the index-to-table cross-checks of `integrity_check`, so in time linear
+/// in the store's size): `Err` with the first problems found.
+fn quick_check(conn: &Connection) -> Result<(), String> {
+    let mut st = conn.prepare("PRAGMA quick_check(5)").map_err(|e| e.to_string())?;
+    let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(|e| e.to_string())?;
+    let problems = rows.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    match problems.as_slice() {
+        [ok] if ok == "ok" => Ok(()),
+        _ => Err(format!("quick_check: {}", problems.join("; "))),
+    }
+}
+
+/// Freed pages go back to the file system after pruning (`incremental_vacuum`).
+/// A store created before that was set is rebuilt once (`VACUUM`) for it to
+/// take effect.
+fn use_incremental_vacuum(conn: &Connection, path: &Path) -> Result<(), Error> {
+    let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0)).map_err(sql)?;
+    if mode != 2 {
+        tracing::info!(store = %path.display(), "rebuilding the store once so that it gives freed pages back (auto_vacuum)");
+        conn.execute_batch("PRAGMA auto_vacuum=INCREMENTAL; VACUUM;").map_err(sql)?;
+    }
+    Ok(())
+}
+
+/// `path` with `suffix` appended (SQLite's `-wal` and `-shm` files).
+pub(crate) fn sidecar(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    s.into()
 }
 
 /// The reply of an earlier `Add` with an idempotency key, and the
@@ -118,7 +192,7 @@ pub(crate) struct Store {
     conn: Connection,
 }
 
-fn sql(e: rusqlite::Error) -> Error {
+pub(crate) fn sql(e: rusqlite::Error) -> Error {
     Error::Store(e.to_string())
 }
 
@@ -158,7 +232,7 @@ pub fn backup_store(store: &Path, out: &Path) -> Result<BackupReport, Error> {
     result
 }
 
-fn copy_and_check(store: &Path, tmp: &Path) -> Result<BackupReport, Error> {
+pub(crate) fn copy_and_check(store: &Path, tmp: &Path) -> Result<BackupReport, Error> {
     let src = Store::open_reader(store)?;
     let mut dst = Connection::open(tmp).map_err(|e| Error::Store(format!("cannot create {}: {e}", tmp.display())))?;
     {
@@ -199,7 +273,7 @@ fn copy_and_check(store: &Path, tmp: &Path) -> Result<BackupReport, Error> {
 
 /// Syncs the directory holding `path`, so that a rename into it survives a
 /// power cut (best effort: not every file system allows it).
-fn sync_parent(path: &Path) {
+pub(crate) fn sync_parent(path: &Path) {
     if let Some(dir) = path.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d }) {
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
@@ -213,12 +287,17 @@ pub fn now_ms() -> i64 {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path`. An existing store
+    /// is checked first (`PRAGMA quick_check`): a damaged or empty file is
+    /// refused, never served or overwritten.
     pub(crate) fn open(path: &Path, durability: Durability) -> Result<Store, Error> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| Error::Store(format!("cannot create {}: {e}", dir.display())))?;
         }
+        refuse_empty_file(path)?;
         let conn = Connection::open(path).map_err(|e| Error::Store(format!("cannot open {}: {e}", path.display())))?;
+        conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA auto_vacuum=INCREMENTAL;").map_err(|e| damaged(path, &e.to_string()))?;
+        quick_check(&conn).map_err(|detail| damaged(path, &detail))?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).map_err(sql)?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Store(format!("{}: cannot switch to WAL mode (got {mode})", path.display())));
@@ -227,9 +306,10 @@ impl Store {
             Durability::Full => "FULL",
             Durability::Normal => "NORMAL",
         };
-        conn.execute_batch(&format!("PRAGMA synchronous={sync}; PRAGMA busy_timeout=10000;")).map_err(sql)?;
+        conn.execute_batch(&format!("PRAGMA synchronous={sync}; PRAGMA journal_size_limit={WAL_SIZE_LIMIT};")).map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
         add_missing_columns(&conn)?;
+        use_incremental_vacuum(&conn, path)?;
         let store = Store { conn };
         match store.meta("schema_version")? {
             None => {
@@ -338,6 +418,20 @@ impl Store {
             .map_err(sql)
     }
 
+    /// Folds the WAL into the store's file and truncates it (so that the
+    /// file shrinks by the pages pruning freed, and the WAL does not stay at
+    /// its largest). Waits at most 100 ms for readers of older snapshots;
+    /// if they remain, it is left for the next time.
+    pub(crate) fn checkpoint(&self) {
+        let _ = self.conn.busy_timeout(std::time::Duration::from_millis(100));
+        match self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get::<_, i64>(0)) {
+            Ok(0) => {}
+            Ok(_) => tracing::debug!("a reader held the WAL; the checkpoint waits for the next prune"),
+            Err(e) => tracing::warn!(error = %e, "checkpoint failed"),
+        }
+        let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
+    }
+
     /// Runs `f` in one transaction and commits it; on any error nothing is written.
     pub(crate) fn write<T>(&mut self, f: impl FnOnce(&Txn) -> Result<T, Error>) -> Result<T, Error> {
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(sql)?;
@@ -402,9 +496,21 @@ impl Txn<'_> {
         Ok(())
     }
 
-    /// Forgets idempotency keys older than `max_age_ms`.
-    pub(crate) fn prune_requests(&self, max_age_ms: i64) -> Result<(), Error> {
-        self.tx.prepare_cached("DELETE FROM requests WHERE created_ms < ?1").map_err(sql)?.execute([now_ms() - max_age_ms]).map_err(sql)?;
+    /// Forgets the replies of idempotency keys older than `max_age_ms`, then
+    /// the oldest until they hold at most `max_bytes` (the newest is kept).
+    pub(crate) fn prune_requests(&self, max_age_ms: u64, max_bytes: u64) -> Result<(), Error> {
+        self.tx.prepare_cached("DELETE FROM requests WHERE created_ms < ?1").map_err(sql)?.execute([cutoff(max_age_ms)]).map_err(sql)?;
+        self.tx
+            .prepare_cached(
+                "DELETE FROM requests WHERE (app, request_id) IN (SELECT app, request_id FROM (
+                    SELECT app, request_id,
+                        SUM(length(reply)) OVER newest_first AS total, ROW_NUMBER() OVER newest_first AS n
+                    FROM requests WINDOW newest_first AS (ORDER BY created_ms DESC, app DESC, request_id DESC))
+                 WHERE total > ?1 AND n > 1)",
+            )
+            .map_err(sql)?
+            .execute([clamp(max_bytes)])
+            .map_err(sql)?;
         Ok(())
     }
 
@@ -439,19 +545,57 @@ impl Txn<'_> {
 
     /// Appends an event and returns its sequence number.
     pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
-        self.tx.prepare_cached("INSERT INTO events (body) VALUES (?1)").map_err(sql)?.execute([e.encode_to_vec()]).map_err(sql)?;
+        self.tx
+            .prepare_cached("INSERT INTO events (body, created_ms) VALUES (?1, ?2)")
+            .map_err(sql)?
+            .execute(params![e.encode_to_vec(), now_ms()])
+            .map_err(sql)?;
         Ok(self.tx.last_insert_rowid() as u64)
     }
 
-    /// Keeps only the newest `keep` events.
-    pub(crate) fn prune_events(&self, keep: u64) -> Result<(), Error> {
-        self.tx
-            .prepare_cached("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1")
-            .map_err(sql)?
-            .execute([keep as i64])
-            .map_err(sql)?;
+    /// Keeps only the newest `r.keep` events, none older than
+    /// `r.max_age_ms`, and the newest that hold at most `r.max_bytes` (the
+    /// newest is kept, whatever its size).
+    pub(crate) fn prune_events(&self, r: &EventRetention) -> Result<(), Error> {
+        let delete =
+            |q: &str, arg: i64| -> Result<(), Error> { self.tx.prepare_cached(q).map_err(sql)?.execute([arg]).map(drop).map_err(sql) };
+        delete("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1", clamp(r.keep))?;
+        delete("DELETE FROM events WHERE created_ms < ?1", cutoff(r.max_age_ms))?;
+        delete(
+            "DELETE FROM events WHERE seq < (SELECT MAX(seq) FROM events) AND seq <= (
+                SELECT seq FROM (SELECT seq, SUM(length(body)) OVER (ORDER BY seq DESC) AS total FROM events)
+                WHERE total > ?1 ORDER BY seq DESC LIMIT 1)",
+            clamp(r.max_bytes),
+        )
+    }
+
+    /// Gives the pages freed since the last call back to the file system
+    /// (the store uses `auto_vacuum = INCREMENTAL`).
+    pub(crate) fn release_free_pages(&self) -> Result<(), Error> {
+        // One page per step: it returns a row for each.
+        let mut st = self.tx.prepare_cached("PRAGMA incremental_vacuum").map_err(sql)?;
+        let mut rows = st.query([]).map_err(sql)?;
+        while rows.next().map_err(sql)?.is_some() {}
         Ok(())
     }
+}
+
+/// How many events the store keeps, for how long, in how many bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EventRetention {
+    pub keep: u64,
+    pub max_age_ms: u64,
+    pub max_bytes: u64,
+}
+
+/// The time `max_age_ms` ago, in milliseconds since the Unix epoch.
+fn cutoff(max_age_ms: u64) -> i64 {
+    now_ms().saturating_sub(clamp(max_age_ms))
+}
+
+/// A configured count or size as SQLite's integer.
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The time of an event stored before `Event.time`: field 2, milliseconds
@@ -500,7 +644,7 @@ mod tests {
         for g in 1..=5 {
             s.write(|t| {
                 t.append_event(&proto::Event { generation: g, ..Default::default() })?;
-                t.prune_events(3)
+                t.prune_events(&EventRetention { keep: 3, max_age_ms: u64::MAX, max_bytes: u64::MAX })
             })
             .unwrap();
         }
@@ -508,6 +652,81 @@ mod tests {
         let ev = r.events_after(0, 100).unwrap();
         assert_eq!(ev.iter().map(|e| (e.seq, e.generation)).collect::<Vec<_>>(), vec![(3, 3), (4, 4), (5, 5)]);
         assert_eq!(r.events_after(4, 100).unwrap().len(), 1);
+    }
+
+    fn count(s: &Store, table: &str) -> i64 {
+        s.conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    }
+
+    /// Events go by count, age and size, oldest first, the newest kept
+    /// whatever its size; replies by age and size; freed pages are given
+    /// back to the file system.
+    #[test]
+    fn events_and_replies_are_pruned_by_age_and_size_and_the_file_shrinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut s = Store::open(&path, Durability::Normal).unwrap();
+        let big = |g: u64| proto::Event { generation: g, subscription_ids: (0..5000).collect(), ..Default::default() };
+        let event_len = big(1).encoded_len() as u64;
+        s.write(|t| {
+            for g in 1..=20 {
+                t.append_event(&big(g))?;
+                t.put_request("a", &format!("r{g:02}"), &vec![7u8; 20_000], "f")?;
+            }
+            Ok(())
+        })
+        .unwrap();
+        let pages = |s: &Store| s.conn.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0)).unwrap();
+        let before = pages(&s);
+        let keep_all = EventRetention { keep: 100, max_age_ms: u64::MAX, max_bytes: u64::MAX };
+        s.write(|t| {
+            t.prune_events(&EventRetention { max_bytes: 3 * event_len + 10, ..keep_all })?;
+            t.prune_requests(u64::MAX, 50_000)?;
+            t.release_free_pages()
+        })
+        .unwrap();
+        let left = Store::open_reader(&path).unwrap().events_after(0, 100).unwrap();
+        assert_eq!(left.iter().map(|e| e.generation).collect::<Vec<_>>(), vec![18, 19, 20]);
+        let replies: Vec<String> =
+            s.conn.prepare("SELECT request_id FROM requests").unwrap().query_map([], |r| r.get(0)).unwrap().map(|r| r.unwrap()).collect();
+        assert_eq!(replies, vec!["r19".to_string(), "r20".to_string()]);
+        assert!(pages(&s) < before / 2, "{} pages of {before} left", pages(&s));
+
+        // The newest stays even when it alone is over the limit; by age, all go.
+        s.write(|t| {
+            t.prune_events(&EventRetention { max_bytes: 10, ..keep_all })?;
+            t.prune_requests(u64::MAX, 10)
+        })
+        .unwrap();
+        assert_eq!((count(&s, "events"), count(&s, "requests")), (1, 1));
+        s.write(|t| {
+            t.tx.execute_batch("UPDATE events SET created_ms = 0; UPDATE requests SET created_ms = 0").map_err(sql)?;
+            t.prune_events(&EventRetention { max_age_ms: 60_000, ..keep_all })?;
+            t.prune_requests(60_000, u64::MAX)
+        })
+        .unwrap();
+        assert_eq!((count(&s, "events"), count(&s, "requests")), (0, 0));
+    }
+
+    /// A store of an earlier build (no auto_vacuum, events without
+    /// `created_ms`) is converted once, its rows kept.
+    #[test]
+    fn an_earlier_store_is_converted_to_give_pages_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "PRAGMA journal_mode=WAL; CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL);
+                 INSERT INTO events (body) VALUES (x'2001');",
+            )
+            .unwrap();
+            assert_eq!(c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 0);
+        }
+        let s = Store::open(&path, Durability::Full).unwrap();
+        assert_eq!(s.conn.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 2);
+        assert_eq!(s.events_after(0, 10).unwrap().len(), 1);
+        s.conn.execute("UPDATE events SET created_ms = 1", []).unwrap();
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::deploy::{TargetHandle, TargetReport};
 use crate::desired::{compile_options, layout_json, order_names, placement_json, Desired, Publish, SubRecord};
 use crate::metrics::Metrics;
 use crate::proto;
-use crate::store::{now_ms, Store, StoredSub};
+use crate::store::{now_ms, EventRetention, Store, StoredSub};
 use crate::Error;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -49,8 +49,10 @@ use tonic::Status;
 
 /// Most changes one transaction carries.
 const MAX_BATCH: usize = 512;
-/// How long idempotency keys are remembered.
-const REQUEST_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
+/// Prune (and give freed pages back) after this many commits, or once
+/// this many bytes of replies and events were written since the last time.
+const PRUNE_EVERY_COMMITS: u64 = 256;
+const PRUNE_EVERY_BYTES: u64 = 1 << 20;
 
 /// A change for the writer.
 pub(crate) enum WriteOp {
@@ -269,6 +271,13 @@ struct Claims {
     duplicates: Vec<(usize, Reply<proto::AddResponse>)>,
 }
 
+/// The bytes a batch adds to what the store prunes: replies and events.
+fn retained_bytes(staged: &[Staged]) -> u64 {
+    let replies = staged.iter().flat_map(|s| &s.sql).map(|w| if let SqlWrite::Request { reply, .. } = w { reply.len() } else { 0 });
+    let events = staged.iter().flat_map(|s| &s.events).map(|e| e.encoded_len());
+    replies.chain(events).sum::<usize>() as u64
+}
+
 fn event(kind: proto::EventKind, generation: u64) -> proto::Event {
     proto::Event { kind: kind as i32, generation, time: Some(subc_client::timestamp(now_ms())), ..Default::default() }
 }
@@ -292,6 +301,8 @@ pub(crate) struct Writer {
     /// what arrives meanwhile).
     others_wait: bool,
     queue_has_more: bool,
+    /// Commits, and bytes of replies and events written, since the last prune.
+    unpruned: (u64, u64),
 }
 
 /// What staging a change came to.
@@ -304,13 +315,12 @@ enum Outcome {
 
 impl Writer {
     pub(crate) fn new(core: Arc<Core>, store: Store, d: Desired) -> Writer {
-        Writer { core, store, d, deferred: VecDeque::new(), others_wait: false, queue_has_more: false }
+        Writer { core, store, d, deferred: VecDeque::new(), others_wait: false, queue_has_more: false, unpruned: (0, 0) }
     }
 
     /// Takes queued changes in batches until every sender is gone and no
     /// change is deferred; a deferred change runs alone when nothing is queued.
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<WriteOp>) {
-        let mut commits: u64 = 0;
         loop {
             let first = match rx.try_recv() {
                 Ok(op) => op,
@@ -330,8 +340,8 @@ impl Writer {
                 }
             }
             self.queue_has_more = !rx.is_empty() || !self.deferred.is_empty();
-            commits += 1;
-            self.process(batch, &rx, commits.is_multiple_of(256));
+            let (commits, bytes) = self.unpruned;
+            self.process(batch, &rx, commits + 1 >= PRUNE_EVERY_COMMITS || bytes >= PRUNE_EVERY_BYTES);
         }
         tracing::debug!("writer stopped");
     }
@@ -422,8 +432,11 @@ impl Writer {
     fn commit(&mut self, staged: &[Staged], gen0: u64, prune: bool) -> Result<Vec<Vec<u64>>, Error> {
         let (generation, next_id) = (self.d.generation, self.d.next_id);
         let changed = generation != gen0;
-        let keep = self.core.config().events_keep;
-        self.store.write(|t| {
+        let config = self.core.config();
+        let r = &config.retention;
+        let events = EventRetention { keep: config.events_keep, max_age_ms: r.events_max_age_ms, max_bytes: r.events_max_bytes };
+        let written = retained_bytes(staged);
+        let seqs = self.store.write(|t| {
             let mut seqs = vec![];
             for s in staged {
                 for w in &s.sql {
@@ -447,11 +460,17 @@ impl Writer {
                 t.set_meta("next_id", &next_id.to_string())?;
             }
             if prune {
-                t.prune_events(keep)?;
-                t.prune_requests(REQUEST_KEY_TTL_MS)?;
+                t.prune_events(&events)?;
+                t.prune_requests(r.request_max_age_ms, r.request_max_bytes)?;
+                t.release_free_pages()?;
             }
             Ok(seqs)
-        })
+        })?;
+        self.unpruned = if prune { (0, 0) } else { (self.unpruned.0 + 1, self.unpruned.1 + written) };
+        if prune {
+            self.store.checkpoint();
+        }
+        Ok(seqs)
     }
 
     /// After a failed commit: undoes every staged change in memory and
