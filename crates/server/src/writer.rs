@@ -305,7 +305,9 @@ pub(crate) struct Writer {
     unpruned: (u64, u64),
 }
 
-/// What staging a change came to.
+/// What staging a change came to (one per change, handled at once: its
+/// size does not matter).
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     Staged(Staged),
     Refused(Finish, Status),
