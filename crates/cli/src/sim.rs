@@ -65,7 +65,8 @@ pub struct SimArgs {
     json: bool,
     /// Run the packets through a network of devices (docs/network.md): the
     /// rules' `fwd(...)` name the topology's endpoints, and what each
-    /// endpoint receives is printed. Reference engine only; needs `--publisher`.
+    /// endpoint receives is printed. Reference engine only; needs `--publisher`;
+    /// `--down` takes links and devices down.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
     /// With `--topology`: the endpoint the packets are sent from.

@@ -6,8 +6,8 @@
 //! fabric as Graphviz DOT, optionally with links and devices marked down
 //! (the routes the fabric falls back to) and with a rule set (what each
 //! device would hold: rules, entries, and what its budget relaxed); `sim`
-//! runs a capture through the whole fabric from one publisher and prints
-//! what each endpoint receives. `down` and `up` ask a server in network
+//! runs a capture through the whole fabric from one publisher, optionally
+//! with links and devices down, and prints what each endpoint receives. `down` and `up` ask a server in network
 //! mode (`subc serve --topology`) to mark links and devices down or up (the
 //! `SetDown` RPC).
 
