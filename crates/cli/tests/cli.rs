@@ -928,7 +928,7 @@ impl RandomFabric {
 fn sim_with_down_agrees_with_the_interpreter_on_random_fabrics() {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = SplitMix(28);
-    let (mut cut_off, mut whole, mut device_down) = (0, 0, 0);
+    let (mut cut_off, mut whole, mut device_down, mut copies) = (0, 0, 0, 0);
     for round in 0..16 {
         let fabric = RandomFabric::new(&mut rng);
         let endpoints = fabric.endpoints.len();
@@ -1001,6 +1001,7 @@ fn sim_with_down_agrees_with_the_interpreter_on_random_fabrics() {
             fabric.toml(&(0..fabric.links.len()).collect::<Vec<_>>())
         );
         assert_eq!(got, expect, "{context}");
+        copies += got.iter().map(Vec::len).sum::<usize>();
         let lost = (0..endpoints).any(|e| e != publisher && !reach[fabric.endpoints[e].0]);
         assert_eq!(note.contains("receive"), lost, "{context}");
 
@@ -1017,6 +1018,7 @@ fn sim_with_down_agrees_with_the_interpreter_on_random_fabrics() {
             cut_off += 1;
         }
     }
-    // The rounds cover each kind of failure.
+    // The rounds cover each kind of failure, and packets do arrive.
     assert!(whole > 0 && cut_off > 0 && device_down > 0, "whole {whole}, cut off {cut_off}, device down {device_down}");
+    assert!(copies > 100, "{copies} copies delivered in all");
 }
