@@ -65,12 +65,21 @@ pub struct SimArgs {
     json: bool,
     /// Run the packets through a network of devices (docs/network.md): the
     /// rules' `fwd(...)` name the topology's endpoints, and what each
-    /// endpoint receives is printed. Reference engine only; needs `--publisher`.
+    /// endpoint receives is printed. Reference engine only; needs `--publisher`;
+    /// `--down` takes links and devices down.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
     /// With `--topology`: the endpoint the packets are sent from.
     #[arg(long, value_name = "NAME", requires = "topology")]
     publisher: Option<String>,
+    /// With `--topology`: mark a device (`spine1`) or the link at a device
+    /// port (`leaf2:1`) down; repeat for several. The fabric routes around
+    /// them as the service does (`subc topo down`), and endpoints the
+    /// publisher can no longer reach receive nothing (noted on stderr).
+    /// Example: `subc sim --spec itch.spec net.subs --pcap itch.pcap
+    /// --topology fabric.toml --publisher feed --down leaf2:1 --down spine2`.
+    #[arg(long, value_name = "DEVICE|DEVICE:PORT", requires = "topology")]
+    down: Vec<String>,
     #[command(flatten)]
     compiler: crate::common::CompilerArgs,
     #[command(flatten)]
@@ -88,7 +97,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
         let bytes = std::fs::read(pcap).with_context(|| format!("cannot read {}", pcap.display()))?;
         let packets = read_pcap(&bytes).with_context(|| format!("cannot read {}", pcap.display()))?;
         note_capture(&packets);
-        return crate::topo::sim(&args.input, topology, args.publisher.as_deref(), &packets, args.json);
+        return crate::topo::sim(&args.input, topology, args.publisher.as_deref(), &args.down, &packets, args.json);
     }
     let (program, inputs) = match load_program(&args.input)? {
         Ok(x) => x,

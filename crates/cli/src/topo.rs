@@ -6,8 +6,8 @@
 //! fabric as Graphviz DOT, optionally with links and devices marked down
 //! (the routes the fabric falls back to) and with a rule set (what each
 //! device would hold: rules, entries, and what its budget relaxed); `sim`
-//! runs a capture through the whole fabric from one publisher and prints
-//! what each endpoint receives. `down` and `up` ask a server in network
+//! runs a capture through the whole fabric from one publisher, optionally
+//! with links and devices down, and prints what each endpoint receives. `down` and `up` ask a server in network
 //! mode (`subc serve --topology`) to mark links and devices down or up (the
 //! `SetDown` RPC).
 
@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use subc_bdd::CompileOptions;
-use subc_fabric::{check_topology, place, project_all, Down, PortRef, Routes, Simulator, Topology};
+use subc_fabric::{check_topology, place, project_all, Down, EndpointId, PortRef, Routes, Simulator, Topology};
 use subc_lang::{Diagnostics, PcapPacket, SourceMap};
 
 #[derive(Subcommand)]
@@ -145,7 +145,16 @@ fn parse_down(t: &Topology, names: &[String]) -> Result<Down> {
         if let Some((dev, port)) = n.split_once(':') {
             let Some(d) = t.device(dev) else { bail!("--down {n}: no device `{dev}`") };
             let port: u32 = port.parse().with_context(|| format!("--down {n}: `{port}` is not a port number"))?;
-            let Some(i) = t.link_at(PortRef { device: d, port }) else { bail!("--down {n}: no link at port {port} of `{dev}`") };
+            let at = PortRef { device: d, port };
+            let Some(i) = t.link_at(at) else {
+                if let Some(e) = t.endpoints.iter().find(|e| e.at == at) {
+                    bail!(
+                        "--down {n}: port {port} of `{dev}` holds endpoint `{}`, not a link (mark the device `{dev}` down to cut it off)",
+                        e.name
+                    )
+                }
+                bail!("--down {n}: no link at port {port} of `{dev}`")
+            };
             down.links.insert(i);
         } else {
             let Some(d) = t.device(n) else { bail!("--down {n}: no device `{n}` (a link is DEVICE:PORT)") };
@@ -231,10 +240,17 @@ fn show_dot(t: &Topology, r: &Routes) -> String {
     out
 }
 
-/// `subc sim --topology FILE --publisher NAME`: every packet of the capture
-/// through the fabric from `publisher`; per packet the endpoints that
-/// received it, then the totals.
-pub fn sim(input: &InputArgs, topology: &Path, publisher: Option<&str>, packets: &[PcapPacket], json: bool) -> Result<ExitCode> {
+/// `subc sim --topology FILE --publisher NAME [--down ...]`: every packet
+/// of the capture through the fabric from `publisher`, routed around what
+/// `down` names; per packet the endpoints that received it, then the totals.
+pub fn sim(
+    input: &InputArgs,
+    topology: &Path,
+    publisher: Option<&str>,
+    down: &[String],
+    packets: &[PcapPacket],
+    json: bool,
+) -> Result<ExitCode> {
     let Some(t) = load_topology(topology)? else { return Ok(ExitCode::from(1)) };
     let Some(publisher) = publisher else { bail!("--topology needs --publisher NAME, the endpoint the packets come from") };
     let Some(from) = t.endpoint(publisher) else {
@@ -250,12 +266,13 @@ pub fn sim(input: &InputArgs, topology: &Path, publisher: Option<&str>, packets:
             names.join(", ")
         )
     }
+    let failed = parse_down(&t, down)?;
     let table = t.endpoint_table();
     let (network, _) = match load_program_with(input, Some(&table))? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let routes = Routes::new(&t);
+    let (routes, lost) = routes_from(&t, &failed, from)?;
     let programs = project_all(&t, &routes, &network).context("cannot project the subscriptions onto the devices")?;
     let mut fabric = Simulator::new(&t, &routes, &programs);
     let mut totals = vec![0u64; t.endpoints.len()];
@@ -281,10 +298,98 @@ pub fn sim(input: &InputArgs, topology: &Path, publisher: Option<&str>, packets:
         }
     }
     if !json {
-        writeln!(out, "\narrivals per endpoint ({} packets from {publisher}):", packets.len())?;
-        for (e, n) in t.endpoints.iter().zip(&totals) {
-            writeln!(out, "  {:<16} {n}", e.name)?;
+        let with = if down.is_empty() { String::new() } else { format!(", {} down", down.join(" ")) };
+        writeln!(out, "\narrivals per endpoint ({} packets from {publisher}{with}):", packets.len())?;
+        for ((e, n), why) in t.endpoints.iter().zip(&totals).zip(&lost) {
+            let why = why.map(|w| format!("  ({})", w.as_str())).unwrap_or_default();
+            writeln!(out, "  {:<16} {n}{why}", e.name)?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why an endpoint receives nothing whatever the rules say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lost {
+    /// Its device is down.
+    DeviceDown,
+    /// Its device is up, but no surviving link path joins it to the publisher's.
+    CutOff,
+    /// The publisher's own device is down: nothing enters the fabric.
+    PublisherDown,
+}
+
+impl Lost {
+    fn as_str(self) -> &'static str {
+        match self {
+            Lost::DeviceDown => "device down",
+            Lost::CutOff => "cut off",
+            Lost::PublisherDown => "publisher's device down",
+        }
+    }
+}
+
+/// The routes a packet from endpoint `from` takes with `failed` down, and
+/// per endpoint why it can receive nothing (noted on stderr).
+///
+/// Routes are `Routes::avoiding(failed)`, what the service deploys. If that
+/// is partitioned (the service would refuse it), the devices the
+/// publisher's device cannot reach (`Down::cut_off_from`) are taken down as
+/// well: the routes are then those of the publisher's part of the fabric,
+/// and the endpoints beyond it receive nothing.
+fn routes_from(t: &Topology, failed: &Down, from: EndpointId) -> Result<(Routes, Vec<Option<Lost>>)> {
+    let home = t.endpoints[from].at.device;
+    let cut = failed.cut_off_from(t, home);
+    let routes = match Routes::avoiding(t, failed) {
+        Ok(r) => r,
+        Err(_) => {
+            let mut around = failed.clone();
+            around.devices.extend(&cut);
+            Routes::avoiding(t, &around)?
+        }
+    };
+    let lost: Vec<Option<Lost>> = t
+        .endpoints
+        .iter()
+        .enumerate()
+        .map(|(e, ep)| match () {
+            _ if e == from => None,
+            _ if failed.devices.contains(&home) => Some(Lost::PublisherDown),
+            _ if failed.devices.contains(&ep.at.device) => Some(Lost::DeviceDown),
+            _ if cut.contains(&ep.at.device) => Some(Lost::CutOff),
+            _ => None,
+        })
+        .collect();
+    let publisher = &t.endpoints[from];
+    let home_name = &t.devices[home].name;
+    if failed.devices.contains(&home) {
+        eprintln!(
+            "note: the publisher `{}` is on `{home_name}`, which is down: nothing enters the fabric, no endpoint receives anything",
+            publisher.name
+        );
+        return Ok((routes, lost));
+    }
+    let of = |why: Lost| -> (String, String) {
+        let mut endpoints = vec![];
+        let mut devices = std::collections::BTreeSet::new();
+        for (ep, l) in t.endpoints.iter().zip(&lost) {
+            if *l == Some(why) {
+                endpoints.push(format!("`{}`", ep.name));
+                devices.insert(ep.at.device);
+            }
+        }
+        (endpoints.join(", "), devices.into_iter().map(|d| format!("`{}`", t.devices[d].name)).collect::<Vec<_>>().join(", "))
+    };
+    let (endpoints, devices) = of(Lost::DeviceDown);
+    if !endpoints.is_empty() {
+        eprintln!("note: {endpoints} on down device {devices}: they receive nothing");
+    }
+    let (endpoints, devices) = of(Lost::CutOff);
+    if !endpoints.is_empty() {
+        eprintln!(
+            "note: no surviving link path joins {devices} to `{home_name}`, the publisher's device: {endpoints} there are cut off \
+             and receive nothing (the service refuses such a failure as partitioned)"
+        );
+    }
+    Ok((routes, lost))
 }

@@ -758,3 +758,309 @@ fn sim_over_a_topology_prints_arrivals_per_endpoint() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("no endpoint `pubb`"), "{}", stderr_of(&out));
 }
+
+// ---------------------------------------------------------------------------
+// sim over a topology with links and devices down (`--down`)
+
+/// `subc sim --topology ... --json` with `extra` arguments: per packet, the
+/// endpoints that received it (a name once per copy), sorted.
+#[track_caller]
+fn fabric_deliveries(args: &[&str]) -> (Vec<Vec<String>>, String) {
+    let out = subc(&[args, &["--json"]].concat());
+    assert_eq!(out.status.code(), Some(0), "subc {}: {}", args.join(" "), stderr_of(&out));
+    let per_packet = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let mut got: Vec<String> = v["endpoints"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
+            got.sort();
+            got
+        })
+        .collect();
+    (per_packet, stderr_of(&out))
+}
+
+/// Failures as data, on the leaf-spine fabric from `pub`: what is down, the
+/// endpoints that lose everything, and the note that says why. Every
+/// other endpoint receives exactly what it receives with nothing down: a
+/// tree link or a spine down brings in a spare that takes over.
+#[test]
+fn sim_over_a_topology_with_links_and_devices_down() {
+    let rules = "crates/fabric/tests/network/leaf_spine.subs";
+    let args = ["sim", "--spec", "examples/itch/itch.spec", rules, "--pcap", "examples/itch/packets.pcap", "--topology", LEAF_SPINE];
+    let args = [&args[..], &["--publisher", "pub"]].concat();
+    let (all_up, note) = fabric_deliveries(&args);
+    assert!(note.is_empty(), "{note}");
+    assert!(all_up.iter().flatten().any(|e| e == "trader2"), "the rules reach leaf2's hosts: {all_up:?}");
+    assert!(all_up.iter().flatten().any(|e| e == "audit"), "the rules reach leaf3's hosts: {all_up:?}");
+    #[rustfmt::skip]
+    let cases: &[(&[&str], &[&str], &str)] = &[
+        // leaf2:1 is leaf2's tree link (to spine1): leaf2:2 (to spine2) takes over.
+        (&["leaf2:1"], &[], ""),
+        (&["spine1"], &[], ""),
+        (&["leaf2:1", "leaf3:2"], &[], ""),
+        (&["leaf3"], &["risk2", "audit"], "note: `risk2`, `audit` on down device `leaf3`: they receive nothing"),
+        (&["leaf3:1", "leaf3:2"], &["risk2", "audit"],
+            "note: no surviving link path joins `leaf3` to `leaf1`, the publisher's device: `risk2`, `audit` there are cut off"),
+        (&["spine1", "spine2"], &["trader2", "risk1", "risk2", "audit"],
+            "note: no surviving link path joins `leaf2`, `leaf3` to `leaf1`, the publisher's device"),
+        (&["leaf1"], &["trader1", "trader2", "risk1", "risk2", "audit"],
+            "note: the publisher `pub` is on `leaf1`, which is down: nothing enters the fabric"),
+    ];
+    for (down, lost, expect_note) in cases {
+        let mut with_down = args.clone();
+        for d in *down {
+            with_down.extend(["--down", d]);
+        }
+        let (got, note) = fabric_deliveries(&with_down);
+        let expect: Vec<Vec<String>> = all_up.iter().map(|p| p.iter().filter(|e| !lost.contains(&e.as_str())).cloned().collect()).collect();
+        assert_eq!(got, expect, "--down {down:?}");
+        assert!(note.contains(expect_note), "--down {down:?}: {note}");
+        assert_eq!(note.is_empty(), expect_note.is_empty(), "--down {down:?}: {note}");
+    }
+    // The tree did move: leaf2 now hangs off spine2.
+    let out = subc(&["topo", "show", LEAF_SPINE, "--down", "leaf2:1"]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("link   spare leaf2:1 -- spine1:2") && shown.contains("link   tree  leaf2:2 -- spine2:2"), "{shown}");
+    // The text output says what is down and why an endpoint got nothing.
+    let out = subc(&[&args[..], &["--down", "leaf3:1", "--down", "leaf3:2"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!(
+        "sim_topology_leaf3_cut_off",
+        format!("{}\n--- stderr\n{}", String::from_utf8_lossy(&out.stdout), stderr_of(&out))
+    );
+}
+
+/// A `--down` that names nothing usable is refused, with no panic.
+#[test]
+fn sim_refuses_a_down_that_names_nothing() {
+    let rules = "crates/fabric/tests/network/leaf_spine.subs";
+    let args = ["sim", "--spec", "examples/itch/itch.spec", rules, "--pcap", "examples/itch/packets.pcap"];
+    let fabric = [&args[..], &["--topology", LEAF_SPINE, "--publisher", "pub"]].concat();
+    #[rustfmt::skip]
+    let cases: &[(&str, &str)] = &[
+        ("spine9", "--down spine9: no device `spine9` (a link is DEVICE:PORT)"),
+        ("spine9:1", "--down spine9:1: no device `spine9`"),
+        ("leaf2:9", "--down leaf2:9: no link at port 9 of `leaf2`"),
+        ("leaf2:x", "--down leaf2:x: `x` is not a port number"),
+        ("leaf2:3", "--down leaf2:3: port 3 of `leaf2` holds endpoint `trader2`, not a link"),
+    ];
+    for (down, expect) in cases {
+        let out = subc(&[&fabric[..], &["--down", down]].concat());
+        assert_eq!(out.status.code(), Some(2), "--down {down}: {}", stderr_of(&out));
+        assert!(stderr_of(&out).contains(expect), "--down {down}: {}", stderr_of(&out));
+        assert!(!stderr_of(&out).contains("panicked"), "{}", stderr_of(&out));
+    }
+    let out = subc(&[&args[..], &["--down", "leaf2:1"]].concat());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("the following required arguments were not provided") && stderr_of(&out).contains("--topology <FILE>"),
+        "{}",
+        stderr_of(&out)
+    );
+    let help = String::from_utf8_lossy(&subc(&["sim", "--help"]).stdout).into_owned();
+    assert!(help.contains("--down <DEVICE|DEVICE:PORT>") && help.contains("--down leaf2:1"), "{help}");
+}
+
+/// A small deterministic generator for the random fabrics below.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// A random connected fabric: devices, links (`(a, port, b, port)`) and
+/// endpoints (`(device, port)`), written as a topology file.
+struct RandomFabric {
+    devices: usize,
+    links: Vec<(usize, u32, usize, u32)>,
+    endpoints: Vec<(usize, u32)>,
+}
+
+impl RandomFabric {
+    fn new(rng: &mut SplitMix) -> RandomFabric {
+        let devices = 2 + rng.below(5);
+        let mut next_port = vec![1u32; devices];
+        let mut port = |d: usize| {
+            next_port[d] += 1;
+            next_port[d] - 1
+        };
+        let mut pairs = vec![];
+        for d in 1..devices {
+            pairs.push((rng.below(d), d));
+        }
+        for _ in 0..rng.below(devices + 1) {
+            let (a, b) = (rng.below(devices), rng.below(devices));
+            if a != b && !pairs.contains(&(a, b)) && !pairs.contains(&(b, a)) {
+                pairs.push((a, b));
+            }
+        }
+        // Links in a random order, so that the tree is not always the first ones.
+        for i in (1..pairs.len()).rev() {
+            pairs.swap(i, rng.below(i + 1));
+        }
+        let links = pairs.into_iter().map(|(a, b)| (a, port(a), b, port(b))).collect();
+        let endpoints = (0..2 + rng.below(5)).map(|_| rng.below(devices)).map(|d| (d, port(d))).collect();
+        RandomFabric { devices, links, endpoints }
+    }
+
+    fn toml(&self, links: &[usize]) -> String {
+        let mut out = String::new();
+        for d in 0..self.devices {
+            out += &format!("[[device]]\nname = \"s{d}\"\nkind = \"sim\"\n");
+        }
+        for &i in links {
+            let (a, pa, b, pb) = self.links[i];
+            out += &format!("[[link]]\na = \"s{a}:{pa}\"\nb = \"s{b}:{pb}\"\n");
+        }
+        for (e, (d, p)) in self.endpoints.iter().enumerate() {
+            out += &format!("[[endpoint]]\nname = \"e{e}\"\nat = \"s{d}:{p}\"\n");
+        }
+        out
+    }
+
+    /// The devices a packet from `device` can reach over the links up,
+    /// between devices up.
+    fn reachable(&self, device: usize, links_down: &[usize], device_down: Option<usize>) -> Vec<bool> {
+        let mut seen = vec![false; self.devices];
+        if device_down == Some(device) {
+            return seen;
+        }
+        seen[device] = true;
+        let mut stack = vec![device];
+        while let Some(d) = stack.pop() {
+            for (i, &(a, _, b, _)) in self.links.iter().enumerate() {
+                if links_down.contains(&i) || device_down == Some(a) || device_down == Some(b) {
+                    continue;
+                }
+                for (x, y) in [(a, b), (b, a)] {
+                    if x == d && !seen[y] {
+                        seen[y] = true;
+                        stack.push(y);
+                    }
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// On random fabrics with random links and devices down, what `sim
+/// --down` delivers from a random publisher is the interpreter's decision
+/// on the network program, each endpoint once, but for the publisher and
+/// the endpoints it cannot reach (on a down device, or cut off), which
+/// receive nothing. Where only links are down and the fabric stays whole,
+/// it is also exactly what `sim` prints for the file with those links
+/// removed.
+#[test]
+fn sim_with_down_agrees_with_the_interpreter_on_random_fabrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = SplitMix(28);
+    let (mut cut_off, mut whole, mut device_down, mut copies) = (0, 0, 0, 0);
+    for round in 0..16 {
+        let fabric = RandomFabric::new(&mut rng);
+        let endpoints = fabric.endpoints.len();
+        let topology = dir.path().join(format!("fabric{round}.toml"));
+        std::fs::write(&topology, fabric.toml(&(0..fabric.links.len()).collect::<Vec<_>>())).unwrap();
+        // Stateless rules on endpoint numbers: the interpreter's ports are endpoints.
+        let mut rules = String::new();
+        for _ in 0..2 + rng.below(5) {
+            let cond = match rng.below(4) {
+                0 => "stock == GOOGL".to_string(),
+                1 => format!("shares > {}", rng.below(400)),
+                2 => format!("price < {}", rng.below(2_000_000)),
+                _ => format!("stock == AAPL || shares >= {}", rng.below(1000)),
+            };
+            let to: BTreeSet<usize> = (0..1 + rng.below(3)).map(|_| rng.below(endpoints)).collect();
+            rules += &format!("{cond} : fwd({})\n", to.iter().map(usize::to_string).collect::<Vec<_>>().join(", "));
+        }
+        let rules_file = dir.path().join(format!("rules{round}.subs"));
+        std::fs::write(&rules_file, &rules).unwrap();
+        let rules_path = rules_file.to_str().unwrap();
+        let base = ["sim", "--spec", "examples/itch/itch.spec", rules_path, "--pcap", "examples/itch/packets.pcap"];
+        let out = subc(&[&base[..], &["--json"]].concat());
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+        let decided: Vec<BTreeSet<usize>> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p.as_u64().unwrap() as usize)
+                    .collect()
+            })
+            .collect();
+
+        let links_down: Vec<usize> = (0..fabric.links.len()).filter(|_| rng.chance(30)).collect();
+        let down_device = rng.chance(25).then(|| rng.below(fabric.devices));
+        let mut down: Vec<String> = links_down
+            .iter()
+            .map(|&i| {
+                let (a, pa, b, pb) = fabric.links[i];
+                if rng.chance(50) {
+                    format!("s{a}:{pa}")
+                } else {
+                    format!("s{b}:{pb}")
+                }
+            })
+            .collect();
+        down.extend(down_device.map(|d| format!("s{d}")));
+        let publisher = rng.below(endpoints);
+        let reach = fabric.reachable(fabric.endpoints[publisher].0, &links_down, down_device);
+
+        let name = format!("e{publisher}");
+        let mut args: Vec<&str> = [&base[..], &["--topology", topology.to_str().unwrap(), "--publisher", &name]].concat();
+        for d in &down {
+            args.extend(["--down", d.as_str()]);
+        }
+        let (got, note) = fabric_deliveries(&args);
+        let expect: Vec<Vec<String>> = decided
+            .iter()
+            .map(|ports| {
+                let mut names: Vec<String> =
+                    ports.iter().filter(|&&e| e != publisher && reach[fabric.endpoints[e].0]).map(|e| format!("e{e}")).collect();
+                names.sort();
+                names
+            })
+            .collect();
+        let context = format!(
+            "round {round}:\n{}\nrules:\n{rules}\nfrom e{publisher}, down {down:?}\n{note}",
+            fabric.toml(&(0..fabric.links.len()).collect::<Vec<_>>())
+        );
+        assert_eq!(got, expect, "{context}");
+        copies += got.iter().map(Vec::len).sum::<usize>();
+        let lost = (0..endpoints).any(|e| e != publisher && !reach[fabric.endpoints[e].0]);
+        assert_eq!(note.contains("receive"), lost, "{context}");
+
+        if down_device.is_some() {
+            device_down += 1;
+        } else if reach.iter().all(|&r| r) {
+            whole += 1;
+            let kept: Vec<usize> = (0..fabric.links.len()).filter(|i| !links_down.contains(i)).collect();
+            let reduced = dir.path().join(format!("reduced{round}.toml"));
+            std::fs::write(&reduced, fabric.toml(&kept)).unwrap();
+            let (fresh, _) = fabric_deliveries(&[&base[..], &["--topology", reduced.to_str().unwrap(), "--publisher", &name]].concat());
+            assert_eq!(got, fresh, "{context}");
+        } else {
+            cut_off += 1;
+        }
+    }
+    // The rounds cover each kind of failure, and packets do arrive.
+    assert!(whole > 0 && cut_off > 0 && device_down > 0, "whole {whole}, cut off {cut_off}, device down {device_down}");
+    assert!(copies > 100, "{copies} copies delivered in all");
+}

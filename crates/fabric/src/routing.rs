@@ -28,6 +28,20 @@ impl Down {
         !self.devices.contains(&d)
     }
 
+    /// The devices up that no surviving link path joins to `from` (every
+    /// device up, if `from` itself is down).
+    /// Marking these down too leaves one connected fabric around `from`, so
+    /// [`Routes::avoiding`] never reports it [`FabricError::Partitioned`]:
+    /// what a publisher on `from` can still reach (`subc sim --down`).
+    pub fn cut_off_from(&self, t: &Topology, from: DeviceId) -> BTreeSet<DeviceId> {
+        let up = (0..t.devices.len()).filter(|&d| self.device_up(d));
+        if !self.device_up(from) {
+            return up.collect();
+        }
+        let reach = reachable(&surviving_links(t, self), from);
+        up.filter(|&d| !reach[d]).collect()
+    }
+
     /// Whether link `i` still joins two devices that are up.
     fn link_up(&self, t: &Topology, i: usize) -> bool {
         let l = t.links[i];

@@ -101,3 +101,29 @@ fn a_failure_changes_only_the_devices_whose_rules_move() {
     let names: Vec<&str> = changed_devices(&before, &after).into_iter().map(|d| t.devices[d].name.as_str()).collect();
     assert_eq!(names, ["spine1", "spine2", "leaf1", "leaf3"]);
 }
+
+/// `Down::cut_off_from`: what a publisher's device can no longer reach.
+/// Marked down as well, it leaves a fabric that routes without a partition.
+#[test]
+fn cut_off_from_names_what_a_device_cannot_reach() {
+    let t = topology("leaf_spine");
+    let names = |ds: std::collections::BTreeSet<usize>| ds.into_iter().map(|d| t.devices[d].name.as_str()).collect::<Vec<_>>();
+    let leaf1 = t.device("leaf1").unwrap();
+    // Nothing down, or a link with a spare beside it: nothing is cut off.
+    assert!(Down::default().cut_off_from(&t, leaf1).is_empty());
+    assert!(down(&t, &["link 4"]).cut_off_from(&t, leaf1).is_empty());
+    // Both of leaf3's links: leaf3 alone.
+    let failed = down(&t, &["link 4", "link 5"]);
+    assert_eq!(names(failed.cut_off_from(&t, leaf1)), ["leaf3"]);
+    assert!(Routes::avoiding(&t, &failed).is_err());
+    let mut around = failed.clone();
+    around.devices.extend(failed.cut_off_from(&t, leaf1));
+    let r = Routes::avoiding(&t, &around).unwrap();
+    let leaf3 = t.device("leaf3").unwrap();
+    assert_eq!(r.tree.len(), 3, "the four devices left, joined");
+    assert!((0..t.endpoints.len()).all(|e| !r.carries(leaf3, e)));
+    // From leaf3's side, everything else is cut off.
+    assert_eq!(names(failed.cut_off_from(&t, leaf3)), ["spine1", "spine2", "leaf1", "leaf2"]);
+    // A down device reaches nothing: every device up is cut off from it.
+    assert_eq!(names(down(&t, &["leaf1"]).cut_off_from(&t, leaf1)), ["spine1", "spine2", "leaf2", "leaf3"]);
+}
