@@ -247,6 +247,20 @@ async fn a_bad_topology_is_a_configuration_error() {
     assert!(text.contains("fabric.toml:3"), "{text}");
 }
 
+/// A topology with no devices, or none with an endpoint, once started
+/// network mode with nothing to deploy to; it is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_topology_is_a_configuration_error() {
+    for (text, missing) in [("", "no devices"), ("[[device]]\nname = \"a\"\nkind = \"sim\"\n", "no endpoints")] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fabric.toml"), text).unwrap();
+        let mut cfg = config(dir.path());
+        cfg.topology = Some(dir.path().join("fabric.toml"));
+        let e = subc_server::start(cfg).await.err().expect("refused").to_string();
+        assert!(e.contains(missing), "{text:?}: {e}");
+    }
+}
+
 /// A `p4runtime` device (the in-process switch of `subc_backend_p4::testing`)
 /// holds its projection: the switch decides random packets as the
 /// interpreter does on the device's projected program, ports mapped.
