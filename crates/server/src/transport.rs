@@ -430,6 +430,20 @@ mod tests {
         assert!(g.admit(ip(9)).is_some(), "closed connections give their places back");
     }
 
+    #[tokio::test]
+    async fn accepted_sockets_get_the_configured_tcp_options() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnectionLimits { keepalive: Some(Duration::from_secs(42)), ..gate(4, 4).limits };
+        let mut gated = GatedListener::new(listener, limits, Arc::new(Metrics::new()), "grpc");
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (conn, _) = gated.next().await;
+        let sock = socket2::SockRef::from(&conn.io);
+        assert!(sock.tcp_nodelay().unwrap());
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(42));
+    }
+
     #[test]
     fn the_per_peer_limit_closes_that_peers_pending_connections_only() {
         let g = gate(10, 2);
