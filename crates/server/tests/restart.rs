@@ -1,15 +1,17 @@
 //! A clean restart reads every target back and writes nothing (issue 28):
 //! random histories of adds (generated ITCH lines) and removes (of ids the
 //! application holds), each deployed before the next, to an eBPF target (a
-//! TC program on a veth: skips without the BPF capabilities,
-//! fails under `CI=true`) or to a P4Runtime target (the in-process switch);
-//! then a clean shutdown and a start on the same store.
+//! TC program on a veth), to a network of two eBPF devices (network mode,
+//! each device in its own namespace), or to a P4Runtime target (the
+//! in-process switch); then a clean shutdown and a start on the same
+//! store. The eBPF cases skip without the BPF capabilities, and fail under
+//! `CI=true`.
 //!
-//! The restarted server must report the target reconciled with no entry
+//! The restarted server must report every target reconciled with no entry
 //! written (its `Reconciled` event, `subc_diff_entries_total`), in sync at
-//! the current generation; and the target itself must be untouched: the
-//! eBPF deployment's pins are the same objects (an install pins new maps
-//! and programs), the switch was sent no update and no program.
+//! the current generation; and the targets themselves must be untouched:
+//! the eBPF deployments' pins are the same objects (an install pins new
+//! maps and programs), the switch was sent no update and no program.
 
 mod common;
 
@@ -18,8 +20,9 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use subc_backend_p4::testing::{Checks, TestServer};
-use subc_ebpf_loader::testnet::{ip, kernel_available};
+use subc_ebpf_loader::testnet::{ip, kernel_available, Namespaces};
 use subc_server::proto::{self, register_target_request::Kind};
+use subc_server::Config;
 
 /// One step of a history.
 #[derive(Clone, Debug)]
@@ -55,13 +58,46 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id() % 100_000, NEXT.fetch_add(1, Ordering::SeqCst))
 }
 
-/// What a target case needs: its registration, and a witness of what the
-/// target was given that changes if anything installs or writes there.
+/// What a case needs: its targets, how they come to be deployed, and a
+/// witness of what they were given that changes if anything installs or
+/// writes there.
 trait TargetUnderTest {
-    fn registration(&self) -> proto::RegisterTargetRequest;
+    /// The targets the server deploys.
+    fn names(&self) -> Vec<String>;
+    /// The registration of a lone target, deployed once the first lines
+    /// are in; `None` for a network's devices, which follow from the start.
+    fn registration(&self) -> Option<proto::RegisterTargetRequest>;
+    /// Adjusts the server's configuration (network mode: the topology).
+    fn configure(&self, _cfg: &mut Config) {}
+    /// `n` generated lines (generator seed `seed`) in the targets' terms.
+    fn lines(&self, n: usize, seed: u64) -> Vec<String> {
+        itch_lines(n, seed)
+    }
     fn witness(&self) -> Vec<(String, u64)>;
-    /// Waits until the target no longer sees the stopped server.
+    /// Waits until the targets no longer see the stopped server.
     async fn settle(&self) {}
+}
+
+/// The inode of every pin of eBPF deployment `name`: a reinstall pins new
+/// maps and programs.
+fn pins_of(name: &str) -> Vec<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let (d, _) = subc_ebpf_loader::Deployment::open(name).expect("the target is deployed");
+    let mut pins: Vec<(String, u64)> = std::fs::read_dir(&d.pin_dir)
+        .expect("the pin directory")
+        .map(|e| e.expect("a pin"))
+        .map(|e| (format!("{name}/{}", e.file_name().to_string_lossy()), e.metadata().expect("a pin's metadata").ino()))
+        .collect();
+    pins.sort();
+    assert!(!pins.is_empty(), "the deployment pins its maps and programs");
+    pins
+}
+
+/// Removes eBPF deployment `name` (its pins outlive the server).
+fn remove_deployment(name: &str) {
+    if let Ok((d, _)) = subc_ebpf_loader::Deployment::open(name) {
+        let _ = d.remove();
+    }
 }
 
 /// An eBPF target: TC on one end of a veth pair in the test's namespace,
@@ -83,31 +119,97 @@ impl EbpfCase {
 
 impl Drop for EbpfCase {
     fn drop(&mut self) {
-        if let Ok((d, _)) = subc_ebpf_loader::Deployment::open(&self.name) {
-            let _ = d.remove();
-        }
+        remove_deployment(&self.name);
         let _ = ip(&["link", "del", &self.iface]);
     }
 }
 
 impl TargetUnderTest for EbpfCase {
-    fn registration(&self) -> proto::RegisterTargetRequest {
-        let ebpf = proto::EbpfTarget { interface: self.iface.clone(), hook: proto::Hook::Tc as i32, ..Default::default() };
-        proto::RegisterTargetRequest { name: self.name.clone(), kind: Some(Kind::Ebpf(ebpf)), manual: false }
+    fn names(&self) -> Vec<String> {
+        vec![self.name.clone()]
     }
 
-    /// The inode of every pin: a reinstall pins new maps and programs.
+    fn registration(&self) -> Option<proto::RegisterTargetRequest> {
+        let ebpf = proto::EbpfTarget { interface: self.iface.clone(), hook: proto::Hook::Tc as i32, ..Default::default() };
+        Some(proto::RegisterTargetRequest { name: self.name.clone(), kind: Some(Kind::Ebpf(ebpf)), manual: false })
+    }
+
     fn witness(&self) -> Vec<(String, u64)> {
-        use std::os::unix::fs::MetadataExt;
-        let (d, _) = subc_ebpf_loader::Deployment::open(&self.name).expect("the target is deployed");
-        let mut pins: Vec<(String, u64)> = std::fs::read_dir(&d.pin_dir)
-            .expect("the pin directory")
-            .map(|e| e.expect("a pin"))
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().expect("a pin's metadata").ino()))
-            .collect();
-        pins.sort();
-        assert!(!pins.is_empty(), "the deployment pins its maps and programs");
-        pins
+        pins_of(&self.name)
+    }
+}
+
+/// Network mode: two eBPF devices, each in its own namespace, one link
+/// between them (`p1`), two endpoints on each (`p2`, `p3`: veths whose
+/// other ends stay in the device's namespace). Namespaces and deployments
+/// are removed when dropped.
+struct NetworkCase {
+    devices: [String; 2],
+    topology: tempfile::TempDir,
+    _namespaces: Namespaces,
+}
+
+/// The endpoints, and where they are: (name, device, port, publishes).
+const ENDPOINTS: [(&str, usize, u32, bool); 4] = [("h1", 0, 2, true), ("h2", 0, 3, false), ("h3", 1, 2, false), ("h4", 1, 3, true)];
+
+impl NetworkCase {
+    fn new() -> NetworkCase {
+        let tag = unique("rsn");
+        let devices = [format!("{tag}a"), format!("{tag}b")];
+        let mut namespaces = Namespaces::default();
+        let mut text = String::new();
+        for d in &devices {
+            namespaces.add(d).unwrap();
+            text += &format!("[[device]]\nname = \"{d}\"\nkind = \"ebpf\"\noptions = {{ netns = \"{d}\" }}\n\n");
+        }
+        namespaces.veth("p1", &devices[0], "p1", &devices[1]).unwrap();
+        text += &format!("[[link]]\na = \"{}:1\"\nb = \"{}:1\"\n\n", devices[0], devices[1]);
+        for (name, d, port, publishes) in ENDPOINTS {
+            let ns = &devices[d];
+            namespaces.veth(&format!("p{port}"), ns, &format!("e{port}"), ns).unwrap();
+            text += &format!("[[endpoint]]\nname = \"{name}\"\nat = \"{ns}:{port}\"\npublishes = {publishes}\n\n");
+        }
+        let topology = tempfile::tempdir().unwrap();
+        std::fs::write(topology.path().join("fabric.toml"), text).unwrap();
+        NetworkCase { devices, topology, _namespaces: namespaces }
+    }
+}
+
+impl Drop for NetworkCase {
+    fn drop(&mut self) {
+        for d in &self.devices {
+            remove_deployment(d);
+        }
+    }
+}
+
+impl TargetUnderTest for NetworkCase {
+    fn names(&self) -> Vec<String> {
+        self.devices.to_vec()
+    }
+
+    fn registration(&self) -> Option<proto::RegisterTargetRequest> {
+        None
+    }
+
+    fn configure(&self, cfg: &mut Config) {
+        cfg.topology = Some(self.topology.path().join("fabric.toml"));
+    }
+
+    /// ITCH lines whose port `p` is endpoint `h{p % 4 + 1}`.
+    fn lines(&self, n: usize, seed: u64) -> Vec<String> {
+        itch_lines(n, seed)
+            .into_iter()
+            .map(|l| {
+                let (condition, port) = l.split_once(": fwd(").expect("an ITCH line forwards");
+                let port: usize = port.trim_end_matches(')').parse().expect("one port");
+                format!("{condition}: fwd({})", ENDPOINTS[port % ENDPOINTS.len()].0)
+            })
+            .collect()
+    }
+
+    fn witness(&self) -> Vec<(String, u64)> {
+        self.devices.iter().flat_map(|d| pins_of(d)).collect()
     }
 }
 
@@ -119,7 +221,11 @@ struct P4Case {
 }
 
 impl TargetUnderTest for P4Case {
-    fn registration(&self) -> proto::RegisterTargetRequest {
+    fn names(&self) -> Vec<String> {
+        vec![self.name.clone()]
+    }
+
+    fn registration(&self) -> Option<proto::RegisterTargetRequest> {
         let p4 = proto::P4RuntimeTarget {
             address: self.switch.addr.trim_start_matches("http://").into(),
             device_id: subc_backend_p4::testing::DEVICE,
@@ -127,7 +233,7 @@ impl TargetUnderTest for P4Case {
             election_id: 7,
             ..Default::default()
         };
-        proto::RegisterTargetRequest { name: self.name.clone(), kind: Some(Kind::P4runtime(p4)), manual: false }
+        Some(proto::RegisterTargetRequest { name: self.name.clone(), kind: Some(Kind::P4runtime(p4)), manual: false })
     }
 
     /// Updates and programs the switch was sent.
@@ -142,21 +248,25 @@ impl TargetUnderTest for P4Case {
     }
 }
 
-/// Runs `history` against `target`, deploying each step, until the target
-/// holds the last generation.
-async fn run_history(env: &mut Env, target: &impl TargetUnderTest, first: u64, steps: &[Step]) {
-    let name = target.registration().name;
+/// Runs `history` against `target`, every target holding each step's
+/// generation before the next; the last generation.
+async fn run_history(env: &mut Env, target: &impl TargetUnderTest, first: u64, steps: &[Step]) -> u64 {
     let mut held: Vec<u64> = vec![];
-    let lines = itch_lines(30, first);
+    let lines = target.lines(30, first);
     let a = env.alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap().into_inner();
     held.extend(a.subscriptions.iter().map(|s| s.id));
-    env.admin.targets.register(target.registration()).await.unwrap();
-    let r = env.admin.targets.deploy(proto::DeployRequest { name: name.clone(), timeout_ms: 30_000 }).await;
-    assert_eq!(r.unwrap().into_inner().status.unwrap().state(), proto::TargetState::InSync);
+    if let Some(registration) = target.registration() {
+        let name = registration.name.clone();
+        env.admin.targets.register(registration).await.unwrap();
+        let r = env.admin.targets.deploy(proto::DeployRequest { name, timeout_ms: 30_000 }).await;
+        assert_eq!(r.unwrap().into_inner().status.unwrap().state(), proto::TargetState::InSync);
+    }
+    wait_all_deployed(env, target, a.generation).await;
+    let mut last = a.generation;
     for step in steps {
         let generation = match step {
             Step::Add { n, seed } => {
-                let lines = itch_lines(*n, *seed);
+                let lines = target.lines(*n, *seed);
                 let r = env.alice.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap().into_inner();
                 held.extend(r.subscriptions.iter().map(|s| s.id));
                 r.generation
@@ -172,6 +282,15 @@ async fn run_history(env: &mut Env, target: &impl TargetUnderTest, first: u64, s
                 env.alice.subs.remove(proto::RemoveRequest { ids }).await.unwrap().into_inner().generation
             }
         };
+        wait_all_deployed(env, target, generation).await;
+        last = generation;
+    }
+    last
+}
+
+/// Waits until every target holds `generation`.
+async fn wait_all_deployed(env: &mut Env, target: &impl TargetUnderTest, generation: u64) {
+    for name in target.names() {
         wait_deployed(&mut env.admin, &name, generation).await;
     }
 }
@@ -184,27 +303,31 @@ fn diff_entries_total(r: &subc_server::Running, target: &str) -> u64 {
 
 /// A history, a clean restart, and the checks of the module doc.
 async fn restart_writes_nothing(target: &impl TargetUnderTest, first: u64, steps: &[Step]) {
-    let name = target.registration().name;
-    let mut env = Env::new().await;
-    run_history(&mut env, target, first, steps).await;
+    let mut env = Env::with(|cfg| target.configure(cfg)).await;
+    let last = run_history(&mut env, target, first, steps).await;
     let before = target.witness();
     let dir = env.stop().await;
     target.settle().await;
 
-    let mut env = Env::with_dir(dir).await;
+    let mut env = Env::with_dir_and(dir, |cfg| target.configure(cfg)).await;
     let mut events = env.admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-    let reconciled = loop {
+    let mut waiting = target.names();
+    while !waiting.is_empty() {
         let e = next_event(&mut events, proto::EventKind::Reconciled).await;
-        if e.target == name {
-            break e;
+        // Network devices reconciled at the first start too, before the history.
+        if e.generation < last {
+            continue;
         }
-    };
-    assert_eq!(reconciled.entries, 0, "the reconcile wrote entries: {reconciled:?}");
-    let current = env.admin.targets.status(proto::TargetRequest { name: name.clone() }).await.unwrap().into_inner().current_generation;
-    let s = wait_deployed(&mut env.admin, &name, current).await;
-    assert_eq!((s.state(), s.last_diff_entries), (proto::TargetState::InSync, 0), "{s:?}");
-    assert_eq!(diff_entries_total(&env.r, &name), 0, "entries written since the restart");
-    assert_eq!(target.witness(), before, "the target was installed or written to again");
+        assert_eq!(e.entries, 0, "the reconcile wrote entries: {e:?}");
+        waiting.retain(|name| *name != e.target);
+    }
+    for name in target.names() {
+        let current = env.admin.targets.status(proto::TargetRequest { name: name.clone() }).await.unwrap().into_inner().current_generation;
+        let s = wait_deployed(&mut env.admin, &name, current).await;
+        assert_eq!((s.state(), s.last_diff_entries), (proto::TargetState::InSync, 0), "{s:?}");
+        assert_eq!(diff_entries_total(&env.r, &name), 0, "entries written to {name} since the restart");
+    }
+    assert_eq!(target.witness(), before, "a target was installed or written to again");
     env.stop().await;
 }
 
@@ -222,6 +345,15 @@ proptest! {
         }
         let target = EbpfCase::new();
         runtime().block_on(bounded(20, restart_writes_nothing(&target, first, &steps)));
+    }
+
+    #[test]
+    fn a_network_of_ebpf_devices_restarts_without_a_write((first, steps) in history()) {
+        if !kernel_available("a_network_of_ebpf_devices_restarts_without_a_write") {
+            return Ok(());
+        }
+        let target = NetworkCase::new();
+        runtime().block_on(bounded(30, restart_writes_nothing(&target, first, &steps)));
     }
 
     #[test]
