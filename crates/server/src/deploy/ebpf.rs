@@ -89,7 +89,7 @@ fn parts_json(img: &TableImage) -> Value {
 
 /// Why a saved image cannot be rebuilt for the pinned program.
 #[derive(Debug, thiserror::Error)]
-enum RebuildError {
+pub enum SavedImageError {
     #[error(transparent)]
     Files(#[from] ImageError),
     #[error("the saved slots and ids: {0}")]
@@ -134,11 +134,11 @@ impl ImageFiles {
 
     /// The image of program `model` the files describe: the base's, then
     /// each journaled diff planned on it as the update that applied it was.
-    fn load(&mut self, model: &Model) -> Result<Rebuilt, RebuildError> {
+    fn load(&mut self, model: &Model) -> Result<Rebuilt, SavedImageError> {
         let journal = self.0.load_journal()?.ok_or(ImageError::Missing)?;
         match journal.base.meta.get("parts") {
             Some(parts) => {
-                let parts = ImageParts::deserialize(parts).map_err(RebuildError::Parts)?;
+                let parts = ImageParts::deserialize(parts).map_err(SavedImageError::Parts)?;
                 Ok(Rebuilt { image: replay(model, journal, parts)?, legacy: false })
             }
             None => Ok(Rebuilt { image: legacy_image(model, journal)?, legacy: true }),
@@ -148,7 +148,7 @@ impl ImageFiles {
 
 /// The base's image with the journal's diffs planned on it in order: the
 /// slots and ids the updates gave.
-fn replay(model: &Model, journal: Journal, parts: ImageParts) -> Result<TableImage, RebuildError> {
+fn replay(model: &Model, journal: Journal, parts: ImageParts) -> Result<TableImage, SavedImageError> {
     let mut image = TableImage::from_saved(model, journal.base.pipelines, parts)?;
     for r in &journal.updates {
         image.plan_in_place(model, &r.update)?;
@@ -159,7 +159,7 @@ fn replay(model: &Model, journal: Journal, parts: ImageParts) -> Result<TableIma
 /// An earlier version's image: the pipelines with the last update ids,
 /// slots allocated as a fresh load does (right only where no update
 /// moved them since the install).
-fn legacy_image(model: &Model, journal: Journal) -> Result<TableImage, RebuildError> {
+fn legacy_image(model: &Model, journal: Journal) -> Result<TableImage, SavedImageError> {
     let saved = journal.replayed()?;
     let ids = ids_of(&saved.meta)?;
     Ok(TableImage::from_parts(model, saved.pipelines, ids, 0)?)
@@ -336,6 +336,15 @@ impl EbpfDriver {
 /// (base and journal), for checking a target from outside the server.
 pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, ImageError> {
     ImageFiles::new(name).map_err(ImageError::StateDir)?.pipelines()
+}
+
+/// The image the server recorded as installed on eBPF target `name`,
+/// rebuilt for its program `model` as the read back rebuilds it (slots and
+/// update ids included), for checking the pinned maps from outside the
+/// server ([`PinnedTables::check`]).
+pub fn saved_image(name: &str, model: &Model) -> Result<TableImage, SavedImageError> {
+    let mut files = ImageFiles::new(name).map_err(|e| SavedImageError::Files(ImageError::StateDir(e)))?;
+    Ok(files.load(model)?.image)
 }
 
 #[cfg(test)]
