@@ -413,4 +413,22 @@ mod tests {
         }
         assert!(slots_moved > 0, "the updates moved slots away from where a fresh load puts them");
     }
+
+    /// A base an earlier version wrote (the update ids as the whole meta)
+    /// reads back as the image of a fresh load, marked for rewriting.
+    #[test]
+    fn an_earlier_versions_image_reads_back_as_a_fresh_load() {
+        let p = program(7);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        let art = write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+        let ids: Vec<_> = art.image.update_ids().iter().map(|(u, id)| (u.var, u.op, u.value, id)).collect();
+        assert!(!ids.is_empty(), "the leaves update variables");
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = ImageFiles(ImageLog::new(dir.path().join("t")));
+        files.0.write_base(&set.pipelines(), &json!(ids)).unwrap();
+        let back = files.load(&art.model).unwrap();
+        assert!(back.legacy);
+        assert_eq!(back.image.initial_ops(&art.model), art.image.initial_ops(&art.model));
+        assert_eq!(back.image.parts(), art.image.parts());
+    }
 }
