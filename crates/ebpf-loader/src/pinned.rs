@@ -3,12 +3,12 @@
 //!
 //! The table maps cannot be decoded back into IR pipelines on their own
 //! (the encoding is lossy: a default entry and a range become intervals),
-//! so a deployer keeps the image it installed (pipelines and update ids)
-//! next to the pins, and [`PinnedTables::check`] reads every table map
-//! back and compares it, key by key, with what that image encodes to. Only
-//! an exact match makes the image trusted; anything else (a crash between
-//! writing the maps and the image) is reported, and the deployer installs
-//! anew. Updates then follow the same protocol as [`Dataplane::update`].
+//! so a deployer keeps the image it installed (pipelines, and the slots
+//! and update ids of `TableImage::parts`, which updates move) next to the
+//! pins, and [`PinnedTables::check`] reads every table map back and
+//! compares it, key by key, with what that image encodes to. Only an exact
+//! match makes the image trusted; anything else (a crash between writing
+//! the maps and the image) is reported, and the deployer installs anew. Updates then follow the same protocol as [`Dataplane::update`].
 //!
 //! [`replace_programs`] points existing attachments at a new build
 //! atomically (`bpf_link_update`; a replacing filter for clsact), so a

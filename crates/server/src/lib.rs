@@ -51,7 +51,7 @@ pub use auth::Principal;
 pub use check::{check_stored, check_stored_with, diagnostic_message, StoredCheckError};
 pub use config::{Config, LogFormat, Retention, TlsConfig};
 pub use core::{load_spec, Core};
-pub use deploy::ebpf::saved_pipelines;
+pub use deploy::ebpf::{saved_image, saved_pipelines, SavedImageError};
 pub use deploy::image::ImageError;
 pub use deploy::DriverError;
 pub use desired::{compile_options, distance_to_fresh_compile};

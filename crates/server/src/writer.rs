@@ -309,7 +309,7 @@ pub(crate) struct Writer {
 /// size does not matter).
 #[allow(clippy::large_enum_variant)]
 enum Outcome {
-    Staged(Staged),
+    Staged(Box<Staged>),
     Refused(Finish, Status),
     /// It yielded to other changes; here it is back, to run later.
     Yielded(WriteOp),
@@ -363,7 +363,7 @@ impl Writer {
             self.core.yield_flag().store(false, std::sync::atomic::Ordering::SeqCst);
             self.others_wait = after || self.queue_has_more || !rx.is_empty();
             match self.stage(op, &mut claims.names) {
-                Outcome::Staged(st) => staged.push(st),
+                Outcome::Staged(st) => staged.push(*st),
                 Outcome::Refused(finish, status) => {
                     finish.fail(status);
                     staged.push(Staged::only(vec![], vec![], Finish::Nothing));
@@ -628,12 +628,12 @@ impl Writer {
             WriteOp::Add { who, batch, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent) {
                 Ok((nfs, compiled)) => {
                     let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
-                    Outcome::Staged(Staged { finish: Finish::Add(reply, resp), ..staged })
+                    Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))
                 }
                 Err(AddRefusal::Yielded(spent)) => Outcome::Yielded(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply }),
                 Err(AddRefusal::Refused(s)) => Outcome::Refused(Finish::Add(reply, Default::default()), s),
             },
-            op => self.stage_other(op, names).map_or_else(|(f, s)| Outcome::Refused(f, s), Outcome::Staged),
+            op => self.stage_other(op, names).map_or_else(|(f, s)| Outcome::Refused(f, s), |st| Outcome::Staged(Box::new(st))),
         }
     }
 

@@ -429,16 +429,17 @@ pub fn ebpf_target(name: &str, iface: &str, hook: proto::Hook, ports: Vec<(u32, 
     }
 }
 
-/// Checks, independently of the server, that a target's pinned maps hold
-/// exactly the image the server saved, and that this image is a fresh
-/// compile of `texts` (up to ids). Returns the entries that differ.
+/// Checks, from outside the server, that a target's pinned maps hold
+/// exactly the image the server saved (rebuilt as its read back does), and
+/// that this image is a fresh compile of `texts` (up to ids). Returns the
+/// entries that differ.
 pub fn check_deployed(target: &str, texts: &[String]) -> usize {
     use subc_ebpf_loader::Deployment;
     let (d, model) = Deployment::open(target).expect("the deployment record");
-    let pipes = subc_server::saved_pipelines(target).unwrap();
     let tables = subc_ebpf_loader::PinnedTables::open(&d.pin_dir, model.clone()).unwrap();
     let live = tables.live_generation().unwrap();
-    let image = subc_backend_ebpf::TableImage::from_parts(&model, pipes.clone(), Default::default(), live).unwrap();
+    let image = subc_server::saved_image(target, &model).unwrap().with_live_gen(live);
+    let pipes = image.pipelines().to_vec();
     let diffs = tables.check(&image, 10).unwrap();
     assert!(diffs.is_empty(), "the pinned maps differ from the saved image: {diffs:?}");
     let mut sources = subc_lang::SourceMap::new();

@@ -6,9 +6,13 @@
 //! `deploy.bpffs_root/<target>`, and attach it (or, when a deployment of
 //! that name exists, point its live links at the new program, so the
 //! interface is never without one). The image the maps were filled with
-//! (pipelines and variable-update ids) is kept next to the deployment
-//! record in `/run/subc/<target>/`: a base, and a journal of the diffs
-//! applied since ([`ImageFiles`]).
+//! is kept next to the deployment record in `/run/subc/<target>/`
+//! ([`ImageFiles`]): a base (the pipelines, and the encoder's
+//! [`ImageParts`]: the slot of every leaf and sorted state, the free
+//! slots, the variable-update ids), and a journal of the diffs applied
+//! since. Slots and ids follow from the order of the updates, not from the
+//! pipelines: the read back replays the journal's diffs through the
+//! encoder from the base, which gives back the image the maps hold.
 //!
 //! Updates go through the pinned maps with the back end's double-buffered
 //! protocol: packets see the old tables or the new ones, never a mix.
@@ -19,7 +23,7 @@
 //! reads as "nothing known", and the deployer installs anew, which
 //! replaces the program atomically.
 
-use super::image::{ImageError, ImageLog};
+use super::image::{ImageError, ImageLog, Journal};
 use super::{Driver, DriverError};
 use crate::proto;
 use serde::Deserialize;
@@ -27,9 +31,9 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use subc_backend_ebpf::TableImage;
 use subc_backend_ebpf::{clang, write_program, EbpfError, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
+use subc_backend_ebpf::{ImageParts, Model, TableImage};
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
@@ -71,20 +75,40 @@ fn err(e: impl Into<LoaderError>) -> DriverError {
     }
 }
 
-/// The variable-update ids as `[[var, "set" | "add", value, id], ...]`.
-fn ids_json(img: &TableImage) -> Value {
-    json!(img.update_ids().iter().map(|(u, id)| (u.var, u.op, u.value, id)).collect::<Vec<_>>())
-}
-
-/// [`ids_json`] read back.
+/// The variable-update ids as an earlier version saved them, the whole
+/// meta of its base and journal lines: `[[var, "set" | "add", value, id], ...]`.
 fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
     let ids = Vec::<(StateVarId, UpdateOp, u64, u32)>::deserialize(v).map_err(ImageError::Meta)?;
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
+/// The meta of a base: `{"parts": ImageParts}`.
+fn parts_json(img: &TableImage) -> Value {
+    json!({ "parts": img.parts() })
+}
+
+/// Why a saved image cannot be rebuilt for the pinned program.
+#[derive(Debug, thiserror::Error)]
+pub enum SavedImageError {
+    #[error(transparent)]
+    Files(#[from] ImageError),
+    #[error("the saved slots and ids: {0}")]
+    Parts(serde_json::Error),
+    #[error("the saved image does not fit the program: {0}")]
+    Encoder(#[from] EbpfError),
+}
+
+/// A saved image rebuilt, and whether it was saved in an earlier
+/// version's form (update ids only), which the driver writes anew.
+struct Rebuilt {
+    image: TableImage,
+    legacy: bool,
+}
+
 /// The image a deployment's maps were filled with, kept next to its record
-/// in `/run/subc/<target>` as a base and a journal ([`ImageLog`]), with the
-/// variable-update ids as the meta.
+/// in `/run/subc/<target>` as a base and a journal ([`ImageLog`]): the
+/// base's meta is the encoder's [`ImageParts`], journal lines carry only
+/// the diffs.
 struct ImageFiles(ImageLog);
 
 impl ImageFiles {
@@ -94,19 +118,51 @@ impl ImageFiles {
 
     /// Writes the whole image as the new base and drops the journal.
     fn write_base(&mut self, img: &TableImage) -> Result<(), DriverError> {
-        self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
+        self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &parts_json(img))
     }
 
-    /// Records an applied update (`img` is the image after it).
+    /// Records an applied update (`img` is the image after it, the new
+    /// base if the journal is folded).
     fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), DriverError> {
-        self.0.append(update, &img.pipelines().iter().collect::<Vec<_>>(), &ids_json(img))
+        self.0.append_with_base(update, &Value::Null, || (img.pipelines().iter().collect(), parts_json(img)))
     }
 
-    /// The base with the journal replayed.
-    fn load(&mut self) -> Result<(Vec<Pipeline>, BTreeMap<VarUpdate, u32>), ImageError> {
-        let image = self.0.load()?.ok_or(ImageError::Missing)?;
-        Ok((image.pipelines, ids_of(&image.meta)?))
+    /// The pipelines of the base with the journal replayed.
+    fn pipelines(&mut self) -> Result<Vec<Pipeline>, ImageError> {
+        Ok(self.0.load()?.ok_or(ImageError::Missing)?.pipelines)
     }
+
+    /// The image of program `model` the files describe: the base's, then
+    /// each journaled diff planned on it as the update that applied it was.
+    fn load(&mut self, model: &Model) -> Result<Rebuilt, SavedImageError> {
+        let journal = self.0.load_journal()?.ok_or(ImageError::Missing)?;
+        match journal.base.meta.get("parts") {
+            Some(parts) => {
+                let parts = ImageParts::deserialize(parts).map_err(SavedImageError::Parts)?;
+                Ok(Rebuilt { image: replay(model, journal, parts)?, legacy: false })
+            }
+            None => Ok(Rebuilt { image: legacy_image(model, journal)?, legacy: true }),
+        }
+    }
+}
+
+/// The base's image with the journal's diffs planned on it in order: the
+/// slots and ids the updates gave.
+fn replay(model: &Model, journal: Journal, parts: ImageParts) -> Result<TableImage, SavedImageError> {
+    let mut image = TableImage::from_saved(model, journal.base.pipelines, parts)?;
+    for r in &journal.updates {
+        image.plan_in_place(model, &r.update)?;
+    }
+    Ok(image)
+}
+
+/// An earlier version's image: the pipelines with the last update ids,
+/// slots allocated as a fresh load does (right only where no update
+/// moved them since the install).
+fn legacy_image(model: &Model, journal: Journal) -> Result<TableImage, SavedImageError> {
+    let saved = journal.replayed()?;
+    let ids = ids_of(&saved.meta)?;
+    Ok(TableImage::from_parts(model, saved.pipelines, ids, 0)?)
 }
 
 fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
@@ -188,27 +244,25 @@ impl Driver for EbpfDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         self.tables = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };
-        let (pipes, ids) = match self.files.load() {
+        let saved = match self.files.load(&model) {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(target_name = %self.name, error = %e, "the deployment has no readable image; it will be installed anew");
+                tracing::warn!(target_name = %self.name, error = %e, "the deployment has no usable image; it will be installed anew");
                 return Ok(None);
             }
         };
         let tables = PinnedTables::open(&d.pin_dir, model.clone()).map_err(err)?;
-        let live = tables.live_generation().map_err(err)?;
-        let image = match TableImage::from_parts(&model, pipes.clone(), ids, live) {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(target_name = %self.name, error = %e, "the saved image does not fit the program; it will be installed anew");
-                return Ok(None);
-            }
-        };
+        let image = saved.image.with_live_gen(tables.live_generation().map_err(err)?);
         let diffs = tables.check(&image, 5).map_err(err)?;
         if !diffs.is_empty() {
             tracing::warn!(target_name = %self.name, differences = ?diffs, "the pinned maps do not hold the saved image; it will be installed anew");
             return Ok(None);
         }
+        if saved.legacy {
+            // Saved by an earlier version: from now on, in this one's form.
+            self.files.write_base(&image)?;
+        }
+        let pipes = image.pipelines().to_vec();
         self.open_tables(model, &d.pin_dir.clone(), image)?;
         Ok(Some(pipes))
     }
@@ -224,7 +278,8 @@ impl Driver for EbpfDriver {
     fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
         let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
         t.update(update).map_err(err)?;
-        self.files.append(update, t.image().expect("an updated image"))
+        let image = t.image().ok_or_else(|| DriverError::needs_install("the pinned tables lost their image"))?;
+        self.files.append(update, image)
     }
 
     fn uninstall(&mut self) -> Result<(), DriverError> {
@@ -280,5 +335,100 @@ impl EbpfDriver {
 /// The pipelines the server recorded as installed on eBPF target `name`
 /// (base and journal), for checking a target from outside the server.
 pub fn saved_pipelines(name: &str) -> Result<Vec<Pipeline>, ImageError> {
-    ImageFiles::new(name).map_err(ImageError::StateDir)?.load().map(|(p, _)| p)
+    ImageFiles::new(name).map_err(ImageError::StateDir)?.pipelines()
+}
+
+/// The image the server recorded as installed on eBPF target `name`,
+/// rebuilt for its program `model` as the read back rebuilds it (slots and
+/// update ids included), for checking the pinned maps from outside the
+/// server ([`PinnedTables::check`]).
+pub fn saved_image(name: &str, model: &Model) -> Result<TableImage, SavedImageError> {
+    let mut files = ImageFiles::new(name).map_err(|e| SavedImageError::Files(ImageError::StateDir(e)))?;
+    Ok(files.load(model)?.image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use subc_bdd::{CompileOptions, CompiledSet};
+    use subc_workload::Rng;
+
+    /// ITCH rules, some updating variables, over a spec with two.
+    fn program(seed: u64) -> subc_lang::Program {
+        let itch = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+        let spec = format!("{itch}\nstate hits = var(8) per add_order.stock_locate[4];\nstate total = var(16);\n");
+        let mut rng = Rng::new(seed);
+        let rules: Vec<String> = (0..60)
+            .map(|_| {
+                let sym = rng.pick(&["GOOGL", "AAPL", "MSFT", "AMZN", "TSLA", "NVDA"]).to_string();
+                let upd = match rng.below(4) {
+                    0 => format!("total += {}; ", rng.below(6)),
+                    1 => format!("hits = {}; ", rng.below(5)),
+                    _ => String::new(),
+                };
+                format!("stock == {sym} && shares > {} : {upd}fwd({})", rng.below(500), 1 + rng.below(8))
+            })
+            .collect();
+        subc_workload::programs::check(&spec, &[&rules.join("\n")]).unwrap()
+    }
+
+    /// Random updates applied to an image as the driver applies them
+    /// (planned, journaled; the journal folded into a base once, part way):
+    /// the files give back the image, slots and ids included; the
+    /// pipelines and ids alone (an earlier version's image) do not.
+    #[test]
+    fn the_saved_image_is_the_one_the_updates_made() {
+        let mut slots_moved = 0;
+        for seed in 0..6 {
+            let p = program(seed);
+            let nfs = &p.normal_forms;
+            let mut rng = Rng::new(seed);
+            let mut live: Vec<bool> = (0..nfs.len()).map(|i| i < 40).collect();
+            let mut set = CompiledSet::compile(&p.spec, &nfs[..40], CompileOptions::default()).unwrap();
+            let art = write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+            let (model, mut image) = (art.model, art.image);
+            let dir = tempfile::tempdir().unwrap();
+            let mut files = ImageFiles(ImageLog::new(dir.path().join("t")));
+            files.write_base(&image).unwrap();
+            let fold_at = rng.below(12);
+            for step in 0..12 {
+                let i = rng.below(nfs.len() as u64) as usize;
+                let u = if live[i] { set.remove(&[nfs[i].id]).unwrap() } else { set.add(&[nfs[i].clone()]).unwrap() };
+                live[i] = !live[i];
+                image.plan_in_place(&model, &u).unwrap();
+                files.append(&u, &image).unwrap();
+                if step == fold_at {
+                    files.write_base(&image).unwrap();
+                }
+            }
+            let back = files.load(&model).unwrap();
+            let ctx = format!("seed {seed}");
+            assert!(!image.update_ids().is_empty(), "{ctx}: the leaves update variables");
+            assert!(!back.legacy, "{ctx}");
+            assert_eq!(back.image.parts(), image.parts(), "{ctx}: slots, free slots, ids, generation");
+            assert_eq!(back.image.initial_ops(&model), image.initial_ops(&model), "{ctx}: what the maps hold");
+            let ids = image.update_ids().clone();
+            let fresh = TableImage::from_parts(&model, image.pipelines().to_vec(), ids, image.live_gen()).unwrap();
+            slots_moved += (fresh.initial_ops(&model) != image.initial_ops(&model)) as usize;
+        }
+        assert!(slots_moved > 0, "the updates moved slots away from where a fresh load puts them");
+    }
+
+    /// A base an earlier version wrote (the update ids as the whole meta)
+    /// reads back as the image of a fresh load, marked for rewriting.
+    #[test]
+    fn an_earlier_versions_image_reads_back_as_a_fresh_load() {
+        let p = program(7);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        let art = write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+        let ids: Vec<_> = art.image.update_ids().iter().map(|(u, id)| (u.var, u.op, u.value, id)).collect();
+        assert!(!ids.is_empty(), "the leaves update variables");
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = ImageFiles(ImageLog::new(dir.path().join("t")));
+        files.0.write_base(&set.pipelines(), &json!(ids)).unwrap();
+        let back = files.load(&art.model).unwrap();
+        assert!(back.legacy);
+        assert_eq!(back.image.initial_ops(&art.model), art.image.initial_ops(&art.model));
+        assert_eq!(back.image.parts(), art.image.parts());
+    }
 }

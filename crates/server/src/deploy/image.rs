@@ -7,6 +7,11 @@
 //! numbers, so that a base written just before a crash is not replayed
 //! twice, and a torn last line is ignored (the driver's read-back check then
 //! finds the target ahead of the image and repairs or reinstalls).
+//!
+//! A driver whose target holds more than the pipelines (the eBPF encoder's
+//! slots and ids, which follow from the order of the updates) reads the
+//! base and the journal's updates apart ([`ImageLog::load_journal`]) and
+//! replays the updates itself.
 
 use super::DriverError;
 use serde::Deserialize;
@@ -48,6 +53,33 @@ pub(crate) struct Image {
     pub pipelines: Vec<Pipeline>,
     /// What the driver stored with the base or the last update replayed.
     pub meta: Value,
+}
+
+/// What [`ImageLog::load_journal`] finds: the base, and the updates
+/// recorded since, in order, not yet applied to it.
+pub(crate) struct Journal {
+    pub base: Image,
+    pub updates: Vec<Recorded>,
+}
+
+/// One update of the journal, with the meta the driver stored with it.
+pub(crate) struct Recorded {
+    pub update: SetDiff,
+    pub meta: Value,
+}
+
+impl Journal {
+    /// The base with every update applied; the meta of the last one.
+    pub(crate) fn replayed(self) -> Result<Image, ImageError> {
+        let Image { mut pipelines, mut meta } = self.base;
+        for r in self.updates {
+            for d in &r.update.diffs {
+                pipelines.get_mut(d.pipeline).ok_or(ImageError::MissingPipeline)?.apply(d)?;
+            }
+            meta = r.meta;
+        }
+        Ok(Image { pipelines, meta })
+    }
 }
 
 /// Why a saved image could not be read back.
@@ -101,33 +133,52 @@ impl ImageLog {
     }
 
     /// Records an applied update and `meta` as it is after it (what the
-    /// driver keeps besides the pipelines, e.g. ids it assigned); `after`
-    /// (the pipelines after the update) and `meta` become the base when the
-    /// journal has outgrown the old one.
+    /// driver keeps besides the pipelines); `after` (the pipelines after
+    /// the update) and `meta` become the base when the journal has outgrown
+    /// the old one.
     pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+        self.append_with_base(update, meta, || (after.to_vec(), meta.clone()))
+    }
+
+    /// [`ImageLog::append`] with the line's meta apart from the base's:
+    /// `base` gives the pipelines after the update and the base's meta,
+    /// and is called only when the journal is folded into a new base.
+    pub(crate) fn append_with_base<'a>(
+        &mut self,
+        update: &SetDiff,
+        line_meta: &Value,
+        base: impl FnOnce() -> (Vec<&'a Pipeline>, Value),
+    ) -> Result<(), DriverError> {
         use std::io::Write;
         self.seq += 1;
-        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": meta }).to_string();
+        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": line_meta }).to_string();
         line.push('\n');
         let path = self.dir.join("journal.jsonl");
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| self.io("journal.jsonl", e))?;
         f.write_all(line.as_bytes()).map_err(|e| self.io("journal.jsonl", e))?;
         self.journal_bytes += line.len() as u64;
         if self.journal_bytes > self.base_bytes.max(1 << 20) {
-            self.write_base(after, meta)?;
+            let (after, meta) = base();
+            self.write_base(&after, &meta)?;
         }
         Ok(())
     }
 
     /// The base with the journal replayed; `Ok(None)` when there is no base.
     pub(crate) fn load(&mut self) -> Result<Option<Image>, ImageError> {
+        self.load_journal()?.map(Journal::replayed).transpose()
+    }
+
+    /// The base and the journal's updates since, not replayed; `Ok(None)`
+    /// when there is no base.
+    pub(crate) fn load_journal(&mut self) -> Result<Option<Journal>, ImageError> {
         let text = match std::fs::read_to_string(self.dir.join("image.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(ImageError::Read(e)),
         };
         let base: Base = serde_json::from_str(&text).map_err(ImageError::Base)?;
-        let (mut pipelines, mut meta) = (base.pipelines, base.meta);
+        let mut updates = vec![];
         self.seq = base.seq;
         self.base_bytes = text.len() as u64;
         self.journal_bytes = 0;
@@ -142,13 +193,10 @@ impl ImageLog {
             if e.seq <= self.seq {
                 continue;
             }
-            for d in &e.diffs {
-                pipelines.get_mut(d.pipeline).ok_or(ImageError::MissingPipeline)?.apply(d)?;
-            }
-            meta = e.meta;
+            updates.push(Recorded { update: SetDiff { diffs: e.diffs, bits: None }, meta: e.meta });
             self.seq = e.seq;
         }
-        Ok(Some(Image { pipelines, meta }))
+        Ok(Some(Journal { base: Image { pipelines: base.pipelines, meta: base.meta }, updates }))
     }
 
     /// Removes the directory and what it holds.

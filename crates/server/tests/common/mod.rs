@@ -129,7 +129,14 @@ impl Env {
 
     /// A server on the store a stopped `Env` left in `dir` (a restart).
     pub async fn with_dir(dir: tempfile::TempDir) -> Env {
-        let r = start(config(dir.path())).await;
+        Env::with_dir_and(dir, |_| {}).await
+    }
+
+    /// [`Env::with_dir`], the configuration adjusted by `f`.
+    pub async fn with_dir_and(dir: tempfile::TempDir, f: impl FnOnce(&mut Config)) -> Env {
+        let mut cfg = config(dir.path());
+        f(&mut cfg);
+        let r = start(cfg).await;
         let (alice, bob, admin) = (client(&r, Some(ALICE)), client(&r, Some(BOB)), client(&r, Some(ADMIN)));
         Env { dir, r, alice, bob, admin }
     }
