@@ -305,9 +305,7 @@ pub(crate) struct Writer {
     unpruned: (u64, u64),
 }
 
-/// What staging a change came to (one per change, handled at once: its
-/// size does not matter).
-#[allow(clippy::large_enum_variant)]
+/// What staging a change came to.
 enum Outcome {
     Staged(Box<Staged>),
     Refused(Finish, Status),
