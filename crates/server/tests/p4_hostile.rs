@@ -190,16 +190,6 @@ fn heap_in_use() -> u64 {
     (m.uordblks + m.hblkhd) as u64
 }
 
-/// `GET /metrics` over plain HTTP/1.0.
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("the metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
 /// Waits until the switch has received more than `n` counter reads.
 async fn counter_read_started(fake: &TestServer, n: usize) {
     while fake.lock().counter_reads <= n {

@@ -20,16 +20,6 @@ use tonic::Code;
 /// The tests of this file measure latency: they run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// `GET /metrics` over plain HTTP/1.0.
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("the metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
 /// A status field of /proc/self/status, in kB.
 fn proc_status_kb(field: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -53,6 +53,16 @@ pub fn client(r: &Running, token: Option<&str>) -> Clients {
     connect(&ClientOptions { server: format!("http://{}", r.addr), token: token.map(String::from), ..Default::default() }).expect("client")
 }
 
+/// `GET /metrics` over plain HTTP/1.0: the response, headers included.
+pub async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("the metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
 /// Runs a test body with a time bound, so that a hang fails instead of blocking CI.
 pub async fn bounded<F: Future<Output = ()>>(secs: u64, f: F) {
     tokio::time::timeout(Duration::from_secs(secs), f).await.expect("the test finished in time")
