@@ -41,7 +41,9 @@ fn fixture() -> &'static Fixture {
         let text = format!(
             "spec = {spec:?}\nlisten = \"127.0.0.1:0\"\nstore = {:?}\ndurability = \"normal\"\n\
              [limits]\nmax_subscriptions = 2000\nmax_lines_per_request = 64\nmax_cubes = 64\ncompile_timeout_ms = 200\nmax_targets = 16\n\
-             compile_slice_ms = 20\ncheck_timeout_ms = 500\nmax_concurrent_checks = 2\nmax_watchers = 8\n\
+             compile_slice_ms = 20\ncheck_timeout_ms = 500\nmax_concurrent_checks = 2\n\
+             max_watchers = 8\nadmin_watchers = 2\nmax_watchers_per_app = 4\nwatch_buffer_events = 16\n\
+             [retention]\nrequest_max_bytes = 65536\nevents_max_bytes = 65536\n\
              [transport]\nmax_connections = 32\nmax_connections_per_peer = 16\nhandshake_timeout_ms = 200\n\
              [deploy]\nbpffs_root = {:?}\nretry_initial_ms = 50\nretry_max_ms = 200\n",
             dir.path().join("subc.db").display().to_string(),
