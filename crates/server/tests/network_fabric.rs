@@ -16,9 +16,13 @@
 //! every host must receive exactly the frames the reference interpreter,
 //! run on the network program, forwards to it, each once (the publisher
 //! none of its own). The same holds after 50 random adds and removes over
-//! gRPC, and again after a spine link is marked down with `SetDown` (and
-//! its veth set down, or for BMv2 cut: see [`Fabric::fail_link`]). Namespaces, switches and pinned programs are removed
-//! at the end, also when the test fails; every wait is bounded.
+//! gRPC, again after a spine link is marked down with `SetDown` (and
+//! its veth set down, or for BMv2 cut: see [`Fabric::fail_link`]), and again
+//! after it comes back up. Each of those two reroutes moves some switch by a
+//! remove and an add of rules in one update (asserted): the case that sent
+//! two diffs for one pipeline and lost frames on eBPF switches (issue 28).
+//! Namespaces, switches and pinned programs are removed at the end, also
+//! when the test fails; every wait is bounded.
 
 mod common;
 
@@ -157,6 +161,34 @@ impl Fabric {
                 in_netns(&ns, move || xdp_on(&drop, &iface).unwrap()).join().unwrap()
             })
             .collect()
+    }
+
+    /// Mends the link [`Fabric::fail_link`] broke at `end`: for eBPF
+    /// switches its veth comes up again (waiting until both ends have a
+    /// carrier); for BMv2 the cut, `cut`, is lifted.
+    fn mend_link(&self, end: &str, cut: Vec<XdpAttachment>) {
+        drop(cut);
+        if !self.ebpf {
+            return;
+        }
+        let (a, b) = LINKS.iter().find(|(a, b)| *a == end || *b == end).expect("a link end");
+        let iface = |e: &str| {
+            let (dev, port) = e.split_once(':').unwrap();
+            (format!("{}{dev}", self.tag), format!("p{port}"))
+        };
+        let here = iface(end);
+        ip(&["-n", &here.0, "link", "set", &here.1, "up"]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (ns, i) in [iface(a), iface(b)] {
+            loop {
+                let out = std::process::Command::new("ip").args(["-n", &ns, "link", "show", &i]).output().unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("LOWER_UP") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{ns} {i} has no carrier 10 s after coming up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     fn devices(&self) -> Vec<String> {
@@ -320,6 +352,42 @@ fn frames(fabric: &Fabric, rules: &[String], seed: u64) -> Vec<Vec<u8>> {
     out
 }
 
+/// The devices whose projections of `rules` move, when what is down goes
+/// from `was` to `now` (link indices), by a remove and an add at once: a
+/// rule whose port toward an endpoint changes on the device goes out and
+/// comes in again in one update. What sent two diffs for one pipeline
+/// before `SetDiff::then` composed them (issue 28), and lost frames on
+/// eBPF switches.
+fn moved_both_ways(fabric: &Fabric, rules: &[String], was: &[usize], now: &[usize]) -> Vec<String> {
+    let texts: Vec<&str> = rules.iter().map(String::as_str).collect();
+    let (t, p) = network_program(&fabric.topology, &texts);
+    let project = |links: &[usize]| {
+        let down = subc_fabric::Down { links: links.iter().copied().collect(), ..Default::default() };
+        subc_fabric::project_all(&t, &subc_fabric::Routes::avoiding(&t, &down).unwrap(), &p).unwrap()
+    };
+    let (before, after) = (project(was), project(now));
+    (0..t.devices.len())
+        .filter(|&d| {
+            let (gone, new) = subc_fabric::rule_changes(&before[d].normal_forms, &after[d].normal_forms);
+            !gone.is_empty() && !new.is_empty()
+        })
+        .map(|d| t.devices[d].name.clone())
+        .collect()
+}
+
+/// Checks that a reroute moved some device by a remove and an add at once
+/// (`moved_both_ways`), that the service said it changed them, and that
+/// each was written.
+async fn assert_moved_both_ways(admin: &mut subc_server::Clients, phase: &str, both: &[String], changed: &[String]) {
+    assert!(!both.is_empty(), "{phase}: no device's projection changed by a remove and an add at once");
+    for d in both {
+        assert!(changed.contains(d), "{phase}: {d} moved both ways, but the service did not change it: {changed:?}");
+        let s = admin.targets.status(proto::TargetRequest { name: d.clone() }).await.unwrap().into_inner();
+        assert!(s.last_diff_entries > 0, "{phase}: {d} was not written: {s:?}");
+    }
+    eprintln!("{phase}: {both:?} moved by a remove and an add in one update");
+}
+
 /// The field order of every device's program: fixed, so that BMv2's
 /// program can be compiled before any subscription exists.
 const ORDER: [&str; 6] = ["add_order.stock", "add_order.side", "add_order.shares", "add_order.price", "my_counter", "avg_price"];
@@ -355,7 +423,8 @@ fn bmv2_program(p4c: &OsStr) -> Vec<u8> {
 }
 
 /// The scenario: initial rules, 50 random adds and removes, a spine link
-/// down; after each, every host receives exactly what the interpreter says.
+/// down, the link up again; after each, every host receives exactly what
+/// the interpreter says.
 async fn follow_changes_and_failures(switches: Switches) {
     let dir = tempfile::tempdir().unwrap();
     let fabric = Fabric::build(&switches, dir.path());
@@ -397,14 +466,31 @@ async fn follow_changes_and_failures(switches: Switches) {
         all_in_sync(&mut admin, &devices, generation).await;
         check("after 50 adds and removes", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 2)).await;
 
-        // A spine link goes down, and the service routes around it.
-        let _cut = fabric.fail_link(DOWN_LINK);
-        let req = proto::SetDownRequest { links: vec![format!("{}{DOWN_LINK}", fabric.tag)], devices: vec![], down: true };
-        let d = admin.targets.set_down(req).await.unwrap().into_inner();
+        // A spine link goes down, and the service routes around it. leaf1
+        // now reaches leaf2's hosts over spine2: each rule for them moves
+        // from one port of leaf1 to another, a remove and an add of the
+        // same rule in one update of leaf1 (asserted).
+        let link = LINKS.iter().position(|(a, b)| *a == DOWN_LINK || *b == DOWN_LINK).unwrap();
+        let both = moved_both_ways(&fabric, &rules(&live), &[], &[link]);
+        let cut = fabric.fail_link(DOWN_LINK);
+        let req = |down| proto::SetDownRequest { links: vec![format!("{}{DOWN_LINK}", fabric.tag)], devices: vec![], down };
+        let d = admin.targets.set_down(req(true)).await.unwrap().into_inner();
         assert!(!d.changed.is_empty(), "the down link was on the tree: {d:?}");
         eprintln!("link down: devices changed {:?}", d.changed);
         all_in_sync(&mut admin, &devices, d.generation).await;
+        assert_moved_both_ways(&mut admin, "link down", &both, &d.changed).await;
         check("after a spine link went down", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 3)).await;
+
+        // It comes back up: the first tree again, each of those rules moved
+        // back, again a remove and an add at once.
+        let both = moved_both_ways(&fabric, &rules(&live), &[link], &[]);
+        fabric.mend_link(DOWN_LINK, cut);
+        let u = admin.targets.set_down(req(false)).await.unwrap().into_inner();
+        assert!(u.links_down.is_empty() && !u.changed.is_empty(), "{u:?}");
+        eprintln!("link up: devices changed {:?}", u.changed);
+        all_in_sync(&mut admin, &devices, u.generation).await;
+        assert_moved_both_ways(&mut admin, "link up", &both, &u.changed).await;
+        check("after the link came back up", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 4)).await;
         r.shutdown().await.unwrap();
     })
     .await;
