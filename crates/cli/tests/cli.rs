@@ -693,6 +693,70 @@ fn store_restore_after_a_crash_serves_the_backup_and_gives_no_id_twice() {
     assert!(new[0] > later[0], "id {} was given before the restore", new[0]);
 }
 
+/// One `sim` switch and two hosts, for a server in network mode.
+const ONE_SWITCH: &str = r#"
+[[device]]
+name = "sw"
+kind = "sim"
+options = { path = "sw.json" }
+
+[[endpoint]]
+name = "h1"
+at = "sw:1"
+
+[[endpoint]]
+name = "h2"
+at = "sw:2"
+"#;
+
+/// `fwd()` from an application bound to its endpoint (`[[auth.apps]]
+/// endpoint = "h2"`) through `subc sub add`: stored and listed as
+/// `fwd(h2)`, and the switch holds the rule forwarding to h2's port. An
+/// unbound application and the administrator are refused with E0326;
+/// `subc check`, with no topology, refuses `fwd()` with E0318.
+#[test]
+fn a_bound_application_adds_fwd_to_its_endpoint_with_the_cli() {
+    let dir = tempfile::Builder::new().prefix("subc-cli-bind").tempdir().unwrap();
+    std::fs::write(dir.path().join("fabric.toml"), ONE_SWITCH).unwrap();
+    let server = ServerProc::start_bound(dir.path(), &itch_spec(), "topology = \"fabric.toml\"", &[(APPS[0].0, "h2")]);
+    let c = Client { server: &server };
+    let (g, ids) = parse_added(&c.ok(APPS[0].1, &["sub", "add", "--rule", "stock == GOOGL : fwd()"]));
+    assert_eq!(c.subscriptions(), BTreeMap::from([(ids[0], "stock == GOOGL : fwd(h2)".to_string())]));
+
+    // The switch holds exactly the rule forwarding to port 2, h2's.
+    c.wait_status("sw", "the add deployed", |s| uint64(&s["deployedGeneration"]) >= g);
+    let mut sources = subc_lang::SourceMap::new();
+    let spec = sources.add("itch.spec", std::fs::read_to_string(itch_spec()).unwrap());
+    let rules = sources.add("sw.subs", "stock == GOOGL : fwd(2)");
+    let (p, d) = subc_lang::check_program(&sources, spec, &[rules], Default::default());
+    let mut p = p.unwrap_or_else(|| panic!("{}", d.render(&sources)));
+    p.normal_forms[0].id = ids[0];
+    let held: Vec<subc_bdd::Pipeline> = serde_json::from_str(&std::fs::read_to_string(dir.path().join("sim/sw/sw.json")).unwrap()).unwrap();
+    let distance = subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &held, &Default::default());
+    assert!(matches!(distance, Ok(0)), "the switch holds `fwd(2)`: {distance:?}");
+
+    for token in [APPS[1].1, ADMIN] {
+        let refused = c.run(token, &["sub", "add", "--rule", "stock == MSFT : fwd()"]);
+        let err = stderr_of(&refused);
+        assert_eq!(refused.status.code(), Some(1), "{err}");
+        assert!(err.contains("error[E0326]: `fwd()` names no port: this caller is bound to no endpoint"), "{err}");
+        assert!(
+            err.contains("bind the application to its endpoint in the server's configuration (`[[auth.apps]] endpoint = ...`)"),
+            "{err}"
+        );
+    }
+    assert_eq!(c.subscriptions().len(), 1);
+
+    let file = dir.path().join("bound.subs");
+    std::fs::write(&file, "stock == GOOGL : fwd()\n").unwrap();
+    let out = subc(&["check", "--spec", itch_spec().to_str().unwrap(), file.to_str().unwrap()]);
+    let text = strip_ansi(&(String::from_utf8_lossy(&out.stdout).into_owned() + &stderr_of(&out)));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("error[E0318]: `fwd()` names no port"), "{text}");
+    assert!(text.contains(&format!(" --> {}:1:18", file.display())), "{text}");
+    assert!(text.contains("only in a network, for an application bound to one"), "{text}");
+}
+
 // ---------------------------------------------------------------------------
 // topo, and sim over a topology (docs/network.md)
 

@@ -24,17 +24,24 @@ use std::collections::{BTreeSet, HashMap};
 /// This indexes the spec for the one rule; to check many, use a
 /// [`RuleChecker`] (as [`crate::check_rules_file`] does).
 pub fn check_rule(spec: &Spec, rule: &ast::Rule, id: SubId, text: &str, diags: &mut Diagnostics) -> Option<Subscription> {
-    RuleChecker::new(spec, text.len()).check(rule, id, text, diags)
+    RuleChecker::new(spec, text.len()).check(rule, id, text, 0, diags)
 }
 
 /// The endpoints of a network, by name, that `fwd(name)` may address. An
 /// endpoint's port number is its index in the table, so once a rule is
 /// checked nothing downstream tells a name from a number (see
 /// `docs/network.md`).
+///
+/// A table may also be *bound* to the caller's own endpoint
+/// ([`Endpoints::bound_to`]): `fwd()` with no names then forwards there, and
+/// the checked subscription's text names it (`fwd()` becomes `fwd(h2)`), so
+/// the text means the same when checked again without the binding.
 #[derive(Clone, Debug, Default)]
 pub struct Endpoints {
-    names: Vec<String>,
-    index: HashMap<String, u32>,
+    names: std::sync::Arc<[String]>,
+    index: std::sync::Arc<HashMap<String, u32>>,
+    /// The caller's endpoint, what `fwd()` forwards to.
+    caller: Option<u32>,
 }
 
 impl Endpoints {
@@ -46,7 +53,19 @@ impl Endpoints {
         for (i, n) in names.iter().enumerate() {
             index.entry(n.clone()).or_insert(i as u32);
         }
-        Endpoints { names, index }
+        Endpoints { names: names.into(), index: index.into(), caller: None }
+    }
+
+    /// This table, bound to the endpoint `name`: `fwd()` forwards to it.
+    /// `None` if the table has no such endpoint. Cheap: the table is shared.
+    pub fn bound_to(&self, name: &str) -> Option<Endpoints> {
+        let caller = self.port(name)?;
+        Some(Endpoints { names: self.names.clone(), index: self.index.clone(), caller: Some(caller) })
+    }
+
+    /// The endpoint this table is bound to, if any.
+    pub fn caller(&self) -> Option<&str> {
+        self.caller.map(|p| self.names[p as usize].as_str())
     }
 
     /// The port number of endpoint `name`.
@@ -81,16 +100,41 @@ impl<'a> RuleChecker<'a> {
     }
 
     /// [`check_rule`], with this checker's index and budget.
-    pub(crate) fn check(&mut self, rule: &ast::Rule, id: SubId, text: &str, diags: &mut Diagnostics) -> Option<Subscription> {
+    /// `base` is the offset of `text` in its file (spans are file offsets).
+    pub(crate) fn check(&mut self, rule: &ast::Rule, id: SubId, text: &str, base: usize, diags: &mut Diagnostics) -> Option<Subscription> {
         let before = diags.mark();
-        let mut c = SubChecker { spec: self.index.spec, index: &self.index, suggest: &mut self.suggest, endpoints: self.endpoints, diags };
+        let mut c = SubChecker {
+            spec: self.index.spec,
+            index: &self.index,
+            suggest: &mut self.suggest,
+            endpoints: self.endpoints,
+            diags,
+            bound_fwds: vec![],
+        };
         let cond = c.expr(&rule.cond);
         let actions = c.actions(&rule.actions);
         if c.diags.has_errors_since(before) {
             return None;
         }
-        Some(Subscription { id, text: text.trim().to_string(), span: rule.span, cond: cond?, actions: actions? })
+        let text = match (c.bound_fwds.is_empty(), self.endpoints.and_then(Endpoints::caller)) {
+            (false, Some(caller)) => name_bound_fwds(text, base, &c.bound_fwds, caller),
+            _ => text.trim().to_string(),
+        };
+        Some(Subscription { id, text, span: rule.span, cond: cond?, actions: actions? })
     }
+}
+
+/// `text` with each `fwd()` at `spans` (file offsets; `text` starts at
+/// `base`) written `fwd(caller)`, trimmed: the text a bound `fwd()` is kept as.
+fn name_bound_fwds(text: &str, base: usize, spans: &[Span], caller: &str) -> String {
+    let mut out = text.to_string();
+    for s in spans.iter().rev() {
+        let (start, end) = ((s.start as usize).wrapping_sub(base), (s.end as usize).wrapping_sub(base));
+        if out.get(start..end).is_some_and(|call| call.starts_with("fwd") && call.ends_with(')')) {
+            out.replace_range(start..end, &format!("fwd({caller})"));
+        }
+    }
+    out.trim().to_string()
 }
 
 /// The spec's names as hash maps. Each answers what a scan of the spec
@@ -209,6 +253,8 @@ struct SubChecker<'a> {
     suggest: &'a mut Suggester,
     endpoints: Option<&'a Endpoints>,
     diags: &'a mut Diagnostics,
+    /// The spans of the `fwd()` calls that forward to the caller's endpoint.
+    bound_fwds: Vec<Span>,
 }
 
 impl SubChecker<'_> {
@@ -670,15 +716,13 @@ impl SubChecker<'_> {
 
     /// `fwd(ports)`: adds the ports that are in range, and the endpoints that
     /// exist, to `ports`, and returns whether all of them did (and there was
-    /// at least one).
+    /// at least one). `fwd()` is the caller's endpoint, if the endpoint
+    /// table is bound to one.
     fn fwd(&mut self, args: &[ast::ActionArg], span: Span, ports: &mut BTreeSet<u32>) -> bool {
-        let mut ok = true;
         if args.is_empty() {
-            self.diags.push(
-                Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port").primary(span, "expected at least one port, e.g. `fwd(1)`"),
-            );
-            ok = false;
+            return self.fwd_caller(span, ports);
         }
+        let mut ok = true;
         for arg in args {
             let (p, pspan) = match arg {
                 ast::ActionArg::Int(p, pspan) => (*p, *pspan),
@@ -702,6 +746,46 @@ impl SubChecker<'_> {
             }
         }
         ok
+    }
+
+    /// `fwd()`: the caller's endpoint. Refused without a topology (E0318),
+    /// and in a network for a caller bound to no endpoint (E0326).
+    fn fwd_caller(&mut self, span: Span, ports: &mut BTreeSet<u32>) -> bool {
+        match self.endpoints {
+            None => {
+                self.diags.push(
+                    Diagnostic::error(Code::EmptyFwd, "`fwd()` names no port")
+                        .primary(span, "expected at least one port, e.g. `fwd(1)`")
+                        .note("`fwd()` means the caller's own endpoint only in a network, for an application bound to one"),
+                );
+                false
+            }
+            Some(Endpoints { caller: None, .. }) => {
+                self.diags.push(
+                    Diagnostic::error(Code::UnboundFwd, "`fwd()` names no port: this caller is bound to no endpoint")
+                        .primary(span, "`fwd()` forwards to the caller's own endpoint")
+                        .help(
+                            "name the endpoints, e.g. `fwd(trader1)`, or bind the application to its endpoint in the \
+                             server's configuration (`[[auth.apps]] endpoint = ...`)",
+                        ),
+                );
+                false
+            }
+            Some(Endpoints { caller: Some(p), .. }) => {
+                let p = *p;
+                if p >= self.spec.ports {
+                    self.diags.push(
+                        Diagnostic::error(Code::PortOutOfRange, format!("port {p} is out of range"))
+                            .primary(span, format!("the caller's endpoint is port {p}; ports are 0 to {}", self.spec.ports - 1))
+                            .help("raise the limit with `ports N;` in the spec"),
+                    );
+                    return false;
+                }
+                ports.insert(p);
+                self.bound_fwds.push(span);
+                true
+            }
+        }
     }
 
     /// The port of the endpoint `name`, or `None` (reported) if there is no

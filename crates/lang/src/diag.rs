@@ -137,6 +137,7 @@ codes! {
     UnknownAction = "E0323", "an action other than `fwd(...)`, `drop` or a variable update";
     FwdAndDrop = "E0324", "a subscription that both forwards and drops";
     UnknownEndpoint = "E0325", "`fwd` names an endpoint that no topology declares";
+    UnboundFwd = "E0326", "`fwd()` in a network, from a caller bound to no endpoint";
     NeverMatches = "W0301", "a condition that no packet can satisfy";
     // Topologies (checked by `subc-fabric`).
     TopologySyntax = "E0701", "a topology file that is not TOML of the topology's shape";

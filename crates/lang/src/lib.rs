@@ -149,7 +149,7 @@ pub fn check_rules_file_until(
         let Some(rule) = parse::parse_rule_text(text, file, f.line_start(line), diags) else { continue };
         let id = *next_id;
         *next_id += 1;
-        let Some(sub) = checker.check(&rule, id, text, diags) else { continue };
+        let Some(sub) = checker.check(&rule, id, text, f.line_start(line) as usize, diags) else { continue };
         match nf::normalize(spec, &sub, limits) {
             Ok(n) => {
                 if n.cubes.is_empty() {

@@ -9,6 +9,8 @@
 //! - `subs[,CODE...]`: rules, checked against the last `spec` block above them;
 //! - `max_cubes=N` anywhere after the language: the normal-form limit
 //!   (`--max-cubes N`);
+//! - `endpoints=a b ...` anywhere after the language: rules are checked in
+//!   a network with these endpoints (ports 0, 1, ...), bound to none;
 //! - `text`: prose in a box, not checked;
 //! - `topology[,CODE...]`: a topology file, checked by `subc-fabric`'s own
 //!   test of the topology codes (E07xx), which this crate cannot check.
@@ -34,6 +36,7 @@ struct Block {
     example: Option<String>,
     expect: BTreeSet<String>,
     max_cubes: Option<usize>,
+    endpoints: Option<Vec<String>>,
     text: String,
     /// The line of the opening fence, for messages.
     line: usize,
@@ -51,10 +54,20 @@ fn blocks(markdown: &str) -> Vec<Block> {
             (None, Some(info)) => {
                 let mut words = info.split(',').map(str::trim);
                 let lang = words.next().unwrap_or_default().to_string();
-                let mut b = Block { lang, example: None, expect: BTreeSet::new(), max_cubes: None, text: String::new(), line: i + 1 };
+                let mut b = Block {
+                    lang,
+                    example: None,
+                    expect: BTreeSet::new(),
+                    max_cubes: None,
+                    endpoints: None,
+                    text: String::new(),
+                    line: i + 1,
+                };
                 for w in words {
                     if is_code(w) {
                         b.expect.insert(w.to_string());
+                    } else if let Some(names) = w.strip_prefix("endpoints=") {
+                        b.endpoints = Some(names.split_whitespace().map(str::to_string).collect());
                     } else if let Some(n) = w.strip_prefix("max_cubes=") {
                         b.max_cubes = Some(n.parse().expect("max_cubes=N"));
                     } else {
@@ -94,7 +107,8 @@ fn codes_of(block: &Block, spec: Option<&str>) -> (BTreeSet<String>, String) {
         other => panic!("line {}: unknown block kind `{other}`", block.line),
     };
     let limits = block.max_cubes.map(|max_cubes| NfLimits { max_cubes }).unwrap_or_default();
-    let (_, diags) = subc_lang::check_program(&sources, spec_file, &rules, limits);
+    let endpoints = block.endpoints.as_ref().map(|names| subc_lang::Endpoints::new(names.iter().cloned()));
+    let (_, diags) = subc_lang::check_program_with(&sources, spec_file, &rules, limits, endpoints.as_ref());
     (diags.0.iter().map(|d| d.code.as_str().to_string()).collect(), diags.render(&sources))
 }
 

@@ -196,11 +196,12 @@ impl Subscriptions for Api {
         let req = request.into_inner();
         self.check_add_limits(&req)?;
         let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        let app = who.app.clone();
         let report = self
             .core
             .text_gate()
             .run(&who.app, move |stop| {
-                check::check_report(&spec, fabric.as_ref().map(|f| &f.endpoints), &req.source_name, &req.lines, max_cubes, stop)
+                check::check_report(&spec, fabric.as_ref().map(|f| f.endpoints_for(&app)), &req.source_name, &req.lines, max_cubes, stop)
             })
             .await?;
         Ok(Response::new(report))
@@ -217,10 +218,11 @@ impl Api {
         lines: Vec<String>,
     ) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
         let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        let app = who.app.clone();
         self.core
             .text_gate()
             .run(&who.app, move |stop| {
-                check::check_lines_until(&spec, fabric.as_ref().map(|f| &f.endpoints), &source_name, &lines, max_cubes, stop)
+                check::check_lines_until(&spec, fabric.as_ref().map(|f| f.endpoints_for(&app)), &source_name, &lines, max_cubes, stop)
             })
             .await
     }

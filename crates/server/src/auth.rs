@@ -132,7 +132,13 @@ mod tests {
     fn auth() -> Authenticator {
         let c = AuthConfig {
             admin_token: Some("admin-secret".into()),
-            apps: vec![AppConfig { name: "a".into(), token: Some("app-a-secret".into()), token_file: None, token_env: None }],
+            apps: vec![AppConfig {
+                name: "a".into(),
+                token: Some("app-a-secret".into()),
+                token_file: None,
+                token_env: None,
+                endpoint: None,
+            }],
             ..Default::default()
         };
         Authenticator::from_config(&c).unwrap()
@@ -166,7 +172,13 @@ mod tests {
     fn shared_tokens_are_refused() {
         let c = AuthConfig {
             admin_token: Some("same-secret".into()),
-            apps: vec![AppConfig { name: "a".into(), token: Some("same-secret".into()), token_file: None, token_env: None }],
+            apps: vec![AppConfig {
+                name: "a".into(),
+                token: Some("same-secret".into()),
+                token_file: None,
+                token_env: None,
+                endpoint: None,
+            }],
             ..Default::default()
         };
         assert!(Authenticator::from_config(&c).is_err());

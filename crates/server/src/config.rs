@@ -150,6 +150,10 @@ pub struct AppConfig {
     pub token_file: Option<PathBuf>,
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Network mode: the topology endpoint this application is bound to;
+    /// its `fwd()` forwards there (`docs/network.md`).
+    #[serde(default)]
+    pub endpoint: Option<String>,
 }
 
 impl AppConfig {
@@ -441,6 +445,13 @@ impl Config {
             }
             if !a.secret().is_set() {
                 return Err(Error::Config(format!("application {:?} has no token", a.name)));
+            }
+            if let (Some(endpoint), None) = (&a.endpoint, &self.topology) {
+                return Err(Error::Config(format!(
+                    "application {:?} is bound to endpoint {endpoint:?}, but there is no topology: an endpoint \
+                     binding needs network mode (`topology = ...` or `--topology FILE`)",
+                    a.name
+                )));
             }
         }
         let store = self.store.to_string_lossy();

@@ -183,7 +183,11 @@ impl Core {
         let spec = Arc::new(spec);
         let fabric = match &config.topology {
             None => None,
-            Some(path) => Some(Arc::new(Fabric::load(path, &spec)?)),
+            Some(path) => {
+                let mut fabric = Fabric::load(path, &spec)?;
+                fabric.bind_apps(&config.auth.apps)?;
+                Some(Arc::new(fabric))
+            }
         };
         let devices = fabric.as_ref().map(|f| f.targets()).transpose()?;
         let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref()).await?;

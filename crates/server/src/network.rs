@@ -43,6 +43,9 @@ pub struct Fabric {
     pub topology: Topology,
     /// The endpoint table rules are checked with.
     pub endpoints: Endpoints,
+    /// The same table bound to each application's endpoint
+    /// (`[[auth.apps]] endpoint = ...`): for their rules, `fwd()` forwards there.
+    pub bound: std::collections::HashMap<String, Endpoints>,
     /// The topology file's directory: device options' relative paths start there.
     pub dir: PathBuf,
 }
@@ -88,7 +91,31 @@ impl Fabric {
         }
         let endpoints = topology.endpoint_table();
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-        Ok(Fabric { topology, endpoints, dir })
+        Ok(Fabric { topology, endpoints, bound: Default::default(), dir })
+    }
+
+    /// Binds each application configured with an `endpoint` to it; an
+    /// endpoint the topology lacks is a configuration error.
+    pub fn bind_apps(&mut self, apps: &[crate::config::AppConfig]) -> Result<(), Error> {
+        for a in apps {
+            let Some(name) = &a.endpoint else { continue };
+            let Some(bound) = self.endpoints.bound_to(name) else {
+                let known = self.endpoints.names();
+                let hint = match subc_lang::did_you_mean(name, known.iter().map(String::as_str)) {
+                    Some(s) => format!("; did you mean {s:?}?"),
+                    None => format!(" (its endpoints: {})", known.join(", ")),
+                };
+                return Err(Error::Config(format!("auth.apps {:?}: endpoint = {name:?} is not an endpoint of the topology{hint}", a.name)));
+            };
+            self.bound.insert(a.name.clone(), bound);
+        }
+        Ok(())
+    }
+
+    /// The endpoint table `app`'s rules are checked with: bound to its
+    /// endpoint, if it has one.
+    pub fn endpoints_for(&self, app: &str) -> &Endpoints {
+        self.bound.get(app).unwrap_or(&self.endpoints)
     }
 
     /// Each device's target, in device order, from its `kind` and

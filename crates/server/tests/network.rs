@@ -324,3 +324,85 @@ at = "sw:3"
     })
     .await;
 }
+
+/// A network-mode server in `dir` where `alice` is bound to `endpoint`
+/// (`[[auth.apps]] endpoint = ...`); bob and the administrator are not.
+async fn start_bound(dir: &Path, endpoint: &str) -> Running {
+    std::fs::write(dir.join("fabric.toml"), TOPOLOGY).unwrap();
+    let mut cfg = config(dir);
+    cfg.topology = Some(dir.join("fabric.toml"));
+    cfg.auth.apps[0].endpoint = Some(endpoint.to_string());
+    start(cfg).await
+}
+
+/// `fwd()` from an application bound to its endpoint forwards there: the
+/// devices hold the projection of `fwd(h2)`, which is also the text the
+/// server stores and lists, so a restart means the same, even after the
+/// binding changed (new rules then take the new endpoint). Callers bound to
+/// no endpoint (another application, the administrator) are refused with
+/// E0326.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_application_forwards_to_its_endpoint() {
+    bounded(120, async {
+        let dir = tempfile::tempdir().unwrap();
+        let r = start_bound(dir.path(), "h2").await;
+        let (mut alice, mut bob, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(BOB)), client(&r, Some(ADMIN)));
+        for name in DEVICES {
+            wait_in_sync(&mut admin, name, 0).await;
+        }
+
+        // Check agrees with Add.
+        let ok = alice.subs.check(add_req(&["stock == GOOGL : fwd()"])).await.unwrap().into_inner();
+        assert!(ok.ok && ok.diagnostics.is_empty(), "{ok:?}");
+
+        let a = alice.subs.add(add_req(&["stock == GOOGL : fwd()"])).await.unwrap().into_inner();
+        let (id, g) = (a.subscriptions[0].id, a.generation);
+        assert_eq!(a.subscriptions[0].text, "stock == GOOGL : fwd(h2)");
+        assert_eq!(list_all(&mut alice, 10).await.iter().map(|s| s.text.as_str()).collect::<Vec<_>>(), ["stock == GOOGL : fwd(h2)"]);
+        let one = [(id, "stock == GOOGL : fwd(h2)")];
+        check_devices(&mut admin, dir.path(), g, &projections(&[], &[]), &projections(&one, &[]), &["spine", "leaf1", "leaf2"]).await;
+
+        // Bound to no endpoint: refused, with the diagnostic and its span.
+        for (who, c) in [("bob", &mut bob), ("admin", &mut admin)] {
+            let e = c.subs.add(add_req(&["stock == MSFT : fwd()"])).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{who}: {e:?}");
+            let refusal = subc_server::Refusal::of(&e).expect("diagnostics in the status");
+            let d = &refusal.diagnostics[0];
+            assert_eq!((d.code.as_str(), d.line, d.column, d.snippet.as_str()), ("E0326", 1, 17, "fwd()"), "{who}: {d:?}");
+            assert!(d.help.contains("[[auth.apps]] endpoint"), "{who}: {d:?}");
+            let report = c.subs.check(add_req(&["stock == MSFT : fwd()"])).await.unwrap().into_inner();
+            assert!(!report.ok && report.diagnostics[0].code == "E0326", "{who}: {report:?}");
+        }
+        r.shutdown().await.unwrap();
+
+        // Restarted with alice bound to h3: the stored rule still forwards
+        // to h2 (the devices have nothing to write); a new `fwd()` goes to h3.
+        let r = start_bound(dir.path(), "h3").await;
+        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+        check_devices(&mut admin, dir.path(), g, &projections(&one, &[]), &projections(&one, &[]), &[]).await;
+        let (id2, g2) = add(&mut alice, "stock == AAPL : fwd()").await;
+        let two = [one[0], (id2, "stock == AAPL : fwd(h3)")];
+        check_devices(&mut admin, dir.path(), g2, &projections(&one, &[]), &projections(&two, &[]), &["spine", "leaf1", "leaf3"]).await;
+        let texts: Vec<String> = list_all(&mut alice, 10).await.into_iter().map(|s| s.text).collect();
+        assert_eq!(texts, ["stock == GOOGL : fwd(h2)", "stock == AAPL : fwd(h3)"]);
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}
+
+/// A binding must name an endpoint of the topology, and needs one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_binding_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fabric.toml"), TOPOLOGY).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.topology = Some(dir.path().join("fabric.toml"));
+    cfg.auth.apps[1].endpoint = Some("h22".into());
+    let e = subc_server::start(cfg).await.err().expect("refused").to_string();
+    assert!(e.contains(r#"auth.apps "bob": endpoint = "h22" is not an endpoint of the topology; did you mean "h2"?"#), "{e}");
+
+    let mut cfg = config(dir.path());
+    cfg.auth.apps[0].endpoint = Some("h2".into());
+    let e = subc_server::start(cfg).await.err().expect("refused").to_string();
+    assert!(e.contains(r#"application "alice" is bound to endpoint "h2", but there is no topology"#), "{e}");
+}

@@ -187,11 +187,20 @@ impl ServerProc {
 
     /// As `start`, with another spec.
     pub fn start_with_spec(dir: &Path, spec: &Path, extra: &str) -> ServerProc {
+        ServerProc::start_bound(dir, spec, extra, &[])
+    }
+
+    /// As `start_with_spec`, the applications of `endpoints` bound to their
+    /// endpoints (`(app, endpoint)`: `[[auth.apps]] endpoint = ...`).
+    pub fn start_bound(dir: &Path, spec: &Path, extra: &str, endpoints: &[(&str, &str)]) -> ServerProc {
         let port = free_port();
         let bpffs_root = PathBuf::from("/sys/fs/bpf").join(format!("subc-test-{}", dir.file_name().unwrap().to_string_lossy()));
         let mut apps = String::new();
         for (name, token) in APPS {
             apps.push_str(&format!("[[auth.apps]]\nname = \"{name}\"\ntoken = \"{token}\"\n"));
+            if let Some((_, endpoint)) = endpoints.iter().find(|(app, _)| *app == name) {
+                apps.push_str(&format!("endpoint = \"{endpoint}\"\n"));
+            }
         }
         let config = format!(
             "spec = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nstore = \"{}\"\n{extra}\n[auth]\nadmin_token = \"{ADMIN}\"\n{apps}\n[deploy]\nretry_initial_ms = 20\nretry_max_ms = 500\nbpffs_root = \"{}\"\n",
