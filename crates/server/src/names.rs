@@ -44,55 +44,73 @@ fn shown(name: &str) -> String {
 /// Checks that `name` (of a `what`, e.g. `target name`) is an identifier:
 /// 1 to [`MAX_NAME_BYTES`] of `[A-Za-z0-9_-]`, not starting with `-`.
 pub fn check_name(what: &'static str, name: &str) -> Result<(), NameError> {
-    if name.is_empty() {
-        return Err(NameError::Empty { what });
-    }
-    if name.len() > MAX_NAME_BYTES {
-        return Err(NameError::TooLong { what, shown: shown(name), len: name.len() });
-    }
-    let ok = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') && !name.starts_with('-');
-    if !ok {
-        return Err(NameError::NotAnIdentifier { what, shown: shown(name) });
-    }
-    Ok(())
+    check_token(what, name, Token::Identifier)
 }
 
 /// `root/name`, for a name that passes [`check_name`]; the path is checked
 /// to be exactly one normal component below `root`.
 pub(crate) fn child_path(root: &Path, what: &'static str, name: &str) -> Result<PathBuf, NameError> {
     check_name(what, name)?;
-    let mut components = Path::new(name).components();
-    match (components.next(), components.next()) {
-        (Some(Component::Normal(c)), None) if c == name => Ok(root.join(name)),
-        _ => Err(NameError::NotAnIdentifier { what, shown: shown(name) }),
-    }
+    one_component(root, what, name, Token::Identifier)
 }
 
 /// Checks that `file` (of a `what`) is a plain file name: 1 to
 /// [`MAX_NAME_BYTES`] of `[A-Za-z0-9_.-]`, not starting with `.` or `-`
 /// (so not `.`, `..`, a hidden file, a path or an option).
 pub(crate) fn check_file_name(what: &'static str, file: &str) -> Result<(), NameError> {
-    if file.is_empty() {
-        return Err(NameError::Empty { what });
-    }
-    if file.len() > MAX_NAME_BYTES {
-        return Err(NameError::TooLong { what, shown: shown(file), len: file.len() });
-    }
-    let ok = file.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.') && !file.starts_with(['.', '-']);
-    if !ok {
-        return Err(NameError::NotAFileName { what, shown: shown(file) });
-    }
-    Ok(())
+    check_token(what, file, Token::FileName)
 }
 
 /// `dir/file`, for a `file` that passes [`check_file_name`]; the path is
 /// checked to be exactly one normal component below `dir`.
 pub(crate) fn file_path(dir: &Path, what: &'static str, file: &str) -> Result<PathBuf, NameError> {
     check_file_name(what, file)?;
-    let mut components = Path::new(file).components();
+    one_component(dir, what, file, Token::FileName)
+}
+
+/// The two kinds of name: an identifier, or a file name (dots allowed,
+/// not first).
+#[derive(Clone, Copy)]
+enum Token {
+    Identifier,
+    FileName,
+}
+
+impl Token {
+    fn allows(self, b: u8) -> bool {
+        b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && matches!(self, Token::FileName))
+    }
+    fn may_start_with(self, c: char) -> bool {
+        c != '-' && !(c == '.' && matches!(self, Token::FileName))
+    }
+    fn refusal(self, what: &'static str, s: &str) -> NameError {
+        match self {
+            Token::Identifier => NameError::NotAnIdentifier { what, shown: shown(s) },
+            Token::FileName => NameError::NotAFileName { what, shown: shown(s) },
+        }
+    }
+}
+
+fn check_token(what: &'static str, s: &str, kind: Token) -> Result<(), NameError> {
+    if s.is_empty() {
+        return Err(NameError::Empty { what });
+    }
+    if s.len() > MAX_NAME_BYTES {
+        return Err(NameError::TooLong { what, shown: shown(s), len: s.len() });
+    }
+    let ok = s.bytes().all(|b| kind.allows(b)) && s.chars().next().is_some_and(|c| kind.may_start_with(c));
+    if !ok {
+        return Err(kind.refusal(what, s));
+    }
+    Ok(())
+}
+
+/// `root/s`, checked to be exactly one normal component below `root`.
+fn one_component(root: &Path, what: &'static str, s: &str, kind: Token) -> Result<PathBuf, NameError> {
+    let mut components = Path::new(s).components();
     match (components.next(), components.next()) {
-        (Some(Component::Normal(c)), None) if c == file => Ok(dir.join(file)),
-        _ => Err(NameError::NotAFileName { what, shown: shown(file) }),
+        (Some(Component::Normal(c)), None) if c == s => Ok(root.join(s)),
+        _ => Err(kind.refusal(what, s)),
     }
 }
 

@@ -195,12 +195,9 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let (tx, rx) = oneshot::channel::<()>();
     // Limits, the handshake deadline and TCP options (transport.rs); a
     // shutdown can cut every connection (conn.rs).
-    let cutter = Arc::new(Cutter::new());
-    let incoming = {
-        let cutter = cutter.clone();
-        let gated = crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").into_stream();
-        tokio_stream::StreamExt::map(gated, move |io| io.map(|io| cutter.wrap(io)))
-    };
+    let cutter = Arc::new(Cutter::default());
+    let incoming =
+        crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").cut_by(cutter.token()).into_stream();
     let held = cutter.clone();
     let join = tokio::spawn(async move {
         // The cutter lives while the server serves (connections are cut

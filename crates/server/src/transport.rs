@@ -229,11 +229,18 @@ impl Drop for Guard {
 pub(crate) struct GatedListener {
     listener: TcpListener,
     gate: Gate,
+    /// Cancelled when the server cuts every connection (`conn.rs`).
+    cut: CancellationToken,
 }
 
 impl GatedListener {
     pub(crate) fn new(listener: TcpListener, limits: ConnectionLimits, metrics: Arc<Metrics>, name: &'static str) -> GatedListener {
-        GatedListener { listener, gate: Gate { limits, table: Arc::default(), metrics, name } }
+        GatedListener { listener, gate: Gate { limits, table: Arc::default(), metrics, name }, cut: CancellationToken::new() }
+    }
+
+    /// Its connections fail once `cut` is cancelled.
+    pub(crate) fn cut_by(self, cut: CancellationToken) -> GatedListener {
+        GatedListener { cut, ..self }
     }
 
     /// The next admitted connection. Errors of `accept` (out of
@@ -254,7 +261,7 @@ impl GatedListener {
                 continue;
             };
             self.set_options(&stream);
-            return (Conn::new(stream, guard, self.gate.limits.handshake_timeout), peer);
+            return (Conn::new(stream, guard, self.gate.limits.handshake_timeout, self.cut.clone()), peer);
         }
     }
 
@@ -301,20 +308,32 @@ impl axum::serve::Listener for GatedListener {
 }
 
 /// An admitted connection: a TCP stream that fails its reads once the
-/// handshake deadline passes or the gate closes it while pending.
+/// handshake deadline passes or the gate closes it while pending, and its
+/// reads and writes once the server cuts it.
 pub(crate) struct Conn {
     io: TcpStream,
     guard: Guard,
     /// Until the connection is established.
     deadline: Option<Pin<Box<Sleep>>>,
     evicted: Pin<Box<WaitForCancellationFutureOwned>>,
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
     wrote: bool,
 }
 
 impl Conn {
-    fn new(io: TcpStream, guard: Guard, handshake: Duration) -> Conn {
+    fn new(io: TcpStream, guard: Guard, handshake: Duration, cut: CancellationToken) -> Conn {
         let evicted = Box::pin(guard.evict.clone().cancelled_owned());
-        Conn { io, guard, deadline: Some(Box::pin(tokio::time::sleep(handshake))), evicted, wrote: false }
+        let deadline = Some(Box::pin(tokio::time::sleep(handshake)));
+        Conn { io, guard, deadline, evicted, cut: Box::pin(cut.cancelled_owned()), wrote: false }
+    }
+
+    /// An error once the server has cut the connection; polling registers
+    /// for the cut.
+    fn check_cut(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
+        match self.cut.as_mut().poll(cx) {
+            Poll::Ready(()) => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the server is shutting down")),
+            Poll::Pending => Ok(()),
+        }
     }
 
     /// While pending: an error if the gate closed this connection or its
@@ -343,6 +362,7 @@ use std::future::Future;
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        this.check_cut(cx)?;
         this.check_pending(cx)?;
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
@@ -355,6 +375,7 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.check_cut(cx)?;
         let r = Pin::new(&mut self.io).poll_write(cx, data);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote = true;
@@ -363,6 +384,7 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        self.check_cut(cx)?;
         let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.wrote = true;
@@ -375,6 +397,7 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check_cut(cx)?;
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
