@@ -156,9 +156,7 @@ fn temp_beside(store: &Path) -> Result<PathBuf, Error> {
 fn copy_with_floors(backup: &Path, tmp: &Path, floors: Floors) -> Result<RestoreReport, Error> {
     let copied = copy_and_check(backup, tmp)?;
     let (generation, next_id) = raise_floors(tmp, floors)?;
-    let file = std::fs::File::open(tmp).map_err(|e| Error::Store(format!("{}: {e}", tmp.display())))?;
-    file.sync_all().map_err(|e| Error::Store(format!("cannot sync {}: {e}", tmp.display())))?;
-    let bytes = file.metadata().map(|m| m.len()).unwrap_or(copied.bytes);
+    let bytes = crate::store::sync_file(tmp)?;
     Ok(RestoreReport { subscriptions: copied.subscriptions, targets: copied.targets, generation, next_id, bytes, replaced: false })
 }
 

@@ -210,8 +210,8 @@ pub struct BackupReport {
 /// committed generation, never half a transaction). It is written beside
 /// `out` under a temporary name, checked (`PRAGMA integrity_check`, the
 /// schema version), synced and renamed over `out`, so `out` is either the
-/// old file or the whole new copy. Restore by stopping the server and
-/// putting the copy in the store's place (`subc serve --store COPY`).
+/// old file or the whole new copy. Restore with [`crate::restore_store`]
+/// (`subc store restore`), or serve the copy itself (`subc serve --store COPY`).
 pub fn backup_store(store: &Path, out: &Path) -> Result<BackupReport, Error> {
     if !store.is_file() {
         return Err(Error::Store(format!("{}: no such store", store.display())));
@@ -265,10 +265,14 @@ pub(crate) fn copy_and_check(store: &Path, tmp: &Path) -> Result<BackupReport, E
         bytes: 0,
     };
     drop(copy);
-    let file = std::fs::File::open(tmp).map_err(|e| Error::Store(format!("{}: {e}", tmp.display())))?;
-    file.sync_all().map_err(|e| Error::Store(format!("cannot sync {}: {e}", tmp.display())))?;
-    let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok(BackupReport { bytes, ..report })
+    Ok(BackupReport { bytes: sync_file(tmp)?, ..report })
+}
+
+/// Syncs the file at `path` to disk; its size in bytes.
+pub(crate) fn sync_file(path: &Path) -> Result<u64, Error> {
+    let file = std::fs::File::open(path).map_err(|e| Error::Store(format!("{}: {e}", path.display())))?;
+    file.sync_all().map_err(|e| Error::Store(format!("cannot sync {}: {e}", path.display())))?;
+    Ok(file.metadata().map(|m| m.len()).unwrap_or(0))
 }
 
 /// Syncs the directory holding `path`, so that a rename into it survives a
