@@ -37,7 +37,7 @@ use crate::{CapacityError, DiffError, EbpfError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use subc_bdd::Leaf;
-use subc_bdd::{BitDiff, BitGroup, LeafId, RowId, WordOf};
+use subc_bdd::{BitDiff, BitImage, LeafId, RowId, WordOf};
 
 /// The shape of a program's bit-vector group (part of `maps.json`): what
 /// the maps are sized for. A group that outgrows it is laid out anew by a
@@ -57,14 +57,14 @@ pub struct BitsShape {
 }
 
 impl BitsShape {
-    /// The shape of `g`'s layout, with room for twice its leaves (at least 64).
-    pub fn of(g: &BitGroup) -> BitsShape {
+    /// The shape of a group's layout, with room for twice its leaves (at least 64).
+    pub fn of(g: &BitImage) -> BitsShape {
         BitsShape {
-            fields: g.fields().iter().map(|f| f.field.0).collect(),
-            words: g.words() as u32,
-            rows: g.rows_per_field() as u32,
-            intervals: (g.rows_per_field() as u32).next_power_of_two().max(2),
-            leaves: (2 * g.leaves().len() as u32).max(64),
+            fields: g.fields.iter().map(|(f, _)| f.0).collect(),
+            words: g.words as u32,
+            rows: g.rows as u32,
+            intervals: (g.rows as u32).next_power_of_two().max(2),
+            leaves: (2 * g.leaves.len() as u32).max(64),
         }
     }
 
@@ -164,10 +164,10 @@ pub struct BitPlan {
 impl BitTables {
     /// The tables of `g` as a fresh program holds them (`shape` from
     /// [`BitsShape::of`] of the same group).
-    pub fn of(g: &BitGroup, shape: BitsShape) -> BitTables {
+    pub fn of(g: &BitImage, shape: BitsShape) -> BitTables {
         let words = shape.words as usize;
         let mut rows = vec![u64::MAX; (shape.live_key() as usize + 1) * words];
-        for f in 0..g.fields().len() {
+        for f in 0..g.fields.len() {
             for row in 0..shape.rows {
                 let at = (f * shape.rows as usize + row as usize) * words;
                 rows[at..at + words].copy_from_slice(g.row(f, row));
@@ -175,13 +175,7 @@ impl BitTables {
         }
         let live = shape.live_key() as usize * words;
         rows[live..live + words].copy_from_slice(g.live());
-        BitTables {
-            intervals: g.fields().iter().map(|f| f.intervals.clone()).collect(),
-            word_leaf: (0..words as u32).map(|w| g.word_leaf(w)).collect(),
-            leaves: g.leaves().to_vec(),
-            rows,
-            shape,
-        }
+        BitTables { intervals: g.intervals.clone(), word_leaf: g.word_leaves.clone(), leaves: g.leaves.clone(), rows, shape }
     }
 
     pub fn shape(&self) -> &BitsShape {

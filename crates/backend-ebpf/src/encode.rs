@@ -68,7 +68,18 @@ pub struct MapOp {
 }
 
 fn hex<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+    s.serialize_str(&to_hex(b))
+}
+
+/// `b` as lowercase hex, two digits a byte (what `entries.json` holds).
+pub(crate) fn to_hex(b: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * b.len());
+    for x in b {
+        out.push(DIGITS[usize::from(x >> 4)] as char);
+        out.push(DIGITS[usize::from(x & 15)] as char);
+    }
+    out
 }
 fn hex_opt<S: serde::Serializer>(b: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
     match b {

@@ -41,7 +41,7 @@ mod target;
 pub mod testing;
 
 use serde::{Deserialize, Serialize};
-use subc_bdd::CompiledSet;
+use subc_bdd::{BitImage, CompiledSet};
 use subc_bdd::Pipeline;
 use subc_lang::spec::Spec;
 
@@ -121,14 +121,22 @@ impl Artifacts {
     }
     /// The initial entries, one object per map operation with the map's name.
     pub fn entries_json(&self) -> String {
-        let ops: Vec<serde_json::Value> = self
+        /// One op as `entries.json` holds it: the map by name, fields in
+        /// alphabetical order (as the format has always had them).
+        #[derive(serde::Serialize)]
+        struct Entry<'a> {
+            key: String,
+            map: &'a str,
+            value: Option<String>,
+        }
+        let ops: Vec<Entry> = self
             .image
             .initial_ops(&self.model)
             .iter()
-            .map(|op| {
-                let mut v = serde_json::to_value(op).expect("ops serialize");
-                v["map"] = self.model.maps[op.map].name.clone().into();
-                v
+            .map(|op| Entry {
+                key: encode::to_hex(&op.key),
+                map: &self.model.maps[op.map].name,
+                value: op.value.as_deref().map(encode::to_hex),
             })
             .collect();
         serde_json::to_string_pretty(&ops).expect("ops serialize")
@@ -138,20 +146,22 @@ impl Artifacts {
 /// Generates the program for `pipes` (the pipelines of a `CompiledSet`
 /// over `spec`, without a bit-vector group).
 pub fn write_program(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
-    let model = Model::new(spec, pipes, opts)?;
-    let image = TableImage::new(&model, pipes)?;
-    let source = codegen::generate(spec, &model, None)?;
-    Ok(Artifacts { source, model, image })
+    write_image(spec, pipes, None, opts)
 }
 
 /// Generates the program for a compiled set over `spec`: its pipelines
 /// and, if it has one, its bit-vector group.
 pub fn write_set(spec: &Spec, set: &CompiledSet, opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
-    let pipes = set.pipelines();
-    let shape = set.bits().map(BitsShape::of);
-    let model = Model::with_bits(spec, &pipes, shape.clone(), opts)?;
-    let mut image = TableImage::new(&model, &pipes)?;
-    if let (Some(g), Some(shape)) = (set.bits(), shape) {
+    write_image(spec, &set.pipelines(), set.bits().map(BitImage::of).as_ref(), opts)
+}
+
+/// Generates the program for pipelines and a bit-vector group as a target
+/// holds them (what a deployer keeps of a set).
+pub fn write_image(spec: &Spec, pipes: &[&Pipeline], bits: Option<&BitImage>, opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
+    let shape = bits.map(BitsShape::of);
+    let model = Model::with_bits(spec, pipes, shape.clone(), opts)?;
+    let mut image = TableImage::new(&model, pipes)?;
+    if let (Some(g), Some(shape)) = (bits, shape) {
         image = image.with_bits(BitTables::of(g, shape));
     }
     let source = codegen::generate(spec, &model, None)?;

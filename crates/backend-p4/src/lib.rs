@@ -125,6 +125,14 @@ pub enum Error {
     /// hardware cannot do (docs/semantics.md, "Target profiles").
     #[error("the {arch} target cannot compile {what}: {why}")]
     Unsupported { arch: &'static str, what: String, why: &'static str },
+    /// The set lowers rules to a bit-vector group (`subc_bdd::Lowering`),
+    /// which a switch's match-action tables cannot run.
+    #[error(
+        "the set holds {rules} rule(s) in a bit-vector group, which a switch's match-action tables cannot run; compile \
+         it with diagrams only (`Lowering::Diagrams`; the CLI does for --target p4), fit it into the switch with a \
+         budget (--p4-budget N), or deploy it to eBPF hosts"
+    )]
+    BitVectorGroup { rules: usize },
     #[error("port {port} is outside the spec's {ports} ports")]
     PortOutOfRange { port: u32, ports: u32 },
     #[error("port map: {0}")]
@@ -207,7 +215,12 @@ pub struct P4Target {
 impl P4Target {
     /// The program for `set`'s pipelines (their number and field orders are
     /// fixed from now on), with tables sized for its current entries.
+    /// A set with a bit-vector group is refused ([`Error::BitVectorGroup`]):
+    /// match-action tables cannot run one.
     pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<P4Target, Error> {
+        if let Some(g) = set.bits().filter(|g| !g.is_empty()) {
+            return Err(Error::BitVectorGroup { rules: g.len() });
+        }
         P4Target::for_pipelines(spec, &set.pipelines(), opts)
     }
 

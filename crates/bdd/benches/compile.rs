@@ -4,13 +4,13 @@
 //! `which` one of `itch`, `siena`, `incremental` (ITCH), `incremental-siena`. Each size runs in a child
 //! process so that its peak memory (VmHWM) is its own. With
 //! `SUBC_BENCH_BIT_VECTORS=1` the ITCH sets compile with bit-vector groups
-//! allowed (`CompileOptions::bit_vectors`).
+//! allowed (`CompileOptions::lowering`).
 
 mod util;
 
 use std::time::Instant;
 use subc_bdd::report::stats;
-use subc_bdd::{CompileOptions, CompiledSet};
+use subc_bdd::{CompileOptions, CompiledSet, Lowering};
 use subc_workload::Rng;
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 use util::{itch_spec, peak_rss_mib, program, run_child};
@@ -20,7 +20,7 @@ fn itch_one(n: usize) {
     let (p, check_s) = program(&itch_spec(), &rules);
     let bit_vectors = std::env::var("SUBC_BENCH_BIT_VECTORS").is_ok_and(|v| v == "1");
     let t = Instant::now();
-    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { bit_vectors, ..Default::default() }).unwrap();
+    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }).unwrap();
     let secs = t.elapsed().as_secs_f64();
     let st = stats(&set, secs);
     let tables: Vec<_> = st
@@ -87,7 +87,7 @@ fn incremental(kind: &str, base: usize, updates: usize) {
         "siena" => {
             let params = SienaParams { filters: base + updates, ..Default::default() };
             let (p, _) = program(&siena_spec(params.attributes, params.ports), &siena(&params));
-            (p, CompileOptions { bit_vectors: true, ..Default::default() })
+            (p, CompileOptions { lowering: Lowering::Auto, ..Default::default() })
         }
         _ => {
             (program(&itch_spec(), &itch(&ItchParams { subscriptions: base + updates, ..Default::default() })).0, CompileOptions::default())

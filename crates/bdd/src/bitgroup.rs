@@ -569,68 +569,112 @@ impl BitGroup {
     }
 }
 
-/// What a target holds of a group: its words, interval tables, word leaves
-/// and leaves, as a group's layout gives them ([`BitImage::of`]) and
-/// [`BitDiff`]s change them. A back end keeps one per group to plan its
-/// writes; tests hold it to the group it mirrors ([`BitImage::eval`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a target holds of a group: its rows and live words (dense, as a
+/// back end's maps hold them), interval tables, word leaves and leaves, as
+/// a group's layout gives them ([`BitImage::of`]) and [`BitDiff`]s change
+/// them. The deployer keeps one per set to install targets; back ends and
+/// tests hold it to the group it mirrors ([`BitImage::eval`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BitImage {
     pub fields: Vec<(QueryFieldId, u32)>,
     pub words: usize,
+    /// Rows per field (the layout's capacity).
+    pub rows: usize,
     pub intervals: Vec<Vec<(u64, RowId)>>,
-    pub values: std::collections::BTreeMap<(WordOf, u32), u64>,
+    /// Row words, `words` per row: field `f`'s row `r` at `f * rows + r`,
+    /// then the live words.
+    row_words: Vec<u64>,
     pub word_leaves: Vec<Option<LeafId>>,
     pub leaves: Vec<Leaf>,
 }
 
+/// What a group was laid out for: a program sized for one capacity cannot
+/// take a group of another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BitCapacity {
+    pub fields: Vec<(QueryFieldId, u32)>,
+    pub words: usize,
+    pub rows: usize,
+}
+
+/// A [`BitDiff`] that names a word, row, field or leaf the image was not
+/// laid out for: a bug in whoever made the diff, or a diff for another
+/// layout. Nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the bit-vector group's diff does not fit its image: {0}")]
+pub struct BitDiffMisfit(String);
+
 impl BitImage {
-    /// The image of `g` as a target installs it (words that are not all
-    /// ones, and live words that are not zero).
+    /// The image of `g` as a target installs it.
     pub fn of(g: &BitGroup) -> BitImage {
-        let mut values = std::collections::BTreeMap::new();
-        for (w, v) in g.live.iter().enumerate() {
-            if *v != 0 {
-                values.insert((WordOf::Live, w as u32), *v);
-            }
+        let mut row_words = Vec::with_capacity((g.fields.len() * g.rows_per_field + 1) * g.words);
+        for f in &g.fields {
+            row_words.extend_from_slice(&f.rows[..g.rows_per_field * g.words]);
         }
-        for fi in 0..g.fields.len() {
-            for row in 0..g.rows_per_field as RowId {
-                for (w, v) in g.row(fi, row).iter().enumerate() {
-                    if *v != u64::MAX {
-                        values.insert((WordOf::Row { field: fi as u32, row }, w as u32), *v);
-                    }
-                }
-            }
-        }
+        row_words.extend_from_slice(&g.live);
         BitImage {
             fields: g.fields.iter().map(|bf| (bf.field, bf.width)).collect(),
             words: g.words,
+            rows: g.rows_per_field,
             intervals: g.fields.iter().map(|bf| bf.intervals.clone()).collect(),
-            values,
+            row_words,
             word_leaves: g.word_leaf.clone(),
             leaves: g.leaves.clone(),
         }
     }
 
-    /// A word's value (rows default to all ones, live words to zero).
-    pub fn word(&self, at: WordOf, w: u32) -> u64 {
-        self.values.get(&(at, w)).copied().unwrap_or(match at {
-            WordOf::Live => 0,
-            WordOf::Row { .. } => u64::MAX,
-        })
+    pub fn capacity(&self) -> BitCapacity {
+        BitCapacity { fields: self.fields.clone(), words: self.words, rows: self.rows }
     }
 
-    pub fn apply(&mut self, d: &BitDiff) {
-        for (at, w, v) in &d.words {
-            let default = match at {
-                WordOf::Live => 0,
-                WordOf::Row { .. } => u64::MAX,
-            };
-            if *v == default {
-                self.values.remove(&(*at, *w));
-            } else {
-                self.values.insert((*at, *w), *v);
+    /// Rules the image holds (live slots).
+    pub fn len(&self) -> usize {
+        self.live().iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Heap bytes held, about.
+    pub fn heap_bytes(&self) -> usize {
+        self.row_words.capacity() * 8 + self.intervals.iter().map(|iv| iv.capacity() * 16).sum::<usize>() + self.words * 8
+    }
+
+    /// The live words.
+    pub fn live(&self) -> &[u64] {
+        &self.row_words[self.fields.len() * self.rows * self.words..]
+    }
+
+    /// Row `row` of field position `f`.
+    pub fn row(&self, f: usize, row: RowId) -> &[u64] {
+        let at = (f * self.rows + row as usize) * self.words;
+        &self.row_words[at..at + self.words]
+    }
+
+    fn index(&self, at: WordOf, w: u32) -> Option<usize> {
+        let row = match at {
+            WordOf::Live => self.fields.len() * self.rows,
+            WordOf::Row { field, row } if (field as usize) < self.fields.len() && (row as usize) < self.rows => {
+                field as usize * self.rows + row as usize
             }
+            WordOf::Row { .. } => return None,
+        };
+        ((w as usize) < self.words).then_some(row * self.words + w as usize)
+    }
+
+    /// A word's value (rows of free slots are all ones, free live bits zero).
+    pub fn word(&self, at: WordOf, w: u32) -> u64 {
+        self.index(at, w).map_or(0, |i| self.row_words[i])
+    }
+
+    /// Applies `d`; a diff that names anything outside the layout is
+    /// refused whole.
+    pub fn apply(&mut self, d: &BitDiff) -> Result<(), BitDiffMisfit> {
+        self.check_fits(d)?;
+        for (at, w, v) in &d.words {
+            let i = self.index(*at, *w).expect("checked");
+            self.row_words[i] = *v;
         }
         for (f, table) in &d.intervals {
             self.intervals[*f as usize] = table.clone();
@@ -644,6 +688,29 @@ impl BitImage {
             }
             self.leaves[*id as usize] = leaf.clone();
         }
+        Ok(())
+    }
+
+    fn check_fits(&self, d: &BitDiff) -> Result<(), BitDiffMisfit> {
+        let misfit = |what: String| Err(BitDiffMisfit(what));
+        if let Some((at, w, _)) = d.words.iter().find(|(at, w, _)| self.index(*at, *w).is_none()) {
+            return misfit(format!("word {w} of {at:?}"));
+        }
+        for (f, table) in &d.intervals {
+            if *f as usize >= self.fields.len() || table.first().is_none_or(|iv| iv.0 != 0) {
+                return misfit(format!("the interval table of field position {f}"));
+            }
+            if table.iter().any(|(_, row)| *row as usize >= self.rows) {
+                return misfit(format!("a row of field position {f}"));
+            }
+        }
+        let leaves = self.leaves.len().max(d.new_leaves.iter().map(|(id, _)| *id as usize + 1).max().unwrap_or(0));
+        for (w, l) in &d.word_leaves {
+            if *w as usize >= self.words || l.is_some_and(|l| l as usize >= leaves) {
+                return misfit(format!("the leaf of word {w}"));
+            }
+        }
+        Ok(())
     }
 
     /// What a packet with these query-field values matches, computed from

@@ -22,10 +22,10 @@
 //! reported; past `max_pipelines`, or when one rule alone exceeds the
 //! budget, compilation fails with an error naming the subscription.
 //!
-//! Bit-vector groups ([`CompileOptions::bit_vectors`]). Some key groups
+//! Bit-vector groups ([`CompileOptions::lowering`]). Some key groups
 //! multiply whatever the split: diverse multi-attribute filters (Siena's)
 //! share no structure, and their diagram grows with the product of their
-//! ranges. With bit vectors on, a key group whose diagram exceeds its cost
+//! ranges. With [`Lowering::Auto`] (the default), a key group whose diagram exceeds its cost
 //! budget (8 nodes per rule, at least `split_nodes`) is tried again per
 //! shape (the fields its rules test); the shapes that still do not fit go
 //! to one [`BitGroup`] (Linear Bit Vector Search, `bitgroup.rs`), whose
@@ -45,7 +45,7 @@ use crate::diagram::{Manager, NodeId, EMPTY};
 use crate::diff::PipelineDiff;
 use crate::index::RuleIndex;
 use crate::leaf::Leaf;
-use crate::lower::{FieldInfo, Lowering};
+use crate::lower::{FieldInfo, Lowerer};
 use crate::order::choose_order;
 use crate::pipeline::Pipeline;
 use crate::verify::{verify_diagram, verify_pipeline, Violations};
@@ -68,14 +68,59 @@ pub struct CompileOptions {
     pub split_nodes: usize,
     /// Most pipelines the subscriptions may be spread over.
     pub max_pipelines: usize,
-    /// Lower the key groups whose diagrams multiply to a bit-vector group
-    /// (see the module doc). Back ends that cannot run one (P4) leave it off.
-    pub bit_vectors: bool,
+    /// Diagrams, bit-vector groups, or each where it costs less (see the
+    /// module doc). Back ends that cannot run a group (P4) ask for
+    /// [`Lowering::Diagrams`].
+    pub lowering: Lowering,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, bit_vectors: false }
+        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, lowering: Lowering::Auto }
+    }
+}
+
+impl CompileOptions {
+    /// Whether rules may go to a bit-vector group.
+    fn bit_vectors(&self) -> bool {
+        self.lowering != Lowering::Diagrams
+    }
+}
+
+/// How rules are lowered: to decision diagrams, to a bit-vector group, or
+/// each key group to whichever costs less.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Lowering {
+    /// The cost model chooses per key group: a diagram while it stays
+    /// within 8 nodes per rule, else the group (see the module doc).
+    #[default]
+    Auto,
+    /// Decision diagrams only (what a P4 switch can run).
+    Diagrams,
+    /// Every rule that updates no variable goes to the group; the others
+    /// stay in diagrams.
+    BitVectors,
+}
+
+impl Lowering {
+    /// The name the CLI and the configuration use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lowering::Auto => "auto",
+            Lowering::Diagrams => "diagrams",
+            Lowering::BitVectors => "bit-vectors",
+        }
+    }
+}
+
+impl std::str::FromStr for Lowering {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Lowering, String> {
+        [Lowering::Auto, Lowering::Diagrams, Lowering::BitVectors]
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| format!("unknown lowering `{s}`: give auto, diagrams or bit-vectors"))
     }
 }
 
@@ -96,8 +141,7 @@ pub enum CompileError {
     #[error("subscription {sub} alone needs more than {budget} diagram nodes")]
     SubscriptionTooLarge { sub: SubId, budget: usize },
     #[error(
-        "the subscriptions need more than {max} pipelines of at most {budget} nodes; subscription {sub} fits in none \
-         (raise --split-nodes or --max-pipelines, or remove subscriptions)"
+        "the subscriptions need more than {max} pipelines of at most {budget} nodes; subscription {sub} fits in none"
     )]
     TooManyPipelines { max: usize, budget: usize, sub: SubId },
     #[error(
@@ -159,7 +203,7 @@ struct PipeState {
     size_estimate: usize,
     /// Most nodes this pipeline may grow to.
     budget: usize,
-    lowering: Lowering,
+    lowering: Lowerer,
 }
 
 /// A rule before it is placed: one cube and its subscription's actions.
@@ -278,7 +322,10 @@ impl CompiledSet {
         // diagram is much larger than the set itself is better split, so the
         // attempt gets a budget of 16 nodes per rule (plus a constant).
         let mut single = Self::empty(spec, base_order.clone(), opts.clone(), deadline);
-        let first_budget = if opts.bit_vectors {
+        if opts.lowering == Lowering::BitVectors {
+            return Self::compile_split(spec, &pending, base_order, opts, deadline);
+        }
+        let first_budget = if opts.bit_vectors() {
             // Kept only within 8 nodes per rule (below): no need to build more.
             opts.node_budget.min(8 * pending.len() + 64)
         } else {
@@ -352,7 +399,12 @@ impl CompiledSet {
                 order.retain(|f| *f != k);
                 order.insert(0, k);
             }
-            if set.opts.bit_vectors {
+            if set.opts.lowering == Lowering::BitVectors {
+                let diagram_rules = set.file_stateless_to_bits(rules, &mut bit_rules);
+                set.fill_first_fit(&order, &diagram_rules)?;
+                continue;
+            }
+            if set.opts.bit_vectors() {
                 let diagram_rules = set.file_by_cost(&order, rules, &mut bit_rules)?;
                 set.fill_first_fit(&order, &diagram_rules)?;
                 continue;
@@ -419,6 +471,14 @@ impl CompiledSet {
             }
         }
         Ok(must_diagram)
+    }
+
+    /// [`Lowering::BitVectors`]: every rule that updates no variable goes to
+    /// `bits`; the others are returned, to be placed in diagrams.
+    fn file_stateless_to_bits<'a>(&self, rules: Vec<PendingRule<'a>>, bits: &mut Vec<PendingRule<'a>>) -> Vec<PendingRule<'a>> {
+        let (stateless, stateful): (Vec<_>, Vec<_>) = rules.into_iter().partition(|r| Leaf::from_actions(r.actions).updates.is_empty());
+        bits.extend(stateless);
+        stateful
     }
 
     /// Builds `rules` into a new pipeline with `order` if their diagram
@@ -524,7 +584,7 @@ impl CompiledSet {
             order,
             level_of,
             index: RuleIndex::new(fields.len()),
-            lowering: Lowering::new(fields.clone()),
+            lowering: Lowerer::new(fields.clone()),
             fields,
             rules: vec![],
             free_rule_slots: vec![],
@@ -840,7 +900,7 @@ impl CompiledSet {
     /// then any other, the first whose diagram stays within budget.
     fn place(&mut self, sub: SubId, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
         let key = self.key_of(cube);
-        if self.opts.bit_vectors && Leaf::from_actions(actions).updates.is_empty() {
+        if self.opts.bit_vectors() && Leaf::from_actions(actions).updates.is_empty() {
             return self.place_key_first_else_bits(sub, key, cube, actions);
         }
         let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
@@ -867,7 +927,9 @@ impl CompiledSet {
         cube: &Cube,
         actions: &Actions,
     ) -> Result<(usize, u32), CompileError> {
-        let keyed: Vec<usize> = (0..self.pipes.len()).filter(|p| key.is_some() && self.pipes[*p].order.first() == key.as_ref()).collect();
+        let forced = self.opts.lowering == Lowering::BitVectors && self.bits.is_some();
+        let keyed: Vec<usize> =
+            (0..self.pipes.len()).filter(|p| !forced && key.is_some() && self.pipes[*p].order.first() == key.as_ref()).collect();
         for p in keyed {
             if self.bits.is_some() && self.splice_candidates(p, cube) > SPLICE_CANDIDATES {
                 continue;
@@ -1140,6 +1202,13 @@ impl CompiledSet {
         let lowerings: usize = self.pipes.iter().map(|p| p.lowering.heap_bytes()).sum();
         let bits = self.bits.as_ref().map_or(0, BitGroup::heap_bytes);
         managers + rules + index + lowerings + bits + self.subs.len() * 64
+    }
+
+    /// How later adds and recompiles lower rules. [`Lowering::Diagrams`]
+    /// keeps a set without a group free of one (a set with a group keeps
+    /// it until compiled again).
+    pub fn set_lowering(&mut self, lowering: Lowering) {
+        self.opts.lowering = lowering;
     }
 
     pub fn options(&self) -> &CompileOptions {

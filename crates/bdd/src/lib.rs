@@ -2,7 +2,7 @@
 //! match-action pipelines, and incremental diffs.
 //!
 //! ```text
-//! lang::nf::NfSubscription ─▶ build::Rule ─▶ diagram (Manager) ─▶ lower::Lowering ─▶ pipeline::Pipeline
+//! lang::nf::NfSubscription ─▶ build::Rule ─▶ diagram (Manager) ─▶ lower::Lowerer ─▶ pipeline::Pipeline
 //!                                                  ▲ splice (add/remove)        └─▶ diff::PipelineDiff
 //! ```
 //!
@@ -36,9 +36,11 @@ pub mod report;
 mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
-pub use bitgroup::{capacity_for, BitDiff, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot, WordOf};
+pub use bitgroup::{
+    capacity_for, BitCapacity, BitDiff, BitDiffMisfit, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot, WordOf,
+};
 pub use build::Deadline;
-pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
+pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};

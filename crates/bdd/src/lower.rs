@@ -1,6 +1,6 @@
-//! Lowering a diagram to a [`Pipeline`], incrementally, with stable state ids.
+//! Lowerer a diagram to a [`Pipeline`], incrementally, with stable state ids.
 //!
-//! [`Lowering`] keeps the node-to-state map of the last lowered diagram. When
+//! [`Lowerer`] keeps the node-to-state map of the last lowered diagram. When
 //! the diagram changes, only nodes that did not exist before are lowered;
 //! nodes that are no longer reachable (tracked by reference counts of
 //! distinct parents) are retired. A new node that takes the place of a
@@ -31,7 +31,7 @@ pub struct FieldInfo {
 }
 
 #[derive(Clone)]
-pub(crate) struct Lowering {
+pub(crate) struct Lowerer {
     fields: Vec<FieldInfo>,
     pipeline: Pipeline,
     root_node: NodeId,
@@ -92,14 +92,14 @@ fn sort_diff(diff: &mut PipelineDiff) {
     diff.groups_changed.sort_by_key(|x| x.0);
 }
 
-impl Lowering {
+impl Lowerer {
     /// An empty pipeline over `fields` (the levels, in order).
-    pub(crate) fn new(fields: Vec<FieldInfo>) -> Lowering {
+    pub(crate) fn new(fields: Vec<FieldInfo>) -> Lowerer {
         let tables = fields
             .iter()
             .map(|f| Table { name: f.name.clone(), field: f.query_field, width: f.width, kind: f.kind, entries: BTreeMap::new() })
             .collect();
-        Lowering {
+        Lowerer {
             fields,
             pipeline: Pipeline { tables, leaves: BTreeMap::new(), groups: BTreeMap::new(), root: DEAD },
             root_node: EMPTY,
@@ -436,7 +436,7 @@ impl Lowering {
 
     /// Leaf entries: deletes those of retired leaves, then writes each new
     /// leaf's action set (with its group, assigned by
-    /// [`Lowering::lower_groups`]) under its state.
+    /// [`Lowerer::lower_groups`]) under its state.
     fn lower_leaves(&mut self, m: &Manager, changed: &Changed, diff: &mut PipelineDiff) {
         for o in changed.dead.iter().filter(|o| o.is_leaf()) {
             if let Some(&id) = changed.retired.get(o) {

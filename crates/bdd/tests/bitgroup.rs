@@ -93,13 +93,13 @@ proptest! {
             match present[i] {
                 Some(slot) => {
                     let d = g.remove(slot).expect("a live slot");
-                    image.apply(&d);
+                    image.apply(&d).unwrap();
                     present[i] = None;
                 }
                 // A full group refuses the rule and stays as it was.
                 None => {
                     if let Ok((slot, d)) = g.insert(rules[i].clone()) {
-                        image.apply(&d);
+                        image.apply(&d).unwrap();
                         present[i] = Some(slot);
                     }
                 }
@@ -125,5 +125,12 @@ fn removing_everything_leaves_nothing() {
     assert!(g.is_empty());
     assert!(g.fields().iter().all(|f| f.intervals.len() == 1), "every cut merged back");
     let fresh = BitGroup::new(&g.fields().iter().map(|f| (f.field, f.width)).collect::<Vec<_>>(), g.words(), g.rows_per_field());
-    assert_eq!(BitImage::of(&g).values, BitImage::of(&fresh).values);
+    let (used, new) = (BitImage::of(&g), BitImage::of(&fresh));
+    assert_eq!(used.intervals, new.intervals);
+    assert_eq!(used.live(), new.live());
+    for f in 0..used.fields.len() {
+        for row in 0..used.rows as u32 {
+            assert_eq!(used.row(f, row), new.row(f, row), "field {f}, row {row}");
+        }
+    }
 }

@@ -54,7 +54,7 @@ fn apply(s: &mut (Vec<Pipeline>, Option<BitImage>), update: &SetDiff) {
     update.debug_check();
     apply_checked(&mut s.0, update);
     if let Some(bits) = &update.bits {
-        s.1.as_mut().expect("a group to update").apply(bits);
+        s.1.as_mut().expect("a group to update").apply(bits).expect("the diff fits the image");
     }
 }
 
@@ -103,7 +103,7 @@ proptest! {
 
     #[test]
     fn composed_diffs_with_bit_vector_groups(seed in 0u64..10_000, n in 4usize..30, steps in 1usize..8) {
-        let opts = CompileOptions { bit_vectors: true, ..CompileOptions::default() };
+        let opts = CompileOptions { lowering: subc_bdd::Lowering::Auto, ..CompileOptions::default() };
         check_law(&siena_program(n, seed, false), opts, seed, steps)?;
     }
 }

@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
-use subc_bdd::{CompileOptions, CompiledSet};
+use subc_bdd::{CompileError, CompileOptions, CompiledSet, Lowering};
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::{Decision, Diagnostics, Program};
 
@@ -63,15 +63,37 @@ pub struct CompilerArgs {
     /// Most pipelines the set may be spread over.
     #[arg(long, default_value_t = CompileOptions::default().max_pipelines, value_name = "N")]
     pub max_pipelines: usize,
-    /// Lower the rules whose diagrams multiply (diverse multi-attribute filters, as Siena's)
-    /// to one bit-vector group instead of more pipelines: memory that grows with the sum of
-    /// the rules' ranges, not their product. `--target ebpf` and `ir` only.
-    #[arg(long)]
+    /// How rules are lowered. `auto` lets the cost model choose per key group: a decision
+    /// diagram while it stays small, else a bit-vector group (Linear Bit Vector Search:
+    /// memory that grows with the sum of the rules' ranges, not their product, as diverse
+    /// filters like Siena's need). `diagrams` never uses a group; `bit-vectors` puts every
+    /// rule that updates no variable in the group. `--target p4` runs diagrams only: a
+    /// switch's match-action tables cannot run a group.
+    #[arg(long, default_value = "auto", value_name = "HOW", value_parser = parse_lowering)]
+    pub lowering: Lowering,
+    /// The cost model's choice, which `--lowering auto` now makes by default.
+    #[arg(long, hide = true)]
     pub bit_vectors: bool,
 }
 
+fn parse_lowering(s: &str) -> std::result::Result<Lowering, String> {
+    s.parse()
+}
+
+/// What a target can run of the IR's lowerings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Runs {
+    /// Diagrams and bit-vector groups (eBPF, the IR itself).
+    Everything,
+    /// Decision diagrams only (P4).
+    DiagramsOnly,
+}
+
 impl CompilerArgs {
-    pub fn options(&self, spec: &Spec) -> Result<CompileOptions> {
+    /// The compiler options for a target that runs `runs`: `--lowering
+    /// auto` becomes diagrams where groups cannot run, and `bit-vectors`
+    /// there is refused.
+    pub fn options(&self, spec: &Spec, runs: Runs) -> Result<CompileOptions> {
         let order = if self.order.is_empty() {
             None
         } else {
@@ -94,21 +116,52 @@ impl CompilerArgs {
             }
             Some(ids)
         };
-        Ok(CompileOptions {
-            order,
-            node_budget: self.node_budget,
-            split_nodes: self.split_nodes,
-            max_pipelines: self.max_pipelines,
-            bit_vectors: self.bit_vectors,
-        })
+        let lowering = match (runs, self.lowering, self.bit_vectors) {
+            (Runs::DiagramsOnly, Lowering::BitVectors, _) | (Runs::DiagramsOnly, _, true) => bail!(
+                "--lowering bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the \
+                 hosts with --target ebpf, or fit it into the switch with --p4-budget N"
+            ),
+            (Runs::DiagramsOnly, _, false) => Lowering::Diagrams,
+            (Runs::Everything, l, false) => l,
+            (Runs::Everything, _, true) => Lowering::Auto,
+        };
+        Ok(CompileOptions { order, node_budget: self.node_budget, split_nodes: self.split_nodes, max_pipelines: self.max_pipelines, lowering })
+    }
+
+    /// Every option that could make a set fit that the compiler refused
+    /// with these options, for a target that runs `runs`.
+    pub fn ways_to_fit(&self, runs: Runs) -> Vec<String> {
+        let mut ways = vec![];
+        match runs {
+            Runs::Everything if self.lowering == Lowering::Diagrams && !self.bit_vectors => {
+                ways.push("--lowering auto, to put the rules whose diagrams multiply in a bit-vector group".to_string())
+            }
+            Runs::Everything => {}
+            Runs::DiagramsOnly => {
+                ways.push("--p4-budget N, to deploy a relaxed superset that fits N entries (hosts then filter exactly)".into());
+                ways.push("--target ebpf, whose programs run bit-vector groups (--lowering auto)".into());
+            }
+        }
+        ways.push(format!("--split-nodes N above {}, for bigger pipelines", self.split_nodes));
+        ways.push(format!("--max-pipelines N above {}, for more of them", self.max_pipelines));
+        ways.push(format!("--node-budget N above {}, for a rule that alone needs more nodes", self.node_budget));
+        ways
     }
 }
 
-/// Compiles a checked program, reporting a budget error as the CLI does.
-pub fn compile_program(program: &Program, args: &CompilerArgs) -> Result<(CompiledSet, f64)> {
-    let opts = args.options(&program.spec)?;
+/// Compiles a checked program for a target that runs `runs`; a set that
+/// does not fit is refused with every option that could make it fit.
+pub fn compile_program(program: &Program, args: &CompilerArgs, runs: Runs) -> Result<(CompiledSet, f64)> {
+    let opts = args.options(&program.spec, runs)?;
     let t = Instant::now();
-    let set = CompiledSet::compile(&program.spec, &program.normal_forms, opts).context("compilation failed")?;
+    let set = match CompiledSet::compile(&program.spec, &program.normal_forms, opts) {
+        Ok(set) => set,
+        Err(e @ (CompileError::TooManyPipelines { .. } | CompileError::SubscriptionTooLarge { .. })) => {
+            let ways: Vec<String> = args.ways_to_fit(runs).into_iter().map(|w| format!("\n  - {w}")).collect();
+            bail!("compilation failed: {e}\nany of these may make the set fit:{}", ways.concat())
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("compilation failed")),
+    };
     Ok((set, t.elapsed().as_secs_f64()))
 }
 

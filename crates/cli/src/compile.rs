@@ -4,7 +4,7 @@
 //! text), statistics (including the sizes alternative field orders give),
 //! and the diagram as Graphviz DOT. The back ends add their own targets.
 
-use crate::common::{compile_program, load_program, write_outputs, CompilerArgs};
+use crate::common::{compile_program, load_program, write_outputs, CompilerArgs, Runs};
 use crate::input::Inputs;
 use crate::{ui, InputArgs};
 use anyhow::Result;
@@ -74,7 +74,7 @@ pub fn compile(args: &CompileArgs) -> Result<ExitCode> {
 }
 
 fn compile_ir(args: &CompileArgs, program: &Program, _inputs: &Inputs) -> Result<ExitCode> {
-    let (set, secs) = compile_program(program, &args.compiler)?;
+    let (set, secs) = compile_program(program, &args.compiler, Runs::Everything)?;
     let emits: Vec<Emit> = if args.emit.is_empty() { vec![Emit::Tables, Emit::Stats, Emit::Dot] } else { args.emit.clone() };
     let mut files: Vec<(&str, Vec<u8>)> = vec![];
     for e in &emits {
@@ -109,7 +109,7 @@ fn order_sizes(program: &Program, args: &CompilerArgs) -> Vec<serde_json::Value>
         .into_iter()
         .map(|order| {
             let names: Vec<String> = order.iter().map(|f| spec.query_field(*f).name.clone()).collect();
-            let mut opts = args.options(spec).unwrap_or_default();
+            let mut opts = args.options(spec, Runs::Everything).unwrap_or_default();
             opts.order = Some(order);
             let t = Instant::now();
             let compiled = CompiledSet::compile(spec, &program.normal_forms, opts);

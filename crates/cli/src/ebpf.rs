@@ -1,7 +1,7 @@
 //! The eBPF target on the command line: `subc compile --target ebpf`,
 //! `subc sim --engine ebpf`, and `subc attach`, `subc detach`, `subc status`.
 
-use crate::common::{compile_program, write_outputs, CompilerArgs};
+use crate::common::{compile_program, write_outputs, CompilerArgs, Runs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;
@@ -99,7 +99,7 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, ebpf: &EbpfArgs, out:
     let Some(out) = out else {
         bail!("--target ebpf writes a C file, an object and JSON: give a directory with -o DIR");
     };
-    let (set, _) = compile_program(program, compiler)?;
+    let (set, _) = compile_program(program, compiler, Runs::Everything)?;
     let a = write_set(&program.spec, &set, &ebpf.options())?;
     let object = ebpf.compile_object(&a.source, BuildFlags::default())?;
     write_outputs(
@@ -199,7 +199,7 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, e
     if !loader::can_load_bpf() {
         bail!("--engine ebpf loads a BPF program into the kernel: it needs CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), as root or as a user given them");
     }
-    let (set, _) = compile_program(program, compiler)?;
+    let (set, _) = compile_program(program, compiler, Runs::Everything)?;
     let a = write_set(&program.spec, &set, &ebpf.options())?;
     let object = ebpf.compile_object(&a.source, BuildFlags::test())?;
     let dp = Dataplane::load_with_image(&object, a.model, a.image)?;

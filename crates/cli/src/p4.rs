@@ -1,7 +1,7 @@
 //! The P4 target on the command line: `subc compile --target p4` and
 //! `subc sim --engine p4`.
 
-use crate::common::{compile_program, write_outputs, CompilerArgs, SimResult};
+use crate::common::{compile_program, write_outputs, CompilerArgs, Runs, SimResult};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use prost::Message;
@@ -91,13 +91,8 @@ pub fn compile(program: &Program, compiler: &CompilerArgs, p4: &P4Args, out: Opt
     let Some(out) = out else {
         bail!("--target p4 writes several files (program.p4, program.p4info.txtpb, entries.txtpb, entries.bin, mcast.txtpb, resources.json): pass -o DIR");
     };
-    if compiler.bit_vectors {
-        bail!(
-            "--bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the hosts with --target ebpf"
-        );
-    }
     let (set, approximation) = match p4.p4_budget {
-        None => (compile_program(program, compiler)?.0, None),
+        None => (compile_program(program, compiler, Runs::DiagramsOnly)?.0, None),
         Some(budget) => fit_budget(program, compiler, p4, budget)?,
     };
     let (_, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
@@ -150,7 +145,7 @@ fn fit_budget(
     budget: usize,
 ) -> Result<(subc_bdd::CompiledSet, Option<serde_json::Value>)> {
     use subc_bdd::{compile_within_by, extra, sample_values};
-    let opts = compiler.options(&program.spec)?;
+    let opts = compiler.options(&program.spec, Runs::DiagramsOnly)?;
     // TNA: the program must also fit one Tofino pipe, by our estimate
     // (stages, TCAM and SRAM: resources.json's `tofino`).
     let p4_opts = p4.options();
@@ -160,7 +155,7 @@ fn fit_budget(
     };
     let fit = compile_within_by(&program.spec, &program.normal_forms, opts.clone(), budget, fits_target).context("--p4-budget")?;
     let exact =
-        subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { bit_vectors: true, ..opts })
+        subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { lowering: subc_bdd::Lowering::Auto, ..opts })
             .context("the exact set, to measure the approximation")?;
     let values = sample_values(&program.spec, &program.normal_forms, 10_000, 1);
     let x = extra(|v| exact.eval_tables(v), |v| fit.set.eval_tables(v), &values);
@@ -184,7 +179,7 @@ fn fit_budget(
 /// `subc sim --engine p4`: the P4-semantics simulator, loaded only from the
 /// P4Info and the entries as they go over the wire (encoded, then decoded).
 pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p4: &P4Args) -> Result<Vec<SimResult>> {
-    let (set, _) = compile_program(program, compiler)?;
+    let (set, _) = compile_program(program, compiler, Runs::DiagramsOnly)?;
     let (target, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
     let info = P4Info::decode(art.p4info.encode_to_vec().as_slice())?;
     let entries = p4v1::WriteRequest::decode(write_request(&art.install).encode_to_vec().as_slice())?;

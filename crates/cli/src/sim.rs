@@ -127,7 +127,7 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
                 .collect()
         }
         Engine::Tables => {
-            let (set, _) = crate::common::compile_program(&program, &args.compiler)?;
+            let (set, _) = crate::common::compile_program(&program, &args.compiler, crate::common::Runs::Everything)?;
             let mut state = StateStore::with_profile(&program.spec, profile);
             packets
                 .iter()

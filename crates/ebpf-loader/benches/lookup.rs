@@ -7,7 +7,7 @@
 //!   cargo bench -p subc-ebpf-loader --bench lookup [-- --repeat N --sizes 1,1000,100000]
 //!
 //! `SUBC_BENCH_BIT_VECTORS=1` compiles with bit-vector groups allowed
-//! (`CompileOptions::bit_vectors`), to show that structured sets keep their
+//! (`CompileOptions::lowering`), to show that structured sets keep their
 //! pipelines. Needs root. The packets are add-order messages for the set's symbols
 //! (and a few others) with random share counts and prices. Two specs: the
 //! example's (with a windowed counter and a per-stock average, which every
@@ -30,7 +30,7 @@ use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::write_naive;
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook, RangeLookup};
-use subc_bdd::{CompileOptions, CompiledSet};
+use subc_bdd::{CompileOptions, CompiledSet, Lowering};
 use subc_ebpf_loader::Dataplane;
 use subc_lang::NfLimits;
 use subc_lang::SourceMap;
@@ -144,7 +144,7 @@ fn main() {
         let (p, _) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
         let p = p.expect("the ITCH set checks");
         let t = Instant::now();
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { bit_vectors, ..Default::default() }).expect("compiles");
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }).expect("compiles");
         let compile_s = t.elapsed().as_secs_f64();
 
         // The naive baseline (XDP), with fewer repetitions when it is slow.

@@ -38,7 +38,7 @@ use std::process::Command;
 use std::time::Instant;
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_set, Capacity, EbpfOptions, Hook, RangeLookup};
-use subc_bdd::{CompileOptions, CompiledSet};
+use subc_bdd::{CompileOptions, CompiledSet, Lowering};
 use subc_ebpf_loader::Dataplane;
 use subc_lang::{NfLimits, Program, SourceMap};
 use subc_workload::{itch, itch_add_orders, siena, siena_event, siena_spec, ItchParams, Rng, SienaParams};
@@ -98,7 +98,7 @@ fn check(spec: &str, rules: &str) -> Program {
 }
 
 fn options(bit_vectors: bool) -> CompileOptions {
-    CompileOptions { bit_vectors, ..Default::default() }
+    CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }
 }
 
 /// XDP, sorted ranges, and maps with room for the adds of [`add_remove`].

@@ -332,12 +332,22 @@ pub struct CompileConfig {
     pub max_pipelines: usize,
     /// A field order (query field names); default: the spec's, then the heuristic.
     pub order: Option<Vec<String>>,
+    /// `auto` (the cost model picks diagrams or a bit-vector group per key
+    /// group), `diagrams` or `bit-vectors`. A set that a P4 target follows
+    /// is lowered to diagrams whatever this says (`desired::lowering_for`).
+    pub lowering: subc_bdd::Lowering,
 }
 
 impl Default for CompileConfig {
     fn default() -> Self {
         let d = subc_bdd::CompileOptions::default();
-        CompileConfig { node_budget: d.node_budget, split_nodes: d.split_nodes, max_pipelines: d.max_pipelines, order: None }
+        CompileConfig {
+            node_budget: d.node_budget,
+            split_nodes: d.split_nodes,
+            max_pipelines: d.max_pipelines,
+            order: None,
+            lowering: d.lowering,
+        }
     }
 }
 

@@ -18,7 +18,10 @@ use crate::auth::Principal;
 use crate::check;
 use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle};
-use crate::desired::{compile_options, layout_json, order_names, parse_layout, placement_json, Committed, Desired, SubIndex, SubRecord};
+use crate::desired::{
+    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, Committed, Desired, SubIndex,
+    SubRecord,
+};
 use crate::metrics::Metrics;
 use crate::network::{Devices, Fabric};
 use crate::proto;
@@ -108,7 +111,12 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str, fabric: O
         .await
         .map_err(|e| Error::Internal(e.to_string()))?
         .map_err(Error::StoredNoLongerCheck)?;
-    let opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
+    let mut opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
+    // A P4 switch that follows the set runs diagrams only (network mode:
+    // no target follows the network set; each device's own set is lowered
+    // for its kind).
+    let p4_follows = fabric.is_none() && targets.iter().any(|t| runs_diagrams_only(t.registration.kind.as_ref()));
+    opts.lowering = lowering_for(opts.lowering, p4_follows);
     let layout = store.meta("layout")?.and_then(|text| parse_layout(spec, &text));
     let placements: HashMap<u64, Vec<usize>> =
         store.load_placements()?.into_iter().filter_map(|(id, text)| Some((id, serde_json::from_str(&text).ok()?))).collect();

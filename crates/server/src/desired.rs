@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use subc_bdd::Pipeline;
-use subc_bdd::{CompileError, CompileOptions, CompiledSet, SetDiff, SetLayout};
+use subc_bdd::{BitImage, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::SubId;
 
@@ -148,6 +148,14 @@ impl Desired {
             _ => self.set.pipelines().into_iter().cloned().collect(),
         }
     }
+
+    /// The bit-vector group of `view`, as targets install it.
+    pub fn view_bits(&self, view: Option<usize>) -> Option<BitImage> {
+        match (view, &self.net) {
+            (Some(d), Some(net)) => net.bits(d),
+            _ => self.set.bits().map(BitImage::of),
+        }
+    }
 }
 
 /// One committed change, as the writer publishes it.
@@ -162,10 +170,15 @@ pub struct Publish {
     pub devices: crate::network::DeviceUpdates,
 }
 
-/// What targets bound to one device follow (network mode): its pipelines
-/// and their recent updates, as [`Committed`] keeps the set's.
+/// What targets bound to one view follow: the set's or, in network mode, a
+/// device's pipelines and bit-vector group, and their recent updates.
 struct View {
     pipelines: Vec<Pipeline>,
+    /// Shared with the targets being installed from it: a change while one
+    /// is copies it first.
+    bits: Option<Arc<BitImage>>,
+    /// The compiler's update of each recent generation, for diffs over only
+    /// the keys they touched (`subc_bdd::diff_touched`).
     log: UpdateLog,
 }
 
@@ -173,11 +186,9 @@ struct View {
 pub struct Committed {
     generation: u64,
     subs: SubIndex,
-    pipelines: Vec<Pipeline>,
     base_order: Vec<QueryFieldId>,
-    /// The compiler's update of each recent generation, for diffs over only
-    /// the keys they touched (`subc_bdd::diff_touched`).
-    log: UpdateLog,
+    /// The set's view.
+    set: View,
     /// Network mode: per device, its view (empty otherwise).
     views: Vec<View>,
 }
@@ -188,12 +199,9 @@ impl Committed {
         Committed {
             generation: d.generation,
             subs: d.subs.clone(),
-            pipelines: d.set.pipelines().into_iter().cloned().collect(),
             base_order: d.set.base_order().to_vec(),
-            log: UpdateLog::default(),
-            views: (0..d.net.as_ref().map_or(0, |n| n.len()))
-                .map(|i| View { pipelines: d.view_pipelines(Some(i)), log: UpdateLog::default() })
-                .collect(),
+            set: View::new(d.view_pipelines(None), d.view_bits(None)),
+            views: (0..d.net.as_ref().map_or(0, |n| n.len())).map(|i| View::new(d.view_pipelines(Some(i)), d.view_bits(Some(i)))).collect(),
         }
     }
 
@@ -204,25 +212,31 @@ impl Committed {
         &self.subs
     }
     pub fn pipelines(&self) -> Vec<&Pipeline> {
-        self.pipelines.iter().collect()
+        self.set.pipelines.iter().collect()
     }
     pub fn shape(&self) -> Shape {
-        shape_of(&self.pipelines)
+        shape_of(&self.set.pipelines)
     }
     /// The set's base field order (see [`CompiledSet::base_order`]).
     pub fn base_order(&self) -> &[QueryFieldId] {
         &self.base_order
     }
     pub fn log(&self) -> &UpdateLog {
-        &self.log
+        &self.set.log
+    }
+
+    fn view(&self, view: Option<usize>) -> &View {
+        view.and_then(|v| self.views.get(v)).unwrap_or(&self.set)
     }
 
     /// The pipelines of `view`: the set's (`None`) or a device's.
     pub fn pipelines_of(&self, view: Option<usize>) -> Vec<&Pipeline> {
-        match view.and_then(|v| self.views.get(v)) {
-            Some(v) => v.pipelines.iter().collect(),
-            None => self.pipelines(),
-        }
+        self.view(view).pipelines.iter().collect()
+    }
+
+    /// The bit-vector group of `view`, if it has one.
+    pub fn bits_of(&self, view: Option<usize>) -> Option<&Arc<BitImage>> {
+        self.view(view).bits.as_ref()
     }
 
     pub fn shape_of(&self, view: Option<usize>) -> Shape {
@@ -231,15 +245,12 @@ impl Committed {
 
     /// The recent updates of `view`'s pipelines.
     pub fn log_of(&self, view: Option<usize>) -> &UpdateLog {
-        match view.and_then(|v| self.views.get(v)) {
-            Some(v) => &v.log,
-            None => &self.log,
-        }
+        &self.view(view).log
     }
 
     /// Replaces the pipelines (after startup renamed their ids).
     pub fn reset_pipelines(&mut self, pipes: Vec<Pipeline>) {
-        self.pipelines = pipes;
+        self.set.pipelines = pipes;
     }
 
     /// Replaces device `d`'s pipelines (after startup renamed their ids).
@@ -250,12 +261,12 @@ impl Committed {
     }
 
     /// Publishes one committed batch: its changes in order, then the
-    /// generation. `d` is the writer's copy after the batch, from which the
-    /// pipelines are copied whole only when a change replaced them (a full
+    /// generation. `d` is the writer's copy after the batch, from which a
+    /// view is copied whole only when a change replaced it (a full
     /// recompile) or a diff does not apply (which would be a bug in the
     /// IR's diffs, logged).
     pub fn publish(&mut self, changes: Vec<Publish>, d: &Desired, committed: Instant) {
-        let mut copy_whole = false;
+        let mut set_whole = false;
         let mut views_whole = vec![false; self.views.len()];
         for c in changes {
             for id in c.removed {
@@ -265,25 +276,10 @@ impl Committed {
                 self.subs.insert(id, rec);
             }
             let Some((generation, update)) = c.update else { continue };
-            match &update {
-                Some(u) if !copy_whole => {
-                    u.debug_check();
-                    for diff in &u.diffs {
-                        let applied = self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff));
-                        if !matches!(applied, Some(Ok(()))) {
-                            tracing::error!(
-                                generation,
-                                pipeline = diff.pipeline,
-                                "a committed diff does not apply to the published pipelines; copying them whole"
-                            );
-                            copy_whole = true;
-                        }
-                    }
-                }
-                Some(_) => {}
-                None => copy_whole = true,
+            if !set_whole {
+                set_whole = !self.set.apply(generation, update.as_ref());
             }
-            self.log.record(generation, update, committed);
+            self.set.log.record(generation, update, committed);
             for (i, (view, update)) in self.views.iter_mut().zip(c.devices).enumerate() {
                 if !views_whole[i] {
                     views_whole[i] = !view.apply(generation, update.as_ref());
@@ -291,13 +287,13 @@ impl Committed {
                 view.log.record(generation, update, committed);
             }
         }
-        if copy_whole {
-            self.pipelines = d.set.pipelines().into_iter().cloned().collect();
+        if set_whole {
+            self.set.replace(d.view_pipelines(None), d.view_bits(None));
             self.base_order = d.set.base_order().to_vec();
         }
         for (i, view) in self.views.iter_mut().enumerate() {
             if views_whole[i] {
-                view.pipelines = d.view_pipelines(Some(i));
+                view.replace(d.view_pipelines(Some(i)), d.view_bits(Some(i)));
             }
         }
         self.generation = d.generation;
@@ -305,7 +301,7 @@ impl Committed {
 
     /// Forgets the logged updates every incrementally diffed target holds.
     pub fn forget_updates_through(&mut self, generation: u64) {
-        self.log.forget_through(generation);
+        self.set.log.forget_through(generation);
         for v in &mut self.views {
             v.log.forget_through(generation);
         }
@@ -313,17 +309,36 @@ impl Committed {
 }
 
 impl View {
-    /// Applies a device's update of one generation to its pipelines; false
-    /// when they must be copied whole (a recompile, or a diff that does not
-    /// apply, which would be a bug in the IR's diffs, logged).
+    fn new(pipelines: Vec<Pipeline>, bits: Option<BitImage>) -> View {
+        View { pipelines, bits: bits.map(Arc::new), log: UpdateLog::default() }
+    }
+
+    fn replace(&mut self, pipelines: Vec<Pipeline>, bits: Option<BitImage>) {
+        self.pipelines = pipelines;
+        self.bits = bits.map(Arc::new);
+    }
+
+    /// Applies an update of one generation to the pipelines and the group;
+    /// false when they must be copied whole (a recompile, or a diff that
+    /// does not apply, which would be a bug in the IR's diffs, logged).
     fn apply(&mut self, generation: u64, update: Option<&SetDiff>) -> bool {
         let Some(u) = update else { return false };
         u.debug_check();
         for diff in &u.diffs {
             if !matches!(self.pipelines.get_mut(diff.pipeline).map(|p| p.apply(diff)), Some(Ok(()))) {
-                tracing::error!(generation, pipeline = diff.pipeline, "a device's committed diff does not apply; copying it whole");
+                tracing::error!(generation, pipeline = diff.pipeline, "a committed diff does not apply; copying the pipelines whole");
                 return false;
             }
+        }
+        match (&u.bits, &mut self.bits) {
+            (Some(d), Some(image)) => {
+                if let Err(e) = Arc::make_mut(image).apply(d) {
+                    tracing::error!(generation, error = %e, "copying the bit-vector group whole");
+                    return false;
+                }
+            }
+            (Some(d), None) if !d.is_empty() => return false,
+            _ => {}
         }
         true
     }
@@ -345,7 +360,24 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
             Some(ids)
         }
     };
-    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines, bit_vectors: false })
+    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines, lowering: c.lowering })
+}
+
+/// The lowering of a set `configured` says, for targets of which some run
+/// diagrams only (`diagrams_only`: a P4 switch follows the set): there,
+/// diagrams whatever the configuration says.
+pub(crate) fn lowering_for(configured: Lowering, diagrams_only: bool) -> Lowering {
+    if diagrams_only {
+        Lowering::Diagrams
+    } else {
+        configured
+    }
+}
+
+/// Whether a target of this kind runs diagrams only (P4 switches cannot
+/// run a bit-vector group).
+pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_request::Kind>) -> bool {
+    matches!(kind, Some(crate::proto::register_target_request::Kind::P4runtime(_)))
 }
 
 /// The names of the set's base field order (what the store keeps so that a

@@ -376,7 +376,7 @@ impl Devices {
         for d in 0..fabric.topology.devices.len() {
             let rules = project_all(&fabric.topology, &routes, spec, d, nfs).map_err(|e| Error::Compile(e.to_string()))?;
             let list: Vec<NfSubscription> = rules.values().cloned().collect();
-            let set = CompiledSet::compile(spec, &list, opts.clone())
+            let set = CompiledSet::compile(spec, &list, device_options(&fabric.topology, d, &opts))
                 .map_err(|e| Error::Compile(format!("device `{}`: {e}", fabric.topology.devices[d].name)))?;
             devices.push(DeviceSet { set, rules });
         }
@@ -395,6 +395,11 @@ impl Devices {
     /// Device `d`'s pipelines.
     pub fn pipelines(&self, d: usize) -> Vec<Pipeline> {
         self.devices[d].set.pipelines().into_iter().cloned().collect()
+    }
+
+    /// Device `d`'s bit-vector group, as its targets install it.
+    pub fn bits(&self, d: usize) -> Option<subc_bdd::BitImage> {
+        self.devices[d].set.bits().map(subc_bdd::BitImage::of)
     }
 
     /// Device `d`'s compiled set (to adopt a target's ids at startup).
@@ -448,12 +453,12 @@ impl Devices {
                 device.rules.extend(new.into_iter().map(|n| (n.id, n)));
                 Ok(Some(u))
             }
-            Err(CompileError::NeedsRecompile { .. }) => {
-                // The device's pipelines are full: spread its rules anew.
+            Err(CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) => {
+                // The device's pipelines or group are full: lay its rules out anew.
                 let mut rules = device.rules.clone();
                 rules.extend(new.into_iter().map(|n| (n.id, n)));
                 let list: Vec<NfSubscription> = rules.values().cloned().collect();
-                let mut opts = self.opts.clone();
+                let mut opts = device_options(topology, d, &self.opts);
                 opts.order = Some(device.set.base_order().to_vec());
                 device.set = CompiledSet::compile_until(spec, &list, opts, deadline).map_err(compile_error)?;
                 device.rules = rules;
@@ -579,11 +584,11 @@ impl Devices {
                 // diff per pipeline, their bit-vector parts merged.
                 Ok(u) => diff = diff.then(u).expect("an add's diff follows the remove's it was computed after"),
                 Err(e) => {
-                    if !matches!(e, CompileError::NeedsRecompile { .. }) {
+                    if !matches!(e, CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) {
                         tracing::warn!(device = %self.fabric.topology.devices[d].name, error = %e, "compiling the device afresh");
                     }
                     let list: Vec<NfSubscription> = rules.values().cloned().collect();
-                    let mut opts = self.opts.clone();
+                    let mut opts = device_options(&self.fabric.topology, d, &self.opts);
                     opts.order = Some(device.set.base_order().to_vec());
                     let name = &self.fabric.topology.devices[d].name;
                     device.set =
@@ -605,6 +610,12 @@ impl Devices {
         }
         updates
     }
+}
+
+/// The compiler options of device `d`: a P4 switch runs diagrams only.
+fn device_options(topology: &Topology, d: usize, opts: &CompileOptions) -> CompileOptions {
+    let diagrams_only = topology.devices[d].kind == subc_fabric::DeviceKind::P4Runtime;
+    CompileOptions { lowering: crate::desired::lowering_for(opts.lowering, diagrams_only), ..opts.clone() }
 }
 
 /// Whether a device's update changed it (`None`: compiled afresh).

@@ -653,6 +653,9 @@ impl Writer {
                     let s = self.refuse_limit("targets", format!("{max} targets are registered, the limit (limits.max_targets)"));
                     return Err((Finish::Register(reply, reg), s));
                 }
+                if let Err(s) = self.lower_for_target(&reg) {
+                    return Err((Finish::Register(reply, reg), s));
+                }
                 names.insert(reg.name.clone());
                 let e = proto::Event { target: reg.name.clone(), ..event(proto::EventKind::TargetRegistered, self.d.generation) };
                 Ok(Staged::only(vec![SqlWrite::PutTarget(reg.clone())], vec![e], Finish::Register(reply, reg)))
@@ -737,6 +740,26 @@ impl Writer {
         Ok(())
     }
 
+    /// Makes the set one a new target can run: a P4 switch runs diagrams
+    /// only, so the set is lowered to diagrams from now on, and refused
+    /// while it holds a bit-vector group (network mode: each device's set
+    /// is lowered for its kind, and the set itself is no target's).
+    fn lower_for_target(&mut self, reg: &proto::RegisterTargetRequest) -> Result<(), Status> {
+        if self.d.net.is_some() || !crate::desired::runs_diagrams_only(reg.kind.as_ref()) {
+            return Ok(());
+        }
+        if let Some(g) = self.d.set.bits().filter(|g| !g.is_empty()) {
+            return Err(Status::failed_precondition(format!(
+                "the set holds {} subscription rule(s) in a bit-vector group, which a P4 switch cannot run: set \
+                 [compile] lowering = \"diagrams\" and restart the server (the set must then fit diagrams), or deploy \
+                 it to eBPF or sim targets",
+                g.len()
+            )));
+        }
+        self.d.set.set_lowering(subc_bdd::Lowering::Diagrams);
+        Ok(())
+    }
+
     /// Compiles new subscriptions into the set: incrementally, or by a full
     /// recompile when the pipelines are full; within the compile time limit
     /// (counted from when the request arrived, and checked while the
@@ -751,7 +774,8 @@ impl Writer {
                 self.observe_compile("add", t);
                 Compiled { undo: Undo::Added(ids), update: Some(u), placements: None, devices: vec![] }
             }
-            Err(CompileError::NeedsRecompile { .. }) => self.recompile_with(nfs, ids, t, budget)?,
+            // The pipelines or the bit-vector group are full: lay the set out anew.
+            Err(CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) => self.recompile_with(nfs, ids, t, budget)?,
             Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "compiling")),
             Err(e @ (CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. })) => {
                 return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into())
@@ -851,7 +875,9 @@ impl Writer {
         let endpoints = self.core.fabric().map(|f| &f.endpoints);
         let mut all = check::check_stored_with(&spec, endpoints, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
-        let opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
+        let mut opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
+        // As the set was lowered (diagrams once a P4 target follows it).
+        opts.lowering = self.d.set.options().lowering;
         let set = match CompiledSet::compile_until(&spec, &all, opts, budget.deadline) {
             Ok(set) => set,
             Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "recompiling the whole set")),

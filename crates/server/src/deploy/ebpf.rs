@@ -31,9 +31,10 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use subc_backend_ebpf::{clang, write_program, EbpfError, EbpfOptions, Hook};
+use subc_backend_ebpf::{clang, write_image, EbpfError, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, NoMatch, TargetConfig};
 use subc_backend_ebpf::{ImageParts, Model, TableImage};
+use subc_bdd::BitImage;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
@@ -82,9 +83,11 @@ fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
-/// The meta of a base: `{"parts": ImageParts}`.
+/// The meta of a base: `{"parts": ImageParts, "bits": bool}`. The journal
+/// does not keep the bit-vector group's diffs: an image with a group is
+/// not rebuilt from the files (the target is installed anew).
 fn parts_json(img: &TableImage) -> Value {
-    json!({ "parts": img.parts() })
+    json!({ "parts": img.parts(), "bits": img.bits().is_some() })
 }
 
 /// Why a saved image cannot be rebuilt for the pinned program.
@@ -96,6 +99,8 @@ pub enum SavedImageError {
     Parts(serde_json::Error),
     #[error("the saved image does not fit the program: {0}")]
     Encoder(#[from] EbpfError),
+    #[error("the program runs a bit-vector group, whose words the saved image does not keep")]
+    BitGroup,
 }
 
 /// A saved image rebuilt, and whether it was saved in an earlier
@@ -136,6 +141,9 @@ impl ImageFiles {
     /// each journaled diff planned on it as the update that applied it was.
     fn load(&mut self, model: &Model) -> Result<Rebuilt, SavedImageError> {
         let journal = self.0.load_journal()?.ok_or(ImageError::Missing)?;
+        if journal.base.meta.get("bits").and_then(Value::as_bool) == Some(true) {
+            return Err(SavedImageError::BitGroup);
+        }
         match journal.base.meta.get("parts") {
             Some(parts) => {
                 let parts = ImageParts::deserialize(parts).map_err(SavedImageError::Parts)?;
@@ -267,10 +275,10 @@ impl Driver for EbpfDriver {
         Ok(Some(pipes))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
         match self.netns.clone() {
-            None => self.install_here(pipes),
-            Some(ns) => loader::in_netns(&ns, || self.install_here(pipes))
+            None => self.install_here(pipes, bits),
+            Some(ns) => loader::in_netns(&ns, || self.install_here(pipes, bits))
                 .map_err(|e| DriverError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
         }
     }
@@ -299,9 +307,9 @@ impl Driver for EbpfDriver {
 
 impl EbpfDriver {
     /// [`Driver::install`] in the calling thread's network namespace.
-    fn install_here(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+    fn install_here(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
         let opts = EbpfOptions { hook: self.hook, ..Default::default() };
-        let art = write_program(&self.spec, pipes, &opts).map_err(err)?;
+        let art = write_image(&self.spec, pipes, bits, &opts).map_err(err)?;
         let obj = clang::compile(&art.source, clang::BuildFlags::default()).map_err(err)?;
         let dp = Dataplane::load_with_image(&obj, art.model.clone(), art.image.clone()).map_err(err)?;
         dp.configure(&self.config).map_err(err)?;
@@ -385,7 +393,7 @@ mod tests {
             let mut rng = Rng::new(seed);
             let mut live: Vec<bool> = (0..nfs.len()).map(|i| i < 40).collect();
             let mut set = CompiledSet::compile(&p.spec, &nfs[..40], CompileOptions::default()).unwrap();
-            let art = write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+            let art = subc_backend_ebpf::write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
             let (model, mut image) = (art.model, art.image);
             let dir = tempfile::tempdir().unwrap();
             let mut files = ImageFiles(ImageLog::new(dir.path().join("t")));
@@ -420,7 +428,7 @@ mod tests {
     fn an_earlier_versions_image_reads_back_as_a_fresh_load() {
         let p = program(7);
         let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
-        let art = write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+        let art = subc_backend_ebpf::write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
         let ids: Vec<_> = art.image.update_ids().iter().map(|(u, id)| (u.var, u.op, u.value, id)).collect();
         assert!(!ids.is_empty(), "the leaves update variables");
         let dir = tempfile::tempdir().unwrap();

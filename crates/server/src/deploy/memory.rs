@@ -18,12 +18,37 @@ use crate::proto;
 use std::path::{Path, PathBuf};
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
+use subc_bdd::BitImage;
 
 const WHAT: &str = "a sim target's file";
 
 pub(crate) struct MemoryDriver {
     file: Option<OwnFile>,
-    pipes: Option<Vec<Pipeline>>,
+    held: Option<Holding>,
+}
+
+/// What a sim target holds: pipelines, and a bit-vector group if the set has one.
+#[derive(Clone, Debug, PartialEq)]
+struct Holding {
+    pipes: Vec<Pipeline>,
+    bits: Option<BitImage>,
+}
+
+impl Holding {
+    /// The holding after `update`, or why it does not apply.
+    fn after(&self, update: &SetDiff) -> Result<Holding, DriverError> {
+        let mut next = self.clone();
+        for d in &update.diffs {
+            let p = next.pipes.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
+            p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not apply: {e}")))?;
+        }
+        match (update.bits.as_ref().filter(|b| !b.is_empty()), &mut next.bits) {
+            (None, _) => {}
+            (Some(d), Some(image)) => image.apply(d).map_err(|e| DriverError::needs_install(e.to_string()))?,
+            (Some(_), None) => return Err(DriverError::needs_install("a bit-vector group's diff, and the target holds no group")),
+        }
+        Ok(next)
+    }
 }
 
 /// A sim target's file and the directory it alone writes.
@@ -60,6 +85,15 @@ fn not_a_link(path: &Path, dir: bool) -> Result<(), DriverError> {
     }
 }
 
+/// Removes a file of the target's, unless it is a link or not there.
+fn remove_if_there(path: &Path) -> Result<(), DriverError> {
+    not_a_link(path, false)?;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error(path, e)),
+        _ => Ok(()),
+    }
+}
+
 fn io_error(path: &Path, e: std::io::Error) -> DriverError {
     DriverError::transient(format!("{}: {e}", path.display()))
 }
@@ -74,31 +108,50 @@ impl OwnFile {
         not_a_link(&self.dir, true)
     }
 
-    fn read(&self) -> Result<Option<Vec<Pipeline>>, DriverError> {
-        not_a_link(&self.path, false)?;
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| DriverError::transient(format!("{}: {e}", self.path.display())))?)),
+    /// The file of the group's image beside the pipelines': `<file>.bits.json`.
+    fn bits_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".bits.json");
+        self.path.with_file_name(name)
+    }
+
+    fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, DriverError> {
+        not_a_link(path, false)?;
+        match std::fs::read_to_string(path) {
+            Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| DriverError::transient(format!("{}: {e}", path.display())))?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_error(&self.path, e)),
+            Err(e) => Err(io_error(path, e)),
         }
     }
 
-    fn write(&self, pipes: &[Pipeline]) -> Result<(), DriverError> {
-        self.make_dir()?;
-        not_a_link(&self.path, false)?;
-        let text = serde_json::to_string(pipes).map_err(|e| DriverError::transient(e.to_string()))?;
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &self.path)).map_err(|e| io_error(&self.path, e))
+    fn read(&self) -> Result<Option<Holding>, DriverError> {
+        let Some(pipes) = Self::read_json(&self.path)? else { return Ok(None) };
+        Ok(Some(Holding { pipes, bits: Self::read_json(&self.bits_path())? }))
     }
 
-    /// Removes the file (and the directory, once empty): nothing else.
+    fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), DriverError> {
+        not_a_link(path, false)?;
+        let text = serde_json::to_string(value).map_err(|e| DriverError::transient(e.to_string()))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| io_error(path, e))
+    }
+
+    /// Writes the group's file first, then the pipelines' (which a read
+    /// needs to find anything), each atomically.
+    fn write(&self, held: &Holding) -> Result<(), DriverError> {
+        self.make_dir()?;
+        match &held.bits {
+            Some(b) => Self::write_json(&self.bits_path(), b)?,
+            None => remove_if_there(&self.bits_path())?,
+        }
+        Self::write_json(&self.path, &held.pipes)
+    }
+
+    /// Removes the files (and the directory, once empty): nothing else.
     fn remove(&self) -> Result<(), DriverError> {
         not_a_link(&self.dir, true)?;
-        not_a_link(&self.path, false)?;
-        match std::fs::remove_file(&self.path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_error(&self.path, e)),
-            _ => {}
-        }
+        remove_if_there(&self.path)?;
+        remove_if_there(&self.bits_path())?;
         let _ = std::fs::remove_dir(&self.dir);
         Ok(())
     }
@@ -108,51 +161,48 @@ impl MemoryDriver {
     /// The sim target `name`; its file, if any, under `data_dir`.
     pub(crate) fn new(name: &str, cfg: &proto::SimTarget, data_dir: &Path) -> Result<MemoryDriver, DriverError> {
         if cfg.path.is_empty() {
-            return Ok(MemoryDriver { file: None, pipes: None });
+            return Ok(MemoryDriver { file: None, held: None });
         }
         let path = file_of(data_dir, name, &cfg.path).map_err(|e| DriverError::transient(format!("{e}; register the target again")))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Ok(MemoryDriver { file: Some(OwnFile { dir, path }), pipes: None })
+        Ok(MemoryDriver { file: Some(OwnFile { dir, path }), held: None })
     }
 
-    fn persist(&self, pipes: Option<&[Pipeline]>) -> Result<(), DriverError> {
-        match (&self.file, pipes) {
+    fn persist(&self, held: Option<&Holding>) -> Result<(), DriverError> {
+        match (&self.file, held) {
             (None, _) => Ok(()),
             (Some(f), None) => f.remove(),
-            (Some(f), Some(p)) => f.write(p),
+            (Some(f), Some(h)) => f.write(h),
         }
+    }
+
+    fn keep(&mut self, held: Holding) -> Result<(), DriverError> {
+        self.persist(Some(&held))?;
+        self.held = Some(held);
+        Ok(())
     }
 }
 
 impl Driver for MemoryDriver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         if let Some(f) = &self.file {
-            self.pipes = f.read()?;
+            self.held = f.read()?;
         }
-        Ok(self.pipes.clone())
+        Ok(self.held.as_ref().map(|h| h.pipes.clone()))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
-        let new: Vec<Pipeline> = pipes.iter().map(|p| (*p).clone()).collect();
-        self.persist(Some(&new))?;
-        self.pipes = Some(new);
-        Ok(())
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
+        self.keep(Holding { pipes: pipes.iter().map(|p| (*p).clone()).collect(), bits: bits.cloned() })
     }
 
     fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
-        let mut next = self.pipes.clone().ok_or_else(|| DriverError::needs_install("nothing is installed"))?;
-        for d in &update.diffs {
-            let p = next.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
-            p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not apply: {e}")))?;
-        }
-        self.persist(Some(&next))?;
-        self.pipes = Some(next);
-        Ok(())
+        let next = self.held.as_ref().ok_or_else(|| DriverError::needs_install("nothing is installed"))?.after(update)?;
+        self.keep(next)
     }
 
     fn uninstall(&mut self) -> Result<(), DriverError> {
         self.persist(None)?;
-        self.pipes = None;
+        self.held = None;
         Ok(())
     }
 }
@@ -168,11 +218,11 @@ mod tests {
         std::fs::write(dir.path().join("sim"), "").unwrap();
         let mut d = MemoryDriver::new("t", &proto::SimTarget { path: "t.json".into() }, dir.path()).unwrap();
         let empty: Vec<&Pipeline> = vec![];
-        assert!(d.install(&empty).is_err());
-        assert_eq!(d.pipes, None);
+        assert!(d.install(&empty, None).is_err());
+        assert_eq!(d.held, None);
         std::fs::remove_file(dir.path().join("sim")).unwrap();
         assert_eq!(d.read_back().unwrap(), None);
-        d.install(&empty).unwrap();
+        d.install(&empty, None).unwrap();
         assert_eq!(d.read_back().unwrap(), Some(vec![]));
         assert!(dir.path().join("sim/t/t.json").is_file());
         d.uninstall().unwrap();
@@ -188,7 +238,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, dir.path().join("sim/t/t.json")).unwrap();
         let mut d = MemoryDriver::new("t", &proto::SimTarget { path: "t.json".into() }, dir.path()).unwrap();
         assert!(d.read_back().is_err());
-        assert!(d.install(&[]).is_err());
+        assert!(d.install(&[], None).is_err());
         assert!(d.uninstall().is_err());
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "[]");
     }

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use subc_bdd::diff_pipelines;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
+use subc_bdd::{BitCapacity, BitImage};
 use subc_lang::spec::Spec;
 use tokio::sync::{watch, Notify};
 
@@ -79,11 +80,12 @@ pub(crate) trait Driver: Send {
     /// What the target holds, read from the target itself (pinned maps,
     /// P4Runtime Read); `None` when nothing of subc's is installed there.
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError>;
-    /// Installs a program for these pipelines, filled with them, replacing
-    /// whatever subc installed before.
-    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError>;
+    /// Installs a program for these pipelines and bit-vector group, filled
+    /// with them, replacing whatever subc installed before. A target that
+    /// cannot run a group refuses one with rules.
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError>;
     /// Applies one diff per changed pipeline, in the IR's make-before-break
-    /// order; all or nothing where the target allows it.
+    /// order, and the group's diff; all or nothing where the target allows it.
     fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError>;
     /// Detaches and removes what subc installed.
     fn uninstall(&mut self) -> Result<(), DriverError>;
@@ -121,7 +123,9 @@ pub(crate) enum Held {
     Unknown,
     /// Nothing of subc's is installed.
     Nothing,
-    Pipes(Vec<Pipeline>),
+    /// Pipelines, and the capacity of the bit-vector group the program was
+    /// made for (the group's words are the driver's alone to keep).
+    Pipes(Vec<Pipeline>, Option<BitCapacity>),
 }
 
 struct HeldState {
@@ -252,7 +256,7 @@ pub struct TargetHandle {
 pub(crate) enum Plan {
     /// The target holds the desired pipelines already.
     Nothing,
-    Install(Vec<Pipeline>),
+    Install(Vec<Pipeline>, Option<Arc<BitImage>>),
     Update(SetDiff),
 }
 
@@ -260,33 +264,50 @@ impl Plan {
     fn entries(&self) -> u64 {
         match self {
             Plan::Nothing => 0,
-            Plan::Install(p) => p.iter().map(|p| p.entry_count() as u64 + p.groups.len() as u64).sum(),
+            Plan::Install(p, bits) => {
+                p.iter().map(|p| p.entry_count() as u64 + p.groups.len() as u64).sum::<u64>() + bits.as_ref().map_or(0, |b| b.len() as u64)
+            }
             Plan::Update(u) => u.len() as u64,
         }
+    }
+
+    /// The install of `view`'s committed pipelines and group.
+    fn install_of(c: &Committed, view: Option<usize>) -> Plan {
+        Plan::Install(c.pipelines_of(view).into_iter().cloned().collect(), c.bits_of(view).cloned())
     }
 }
 
 fn counts(held: &Held) -> (u64, u64) {
     match held {
-        Held::Pipes(p) => (p.iter().map(|p| p.entry_count() as u64).sum(), p.iter().map(|p| p.groups.len() as u64).sum()),
+        Held::Pipes(p, _) => (p.iter().map(|p| p.entry_count() as u64).sum(), p.iter().map(|p| p.groups.len() as u64).sum()),
         _ => (0, 0),
     }
 }
 
 /// The plan that takes a target holding `held` (generation `from`) to
-/// `c`'s pipelines of `view`.
+/// `c`'s pipelines and group of `view`. The group's diff is the logged
+/// updates' composed; without all of them, the target is installed anew.
 pub(crate) fn plan(held: &Held, from: u64, c: &Committed, view: Option<usize>) -> Plan {
     let pipes = c.pipelines_of(view);
+    let capacity = c.bits_of(view).map(|b| b.capacity());
     match held {
-        Held::Pipes(h) if shape_of(h.iter()) == c.shape_of(view) => {
+        Held::Pipes(h, held_capacity) if shape_of(h.iter()) == c.shape_of(view) && *held_capacity == capacity => {
+            let bits = match capacity {
+                None => None,
+                Some(_) => match touched::bits_since(from, c.generation(), c.log_of(view)) {
+                    Some(d) => d,
+                    None => return Plan::install_of(c, view),
+                },
+            };
             let diffs = touched::diffs(h, &pipes, from, c.generation(), c.log_of(view));
-            if diffs.is_empty() {
+            let update = SetDiff { diffs, bits };
+            if update.is_empty() {
                 Plan::Nothing
             } else {
-                Plan::Update(SetDiff { diffs, bits: None })
+                Plan::Update(update)
             }
         }
-        _ => Plan::Install(pipes.into_iter().cloned().collect()),
+        _ => Plan::install_of(c, view),
     }
 }
 
@@ -469,7 +490,9 @@ impl TargetHandle {
         let pipes = self.with_driver(ctx, |d| d.read_back()).await?;
         let mut h = self.held.lock().expect("held");
         h.held = match pipes {
-            Some(p) => Held::Pipes(p),
+            // What the group holds is the driver's alone: a target read back
+            // with a group is installed anew.
+            Some(p) => Held::Pipes(p, None),
             None => Held::Nothing,
         };
         // A target that holds the desired tables holds the current generation;
@@ -481,14 +504,14 @@ impl TargetHandle {
     /// What the target holds, if known (for adoption at startup).
     pub fn held_pipes(&self) -> Option<Vec<Pipeline>> {
         match &self.held.lock().expect("held").held {
-            Held::Pipes(p) => Some(p.clone()),
+            Held::Pipes(p, _) => Some(p.clone()),
             _ => None,
         }
     }
 
     pub fn held_shape(&self) -> Option<Shape> {
         match &self.held.lock().expect("held").held {
-            Held::Pipes(p) => Some(shape_of(p.iter())),
+            Held::Pipes(p, _) => Some(shape_of(p.iter())),
             _ => None,
         }
     }
@@ -512,8 +535,9 @@ impl TargetHandle {
         let mut ops = vec![];
         match &p {
             Plan::Nothing => {}
-            Plan::Install(pipes) => {
+            Plan::Install(pipes, bits) => {
                 r.full_install = true;
+                r.inserts += bits.as_ref().map_or(0, |b| b.len() as u64);
                 for (i, pipe) in pipes.iter().enumerate() {
                     let empty = Pipeline {
                         tables: pipe.tables.iter().map(|t| subc_bdd::Table { entries: Default::default(), ..t.clone() }).collect(),
@@ -532,6 +556,8 @@ impl TargetHandle {
                     tally(&mut r, d);
                     ops.extend(d.ops().into_iter().map(|o| (d.pipeline, o)));
                 }
+                // The group's changed words, interval tables and leaves.
+                r.modifies += u.bits.as_ref().map_or(0, |b| b.len() as u64);
             }
         }
         r.truncated = ops.len() > max_ops;
@@ -587,13 +613,7 @@ impl TargetHandle {
         let t = Instant::now();
         let result = match plan {
             Plan::Nothing => Ok(Held::Unknown),
-            Plan::Install(pipes) => {
-                self.with_driver(ctx, move |d| {
-                    d.install(&pipes.iter().collect::<Vec<_>>())?;
-                    Ok(Held::Pipes(pipes))
-                })
-                .await
-            }
+            Plan::Install(pipes, bits) => self.install(ctx, pipes, bits).await,
             Plan::Update(update) => self.apply_update(ctx, update, generation).await,
         };
         ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
@@ -616,7 +636,7 @@ impl TargetHandle {
             Ok(()) => {
                 let mut h = self.held.lock().expect("held");
                 let ok = match &mut h.held {
-                    Held::Pipes(p) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
+                    Held::Pipes(p, _) => update.diffs.iter().all(|d| p[d.pipeline].apply(d).is_ok()),
                     _ => false,
                 };
                 if !ok {
@@ -626,17 +646,12 @@ impl TargetHandle {
             }
             Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
                 // The program cannot take the update: install the set as a whole.
-                let (pipes, generation_now) = {
+                let (pipes, bits, generation_now) = {
                     let c = ctx.committed();
-                    (c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(), c.generation())
+                    (c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(), c.bits_of(self.view).cloned(), c.generation())
                 };
                 tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
-                let r = self
-                    .with_driver(ctx, move |d| {
-                        d.install(&pipes.iter().collect::<Vec<_>>())?;
-                        Ok(Held::Pipes(pipes))
-                    })
-                    .await;
+                let r = self.install(ctx, pipes, bits).await;
                 if r.is_ok() {
                     // The reinstall may carry a later generation than the plan.
                     let mut h = self.held.lock().expect("held");
@@ -646,6 +661,15 @@ impl TargetHandle {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Installs pipelines and a group with the driver; what is then held.
+    async fn install(self: &Arc<Self>, ctx: &Arc<DeployCtx>, pipes: Vec<Pipeline>, bits: Option<Arc<BitImage>>) -> Result<Held, DriverError> {
+        self.with_driver(ctx, move |d| {
+            d.install(&pipes.iter().collect::<Vec<_>>(), bits.as_deref())?;
+            Ok(Held::Pipes(pipes, bits.map(|b| b.capacity())))
+        })
+        .await
     }
 
     /// Records a successful attempt: what is held, its generation, metrics,
@@ -661,7 +685,7 @@ impl TargetHandle {
         let label = Metrics::label("target", &self.name);
         let (entries, groups, held_gen) = {
             let mut h = self.held.lock().expect("held");
-            if let Held::Pipes(_) = new_held {
+            if let Held::Pipes(..) = new_held {
                 h.held = new_held;
             }
             h.generation = h.generation.max(generation);

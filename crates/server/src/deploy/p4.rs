@@ -60,6 +60,7 @@ use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::{describe, Batch, PortMap};
 use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
 use subc_backend_p4::{ReadLimits, Repair, Repairing};
+use subc_bdd::BitImage;
 use subc_bdd::Op;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
@@ -387,6 +388,17 @@ impl P4Driver {
     }
 }
 
+/// A switch's match-action tables cannot run a bit-vector group: the
+/// server lowers sets P4 targets follow to diagrams, so this is a guard.
+fn refuse_bits(rules: usize) -> Result<(), DriverError> {
+    if rules == 0 {
+        return Ok(());
+    }
+    Err(DriverError::transient(format!(
+        "the set holds {rules} rule(s) in a bit-vector group, which a P4 switch cannot run; set [compile] lowering = \"diagrams\""
+    )))
+}
+
 impl Driver for P4Driver {
     /// Over the connection deploys opened (a status request never waits to
     /// dial a switch that is down), but not through this driver: a counter
@@ -449,7 +461,8 @@ impl Driver for P4Driver {
         Ok(Some(image.pipelines))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
+        refuse_bits(bits.map_or(0, BitImage::len))?;
         self.image = None;
         // A program pushed now has tables sized for these pipelines.
         self.program = None;
@@ -475,6 +488,7 @@ impl Driver for P4Driver {
     }
 
     fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
+        refuse_bits(update.bits.as_ref().map_or(0, |b| b.len()))?;
         // Not trusted again until this write and its record succeed.
         let mut after = self.image.take().ok_or_else(|| DriverError::needs_install("what the switch holds is not known"))?;
         for d in &update.diffs {
