@@ -41,8 +41,8 @@ mod target;
 pub mod testing;
 
 use serde::{Deserialize, Serialize};
-use subc_bdd::{BitImage, CompiledSet};
 use subc_bdd::Pipeline;
+use subc_bdd::{BitImage, CompiledSet};
 use subc_lang::spec::Spec;
 
 pub use bits::{BitMapIds, BitTables, BitsShape};

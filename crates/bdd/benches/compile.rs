@@ -20,7 +20,12 @@ fn itch_one(n: usize) {
     let (p, check_s) = program(&itch_spec(), &rules);
     let bit_vectors = std::env::var("SUBC_BENCH_BIT_VECTORS").is_ok_and(|v| v == "1");
     let t = Instant::now();
-    let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }).unwrap();
+    let set = CompiledSet::compile(
+        &p.spec,
+        &p.normal_forms,
+        CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() },
+    )
+    .unwrap();
     let secs = t.elapsed().as_secs_f64();
     let st = stats(&set, secs);
     let tables: Vec<_> = st

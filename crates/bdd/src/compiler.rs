@@ -140,9 +140,7 @@ pub struct SetLayout {
 pub enum CompileError {
     #[error("subscription {sub} alone needs more than {budget} diagram nodes")]
     SubscriptionTooLarge { sub: SubId, budget: usize },
-    #[error(
-        "the subscriptions need more than {max} pipelines of at most {budget} nodes; subscription {sub} fits in none"
-    )]
+    #[error("the subscriptions need more than {max} pipelines of at most {budget} nodes; subscription {sub} fits in none")]
     TooManyPipelines { max: usize, budget: usize, sub: SubId },
     #[error(
         "subscription {sub} fits in none of the {pipelines} pipelines within {budget} nodes; \

@@ -125,7 +125,13 @@ impl CompilerArgs {
             (Runs::Everything, l, false) => l,
             (Runs::Everything, _, true) => Lowering::Auto,
         };
-        Ok(CompileOptions { order, node_budget: self.node_budget, split_nodes: self.split_nodes, max_pipelines: self.max_pipelines, lowering })
+        Ok(CompileOptions {
+            order,
+            node_budget: self.node_budget,
+            split_nodes: self.split_nodes,
+            max_pipelines: self.max_pipelines,
+            lowering,
+        })
     }
 
     /// Every option that could make a set fit that the compiler refused

@@ -154,9 +154,12 @@ fn fit_budget(
             || subc_backend_p4::P4Target::new(&program.spec, set, &p4_opts).is_ok_and(|t| t.tofino_estimate().is_some_and(|e| e.fits))
     };
     let fit = compile_within_by(&program.spec, &program.normal_forms, opts.clone(), budget, fits_target).context("--p4-budget")?;
-    let exact =
-        subc_bdd::CompiledSet::compile(&program.spec, &program.normal_forms, subc_bdd::CompileOptions { lowering: subc_bdd::Lowering::Auto, ..opts })
-            .context("the exact set, to measure the approximation")?;
+    let exact = subc_bdd::CompiledSet::compile(
+        &program.spec,
+        &program.normal_forms,
+        subc_bdd::CompileOptions { lowering: subc_bdd::Lowering::Auto, ..opts },
+    )
+    .context("the exact set, to measure the approximation")?;
     let values = sample_values(&program.spec, &program.normal_forms, 10_000, 1);
     let x = extra(|v| exact.eval_tables(v), |v| fit.set.eval_tables(v), &values);
     if x.missing_deliveries > 0 {

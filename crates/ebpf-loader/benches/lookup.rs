@@ -144,7 +144,12 @@ fn main() {
         let (p, _) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
         let p = p.expect("the ITCH set checks");
         let t = Instant::now();
-        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }).expect("compiles");
+        let set = CompiledSet::compile(
+            &p.spec,
+            &p.normal_forms,
+            CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() },
+        )
+        .expect("compiles");
         let compile_s = t.elapsed().as_secs_f64();
 
         // The naive baseline (XDP), with fewer repetitions when it is slow.

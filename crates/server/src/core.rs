@@ -19,8 +19,8 @@ use crate::check;
 use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle};
 use crate::desired::{
-    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, Committed, Desired, SubIndex,
-    SubRecord,
+    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, Committed, Desired,
+    SubIndex, SubRecord,
 };
 use crate::metrics::Metrics;
 use crate::network::{Devices, Fabric};

@@ -360,7 +360,13 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
             Some(ids)
         }
     };
-    Ok(CompileOptions { order, node_budget: c.node_budget, split_nodes: c.split_nodes, max_pipelines: c.max_pipelines, lowering: c.lowering })
+    Ok(CompileOptions {
+        order,
+        node_budget: c.node_budget,
+        split_nodes: c.split_nodes,
+        max_pipelines: c.max_pipelines,
+        lowering: c.lowering,
+    })
 }
 
 /// The lowering of a set `configured` says, for targets of which some run

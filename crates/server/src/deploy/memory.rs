@@ -16,9 +16,9 @@ use super::{Driver, DriverError, RegistrationError};
 use crate::names::{self, NameError};
 use crate::proto;
 use std::path::{Path, PathBuf};
+use subc_bdd::BitImage;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
-use subc_bdd::BitImage;
 
 const WHAT: &str = "a sim target's file";
 

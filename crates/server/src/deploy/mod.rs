@@ -648,7 +648,11 @@ impl TargetHandle {
                 // The program cannot take the update: install the set as a whole.
                 let (pipes, bits, generation_now) = {
                     let c = ctx.committed();
-                    (c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(), c.bits_of(self.view).cloned(), c.generation())
+                    (
+                        c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(),
+                        c.bits_of(self.view).cloned(),
+                        c.generation(),
+                    )
                 };
                 tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
                 let r = self.install(ctx, pipes, bits).await;
@@ -664,7 +668,12 @@ impl TargetHandle {
     }
 
     /// Installs pipelines and a group with the driver; what is then held.
-    async fn install(self: &Arc<Self>, ctx: &Arc<DeployCtx>, pipes: Vec<Pipeline>, bits: Option<Arc<BitImage>>) -> Result<Held, DriverError> {
+    async fn install(
+        self: &Arc<Self>,
+        ctx: &Arc<DeployCtx>,
+        pipes: Vec<Pipeline>,
+        bits: Option<Arc<BitImage>>,
+    ) -> Result<Held, DriverError> {
         self.with_driver(ctx, move |d| {
             d.install(&pipes.iter().collect::<Vec<_>>(), bits.as_deref())?;
             Ok(Held::Pipes(pipes, bits.map(|b| b.capacity())))
