@@ -25,7 +25,7 @@
 //! Bit-vector groups ([`CompileOptions::lowering`]). Some key groups
 //! multiply whatever the split: diverse multi-attribute filters (Siena's)
 //! share no structure, and their diagram grows with the product of their
-//! ranges. With [`Lowering::Auto`] (the default), a key group whose diagram exceeds its cost
+//! ranges. With [`Lowering::Auto`] (the tools' default), a key group whose diagram exceeds its cost
 //! budget (8 nodes per rule, at least `split_nodes`) is tried again per
 //! shape (the fields its rules test); the shapes that still do not fit go
 //! to one [`BitGroup`] (Linear Bit Vector Search, `bitgroup.rs`), whose
@@ -69,14 +69,15 @@ pub struct CompileOptions {
     /// Most pipelines the subscriptions may be spread over.
     pub max_pipelines: usize,
     /// Diagrams, bit-vector groups, or each where it costs less (see the
-    /// module doc). Back ends that cannot run a group (P4) ask for
-    /// [`Lowering::Diagrams`].
+    /// module doc). Diagrams by default: every back end runs them; a caller
+    /// whose back end also runs groups (eBPF) asks for [`Lowering::Auto`],
+    /// as `subc compile` and the service do.
     pub lowering: Lowering,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, lowering: Lowering::Auto }
+        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, lowering: Lowering::Diagrams }
     }
 }
 
@@ -89,12 +90,12 @@ impl CompileOptions {
 
 /// How rules are lowered: to decision diagrams, to a bit-vector group, or
 /// each key group to whichever costs less.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Lowering {
     /// The cost model chooses per key group: a diagram while it stays
-    /// within 8 nodes per rule, else the group (see the module doc).
-    #[default]
+    /// within 8 nodes per rule, else the group (see the module doc). What
+    /// the CLI and the service use unless told otherwise.
     Auto,
     /// Decision diagrams only (what a P4 switch can run).
     Diagrams,

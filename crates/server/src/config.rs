@@ -346,7 +346,7 @@ impl Default for CompileConfig {
             split_nodes: d.split_nodes,
             max_pipelines: d.max_pipelines,
             order: None,
-            lowering: d.lowering,
+            lowering: subc_bdd::Lowering::Auto,
         }
     }
 }

@@ -778,7 +778,7 @@ impl Writer {
             Err(CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) => self.recompile_with(nfs, ids, t, budget)?,
             Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "compiling")),
             Err(e @ (CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. })) => {
-                return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into())
+                return Err(self.capacity_refusal(&e).into())
             }
             Err(e) => return Err(Status::internal(format!("compiler: {e}")).into()),
         };
@@ -811,9 +811,7 @@ impl Writer {
         self.observe_compile("add", t);
         let updates = r.map_err(|e| match e.compile_error() {
             Some(CompileError::DeadlineExceeded) => self.out_of_time(budget, "compiling the devices' projections"),
-            Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => {
-                self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into()
-            }
+            Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => self.capacity_refusal(&e).into(),
             // A port number in a rule is an endpoint's; one beyond the topology's.
             None => Status::invalid_argument(e.to_string()).into(),
             _ => Status::internal(format!("compiler: {e}")).into(),
@@ -857,6 +855,21 @@ impl Writer {
         )
     }
 
+    /// A set that does not fit the compiler's budgets, refused with every
+    /// setting that could make it fit.
+    fn capacity_refusal(&self, e: &dyn std::fmt::Display) -> Status {
+        let c = &self.core.config().compile;
+        let mut ways = vec![
+            format!("compile.split_nodes above {} (bigger pipelines)", c.split_nodes),
+            format!("compile.max_pipelines above {} (more of them)", c.max_pipelines),
+            format!("compile.node_budget above {} (a rule that alone needs more)", c.node_budget),
+        ];
+        if self.d.set.options().lowering == subc_bdd::Lowering::Diagrams {
+            ways.push("compile.lowering = \"auto\" (bit-vector groups, for eBPF and sim targets only)".into());
+        }
+        self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}; any of these may make it fit: {}", ways.join(", ")))
+    }
+
     fn observe_compile(&self, op: &str, since: Instant) {
         self.core.metrics().compile_seconds.get_or_create(&Metrics::label("op", op)).observe(since.elapsed().as_secs_f64());
     }
@@ -881,7 +894,7 @@ impl Writer {
         let set = match CompiledSet::compile_until(&spec, &all, opts, budget.deadline) {
             Ok(set) => set,
             Err(CompileError::DeadlineExceeded) => return Err(self.out_of_time(budget, "recompiling the whole set")),
-            Err(e) => return Err(self.refuse_limit("compiler_capacity", format!("the compiler's capacity: {e}")).into()),
+            Err(e) => return Err(self.capacity_refusal(&e).into()),
         };
         tracing::info!(pipelines = set.pipeline_count(), "recompiled the whole set: targets get a new program");
         self.observe_compile("recompile", t);

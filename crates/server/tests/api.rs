@@ -330,6 +330,8 @@ async fn compiler_capacity_is_resource_exhausted_and_changes_nothing() {
             cfg.compile.node_budget = 64;
             cfg.compile.split_nodes = 64;
             cfg.compile.max_pipelines = 1;
+            // Diagrams only: a bit-vector group would take the set below.
+            cfg.compile.lowering = subc_bdd::Lowering::Diagrams;
         })
         .await;
         let Env { admin, alice, bob, r, .. } = &mut env;
@@ -344,6 +346,9 @@ async fn compiler_capacity_is_resource_exhausted_and_changes_nothing() {
         let wide: Vec<String> = (0..80).map(|i| format!("stock == W{i:02} && shares > {} : fwd(4)", 10 * i + 1)).collect();
         let e = assert_exhausted(bob.subs.add(proto::AddRequest { lines: wide, ..Default::default() }).await, "compiler capacity");
         assert!(e.message().contains("the compiler's capacity"), "{}", e.message());
+        for way in ["compile.split_nodes", "compile.max_pipelines", "compile.node_budget", "compile.lowering = \"auto\""] {
+            assert!(e.message().contains(way), "the refusal names {way}: {}", e.message());
+        }
         assert_eq!(snapshot(admin, &core).await, before);
 
         // The set is intact: a change that fits goes through, on top of it.
