@@ -258,7 +258,7 @@ impl Core {
                     tracing::warn!(target_name = %st.registration.name, "a stored target is not a device of the topology: not served in network mode");
                 }
                 let handle =
-                    |(i, d): (usize, crate::network::DeviceTarget)| TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None);
+                    |(i, d): (usize, crate::network::DeviceTarget)| TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None, Some(d.approximation));
                 devices.into_iter().enumerate().map(handle).collect()
             }
         };
@@ -415,6 +415,9 @@ impl Core {
         let mut reads = tokio::task::JoinSet::new();
         for t in self.targets() {
             let metrics = self.metrics.clone();
+            if let Some(a) = t.approximation() {
+                crate::budget::export(&metrics, &t.name, &a);
+            }
             reads.spawn(async move { t.read_port_counters(&metrics, deadline).await });
         }
         while reads.join_next().await.is_some() {}
