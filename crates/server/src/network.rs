@@ -706,8 +706,10 @@ impl Devices {
             match self.follow(spec, d, rules) {
                 Ok(u) => out.push(u),
                 Err(e) => {
-                    // Devices up to this one moved already: their next
-                    // updates are published whole.
+                    // Devices before this one moved already (a device's
+                    // budget can refuse the move): move them back, and
+                    // publish them whole next time.
+                    self.move_back(spec, 0..d, &nfs);
                     self.stale.extend(0..=d);
                     return Err(e);
                 }
@@ -718,9 +720,34 @@ impl Devices {
         Ok(self.take_stale(out))
     }
 
+    /// Moves `devices` back to their projections of `nfs` on the current
+    /// routes, after a reroute that failed part way.
+    fn move_back(&mut self, spec: &Spec, devices: std::ops::Range<usize>, nfs: &[NfSubscription]) {
+        for d in devices {
+            let back = project_all(&self.fabric.topology, &self.routes, spec, d, nfs).map_err(NetError::from);
+            if let Err(e) = back.and_then(|rules| self.follow(spec, d, rules)) {
+                tracing::error!(device = %self.fabric.topology.devices[d].name, error = %e, "moving a device back after a refused reroute failed");
+            }
+        }
+    }
+
     /// Moves device `d` to the projected `rules`, as the IR's diffs (`None`:
-    /// compiled afresh, its pipelines full).
+    /// compiled afresh, its pipelines full). On failure the device holds
+    /// its rules as before (published whole next time).
     fn follow(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
+        let before = self.devices[d].rules.clone();
+        let moved = self.follow_to(spec, d, rules);
+        if moved.is_err() {
+            let topology = &self.fabric.topology;
+            if let Err(e) = self.devices[d].replace(topology, spec, d, before, &self.opts, subc_bdd::Deadline::NONE) {
+                tracing::error!(device = %topology.devices[d].name, error = %e, "restoring a device's rules failed");
+            }
+            self.stale.insert(d);
+        }
+        moved
+    }
+
+    fn follow_to(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
         let topology = &self.fabric.topology;
         let device = &mut self.devices[d];
         let (gone, new) = subc_fabric::rule_changes(device.rules.values(), rules.values());
