@@ -544,7 +544,11 @@ fn print_status(s: &proto::TargetStatus) -> Result<()> {
 
 /// A budgeted target's approximation, as `subc target status` prints it.
 fn print_approximation(o: &mut impl Write, a: &proto::Approximation) -> Result<()> {
-    let relaxed = if a.dropped_fields.is_empty() { "exact (nothing relaxed)".to_string() } else { format!("relaxed {}", a.dropped_fields.join(", ")) };
+    let relaxed = if a.dropped_fields.is_empty() {
+        "exact (nothing relaxed)".to_string()
+    } else {
+        format!("relaxed {}", a.dropped_fields.join(", "))
+    };
     writeln!(o, "  budget: {} of {} entries, {relaxed}", a.entries, a.budget)?;
     if a.sampled_packets > 0 {
         let share = if a.exact_deliveries == 0 { 0.0 } else { 100.0 * a.extra_deliveries as f64 / a.exact_deliveries as f64 };

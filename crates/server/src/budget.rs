@@ -307,10 +307,7 @@ impl Follower {
     fn publish_report(&self, spec: &Spec) {
         let Some(fitted) = &self.fitted else { return };
         let x = fitted.sample.measure(&self.exact, &fitted.set);
-        let r = proto::Approximation {
-            refits: self.refits,
-            ..report(spec, self.budget as u64, &fitted.set, &fitted.dropped, &x)
-        };
+        let r = proto::Approximation { refits: self.refits, ..report(spec, self.budget as u64, &fitted.set, &fitted.dropped, &x) };
         *self.report.lock().expect("approximation report") = Some(r);
     }
 }

@@ -257,8 +257,9 @@ impl Core {
                 for st in &targets {
                     tracing::warn!(target_name = %st.registration.name, "a stored target is not a device of the topology: not served in network mode");
                 }
-                let handle =
-                    |(i, d): (usize, crate::network::DeviceTarget)| TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None, Some(d.approximation));
+                let handle = |(i, d): (usize, crate::network::DeviceTarget)| {
+                    TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None, Some(d.approximation))
+                };
                 devices.into_iter().enumerate().map(handle).collect()
             }
         };

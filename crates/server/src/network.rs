@@ -403,7 +403,14 @@ fn compile_device(
 
 impl DeviceSet {
     /// Device `d`'s projection `rules`, compiled (placed, with a budget).
-    fn new(topology: &Topology, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>, opts: &CompileOptions, report: Report) -> Result<DeviceSet, NetError> {
+    fn new(
+        topology: &Topology,
+        spec: &Spec,
+        d: usize,
+        rules: BTreeMap<SubId, NfSubscription>,
+        opts: &CompileOptions,
+        report: Report,
+    ) -> Result<DeviceSet, NetError> {
         let (set, dropped) = compile_device(topology, spec, d, &rules, opts, subc_bdd::Deadline::NONE)?;
         let placement = topology.devices[d].budget.map(|budget| {
             let list: Vec<NfSubscription> = rules.values().cloned().collect();

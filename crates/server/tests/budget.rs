@@ -27,15 +27,8 @@ const ATTRIBUTES: usize = 4;
 const PORTS: u32 = 256;
 
 fn siena_lines(filters: usize, seed: u64) -> Vec<String> {
-    let text = siena(&SienaParams {
-        filters,
-        attributes: ATTRIBUTES,
-        zipf: true,
-        camus_variant: false,
-        constraints: None,
-        ports: PORTS,
-        seed,
-    });
+    let text =
+        siena(&SienaParams { filters, attributes: ATTRIBUTES, zipf: true, camus_variant: false, constraints: None, ports: PORTS, seed });
     text.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect()
 }
 

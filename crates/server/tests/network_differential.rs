@@ -262,7 +262,8 @@ impl Case {
             if let Some(budget) = self.t.devices[d].budget {
                 let entries: usize = h.iter().map(Pipeline::entry_count).sum();
                 assert!(entries as u64 <= budget, "seed {seed}, {what}: {name} holds {entries} entries, over its budget of {budget}");
-                let a = statuses[d].approximation.as_ref().unwrap_or_else(|| panic!("seed {seed}, {what}: {name} reports no approximation"));
+                let a =
+                    statuses[d].approximation.as_ref().unwrap_or_else(|| panic!("seed {seed}, {what}: {name} reports no approximation"));
                 assert_eq!((a.budget, a.entries, a.missing_deliveries), (budget, entries as u64, 0), "seed {seed}, {what}: {name}: {a:?}");
                 if !a.dropped_fields.is_empty() {
                     // Relaxed: checked by what reaches the endpoints, below.

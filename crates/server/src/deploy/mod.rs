@@ -374,7 +374,8 @@ impl TargetHandle {
             let mut f = follower.lock().expect("budget follower");
             Ok(f.follow(&ctx.spec, &opts, &ctx.committed, held.as_deref())?)
         };
-        let fitted = tokio::task::spawn_blocking(fit).await.map_err(|e| DriverError::transient(format!("the fitting thread failed: {e}")))??;
+        let fitted =
+            tokio::task::spawn_blocking(fit).await.map_err(|e| DriverError::transient(format!("the fitting thread failed: {e}")))??;
         Ok(Some(fitted))
     }
 
