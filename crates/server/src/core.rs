@@ -285,7 +285,7 @@ impl Core {
         let shape = d.shape();
         let best = handles
             .iter()
-            .filter(|h| h.view.is_none())
+            .filter(|h| h.view.is_none() && !h.budgeted())
             .filter(|h| h.held_shape().as_ref() == Some(&shape))
             .filter_map(|h| h.held_pipes().map(|p| (h, p)))
             .max_by_key(|(_, p)| p.iter().map(|p| p.entry_count()).sum::<usize>());

@@ -97,7 +97,8 @@ fn approximation(s: &proto::TargetStatus) -> &proto::Approximation {
 /// switch holds at most the budget, misses no delivery of the interpreter's
 /// on random packets, and the status reports the relaxation (fields
 /// dropped, extra deliveries measured, none missing). Then adds and removes
-/// keep it within the budget: still nothing missing.
+/// keep it within the budget: still nothing missing. A restart fits the same
+/// set again and writes nothing to the switch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budgeted_p4runtime_target_holds_a_superset_within_its_budget() {
     budgeted_siena(120, 1_000).await;
@@ -125,7 +126,7 @@ async fn budgeted_siena(filters: usize, budget: u64) {
         if filters > 5_000 {
             cfg.compile.split_nodes = 1 << 16;
         }
-        let r = start(cfg).await;
+        let r = start(cfg.clone()).await;
         let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
 
         admin.targets.register(registration("sw", &fake.addr, Some(budget))).await.expect("a budgeted target registers");
@@ -167,15 +168,33 @@ async fn budgeted_siena(filters: usize, budget: u64) {
         let gone: Vec<u64> = added.subscriptions.iter().map(|s| s.id).take(100.min(filters / 10)).chain(1..=filters as u64 / 5).collect();
         let removed = alice.subs.remove(proto::RemoveRequest { ids: gone }).await.unwrap().into_inner();
         let s = wait_fitted(&mut admin, "sw", removed.generation).await;
-        let a = approximation(&s);
+        let a = approximation(&s).clone();
         assert!(s.entries <= budget && a.entries <= budget, "{s:?}");
         assert_eq!(a.missing_deliveries, 0, "{a:?}");
         assert_eq!(fake.lock().violation, None);
+        let a = &a;
         let program = held_program(&mut admin, &spec).await;
         assert_eq!(program.subscriptions.len(), filters + filters / 10 - (filters / 10).min(100) - filters / 5);
         deliveries(&fake, &program, 23);
 
-        // The metrics carry the same report.
+        // A restart fits the same set again, takes the switch's ids, and
+        // reconciles without writing anything.
+        r.shutdown().await.unwrap();
+        let before = fake.lock().written().count();
+        let r = start(cfg).await;
+        let mut admin = client(&r, Some(ADMIN));
+        // The status read back from the store stands until the first sync fits the set.
+        let again = loop {
+            let s = wait_fitted(&mut admin, "sw", removed.generation).await;
+            if s.approximation.is_some() {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The same set (its sample is drawn again, from today's filters).
+        let fitted = approximation(&again);
+        assert_eq!((again.entries, fitted.entries, &fitted.dropped_fields), (s.entries, a.entries, &a.dropped_fields), "{fitted:?}");
+        assert_eq!(fake.lock().written().count(), before, "a restart rewrote the switch: {again:?}");
         eprintln!("done in {:?}", t0.elapsed());
         r.shutdown().await.unwrap();
     })
@@ -196,4 +215,17 @@ async fn a_zero_budget_is_refused_and_changes_nothing() {
         env.stop().await;
     })
     .await;
+}
+
+/// A device budget of 0 in the topology is a configuration error naming
+/// the device: the server does not start.
+#[tokio::test]
+async fn a_zero_device_budget_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = "[[device]]\nname = \"leaf\"\nkind = \"sim\"\nbudget = 0\n\n[[endpoint]]\nname = \"h\"\nat = \"leaf:1\"\n";
+    std::fs::write(dir.path().join("fabric.toml"), topology).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.topology = Some(dir.path().join("fabric.toml"));
+    let e = subc_server::start(cfg).await.err().expect("refused").to_string();
+    assert!(e.contains("device `leaf`") && e.contains("budget") && e.contains("at least 1"), "{e}");
 }

@@ -358,6 +358,12 @@ impl TargetHandle {
         s
     }
 
+    /// Whether the target follows its own set fitted into a table budget
+    /// (its ids are its own, not the set's).
+    pub fn budgeted(&self) -> bool {
+        self.budget.is_some()
+    }
+
     /// What fitting the target into its table budget costs, if it has one.
     pub fn approximation(&self) -> Option<proto::Approximation> {
         crate::budget::read(&self.approximation)
