@@ -88,6 +88,17 @@ async fn held_program(c: &mut Clients, spec: &str) -> Program {
     subc_workload::programs::check(spec, &[&lines.join("\n")]).expect("the held subscriptions check")
 }
 
+/// A client whose calls may wait as long as compiling many filters takes.
+fn patient(r: &subc_server::Running, token: &str) -> Clients {
+    let options = subc_server::ClientOptions {
+        server: format!("http://{}", r.addr),
+        token: Some(token.into()),
+        timeout: Some(Duration::from_secs(1800)),
+        ..Default::default()
+    };
+    subc_server::connect(&options).expect("client")
+}
+
 fn approximation(s: &proto::TargetStatus) -> &proto::Approximation {
     s.approximation.as_ref().unwrap_or_else(|| panic!("a budgeted target reports its approximation: {s:?}"))
 }
@@ -123,11 +134,12 @@ async fn budgeted_siena(filters: usize, budget: u64) {
         cfg.spec = dir.path().join("siena.spec");
         // The server's own exact set of many filters takes a while.
         cfg.limits.compile_timeout_ms = 600_000;
+        cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
         if filters > 5_000 {
             cfg.compile.split_nodes = 1 << 16;
         }
         let r = start(cfg.clone()).await;
-        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+        let (mut alice, mut admin) = (patient(&r, ALICE), client(&r, Some(ADMIN)));
 
         admin.targets.register(registration("sw", &fake.addr, Some(budget))).await.expect("a budgeted target registers");
         let lines = siena_lines(filters, 3);
@@ -173,6 +185,17 @@ async fn budgeted_siena(filters: usize, budget: u64) {
         assert_eq!(a.missing_deliveries, 0, "{a:?}");
         assert_eq!(fake.lock().violation, None);
         let a = &a;
+        // The metrics carry the same report.
+        let text = scrape(r.metrics_addr.expect("a metrics endpoint")).await;
+        for (name, value) in [
+            ("subc_target_budget_entries", budget),
+            ("subc_target_relaxed_fields", a.dropped_fields.len() as u64),
+            ("subc_target_extra_deliveries", a.extra_deliveries),
+            ("subc_target_sampled_deliveries", a.exact_deliveries),
+        ] {
+            let line = format!("{name}{{target=\"sw\"}} {value}\n");
+            assert!(text.contains(&line), "no {line:?} in:\n{text}");
+        }
         let program = held_program(&mut admin, &spec).await;
         assert_eq!(program.subscriptions.len(), filters + filters / 10 - (filters / 10).min(100) - filters / 5);
         deliveries(&fake, &program, 23);
