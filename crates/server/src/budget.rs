@@ -286,7 +286,11 @@ impl Follower {
         self.take(added, removed);
         if !within {
             tracing::info!(budget = self.budget, "an update would exceed the budget: fitting the set anew");
-            self.fit(spec, opts, None)?;
+            if let Err(e) = self.fit(spec, opts, None) {
+                // Never hand out the set over the budget: the next attempt fits again.
+                self.fitted = None;
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -345,4 +349,61 @@ pub(crate) fn export(metrics: &crate::metrics::Metrics, target: &str, r: &proto:
     metrics.sampled_deliveries.get_or_create(&label).set(r.exact_deliveries as i64);
     metrics.extra_deliveries.get_or_create(&label).set(r.extra_deliveries as i64);
     metrics.refits.get_or_create(&label).set(r.refits as i64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn siena(filters: usize, seed: u64) -> subc_lang::Program {
+        let spec = subc_workload::siena_spec(3, 32);
+        let params = subc_workload::SienaParams { filters, attributes: 3, ports: 32, seed, ..Default::default() };
+        subc_workload::programs::check(&spec, &[&subc_workload::siena(&params)]).unwrap()
+    }
+
+    /// Updates go in incrementally while they fit, are fitted anew when
+    /// they would not, and the set never exceeds its budget nor misses a
+    /// delivery on its sample.
+    #[test]
+    fn updates_keep_the_set_within_its_budget() {
+        let first = siena(30, 1);
+        let spec = &first.spec;
+        let opts = CompileOptions::default();
+        let budget = 300;
+        let mut f = Follower::new(budget, Report::default());
+        f.take(first.normal_forms.clone(), &[]);
+        f.fit(spec, &opts, None).unwrap();
+        let within = |f: &Follower| f.fitted.as_ref().unwrap().set.entry_count() <= budget;
+        assert!(within(&f));
+        let mut next_id = 1000;
+        for round in 0..6u64 {
+            let mut more = siena(15, 10 + round).normal_forms;
+            for n in &mut more {
+                n.id = next_id;
+                next_id += 1;
+            }
+            let gone: Vec<SubId> = f.exact.keys().copied().step_by(4).collect();
+            f.update(spec, &opts, more, &gone).unwrap();
+            assert!(within(&f), "round {round}: over the budget");
+            f.publish_report(spec);
+            let r = read(&f.report).unwrap();
+            assert_eq!((r.budget, r.missing_deliveries), (budget as u64, 0), "round {round}: {r:?}");
+            assert!(r.entries <= budget as u64 && r.sampled_packets > 0, "round {round}: {r:?}");
+            // The sample's exact decisions follow the rules: as if drawn afresh.
+            let fitted = f.fitted.as_ref().unwrap();
+            let mut fresh = Sample { values: fitted.sample.values.clone(), matched: vec![vec![]; fitted.sample.values.len()] };
+            fresh.add(f.exact.values());
+            let sorted =
+                |m: &[Vec<SubId>]| m.iter().map(|v| v.iter().copied().collect::<std::collections::BTreeSet<_>>()).collect::<Vec<_>>();
+            assert_eq!(sorted(&fitted.sample.matched), sorted(&fresh.matched), "round {round}");
+        }
+        assert!(!f.fitted.as_ref().unwrap().dropped.is_empty(), "the set was relaxed");
+        assert!(f.refits > 0, "some update did not fit as it came: fitted anew");
+    }
+
+    #[test]
+    fn a_budget_of_zero_is_refused() {
+        assert_eq!(check_budget(0), Err(BudgetValueError::Zero));
+        assert_eq!(check_budget(20_000), Ok(20_000));
+    }
 }
