@@ -626,7 +626,6 @@ impl TargetHandle {
                 return self.failed(ctx, e, generation);
             }
         }
-        let t = Instant::now();
         let fitted = match self.fitted(ctx).await {
             Ok(f) => f,
             Err(e) => {
@@ -634,6 +633,7 @@ impl TargetHandle {
                 return self.failed(ctx, e, generation);
             }
         };
+        let t = Instant::now();
         let (plan, generation, from) = {
             let h = self.held.lock().expect("held");
             match fitted {
