@@ -248,6 +248,12 @@ pub struct TargetAddArgs {
     /// is not the host of `--p4runtime`.
     #[arg(long, value_name = "NAME")]
     p4_server_name: Option<String>,
+    /// P4Runtime: the most table and leaf entries the switch may hold. The
+    /// service then deploys a relaxed superset of the subscriptions that fits
+    /// (the switch forwards more, never less) and keeps it within the budget
+    /// through every change; `subc target status` shows what that costs.
+    #[arg(long, value_name = "ENTRIES")]
+    budget: Option<u64>,
     /// The target changes only on `subc target deploy`.
     #[arg(long)]
     manual: bool,
@@ -445,6 +451,9 @@ fn p4runtime_tls(a: &TargetAddArgs) -> Option<proto::P4RuntimeTls> {
 }
 
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
+    if a.budget.is_some() && a.p4runtime.is_none() {
+        bail!("--budget: only a P4Runtime target (--p4runtime) takes a table budget; eBPF and sim targets hold the exact set");
+    }
     let kind = if let Some(iface) = &a.ebpf {
         let mut ports = HashMap::new();
         for p in &a.ports {
@@ -485,6 +494,7 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             ports,
             election_id: a.election_id,
             tls: p4runtime_tls(a),
+            budget: a.budget,
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
@@ -523,8 +533,33 @@ fn print_status(s: &proto::TargetStatus) -> Result<()> {
     for p in &s.port_counters {
         writeln!(o, "  port {}: {} packets, {} bytes", p.port, p.packets, p.bytes)?;
     }
+    if let Some(a) = &s.approximation {
+        print_approximation(&mut o, a)?;
+    }
     if !s.last_error.is_empty() {
         writeln!(o, "  last error ({} in a row): {}", s.consecutive_failures, s.last_error)?;
+    }
+    Ok(())
+}
+
+/// A budgeted target's approximation, as `subc target status` prints it.
+fn print_approximation(o: &mut impl Write, a: &proto::Approximation) -> Result<()> {
+    let relaxed = if a.dropped_fields.is_empty() {
+        "exact (nothing relaxed)".to_string()
+    } else {
+        format!("relaxed {}", a.dropped_fields.join(", "))
+    };
+    writeln!(o, "  budget: {} of {} entries, {relaxed}", a.entries, a.budget)?;
+    if a.sampled_packets > 0 {
+        let share = if a.exact_deliveries == 0 { 0.0 } else { 100.0 * a.extra_deliveries as f64 / a.exact_deliveries as f64 };
+        writeln!(
+            o,
+            "  on {} sampled packets: {} extra deliveries beyond the exact {} ({share:.1}%), on {} packets; {} missing",
+            a.sampled_packets, a.extra_deliveries, a.exact_deliveries, a.packets_with_extra, a.missing_deliveries
+        )?;
+    }
+    if a.refits > 0 {
+        writeln!(o, "  fitted anew {} times since the server started", a.refits)?;
     }
     Ok(())
 }
@@ -576,7 +611,10 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     for t in &listed.targets {
                         let kind = match &t.kind {
                             Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
-                            Some(proto::target::Kind::P4runtime(p)) => format!("p4runtime {} device {}", p.address, p.device_id),
+                            Some(proto::target::Kind::P4runtime(p)) => match p.budget {
+                                Some(b) => format!("p4runtime {} device {} budget {b}", p.address, p.device_id),
+                                None => format!("p4runtime {} device {}", p.address, p.device_id),
+                            },
                             Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
                             None => "?".into(),
                         };
@@ -743,8 +781,14 @@ mod tests {
             assert_eq!(P4Info::decode(p.p4info.as_slice()).unwrap(), info, "{}: sent as the binary P4Info", file.display());
             assert_eq!(p.device_config, b"{\"bmv2\": 1}");
             assert_eq!(p.ports, HashMap::from([(1, 11), (2, 12)]));
+            assert_eq!(p.budget, None);
             assert!(r.manual);
         }
+        let r = parse(&["sw", "--p4runtime", "h:1", "--budget", "20000"]).unwrap();
+        let Some(Kind::P4runtime(p)) = r.kind else { panic!("a P4Runtime target") };
+        assert_eq!(p.budget, Some(20000));
+        let e = parse(&["sw", "--sim", "", "--budget", "10"]).unwrap_err();
+        assert!(e.to_string().contains("only a P4Runtime target"), "{e}");
         // Mistakes are named.
         let e = parse(&["sw", "--p4runtime", "h:1", "--port", "1=x"]).unwrap_err();
         assert!(e.to_string().contains("--port 1=x: x is not a device port"), "{e}");

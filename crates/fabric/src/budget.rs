@@ -70,12 +70,36 @@ pub fn place(
     opts: &CompileOptions,
 ) -> Result<Placed, FabricError> {
     let projected = project(topology, routes, network, device)?.normal_forms;
-    let on = Budgeted { topology, spec: &network.spec, device, opts };
+    place_rules(topology, &network.spec, device, projected, opts)
+}
+
+/// [`place`] of rules already projected onto `device` (its projection's
+/// normal forms, as `project` or `project_rule` give them).
+pub fn place_rules(
+    topology: &Topology,
+    spec: &Spec,
+    device: DeviceId,
+    projected: Vec<NfSubscription>,
+    opts: &CompileOptions,
+) -> Result<Placed, FabricError> {
+    let on = Budgeted { topology, spec, device, opts };
     let exact = on.compile(&projected)?;
     match topology.devices[device].budget {
         Some(budget) if exact.entry_count() as u64 > budget => on.relaxed(projected, exact, budget),
         _ => Ok(Placed { rules: projected, set: exact, dropped: vec![], exact: None }),
     }
+}
+
+/// The rules a device placed with `dropped` fields relaxed holds for the
+/// projected `rules`: each rule as is when nothing is dropped, else its exact
+/// part and its transit part relaxed (id with [`TRANSIT_ID`]), as [`place`]
+/// splits them. For adding rules to a placed device incrementally.
+pub fn placed_rules(topology: &Topology, device: DeviceId, rules: &[NfSubscription], dropped: &[QueryFieldId]) -> Vec<NfSubscription> {
+    if dropped.is_empty() {
+        return rules.to_vec();
+    }
+    let (exact, transit) = split(topology, device, rules);
+    exact.into_iter().chain(relax(&transit, dropped)).collect()
 }
 
 /// [`place`] on every device, in device order.
@@ -124,23 +148,28 @@ impl Budgeted<'_> {
         Err(FabricError::BudgetTooSmall { device: self.name(), budget, needed })
     }
 
-    /// The exact part (ports with an endpoint attached here, drops and
-    /// updates, ids unchanged) and the transit part (ports toward links,
-    /// ids with [`TRANSIT_ID`]), each without rules left with no action.
     fn split(&self, projected: &[NfSubscription]) -> (Vec<NfSubscription>, Vec<NfSubscription>) {
-        let local: BTreeSet<u32> = self.topology.endpoints.iter().filter(|e| e.at.device == self.device).map(|e| e.at.port).collect();
-        let (mut exact, mut transit) = (vec![], vec![]);
-        for r in projected {
-            let (here, there): (BTreeSet<u32>, BTreeSet<u32>) = r.actions.ports.iter().partition(|p| local.contains(p));
-            let a = Actions { ports: here, drop: r.actions.drop, updates: r.actions.updates.clone() };
-            if a != Actions::default() {
-                exact.push(NfSubscription { id: r.id, cubes: r.cubes.clone(), actions: a });
-            }
-            if !there.is_empty() {
-                let a = Actions { ports: there, ..Actions::default() };
-                transit.push(NfSubscription { id: r.id | TRANSIT_ID, cubes: r.cubes.clone(), actions: a });
-            }
-        }
-        (exact, transit)
+        split(self.topology, self.device, projected)
     }
+}
+
+/// The exact part (ports with an endpoint attached to `device`, drops and
+/// updates, ids unchanged) and the transit part (ports toward links, ids
+/// with [`TRANSIT_ID`]) of projected rules, each without rules left with no
+/// action.
+fn split(topology: &Topology, device: DeviceId, projected: &[NfSubscription]) -> (Vec<NfSubscription>, Vec<NfSubscription>) {
+    let local: BTreeSet<u32> = topology.endpoints.iter().filter(|e| e.at.device == device).map(|e| e.at.port).collect();
+    let (mut exact, mut transit) = (vec![], vec![]);
+    for r in projected {
+        let (here, there): (BTreeSet<u32>, BTreeSet<u32>) = r.actions.ports.iter().partition(|p| local.contains(p));
+        let a = Actions { ports: here, drop: r.actions.drop, updates: r.actions.updates.clone() };
+        if a != Actions::default() {
+            exact.push(NfSubscription { id: r.id, cubes: r.cubes.clone(), actions: a });
+        }
+        if !there.is_empty() {
+            let a = Actions { ports: there, ..Actions::default() };
+            transit.push(NfSubscription { id: r.id | TRANSIT_ID, cubes: r.cubes.clone(), actions: a });
+        }
+    }
+    (exact, transit)
 }

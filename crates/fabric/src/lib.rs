@@ -22,7 +22,7 @@ mod routing;
 mod sim;
 mod topology;
 
-pub use budget::{place, place_all, Placed, TRANSIT_ID};
+pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID};
 pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};

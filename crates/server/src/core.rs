@@ -265,8 +265,9 @@ impl Core {
                 for st in &targets {
                     tracing::warn!(target_name = %st.registration.name, "a stored target is not a device of the topology: not served in network mode");
                 }
-                let handle =
-                    |(i, d): (usize, crate::network::DeviceTarget)| TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None);
+                let handle = |(i, d): (usize, crate::network::DeviceTarget)| {
+                    TargetHandle::for_view(d.registration, Some(i), d.ebpf, true, None, Some(d.approximation))
+                };
                 devices.into_iter().enumerate().map(handle).collect()
             }
         };
@@ -292,7 +293,7 @@ impl Core {
         let shape = d.shape();
         let best = handles
             .iter()
-            .filter(|h| h.view.is_none())
+            .filter(|h| h.view.is_none() && !h.budgeted())
             .filter(|h| h.held_shape().as_ref() == Some(&shape))
             .filter_map(|h| h.held_pipes().map(|p| (h, p)))
             .max_by_key(|(_, p)| p.iter().map(|p| p.entry_count()).sum::<usize>());
@@ -423,6 +424,9 @@ impl Core {
         let mut reads = tokio::task::JoinSet::new();
         for t in self.targets() {
             let metrics = self.metrics.clone();
+            if let Some(a) = t.approximation() {
+                crate::budget::export(&metrics, &t.name, &a);
+            }
             reads.spawn(async move { t.read_port_counters(&metrics, deadline).await });
         }
         while reads.join_next().await.is_some() {}

@@ -25,6 +25,7 @@
 mod admission;
 mod api;
 mod auth;
+mod budget;
 mod check;
 mod config;
 mod conn;

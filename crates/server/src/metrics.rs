@@ -65,6 +65,15 @@ pub struct Metrics {
     /// reason (`transport.rs`).
     pub connections: Family<Labels, Gauge>,
     pub connections_closed: Family<Labels, Counter>,
+    /// Targets under a table budget (`budget.rs`): the budget, the fields
+    /// the fit relaxed, the deliveries the exact set makes on the sampled
+    /// packets and those the fitted set adds, and the fits since startup
+    /// beyond the first.
+    pub budget_entries: Family<Labels, Gauge>,
+    pub relaxed_fields: Family<Labels, Gauge>,
+    pub sampled_deliveries: Family<Labels, Gauge>,
+    pub extra_deliveries: Family<Labels, Gauge>,
+    pub refits: Family<Labels, Gauge>,
     /// The API's methods (`/subc.v1.Subscriptions/Add`, ...): the only
     /// values of the `method` label besides `unknown`.
     known_methods: std::collections::HashSet<String>,
@@ -150,7 +159,30 @@ impl Metrics {
             "Connections the server closed before any call, per listener and reason (a limit, the handshake deadline)",
             connections_closed.clone(),
         );
+        let budget_entries = Family::<Labels, Gauge>::default();
+        registry.register("target_budget_entries", "A target's table budget (table and leaf entries)", budget_entries.clone());
+        let relaxed_fields = Family::<Labels, Gauge>::default();
+        registry.register("target_relaxed_fields", "Query fields whose constraints a target's budget dropped", relaxed_fields.clone());
+        let sampled_deliveries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "target_sampled_deliveries",
+            "Deliveries the exact set makes on the packets sampled to measure a budgeted target",
+            sampled_deliveries.clone(),
+        );
+        let extra_deliveries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "target_extra_deliveries",
+            "Deliveries a budgeted target's fitted set makes beyond the exact set's, on the sampled packets",
+            extra_deliveries.clone(),
+        );
+        let refits = Family::<Labels, Gauge>::default();
+        registry.register("target_refits", "Times a budgeted target's set was fitted anew since startup", refits.clone());
         Metrics {
+            budget_entries,
+            relaxed_fields,
+            sampled_deliveries,
+            extra_deliveries,
+            refits,
             connections,
             connections_closed,
             known_methods: api_methods(),

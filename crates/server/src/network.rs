@@ -22,11 +22,21 @@
 //! projection changed moved by removing and adding the rules that differ,
 //! as `crates/ebpf-loader/tests/fabric.rs` moves its switches.
 //!
+//! Budgets: a device with `budget = N` is compiled by
+//! `subc_fabric::place_rules` (its exact part exact, its transit part
+//! relaxed until both fit). Updates add a rule's exact part and its transit
+//! part relaxed on the fields the placement dropped; one that would leave
+//! the device over its budget (or needs a recompile) places the device's
+//! rules anew and publishes the device whole. A change that cannot fit a
+//! device at all is refused, nothing changed. Each budgeted device reports
+//! what its placement costs (`budget.rs`, [`Sample`]) in its status.
+//!
 //! Device sets are not stored: at startup they are compiled again from the
 //! stored rules, routed around what the store says is down (meta "down"),
 //! and targets reconcile by reading back, as always. Device targets come
 //! from the topology ([`Fabric::targets`]): `sim`, `ebpf` and `p4runtime`.
 
+use crate::budget::{Report, Sample};
 use crate::deploy::ebpf::EbpfDevice;
 use crate::proto::{self, register_target_request::Kind};
 use crate::Error;
@@ -34,8 +44,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use subc_bdd::{CompileError, CompileOptions, CompiledSet, Pipeline, SetDiff};
-use subc_fabric::{project_rule, Down, FabricError, Routes, Topology};
-use subc_lang::spec::Spec;
+use subc_fabric::{place_rules, placed_rules, project_rule, Down, FabricError, Routes, Topology};
+use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::{Diagnostics, Endpoints, NfSubscription, SourceMap, SubId};
 
 /// The checked topology and what the handlers need of it.
@@ -48,6 +58,8 @@ pub struct Fabric {
     pub bound: std::collections::HashMap<String, Endpoints>,
     /// The topology file's directory: device options' relative paths start there.
     pub dir: PathBuf,
+    /// Per device, what fitting it into its budget costs (budgeted devices).
+    pub(crate) reports: Vec<Report>,
 }
 
 impl Fabric {
@@ -76,8 +88,7 @@ impl Fabric {
         for d in &topology.devices {
             crate::names::check_name("topology device name", &d.name).map_err(|e| Error::Config(e.to_string()))?;
             if let Some(budget) = d.budget {
-                // `subc_fabric::place` is not wired into the service yet.
-                tracing::warn!(device = %d.name, budget, "the service compiles every device exactly: its budget is not applied yet");
+                crate::budget::check_budget(budget).map_err(|e| Error::Config(format!("topology: device `{}`: budget: {e}", d.name)))?;
             }
         }
         let ports = topology.links.iter().flat_map(|l| [l.a, l.b]).chain(topology.endpoints.iter().map(|e| e.at));
@@ -91,7 +102,8 @@ impl Fabric {
         }
         let endpoints = topology.endpoint_table();
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-        Ok(Fabric { topology, endpoints, bound: Default::default(), dir })
+        let reports = topology.devices.iter().map(|_| Report::default()).collect();
+        Ok(Fabric { topology, endpoints, bound: Default::default(), dir, reports })
     }
 
     /// Binds each application configured with an `endpoint` to it; an
@@ -133,7 +145,7 @@ impl Fabric {
                 subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
             };
             let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
-            out.push(DeviceTarget { registration, ebpf });
+            out.push(DeviceTarget { registration, ebpf, approximation: self.reports[i].clone() });
         }
         Ok(out)
     }
@@ -310,6 +322,8 @@ fn p4info_binary(bytes: &[u8]) -> Result<Vec<u8>, String> {
 pub(crate) struct DeviceTarget {
     pub registration: proto::RegisterTargetRequest,
     pub ebpf: Option<EbpfDevice>,
+    /// What fitting the device into its budget costs, as the writer places it.
+    pub approximation: Report,
 }
 
 /// Why a change could not be made on the devices.
@@ -332,6 +346,19 @@ impl NetError {
             NetError::Fabric(_) => None,
         }
     }
+
+    /// Whether a device's budget refused the change.
+    pub(crate) fn over_budget(&self) -> bool {
+        matches!(self, NetError::Fabric(FabricError::ExactOverBudget { .. } | FabricError::BudgetTooSmall { .. }))
+    }
+
+    /// A placement's error, its compile errors as [`NetError::Compile`].
+    fn of_placement(e: FabricError) -> NetError {
+        match e {
+            FabricError::Compile { device, source } => NetError::Compile { device, source },
+            e => NetError::Fabric(e),
+        }
+    }
 }
 
 /// One device's compiled projection.
@@ -339,6 +366,128 @@ struct DeviceSet {
     set: CompiledSet,
     /// The projected rules the set holds, by id.
     rules: BTreeMap<SubId, NfSubscription>,
+    /// A device with a budget: how its rules were placed within it.
+    placement: Option<Placement>,
+}
+
+/// How a budgeted device's rules were placed (`subc_fabric::place_rules`).
+struct Placement {
+    budget: u64,
+    /// The fields the transit part lost (empty: the set is exact).
+    dropped: Vec<QueryFieldId>,
+    /// Packets sampled from the projection, to measure what relaxing costs.
+    sample: Sample,
+    /// Placements since startup beyond the first.
+    refits: u64,
+    report: Report,
+}
+
+/// Device `d`'s projected `rules` compiled: exactly, or placed within its
+/// budget (then also the fields the transit part lost).
+fn compile_device(
+    topology: &Topology,
+    spec: &Spec,
+    d: usize,
+    rules: &BTreeMap<SubId, NfSubscription>,
+    opts: &CompileOptions,
+    deadline: subc_bdd::Deadline,
+) -> Result<(CompiledSet, Vec<QueryFieldId>), NetError> {
+    let list: Vec<NfSubscription> = rules.values().cloned().collect();
+    let opts = &device_options(topology, d, opts);
+    match topology.devices[d].budget {
+        None => CompiledSet::compile_until(spec, &list, opts.clone(), deadline)
+            .map(|set| (set, vec![]))
+            .map_err(|source| NetError::Compile { device: topology.devices[d].name.clone(), source }),
+        Some(_) => place_rules(topology, spec, d, list, opts).map(|p| (p.set, p.dropped)).map_err(NetError::of_placement),
+    }
+}
+
+impl DeviceSet {
+    /// Device `d`'s projection `rules`, compiled (placed, with a budget).
+    fn new(
+        topology: &Topology,
+        spec: &Spec,
+        d: usize,
+        rules: BTreeMap<SubId, NfSubscription>,
+        opts: &CompileOptions,
+        report: Report,
+    ) -> Result<DeviceSet, NetError> {
+        let (set, dropped) = compile_device(topology, spec, d, &rules, opts, subc_bdd::Deadline::NONE)?;
+        let placement = topology.devices[d].budget.map(|budget| {
+            let list: Vec<NfSubscription> = rules.values().cloned().collect();
+            Placement { budget, dropped, sample: Sample::new(spec, &list), refits: 0, report }
+        });
+        let device = DeviceSet { set, rules, placement };
+        device.publish_report(spec);
+        Ok(device)
+    }
+
+    /// The rules the set holds for projected `rules`: as they are, or
+    /// split and relaxed as the placement was.
+    fn placed(&self, topology: &Topology, d: usize, rules: &[NfSubscription]) -> Vec<NfSubscription> {
+        match &self.placement {
+            Some(p) => placed_rules(topology, d, rules, &p.dropped),
+            None => rules.to_vec(),
+        }
+    }
+
+    /// The ids in the set of the projected rules `ids` it holds.
+    fn set_ids(&self, topology: &Topology, d: usize, ids: &[SubId]) -> Vec<SubId> {
+        let held: Vec<NfSubscription> = ids.iter().filter_map(|id| self.rules.get(id).cloned()).collect();
+        self.placed(topology, d, &held).into_iter().map(|r| r.id).collect()
+    }
+
+    fn over_budget(&self) -> bool {
+        self.placement.as_ref().is_some_and(|p| self.set.entry_count() as u64 > p.budget)
+    }
+
+    /// Compiles (places) the device's `rules` afresh, in the set's field
+    /// order; on failure nothing changed.
+    fn replace(
+        &mut self,
+        topology: &Topology,
+        spec: &Spec,
+        d: usize,
+        rules: BTreeMap<SubId, NfSubscription>,
+        opts: &CompileOptions,
+        deadline: subc_bdd::Deadline,
+    ) -> Result<(), NetError> {
+        let mut opts = opts.clone();
+        opts.order = Some(self.set.base_order().to_vec());
+        let (set, dropped) = compile_device(topology, spec, d, &rules, &opts, deadline)?;
+        if let Some(p) = &mut self.placement {
+            let list: Vec<NfSubscription> = rules.values().cloned().collect();
+            p.dropped = dropped;
+            p.sample = Sample::new(spec, &list);
+            p.refits += 1;
+            tracing::info!(device = %topology.devices[d].name, budget = p.budget, entries = set.entry_count(), "placed the device anew within its budget");
+        }
+        self.set = set;
+        self.rules = rules;
+        self.publish_report(spec);
+        Ok(())
+    }
+
+    /// Records rules removed from and added to the set (already done there).
+    fn took(&mut self, spec: &Spec, gone: &[SubId], new: Vec<NfSubscription>) {
+        if let Some(p) = &mut self.placement {
+            p.sample.remove(gone);
+            p.sample.add(&new);
+        }
+        for id in gone {
+            self.rules.remove(id);
+        }
+        self.rules.extend(new.into_iter().map(|n| (n.id, n)));
+        self.publish_report(spec);
+    }
+
+    /// Measures a budgeted device's set on its sample and publishes the report.
+    fn publish_report(&self, spec: &Spec) {
+        let Some(p) = &self.placement else { return };
+        let x = p.sample.measure(&self.rules, &self.set);
+        let r = proto::Approximation { refits: p.refits, ..crate::budget::report(spec, p.budget, &self.set, &p.dropped, &x) };
+        *p.report.lock().expect("approximation report") = Some(r);
+    }
 }
 
 /// Every device's compiled projection: the writer's, like the network set.
@@ -375,10 +524,9 @@ impl Devices {
         let mut devices = vec![];
         for d in 0..fabric.topology.devices.len() {
             let rules = project_all(&fabric.topology, &routes, spec, d, nfs).map_err(|e| Error::Compile(e.to_string()))?;
-            let list: Vec<NfSubscription> = rules.values().cloned().collect();
-            let set = CompiledSet::compile(spec, &list, device_options(&fabric.topology, d, &opts))
-                .map_err(|e| Error::Compile(format!("device `{}`: {e}", fabric.topology.devices[d].name)))?;
-            devices.push(DeviceSet { set, rules });
+            let device = DeviceSet::new(&fabric.topology, spec, d, rules, &opts, fabric.reports[d].clone())
+                .map_err(|e| Error::Compile(e.to_string()))?;
+            devices.push(device);
         }
         let network = nfs.iter().map(|n| (n.id, n.clone())).collect();
         Ok(Devices { fabric, routes, down, network, devices, opts, stale: BTreeSet::new() })
@@ -425,7 +573,7 @@ impl Devices {
                     // published, so their next updates are published whole.
                     let ids: Vec<SubId> = nfs.iter().map(|n| n.id).collect();
                     for back in 0..d {
-                        if !self.remove_from(back, &ids).is_empty() {
+                        if moved(self.remove_from(spec, back, &ids).as_ref()) {
                             self.stale.insert(back);
                         }
                     }
@@ -448,21 +596,30 @@ impl Devices {
         }
         let device = &mut self.devices[d];
         let compile_error = |source| NetError::Compile { device: topology.devices[d].name.clone(), source };
-        match device.set.add_until(&new, deadline) {
-            Ok(u) => {
-                device.rules.extend(new.into_iter().map(|n| (n.id, n)));
+        let placed = device.placed(topology, d, &new);
+        let mut rules = device.rules.clone();
+        rules.extend(new.iter().map(|n| (n.id, n.clone())));
+        match device.set.add_until(&placed, deadline) {
+            Ok(u) if !device.over_budget() => {
+                device.took(spec, &[], new);
                 Ok(Some(u))
             }
+            Ok(_) => {
+                // Over its budget: place the device's rules anew, or take
+                // the rules out again (its ids may have moved: published whole).
+                let placed_anew = device.replace(topology, spec, d, rules, &self.opts, deadline);
+                if placed_anew.is_err() {
+                    let ids: Vec<SubId> = placed.iter().map(|n| n.id).collect();
+                    if let Err(e) = device.set.remove(&ids) {
+                        tracing::error!(device = %topology.devices[d].name, error = %e, "taking refused rules out of a device failed");
+                    }
+                    self.stale.insert(d);
+                }
+                placed_anew.map(|()| None)
+            }
+            // The device's pipelines or bit-vector group are full: lay its rules out anew.
             Err(CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) => {
-                // The device's pipelines or group are full: lay its rules out anew.
-                let mut rules = device.rules.clone();
-                rules.extend(new.into_iter().map(|n| (n.id, n)));
-                let list: Vec<NfSubscription> = rules.values().cloned().collect();
-                let mut opts = device_options(topology, d, &self.opts);
-                opts.order = Some(device.set.base_order().to_vec());
-                device.set = CompiledSet::compile_until(spec, &list, opts, deadline).map_err(compile_error)?;
-                device.rules = rules;
-                Ok(None)
+                device.replace(topology, spec, d, rules, &self.opts, deadline).map(|()| None)
             }
             Err(e) => Err(compile_error(e)),
         }
@@ -470,30 +627,40 @@ impl Devices {
 
     /// Removes rules `ids` from every device that holds them (a removal
     /// cannot fail once its ids are known).
-    pub(crate) fn remove(&mut self, ids: &[SubId]) -> DeviceUpdates {
-        let out = (0..self.devices.len()).map(|d| Some(self.remove_from(d, ids))).collect();
+    pub(crate) fn remove(&mut self, spec: &Spec, ids: &[SubId]) -> DeviceUpdates {
+        let out = (0..self.devices.len()).map(|d| self.remove_from(spec, d, ids)).collect();
         for id in ids {
             self.network.remove(id);
         }
         self.take_stale(out)
     }
 
-    fn remove_from(&mut self, d: usize, ids: &[SubId]) -> SetDiff {
+    /// Removes rules `ids` from device `d` (`None`: placed anew, since the
+    /// removal left it over its budget).
+    fn remove_from(&mut self, spec: &Spec, d: usize, ids: &[SubId]) -> Option<SetDiff> {
+        let topology = &self.fabric.topology;
         let device = &mut self.devices[d];
         let held: Vec<SubId> = ids.iter().copied().filter(|id| device.rules.contains_key(id)).collect();
         if held.is_empty() {
-            return SetDiff::default();
+            return Some(SetDiff::default());
         }
-        for id in &held {
-            device.rules.remove(id);
+        let in_set = device.set_ids(topology, d, &held);
+        let diff = device.set.remove(&in_set).expect("the device holds these ids");
+        device.took(spec, &held, vec![]);
+        if device.over_budget() {
+            let rules = device.rules.clone();
+            if let Err(e) = device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE) {
+                tracing::error!(device = %topology.devices[d].name, error = %e, "a removal left the device over its budget, and placing it anew failed");
+            }
+            return None;
         }
-        device.set.remove(&held).expect("the device holds these ids")
+        Some(diff)
     }
 
     /// Undoes an add of `ids` after a failed commit.
-    pub(crate) fn undo_add(&mut self, ids: &[SubId]) {
+    pub(crate) fn undo_add(&mut self, spec: &Spec, ids: &[SubId]) {
         for d in 0..self.devices.len() {
-            if !self.remove_from(d, ids).is_empty() {
+            if moved(self.remove_from(spec, d, ids).as_ref()) {
                 self.stale.insert(d);
             }
         }
@@ -554,8 +721,10 @@ impl Devices {
             match self.follow(spec, d, rules) {
                 Ok(u) => out.push(u),
                 Err(e) => {
-                    // Devices up to this one moved already: their next
-                    // updates are published whole.
+                    // Devices before this one moved already (a device's
+                    // budget can refuse the move): move them back, and
+                    // publish them whole next time.
+                    self.move_back(spec, 0..d, &nfs);
                     self.stale.extend(0..=d);
                     return Err(e);
                 }
@@ -566,37 +735,60 @@ impl Devices {
         Ok(self.take_stale(out))
     }
 
+    /// Moves `devices` back to their projections of `nfs` on the current
+    /// routes, after a reroute that failed part way.
+    fn move_back(&mut self, spec: &Spec, devices: std::ops::Range<usize>, nfs: &[NfSubscription]) {
+        for d in devices {
+            let back = project_all(&self.fabric.topology, &self.routes, spec, d, nfs).map_err(NetError::from);
+            if let Err(e) = back.and_then(|rules| self.follow(spec, d, rules)) {
+                tracing::error!(device = %self.fabric.topology.devices[d].name, error = %e, "moving a device back after a refused reroute failed");
+            }
+        }
+    }
+
     /// Moves device `d` to the projected `rules`, as the IR's diffs (`None`:
-    /// compiled afresh, its pipelines full).
+    /// compiled afresh, its pipelines full). On failure the device holds
+    /// its rules as before (published whole next time).
     fn follow(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
+        let before = self.devices[d].rules.clone();
+        let moved = self.follow_to(spec, d, rules);
+        if moved.is_err() {
+            let topology = &self.fabric.topology;
+            if let Err(e) = self.devices[d].replace(topology, spec, d, before, &self.opts, subc_bdd::Deadline::NONE) {
+                tracing::error!(device = %topology.devices[d].name, error = %e, "restoring a device's rules failed");
+            }
+            self.stale.insert(d);
+        }
+        moved
+    }
+
+    fn follow_to(&mut self, spec: &Spec, d: usize, rules: BTreeMap<SubId, NfSubscription>) -> Result<Option<SetDiff>, NetError> {
+        let topology = &self.fabric.topology;
         let device = &mut self.devices[d];
         let (gone, new) = subc_fabric::rule_changes(device.rules.values(), rules.values());
         let mut diff = SetDiff::default();
         if !gone.is_empty() {
-            diff = device.set.remove(&gone).expect("the device holds these ids");
-            for id in &gone {
-                device.rules.remove(id);
-            }
+            let in_set = device.set_ids(topology, d, &gone);
+            diff = device.set.remove(&in_set).expect("the device holds these ids");
         }
         if !new.is_empty() {
-            match device.set.add(&new) {
+            match device.set.add(&device.placed(topology, d, &new)) {
                 // The remove's and the add's diffs, composed in the IR: one
                 // diff per pipeline, their bit-vector parts merged.
                 Ok(u) => diff = diff.then(u).expect("an add's diff follows the remove's it was computed after"),
                 Err(e) => {
                     if !matches!(e, CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) {
-                        tracing::warn!(device = %self.fabric.topology.devices[d].name, error = %e, "compiling the device afresh");
+                        tracing::warn!(device = %topology.devices[d].name, error = %e, "compiling the device afresh");
                     }
-                    let list: Vec<NfSubscription> = rules.values().cloned().collect();
-                    let mut opts = device_options(&self.fabric.topology, d, &self.opts);
-                    opts.order = Some(device.set.base_order().to_vec());
-                    let name = &self.fabric.topology.devices[d].name;
-                    device.set =
-                        CompiledSet::compile(spec, &list, opts).map_err(|source| NetError::Compile { device: name.clone(), source })?;
-                    device.rules = rules;
+                    device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE)?;
                     return Ok(None);
                 }
             }
+        }
+        device.took(spec, &gone, new);
+        if device.over_budget() {
+            device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE)?;
+            return Ok(None);
         }
         device.rules = rules;
         Ok(Some(diff))

@@ -570,8 +570,9 @@ impl Writer {
                 if let Err(e) = self.d.set.remove(&ids) {
                     tracing::error!(error = %e, "undoing an add failed");
                 }
+                let core = self.core.clone();
                 if let Some(net) = &mut self.d.net {
-                    net.undo_add(&ids);
+                    net.undo_add(core.spec(), &ids);
                 }
                 self.forget_records(&ids);
             }
@@ -602,8 +603,9 @@ impl Writer {
             }
             Undo::Recompiled { old, ids } => {
                 self.d.set = *old;
+                let core = self.core.clone();
                 if let Some(net) = &mut self.d.net {
-                    net.undo_add(&ids);
+                    net.undo_add(core.spec(), &ids);
                 }
                 self.forget_records(&ids);
             }
@@ -810,6 +812,8 @@ impl Writer {
         let r = net.add(core.spec(), nfs, budget.deadline);
         self.observe_compile("add", t);
         let updates = r.map_err(|e| match e.compile_error() {
+            // A device's table budget cannot hold the rules, however relaxed.
+            None if e.over_budget() => self.refuse_limit("device_budget", format!("{e}; nothing was added")).into(),
             Some(CompileError::DeadlineExceeded) => self.out_of_time(budget, "compiling the devices' projections"),
             Some(CompileError::SubscriptionTooLarge { .. } | CompileError::TooManyPipelines { .. }) => self.capacity_refusal(&e).into(),
             // A port number in a rule is an endpoint's; one beyond the topology's.
@@ -821,7 +825,7 @@ impl Writer {
         let limit = core.config().limits.max_compiler_bytes;
         if bytes > limit {
             if let Some(net) = &mut self.d.net {
-                net.undo_add(&nfs.iter().map(|n| n.id).collect::<Vec<_>>());
+                net.undo_add(core.spec(), &nfs.iter().map(|n| n.id).collect::<Vec<_>>());
             }
             return Err(self
                 .refuse_limit(
@@ -1039,7 +1043,8 @@ impl Writer {
         }
         let t = Instant::now();
         let update = self.d.set.remove(&ids).map_err(|e| Status::internal(format!("compiler: {e}")))?;
-        let devices = self.d.net.as_mut().map(|n| n.remove(&ids)).unwrap_or_default();
+        let spec = self.core.spec().clone();
+        let devices = self.d.net.as_mut().map(|n| n.remove(&spec, &ids)).unwrap_or_default();
         self.observe_compile("remove", t);
         self.d.generation += 1;
         let generation = self.d.generation;

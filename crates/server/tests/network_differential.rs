@@ -31,8 +31,19 @@
 //! request"). Sim targets apply the two diffs in order, so their tables
 //! alone would not show it.
 //!
+//! With budgets (`budgeted_meshes_deliver_exactly`), most devices get a
+//! small random `budget`, so that the service places them
+//! (`subc_fabric::place`: transit relaxed, own endpoints exact): every
+//! device then holds at most its budget, a device whose status reports
+//! nothing relaxed holds exactly its projection, and every endpoint still
+//! receives exactly what the reference says (the relaxed transit parts send
+//! more over links, never to endpoints). A change that cannot fit some
+//! device's budget is refused (RESOURCE_EXHAUSTED for an add,
+//! FAILED_PRECONDITION for a `SetDown`) with nothing changed.
+//!
 //! 12 cases of 25 steps, 30 packets after each; about 10 s in a debug
-//! build. `SUBC_NETDIFF_SEED=N` runs other cases.
+//! build, and as much again with budgets. `SUBC_NETDIFF_SEED=N` runs other
+//! cases.
 
 mod common;
 
@@ -57,7 +68,7 @@ const SYMBOLS: [&str; 5] = ["GOOGL", "AAPL", "MSFT", "NVDA", "AMZN"];
 /// the routing root varies), `extra` spare links (some may join the same
 /// devices twice), `endpoints` endpoints on random devices, `e0` the only
 /// publisher. Every device is a `sim` device.
-fn mesh(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> (String, Vec<String>) {
+fn mesh(devices: usize, endpoints: usize, extra: usize, budgets: bool, rng: &mut Rng) -> (String, Vec<String>) {
     let mut names: Vec<usize> = (0..devices).collect();
     for i in (1..devices).rev() {
         names.swap(i, rng.below(i as u64 + 1) as usize);
@@ -71,7 +82,12 @@ fn mesh(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> (Strin
     let mut out = String::new();
     for d in 0..devices {
         let n = name(d);
-        writeln!(out, "[[device]]\nname = \"{n}\"\nkind = \"sim\"\noptions = {{ path = \"{n}.json\" }}\n").unwrap();
+        // Budgets: most devices get one, small enough that transit relaxes.
+        let budget = match budgets && rng.below(4) > 0 {
+            true => format!("budget = {}\n", rng.range(12, 80)),
+            false => String::new(),
+        };
+        writeln!(out, "[[device]]\nname = \"{n}\"\nkind = \"sim\"\n{budget}options = {{ path = \"{n}.json\" }}\n").unwrap();
     }
     let mut links: Vec<(usize, usize)> = (1..devices).map(|d| (d, rng.below(d as u64) as usize)).collect();
     while links.len() < devices - 1 + extra {
@@ -199,6 +215,13 @@ struct Case {
     reroutes: usize,
     /// Devices a reroute moved by a remove and an add at once.
     both_ways: usize,
+    /// Budgets: checks of a device holding a relaxed set, and changes a
+    /// budget refused.
+    relaxed: usize,
+    over_budget: usize,
+    /// A refused change may leave devices to be published whole by the
+    /// next one (`network.rs`, stale): it then names them changed too.
+    republish: bool,
 }
 
 impl Case {
@@ -227,7 +250,7 @@ impl Case {
 
     /// The checks after a step (`what`).
     async fn check(&mut self, admin: &mut Clients, what: &str) {
-        self.in_sync(admin).await;
+        let statuses = self.in_sync(admin).await;
         let seed = self.seed;
         let (_, network) = program(&self.text, &self.live);
         let routes = Routes::avoiding(&self.t, &self.down).unwrap();
@@ -236,6 +259,19 @@ impl Case {
         for (d, name) in self.names.iter().enumerate() {
             let h = held(self.dir.path(), name);
             let p = &programs[d];
+            if let Some(budget) = self.t.devices[d].budget {
+                let entries: usize = h.iter().map(Pipeline::entry_count).sum();
+                assert!(entries as u64 <= budget, "seed {seed}, {what}: {name} holds {entries} entries, over its budget of {budget}");
+                let a =
+                    statuses[d].approximation.as_ref().unwrap_or_else(|| panic!("seed {seed}, {what}: {name} reports no approximation"));
+                assert_eq!((a.budget, a.entries, a.missing_deliveries), (budget, entries as u64, 0), "seed {seed}, {what}: {name}: {a:?}");
+                if !a.dropped_fields.is_empty() {
+                    // Relaxed: checked by what reaches the endpoints, below.
+                    self.relaxed += 1;
+                    tables.push(h);
+                    continue;
+                }
+            }
             let distance = subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &h, &Default::default());
             assert!(matches!(distance, Ok(0)), "seed {seed}, {what}: {name} holds its projection: {distance:?}\n{}", self.text);
             tables.push(h);
@@ -287,7 +323,15 @@ impl Case {
         let before = self.projections(&self.down).unwrap();
         match self.projections(&next) {
             Ok(after) => {
-                let r = admin.targets.set_down(req).await.unwrap_or_else(|e| panic!("seed {}, {what}: {e:?}", self.seed)).into_inner();
+                let written = files(self.dir.path(), &self.names);
+                let r = match admin.targets.set_down(req).await {
+                    Ok(r) => r.into_inner(),
+                    Err(e) if self.budgets() && e.code() == Code::FailedPrecondition && e.message().contains("budget") => {
+                        self.refused_by_budget(admin, written, &what).await;
+                        return;
+                    }
+                    Err(e) => panic!("seed {}, {what}: {e:?}", self.seed),
+                };
                 let links_down: Vec<u32> = next.links.iter().map(|&l| l as u32).collect();
                 assert_eq!(r.links_down, links_down, "seed {}, {what}", self.seed);
                 let changed: Vec<String> =
@@ -298,7 +342,7 @@ impl Case {
                 // whose matches another rule still forwards the same way).
                 // That they hold the right tables is checked below.
                 assert!(
-                    r.changed.iter().all(|d| changed.contains(d)),
+                    r.changed.iter().all(|d| changed.contains(d)) || self.republish,
                     "seed {}, {what}: {:?} changed, of {changed:?}",
                     self.seed,
                     r.changed
@@ -312,6 +356,7 @@ impl Case {
                         !gone.is_empty() && !new.is_empty()
                     })
                     .count();
+                self.republish &= r.generation == self.generation;
                 self.generation = r.generation;
                 self.down = next;
                 self.check(admin, &what).await;
@@ -337,14 +382,34 @@ impl Case {
             Err(e) => panic!("{e}"),
         }
     }
+
+    fn budgets(&self) -> bool {
+        self.t.devices.iter().any(|d| d.budget.is_some())
+    }
+
+    /// After a change a device's budget refused: nothing changed (the
+    /// generation, what is down, every device's tables and status).
+    async fn refused_by_budget(&mut self, admin: &mut Clients, written: Vec<Vec<u8>>, what: &str) {
+        let nothing = proto::SetDownRequest { links: vec![], devices: vec![], down: false };
+        let r = admin.targets.set_down(nothing).await.unwrap().into_inner();
+        let links_down: Vec<u32> = self.down.links.iter().map(|&l| l as u32).collect();
+        assert_eq!((r.generation, r.links_down), (self.generation, links_down), "seed {}, {what}: refused by a budget", self.seed);
+        for s in self.in_sync(admin).await {
+            assert_eq!(s.deployed_generation, self.generation, "seed {}, {what}: {s:?}", self.seed);
+        }
+        assert!(written == files(self.dir.path(), &self.names), "seed {}, {what}: a change a budget refused changed a device", self.seed);
+        self.over_budget += 1;
+        self.republish = true;
+        self.check(admin, what).await;
+    }
 }
 
-async fn run_case(seed: u64) -> [u64; 4] {
+async fn run_case(seed: u64, budgets: bool) -> [u64; 6] {
     let mut rng = Rng::new(seed);
     let devices = rng.range(3, 6) as usize;
     let endpoints = rng.range(3, 6) as usize;
     let extra = rng.range(1, 4) as usize;
-    let (text, names) = mesh(devices, endpoints, extra, &mut rng);
+    let (text, names) = mesh(devices, endpoints, extra, budgets, &mut rng);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("fabric.toml"), &text).unwrap();
     // Packets that hit the rules this case may add (and some that miss).
@@ -370,6 +435,9 @@ async fn run_case(seed: u64) -> [u64; 4] {
         refused: 0,
         reroutes: 0,
         both_ways: 0,
+        relaxed: 0,
+        over_budget: 0,
+        republish: false,
     };
     case.check(&mut admin, "start").await;
     let mut next = 0;
@@ -380,14 +448,24 @@ async fn run_case(seed: u64) -> [u64; 4] {
             k if k < 3 || step < 4 => {
                 let text = pool[next % pool.len()].clone();
                 next += 1;
-                let a = alice.subs.add(add_req(&[&text])).await.unwrap().into_inner();
+                let written = files(case.dir.path(), &case.names);
+                let a = match alice.subs.add(add_req(&[&text])).await {
+                    Ok(a) => a.into_inner(),
+                    Err(e) if budgets && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
+                        case.refused_by_budget(&mut admin, written, &format!("step {step}: add {text}, refused: {}", e.message())).await;
+                        continue;
+                    }
+                    Err(e) => panic!("seed {seed}, step {step}: add {text}: {e:?}"),
+                };
                 case.live.push((a.subscriptions[0].id, text.clone()));
+                case.republish = false;
                 case.generation = a.generation;
                 case.check(&mut admin, &format!("step {step}: add {text}")).await;
             }
             3 | 4 if !case.live.is_empty() => {
                 let (id, text) = case.live.remove(rng.below(case.live.len() as u64) as usize);
                 case.generation = alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+                case.republish = false;
                 case.check(&mut admin, &format!("step {step}: remove {text}")).await;
             }
             5 | 6 => {
@@ -416,22 +494,45 @@ async fn run_case(seed: u64) -> [u64; 4] {
         }
     }
     r.shutdown().await.unwrap();
-    [case.delivered, case.refused as u64, case.reroutes as u64, case.both_ways as u64]
+    [case.delivered, case.refused as u64, case.reroutes as u64, case.both_ways as u64, case.relaxed as u64, case.over_budget as u64]
+}
+
+/// [`CASES`] cases, with budgets or not; the totals of their counts.
+async fn run_cases(budgets: bool) -> [u64; 6] {
+    let base: u64 = std::env::var("SUBC_NETDIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(28);
+    let mut totals = [0u64; 6];
+    for c in 0..CASES {
+        let one = run_case(base * 1000 + c, budgets).await;
+        for (t, n) in totals.iter_mut().zip(one) {
+            *t += n;
+        }
+    }
+    totals
+}
+
+/// Budgets set on most devices: each holds at most its budget, and every
+/// endpoint still receives exactly what the reference says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgeted_meshes_deliver_exactly() {
+    bounded(240, async {
+        let t = Instant::now();
+        let [delivered, _, reroutes, _, relaxed, over_budget] = run_cases(true).await;
+        eprintln!(
+            "{CASES} budgeted cases x {STEPS} steps in {:?}: {delivered} copies delivered, {reroutes} reroutes, \
+             {relaxed} checks of a relaxed device, {over_budget} changes refused by a budget",
+            t.elapsed()
+        );
+        assert!(delivered > 1000, "too few deliveries to test: {delivered}");
+        assert!(relaxed > CASES * 2, "too few relaxed devices to test budgets: {relaxed}");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_meshes_follow_changes_and_failures() {
     bounded(240, async {
-        let base: u64 = std::env::var("SUBC_NETDIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(28);
-        let mut totals = [0u64; 4];
         let t = Instant::now();
-        for c in 0..CASES {
-            let one = run_case(base * 1000 + c).await;
-            for (t, n) in totals.iter_mut().zip(one) {
-                *t += n;
-            }
-        }
-        let [delivered, refused, reroutes, both_ways] = totals;
+        let [delivered, refused, reroutes, both_ways, _, _] = run_cases(false).await;
         eprintln!(
             "{CASES} cases x {STEPS} steps in {:?}: {delivered} copies delivered, {reroutes} reroutes \
              ({both_ways} device updates both removing and adding), {refused} refusals",

@@ -254,7 +254,7 @@ class EbpfEgress(_message.Message):
     def __init__(self, interface: _Optional[str] = ..., dst_mac: _Optional[str] = ..., src_mac: _Optional[str] = ..., dst_ip: _Optional[str] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class P4RuntimeTarget(_message.Message):
-    __slots__ = ("address", "device_id", "p4info", "device_config", "ports", "election_id", "tls")
+    __slots__ = ("address", "device_id", "p4info", "device_config", "ports", "election_id", "tls", "budget")
     class PortsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,7 @@ class P4RuntimeTarget(_message.Message):
     PORTS_FIELD_NUMBER: _ClassVar[int]
     ELECTION_ID_FIELD_NUMBER: _ClassVar[int]
     TLS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     address: str
     device_id: int
     p4info: bytes
@@ -276,7 +277,8 @@ class P4RuntimeTarget(_message.Message):
     ports: _containers.ScalarMap[int, int]
     election_id: int
     tls: P4RuntimeTls
-    def __init__(self, address: _Optional[str] = ..., device_id: _Optional[int] = ..., p4info: _Optional[bytes] = ..., device_config: _Optional[bytes] = ..., ports: _Optional[_Mapping[int, int]] = ..., election_id: _Optional[int] = ..., tls: _Optional[_Union[P4RuntimeTls, _Mapping]] = ...) -> None: ...
+    budget: int
+    def __init__(self, address: _Optional[str] = ..., device_id: _Optional[int] = ..., p4info: _Optional[bytes] = ..., device_config: _Optional[bytes] = ..., ports: _Optional[_Mapping[int, int]] = ..., election_id: _Optional[int] = ..., tls: _Optional[_Union[P4RuntimeTls, _Mapping]] = ..., budget: _Optional[int] = ...) -> None: ...
 
 class P4RuntimeTls(_message.Message):
     __slots__ = ("ca_cert_file", "client_cert_file", "client_key_file", "server_name")
@@ -369,7 +371,7 @@ class DeployResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[TargetStatus, _Mapping]] = ...) -> None: ...
 
 class TargetStatus(_message.Message):
-    __slots__ = ("name", "state", "deployed_generation", "current_generation", "entries", "groups", "last_error", "consecutive_failures", "last_diff_entries", "last_deploy_time", "port_counters")
+    __slots__ = ("name", "state", "deployed_generation", "current_generation", "entries", "groups", "last_error", "consecutive_failures", "last_diff_entries", "last_deploy_time", "port_counters", "approximation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DEPLOYED_GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +383,7 @@ class TargetStatus(_message.Message):
     LAST_DIFF_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LAST_DEPLOY_TIME_FIELD_NUMBER: _ClassVar[int]
     PORT_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    APPROXIMATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: TargetState
     deployed_generation: int
@@ -392,7 +395,30 @@ class TargetStatus(_message.Message):
     last_diff_entries: int
     last_deploy_time: _timestamp_pb2.Timestamp
     port_counters: _containers.RepeatedCompositeFieldContainer[PortCounter]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[TargetState, str]] = ..., deployed_generation: _Optional[int] = ..., current_generation: _Optional[int] = ..., entries: _Optional[int] = ..., groups: _Optional[int] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., last_diff_entries: _Optional[int] = ..., last_deploy_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., port_counters: _Optional[_Iterable[_Union[PortCounter, _Mapping]]] = ...) -> None: ...
+    approximation: Approximation
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[TargetState, str]] = ..., deployed_generation: _Optional[int] = ..., current_generation: _Optional[int] = ..., entries: _Optional[int] = ..., groups: _Optional[int] = ..., last_error: _Optional[str] = ..., consecutive_failures: _Optional[int] = ..., last_diff_entries: _Optional[int] = ..., last_deploy_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., port_counters: _Optional[_Iterable[_Union[PortCounter, _Mapping]]] = ..., approximation: _Optional[_Union[Approximation, _Mapping]] = ...) -> None: ...
+
+class Approximation(_message.Message):
+    __slots__ = ("budget", "entries", "dropped_fields", "sampled_packets", "exact_deliveries", "extra_deliveries", "packets_with_extra", "missing_deliveries", "refits")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_PACKETS_FIELD_NUMBER: _ClassVar[int]
+    EXACT_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_WITH_EXTRA_FIELD_NUMBER: _ClassVar[int]
+    MISSING_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    REFITS_FIELD_NUMBER: _ClassVar[int]
+    budget: int
+    entries: int
+    dropped_fields: _containers.RepeatedScalarFieldContainer[str]
+    sampled_packets: int
+    exact_deliveries: int
+    extra_deliveries: int
+    packets_with_extra: int
+    missing_deliveries: int
+    refits: int
+    def __init__(self, budget: _Optional[int] = ..., entries: _Optional[int] = ..., dropped_fields: _Optional[_Iterable[str]] = ..., sampled_packets: _Optional[int] = ..., exact_deliveries: _Optional[int] = ..., extra_deliveries: _Optional[int] = ..., packets_with_extra: _Optional[int] = ..., missing_deliveries: _Optional[int] = ..., refits: _Optional[int] = ...) -> None: ...
 
 class PortCounter(_message.Message):
     __slots__ = ("port", "packets", "bytes")

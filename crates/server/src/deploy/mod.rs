@@ -250,6 +250,10 @@ pub struct TargetHandle {
     /// Held while a counter read is under way: another caller meanwhile
     /// gets the last counters rather than a second read.
     counters_reading: tokio::sync::Mutex<()>,
+    /// A target under a table budget follows its own fitted set (`budget.rs`).
+    budget: Option<Arc<Mutex<crate::budget::Follower>>>,
+    /// What fitting into the budget costs (a budgeted target's, or a device's).
+    approximation: crate::budget::Report,
 }
 
 /// The plan for one sync.
@@ -313,7 +317,7 @@ pub(crate) fn plan(held: &Held, from: u64, c: &Committed, view: Option<usize>) -
 
 impl TargetHandle {
     pub fn new(registration: proto::RegisterTargetRequest, deployed: bool, status: Option<proto::TargetStatus>) -> Arc<TargetHandle> {
-        TargetHandle::for_view(registration, None, None, deployed, status)
+        TargetHandle::for_view(registration, None, None, deployed, status, None)
     }
 
     /// A target that follows `view` (see [`TargetHandle::view`]).
@@ -323,8 +327,15 @@ impl TargetHandle {
         ebpf_device: Option<ebpf::EbpfDevice>,
         deployed: bool,
         status: Option<proto::TargetStatus>,
+        approximation: Option<crate::budget::Report>,
     ) -> Arc<TargetHandle> {
         let name = registration.name.clone();
+        let approximation = approximation.unwrap_or_default();
+        let budget = match &registration.kind {
+            Some(Kind::P4runtime(p)) => p.budget.and_then(|b| crate::budget::check_budget(b).ok()),
+            _ => None,
+        };
+        let budget = budget.map(|b| Arc::new(Mutex::new(crate::budget::Follower::new(b, approximation.clone()))));
         let mut status = status.unwrap_or_default();
         status.name = name.clone();
         if !deployed {
@@ -347,6 +358,8 @@ impl TargetHandle {
             counters: Mutex::new(vec![]),
             counter_reader: Mutex::new(None),
             counters_reading: tokio::sync::Mutex::new(()),
+            budget,
+            approximation,
         })
     }
 
@@ -362,7 +375,35 @@ impl TargetHandle {
     pub fn status(&self, current: u64) -> proto::TargetStatus {
         let mut s = self.progress.borrow().status.clone();
         s.current_generation = current;
+        s.approximation = crate::budget::read(&self.approximation);
         s
+    }
+
+    /// Whether the target follows its own set fitted into a table budget
+    /// (its ids are its own, not the set's).
+    pub fn budgeted(&self) -> bool {
+        self.budget.is_some()
+    }
+
+    /// What fitting the target into its table budget costs, if it has one.
+    pub fn approximation(&self) -> Option<proto::Approximation> {
+        crate::budget::read(&self.approximation)
+    }
+
+    /// A budgeted target's fitted set brought to the committed state: its
+    /// pipelines and their generation (`None`: the target is not budgeted).
+    async fn fitted(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<Option<(Vec<Pipeline>, u64)>, DriverError> {
+        let Some(follower) = self.budget.clone() else { return Ok(None) };
+        let held = self.held_pipes();
+        let ctx = ctx.clone();
+        let fit = move || -> Result<(Vec<Pipeline>, u64), DriverError> {
+            let opts = crate::budget::compile_options(&ctx.spec, &ctx.config)?;
+            let mut f = follower.lock().expect("budget follower");
+            Ok(f.follow(&ctx.spec, &opts, &ctx.committed, held.as_deref())?)
+        };
+        let fitted =
+            tokio::task::spawn_blocking(fit).await.map_err(|e| DriverError::transient(format!("the fitting thread failed: {e}")))??;
+        Ok(Some(fitted))
     }
 
     /// Reads the port counters from the target into the status and the
@@ -524,12 +565,21 @@ impl TargetHandle {
         }
         // P4Runtime targets also show each op as the update it writes.
         let p4 = matches!(self.registration.kind, Some(Kind::P4runtime(_)));
+        let fitted = self.fitted(ctx).await?;
         let (p, from, to, after) = {
             let h = self.held.lock().expect("held");
-            let c = ctx.committed();
             let held = if self.is_deployed() { h.held.clone() } else { Held::Nothing };
-            let after: Option<Vec<Pipeline>> = p4.then(|| c.pipelines_of(self.view).into_iter().cloned().collect());
-            (plan(&held, h.generation, &c, self.view), h.generation, c.generation(), after)
+            match fitted {
+                Some((pipes, generation)) => {
+                    let after = p4.then(|| pipes.clone());
+                    (crate::budget::plan(&held, pipes), h.generation, generation, after)
+                }
+                None => {
+                    let c = ctx.committed();
+                    let after: Option<Vec<Pipeline>> = p4.then(|| c.pipelines_of(self.view).into_iter().cloned().collect());
+                    (plan(&held, h.generation, &c, self.view), h.generation, c.generation(), after)
+                }
+            }
         };
         let mut r = proto::PlanResponse { from_generation: from, to_generation: to, ..Default::default() };
         let mut ops = vec![];
@@ -602,11 +652,23 @@ impl TargetHandle {
                 return self.failed(ctx, e, generation);
             }
         }
+        let fitted = match self.fitted(ctx).await {
+            Ok(f) => f,
+            Err(e) => {
+                let generation = *ctx.generation.borrow();
+                return self.failed(ctx, e, generation);
+            }
+        };
         let t = Instant::now();
         let (plan, generation, from) = {
             let h = self.held.lock().expect("held");
-            let c = ctx.committed();
-            (plan(&h.held, h.generation, &c, self.view), c.generation(), h.generation)
+            match fitted {
+                Some((pipes, generation)) => (crate::budget::plan(&h.held, pipes), generation, h.generation),
+                None => {
+                    let c = ctx.committed();
+                    (plan(&h.held, h.generation, &c, self.view), c.generation(), h.generation)
+                }
+            }
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         let written = plan.entries();
@@ -646,13 +708,17 @@ impl TargetHandle {
             }
             Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
                 // The program cannot take the update: install the set as a whole.
-                let (pipes, bits, generation_now) = {
-                    let c = ctx.committed();
-                    (
-                        c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(),
-                        c.bits_of(self.view).cloned(),
-                        c.generation(),
-                    )
+                let (pipes, bits, generation_now) = match self.fitted(ctx).await? {
+                    // A budgeted target: its fitted set, which has no group.
+                    Some((pipes, generation)) => (pipes, None, generation),
+                    None => {
+                        let c = ctx.committed();
+                        (
+                            c.pipelines_of(self.view).into_iter().cloned().collect::<Vec<Pipeline>>(),
+                            c.bits_of(self.view).cloned(),
+                            c.generation(),
+                        )
+                    }
                 };
                 tracing::info!(target_name = %self.name, reason = %e, "reinstalling the program");
                 let r = self.install(ctx, pipes, bits).await;
@@ -888,6 +954,8 @@ pub(crate) enum RegistrationError {
     P4InfoEmpty,
     #[error("P4Runtime TLS: a client certificate needs its key, and a key its certificate")]
     TlsHalfIdentity,
+    #[error("budget: {0}")]
+    Budget(#[from] crate::budget::BudgetValueError),
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
@@ -910,6 +978,9 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
             }
             p4::port_map(p)?;
             p4::given_p4info(p)?;
+            if let Some(b) = p.budget {
+                crate::budget::check_budget(b)?;
+            }
             if let Some(t) = &p.tls {
                 if t.client_cert_file.is_empty() != t.client_key_file.is_empty() {
                     return Err(RegistrationError::TlsHalfIdentity);
