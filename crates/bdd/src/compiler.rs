@@ -681,7 +681,7 @@ impl CompiledSet {
         let rule = self.pipes[p].rules[slot as usize].clone();
         self.pipes[p].index.insert(slot, &rule);
         let start = self.managers[p].inner_count();
-        let room = self.pipes[p].budget.saturating_sub(self.pipes[p].size_estimate);
+        let room = self.size_limit(p).saturating_sub(self.pipes[p].size_estimate);
         let root = self.pipes[p].root;
         match self.splice_rule(p, root, slot, start + room) {
             Ok(root) => {
@@ -695,6 +695,20 @@ impl CompiledSet {
                 Err(stop)
             }
         }
+    }
+
+    /// The most nodes pipeline `p` may grow to by an add: its budget, and
+    /// where groups may be used, the cost model's bound too (8 nodes per
+    /// rule, at least `split_nodes`), so that a rule whose diagram would
+    /// multiply asks for a compile, which may lay it out in a group,
+    /// instead of growing the pipeline past what a compile would keep.
+    fn size_limit(&self, p: usize) -> usize {
+        let pipe = &self.pipes[p];
+        if !self.opts.bit_vectors() {
+            return pipe.budget;
+        }
+        let rules = pipe.rules.len() - pipe.free_rule_slots.len() + 1;
+        pipe.budget.min((8 * rules + 64).max(self.opts.split_nodes))
     }
 
     /// How many of pipeline `p`'s rules a splice of `cube` would rebuild
@@ -899,7 +913,9 @@ impl CompiledSet {
     /// then any other, the first whose diagram stays within budget.
     fn place(&mut self, sub: SubId, cube: &Cube, actions: &Actions) -> Result<(usize, u32), CompileError> {
         let key = self.key_of(cube);
-        if self.opts.bit_vectors() && Leaf::from_actions(actions).updates.is_empty() {
+        // Without a group yet, a rule goes to any pipeline within the cost
+        // model's bound, as with diagrams only (a compile lays a group out).
+        if self.opts.bit_vectors() && self.bits.is_some() && Leaf::from_actions(actions).updates.is_empty() {
             return self.place_key_first_else_bits(sub, key, cube, actions);
         }
         let mut candidates: Vec<usize> = (0..self.pipes.len()).collect();
