@@ -107,3 +107,20 @@ fn a_tight_budget_drops_fields_and_forwards_extra_but_never_less() {
     eprintln!("budget {budget}: {} entries, dropped {:?}: {count:?}", fit.set.entry_count(), fit.dropped);
     assert!(count.exact > 0, "the events reach some port: {count:?}");
 }
+
+/// A set with a bit-vector group cannot run on a switch: the back end
+/// refuses it with one typed error, whoever asks (a library caller here,
+/// `subc compile --target p4 --lowering bit-vectors` in the CLI's tests),
+/// rather than dropping the group's rules.
+#[test]
+fn a_set_with_a_bit_vector_group_is_refused() {
+    let p = siena_program(200, 5, 16);
+    let opts = CompileOptions { lowering: subc_bdd::Lowering::BitVectors, ..Default::default() };
+    let set = subc_bdd::CompiledSet::compile(&p.spec, &p.normal_forms, opts).unwrap();
+    let rules = set.bits().map_or(0, |g| g.len());
+    assert!(rules > 0, "the set has a group");
+    for arch in [subc_backend_p4::Arch::V1Model, subc_backend_p4::Arch::Tna] {
+        let e = p4_compile(&p.spec, &set, &P4Options { arch, ..Default::default() }).err().expect("refused");
+        assert!(matches!(e, subc_backend_p4::Error::BitVectorGroup { rules: r } if r == rules), "{e}");
+    }
+}

@@ -91,8 +91,8 @@ pub enum Runs {
 
 impl CompilerArgs {
     /// The compiler options for a target that runs `runs`: `--lowering
-    /// auto` becomes diagrams where groups cannot run, and `bit-vectors`
-    /// there is refused.
+    /// auto` becomes diagrams where groups cannot run (`bit-vectors` stays,
+    /// for the back end to refuse the group it makes).
     pub fn options(&self, spec: &Spec, runs: Runs) -> Result<CompileOptions> {
         let order = if self.order.is_empty() {
             None
@@ -117,11 +117,8 @@ impl CompilerArgs {
             Some(ids)
         };
         let lowering = match (runs, self.lowering, self.bit_vectors) {
-            (Runs::DiagramsOnly, Lowering::BitVectors, _) | (Runs::DiagramsOnly, _, true) => bail!(
-                "--lowering bit-vectors: a switch's match-action tables cannot run a bit-vector group; compile the set for the \
-                 hosts with --target ebpf, or fit it into the switch with --p4-budget N"
-            ),
-            (Runs::DiagramsOnly, _, false) => Lowering::Diagrams,
+            (Runs::DiagramsOnly, Lowering::BitVectors, _) => Lowering::BitVectors,
+            (Runs::DiagramsOnly, _, _) => Lowering::Diagrams,
             (Runs::Everything, l, false) => l,
             (Runs::Everything, _, true) => Lowering::Auto,
         };

@@ -218,6 +218,54 @@ fn compile_p4_under_a_budget_reports_what_the_approximation_adds() {
     assert!(!refused.exists(), "a refused compile writes nothing");
 }
 
+/// The lowering is chosen, not flagged: diverse filters that do not fit
+/// the pipelines as diagrams compile by default (`--lowering auto` puts
+/// them in a bit-vector group); `--lowering diagrams` and `--target p4`
+/// refuse them, naming every option that could make them fit; and a group
+/// asked for on a switch is refused by the P4 back end itself.
+#[test]
+fn the_lowering_is_chosen_and_refusals_name_every_way_to_fit() {
+    let root = tempfile::Builder::new().prefix("subc-cli-lowering").tempdir().unwrap();
+    let (spec, subs) = (root.path().join("siena.spec"), root.path().join("siena.subs"));
+    let gen = subc(&["gen", "siena", "--count", "150", "--attributes", "8", "--spec-out", spec.to_str().unwrap()]);
+    std::fs::write(&subs, ok(&gen)).unwrap();
+    let (spec, subs) = (spec.to_str().unwrap(), subs.to_str().unwrap());
+    // Two pipelines of 64 nodes: far too small for 150 diverse filters as diagrams.
+    let small = ["--max-pipelines", "2", "--split-nodes", "64"];
+    let run = |target: &str, extra: &[&str], out: &str| {
+        let out = root.path().join(out);
+        let mut args = vec!["compile", "--spec", spec, subs, "--target", target, "-o", out.to_str().unwrap()];
+        args.extend(small);
+        args.extend(extra);
+        (subc(&args), out)
+    };
+
+    let (by_default, out) = run("ebpf", &[], "auto");
+    ok(&by_default);
+    let maps: Value = serde_json::from_slice(&std::fs::read(out.join("maps.json")).unwrap()).unwrap();
+    assert!(!maps["bits"].is_null(), "the program runs a bit-vector group: {}", maps["bits"]);
+
+    let (diagrams, out) = run("ebpf", &["--lowering", "diagrams"], "diagrams");
+    assert_eq!(diagrams.status.code(), Some(2), "{}", stderr_of(&diagrams));
+    for way in ["--lowering auto", "--split-nodes", "--max-pipelines", "--node-budget"] {
+        assert!(stderr_of(&diagrams).contains(way), "the refusal names {way}: {}", stderr_of(&diagrams));
+    }
+    assert!(!out.exists(), "a refused compile writes nothing");
+
+    let (p4, out) = run("p4", &[], "p4");
+    assert_eq!(p4.status.code(), Some(2), "{}", stderr_of(&p4));
+    for way in ["--p4-budget", "--target ebpf", "--split-nodes", "--max-pipelines"] {
+        assert!(stderr_of(&p4).contains(way), "the refusal names {way}: {}", stderr_of(&p4));
+    }
+    assert!(!out.exists(), "a refused compile writes nothing");
+
+    // The P4 back end's own refusal (what a library caller gets).
+    let (group, out) = run("p4", &["--lowering", "bit-vectors"], "p4-group");
+    assert_eq!(group.status.code(), Some(2), "{}", stderr_of(&group));
+    assert!(stderr_of(&group).contains("in a bit-vector group, which a switch's match-action tables cannot run"), "{}", stderr_of(&group));
+    assert!(!out.exists(), "a refused compile writes nothing");
+}
+
 /// A directory as `scripts/check_p4runtime.py` reads it: the artifacts of
 /// `out`, plus the binary forms `subc compile` does not write
 /// (`p4info.bin`, `mcast.bin`), encoded from the text ones.
