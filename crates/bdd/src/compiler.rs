@@ -771,7 +771,8 @@ impl CompiledSet {
     }
 
     /// Puts `rules` into pipeline `p` by rebuilding its diagram from all of
-    /// its rules, if the result stays within the pipeline's budget. Returns
+    /// its rules, if the result stays within the pipeline's size limit
+    /// ([`CompiledSet::size_limit`]). Returns
     /// whether it did; when it did not (or at the deadline), it changed
     /// nothing.
     fn try_rebuild_adding(&mut self, p: usize, rules: &[&PendingRule], placed: &mut Vec<(SubId, usize, u32)>) -> Result<bool, BuildStop> {
@@ -779,7 +780,7 @@ impl CompiledSet {
         let mut active = self.pipes[p].index.all();
         active.extend_from_slice(&slots);
         let start = self.managers[p].inner_count();
-        let limit = start.saturating_add(self.pipes[p].budget);
+        let limit = start.saturating_add(self.size_limit(p));
         match build(&mut self.managers[p], &self.pipes[p].rules, &active, limit, self.deadline) {
             Ok(root) => {
                 let pipe = &mut self.pipes[p];
