@@ -230,6 +230,15 @@ pub struct TargetAddArgs {
     /// must already run subc's program.
     #[arg(long, value_name = "FILE")]
     device_config: Option<PathBuf>,
+    /// P4Runtime: the architecture of the switch's program: `v1model` (BMv2's
+    /// simple_switch) or `tna` (a Tofino: the program `subc compile --target p4
+    /// --arch tna` writes, with the server's field order; give its P4Info and the
+    /// Tofino compiler's output as --p4info and --device-config). A TNA program
+    /// leaves out the levels of fields no subscription tests (each costs a stage):
+    /// a change that needs one installs the program anew, which a registered
+    /// program cannot take (compile it again and register the target again).
+    #[arg(long, value_enum, default_value = "v1model")]
+    arch: crate::p4::ArchArg,
     /// P4Runtime: connect over TLS, checking the switch's certificate against
     /// the system's roots (or `--p4-ca-cert`). Implied by the `--p4-*` TLS
     /// options below. Their files are paths on the machine `subc serve` runs
@@ -444,6 +453,27 @@ fn p4runtime_tls(a: &TargetAddArgs) -> Option<proto::P4RuntimeTls> {
     })
 }
 
+/// The name `--arch` sends: the architecture's own.
+fn arch_name(a: crate::p4::ArchArg) -> &'static str {
+    match a {
+        crate::p4::ArchArg::V1model => subc_backend_p4::Arch::V1Model.name(),
+        crate::p4::ArchArg::Tna => subc_backend_p4::Arch::Tna.name(),
+    }
+}
+
+/// A target's kind as `subc target ls` and `status` show it.
+fn kind_text(t: &proto::Target) -> String {
+    match &t.kind {
+        Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
+        Some(proto::target::Kind::P4runtime(p)) => {
+            let arch = if p.arch.is_empty() { subc_backend_p4::Arch::V1Model.name() } else { p.arch.as_str() };
+            format!("p4runtime {} device {}, {arch}", p.address, p.device_id)
+        }
+        Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
+        None => "?".into(),
+    }
+}
+
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
     let kind = if let Some(iface) = &a.ebpf {
         let mut ports = HashMap::new();
@@ -485,6 +515,7 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             ports,
             election_id: a.election_id,
             tls: p4runtime_tls(a),
+            arch: arch_name(a.arch).to_string(),
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
@@ -574,12 +605,7 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     print_json(&listed)?;
                 } else {
                     for t in &listed.targets {
-                        let kind = match &t.kind {
-                            Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
-                            Some(proto::target::Kind::P4runtime(p)) => format!("p4runtime {} device {}", p.address, p.device_id),
-                            Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
-                            None => "?".into(),
-                        };
+                        let kind = kind_text(t);
                         writeln!(out(), "{} [{kind}{}]", t.name, if t.manual { ", manual" } else { "" })?;
                         if let Some(s) = &t.status {
                             print_status(s)?;
@@ -611,7 +637,14 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                 let mut c = conn.clients()?;
                 match c.targets.status(proto::TargetRequest { name: name.clone() }).await {
                     Ok(r) if conn.json => print_json(r.get_ref())?,
-                    Ok(r) => print_status(r.get_ref())?,
+                    Ok(r) => {
+                        print_status(r.get_ref())?;
+                        // The kind (a P4Runtime target's architecture) is the registration's.
+                        let listed = c.targets.list(proto::ListTargetsRequest {}).await.map(|l| l.into_inner().targets);
+                        if let Some(t) = listed.ok().and_then(|ts| ts.into_iter().find(|t| t.name == *name)) {
+                            writeln!(out(), "  {}", kind_text(&t))?;
+                        }
+                    }
                     Err(s) => return Ok(report(s)),
                 }
             }
@@ -743,8 +776,13 @@ mod tests {
             assert_eq!(P4Info::decode(p.p4info.as_slice()).unwrap(), info, "{}: sent as the binary P4Info", file.display());
             assert_eq!(p.device_config, b"{\"bmv2\": 1}");
             assert_eq!(p.ports, HashMap::from([(1, 11), (2, 12)]));
+            assert_eq!(p.arch, "v1model", "the default architecture");
             assert!(r.manual);
         }
+        let Some(Kind::P4runtime(p)) = parse(&["sw", "--p4runtime", "h:1", "--arch", "tna"]).unwrap().kind else { panic!("P4Runtime") };
+        assert_eq!(p.arch, "tna");
+        let e = parse(&["sw", "--p4runtime", "h:1", "--arch", "tofino"]).unwrap_err();
+        assert!(e.to_string().contains("possible values: v1model, tna"), "{e}");
         // Mistakes are named.
         let e = parse(&["sw", "--p4runtime", "h:1", "--port", "1=x"]).unwrap_err();
         assert!(e.to_string().contains("--port 1=x: x is not a device port"), "{e}");

@@ -855,6 +855,9 @@ pub(crate) enum RegistrationError {
     P4InfoEmpty,
     #[error("P4Runtime TLS: a client certificate needs its key, and a key its certificate")]
     TlsHalfIdentity,
+    /// A P4Runtime target's `arch` that names no architecture subc writes.
+    #[error("P4Runtime arch {given:?} is not one subc writes programs for; give one of: {}", p4::ARCH_NAMES.join(", "))]
+    UnknownArch { given: String },
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
@@ -876,6 +879,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
                 return Err(RegistrationError::NoAddress);
             }
             p4::port_map(p)?;
+            p4::arch(p)?;
             p4::given_p4info(p)?;
             if let Some(t) = &p.tls {
                 if t.client_cert_file.is_empty() != t.client_key_file.is_empty() {
