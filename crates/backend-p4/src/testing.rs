@@ -568,7 +568,9 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<P4Layout, RecoverErr
         let name = table_name(t);
         let name = name.as_str();
         let kind = |k: usize, want: MatchType| {
-            t.match_fields.get(k).is_some_and(|f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == want as i32))
+            t.match_fields.get(k).is_some_and(
+                |f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == want as i32),
+            )
         };
         if arch.unqualified(name).is_none() {
             // The egress's tables (TNA: `port_filter`).

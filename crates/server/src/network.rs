@@ -248,11 +248,9 @@ impl Fabric {
                         t.ports.insert(n, q);
                     }
                 }
-                _ => {
-                    return Err(format!(
-                        "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports, arch)"
-                    ))
-                }
+                _ => return Err(format!(
+                    "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports, arch)"
+                )),
             }
         }
         if t.address.is_empty() {

@@ -584,7 +584,9 @@ impl Driver for P4Driver {
         let batches = match self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update) {
             Ok(b) => b,
             // Nothing was written: a program with the level replaces this one.
-            Err(e @ P4Error::LevelLeftOut { .. }) => return Err(DriverError::needs_install(format!("{e}: installing a program that has it"))),
+            Err(e @ P4Error::LevelLeftOut { .. }) => {
+                return Err(DriverError::needs_install(format!("{e}: installing a program that has it")))
+            }
             Err(e) => return Err(self.transient(e)),
         };
         self.write(batches).map_err(|e| self.transient(e))?;
