@@ -248,9 +248,11 @@ impl Fabric {
                         t.ports.insert(n, q);
                     }
                 }
-                _ => return Err(format!(
+                _ => {
+                    return Err(format!(
                     "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports, arch)"
-                )),
+                ))
+                }
             }
         }
         if t.address.is_empty() {
