@@ -156,8 +156,8 @@ async fn a_tna_target_follows_random_adds_and_removes_as_the_interpreter_decides
         // The ITCH generator's rules first: the program has no level for
         // the price, the side, the average or the counter.
         let mut generation = 0;
-        for k in 0..10 {
-            let (id, g) = add(&mut env, &pool[k]).await;
+        for (k, line) in pool.iter().enumerate().take(10) {
+            let (id, g) = add(&mut env, line).await;
             present.insert(k, id);
             generation = g;
         }
@@ -220,11 +220,12 @@ async fn a_tna_target_follows_random_adds_and_removes_as_the_interpreter_decides
         let mut env = Env::with_dir(dir).await;
         let s = wait_deployed(&mut env.admin, "sw", generation).await;
         assert_eq!(s.state(), proto::TargetState::InSync, "after the restart: {s:?}");
-        let st = fake.lock();
-        let repaired: Vec<String> = st.written().skip(written).map(|u| format!("{u:?}")).take(3).collect();
-        assert!(repaired.is_empty(), "the restart repaired the switch: {repaired:?}");
-        assert_eq!(st.pipelines_set, pushed, "the restart kept the program the switch runs");
-        drop(st);
+        {
+            let st = fake.lock();
+            let repaired: Vec<String> = st.written().skip(written).map(|u| format!("{u:?}")).take(3).collect();
+            assert!(repaired.is_empty(), "the restart repaired the switch: {repaired:?}");
+            assert_eq!(st.pipelines_set, pushed, "the restart kept the program the switch runs");
+        }
         let lines: Vec<&String> = present.keys().map(|k| &pool[*k]).collect();
         reference.check(&fake, &lines, &mut rng, "after the restart");
         env.r.shutdown().await.unwrap();
