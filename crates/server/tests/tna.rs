@@ -256,3 +256,61 @@ async fn a_p4runtime_target_of_an_unknown_architecture_is_refused_and_not_regist
     })
     .await;
 }
+
+/// A target registered with the P4Info of a TNA program that left levels
+/// out follows changes that its tables can take; one that needs a level
+/// the program lacks is written nowhere (the switch keeps the generation it
+/// held) and fails saying to compile the program again; removing the rule
+/// brings the target back in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
+    use prost::Message;
+    bounded(60, async {
+        let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
+        let (probe, fake) =
+            (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap());
+        let mut env = Env::new().await;
+        let (_, generation) = add(&mut env, "stock == GOOGL && shares > 100 : fwd(1)").await;
+        // The program subc generates for these rules, as `subc compile --arch tna` writes it.
+        env.admin.targets.register(registration("probe", &probe.addr, "tna")).await.unwrap();
+        env.admin.targets.deploy(proto::DeployRequest { name: "probe".into(), timeout_ms: 30_000 }).await.unwrap();
+        let info = probe.lock().p4info().cloned().expect("the probe runs subc's program");
+        let mut reg = registration("sw", &fake.addr, "tna");
+        if let Some(Kind::P4runtime(p)) = reg.kind.as_mut() {
+            p.p4info = info.encode_to_vec();
+        }
+        env.admin.targets.register(reg).await.unwrap();
+        env.admin.targets.deploy(proto::DeployRequest { name: "sw".into(), timeout_ms: 30_000 }).await.unwrap();
+        let (_, generation) = {
+            let (id, g) = add(&mut env, "stock == MSFT && shares > 5 : fwd(2)").await;
+            assert!(g > generation);
+            (id, g)
+        };
+        let s = wait_deployed(&mut env.admin, "sw", generation).await;
+        assert_eq!(s.state(), proto::TargetState::InSync, "a change the registered program can take: {s:?}");
+        let written = fake.lock().written().count();
+
+        // The price has no level in the registered program.
+        let (id, needs_price) = add(&mut env, "stock == AAPL && price < 5000 : fwd(3)").await;
+        let s = loop {
+            let s = env.admin.targets.status(proto::TargetRequest { name: "sw".into() }).await.unwrap().into_inner();
+            if s.consecutive_failures >= 2 {
+                break s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert_eq!((s.state(), s.deployed_generation), (proto::TargetState::Failing, generation), "{s:?}");
+        assert!(s.last_error.contains("left it out") && s.last_error.contains("register the target again"), "{s:?}");
+        {
+            let st = fake.lock();
+            assert_eq!(st.written().count(), written, "nothing of the change was written");
+            assert_eq!((st.pipelines_set, st.violation.clone()), (1, None), "the registered program stays");
+        }
+        let removed = env.alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+        assert!(removed > needs_price);
+        let s = wait_deployed(&mut env.admin, "sw", removed).await;
+        assert_eq!(s.state(), proto::TargetState::InSync, "{s:?}");
+        env.r.shutdown().await.unwrap();
+    })
+    .await;
+}

@@ -364,13 +364,15 @@ impl P4Driver {
     }
 
     /// The levels a program for `pipes` may have, in the order they are
-    /// tried: `first` (the program the switch was given), then the levels
-    /// with entries (TNA), then all of them.
+    /// tried: `first` (the program the switch was given), if the pipelines
+    /// have those levels, then the levels with entries (TNA), then all of
+    /// them.
     fn level_choices(&self, pipes: &[&Pipeline], first: Option<Levels>) -> Vec<Levels> {
         let [opts, _] = self.variants();
         let all = P4Options { skip_empty_levels: false, ..opts.clone() };
+        let have = |l: &Levels| l.len() == pipes.len() && l.iter().zip(pipes).all(|(levels, p)| levels.iter().all(|&i| i < p.tables.len()));
         let mut out: Vec<Levels> = vec![];
-        for l in first.into_iter().chain([levels_for(pipes, &opts), levels_for(pipes, &all)]) {
+        for l in first.filter(have).into_iter().chain([levels_for(pipes, &opts), levels_for(pipes, &all)]) {
             if !out.contains(&l) {
                 out.push(l);
             }
