@@ -283,6 +283,17 @@ impl P4Target {
         p4info::p4info(&self.layout, &self.ids)
     }
 
+    /// How many entries each of the program's tables holds once `pipes`
+    /// (of the program's shape) are installed, by P4Info name, as the
+    /// switch counts them (TNA: each prefix of a range).
+    pub fn table_entries(&self, pipes: &[&Pipeline]) -> Result<Vec<(String, usize)>, Error> {
+        if pipes.len() != self.layout.pipelines.len() {
+            return Err(Error::NoPipeline);
+        }
+        let counts = resources::entry_counts_of(&self.layout, pipes);
+        Ok(self.layout.tables.iter().zip(counts).map(|(t, n)| (self.layout.table_name(t), n)).collect())
+    }
+
     /// The updates that install `set` on a switch that runs the program and
     /// holds no entries yet.
     pub fn install(&self, set: &CompiledSet) -> Result<Vec<Batch>, Error> {

@@ -16,6 +16,7 @@ mod common;
 
 use common::*;
 use std::collections::{BTreeMap, HashMap};
+use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
 use subc_backend_p4::PortMap;
 use subc_lang::{Interpreter, Profile, StateStore};
@@ -257,6 +258,35 @@ async fn a_p4runtime_target_of_an_unknown_architecture_is_refused_and_not_regist
     .await;
 }
 
+/// Registers `sw` on `fake` with the P4Info of the program subc generates
+/// for the current rules (as `subc compile --arch tna` writes it: deployed
+/// to `probe`, read back), edited by `edit`, and deploys it.
+async fn register_probed(env: &mut Env, probe: &TestServer, fake: &TestServer, edit: impl FnOnce(&mut P4Info)) {
+    use prost::Message;
+    env.admin.targets.register(registration("probe", &probe.addr, "tna")).await.unwrap();
+    env.admin.targets.deploy(proto::DeployRequest { name: "probe".into(), timeout_ms: 30_000 }).await.unwrap();
+    let mut info = probe.lock().p4info().cloned().expect("the probe runs subc's program");
+    edit(&mut info);
+    let mut reg = registration("sw", &fake.addr, "tna");
+    if let Some(Kind::P4runtime(p)) = reg.kind.as_mut() {
+        p.p4info = info.encode_to_vec();
+    }
+    env.admin.targets.register(reg).await.unwrap();
+    let s = env.admin.targets.deploy(proto::DeployRequest { name: "sw".into(), timeout_ms: 30_000 }).await.unwrap();
+    assert_eq!(s.into_inner().status.unwrap().state(), proto::TargetState::InSync);
+}
+
+/// Waits until `target` has failed twice in a row; its status.
+async fn failing(env: &mut Env, target: &str) -> proto::TargetStatus {
+    loop {
+        let s = env.admin.targets.status(proto::TargetRequest { name: target.into() }).await.unwrap().into_inner();
+        if s.consecutive_failures >= 2 {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A target registered with the P4Info of a TNA program that left levels
 /// out follows changes that its tables can take; one that needs a level
 /// the program lacks is written nowhere (the switch keeps the generation it
@@ -264,23 +294,13 @@ async fn a_p4runtime_target_of_an_unknown_architecture_is_refused_and_not_regist
 /// brings the target back in sync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
-    use prost::Message;
     bounded(60, async {
         let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
         let (probe, fake) =
             (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap());
         let mut env = Env::new().await;
         let (_, generation) = add(&mut env, "stock == GOOGL && shares > 100 : fwd(1)").await;
-        // The program subc generates for these rules, as `subc compile --arch tna` writes it.
-        env.admin.targets.register(registration("probe", &probe.addr, "tna")).await.unwrap();
-        env.admin.targets.deploy(proto::DeployRequest { name: "probe".into(), timeout_ms: 30_000 }).await.unwrap();
-        let info = probe.lock().p4info().cloned().expect("the probe runs subc's program");
-        let mut reg = registration("sw", &fake.addr, "tna");
-        if let Some(Kind::P4runtime(p)) = reg.kind.as_mut() {
-            p.p4info = info.encode_to_vec();
-        }
-        env.admin.targets.register(reg).await.unwrap();
-        env.admin.targets.deploy(proto::DeployRequest { name: "sw".into(), timeout_ms: 30_000 }).await.unwrap();
+        register_probed(&mut env, &probe, &fake, |_| {}).await;
         let (_, generation) = {
             let (id, g) = add(&mut env, "stock == MSFT && shares > 5 : fwd(2)").await;
             assert!(g > generation);
@@ -292,13 +312,7 @@ async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
 
         // The price has no level in the registered program.
         let (id, needs_price) = add(&mut env, "stock == AAPL && price < 5000 : fwd(3)").await;
-        let s = loop {
-            let s = env.admin.targets.status(proto::TargetRequest { name: "sw".into() }).await.unwrap().into_inner();
-            if s.consecutive_failures >= 2 {
-                break s;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        };
+        let s = failing(&mut env, "sw").await;
         assert_eq!((s.state(), s.deployed_generation), (proto::TargetState::Failing, generation), "{s:?}");
         assert!(s.last_error.contains("left it out") && s.last_error.contains("register the target again"), "{s:?}");
         {
@@ -311,6 +325,40 @@ async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
         let s = wait_deployed(&mut env.admin, "sw", removed).await;
         assert_eq!(s.state(), proto::TargetState::InSync, "{s:?}");
         env.r.shutdown().await.unwrap();
+    })
+    .await;
+}
+
+/// A registered program's tables have its P4Info's sizes: a change that
+/// would overfill one is refused before anything is written, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_program_whose_table_is_too_small_writes_nothing() {
+    bounded(60, async {
+        let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
+        let (probe, fake) =
+            (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap());
+        let mut env = Env::new().await;
+        let (_, generation) = add(&mut env, "stock == GOOGL && shares > 100 : fwd(1)").await;
+        // The shares table has room for what the probe holds, and no more.
+        let table = "Ingress.add_order_shares_match";
+        let held = |probe: &TestServer| {
+            let st = probe.lock();
+            let sw = st.switch.as_ref().expect("a program");
+            sw.entry_count(sw.table_id(table).expect("a shares table"))
+        };
+        register_probed(&mut env, &probe, &fake, |info| {
+            let t = info.tables.iter_mut().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == table)).unwrap();
+            t.size = held(&probe) as i64;
+        })
+        .await;
+        let written = fake.lock().written().count();
+        let (_, more) = add(&mut env, "stock == MSFT && shares > 7 && shares < 1000000 : fwd(2)").await;
+        let s = failing(&mut env, "sw").await;
+        assert_eq!((s.state(), s.deployed_generation), (proto::TargetState::Failing, generation), "{s:?}");
+        assert!(s.last_error.contains(table) && s.last_error.contains("nothing was written"), "{s:?}");
+        assert!(more > generation);
+        let st = fake.lock();
+        assert_eq!((st.written().count(), st.violation.clone()), (written, None), "nothing of the change was written");
     })
     .await;
 }

@@ -464,6 +464,26 @@ impl P4Driver {
         }
     }
 
+    /// A registered program's tables have the sizes its P4Info gives them:
+    /// pipelines that would overfill one are refused before anything is
+    /// written (a switch refuses the write halfway). subc's own program is
+    /// sized for the pipelines at each install.
+    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+        let Some(given) = &self.given else { return Ok(()) };
+        let program = self.program.as_ref().expect("a program");
+        let size = |name: &str| given.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == name)).map(|t| t.size);
+        for (name, entries) in program.target.table_entries(pipes).map_err(|e| self.transient(e))? {
+            if let Some(size) = size(&name).filter(|s| *s > 0 && entries as i64 > *s) {
+                return Err(self.transient(format!(
+                    "table {name} would hold {entries} entries, more than the {size} the registered program gives it; nothing was \
+                     written: compile the program with larger tables (subc compile --p4-headroom, --p4-min-table-size) and \
+                     register the target again"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The writes that take the switch from what a Read finds to
     /// `expected`; the Read streams into them, never held as a whole.
     fn repair_to(&mut self, expected: Vec<p4v1::Entity>) -> Result<Repair, P4Error> {
@@ -562,6 +582,7 @@ impl Driver for P4Driver {
                 .map_err(|e| self.transient(e))?;
         }
         let expected = self.entities(pipes).map_err(|e| self.left_out(e))?;
+        self.check_room(pipes)?;
         let r = self.repair_to(expected).map_err(|e| self.failed(e))?;
         let (inserts, modifies, deletes) = (r.inserts, r.modifies, r.deletes);
         self.write(r.batches).map_err(|e| self.transient(e))?;
@@ -591,6 +612,7 @@ impl Driver for P4Driver {
             }
             Err(e) => return Err(self.transient(e)),
         };
+        self.check_room(&pipes)?;
         self.write(batches).map_err(|e| self.transient(e))?;
         let meta = self.meta();
         self.files.append(update, &pipes, &meta)?;
