@@ -134,6 +134,10 @@ Examples:
   subc target add sw1 --p4runtime 127.0.0.1:9559 --device-id 0 \\
       --p4info out/itch/program.p4info.txtpb --device-config out/itch/program.json \\
       --port 1=1 --port 2=2 --port 3=3
+  # A Tofino: the TNA program (`subc compile ... --arch tna`), its P4Info and the
+  # Tofino compiler's output, packed as the switch's P4Runtime server takes it.
+  subc target add tof1 --p4runtime 10.0.0.5:9559 --arch tna \\
+      --p4info out/tof/program.p4info.txtpb --device-config out/tof/device_config.bin
   # An interface of this machine, forwarding port 1 to a veth.
   subc target add edge --ebpf eth0 --port 1=veth1
   # A simulated target whose tables are kept in a file of its own
