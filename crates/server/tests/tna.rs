@@ -362,3 +362,52 @@ async fn a_registered_program_whose_table_is_too_small_writes_nothing() {
     })
     .await;
 }
+
+/// subc's own program has tables sized for the subscriptions it was
+/// installed with (TNA writes each range as its prefixes): a change that
+/// outgrows one is not written to it, a program with larger tables is
+/// installed instead, and the switch decides as the interpreter does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_outgrows_subcs_own_tables_installs_larger_ones() {
+    bounded(60, async {
+        let spec = subc_workload::programs::check(&spec_text(), &[]).unwrap().spec;
+        let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(spec))).await.unwrap();
+        let mut env = Env::new().await;
+        let mut lines = vec!["stock == GOOGL && shares > 100 : fwd(1)".to_string()];
+        add(&mut env, &lines[0]).await;
+        env.admin.targets.register(registration("sw", &fake.addr, "tna")).await.unwrap();
+        env.admin.targets.deploy(proto::DeployRequest { name: "sw".into(), timeout_ms: 30_000 }).await.unwrap();
+        let table = "Ingress.add_order_shares_match";
+        let size_of = |fake: &TestServer| {
+            let st = fake.lock();
+            let info = st.p4info().expect("a program");
+            info.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == table)).map(|t| t.size).expect("the shares table")
+        };
+        let small = size_of(&fake);
+        let pushed = fake.lock().pipelines_set;
+
+        // A range over 32 bits is up to 32 prefixes: these need more entries than the table has.
+        let mut rng = Rng::new(SEED);
+        let more: Vec<String> = itch_symbols(120, SEED)
+            .iter()
+            .map(|s| format!("stock == {s} && shares > {} : fwd({})", rng.range(1, 1 << 31), rng.below(8)))
+            .collect();
+        let r = env.alice.subs.add(proto::AddRequest { lines: more.clone(), ..Default::default() }).await.unwrap().into_inner();
+        lines.extend(more);
+        let s = wait_deployed(&mut env.admin, "sw", r.generation).await;
+        assert_eq!(s.state(), proto::TargetState::InSync, "{s:?}");
+        {
+            let st = fake.lock();
+            assert_eq!(st.violation, None);
+            assert_eq!(st.pipelines_set, pushed + 1, "a program with larger tables was pushed");
+            let held = st.switch.as_ref().map(|sw| sw.entry_count(sw.table_id(table).unwrap())).unwrap();
+            assert!(held as i64 > small, "the change needed more than the {small} entries the first program had: {held}");
+        }
+        assert!(size_of(&fake) > small);
+        let mut reference = Reference { state: None, program: 0, now: 1_000_000_000 };
+        let lines: Vec<&String> = lines.iter().collect();
+        assert!(reference.check(&fake, &lines, &mut rng, "after the larger program") > 0);
+        env.r.shutdown().await.unwrap();
+    })
+    .await;
+}

@@ -19,6 +19,9 @@
 //! the deployer installs a program that has the level (a registered
 //! program that lacks it is an error that says to compile it again). The
 //! levels of the program the switch was given are kept with its image.
+//! Writes that would overfill a table of the program the switch runs (its
+//! P4Info's sizes) are refused before anything is written: subc's own
+//! program is pushed again with larger tables, a registered one fails.
 //!
 //! Install: arbitration, the program if needed, then a Read of everything
 //! and the writes that take the switch from what it holds to the full set
@@ -141,6 +144,9 @@ pub(crate) struct P4Driver {
     arch: Arch,
     /// The registered P4Info, if any.
     given: Option<P4Info>,
+    /// The P4Info of the program the switch runs, as it reported it or as
+    /// subc pushed it (`None`: not known): its table sizes bound the writes.
+    running_info: Option<P4Info>,
     device_config: Vec<u8>,
     ports: PortMap,
     /// TLS to the switch (none: plaintext).
@@ -255,6 +261,7 @@ impl P4Driver {
             election_id: cfg.election_id.max(1) as u128,
             arch: arch(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
+            running_info: None,
             device_config: cfg.device_config.clone(),
             ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             tls: tls_options(cfg),
@@ -410,7 +417,10 @@ impl P4Driver {
     }
 
     /// Whether the switch runs the program (`Err`: it could not be asked).
+    /// Whether the switch runs the program (`Err`: it could not be asked);
+    /// records the P4Info it reports (`running_info`).
     fn running(&mut self) -> Result<Running, DriverError> {
+        self.running_info = None;
         let ours = self.program.as_ref().expect("a program").info.clone();
         let held = match self.call("GetForwardingPipelineConfig", CALL_TIMEOUT, |c| Box::pin(c.pipeline())) {
             Ok(held) => held,
@@ -420,19 +430,24 @@ impl P4Driver {
             Err(e) => return Err(self.transient(e)),
         };
         let (info, cookie) = held.unwrap_or((None, None));
-        if !self.device_config.is_empty() {
+        let running = if !self.device_config.is_empty() {
             // subc pushed it if the cookie says so.
-            return Ok(if cookie == Some(program_cookie(&ours, &self.device_config)) {
+            if cookie == Some(program_cookie(&ours, &self.device_config)) {
                 Running::Ours
             } else {
                 Running::NotOurs("the switch does not run subc's program".into())
-            });
+            }
+        } else {
+            match info.as_ref().map(|info| difference(&ours, info)) {
+                None => Running::NotOurs("the switch runs no program".into()),
+                Some(None) => Running::Ours,
+                Some(Some(why)) => Running::NotOurs(format!("the switch runs another program ({why})")),
+            }
+        };
+        if let Running::Ours = running {
+            self.running_info = info;
         }
-        Ok(match info.map(|info| difference(&ours, &info)) {
-            None => Running::NotOurs("the switch runs no program".into()),
-            Some(None) => Running::Ours,
-            Some(Some(why)) => Running::NotOurs(format!("the switch runs another program ({why})")),
-        })
+        Ok(running)
     }
 
     /// The error of a switch that does not run the program when subc has
@@ -464,24 +479,34 @@ impl P4Driver {
         }
     }
 
-    /// A registered program's tables have the sizes its P4Info gives them:
-    /// pipelines that would overfill one are refused before anything is
-    /// written (a switch refuses the write halfway). subc's own program is
-    /// sized for the pipelines at each install.
-    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
-        let Some(given) = &self.given else { return Ok(()) };
+    /// The first table of the program the switch runs (its P4Info: as the
+    /// switch reported it, or the registered one) that `pipes` would
+    /// overfill: (name, entries, size). A switch would refuse such a write
+    /// halfway.
+    fn overfilled(&self, pipes: &[&Pipeline]) -> Result<Option<(String, usize, i64)>, DriverError> {
+        let Some(info) = self.running_info.as_ref().or(self.given.as_ref()) else { return Ok(None) };
         let program = self.program.as_ref().expect("a program");
-        let size = |name: &str| given.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == name)).map(|t| t.size);
-        for (name, entries) in program.target.table_entries(pipes).map_err(|e| self.transient(e))? {
-            if let Some(size) = size(&name).filter(|s| *s > 0 && entries as i64 > *s) {
-                return Err(self.transient(format!(
-                    "table {name} would hold {entries} entries, more than the {size} the registered program gives it; nothing was \
-                     written: compile the program with larger tables (subc compile --p4-headroom, --p4-min-table-size) and \
-                     register the target again"
-                )));
-            }
+        let size = |name: &str| info.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == name)).map(|t| t.size);
+        let loads = program.target.table_entries(pipes).map_err(|e| self.transient(e))?;
+        Ok(loads.into_iter().find_map(|(name, entries)| {
+            let size = size(&name).filter(|s| *s > 0 && entries as i64 > *s)?;
+            Some((name, entries, size))
+        }))
+    }
+
+    /// Pipelines that would overfill a table are refused before anything
+    /// is written: subc's own program is installed anew with larger
+    /// tables; a registered one has to be compiled again.
+    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+        let Some((name, entries, size)) = self.overfilled(pipes)? else { return Ok(()) };
+        let full = format!("table {name} would hold {entries} entries, more than its size {size}; nothing was written");
+        if self.given.is_none() && !self.device_config.is_empty() {
+            return Err(DriverError::needs_install(format!("{full}: installing a program with larger tables")));
         }
-        Ok(())
+        Err(self.transient(format!(
+            "{full}: compile the program with larger tables (subc compile --p4-headroom, --p4-min-table-size) and register \
+             the target again"
+        )))
     }
 
     /// The writes that take the switch from what a Read finds to
@@ -572,14 +597,24 @@ impl Driver for P4Driver {
         // under TNA, their levels); a registered program keeps its levels.
         let given_levels = self.program.take().filter(|_| self.given.is_some()).map(|p| p.levels.clone());
         self.program_for(pipes, given_levels)?;
-        if let Running::NotOurs(why) = self.running()? {
+        let push = match self.running()? {
+            Running::NotOurs(why) => Some(why),
+            // subc's own program, with tables too small for these pipelines.
+            Running::Ours if self.given.is_none() && self.overfilled(pipes)?.is_some() => {
+                Some("the switch's tables are too small for these subscriptions".into())
+            }
+            Running::Ours => None,
+        };
+        if let Some(why) = push {
             if self.device_config.is_empty() {
                 return Err(self.cannot_push(&why));
             }
             let (info, config) = (self.program.as_ref().expect("a program").info.clone(), self.device_config.clone());
-            tracing::info!(target_name = %self.name, "pushing subc's program to the switch");
+            tracing::info!(target_name = %self.name, reason = %why, "pushing subc's program to the switch");
+            let pushed = info.clone();
             self.call("SetForwardingPipelineConfig", CALL_TIMEOUT, move |c| Box::pin(async move { c.set_pipeline(&info, config).await }))
                 .map_err(|e| self.transient(e))?;
+            self.running_info = Some(pushed);
         }
         let expected = self.entities(pipes).map_err(|e| self.left_out(e))?;
         self.check_room(pipes)?;
