@@ -10,7 +10,12 @@
 //! through the switch are decided as the reference interpreter decides them
 //! under the Tofino profile (`Profile::Tna`), stream state included: the
 //! interpreter's state follows the switch's registers, which start afresh
-//! with each program pushed.
+//! with each program pushed; a restart then finds nothing to repair.
+//!
+//! Also: an unknown `arch` is refused and nothing registered; a registered
+//! TNA program that lacks a level, or whose table is too small, makes the
+//! target fail, saying why, with nothing written; a change that outgrows
+//! subc's own tables installs a program with larger ones.
 
 mod common;
 
