@@ -180,11 +180,7 @@ impl<'a> Encoder<'a> {
 
     /// The program's level for the IR's level `level` of `pipeline`.
     fn level(&self, pipeline: usize, level: usize) -> Result<&crate::layout::LevelView, Error> {
-        self.layout.level(pipeline, level).ok_or_else(|| {
-            Error::NoTable(format!(
-                "level {level} of pipeline {pipeline}: the program left it out (it had no entries when compiled); compile again"
-            ))
-        })
+        self.layout.level(pipeline, level).ok_or(Error::LevelLeftOut { pipeline, level })
     }
 
     fn action_id(&self, name: &str) -> u32 {

@@ -110,6 +110,14 @@ pub enum Error {
     NoPipeline,
     #[error("the program has no table or action for {0}")]
     NoTable(String),
+    /// An entry of a level the program left out (TNA with
+    /// [`P4Options::skip_empty_levels`]: the level had no entries when the
+    /// program was made). The switch needs a program that has the level.
+    #[error("level {level} of pipeline {pipeline}: the program left it out (it had no entries when compiled); compile again")]
+    LevelLeftOut { pipeline: usize, level: usize },
+    /// Levels asked of a program that the pipelines do not have.
+    #[error("pipeline {pipeline} has no level {level} (it has {levels})")]
+    NoLevel { pipeline: usize, level: usize, levels: usize },
     #[error("an entry {entry} does not fit the {kind} field {field}")]
     BadMatch { field: String, kind: &'static str, entry: String },
     #[error("leaf state {0} has no action")]
@@ -227,12 +235,28 @@ impl P4Target {
     /// As [`P4Target::new`], from the pipelines alone (their tables give the
     /// field orders).
     pub fn for_pipelines(spec: &Spec, pipes: &[&Pipeline], opts: &P4Options) -> Result<P4Target, Error> {
-        let skip = opts.skip_empty_levels && opts.arch == Arch::Tna;
-        let levels: Vec<Vec<(usize, subc_lang::spec::QueryFieldId)>> = pipes
+        P4Target::with_levels(spec, pipes, &levels_for(pipes, opts), opts)
+    }
+
+    /// As [`P4Target::for_pipelines`], with the IR's levels the program has
+    /// given for each pipeline (in order): the levels of a program made
+    /// earlier ([`P4Target::levels`]), which the pipelines may have outgrown
+    /// (an entry of a level left out is [`Error::LevelLeftOut`]).
+    pub fn with_levels(spec: &Spec, pipes: &[&Pipeline], levels: &[Vec<usize>], opts: &P4Options) -> Result<P4Target, Error> {
+        let fields = pipes
             .iter()
-            .map(|p| p.tables.iter().enumerate().filter(|(_, t)| !skip || !t.entries.is_empty()).map(|(i, t)| (i, t.field)).collect())
-            .collect();
-        let mut layout = P4Layout::for_levels(spec, &levels, opts)?;
+            .enumerate()
+            .map(|(pipeline, p)| {
+                let kept = levels.get(pipeline).map(Vec::as_slice).unwrap_or_default();
+                kept.iter()
+                    .map(|&level| match p.tables.get(level) {
+                        Some(t) => Ok((level, t.field)),
+                        None => Err(Error::NoLevel { pipeline, level, levels: p.tables.len() }),
+                    })
+                    .collect::<Result<Vec<_>, Error>>()
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let mut layout = P4Layout::for_levels(spec, &fields, opts)?;
         let counts = resources::entry_counts_of(&layout, pipes);
         layout.size_tables(&counts, opts);
         let ids = p4info::ids(&layout);
@@ -241,6 +265,12 @@ impl P4Target {
 
     pub fn options(&self) -> &P4Options {
         &self.opts
+    }
+
+    /// The IR's levels the program has, per pipeline (see
+    /// [`P4Options::skip_empty_levels`]).
+    pub fn levels(&self) -> Vec<Vec<usize>> {
+        self.layout.pipelines.iter().map(|p| p.levels.iter().map(|l| l.ir_level).collect()).collect()
     }
 
     pub fn layout(&self) -> &P4Layout {
@@ -264,6 +294,17 @@ impl P4Target {
     }
     pub fn p4info(&self) -> P4Info {
         p4info::p4info(&self.layout, &self.ids)
+    }
+
+    /// How many entries each of the program's tables holds once `pipes`
+    /// (of the program's shape) are installed, by P4Info name, as the
+    /// switch counts them (TNA: each prefix of a range).
+    pub fn table_entries(&self, pipes: &[&Pipeline]) -> Result<Vec<(String, usize)>, Error> {
+        if pipes.len() != self.layout.pipelines.len() {
+            return Err(Error::NoPipeline);
+        }
+        let counts = resources::entry_counts_of(&self.layout, pipes);
+        Ok(self.layout.tables.iter().zip(counts).map(|(t, n)| (self.layout.table_name(t), n)).collect())
     }
 
     /// The updates that install `set` on a switch that runs the program and
@@ -309,6 +350,14 @@ impl P4Target {
     pub fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, Error> {
         Ok(self.install_pipelines(pipes)?.into_iter().flat_map(|b| b.updates).filter_map(|u| u.entity).collect())
     }
+}
+
+/// The IR's levels a program for `pipes` has under `opts`, per pipeline:
+/// all of them, or under TNA with [`P4Options::skip_empty_levels`] those
+/// with entries.
+pub fn levels_for(pipes: &[&Pipeline], opts: &P4Options) -> Vec<Vec<usize>> {
+    let skip = opts.skip_empty_levels && opts.arch == Arch::Tna;
+    pipes.iter().map(|p| p.tables.iter().enumerate().filter(|(_, t)| !skip || !t.entries.is_empty()).map(|(i, _)| i).collect()).collect()
 }
 
 /// Compiles the P4 artifacts of `set`.

@@ -543,23 +543,40 @@ pub enum RecoverError {
 }
 
 /// The layout of the program subc generates for `spec` whose P4Info is
-/// `info`: the pipelines' field orders are read from the tables (a keyless
-/// table other than `fanout` starts a pipeline, each table keyed on the
-/// state and an exact field starts a level), leaves folded or not, and the
-/// result is accepted only if its P4Info is `info` (up to table sizes).
+/// `info`: the architecture is read from the ingress control's name
+/// (`MyIngress`: v1model, `Ingress`: TNA), the pipelines' field orders from
+/// the tables (a keyless table other than `fanout` starts a pipeline, each
+/// ingress table keyed on the state and an exact field, or under TNA a
+/// ternary one, is a level), leaves folded or not, and the result is
+/// accepted only if its P4Info is `info` (up to table sizes). A TNA
+/// program that left levels out is recovered with the levels it has.
 pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<P4Layout, RecoverError> {
-    let base = P4Layout::for_orders(spec, &[vec![]], &P4Options::default())?;
+    let table_name = |t: &crate::proto::p4::config::v1::Table| t.preamble.as_ref().map(|p| p.name.clone()).unwrap_or_default();
+    let arch = match info.tables.iter().any(|t| crate::Arch::Tna.unqualified(&table_name(t)).is_some()) {
+        true => crate::Arch::Tna,
+        false => crate::Arch::V1Model,
+    };
+    let base = P4Layout::for_orders(spec, &[vec![]], &P4Options { arch, ..Default::default() })?;
     let by_meta: BTreeMap<String, subc_lang::spec::QueryFieldId> =
         base.queries.iter().map(|q| (format!("meta.{}", q.meta), q.id)).collect();
+    let level_match = match arch {
+        crate::Arch::V1Model => MatchType::Exact,
+        crate::Arch::Tna => MatchType::Ternary,
+    };
     let mut orders: Vec<Vec<subc_lang::spec::QueryFieldId>> = vec![];
     for t in &info.tables {
-        let name = t.preamble.as_ref().map(|p| p.name.as_str()).unwrap_or("");
-        let exact = |k: usize| {
-            t.match_fields.get(k).is_some_and(|f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == MatchType::Exact as i32))
+        let name = table_name(t);
+        let name = name.as_str();
+        let kind = |k: usize, want: MatchType| {
+            t.match_fields.get(k).is_some_and(
+                |f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == want as i32),
+            )
         };
-        if t.match_fields.is_empty() && !name.ends_with(".fanout") {
+        if arch.unqualified(name).is_none() {
+            // The egress's tables (TNA: `port_filter`).
+        } else if t.match_fields.is_empty() && !name.ends_with(".fanout") {
             orders.push(vec![]);
-        } else if t.match_fields.len() == 2 && exact(0) && exact(1) {
+        } else if t.match_fields.len() == 2 && kind(0, MatchType::Exact) && kind(1, level_match) {
             let field = &t.match_fields[1].name;
             let q = by_meta.get(field).ok_or_else(|| RecoverError::NoQueryField { table: name.to_string(), field: field.clone() })?;
             orders.last_mut().ok_or_else(|| RecoverError::BeforeRoot { table: name.to_string() })?.push(*q);
@@ -567,7 +584,7 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<P4Layout, RecoverErr
     }
     let mut last = String::from("no pipeline");
     for fold_leaves in [false, true] {
-        let layout = P4Layout::for_orders(spec, &orders, &P4Options { fold_leaves, ..Default::default() })?;
+        let layout = P4Layout::for_orders(spec, &orders, &P4Options { fold_leaves, arch, ..Default::default() })?;
         match difference(&p4info(&layout, &ids(&layout)), info) {
             None => return Ok(layout),
             Some(d) => last = d,

@@ -134,6 +134,10 @@ Examples:
   subc target add sw1 --p4runtime 127.0.0.1:9559 --device-id 0 \\
       --p4info out/itch/program.p4info.txtpb --device-config out/itch/program.json \\
       --port 1=1 --port 2=2 --port 3=3
+  # A Tofino: the TNA program (`subc compile ... --arch tna`), its P4Info and the
+  # Tofino compiler's output, packed as the switch's P4Runtime server takes it.
+  subc target add tof1 --p4runtime 10.0.0.5:9559 --arch tna \\
+      --p4info out/tof/program.p4info.txtpb --device-config out/tof/device_config.bin
   # An interface of this machine, forwarding port 1 to a veth.
   subc target add edge --ebpf eth0 --port 1=veth1
   # A simulated target whose tables are kept in a file of its own
@@ -230,6 +234,15 @@ pub struct TargetAddArgs {
     /// must already run subc's program.
     #[arg(long, value_name = "FILE")]
     device_config: Option<PathBuf>,
+    /// P4Runtime: the architecture of the switch's program: `v1model` (BMv2's
+    /// simple_switch) or `tna` (a Tofino: the program `subc compile --target p4
+    /// --arch tna` writes, with the server's field order; give its P4Info and the
+    /// Tofino compiler's output as --p4info and --device-config). A TNA program
+    /// leaves out the levels of fields no subscription tests (each costs a stage):
+    /// a change that needs one installs the program anew, which a registered
+    /// program cannot take (compile it again and register the target again).
+    #[arg(long, value_enum, default_value = "v1model")]
+    arch: crate::p4::ArchArg,
     /// P4Runtime: connect over TLS, checking the switch's certificate against
     /// the system's roots (or `--p4-ca-cert`). Implied by the `--p4-*` TLS
     /// options below. Their files are paths on the machine `subc serve` runs
@@ -450,6 +463,28 @@ fn p4runtime_tls(a: &TargetAddArgs) -> Option<proto::P4RuntimeTls> {
     })
 }
 
+/// The name `--arch` sends: the architecture's own.
+fn arch_name(a: crate::p4::ArchArg) -> &'static str {
+    match a {
+        crate::p4::ArchArg::V1model => subc_backend_p4::Arch::V1Model.name(),
+        crate::p4::ArchArg::Tna => subc_backend_p4::Arch::Tna.name(),
+    }
+}
+
+/// A target's kind as `subc target ls` and `status` show it.
+fn kind_text(t: &proto::Target) -> String {
+    match &t.kind {
+        Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
+        Some(proto::target::Kind::P4runtime(p)) => {
+            let arch = if p.arch.is_empty() { subc_backend_p4::Arch::V1Model.name() } else { p.arch.as_str() };
+            let budget = p.budget.map(|b| format!(", budget {b}")).unwrap_or_default();
+            format!("p4runtime {} device {}, {arch}{budget}", p.address, p.device_id)
+        }
+        Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
+        None => "?".into(),
+    }
+}
+
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
     if a.budget.is_some() && a.p4runtime.is_none() {
         bail!("--budget: only a P4Runtime target (--p4runtime) takes a table budget; eBPF and sim targets hold the exact set");
@@ -495,6 +530,7 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             election_id: a.election_id,
             tls: p4runtime_tls(a),
             budget: a.budget,
+            arch: arch_name(a.arch).to_string(),
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
@@ -609,15 +645,7 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                     print_json(&listed)?;
                 } else {
                     for t in &listed.targets {
-                        let kind = match &t.kind {
-                            Some(proto::target::Kind::Ebpf(e)) => format!("ebpf {} ({:?})", e.interface, e.hook()),
-                            Some(proto::target::Kind::P4runtime(p)) => match p.budget {
-                                Some(b) => format!("p4runtime {} device {} budget {b}", p.address, p.device_id),
-                                None => format!("p4runtime {} device {}", p.address, p.device_id),
-                            },
-                            Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
-                            None => "?".into(),
-                        };
+                        let kind = kind_text(t);
                         writeln!(out(), "{} [{kind}{}]", t.name, if t.manual { ", manual" } else { "" })?;
                         if let Some(s) = &t.status {
                             print_status(s)?;
@@ -649,7 +677,14 @@ pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
                 let mut c = conn.clients()?;
                 match c.targets.status(proto::TargetRequest { name: name.clone() }).await {
                     Ok(r) if conn.json => print_json(r.get_ref())?,
-                    Ok(r) => print_status(r.get_ref())?,
+                    Ok(r) => {
+                        print_status(r.get_ref())?;
+                        // The kind (a P4Runtime target's architecture) is the registration's.
+                        let listed = c.targets.list(proto::ListTargetsRequest {}).await.map(|l| l.into_inner().targets);
+                        if let Some(t) = listed.ok().and_then(|ts| ts.into_iter().find(|t| t.name == *name)) {
+                            writeln!(out(), "  {}", kind_text(&t))?;
+                        }
+                    }
                     Err(s) => return Ok(report(s)),
                 }
             }
@@ -782,6 +817,7 @@ mod tests {
             assert_eq!(p.device_config, b"{\"bmv2\": 1}");
             assert_eq!(p.ports, HashMap::from([(1, 11), (2, 12)]));
             assert_eq!(p.budget, None);
+            assert_eq!(p.arch, "v1model", "the default architecture");
             assert!(r.manual);
         }
         let r = parse(&["sw", "--p4runtime", "h:1", "--budget", "20000"]).unwrap();
@@ -789,6 +825,10 @@ mod tests {
         assert_eq!(p.budget, Some(20000));
         let e = parse(&["sw", "--sim", "", "--budget", "10"]).unwrap_err();
         assert!(e.to_string().contains("only a P4Runtime target"), "{e}");
+        let Some(Kind::P4runtime(p)) = parse(&["sw", "--p4runtime", "h:1", "--arch", "tna"]).unwrap().kind else { panic!("P4Runtime") };
+        assert_eq!(p.arch, "tna");
+        let e = parse(&["sw", "--p4runtime", "h:1", "--arch", "tofino"]).unwrap_err();
+        assert!(e.to_string().contains("possible values: v1model, tna"), "{e}");
         // Mistakes are named.
         let e = parse(&["sw", "--p4runtime", "h:1", "--port", "1=x"]).unwrap_err();
         assert!(e.to_string().contains("--port 1=x: x is not a device port"), "{e}");

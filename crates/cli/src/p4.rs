@@ -70,8 +70,8 @@ impl P4Args {
             fold_leaves: self.p4_fold_leaves,
             prune_ingress: self.p4_prune_ingress,
             arch: self.arch(),
-            // A compiled TNA program is static (the service deploys
-            // v1model): levels of untested fields would only cost stages.
+            // Levels of untested fields would only cost stages (the
+            // service installs a program with the level when one is needed).
             skip_empty_levels: true,
             ..P4Options::default()
         }

@@ -688,6 +688,15 @@ fn the_service_client_commands_against_a_live_server() {
     let ls_json: Value = serde_json::from_str(&c.ok(ADMIN, &["target", "ls", "--json"])).unwrap();
     assert_eq!(ls_json["targets"].as_array().map(Vec::len), Some(1), "{ls_json}");
 
+    // A P4Runtime target shows its architecture (registered, never deployed here).
+    let added = c.ok(ADMIN, &["target", "add", "tof", "--p4runtime", "127.0.0.1:9", "--arch", "tna", "--manual"]);
+    assert!(added.starts_with("registered tof"), "{added}");
+    let ls = c.ok(ADMIN, &["target", "ls"]);
+    assert!(ls.contains("tof [p4runtime 127.0.0.1:9 device 1, tna, manual]"), "{ls}");
+    let status = c.ok(ADMIN, &["target", "status", "tof"]);
+    assert!(status.lines().any(|l| l.trim() == "p4runtime 127.0.0.1:9 device 1, tna"), "{status}");
+    assert_eq!(c.ok(ADMIN, &["target", "rm", "tof"]).trim(), "removed tof");
+
     // Removing the target with --uninstall empties it; it is then unknown.
     assert_eq!(c.ok(ADMIN, &["target", "rm", "tb", "--uninstall"]).trim(), "removed tb");
     assert!(!tables.exists(), "--uninstall removed the sim target's tables");

@@ -231,9 +231,10 @@ impl Fabric {
     /// `device_id` (default 0), `election_id` (default 1), `p4info` and
     /// `device_config` (files, relative to the topology file: the P4Info in
     /// binary or text format, and the device's program, which for a switch
-    /// of a fabric `subc compile --target p4 --p4-prune-ingress` writes), and
+    /// of a fabric `subc compile --target p4 --p4-prune-ingress` writes),
     /// `ports = { "1" = 1, ... }`: the switch's port of each device port
-    /// (default: the same number).
+    /// (default: the same number), and `arch` (`"v1model"`, the default, or
+    /// `"tna"`: a Tofino).
     fn p4_options(&self, options: &toml::Table) -> Result<proto::P4RuntimeTarget, String> {
         let mut t = proto::P4RuntimeTarget { election_id: 1, ..Default::default() };
         let int = |k: &str, v: &toml::Value| {
@@ -249,6 +250,7 @@ impl Fabric {
                 "device_id" => t.device_id = int(k, v)?,
                 "election_id" => t.election_id = int(k, v)?,
                 "device_config" => t.device_config = file(k, v)?,
+                "arch" => t.arch = v.as_str().ok_or("option `arch` must be a string (\"v1model\" or \"tna\")")?.to_string(),
                 "p4info" => t.p4info = p4info_binary(&file(k, v)?).map_err(|e| format!("p4info: {e}"))?,
                 "ports" => {
                     let table = v.as_table().ok_or("option `ports` must be a table of port = switch port")?;
@@ -260,8 +262,8 @@ impl Fabric {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports)"
-                    ))
+                    "unknown option `{k}` (a p4runtime device takes address, device_id, election_id, p4info, device_config, ports, arch)"
+                ))
                 }
             }
         }

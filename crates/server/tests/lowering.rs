@@ -77,9 +77,12 @@ async fn churn(env: &mut Env, target: &str, sizes: [usize; 4], mut check: impl F
     let mut phase = 0;
     let mut add = async |env: &mut Env, live: &mut BTreeMap<u64, String>, n: usize| {
         let lines: Vec<String> = fresh.by_ref().take(n).collect();
+        let t = std::time::Instant::now();
         let r = env.alice.subs.add(add_req(&lines.iter().map(String::as_str).collect::<Vec<_>>())).await.expect("add").into_inner();
+        let added = t.elapsed();
         live.extend(r.subscriptions.iter().map(|s| s.id).zip(lines));
         wait_deployed(&mut env.admin, target, r.generation).await;
+        eprintln!("{n} added to {}: {added:?}, deployed after {:?}", live.len() - n, t.elapsed());
     };
     while live.len() < initial {
         let n = batch.min(initial - live.len());

@@ -247,6 +247,20 @@ async fn a_bad_topology_is_a_configuration_error() {
     assert!(text.contains("fabric.toml:3"), "{text}");
 }
 
+/// A `p4runtime` device of an architecture subc does not write for is
+/// refused at startup, naming the ones it does.
+#[tokio::test]
+async fn a_p4runtime_device_of_an_unknown_architecture_is_a_configuration_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = "[[device]]\nname = \"sw\"\nkind = \"p4runtime\"\noptions = { address = \"127.0.0.1:9559\", arch = \"tofino\" }\n\n\
+                    [[endpoint]]\nname = \"a\"\nat = \"sw:1\"\npublishes = true\n";
+    std::fs::write(dir.path().join("fabric.toml"), topology).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.topology = Some(dir.path().join("fabric.toml"));
+    let e = subc_server::start(cfg).await.err().expect("refused").to_string();
+    assert!(e.contains("\"tofino\"") && e.contains("v1model, tna"), "{e}");
+}
+
 /// A topology with no devices, or none with an endpoint, once started
 /// network mode with nothing to deploy to; it is refused, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,6 +280,18 @@ async fn an_empty_topology_is_a_configuration_error() {
 /// interpreter does on the device's projected program, ports mapped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_p4runtime_device_holds_its_projection() {
+    p4runtime_device_holds_its_projection("", "MyIngress.").await;
+}
+
+/// The same with `arch = "tna"`: the switch runs the TNA program.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tna_p4runtime_device_holds_its_projection() {
+    p4runtime_device_holds_its_projection(", arch = \"tna\"", "Ingress.").await;
+}
+
+/// A `p4runtime` device with `options` (`, key = value`) after its
+/// address and ports; the program's tables are named `control.`.
+async fn p4runtime_device_holds_its_projection(options: &str, control: &str) {
     use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
     bounded(120, async {
         let (_, plain) = network_program("", &[]);
@@ -276,7 +302,7 @@ async fn a_p4runtime_device_holds_its_projection() {
 name = "sw"
 kind = "p4runtime"
 # A device config makes subc push its program; its bytes are opaque to the in-process switch.
-options = {{ address = "{}", device_id = {DEVICE}, device_config = "program.json", ports = {{ "1" = 101, "2" = 102, "3" = 103 }} }}
+options = {{ address = "{}", device_id = {DEVICE}, device_config = "program.json", ports = {{ "1" = 101, "2" = 102, "3" = 103 }}{options} }}
 
 [[endpoint]]
 name = "a"
@@ -305,6 +331,9 @@ at = "sw:3"
         let s = wait_in_sync(&mut admin, "sw", a.generation).await;
         assert!(s.entries > 0, "{s:?}");
         assert_eq!(fake.lock().violation, None);
+        let tables: Vec<String> =
+            fake.lock().p4info().unwrap().tables.iter().filter_map(|t| t.preamble.as_ref()).map(|p| p.name.clone()).collect();
+        assert!(tables.iter().any(|t| t.starts_with(control)), "{control}: {tables:?}");
 
         let (t, p) = network_program(&topology, &rules);
         let device = subc_fabric::project(&t, &subc_fabric::Routes::new(&t), &p, 0).unwrap();

@@ -55,7 +55,7 @@ fn registration(name: &str, addr: &str, device_config: &[u8], p4info: &[u8]) -> 
             ports: port_map(),
             election_id: 7,
             tls: None,
-            budget: None,
+            ..Default::default()
         })),
         manual: true,
     }

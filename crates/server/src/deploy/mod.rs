@@ -956,6 +956,9 @@ pub(crate) enum RegistrationError {
     TlsHalfIdentity,
     #[error("budget: {0}")]
     Budget(#[from] crate::budget::BudgetValueError),
+    /// A P4Runtime target's `arch` that names no architecture subc writes.
+    #[error("P4Runtime arch {given:?} is not one subc writes programs for; give one of: {}", p4::ARCH_NAMES.join(", "))]
+    UnknownArch { given: String },
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
@@ -977,6 +980,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
                 return Err(RegistrationError::NoAddress);
             }
             p4::port_map(p)?;
+            p4::arch(p)?;
             p4::given_p4info(p)?;
             if let Some(b) = p.budget {
                 crate::budget::check_budget(b)?;

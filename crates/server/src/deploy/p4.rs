@@ -12,6 +12,17 @@
 //! tells later reads that it does. Without one, the switch must already
 //! run the program, which is checked against the P4Info the switch reports.
 //!
+//! The architecture is the registration's `arch`: v1model (BMv2) or TNA
+//! (Tofino). A TNA program, as `subc compile --arch tna` writes it, leaves
+//! out the levels that have no entries (a level costs a stage), so an
+//! update that needs one cannot be written to it: nothing is written, and
+//! the deployer installs a program that has the level (a registered
+//! program that lacks it is an error that says to compile it again). The
+//! levels of the program the switch was given are kept with its image.
+//! Writes that would overfill a table of the program the switch runs (its
+//! P4Info's sizes) are refused before anything is written: subc's own
+//! program is pushed again with larger tables, a registered one fails.
+//!
 //! Install: arbitration, the program if needed, then a Read of everything
 //! and the writes that take the switch from what it holds to the full set
 //! (`subc_backend_p4::repair`: groups, leaves, entries from the last level,
@@ -58,7 +69,7 @@ use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::{describe, Batch, PortMap};
-use subc_backend_p4::{Error as P4Error, P4Options, P4Target};
+use subc_backend_p4::{levels_for, Arch, Error as P4Error, P4Options, P4Target};
 use subc_backend_p4::{ReadLimits, Repair, Repairing};
 use subc_bdd::BitImage;
 use subc_bdd::Op;
@@ -74,9 +85,14 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The pipelines' field orders: what the program depends on.
 type Orders = Vec<Vec<QueryFieldId>>;
 
+/// The IR's levels a program has, per pipeline (TNA leaves out levels
+/// without entries: `P4Options::skip_empty_levels`).
+type Levels = Vec<Vec<usize>>;
+
 /// The program for one shape of pipelines.
 struct Program {
     orders: Orders,
+    levels: Levels,
     target: P4Target,
     /// The P4Info the switch runs: the registered one, or subc's.
     info: P4Info,
@@ -125,8 +141,13 @@ pub(crate) struct P4Driver {
     addr: String,
     device_id: u64,
     election_id: u128,
+    /// The architecture of the switch's program.
+    arch: Arch,
     /// The registered P4Info, if any.
     given: Option<P4Info>,
+    /// The P4Info of the program the switch runs, as it reported it or as
+    /// subc pushed it (`None`: not known): its table sizes bound the writes.
+    running_info: Option<P4Info>,
     device_config: Vec<u8>,
     ports: PortMap,
     /// TLS to the switch (none: plaintext).
@@ -178,6 +199,18 @@ pub(crate) fn port_map(cfg: &proto::P4RuntimeTarget) -> Result<PortMap, Registra
     PortMap::new(cfg.ports.iter().map(|(p, d)| (*p, *d)).collect()).map_err(RegistrationError::Ports)
 }
 
+/// The names a registration's `arch` may take (empty: v1model).
+pub(crate) const ARCH_NAMES: [&str; 2] = ["v1model", "tna"];
+
+/// The registration's architecture: `v1model` (also when unset) or `tna`.
+pub(crate) fn arch(cfg: &proto::P4RuntimeTarget) -> Result<Arch, RegistrationError> {
+    match cfg.arch.as_str() {
+        "" | "v1model" => Ok(Arch::V1Model),
+        "tna" => Ok(Arch::Tna),
+        other => Err(RegistrationError::UnknownArch { given: other.to_string() }),
+    }
+}
+
 /// The registration's TLS settings as the client takes them; empty strings
 /// are unset (no CA: the system's roots).
 pub(crate) fn tls_options(cfg: &proto::P4RuntimeTarget) -> Option<TlsOptions> {
@@ -227,7 +260,9 @@ impl P4Driver {
             addr,
             device_id: cfg.device_id,
             election_id: cfg.election_id.max(1) as u128,
+            arch: arch(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
+            running_info: None,
             device_config: cfg.device_config.clone(),
             ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
             tls: tls_options(cfg),
@@ -241,9 +276,26 @@ impl P4Driver {
         })
     }
 
-    /// What the saved image must have been made for: this switch.
+    /// What the saved image must have been made for: this switch; and
+    /// under TNA, the levels of the program the switch was given.
     fn meta(&self) -> Value {
-        json!({ "address": self.addr, "device_id": self.device_id })
+        let mut meta = json!({ "address": self.addr, "device_id": self.device_id });
+        if self.arch == Arch::Tna {
+            meta["arch"] = json!(self.arch.name());
+            meta["levels"] = json!(self.program.as_ref().map(|p| &p.levels));
+        }
+        meta
+    }
+
+    /// Whether a saved image's meta is this switch's (and architecture's).
+    fn same_switch(&self, meta: &Value) -> bool {
+        let ours = self.meta();
+        ["address", "device_id", "arch"].iter().all(|k| meta.get(k) == ours.get(k))
+    }
+
+    /// The levels of the program a saved image was installed with (TNA).
+    fn saved_levels(meta: &Value) -> Option<Levels> {
+        serde_json::from_value(meta.get("levels")?.clone()).ok()
     }
 
     /// Runs a client call with a time limit; a failure that may have broken
@@ -290,44 +342,86 @@ impl P4Driver {
         self.transient(format!("{e}; raise {key} if the switch really holds that much"))
     }
 
-    /// The program for pipelines of this shape (kept while the shape stays).
-    fn program_for(&mut self, pipes: &[&Pipeline]) -> Result<&Program, DriverError> {
+    /// The program for pipelines of this shape (kept while the shape
+    /// stays, and while it has the levels `levels` asks for, if any: those
+    /// of the program the switch was given).
+    fn program_for(&mut self, pipes: &[&Pipeline], levels: Option<Levels>) -> Result<&Program, DriverError> {
         let orders = field_orders(pipes);
-        if self.program.as_ref().is_none_or(|p| p.orders != orders) {
+        if self.program.as_ref().is_none_or(|p| p.orders != orders || levels.as_ref().is_some_and(|l| *l != p.levels)) {
             self.program = None;
-            let make = |fold_leaves: bool| {
-                let opts = P4Options { fold_leaves, ports: self.ports.clone(), prune_ingress: self.prune_ingress, ..Default::default() };
-                P4Target::for_pipelines(&self.spec, pipes, &opts)
-            };
-            let target = make(false).map_err(|e| self.transient(e))?;
-            let (target, info) = match &self.given {
-                None => {
-                    let info = target.p4info();
-                    (target, info)
-                }
-                Some(given) => match difference(&target.p4info(), given) {
-                    None => (target, given.clone()),
-                    Some(why) => {
-                        let folded = make(true).map_err(|e| self.transient(e))?;
-                        if difference(&folded.p4info(), given).is_some() {
-                            return Err(DriverError::transient(format!(
-                                "the registered P4Info is not the program subc generates for these subscriptions ({why}); write it with \
-                                 `subc compile --target p4` (with the server's field order: --order), compile program.p4 for the switch, \
-                                 and register the target again with that P4Info and device config"
-                            )));
-                        }
-                        (folded, given.clone())
-                    }
-                },
-            };
+            let (target, info) = self.make_program(pipes, levels)?;
             let initial = initial_defaults(&info);
-            self.program = Some(Arc::new(Program { orders, target, info, initial }));
+            self.program = Some(Arc::new(Program { orders, levels: target.levels(), target, info, initial }));
         }
         Ok(self.program.as_deref().expect("made above"))
     }
 
+    /// The options of the program's variants, in the order they are
+    /// tried: leaves in a leaf table, then folded.
+    fn variants(&self) -> [P4Options; 2] {
+        let opts = |fold_leaves: bool| P4Options {
+            fold_leaves,
+            ports: self.ports.clone(),
+            prune_ingress: self.prune_ingress,
+            arch: self.arch,
+            // As `subc compile --arch tna` writes it: a level costs a stage.
+            skip_empty_levels: self.arch == Arch::Tna,
+            ..Default::default()
+        };
+        [opts(false), opts(true)]
+    }
+
+    /// The levels a program for `pipes` may have, in the order they are
+    /// tried: `first` (the program the switch was given), if the pipelines
+    /// have those levels, then the levels with entries (TNA), then all of
+    /// them.
+    fn level_choices(&self, pipes: &[&Pipeline], first: Option<Levels>) -> Vec<Levels> {
+        let [opts, _] = self.variants();
+        let all = P4Options { skip_empty_levels: false, ..opts.clone() };
+        let have = |l: &Levels| l.len() == pipes.len() && l.iter().zip(pipes).all(|(levels, p)| levels.iter().all(|&i| i < p.tables.len()));
+        let mut out: Vec<Levels> = vec![];
+        for l in first.filter(have).into_iter().chain([levels_for(pipes, &opts), levels_for(pipes, &all)]) {
+            if !out.contains(&l) {
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    /// Makes the program: subc's own (the first choice of levels, leaves
+    /// in a leaf table) or, with a registered P4Info, the first variant
+    /// whose P4Info it is.
+    fn make_program(&self, pipes: &[&Pipeline], first: Option<Levels>) -> Result<(P4Target, P4Info), DriverError> {
+        let mut why = None;
+        for levels in self.level_choices(pipes, first) {
+            for opts in self.variants() {
+                let target = P4Target::with_levels(&self.spec, pipes, &levels, &opts).map_err(|e| self.transient(e))?;
+                let Some(given) = &self.given else {
+                    let info = target.p4info();
+                    return Ok((target, info));
+                };
+                match difference(&target.p4info(), given) {
+                    None => return Ok((target, given.clone())),
+                    Some(d) => {
+                        why.get_or_insert(d);
+                    }
+                }
+            }
+        }
+        Err(DriverError::transient(format!(
+            "the registered P4Info is not the program subc generates for these subscriptions ({}); write it with \
+             `subc compile --target p4{}` (with the server's field order: --order), compile program.p4 for the switch, \
+             and register the target again with that P4Info and device config",
+            why.unwrap_or_default(),
+            if self.arch == Arch::Tna { " --arch tna" } else { "" },
+        )))
+    }
+
     /// Whether the switch runs the program (`Err`: it could not be asked).
+    /// Whether the switch runs the program (`Err`: it could not be asked);
+    /// records the P4Info it reports (`running_info`).
     fn running(&mut self) -> Result<Running, DriverError> {
+        self.running_info = None;
         let ours = self.program.as_ref().expect("a program").info.clone();
         let held = match self.call("GetForwardingPipelineConfig", CALL_TIMEOUT, |c| Box::pin(c.pipeline())) {
             Ok(held) => held,
@@ -337,19 +431,24 @@ impl P4Driver {
             Err(e) => return Err(self.transient(e)),
         };
         let (info, cookie) = held.unwrap_or((None, None));
-        if !self.device_config.is_empty() {
+        let running = if !self.device_config.is_empty() {
             // subc pushed it if the cookie says so.
-            return Ok(if cookie == Some(program_cookie(&ours, &self.device_config)) {
+            if cookie == Some(program_cookie(&ours, &self.device_config)) {
                 Running::Ours
             } else {
                 Running::NotOurs("the switch does not run subc's program".into())
-            });
+            }
+        } else {
+            match info.as_ref().map(|info| difference(&ours, info)) {
+                None => Running::NotOurs("the switch runs no program".into()),
+                Some(None) => Running::Ours,
+                Some(Some(why)) => Running::NotOurs(format!("the switch runs another program ({why})")),
+            }
+        };
+        if let Running::Ours = running {
+            self.running_info = info;
         }
-        Ok(match info.map(|info| difference(&ours, &info)) {
-            None => Running::NotOurs("the switch runs no program".into()),
-            Some(None) => Running::Ours,
-            Some(Some(why)) => Running::NotOurs(format!("the switch runs another program ({why})")),
-        })
+        Ok(running)
     }
 
     /// The error of a switch that does not run the program when subc has
@@ -364,8 +463,51 @@ impl P4Driver {
     }
 
     /// What the switch must hold for `pipes`.
-    fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, DriverError> {
-        self.program.as_ref().expect("a program").target.entities(pipes).map_err(|e| self.transient(e))
+    fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, P4Error> {
+        self.program.as_ref().expect("a program").target.entities(pipes)
+    }
+
+    /// An install's failure to encode the pipelines: a level the
+    /// registered program left out says what to do.
+    fn left_out(&self, e: P4Error) -> DriverError {
+        match e {
+            P4Error::LevelLeftOut { .. } => self.transient(format!(
+                "{e}: the registered program has no table for it; write the program again (`subc compile --target p4 --arch tna`, \
+                 with the server's field order: --order), compile it for the switch, and register the target again with its \
+                 P4Info and device config"
+            )),
+            e => self.transient(e),
+        }
+    }
+
+    /// The first table of the program the switch runs (its P4Info: as the
+    /// switch reported it, or the registered one) that `pipes` would
+    /// overfill: (name, entries, size). A switch would refuse such a write
+    /// halfway.
+    fn overfilled(&self, pipes: &[&Pipeline]) -> Result<Option<(String, usize, i64)>, DriverError> {
+        let Some(info) = self.running_info.as_ref().or(self.given.as_ref()) else { return Ok(None) };
+        let program = self.program.as_ref().expect("a program");
+        let size = |name: &str| info.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == name)).map(|t| t.size);
+        let loads = program.target.table_entries(pipes).map_err(|e| self.transient(e))?;
+        Ok(loads.into_iter().find_map(|(name, entries)| {
+            let size = size(&name).filter(|s| *s > 0 && entries as i64 > *s)?;
+            Some((name, entries, size))
+        }))
+    }
+
+    /// Pipelines that would overfill a table are refused before anything
+    /// is written: subc's own program is installed anew with larger
+    /// tables; a registered one has to be compiled again.
+    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+        let Some((name, entries, size)) = self.overfilled(pipes)? else { return Ok(()) };
+        let full = format!("table {name} would hold {entries} entries, more than its size {size}; nothing was written");
+        if self.given.is_none() && !self.device_config.is_empty() {
+            return Err(DriverError::needs_install(format!("{full}: installing a program with larger tables")));
+        }
+        Err(self.transient(format!(
+            "{full}: compile the program with larger tables (subc compile --p4-headroom, --p4-min-table-size) and register \
+             the target again"
+        )))
     }
 
     /// The writes that take the switch from what a Read finds to
@@ -411,7 +553,7 @@ impl Driver for P4Driver {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
         self.image = None;
         let image = match self.files.load() {
-            Ok(Some(i)) if i.meta == self.meta() => i,
+            Ok(Some(i)) if self.same_switch(&i.meta) => i,
             Ok(Some(_)) => {
                 tracing::warn!(target_name = %self.name, "the saved image was made for another switch; the target will be installed anew");
                 return Ok(None);
@@ -423,7 +565,7 @@ impl Driver for P4Driver {
             }
         };
         let pipes: Vec<&Pipeline> = image.pipelines.iter().collect();
-        self.program_for(&pipes)?;
+        self.program_for(&pipes, Self::saved_levels(&image.meta))?;
         match self.running()? {
             Running::Ours => {}
             Running::NotOurs(why) if !self.device_config.is_empty() => {
@@ -432,7 +574,7 @@ impl Driver for P4Driver {
             }
             Running::NotOurs(why) => return Err(self.cannot_push(&why)),
         }
-        let expected = self.entities(&pipes)?;
+        let expected = self.entities(&pipes).map_err(|e| self.left_out(e))?;
         let r = match self.repair_to(expected) {
             Ok(r) => r,
             Err(e) if not_our_program(&e) => {
@@ -464,19 +606,31 @@ impl Driver for P4Driver {
     fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
         refuse_bits(bits.map_or(0, BitImage::len))?;
         self.image = None;
-        // A program pushed now has tables sized for these pipelines.
-        self.program = None;
-        self.program_for(pipes)?;
-        if let Running::NotOurs(why) = self.running()? {
+        // A program pushed now has tables sized for these pipelines (and
+        // under TNA, their levels); a registered program keeps its levels.
+        let given_levels = self.program.take().filter(|_| self.given.is_some()).map(|p| p.levels.clone());
+        self.program_for(pipes, given_levels)?;
+        let push = match self.running()? {
+            Running::NotOurs(why) => Some(why),
+            // subc's own program, with tables too small for these pipelines.
+            Running::Ours if self.given.is_none() && self.overfilled(pipes)?.is_some() => {
+                Some("the switch's tables are too small for these subscriptions".into())
+            }
+            Running::Ours => None,
+        };
+        if let Some(why) = push {
             if self.device_config.is_empty() {
                 return Err(self.cannot_push(&why));
             }
             let (info, config) = (self.program.as_ref().expect("a program").info.clone(), self.device_config.clone());
-            tracing::info!(target_name = %self.name, "pushing subc's program to the switch");
+            tracing::info!(target_name = %self.name, reason = %why, "pushing subc's program to the switch");
+            let pushed = info.clone();
             self.call("SetForwardingPipelineConfig", CALL_TIMEOUT, move |c| Box::pin(async move { c.set_pipeline(&info, config).await }))
                 .map_err(|e| self.transient(e))?;
+            self.running_info = Some(pushed);
         }
-        let expected = self.entities(pipes)?;
+        let expected = self.entities(pipes).map_err(|e| self.left_out(e))?;
+        self.check_room(pipes)?;
         let r = self.repair_to(expected).map_err(|e| self.failed(e))?;
         let (inserts, modifies, deletes) = (r.inserts, r.modifies, r.deletes);
         self.write(r.batches).map_err(|e| self.transient(e))?;
@@ -499,7 +653,15 @@ impl Driver for P4Driver {
         if self.program.as_ref().is_none_or(|p| p.orders != field_orders(&pipes)) {
             return Err(DriverError::needs_install("the update is for pipelines of another shape"));
         }
-        let batches = self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update).map_err(|e| self.transient(e))?;
+        let batches = match self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update) {
+            Ok(b) => b,
+            // Nothing was written: a program with the level replaces this one.
+            Err(e @ P4Error::LevelLeftOut { .. }) => {
+                return Err(DriverError::needs_install(format!("{e}: installing a program that has it")))
+            }
+            Err(e) => return Err(self.transient(e)),
+        };
+        self.check_room(&pipes)?;
         self.write(batches).map_err(|e| self.transient(e))?;
         let meta = self.meta();
         self.files.append(update, &pipes, &meta)?;
@@ -509,12 +671,12 @@ impl Driver for P4Driver {
 
     fn uninstall(&mut self) -> Result<(), DriverError> {
         self.image = None;
-        let pipes = match self.files.load() {
-            Ok(Some(i)) => i.pipelines,
+        let (pipes, levels) = match self.files.load() {
+            Ok(Some(i)) => (i.pipelines, Self::saved_levels(&i.meta)),
             // Nothing recorded: nothing of subc's is known to be there.
             _ => return self.files.remove(),
         };
-        self.program_for(&pipes.iter().collect::<Vec<_>>())?;
+        self.program_for(&pipes.iter().collect::<Vec<_>>(), levels)?;
         // A switch that runs another program holds nothing of subc's.
         if let Running::Ours = self.running()? {
             let r = self.repair_to(vec![]).map_err(|e| self.failed(e))?;
@@ -526,7 +688,7 @@ impl Driver for P4Driver {
     }
 
     fn describe_ops(&mut self, after: &[&Pipeline], ops: &[(usize, Op)]) -> Vec<Option<String>> {
-        let Ok(program) = self.program_for(after) else { return vec![] };
+        let Ok(program) = self.program_for(after, None) else { return vec![] };
         let enc = program.target.encoder();
         ops.iter()
             .map(|(p, op)| match after.get(*p).map(|pipe| enc.op(*p, op, pipe)) {
