@@ -141,7 +141,7 @@ enum Undo {
 enum Finish {
     Add(Reply<proto::AddResponse>, proto::AddResponse),
     Remove(Reply<proto::RemoveResponse>, proto::RemoveResponse),
-    Register(Reply<Arc<TargetHandle>>, proto::RegisterTargetRequest),
+    Register(Reply<Arc<TargetHandle>>, Box<proto::RegisterTargetRequest>),
     Unregister(Reply<()>, String),
     SetDown(Reply<proto::SetDownResponse>, proto::SetDownResponse),
     Nothing,
@@ -310,7 +310,7 @@ enum Outcome {
     Staged(Box<Staged>),
     Refused(Finish, Status),
     /// It yielded to other changes; here it is back, to run later.
-    Yielded(WriteOp),
+    Yielded(Box<WriteOp>),
 }
 
 impl Writer {
@@ -372,7 +372,7 @@ impl Writer {
                     if let Some(k) = key {
                         claims.keys.remove(&k);
                     }
-                    self.deferred.push_back(op);
+                    self.deferred.push_back(*op);
                 }
             }
         }
@@ -545,7 +545,7 @@ impl Writer {
             Finish::Remove(r, resp) => drop(r.send(Ok(resp))),
             Finish::SetDown(r, resp) => drop(r.send(Ok(resp))),
             Finish::Register(r, reg) => {
-                let h = TargetHandle::new(reg, false, None);
+                let h = TargetHandle::new(*reg, false, None);
                 self.core.insert_target(h.clone());
                 self.core.spawn_target(h.clone());
                 let _ = r.send(Ok(h));
@@ -630,7 +630,9 @@ impl Writer {
                     let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
                     Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))
                 }
-                Err(AddRefusal::Yielded(spent)) => Outcome::Yielded(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply }),
+                Err(AddRefusal::Yielded(spent)) => {
+                    Outcome::Yielded(Box::new(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply }))
+                }
                 Err(AddRefusal::Refused(s)) => Outcome::Refused(Finish::Add(reply, Default::default()), s),
             },
             op => self.stage_other(op, names).map_or_else(|(f, s)| Outcome::Refused(f, s), |st| Outcome::Staged(Box::new(st))),
@@ -648,19 +650,19 @@ impl Writer {
             WriteOp::Register { reg, reply } => {
                 if self.core.has_target(&reg.name) || names.contains(&reg.name) {
                     let s = Status::already_exists(format!("a target named {:?} is registered", reg.name));
-                    return Err((Finish::Register(reply, reg), s));
+                    return Err((Finish::Register(reply, Box::new(reg)), s));
                 }
                 let max = self.core.config().limits.max_targets;
                 if self.core.targets().len() + names.len() >= max {
                     let s = self.refuse_limit("targets", format!("{max} targets are registered, the limit (limits.max_targets)"));
-                    return Err((Finish::Register(reply, reg), s));
+                    return Err((Finish::Register(reply, Box::new(reg)), s));
                 }
                 if let Err(s) = self.lower_for_target(&reg) {
-                    return Err((Finish::Register(reply, reg), s));
+                    return Err((Finish::Register(reply, Box::new(reg)), s));
                 }
                 names.insert(reg.name.clone());
                 let e = proto::Event { target: reg.name.clone(), ..event(proto::EventKind::TargetRegistered, self.d.generation) };
-                Ok(Staged::only(vec![SqlWrite::PutTarget(reg.clone())], vec![e], Finish::Register(reply, reg)))
+                Ok(Staged::only(vec![SqlWrite::PutTarget(reg.clone())], vec![e], Finish::Register(reply, Box::new(reg))))
             }
             WriteOp::Unregister { name, reply } => {
                 if !self.core.has_target(&name) {
