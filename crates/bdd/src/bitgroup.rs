@@ -118,20 +118,48 @@ impl BitDiff {
 
     /// This diff followed by `later`, as one: each word, interval table and
     /// word leaf keeps its last value, and the new leaves of both are kept.
+    /// (To compose many, push them into one [`BitDiffs`]: this costs the
+    /// size of both.)
     pub fn then(&mut self, later: BitDiff) {
-        fn last<K: Ord + Copy, V>(first: &mut Vec<(K, V)>, later: Vec<(K, V)>) {
-            let mut by_key: std::collections::BTreeMap<K, V> = first.drain(..).collect();
-            by_key.extend(later);
-            first.extend(by_key);
+        let mut all = BitDiffs::default();
+        all.push(std::mem::take(self));
+        all.push(later);
+        *self = all.finish();
+    }
+}
+
+/// Diffs of a group composed as they come, each at the cost of its own
+/// size: every word, interval table and word leaf keeps its last value,
+/// and every new leaf is kept. [`BitDiffs::finish`] gives the one diff.
+#[derive(Clone, Debug, Default)]
+pub struct BitDiffs {
+    words: std::collections::BTreeMap<(WordOf, u32), u64>,
+    intervals: std::collections::BTreeMap<u32, Vec<(u64, RowId)>>,
+    word_leaves: std::collections::BTreeMap<u32, Option<LeafId>>,
+    new_leaves: Vec<(LeafId, Leaf)>,
+}
+
+impl BitDiffs {
+    pub fn push(&mut self, d: BitDiff) {
+        self.words.extend(d.words.into_iter().map(|(a, w, v)| ((a, w), v)));
+        self.intervals.extend(d.intervals);
+        self.word_leaves.extend(d.word_leaves);
+        self.new_leaves.extend(d.new_leaves);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty() && self.intervals.is_empty() && self.word_leaves.is_empty() && self.new_leaves.is_empty()
+    }
+
+    /// The composed diff; this is left empty.
+    pub fn finish(&mut self) -> BitDiff {
+        let d = std::mem::take(self);
+        BitDiff {
+            words: d.words.into_iter().map(|((a, w), v)| (a, w, v)).collect(),
+            intervals: d.intervals.into_iter().collect(),
+            word_leaves: d.word_leaves.into_iter().collect(),
+            new_leaves: d.new_leaves,
         }
-        let words = |d: &mut Vec<(WordOf, u32, u64)>| -> Vec<((WordOf, u32), u64)> { d.drain(..).map(|(a, w, v)| ((a, w), v)).collect() };
-        let mut mine = words(&mut self.words);
-        let mut theirs = later.words;
-        last(&mut mine, words(&mut theirs));
-        self.words = mine.into_iter().map(|((a, w), v)| (a, w, v)).collect();
-        last(&mut self.intervals, later.intervals);
-        last(&mut self.word_leaves, later.word_leaves);
-        self.new_leaves.extend(later.new_leaves);
     }
 }
 

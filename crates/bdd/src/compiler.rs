@@ -39,7 +39,7 @@
 //! (back ends generate code for a fixed number); a rule that fits no
 //! pipeline is an error that asks for a full recompile.
 
-use crate::bitgroup::{BitDiff, BitGroup, BitRule, GroupFull};
+use crate::bitgroup::{BitDiff, BitDiffs, BitGroup, BitRule, GroupFull};
 use crate::build::{build, splice, BuildStop, Deadline, Rule};
 use crate::diagram::{Manager, NodeId, EMPTY};
 use crate::diff::PipelineDiff;
@@ -225,7 +225,7 @@ pub struct CompiledSet {
     /// The bit-vector group, when some rules are in one.
     bits: Option<BitGroup>,
     /// The group's changes in the operation under way.
-    bit_diff: BitDiff,
+    bit_diff: BitDiffs,
     /// The fewest rules a shape needs for a pipeline of its own (compiles
     /// with bit vectors): 64, or 1/64 of the set's rules if more.
     min_shape_rules: usize,
@@ -366,7 +366,7 @@ impl CompiledSet {
             managers: vec![],
             subs: BTreeMap::new(),
             bits: None,
-            bit_diff: BitDiff::default(),
+            bit_diff: BitDiffs::default(),
             min_shape_rules: 64,
             opts,
             deadline,
@@ -858,7 +858,7 @@ impl CompiledSet {
                 pipe.index.remove(r, &pipe.rules[r as usize]);
                 self.free_rule(p, r);
             }
-            self.bit_diff = BitDiff::default();
+            self.bit_diff = BitDiffs::default();
             for (pipe, (root, est)) in self.pipes.iter_mut().zip(saved) {
                 pipe.root = root;
                 pipe.size_estimate = est;
@@ -961,7 +961,7 @@ impl CompiledSet {
         };
         let rule = BitRule { constraints: cube.0.clone(), leaf: Leaf::from_actions(actions) };
         let (slot, diff) = group.insert(rule).map_err(|reason| CompileError::BitGroupFull { sub, reason })?;
-        self.bit_diff.then(diff);
+        self.bit_diff.push(diff);
         Ok((BITS, slot))
     }
 
@@ -988,7 +988,7 @@ impl CompiledSet {
             let group = self.bits.as_mut().expect("slots of the group");
             for slot in slots {
                 let diff = group.remove(slot).expect("a live slot");
-                self.bit_diff.then(diff);
+                self.bit_diff.push(diff);
             }
         }
         for (p, slots) in by_pipe {
@@ -1088,7 +1088,7 @@ impl CompiledSet {
             }
             self.maybe_collect_garbage(p);
         }
-        let bits = std::mem::take(&mut self.bit_diff);
+        let bits = self.bit_diff.finish();
         SetDiff { diffs, bits: (!bits.is_empty()).then_some(bits) }
     }
 

@@ -37,7 +37,7 @@ mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
 pub use bitgroup::{
-    capacity_for, BitCapacity, BitDiff, BitDiffMisfit, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot,
+    capacity_for, BitCapacity, BitDiff, BitDiffMisfit, BitDiffs, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot,
     WordOf,
 };
 pub use build::Deadline;

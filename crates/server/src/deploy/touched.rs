@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
-use subc_bdd::{diff_all, diff_touched, BitDiff, PipelineDiff};
+use subc_bdd::{diff_all, diff_touched, BitDiff, BitDiffs, PipelineDiff};
 
 /// The updates of recent generations, with when each was committed; `None`
 /// for a generation that replaced the pipelines as a whole.
@@ -113,14 +113,13 @@ pub(crate) fn diffs(old: &[Pipeline], new: &[&Pipeline], from: u64, to: u64, log
 /// when the log does not hold every one of them.
 pub(crate) fn bits_since(from: u64, to: u64, log: &UpdateLog) -> Option<Option<BitDiff>> {
     let updates = (from > 0).then(|| log.since(from, to)).flatten()?;
-    let mut out: Option<BitDiff> = None;
+    let mut all = BitDiffs::default();
+    let mut any = false;
     for d in updates.into_iter().filter_map(|u| u.bits.clone()) {
-        match &mut out {
-            Some(o) => o.then(d),
-            None => out = Some(d),
-        }
+        all.push(d);
+        any = true;
     }
-    Some(out)
+    Some(any.then(|| all.finish()))
 }
 
 #[cfg(test)]
