@@ -135,4 +135,12 @@ cargo check --manifest-path fuzz/Cargo.toml --locked --quiet
 log "testing the workspace"
 cargo test --workspace --locked
 
+# At scale, in a release build (a debug build compiles 100,000 diverse
+# filters too slowly): 100,000 Siena filters through gRPC in requests of
+# 10,000 to an eBPF target, then 1,000 removed and added at random, packets
+# checked through the live program; and 10,000 under a P4 table budget.
+log "testing at scale (release build): the service with 100,000 and 10,000 Siena filters"
+SUBC_LOWERING_SCALE=100000 cargo test --release --locked -p subc-server --test lowering an_ebpf_target_runs_the_group_through_random_changes
+cargo test --release --locked -p subc-server --test budget -- --ignored ten_thousand_siena_filters_fit_a_budget_of_twenty_thousand
+
 log "all tests passed"

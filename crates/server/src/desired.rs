@@ -380,10 +380,11 @@ pub(crate) fn lowering_for(configured: Lowering, diagrams_only: bool) -> Lowerin
     }
 }
 
-/// Whether a target of this kind runs diagrams only (P4 switches cannot
-/// run a bit-vector group).
+/// Whether a target of this kind follows the set as diagrams: a P4 switch
+/// cannot run a bit-vector group. A budgeted one follows its own fitted
+/// set (`budget.rs`, lowered to diagrams there), not the set itself.
 pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_request::Kind>) -> bool {
-    matches!(kind, Some(crate::proto::register_target_request::Kind::P4runtime(_)))
+    matches!(kind, Some(crate::proto::register_target_request::Kind::P4runtime(p)) if p.budget.is_none())
 }
 
 /// The names of the set's base field order (what the store keeps so that a

@@ -66,9 +66,9 @@ fn check_forwarding(spec_text: &str, live: &BTreeMap<u64, String>, seed: u64, mu
 const PACKETS: usize = 300;
 
 /// Random adds and removes of Siena filters through gRPC (`initial` in
-/// batches of `batch`, then `rounds` rounds that remove about a tenth and
-/// add `churn`); after each, `check` with the live rules, once `target`
-/// holds the change.
+/// batches of `batch`, then `rounds` rounds that remove `churn` at random
+/// and add `churn`); after each, `check` with the live rules, once
+/// `target` holds the change.
 async fn churn(env: &mut Env, target: &str, sizes: [usize; 4], mut check: impl FnMut(&BTreeMap<u64, String>, u64)) {
     let [initial, batch, rounds, churn] = sizes;
     let mut rng = Rng::new(7);
@@ -91,7 +91,11 @@ async fn churn(env: &mut Env, target: &str, sizes: [usize; 4], mut check: impl F
         phase += 1;
     }
     for _ in 0..rounds {
-        let ids: Vec<u64> = live.keys().copied().filter(|_| rng.below(10) == 0).collect();
+        let mut ids: Vec<u64> = live.keys().copied().collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        ids.truncate(churn);
         env.alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.expect("remove");
         for id in ids {
             live.remove(&id);
