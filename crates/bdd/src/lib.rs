@@ -37,8 +37,8 @@ mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
 pub use bitgroup::{
-    capacity_for, BitCapacity, BitDiff, BitDiffMisfit, BitDiffs, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId, RowId, Slot,
-    WordOf,
+    capacity_for, BitCapacity, BitDiff, BitDiffMisfit, BitDiffs, BitField, BitGroup, BitImage, BitRule, BrokenGroup, GroupFull, LeafId,
+    RowId, Slot, WordOf,
 };
 pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};

@@ -14,7 +14,7 @@ use common::*;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+use subc_backend_p4::testing::{Checks, TestServer};
 use subc_lang::{Interpreter, Program};
 use subc_server::proto::{self, register_target_request::Kind};
 use subc_server::Clients;
@@ -35,15 +35,7 @@ fn siena_lines(filters: usize, seed: u64) -> Vec<String> {
 fn registration(name: &str, addr: &str, budget: Option<u64>) -> proto::RegisterTargetRequest {
     proto::RegisterTargetRequest {
         name: name.into(),
-        kind: Some(Kind::P4runtime(proto::P4RuntimeTarget {
-            address: addr.trim_start_matches("http://").into(),
-            device_id: DEVICE,
-            // A device config makes subc push its program; the in-process switch ignores its bytes.
-            device_config: b"{}".to_vec(),
-            election_id: 7,
-            budget,
-            ..Default::default()
-        })),
+        kind: Some(Kind::P4runtime(proto::P4RuntimeTarget { budget, ..p4runtime_at(addr) })),
         manual: false,
     }
 }

@@ -17,7 +17,7 @@ use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_backend_p4::testing::{Checks, Flood, TestServer, DEVICE};
+use subc_backend_p4::testing::{Checks, Flood, TestServer};
 use subc_server::proto::{self, register_target_request::Kind};
 
 fn spec() -> Arc<subc_lang::spec::Spec> {
@@ -28,14 +28,7 @@ fn spec() -> Arc<subc_lang::spec::Spec> {
 fn registration(name: &str, addr: &str, manual: bool) -> proto::RegisterTargetRequest {
     proto::RegisterTargetRequest {
         name: name.into(),
-        kind: Some(Kind::P4runtime(proto::P4RuntimeTarget {
-            address: addr.trim_start_matches("http://").into(),
-            device_id: DEVICE,
-            device_config: b"{}".to_vec(),
-            ports: (0..256).map(|p| (p, p)).collect(),
-            election_id: 7,
-            ..Default::default()
-        })),
+        kind: Some(Kind::P4runtime(proto::P4RuntimeTarget { ports: (0..256).map(|p| (p, p)).collect(), ..p4runtime_at(addr) })),
         manual,
     }
 }

@@ -22,7 +22,7 @@ mod common;
 use common::*;
 use std::collections::{BTreeMap, HashMap};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
-use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+use subc_backend_p4::testing::{Checks, TestServer};
 use subc_backend_p4::PortMap;
 use subc_lang::{Interpreter, Profile, StateStore};
 use subc_server::proto::{self, register_target_request::Kind};
@@ -50,14 +50,11 @@ fn registration(name: &str, addr: &str, arch: &str) -> proto::RegisterTargetRequ
     proto::RegisterTargetRequest {
         name: name.into(),
         kind: Some(Kind::P4runtime(proto::P4RuntimeTarget {
-            address: addr.trim_start_matches("http://").into(),
-            device_id: DEVICE,
-            // A device config makes subc push its program; its bytes are opaque here.
+            // Its bytes are opaque here.
             device_config: b"{\"program\": \"stand-in for the Tofino compiler's output\"}".to_vec(),
             ports: port_map(),
-            election_id: 7,
             arch: arch.into(),
-            ..Default::default()
+            ..p4runtime_at(addr)
         })),
         manual: false,
     }
@@ -292,6 +289,13 @@ async fn failing(env: &mut Env, target: &str) -> proto::TargetStatus {
     }
 }
 
+/// Two in-process switches of the spec: one to make a program's P4Info on
+/// (the probe), and the switch the target is.
+async fn probe_and_switch() -> (TestServer, TestServer) {
+    let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
+    (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap())
+}
+
 /// A target registered with the P4Info of a TNA program that left levels
 /// out follows changes that its tables can take; one that needs a level
 /// the program lacks is written nowhere (the switch keeps the generation it
@@ -300,9 +304,7 @@ async fn failing(env: &mut Env, target: &str) -> proto::TargetStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
     bounded(60, async {
-        let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
-        let (probe, fake) =
-            (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap());
+        let (probe, fake) = probe_and_switch().await;
         let mut env = Env::new().await;
         let (_, generation) = add(&mut env, "stock == GOOGL && shares > 100 : fwd(1)").await;
         register_probed(&mut env, &probe, &fake, |_| {}).await;
@@ -339,9 +341,7 @@ async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registered_program_whose_table_is_too_small_writes_nothing() {
     bounded(60, async {
-        let spec = std::sync::Arc::new(subc_workload::programs::check(&spec_text(), &[]).unwrap().spec);
-        let (probe, fake) =
-            (TestServer::start(Checks::Recover(spec.clone())).await.unwrap(), TestServer::start(Checks::Recover(spec)).await.unwrap());
+        let (probe, fake) = probe_and_switch().await;
         let mut env = Env::new().await;
         let (_, generation) = add(&mut env, "stock == GOOGL && shares > 100 : fwd(1)").await;
         // The shares table has room for what the probe holds, and no more.

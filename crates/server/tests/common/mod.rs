@@ -244,3 +244,17 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// A P4Runtime target of the in-process switch at `addr` (its
+/// `http://host:port`): its device, election id 7, and a device config, so
+/// that subc pushes its own program (the in-process switch ignores the
+/// config's bytes).
+pub fn p4runtime_at(addr: &str) -> proto::P4RuntimeTarget {
+    proto::P4RuntimeTarget {
+        address: addr.trim_start_matches("http://").into(),
+        device_id: subc_backend_p4::testing::DEVICE,
+        device_config: b"{}".to_vec(),
+        election_id: 7,
+        ..Default::default()
+    }
+}
