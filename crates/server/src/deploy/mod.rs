@@ -495,13 +495,14 @@ impl TargetHandle {
         unknown && (!self.manual() || requested > held) || goal > held
     }
 
-    /// Creates the driver if there is none yet.
-    fn ensure_driver(&self, ctx: &DeployCtx) -> Result<(), DriverError> {
+    /// The driver, locked, made first if there is none: under one lock, so
+    /// that the task's end (which takes the driver) cannot come between.
+    fn locked_driver(&self, ctx: &DeployCtx) -> Result<std::sync::MutexGuard<'_, Option<Box<dyn Driver>>>, DriverError> {
         let mut d = self.driver.lock().expect("driver");
         if d.is_none() {
             *d = Some(make_driver(&self.registration, ctx, self.view.is_some(), self.ebpf_device.as_ref())?);
         }
-        Ok(())
+        Ok(d)
     }
 
     /// Runs `f` with the driver on a blocking thread.
@@ -513,9 +514,8 @@ impl TargetHandle {
         let me = self.clone();
         let ctx = ctx.clone();
         tokio::task::spawn_blocking(move || {
-            me.ensure_driver(&ctx)?;
-            let mut guard = me.driver.lock().expect("driver");
-            let driver = guard.as_mut().expect("driver was just made");
+            let mut guard = me.locked_driver(&ctx)?;
+            let driver = guard.as_mut().expect("made under this lock");
             let r = f(driver.as_mut());
             if let Some(reader) = driver.counter_reader() {
                 *me.counter_reader.lock().expect("counter reader") = Some(reader);
