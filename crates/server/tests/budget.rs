@@ -111,7 +111,7 @@ async fn a_budgeted_p4runtime_target_holds_a_superset_within_its_budget() {
 /// (Over 256 ports the exact set already sends nearly every packet to
 /// nearly every port, so the fit is one entry: forward to all.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "too slow for every run: 870 s in a debug build on a busy 2-core machine, 480 s of it the server's own exact set: cargo test -p subc-server --test budget -- --ignored"]
+#[ignore = "100 s in a debug build; scripts/test.sh runs it in release (13 s): cargo test --release -p subc-server --test budget -- --ignored"]
 async fn ten_thousand_siena_filters_fit_a_budget_of_twenty_thousand() {
     budgeted_siena(10_000, 20_000).await;
 }
