@@ -62,7 +62,9 @@ pub(crate) const CLASS_SHIFT: u16 = 8;
 /// Intervals per sorted value, by size class.
 pub(crate) const SORTED_CLASSES: [u32; 5] = [8, 64, 512, 4096, 32768];
 /// Most pipelines a program can have (7 bits of the state word).
-pub(crate) const MAX_PIPELINES: usize = 127;
+pub const MAX_PIPELINES: usize = 127;
+/// XDP hands egress ports to TC in 32 bytes of packet metadata: at most 256.
+pub const XDP_MAX_PORTS: u32 = 256;
 /// State ids must fit 24 bits of the state word.
 pub(crate) const MAX_STATE: u32 = (1 << 24) - 1;
 /// The kernel's limit on maps one program may use.
@@ -551,7 +553,7 @@ fn check_limits(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<
     if pipes.len() > MAX_PIPELINES {
         return Err(EbpfError::Unsupported(UnsupportedError::TooManyPipelines { pipelines: pipes.len() }));
     }
-    if opts.hook == Hook::Xdp && spec.ports > 256 {
+    if opts.hook == Hook::Xdp && spec.ports > XDP_MAX_PORTS {
         return Err(EbpfError::Unsupported(UnsupportedError::XdpPorts { ports: spec.ports }));
     }
     Ok(())

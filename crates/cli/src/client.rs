@@ -199,6 +199,14 @@ pub struct TargetAddArgs {
     /// a file name, in the target's own directory under the store's.
     #[arg(long, value_name = "FILE", group = "kind")]
     sim: Option<String>,
+    /// A kind of target the server was built with beyond these three (a
+    /// `subc_target::Kind` given to `subc_server::start_with`), by name; its
+    /// options are `--option KEY=VALUE`, which the kind checks.
+    #[arg(long, value_name = "KIND", group = "kind")]
+    custom: Option<String>,
+    /// A custom target's option, repeatable.
+    #[arg(long = "option", value_name = "KEY=VALUE", requires = "custom")]
+    options: Vec<String>,
     /// eBPF: the hook.
     #[arg(long, value_enum, default_value_t = HookArg::Xdp)]
     hook: HookArg,
@@ -481,6 +489,11 @@ fn kind_text(t: &proto::Target) -> String {
             format!("p4runtime {} device {}, {arch}{budget}", p.address, p.device_id)
         }
         Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
+        Some(proto::target::Kind::Custom(c)) => {
+            let mut options: Vec<String> = c.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            options.sort();
+            format!("{} {}", c.kind, options.join(" ")).trim_end().to_string()
+        }
         None => "?".into(),
     }
 }
@@ -534,8 +547,17 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
+    } else if let Some(kind) = &a.custom {
+        let mut options = HashMap::new();
+        for o in &a.options {
+            let (k, v) = o.split_once('=').ok_or_else(|| anyhow!("--option {o}: expected KEY=VALUE"))?;
+            if options.insert(k.to_string(), v.to_string()).is_some() {
+                bail!("--option {o}: {k} is given twice");
+            }
+        }
+        Kind::Custom(proto::CustomTarget { kind: kind.clone(), options })
     } else {
-        bail!("give the target's kind: --ebpf IFACE, --p4runtime ADDR or --sim FILE");
+        bail!("give the target's kind: --ebpf IFACE, --p4runtime ADDR, --sim FILE or --custom KIND");
     };
     Ok(proto::RegisterTargetRequest { name: a.name.clone(), kind: Some(kind), manual: a.manual })
 }

@@ -240,6 +240,7 @@ fn target_proto(core: &Core, h: &crate::deploy::TargetHandle) -> proto::Target {
             T::P4runtime(p)
         }
         R::Sim(s) => T::Sim(s),
+        R::Custom(c) => T::Custom(c),
     });
     proto::Target { name: h.name.clone(), kind, manual: h.manual(), status: Some(h.status(core.generation())) }
 }
@@ -260,7 +261,7 @@ impl Targets for Api {
                 )),
             });
         }
-        crate::deploy::validate_registration(&reg).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        crate::deploy::validate_registration(&reg, self.core.kinds()).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
         Ok(Response::new(target_proto(&self.core, &h)))
     }

@@ -36,7 +36,7 @@
 //! (`network.rs`), which relaxes only the transit part; its reports use the
 //! same [`Sample`].
 
-use crate::deploy::{DriverError, Held, Plan};
+use crate::deploy::{Held, Plan, TargetError};
 use crate::desired::{shape_of, Committed};
 use crate::proto;
 use crate::store::StoredSub;
@@ -92,9 +92,9 @@ pub(crate) enum FollowError {
     },
 }
 
-impl From<FollowError> for DriverError {
-    fn from(e: FollowError) -> DriverError {
-        DriverError::transient(e.to_string())
+impl From<FollowError> for TargetError {
+    fn from(e: FollowError) -> TargetError {
+        TargetError::transient(e.to_string())
     }
 }
 
@@ -335,8 +335,8 @@ pub(crate) fn plan(held: &Held, pipes: Vec<Pipeline>) -> Plan {
 
 /// The compiler options of a budgeted target: the service's, without
 /// bit-vector groups (a switch's tables cannot run them).
-pub(crate) fn compile_options(spec: &Spec, config: &crate::config::Config) -> Result<CompileOptions, DriverError> {
-    let mut opts = crate::desired::compile_options(spec, &config.compile, None).map_err(|e| DriverError::transient(e.to_string()))?;
+pub(crate) fn compile_options(spec: &Spec, config: &crate::config::Config) -> Result<CompileOptions, TargetError> {
+    let mut opts = crate::desired::compile_options(spec, &config.compile, None).map_err(|e| TargetError::transient(e.to_string()))?;
     opts.lowering = subc_bdd::Lowering::Diagrams;
     Ok(opts)
 }

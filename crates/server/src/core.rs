@@ -181,10 +181,15 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str, fabric: O
 }
 
 impl Core {
+    /// The kinds of custom targets the server was started with.
+    pub(crate) fn kinds(&self) -> &subc_target::Kinds {
+        &self.deploy.kinds
+    }
+
     /// Opens the store, compiles the stored set, reads the deployed targets
     /// back, and starts the writer and the target tasks. Call from inside a
     /// tokio runtime.
-    pub async fn start(config: Config) -> Result<Arc<Core>, Error> {
+    pub async fn start(config: Config, kinds: subc_target::Kinds) -> Result<Arc<Core>, Error> {
         config.validate()?;
         let config = Arc::new(config);
         let (spec, spec_text) = load_spec(&config)?;
@@ -214,7 +219,8 @@ impl Core {
                 tokio::spawn(async move { tx.send(op).await });
             }
         });
-        let deploy = Arc::new(DeployCtx::new(spec.clone(), config.clone(), committed.clone(), desired.generation, metrics.clone(), report));
+        let deploy =
+            Arc::new(DeployCtx::new(spec.clone(), config.clone(), kinds, committed.clone(), desired.generation, metrics.clone(), report));
         let text_gate = crate::admission::TextGate::new(&config.limits, metrics.clone());
         let core = Arc::new(Core {
             spec,

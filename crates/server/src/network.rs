@@ -271,7 +271,7 @@ impl Fabric {
             return Err("a p4runtime device needs `address` (host:port)".into());
         }
         let reg = proto::RegisterTargetRequest { name: "device".into(), kind: Some(Kind::P4runtime(t.clone())), manual: false };
-        crate::deploy::validate_registration(&reg).map_err(|e| e.to_string())?;
+        crate::deploy::validate_registration(&reg, &subc_target::Kinds::new()).map_err(|e| e.to_string())?;
         Ok(t)
     }
 

@@ -15,6 +15,7 @@ use crate::Error;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use subc_target::Kinds;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
@@ -104,6 +105,12 @@ fn read(path: &std::path::Path) -> Result<Vec<u8>, Error> {
 /// Starts the server (store, compile, reconcile, listeners) and returns once
 /// it accepts calls.
 pub async fn start(config: Config) -> Result<Running, Error> {
+    start_with(config, Kinds::new()).await
+}
+
+/// [`start`], with kinds of targets beyond the built-in ones: registered
+/// over the API as `custom` targets of these kinds.
+pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> {
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!(listen = %config.listen, "no tokens configured: every caller is the administrator");
@@ -125,7 +132,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     let metrics_listen = config.metrics_listen;
     let limits = crate::transport::ConnectionLimits::from_config(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
-    let core = Core::start(config).await?;
+    let core = Core::start(config, kinds).await?;
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
             crate::metrics::serve(a, limits, core.metrics().clone(), {

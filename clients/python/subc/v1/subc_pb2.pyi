@@ -300,35 +300,54 @@ class SimTarget(_message.Message):
     path: str
     def __init__(self, path: _Optional[str] = ...) -> None: ...
 
+class CustomTarget(_message.Message):
+    __slots__ = ("kind", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, kind: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class RegisterTargetRequest(_message.Message):
-    __slots__ = ("name", "ebpf", "p4runtime", "sim", "manual")
+    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "manual")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EBPF_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIM_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_FIELD_NUMBER: _ClassVar[int]
     MANUAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     ebpf: EbpfTarget
     p4runtime: P4RuntimeTarget
     sim: SimTarget
+    custom: CustomTarget
     manual: bool
-    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., manual: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., manual: _Optional[bool] = ...) -> None: ...
 
 class Target(_message.Message):
-    __slots__ = ("name", "ebpf", "p4runtime", "sim", "manual", "status")
+    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "manual", "status")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EBPF_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIM_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_FIELD_NUMBER: _ClassVar[int]
     MANUAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     name: str
     ebpf: EbpfTarget
     p4runtime: P4RuntimeTarget
     sim: SimTarget
+    custom: CustomTarget
     manual: bool
     status: TargetStatus
-    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., manual: _Optional[bool] = ..., status: _Optional[_Union[TargetStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., manual: _Optional[bool] = ..., status: _Optional[_Union[TargetStatus, _Mapping]] = ...) -> None: ...
 
 class ListTargetsRequest(_message.Message):
     __slots__ = ()

@@ -24,7 +24,7 @@
 //! replaces the program atomically.
 
 use super::image::{ImageError, ImageLog, Journal};
-use super::{Driver, DriverError};
+use super::{Target, TargetError};
 use crate::proto;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -40,6 +40,7 @@ use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
 use subc_lang::spec::{Spec, StateVarId};
 use subc_lang::{UpdateOp, VarUpdate};
+use subc_target::{Capabilities, PortCount};
 
 /// What a device of a network (`network.rs`) adds to an eBPF target: the
 /// program goes on every port's interface, in the device's namespace, and
@@ -69,10 +70,10 @@ pub(crate) struct EbpfDriver {
 
 /// A refusal of the tables (capacity, a diff that does not apply) needs
 /// a new install; anything else may pass.
-fn err(e: impl Into<LoaderError>) -> DriverError {
+fn err(e: impl Into<LoaderError>) -> TargetError {
     match e.into() {
-        e @ LoaderError::Backend(EbpfError::Capacity(_) | EbpfError::Diff(_)) => DriverError::needs_install(e.to_string()),
-        e => DriverError::transient(e.to_string()),
+        e @ LoaderError::Backend(EbpfError::Capacity(_) | EbpfError::Diff(_)) => TargetError::needs_install(e.to_string()),
+        e => TargetError::transient(e.to_string()),
     }
 }
 
@@ -117,18 +118,18 @@ struct Rebuilt {
 struct ImageFiles(ImageLog);
 
 impl ImageFiles {
-    fn new(name: &str) -> Result<ImageFiles, DriverError> {
+    fn new(name: &str) -> Result<ImageFiles, TargetError> {
         Ok(ImageFiles(ImageLog::new(loader::state_dir(name).map_err(err)?)))
     }
 
     /// Writes the whole image as the new base and drops the journal.
-    fn write_base(&mut self, img: &TableImage) -> Result<(), DriverError> {
+    fn write_base(&mut self, img: &TableImage) -> Result<(), TargetError> {
         self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &parts_json(img))
     }
 
     /// Records an applied update (`img` is the image after it, the new
     /// base if the journal is folded).
-    fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), DriverError> {
+    fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), TargetError> {
         self.0.append_with_base(update, &Value::Null, || (img.pipelines().iter().collect(), parts_json(img)))
     }
 
@@ -173,15 +174,15 @@ fn legacy_image(model: &Model, journal: Journal) -> Result<TableImage, SavedImag
     Ok(TableImage::from_parts(model, saved.pipelines, ids, 0)?)
 }
 
-fn egress(e: &proto::EbpfEgress) -> Result<Egress, DriverError> {
+fn egress(e: &proto::EbpfEgress) -> Result<Egress, TargetError> {
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
     let dst_ip = match e.dst_ip.as_str() {
         "" => None,
-        s => Some(s.parse().map_err(|_| DriverError::transient(format!("{s} is not an IPv4 address")))?),
+        s => Some(s.parse().map_err(|_| TargetError::transient(format!("{s} is not an IPv4 address")))?),
     };
     let dst_port = match e.dst_port {
         0 => None,
-        p => Some(u16::try_from(p).map_err(|_| DriverError::transient(format!("{p} is not a UDP port")))?),
+        p => Some(u16::try_from(p).map_err(|_| TargetError::transient(format!("{p} is not a UDP port")))?),
     };
     Ok(Egress { interface: e.interface.clone(), dst_mac: opt(&e.dst_mac), src_mac: opt(&e.src_mac), dst_ip, dst_port })
 }
@@ -193,9 +194,9 @@ impl EbpfDriver {
         spec: Arc<Spec>,
         bpffs_root: &Path,
         device: Option<&EbpfDevice>,
-    ) -> Result<EbpfDriver, DriverError> {
+    ) -> Result<EbpfDriver, TargetError> {
         if !loader::can_load_bpf() {
-            return Err(DriverError::transient(
+            return Err(TargetError::transient(
                 "eBPF targets need CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), in the effective set",
             ));
         }
@@ -223,14 +224,14 @@ impl EbpfDriver {
             ifaces,
             netns,
             config,
-            pin_dir: crate::names::child_path(bpffs_root, "target name", name).map_err(|e| DriverError::transient(e.to_string()))?,
+            pin_dir: crate::names::child_path(bpffs_root, "target name", name).map_err(|e| TargetError::transient(e.to_string()))?,
             tables: None,
             files: ImageFiles::new(name)?,
         })
     }
 
     /// Opens the pins as the tables to update, trusting `image`.
-    fn open_tables(&mut self, model: subc_backend_ebpf::Model, pin_dir: &Path, image: TableImage) -> Result<(), DriverError> {
+    fn open_tables(&mut self, model: subc_backend_ebpf::Model, pin_dir: &Path, image: TableImage) -> Result<(), TargetError> {
         let mut t = PinnedTables::open(pin_dir, model).map_err(err)?;
         t.set_image(image);
         self.tables = Some(t);
@@ -238,18 +239,26 @@ impl EbpfDriver {
     }
 }
 
-impl Driver for EbpfDriver {
-    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
+impl Target for EbpfDriver {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            ports: (self.hook == Hook::Xdp).then_some(subc_backend_ebpf::XDP_MAX_PORTS),
+            pipelines: Some(subc_backend_ebpf::MAX_PIPELINES),
+            ..Capabilities::default()
+        }
+    }
+
+    fn port_counters(&mut self) -> Result<Vec<PortCount>, TargetError> {
         let Some(t) = &self.tables else { return Ok(vec![]) };
         match t.port_counters() {
-            Ok(c) => Ok(c.into_iter().map(|c| proto::PortCounter { port: c.port, packets: c.packets, bytes: c.bytes }).collect()),
+            Ok(c) => Ok(c.into_iter().map(|c| PortCount { port: c.port, packets: c.packets, bytes: c.bytes }).collect()),
             // Pinned by a version that did not count.
             Err(LoaderError::NoPortCounters) => Ok(vec![]),
             Err(e) => Err(err(e)),
         }
     }
 
-    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
+    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         self.tables = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };
         let saved = match self.files.load(&model) {
@@ -275,22 +284,22 @@ impl Driver for EbpfDriver {
         Ok(Some(pipes))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), TargetError> {
         match self.netns.clone() {
             None => self.install_here(pipes, bits),
             Some(ns) => loader::in_netns(&ns, || self.install_here(pipes, bits))
-                .map_err(|e| DriverError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
+                .map_err(|e| TargetError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
         }
     }
 
-    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
-        let t = self.tables.as_mut().ok_or_else(|| DriverError::needs_install("the pinned tables are not open"))?;
+    fn apply(&mut self, update: &SetDiff) -> Result<(), TargetError> {
+        let t = self.tables.as_mut().ok_or_else(|| TargetError::needs_install("the pinned tables are not open"))?;
         t.update(update).map_err(err)?;
-        let image = t.image().ok_or_else(|| DriverError::needs_install("the pinned tables lost their image"))?;
+        let image = t.image().ok_or_else(|| TargetError::needs_install("the pinned tables lost their image"))?;
         self.files.append(update, image)
     }
 
-    fn uninstall(&mut self) -> Result<(), DriverError> {
+    fn uninstall(&mut self) -> Result<(), TargetError> {
         self.tables = None;
         let name = self.name.clone();
         let remove = move || match Deployment::open(&name) {
@@ -300,14 +309,14 @@ impl Driver for EbpfDriver {
         match self.netns.clone() {
             None => remove(),
             Some(ns) => loader::in_netns(&ns, remove)
-                .map_err(|e| DriverError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
+                .map_err(|e| TargetError::transient(format!("cannot enter the network namespace {ns:?}: {e}")))?,
         }
     }
 }
 
 impl EbpfDriver {
     /// [`Driver::install`] in the calling thread's network namespace.
-    fn install_here(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
+    fn install_here(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), TargetError> {
         let opts = EbpfOptions { hook: self.hook, ..Default::default() };
         let art = write_image(&self.spec, pipes, bits, &opts).map_err(err)?;
         let obj = clang::compile(&art.source, clang::BuildFlags::default()).map_err(err)?;

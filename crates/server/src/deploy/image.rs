@@ -13,7 +13,7 @@
 //! base and the journal's updates apart ([`ImageLog::load_journal`]) and
 //! replays the updates itself.
 
-use super::DriverError;
+use super::TargetError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -103,7 +103,7 @@ pub enum ImageError {
     Meta(serde_json::Error),
     /// The target's state directory.
     #[error("{0}")]
-    StateDir(super::DriverError),
+    StateDir(super::TargetError),
 }
 
 impl ImageLog {
@@ -111,12 +111,12 @@ impl ImageLog {
         ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
     }
 
-    fn io(&self, what: &str, e: std::io::Error) -> DriverError {
-        DriverError::transient(format!("cannot write {}: {e}", self.dir.join(what).display()))
+    fn io(&self, what: &str, e: std::io::Error) -> TargetError {
+        TargetError::transient(format!("cannot write {}: {e}", self.dir.join(what).display()))
     }
 
     /// Writes `pipes` as the new base, with `meta`, and drops the journal.
-    pub(crate) fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
         let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
         let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
         std::fs::create_dir_all(&self.dir)
@@ -136,7 +136,7 @@ impl ImageLog {
     /// driver keeps besides the pipelines); `after` (the pipelines after
     /// the update) and `meta` become the base when the journal has outgrown
     /// the old one.
-    pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), DriverError> {
+    pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
         self.append_with_base(update, meta, || (after.to_vec(), meta.clone()))
     }
 
@@ -148,7 +148,7 @@ impl ImageLog {
         update: &SetDiff,
         line_meta: &Value,
         base: impl FnOnce() -> (Vec<&'a Pipeline>, Value),
-    ) -> Result<(), DriverError> {
+    ) -> Result<(), TargetError> {
         use std::io::Write;
         self.seq += 1;
         let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": line_meta }).to_string();
@@ -200,11 +200,11 @@ impl ImageLog {
     }
 
     /// Removes the directory and what it holds.
-    pub(crate) fn remove(&mut self) -> Result<(), DriverError> {
+    pub(crate) fn remove(&mut self) -> Result<(), TargetError> {
         self.seq = 0;
         match std::fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(DriverError::transient(format!("cannot remove {}: {e}", self.dir.display())))
+                Err(TargetError::transient(format!("cannot remove {}: {e}", self.dir.display())))
             }
             _ => Ok(()),
         }

@@ -12,7 +12,7 @@
 //! writes). Once, `path` was any path: registering the store's own file and
 //! removing the target with `uninstall` deleted the store.
 
-use super::{Driver, DriverError, RegistrationError};
+use super::{RegistrationError, Target, TargetError};
 use crate::names::{self, NameError};
 use crate::proto;
 use std::path::{Path, PathBuf};
@@ -36,16 +36,16 @@ struct Holding {
 
 impl Holding {
     /// The holding after `update`, or why it does not apply.
-    fn after(&self, update: &SetDiff) -> Result<Holding, DriverError> {
+    fn after(&self, update: &SetDiff) -> Result<Holding, TargetError> {
         let mut next = self.clone();
         for d in &update.diffs {
-            let p = next.pipes.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
-            p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not apply: {e}")))?;
+            let p = next.pipes.get_mut(d.pipeline).ok_or_else(|| TargetError::needs_install(format!("no pipeline {}", d.pipeline)))?;
+            p.apply(d).map_err(|e| TargetError::needs_install(format!("the diff does not apply: {e}")))?;
         }
         match (update.bits.as_ref().filter(|b| !b.is_empty()), &mut next.bits) {
             (None, _) => {}
-            (Some(d), Some(image)) => image.apply(d).map_err(|e| DriverError::needs_install(e.to_string()))?,
-            (Some(_), None) => return Err(DriverError::needs_install("a bit-vector group's diff, and the target holds no group")),
+            (Some(d), Some(image)) => image.apply(d).map_err(|e| TargetError::needs_install(e.to_string()))?,
+            (Some(_), None) => return Err(TargetError::needs_install("a bit-vector group's diff, and the target holds no group")),
         }
         Ok(next)
     }
@@ -72,21 +72,21 @@ pub(crate) fn file_of(data_dir: &Path, name: &str, file: &str) -> Result<PathBuf
 
 /// An error unless `path` is what it should be and not a symbolic link
 /// (which could lead a write or a removal outside the target's directory).
-fn not_a_link(path: &Path, dir: bool) -> Result<(), DriverError> {
+fn not_a_link(path: &Path, dir: bool) -> Result<(), TargetError> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() || m.is_dir() != dir => Err(DriverError::transient(format!(
+        Ok(m) if m.file_type().is_symlink() || m.is_dir() != dir => Err(TargetError::transient(format!(
             "{} is not a {}: a sim target writes only its own file in its own directory",
             path.display(),
             if dir { "directory" } else { "file" }
         ))),
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(DriverError::transient(format!("{}: {e}", path.display()))),
+        Err(e) => Err(TargetError::transient(format!("{}: {e}", path.display()))),
     }
 }
 
 /// Removes a file of the target's, unless it is a link or not there.
-fn remove_if_there(path: &Path) -> Result<(), DriverError> {
+fn remove_if_there(path: &Path) -> Result<(), TargetError> {
     not_a_link(path, false)?;
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error(path, e)),
@@ -94,13 +94,13 @@ fn remove_if_there(path: &Path) -> Result<(), DriverError> {
     }
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> DriverError {
-    DriverError::transient(format!("{}: {e}", path.display()))
+fn io_error(path: &Path, e: std::io::Error) -> TargetError {
+    TargetError::transient(format!("{}: {e}", path.display()))
 }
 
 impl OwnFile {
     /// Creates the target's directory, checking what leads to it.
-    fn make_dir(&self) -> Result<(), DriverError> {
+    fn make_dir(&self) -> Result<(), TargetError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| io_error(&self.dir, e))?;
         if let Some(root) = self.dir.parent() {
             not_a_link(root, true)?;
@@ -115,30 +115,30 @@ impl OwnFile {
         self.path.with_file_name(name)
     }
 
-    fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, DriverError> {
+    fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, TargetError> {
         not_a_link(path, false)?;
         match std::fs::read_to_string(path) {
-            Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| DriverError::transient(format!("{}: {e}", path.display())))?)),
+            Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| TargetError::transient(format!("{}: {e}", path.display())))?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_error(path, e)),
         }
     }
 
-    fn read(&self) -> Result<Option<Holding>, DriverError> {
+    fn read(&self) -> Result<Option<Holding>, TargetError> {
         let Some(pipes) = Self::read_json(&self.path)? else { return Ok(None) };
         Ok(Some(Holding { pipes, bits: Self::read_json(&self.bits_path())? }))
     }
 
-    fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), DriverError> {
+    fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), TargetError> {
         not_a_link(path, false)?;
-        let text = serde_json::to_string(value).map_err(|e| DriverError::transient(e.to_string()))?;
+        let text = serde_json::to_string(value).map_err(|e| TargetError::transient(e.to_string()))?;
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| io_error(path, e))
     }
 
     /// Writes the group's file first, then the pipelines' (which a read
     /// needs to find anything), each atomically.
-    fn write(&self, held: &Holding) -> Result<(), DriverError> {
+    fn write(&self, held: &Holding) -> Result<(), TargetError> {
         self.make_dir()?;
         match &held.bits {
             Some(b) => Self::write_json(&self.bits_path(), b)?,
@@ -148,7 +148,7 @@ impl OwnFile {
     }
 
     /// Removes the files (and the directory, once empty): nothing else.
-    fn remove(&self) -> Result<(), DriverError> {
+    fn remove(&self) -> Result<(), TargetError> {
         not_a_link(&self.dir, true)?;
         remove_if_there(&self.path)?;
         remove_if_there(&self.bits_path())?;
@@ -159,16 +159,16 @@ impl OwnFile {
 
 impl MemoryDriver {
     /// The sim target `name`; its file, if any, under `data_dir`.
-    pub(crate) fn new(name: &str, cfg: &proto::SimTarget, data_dir: &Path) -> Result<MemoryDriver, DriverError> {
+    pub(crate) fn new(name: &str, cfg: &proto::SimTarget, data_dir: &Path) -> Result<MemoryDriver, TargetError> {
         if cfg.path.is_empty() {
             return Ok(MemoryDriver { file: None, held: None });
         }
-        let path = file_of(data_dir, name, &cfg.path).map_err(|e| DriverError::transient(format!("{e}; register the target again")))?;
+        let path = file_of(data_dir, name, &cfg.path).map_err(|e| TargetError::transient(format!("{e}; register the target again")))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok(MemoryDriver { file: Some(OwnFile { dir, path }), held: None })
     }
 
-    fn persist(&self, held: Option<&Holding>) -> Result<(), DriverError> {
+    fn persist(&self, held: Option<&Holding>) -> Result<(), TargetError> {
         match (&self.file, held) {
             (None, _) => Ok(()),
             (Some(f), None) => f.remove(),
@@ -176,31 +176,36 @@ impl MemoryDriver {
         }
     }
 
-    fn keep(&mut self, held: Holding) -> Result<(), DriverError> {
+    fn keep(&mut self, held: Holding) -> Result<(), TargetError> {
         self.persist(Some(&held))?;
         self.held = Some(held);
         Ok(())
     }
 }
 
-impl Driver for MemoryDriver {
-    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
+impl Target for MemoryDriver {
+    /// Everything the IR makes: it holds the IR's own pipelines.
+    fn capabilities(&self) -> subc_target::Capabilities {
+        subc_target::Capabilities::default()
+    }
+
+    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         if let Some(f) = &self.file {
             self.held = f.read()?;
         }
         Ok(self.held.as_ref().map(|h| h.pipes.clone()))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
+    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), TargetError> {
         self.keep(Holding { pipes: pipes.iter().map(|p| (*p).clone()).collect(), bits: bits.cloned() })
     }
 
-    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
-        let next = self.held.as_ref().ok_or_else(|| DriverError::needs_install("nothing is installed"))?.after(update)?;
+    fn apply(&mut self, update: &SetDiff) -> Result<(), TargetError> {
+        let next = self.held.as_ref().ok_or_else(|| TargetError::needs_install("nothing is installed"))?.after(update)?;
         self.keep(next)
     }
 
-    fn uninstall(&mut self) -> Result<(), DriverError> {
+    fn uninstall(&mut self) -> Result<(), TargetError> {
         self.persist(None)?;
         self.held = None;
         Ok(())

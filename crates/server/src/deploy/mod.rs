@@ -43,78 +43,7 @@ use subc_bdd::{BitCapacity, BitImage};
 use subc_lang::spec::Spec;
 use tokio::sync::{watch, Notify};
 
-/// Why a driver call failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DriverError {
-    pub kind: DriverErrorKind,
-    pub message: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DriverErrorKind {
-    /// Worth retrying as is (unreachable, busy, a kernel error).
-    Transient,
-    /// The update does not fit the installed program (its maps are full, or
-    /// it was generated for another shape): install the whole set again.
-    NeedsInstall,
-}
-
-impl DriverError {
-    pub fn transient(m: impl Into<String>) -> DriverError {
-        DriverError { kind: DriverErrorKind::Transient, message: m.into() }
-    }
-    pub fn needs_install(m: impl Into<String>) -> DriverError {
-        DriverError { kind: DriverErrorKind::NeedsInstall, message: m.into() }
-    }
-}
-
-impl std::fmt::Display for DriverError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// What a kind of target must do. Calls block; the task runs them on a
-/// blocking thread, one at a time.
-pub(crate) trait Driver: Send {
-    /// What the target holds, read from the target itself (pinned maps,
-    /// P4Runtime Read); `None` when nothing of subc's is installed there.
-    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError>;
-    /// Installs a program for these pipelines and bit-vector group, filled
-    /// with them, replacing whatever subc installed before. A target that
-    /// cannot run a group refuses one with rules.
-    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError>;
-    /// Applies one diff per changed pipeline, in the IR's make-before-break
-    /// order, and the group's diff; all or nothing where the target allows it.
-    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError>;
-    /// Detaches and removes what subc installed.
-    fn uninstall(&mut self) -> Result<(), DriverError>;
-    /// What each op of a plan (pipeline, op) writes on this target, in the
-    /// target's own terms (P4Runtime updates); `after` are the pipelines
-    /// after the plan. Empty where the target has no other view than the
-    /// IR's.
-    fn describe_ops(&mut self, _after: &[&Pipeline], _ops: &[(usize, subc_bdd::Op)]) -> Vec<Option<String>> {
-        vec![]
-    }
-    /// Packets and bytes delivered per subscription port since the program
-    /// was installed, ports that carried nothing left out; empty where the
-    /// target counts nothing (the sim target).
-    fn port_counters(&mut self) -> Result<Vec<proto::PortCounter>, DriverError> {
-        Ok(vec![])
-    }
-    /// Reads the port counters without the driver, where a read may wait on
-    /// the device (P4Runtime): taken after each driver call, and used
-    /// instead of [`Driver::port_counters`] from then on.
-    fn counter_reader(&mut self) -> Option<Arc<dyn CounterReader>> {
-        None
-    }
-}
-
-/// A target's port counters, read apart from its driver (see
-/// [`Driver::counter_reader`]); the caller bounds the time.
-pub(crate) trait CounterReader: Send + Sync {
-    fn read(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<proto::PortCounter>, DriverError>> + Send>>;
-}
+pub(crate) use subc_target::{CounterReader, Error as TargetError, ErrorKind, Extent, Target};
 
 /// What the task knows a target holds.
 #[derive(Clone, Debug)]
@@ -155,6 +84,8 @@ pub struct TargetReport {
 pub struct DeployCtx {
     pub spec: Arc<Spec>,
     pub config: Arc<crate::config::Config>,
+    /// The kinds of custom targets.
+    pub kinds: subc_target::Kinds,
     /// The state as of the last commit (see `desired.rs`).
     pub committed: Arc<RwLock<Committed>>,
     pub generation: watch::Sender<u64>,
@@ -169,6 +100,7 @@ impl DeployCtx {
     pub fn new(
         spec: Arc<Spec>,
         config: Arc<crate::config::Config>,
+        kinds: subc_target::Kinds,
         committed: Arc<RwLock<Committed>>,
         generation: u64,
         metrics: Arc<Metrics>,
@@ -177,6 +109,7 @@ impl DeployCtx {
         DeployCtx {
             spec,
             config,
+            kinds,
             committed,
             generation: watch::Sender::new(generation),
             metrics,
@@ -231,7 +164,7 @@ pub struct TargetHandle {
     /// An eBPF device's own settings (network mode).
     ebpf_device: Option<ebpf::EbpfDevice>,
     held: Mutex<HeldState>,
-    driver: Arc<Mutex<Option<Box<dyn Driver>>>>,
+    driver: Arc<Mutex<Option<Box<dyn Target>>>>,
     progress: watch::Sender<Progress>,
     /// The generation the last `Deploy` asked for.
     requested: AtomicU64,
@@ -392,17 +325,17 @@ impl TargetHandle {
 
     /// A budgeted target's fitted set brought to the committed state: its
     /// pipelines and their generation (`None`: the target is not budgeted).
-    async fn fitted(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<Option<(Vec<Pipeline>, u64)>, DriverError> {
+    async fn fitted(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<Option<(Vec<Pipeline>, u64)>, TargetError> {
         let Some(follower) = self.budget.clone() else { return Ok(None) };
         let held = self.held_pipes();
         let ctx = ctx.clone();
-        let fit = move || -> Result<(Vec<Pipeline>, u64), DriverError> {
+        let fit = move || -> Result<(Vec<Pipeline>, u64), TargetError> {
             let opts = crate::budget::compile_options(&ctx.spec, &ctx.config)?;
             let mut f = follower.lock().expect("budget follower");
             Ok(f.follow(&ctx.spec, &opts, &ctx.committed, held.as_deref())?)
         };
         let fitted =
-            tokio::task::spawn_blocking(fit).await.map_err(|e| DriverError::transient(format!("the fitting thread failed: {e}")))??;
+            tokio::task::spawn_blocking(fit).await.map_err(|e| TargetError::transient(format!("the fitting thread failed: {e}")))??;
         Ok(Some(fitted))
     }
 
@@ -420,21 +353,24 @@ impl TargetHandle {
             None => self.port_counters_if_idle().await,
         };
         match read {
-            Some(Ok(c)) => self.record_counters(metrics, c),
+            Some(Ok(c)) => self.record_counters(
+                metrics,
+                c.into_iter().map(|c| proto::PortCounter { port: c.port, packets: c.packets, bytes: c.bytes }).collect(),
+            ),
             Some(Err(e)) => tracing::debug!(target_name = %self.name, error = %e, "cannot read the port counters; the last ones stand"),
             None => {}
         }
         self.last_counters()
     }
 
-    async fn read_within<T>(read: impl std::future::Future<Output = Result<T, DriverError>>, deadline: Duration) -> Result<T, DriverError> {
+    async fn read_within<T>(read: impl std::future::Future<Output = Result<T, TargetError>>, deadline: Duration) -> Result<T, TargetError> {
         tokio::time::timeout(deadline, read)
             .await
-            .unwrap_or_else(|_| Err(DriverError::transient(format!("the port counters did not come within {} ms", deadline.as_millis()))))
+            .unwrap_or_else(|_| Err(TargetError::transient(format!("the port counters did not come within {} ms", deadline.as_millis()))))
     }
 
     /// The driver's own counter read, unless the driver is busy.
-    async fn port_counters_if_idle(&self) -> Option<Result<Vec<proto::PortCounter>, DriverError>> {
+    async fn port_counters_if_idle(&self) -> Option<Result<Vec<subc_target::PortCount>, TargetError>> {
         let driver = self.driver.clone();
         let read = move || match driver.try_lock() {
             Ok(mut guard) => guard.as_mut().map(|d| d.port_counters()),
@@ -497,7 +433,7 @@ impl TargetHandle {
 
     /// The driver, locked, made first if there is none: under one lock, so
     /// that the task's end (which takes the driver) cannot come between.
-    fn locked_driver(&self, ctx: &DeployCtx) -> Result<std::sync::MutexGuard<'_, Option<Box<dyn Driver>>>, DriverError> {
+    fn locked_driver(&self, ctx: &DeployCtx) -> Result<std::sync::MutexGuard<'_, Option<Box<dyn Target>>>, TargetError> {
         let mut d = self.driver.lock().expect("driver");
         if d.is_none() {
             *d = Some(make_driver(&self.registration, ctx, self.view.is_some(), self.ebpf_device.as_ref())?);
@@ -509,8 +445,8 @@ impl TargetHandle {
     async fn with_driver<T: Send + 'static>(
         self: &Arc<Self>,
         ctx: &Arc<DeployCtx>,
-        f: impl FnOnce(&mut dyn Driver) -> Result<T, DriverError> + Send + 'static,
-    ) -> Result<T, DriverError> {
+        f: impl FnOnce(&mut dyn Target) -> Result<T, TargetError> + Send + 'static,
+    ) -> Result<T, TargetError> {
         let me = self.clone();
         let ctx = ctx.clone();
         tokio::task::spawn_blocking(move || {
@@ -523,11 +459,11 @@ impl TargetHandle {
             r
         })
         .await
-        .map_err(|e| DriverError::transient(format!("the driver thread failed: {e}")))?
+        .map_err(|e| TargetError::transient(format!("the driver thread failed: {e}")))?
     }
 
     /// Reads the target back into `held` (at startup, and after failures).
-    pub async fn read_back(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+    pub async fn read_back(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), TargetError> {
         let pipes = self.with_driver(ctx, |d| d.read_back()).await?;
         let mut h = self.held.lock().expect("held");
         h.held = match pipes {
@@ -559,7 +495,7 @@ impl TargetHandle {
 
     /// The plan a deploy would carry out now. Reads the target back first if
     /// what it holds is not known.
-    pub async fn plan(self: &Arc<Self>, ctx: &Arc<DeployCtx>, max_ops: usize) -> Result<proto::PlanResponse, DriverError> {
+    pub async fn plan(self: &Arc<Self>, ctx: &Arc<DeployCtx>, max_ops: usize) -> Result<proto::PlanResponse, TargetError> {
         if self.held_generation().0 && self.is_deployed() {
             self.read_back(ctx).await?;
         }
@@ -644,7 +580,7 @@ impl TargetHandle {
     }
 
     /// One attempt to bring the target to the desired state.
-    async fn sync_once(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+    async fn sync_once(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), TargetError> {
         self.pending_request.store(false, Ordering::SeqCst);
         if self.held_generation().0 {
             if let Err(e) = self.read_back(ctx).await {
@@ -660,17 +596,26 @@ impl TargetHandle {
             }
         };
         let t = Instant::now();
-        let (plan, generation, from) = {
+        let (plan, generation, from, extent) = {
             let h = self.held.lock().expect("held");
             match fitted {
-                Some((pipes, generation)) => (crate::budget::plan(&h.held, pipes), generation, h.generation),
+                Some((pipes, generation)) => {
+                    let extent = Extent::of(&pipes, None);
+                    (crate::budget::plan(&h.held, pipes), generation, h.generation, extent)
+                }
                 None => {
                     let c = ctx.committed();
-                    (plan(&h.held, h.generation, &c, self.view), c.generation(), h.generation)
+                    let extent = Extent::of(c.pipelines_of(self.view), c.bits_of(self.view).map(|b| &**b));
+                    (plan(&h.held, h.generation, &c, self.view), c.generation(), h.generation, extent)
                 }
             }
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
+        if !matches!(plan, Plan::Nothing) {
+            if let Err(e) = self.admit(ctx, extent).await {
+                return self.failed(ctx, e, generation);
+            }
+        }
         let written = plan.entries();
         let t = Instant::now();
         let result = match plan {
@@ -685,9 +630,16 @@ impl TargetHandle {
         }
     }
 
+    /// Whether the target can hold a set of `extent`: refused before
+    /// anything is written ([`subc_target::Capabilities::admit`]).
+    async fn admit(self: &Arc<Self>, ctx: &Arc<DeployCtx>, extent: Extent) -> Result<(), TargetError> {
+        let spec = ctx.spec.clone();
+        self.with_driver(ctx, move |d| Ok(d.capabilities().admit(&spec, &extent)?)).await
+    }
+
     /// Applies a planned update with the driver and to the held pipelines;
     /// a program that cannot take it gets the committed set installed anew.
-    async fn apply_update(self: &Arc<Self>, ctx: &Arc<DeployCtx>, update: SetDiff, generation: u64) -> Result<Held, DriverError> {
+    async fn apply_update(self: &Arc<Self>, ctx: &Arc<DeployCtx>, update: SetDiff, generation: u64) -> Result<Held, TargetError> {
         let r = self
             .with_driver(ctx, {
                 let update = update.clone();
@@ -706,7 +658,7 @@ impl TargetHandle {
                 }
                 Ok(Held::Unknown)
             }
-            Err(e) if e.kind == DriverErrorKind::NeedsInstall => {
+            Err(e) if e.kind == ErrorKind::NeedsInstall => {
                 // The program cannot take the update: install the set as a whole.
                 let (pipes, bits, generation_now) = match self.fitted(ctx).await? {
                     // A budgeted target: its fitted set, which has no group.
@@ -739,7 +691,7 @@ impl TargetHandle {
         ctx: &Arc<DeployCtx>,
         pipes: Vec<Pipeline>,
         bits: Option<Arc<BitImage>>,
-    ) -> Result<Held, DriverError> {
+    ) -> Result<Held, TargetError> {
         self.with_driver(ctx, move |d| {
             d.install(&pipes.iter().collect::<Vec<_>>(), bits.as_deref())?;
             Ok(Held::Pipes(pipes, bits.map(|b| b.capacity())))
@@ -756,7 +708,7 @@ impl TargetHandle {
         generation: u64,
         from: u64,
         written: u64,
-    ) -> Result<(), DriverError> {
+    ) -> Result<(), TargetError> {
         let label = Metrics::label("target", &self.name);
         let (entries, groups, held_gen) = {
             let mut h = self.held.lock().expect("held");
@@ -816,7 +768,7 @@ impl TargetHandle {
 
     /// Records a failed attempt: status, metrics, an event; `held` is no
     /// longer trusted.
-    fn failed(&self, ctx: &DeployCtx, e: DriverError, generation: u64) -> Result<(), DriverError> {
+    fn failed(&self, ctx: &DeployCtx, e: TargetError, generation: u64) -> Result<(), TargetError> {
         self.held.lock().expect("held").held = Held::Unknown;
         ctx.set_floor(&self.name, None);
         ctx.metrics.deploy_failures.get_or_create(&Metrics::label("target", &self.name)).inc();
@@ -842,7 +794,7 @@ impl TargetHandle {
     }
 
     /// Removes what subc installed on the target.
-    pub async fn uninstall(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), DriverError> {
+    pub async fn uninstall(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), TargetError> {
         self.with_driver(ctx, |d| d.uninstall()).await
     }
 }
@@ -914,7 +866,7 @@ pub(crate) fn make_driver(
     ctx: &DeployCtx,
     fabric: bool,
     device: Option<&ebpf::EbpfDevice>,
-) -> Result<Box<dyn Driver>, DriverError> {
+) -> Result<Box<dyn Target>, TargetError> {
     let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
@@ -927,7 +879,16 @@ pub(crate) fn make_driver(
             };
             Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric, limits)?))
         }
-        None => Err(DriverError::transient("the target has no kind")),
+        Some(Kind::Custom(c)) => {
+            let kind =
+                ctx.kinds.get(&c.kind).ok_or_else(|| TargetError::transient(format!("this server has no target kind {:?}", c.kind)))?;
+            let dir = crate::names::child_path(&data_dir.join("custom"), "target name", &reg.name)
+                .map_err(|e| TargetError::transient(e.to_string()))?;
+            std::fs::create_dir_all(&dir).map_err(|e| TargetError::transient(format!("{}: {e}", dir.display())))?;
+            let options = c.options.clone().into_iter().collect();
+            kind.open(&subc_target::Opening { name: &reg.name, options: &options, spec: &ctx.spec, dir: &dir })
+        }
+        None => Err(TargetError::transient("the target has no kind")),
     }
 }
 
@@ -937,8 +898,12 @@ pub(crate) fn make_driver(
 pub(crate) enum RegistrationError {
     #[error(transparent)]
     Name(#[from] crate::names::NameError),
-    #[error("give the target's kind: ebpf, p4runtime or sim")]
+    #[error("give the target's kind: ebpf, p4runtime, sim or custom")]
     NoKind,
+    #[error("this server has no target kind {given:?}; it has {}", if known.is_empty() { "no custom kinds".to_string() } else { known.join(", ") })]
+    UnknownKind { given: String, known: Vec<String> },
+    #[error("target kind {kind}: {message}")]
+    Custom { kind: String, message: String },
     #[error("an eBPF target needs an interface")]
     NoInterface,
     #[error("an eBPF target needs a hook: xdp or tc")]
@@ -962,7 +927,7 @@ pub(crate) enum RegistrationError {
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
-pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Result<(), RegistrationError> {
+pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest, kinds: &subc_target::Kinds) -> Result<(), RegistrationError> {
     crate::names::check_name("target name", &reg.name)?;
     match &reg.kind {
         None => Err(RegistrationError::NoKind),
@@ -993,5 +958,11 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest) -> Resul
             Ok(())
         }
         Some(Kind::Sim(s)) => memory::check_path(&s.path),
+        Some(Kind::Custom(c)) => {
+            let unknown = || RegistrationError::UnknownKind { given: c.kind.clone(), known: kinds.names().map(String::from).collect() };
+            let kind = kinds.get(&c.kind).ok_or_else(unknown)?;
+            kind.check(&c.options.clone().into_iter().collect())
+                .map_err(|message| RegistrationError::Custom { kind: c.kind.clone(), message })
+        }
     }
 }

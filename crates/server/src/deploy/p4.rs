@@ -55,12 +55,11 @@
 //! image before the next diff.
 
 use super::image::ImageLog;
-use super::{CounterReader, Driver, DriverError, RegistrationError};
+use super::{CounterReader, RegistrationError, Target, TargetError};
 use crate::proto;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use subc_backend_p4::client::{initial_defaults, program_cookie, Client, TlsOptions};
@@ -76,6 +75,7 @@ use subc_bdd::Op;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
 use subc_lang::spec::{QueryFieldId, Spec};
+use subc_target::{Capabilities, PortCount, StateFunction};
 
 /// How long connecting and arbitration may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -114,7 +114,7 @@ enum Rt {
 }
 
 impl Rt {
-    fn new() -> Result<Rt, DriverError> {
+    fn new() -> Result<Rt, TargetError> {
         match tokio::runtime::Handle::try_current() {
             Ok(h) => Ok(Rt::Shared(h)),
             Err(_) => tokio::runtime::Builder::new_multi_thread()
@@ -122,7 +122,7 @@ impl Rt {
                 .enable_all()
                 .build()
                 .map(Rt::Own)
-                .map_err(|e| DriverError::transient(format!("cannot start a runtime for the P4Runtime client: {e}"))),
+                .map_err(|e| TargetError::transient(format!("cannot start a runtime for the P4Runtime client: {e}"))),
         }
     }
 
@@ -252,7 +252,7 @@ impl P4Driver {
         data_dir: &Path,
         prune_ingress: bool,
         limits: ReadLimits,
-    ) -> Result<P4Driver, DriverError> {
+    ) -> Result<P4Driver, TargetError> {
         let addr = if cfg.address.contains("://") { cfg.address.clone() } else { format!("http://{}", cfg.address) };
         Ok(P4Driver {
             name: name.to_string(),
@@ -260,11 +260,11 @@ impl P4Driver {
             addr,
             device_id: cfg.device_id,
             election_id: cfg.election_id.max(1) as u128,
-            arch: arch(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
-            given: given_p4info(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
+            arch: arch(cfg).map_err(|e| TargetError::transient(e.to_string()))?,
+            given: given_p4info(cfg).map_err(|e| TargetError::transient(e.to_string()))?,
             running_info: None,
             device_config: cfg.device_config.clone(),
-            ports: port_map(cfg).map_err(|e| DriverError::transient(e.to_string()))?,
+            ports: port_map(cfg).map_err(|e| TargetError::transient(e.to_string()))?,
             tls: tls_options(cfg),
             limits,
             rt: Rt::new()?,
@@ -272,7 +272,7 @@ impl P4Driver {
             program: None,
             image: None,
             prune_ingress,
-            files: ImageLog::new(image_dir(data_dir, name).map_err(|e| DriverError::transient(e.to_string()))?),
+            files: ImageLog::new(image_dir(data_dir, name).map_err(|e| TargetError::transient(e.to_string()))?),
         })
     }
 
@@ -327,13 +327,13 @@ impl P4Driver {
         r
     }
 
-    fn transient(&self, e: impl std::fmt::Display) -> DriverError {
-        DriverError::transient(format!("P4Runtime target {}: {e}", self.addr))
+    fn transient(&self, e: impl std::fmt::Display) -> TargetError {
+        TargetError::transient(format!("P4Runtime target {}: {e}", self.addr))
     }
 
     /// A failed call as the target's error; a cap the switch went past is
     /// named by its key.
-    fn failed(&self, e: P4Error) -> DriverError {
+    fn failed(&self, e: P4Error) -> TargetError {
         let key = match e {
             P4Error::ReadTooLarge { .. } => "deploy.p4_read_max_bytes",
             P4Error::MessageTooLarge { .. } => "deploy.p4_message_max_bytes",
@@ -345,7 +345,7 @@ impl P4Driver {
     /// The program for pipelines of this shape (kept while the shape
     /// stays, and while it has the levels `levels` asks for, if any: those
     /// of the program the switch was given).
-    fn program_for(&mut self, pipes: &[&Pipeline], levels: Option<Levels>) -> Result<&Program, DriverError> {
+    fn program_for(&mut self, pipes: &[&Pipeline], levels: Option<Levels>) -> Result<&Program, TargetError> {
         let orders = field_orders(pipes);
         if self.program.as_ref().is_none_or(|p| p.orders != orders || levels.as_ref().is_some_and(|l| *l != p.levels)) {
             self.program = None;
@@ -391,7 +391,7 @@ impl P4Driver {
     /// Makes the program: subc's own (the first choice of levels, leaves
     /// in a leaf table) or, with a registered P4Info, the first variant
     /// whose P4Info it is.
-    fn make_program(&self, pipes: &[&Pipeline], first: Option<Levels>) -> Result<(P4Target, P4Info), DriverError> {
+    fn make_program(&self, pipes: &[&Pipeline], first: Option<Levels>) -> Result<(P4Target, P4Info), TargetError> {
         let mut why = None;
         for levels in self.level_choices(pipes, first) {
             for opts in self.variants() {
@@ -408,7 +408,7 @@ impl P4Driver {
                 }
             }
         }
-        Err(DriverError::transient(format!(
+        Err(TargetError::transient(format!(
             "the registered P4Info is not the program subc generates for these subscriptions ({}); write it with \
              `subc compile --target p4{}` (with the server's field order: --order), compile program.p4 for the switch, \
              and register the target again with that P4Info and device config",
@@ -420,7 +420,7 @@ impl P4Driver {
     /// Whether the switch runs the program (`Err`: it could not be asked).
     /// Whether the switch runs the program (`Err`: it could not be asked);
     /// records the P4Info it reports (`running_info`).
-    fn running(&mut self) -> Result<Running, DriverError> {
+    fn running(&mut self) -> Result<Running, TargetError> {
         self.running_info = None;
         let ours = self.program.as_ref().expect("a program").info.clone();
         let held = match self.call("GetForwardingPipelineConfig", CALL_TIMEOUT, |c| Box::pin(c.pipeline())) {
@@ -453,7 +453,7 @@ impl P4Driver {
 
     /// The error of a switch that does not run the program when subc has
     /// no device config to push.
-    fn cannot_push(&self, why: &str) -> DriverError {
+    fn cannot_push(&self, why: &str) -> TargetError {
         self.transient(format!("{why}, and the target has no device config to push subc's (register it with --device-config)"))
     }
 
@@ -469,7 +469,7 @@ impl P4Driver {
 
     /// An install's failure to encode the pipelines: a level the
     /// registered program left out says what to do.
-    fn left_out(&self, e: P4Error) -> DriverError {
+    fn left_out(&self, e: P4Error) -> TargetError {
         match e {
             P4Error::LevelLeftOut { .. } => self.transient(format!(
                 "{e}: the registered program has no table for it; write the program again (`subc compile --target p4 --arch tna`, \
@@ -484,7 +484,7 @@ impl P4Driver {
     /// switch reported it, or the registered one) that `pipes` would
     /// overfill: (name, entries, size). A switch would refuse such a write
     /// halfway.
-    fn overfilled(&self, pipes: &[&Pipeline]) -> Result<Option<(String, usize, i64)>, DriverError> {
+    fn overfilled(&self, pipes: &[&Pipeline]) -> Result<Option<(String, usize, i64)>, TargetError> {
         let Some(info) = self.running_info.as_ref().or(self.given.as_ref()) else { return Ok(None) };
         let program = self.program.as_ref().expect("a program");
         let size = |name: &str| info.tables.iter().find(|t| t.preamble.as_ref().is_some_and(|p| p.name == name)).map(|t| t.size);
@@ -498,11 +498,11 @@ impl P4Driver {
     /// Pipelines that would overfill a table are refused before anything
     /// is written: subc's own program is installed anew with larger
     /// tables; a registered one has to be compiled again.
-    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), DriverError> {
+    fn check_room(&self, pipes: &[&Pipeline]) -> Result<(), TargetError> {
         let Some((name, entries, size)) = self.overfilled(pipes)? else { return Ok(()) };
         let full = format!("table {name} would hold {entries} entries, more than its size {size}; nothing was written");
         if self.given.is_none() && !self.device_config.is_empty() {
-            return Err(DriverError::needs_install(format!("{full}: installing a program with larger tables")));
+            return Err(TargetError::needs_install(format!("{full}: installing a program with larger tables")));
         }
         Err(self.transient(format!(
             "{full}: compile the program with larger tables (subc compile --p4-headroom, --p4-min-table-size) and register \
@@ -530,18 +530,14 @@ impl P4Driver {
     }
 }
 
-/// A switch's match-action tables cannot run a bit-vector group: the
-/// server lowers sets P4 targets follow to diagrams, so this is a guard.
-fn refuse_bits(rules: usize) -> Result<(), DriverError> {
-    if rules == 0 {
-        return Ok(());
+impl Target for P4Driver {
+    /// No bit-vector group (a P4 program has no loop over its words); TNA
+    /// has no variables (`subc_backend_p4::Error::Unsupported` says why).
+    fn capabilities(&self) -> Capabilities {
+        let state_functions = StateFunction::ALL.into_iter().filter(|f| self.arch != Arch::Tna || *f != StateFunction::Var).collect();
+        Capabilities { state_functions, bit_vector_groups: false, ..Capabilities::default() }
     }
-    Err(DriverError::transient(format!(
-        "the set holds {rules} rule(s) in a bit-vector group, which a P4 switch cannot run; set [compile] lowering = \"diagrams\""
-    )))
-}
 
-impl Driver for P4Driver {
     /// Over the connection deploys opened (a status request never waits to
     /// dial a switch that is down), but not through this driver: a counter
     /// read never holds it.
@@ -550,7 +546,7 @@ impl Driver for P4Driver {
         Some(Arc::new(P4Counters { client: Mutex::new(client.read_only()), program: program.clone(), ports: self.ports.clone() }))
     }
 
-    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, DriverError> {
+    fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         self.image = None;
         let image = match self.files.load() {
             Ok(Some(i)) if self.same_switch(&i.meta) => i,
@@ -603,8 +599,8 @@ impl Driver for P4Driver {
         Ok(Some(image.pipelines))
     }
 
-    fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), DriverError> {
-        refuse_bits(bits.map_or(0, BitImage::len))?;
+    /// `_bits` is always `None`: [`Target::capabilities`] refuses a group first.
+    fn install(&mut self, pipes: &[&Pipeline], _bits: Option<&BitImage>) -> Result<(), TargetError> {
         self.image = None;
         // A program pushed now has tables sized for these pipelines (and
         // under TNA, their levels); a registered program keeps its levels.
@@ -641,23 +637,22 @@ impl Driver for P4Driver {
         Ok(())
     }
 
-    fn apply(&mut self, update: &SetDiff) -> Result<(), DriverError> {
-        refuse_bits(update.bits.as_ref().map_or(0, |b| b.len()))?;
+    fn apply(&mut self, update: &SetDiff) -> Result<(), TargetError> {
         // Not trusted again until this write and its record succeed.
-        let mut after = self.image.take().ok_or_else(|| DriverError::needs_install("what the switch holds is not known"))?;
+        let mut after = self.image.take().ok_or_else(|| TargetError::needs_install("what the switch holds is not known"))?;
         for d in &update.diffs {
-            let p = after.get_mut(d.pipeline).ok_or_else(|| DriverError::needs_install(format!("no pipeline {}", d.pipeline)))?;
-            p.apply(d).map_err(|e| DriverError::needs_install(format!("the diff does not fit the image: {e}")))?;
+            let p = after.get_mut(d.pipeline).ok_or_else(|| TargetError::needs_install(format!("no pipeline {}", d.pipeline)))?;
+            p.apply(d).map_err(|e| TargetError::needs_install(format!("the diff does not fit the image: {e}")))?;
         }
         let pipes: Vec<&Pipeline> = after.iter().collect();
         if self.program.as_ref().is_none_or(|p| p.orders != field_orders(&pipes)) {
-            return Err(DriverError::needs_install("the update is for pipelines of another shape"));
+            return Err(TargetError::needs_install("the update is for pipelines of another shape"));
         }
         let batches = match self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update) {
             Ok(b) => b,
             // Nothing was written: a program with the level replaces this one.
             Err(e @ P4Error::LevelLeftOut { .. }) => {
-                return Err(DriverError::needs_install(format!("{e}: installing a program that has it")))
+                return Err(TargetError::needs_install(format!("{e}: installing a program that has it")))
             }
             Err(e) => return Err(self.transient(e)),
         };
@@ -669,7 +664,7 @@ impl Driver for P4Driver {
         Ok(())
     }
 
-    fn uninstall(&mut self) -> Result<(), DriverError> {
+    fn uninstall(&mut self) -> Result<(), TargetError> {
         self.image = None;
         let (pipes, levels) = match self.files.load() {
             Ok(Some(i)) => (i.pipelines, Self::saved_levels(&i.meta)),
@@ -711,7 +706,7 @@ struct P4Counters {
 }
 
 impl CounterReader for P4Counters {
-    fn read(&self) -> Pin<Box<dyn Future<Output = Result<Vec<proto::PortCounter>, DriverError>> + Send>> {
+    fn read(&self) -> subc_target::CounterRead {
         let mut client = self.client.lock().unwrap_or_else(|p| p.into_inner()).read_only();
         let (program, ports) = (self.program.clone(), self.ports.clone());
         Box::pin(async move {
@@ -719,11 +714,11 @@ impl CounterReader for P4Counters {
                 Ok(c) => c,
                 // A program of an older subc, with no counter.
                 Err(P4Error::NoCounter(_)) => return Ok(vec![]),
-                Err(e) => return Err(DriverError::transient(format!("reading the port counters: {e}"))),
+                Err(e) => return Err(TargetError::transient(format!("reading the port counters: {e}"))),
             };
-            let mut out: Vec<proto::PortCounter> = counters
+            let mut out: Vec<PortCount> = counters
                 .into_iter()
-                .filter_map(|c| Some(proto::PortCounter { port: ports.subscription(c.port)?, packets: c.packets, bytes: c.bytes }))
+                .filter_map(|c| Some(PortCount { port: ports.subscription(c.port)?, packets: c.packets, bytes: c.bytes }))
                 .collect();
             out.sort_by_key(|c| c.port);
             Ok(out)

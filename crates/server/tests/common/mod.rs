@@ -144,9 +144,14 @@ impl Env {
 
     /// [`Env::with_dir`], the configuration adjusted by `f`.
     pub async fn with_dir_and(dir: tempfile::TempDir, f: impl FnOnce(&mut Config)) -> Env {
+        Env::with_kinds(dir, subc_server::subc_target::Kinds::new(), f).await
+    }
+
+    /// A server on the store in `dir` that knows custom target `kinds`.
+    pub async fn with_kinds(dir: tempfile::TempDir, kinds: subc_server::subc_target::Kinds, f: impl FnOnce(&mut Config)) -> Env {
         let mut cfg = config(dir.path());
         f(&mut cfg);
-        let r = start(cfg).await;
+        let r = subc_server::start_with(cfg, kinds).await.expect("the server starts");
         let (alice, bob, admin) = (client(&r, Some(ALICE)), client(&r, Some(BOB)), client(&r, Some(ADMIN)));
         Env { dir, r, alice, bob, admin }
     }
