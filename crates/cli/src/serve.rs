@@ -71,8 +71,16 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
         .thread_name("subc-serve")
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(subc_server::serve(config))?;
+    rt.block_on(subc_server::serve_with(config, target_kinds()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The kinds of targets this binary serves beyond `ebpf`, `p4runtime` and
+/// `sim`, registered over the API as `custom` targets. A new kind is its own
+/// crate implementing `subc_target::{Kind, Target}`, added here
+/// (`.with("name", Kind)`) and to this crate's Cargo.toml.
+fn target_kinds() -> subc_server::subc_target::Kinds {
+    subc_server::subc_target::Kinds::new()
 }
 
 /// What an operator does to a service's store.

@@ -57,7 +57,7 @@ pub use deploy::image::ImageError;
 pub use desired::{compile_options, distance_to_fresh_compile};
 pub use names::{check_name, NameError};
 pub use restore::{restore_store, RestoreReport};
-pub use server::{init_tracing, serve, start, start_with, Running};
+pub use server::{init_tracing, serve, serve_with, start, start_with, Running};
 pub use store::{backup_store, now_ms, BackupReport, StoredSub};
 pub use subc_client::{connect, ClientOptions, Clients, Refusal};
 pub use subc_target;

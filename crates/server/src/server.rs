@@ -356,8 +356,13 @@ impl<S: NamedService> NamedService for SizeRefused<S> {
 /// Runs the server until SIGINT or SIGTERM, then shuts down gracefully
 /// ([`Running::shutdown`]).
 pub async fn serve(config: Config) -> Result<(), Error> {
+    serve_with(config, Kinds::new()).await
+}
+
+/// [`serve`], with custom kinds of targets (see [`start_with`]).
+pub async fn serve_with(config: Config, kinds: Kinds) -> Result<(), Error> {
     crate::transport::raise_descriptor_limit();
-    let mut running = start(config).await?;
+    let mut running = start_with(config, kinds).await?;
     let signals = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {

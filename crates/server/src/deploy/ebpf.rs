@@ -40,7 +40,7 @@ use subc_bdd::SetDiff;
 use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
 use subc_lang::spec::{Spec, StateVarId};
 use subc_lang::{UpdateOp, VarUpdate};
-use subc_target::{Capabilities, PortCount};
+use subc_target::{Capabilities, PortCount, Unsupported};
 
 /// What a device of a network (`network.rs`) adds to an eBPF target: the
 /// program goes on every port's interface, in the device's namespace, and
@@ -69,10 +69,12 @@ pub(crate) struct EbpfDriver {
 }
 
 /// A refusal of the tables (capacity, a diff that does not apply) needs
-/// a new install; anything else may pass.
+/// a new install; a set the program cannot hold stays refused until it
+/// changes; anything else may pass.
 fn err(e: impl Into<LoaderError>) -> TargetError {
     match e.into() {
         e @ LoaderError::Backend(EbpfError::Capacity(_) | EbpfError::Diff(_)) => TargetError::needs_install(e.to_string()),
+        e @ LoaderError::Backend(EbpfError::Unsupported(_)) => Unsupported::Program(e.to_string()).into(),
         e => TargetError::transient(e.to_string()),
     }
 }
