@@ -26,7 +26,7 @@ pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID
 pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};
-pub use topology::{check_topology, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};
+pub use topology::{check_topology, check_topology_with, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};
 
 /// Why a network program cannot be put on a device, or routed at all.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -24,6 +24,9 @@ pub enum DeviceKind {
     Sim,
     Ebpf,
     P4Runtime,
+    /// A kind the service was built with (`subc_target::Kind`), named in
+    /// [`Device::custom`].
+    Custom,
 }
 
 impl DeviceKind {
@@ -31,7 +34,7 @@ impl DeviceKind {
         [("sim", DeviceKind::Sim), ("ebpf", DeviceKind::Ebpf), ("p4runtime", DeviceKind::P4Runtime)];
 
     pub fn as_str(self) -> &'static str {
-        Self::NAMES.iter().find(|(_, k)| *k == self).map(|(n, _)| *n).unwrap_or_default()
+        Self::NAMES.iter().find(|(_, k)| *k == self).map_or("custom", |(n, _)| *n)
     }
 }
 
@@ -40,6 +43,8 @@ impl DeviceKind {
 pub struct Device {
     pub name: String,
     pub kind: DeviceKind,
+    /// A [`DeviceKind::Custom`] device's kind, as the topology names it.
+    pub custom: Option<String>,
     /// The most table entries the device may hold (issue 15, placement).
     pub budget: Option<u64>,
     /// The kind's own fields, not interpreted yet.
@@ -153,6 +158,12 @@ struct RawEndpoint {
 /// Parses and checks the topology in `file`. `None` if anything has an
 /// error (all reported to `diags`).
 pub fn check_topology(sources: &SourceMap, file: FileId, diags: &mut Diagnostics) -> Option<Topology> {
+    check_topology_with(sources, file, &[], diags)
+}
+
+/// [`check_topology`], where a device's kind may also be one of
+/// `custom_kinds` (the service's custom kinds of targets).
+pub fn check_topology_with(sources: &SourceMap, file: FileId, custom_kinds: &[&str], diags: &mut Diagnostics) -> Option<Topology> {
     let text = &sources.file(file).text;
     let raw: RawFile = match toml::from_str(text) {
         Ok(raw) => raw,
@@ -167,7 +178,7 @@ pub fn check_topology(sources: &SourceMap, file: FileId, diags: &mut Diagnostics
         }
     };
     let before = diags.mark();
-    let mut c = Checker { file, diags, by_name: HashMap::new(), used: HashMap::new() };
+    let mut c = Checker { file, diags, custom_kinds, by_name: HashMap::new(), used: HashMap::new() };
     let devices = c.devices(raw.device);
     let links: Vec<Link> = raw.link.iter().filter_map(|l| c.link(&devices, l)).collect();
     let endpoints = c.endpoints(&devices, &raw.endpoint);
@@ -181,6 +192,7 @@ pub fn check_topology(sources: &SourceMap, file: FileId, diags: &mut Diagnostics
 struct Checker<'d> {
     file: FileId,
     diags: &'d mut Diagnostics,
+    custom_kinds: &'d [&'d str],
     /// Device names to ids (the first of each name).
     by_name: HashMap<String, DeviceId>,
     /// Each device port used so far, and where.
@@ -207,17 +219,23 @@ impl Checker<'_> {
                 continue;
             }
             first.insert(d.name.get_ref().clone(), span);
-            let Some(kind) = DeviceKind::NAMES.iter().find(|(n, _)| n == d.kind.get_ref()).map(|(_, k)| *k) else {
+            let custom = self.custom_kinds.contains(&d.kind.get_ref().as_str()).then(|| d.kind.get_ref().clone());
+            let built_in = DeviceKind::NAMES.iter().find(|(n, _)| n == d.kind.get_ref()).map(|(_, k)| *k);
+            let Some(kind) = built_in.or(custom.is_some().then_some(DeviceKind::Custom)) else {
+                let mut names: Vec<&str> = DeviceKind::NAMES.iter().map(|(n, _)| *n).collect();
+                names.extend(self.custom_kinds);
+                let expected = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>();
+                let expected = format!("{} or {}", expected[..expected.len() - 1].join(", "), expected[expected.len() - 1]);
                 let mut diag = Diagnostic::error(Code::TopologySyntax, format!("unknown device kind `{}`", d.kind.get_ref()))
-                    .primary(kind_span, "expected `sim`, `ebpf` or `p4runtime`");
-                if let Some(s) = did_you_mean(d.kind.get_ref(), DeviceKind::NAMES.iter().map(|(n, _)| *n)) {
+                    .primary(kind_span, format!("expected {expected}"));
+                if let Some(s) = did_you_mean(d.kind.get_ref(), names.iter().copied()) {
                     diag = diag.help(format!("did you mean `{s}`?"));
                 }
                 self.diags.push(diag);
                 continue;
             };
             self.by_name.insert(d.name.get_ref().clone(), out.len());
-            out.push(Device { name: d.name.into_inner(), kind, budget: d.budget, options: d.options, span });
+            out.push(Device { name: d.name.into_inner(), kind, custom, budget: d.budget, options: d.options, span });
         }
         out
     }

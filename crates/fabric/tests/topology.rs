@@ -94,3 +94,29 @@ fn fat_tree() {
     let idle: Vec<&str> = (0..t.devices.len()).filter(|&d| !r.carries[d].contains(&true)).map(|d| t.devices[d].name.as_str()).collect();
     assert_eq!(idle, ["c1", "c2", "c3", "a0_1", "a1_1", "a2_1", "a3_1"], "devices on no path from h0");
 }
+
+/// A device of a custom kind is accepted when the service has that kind,
+/// and an unknown kind's diagnostic lists the custom ones too.
+#[test]
+fn custom_kinds_are_device_kinds_of_the_services_that_have_them() {
+    let text = "[[device]]\nname = \"s\"\nkind = \"ledger\"\noptions = { max_entries = 9 }\n\n[[endpoint]]\nname = \"h\"\nat = \"s:1\"\n";
+    let mut sources = SourceMap::new();
+    let file = sources.add("t.toml", text.to_string());
+    let mut diags = Diagnostics::default();
+    let t =
+        subc_fabric::check_topology_with(&sources, file, &["ledger"], &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    assert_eq!((t.devices[0].kind, t.devices[0].custom.as_deref()), (subc_fabric::DeviceKind::Custom, Some("ledger")));
+    assert_eq!(t.devices[0].kind.as_str(), "custom");
+    let mut diags = Diagnostics::default();
+    assert!(check_topology(&sources, file, &mut diags).is_none());
+    let rendered = diags.render(&sources);
+    assert!(rendered.contains("expected `sim`, `ebpf` or `p4runtime`"), "{rendered}");
+    let mut diags = Diagnostics::default();
+    let typo = sources.add("u.toml", text.replace("ledger", "ledgr"));
+    assert!(subc_fabric::check_topology_with(&sources, typo, &["ledger"], &mut diags).is_none());
+    let rendered = diags.render(&sources);
+    assert!(
+        rendered.contains("expected `sim`, `ebpf`, `p4runtime` or `ledger`") && rendered.contains("did you mean `ledger`?"),
+        "{rendered}"
+    );
+}

@@ -197,12 +197,12 @@ impl Core {
         let fabric = match &config.topology {
             None => None,
             Some(path) => {
-                let mut fabric = Fabric::load(path, &spec)?;
+                let mut fabric = Fabric::load(path, &spec, &kinds)?;
                 fabric.bind_apps(&config.auth.apps)?;
                 Some(Arc::new(fabric))
             }
         };
-        let devices = fabric.as_ref().map(|f| f.targets()).transpose()?;
+        let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
         let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref()).await?;
 
         let metrics = Arc::new(Metrics::new());

@@ -66,12 +66,13 @@ impl Fabric {
     /// Reads and checks the topology file; its diagnostics, rendered, are
     /// a configuration error. Every device port must lie within the spec's
     /// `ports`, and every device name must be a target name.
-    pub fn load(path: &Path, spec: &Spec) -> Result<Fabric, Error> {
+    pub fn load(path: &Path, spec: &Spec, kinds: &subc_target::Kinds) -> Result<Fabric, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("cannot read the topology {}: {e}", path.display())))?;
         let mut sources = SourceMap::new();
         let file = sources.add(path.display().to_string(), text);
         let mut diags = Diagnostics::default();
-        let topology = match subc_fabric::check_topology(&sources, file, &mut diags) {
+        let custom: Vec<&str> = kinds.names().collect();
+        let topology = match subc_fabric::check_topology_with(&sources, file, &custom, &mut diags) {
             Some(t) if !diags.has_errors() => t,
             _ => {
                 diags.sort();
@@ -132,7 +133,7 @@ impl Fabric {
 
     /// Each device's target, in device order, from its `kind` and
     /// `options` (`docs/server.md`, "Network mode").
-    pub(crate) fn targets(&self) -> Result<Vec<DeviceTarget>, Error> {
+    pub(crate) fn targets(&self, kinds: &subc_target::Kinds) -> Result<Vec<DeviceTarget>, Error> {
         let mut out = vec![];
         for (i, d) in self.topology.devices.iter().enumerate() {
             let fail = |m: String| Error::Config(format!("topology: device `{}`: {m}", d.name));
@@ -143,6 +144,7 @@ impl Fabric {
                     (Kind::Ebpf(target), Some(device))
                 }
                 subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
+                subc_fabric::DeviceKind::Custom => (Kind::Custom(custom_options(d, kinds).map_err(fail)?), None),
             };
             let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
             out.push(DeviceTarget { registration, ebpf, approximation: self.reports[i].clone() });
@@ -807,6 +809,25 @@ impl Devices {
 }
 
 /// The compiler options of device `d`: a P4 switch runs diagrams only.
+/// A custom kind's device: its options as strings (a number or a boolean
+/// as written), checked by its kind.
+fn custom_options(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<proto::CustomTarget, String> {
+    let kind = d.custom.clone().unwrap_or_default();
+    let mut options = std::collections::HashMap::new();
+    for (k, v) in &d.options {
+        let v = match v {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => v.to_string(),
+            _ => return Err(format!("option `{k}`: a {kind} device's options are strings, numbers or booleans")),
+        };
+        options.insert(k.clone(), v);
+    }
+    let c = proto::CustomTarget { kind, options };
+    let reg = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(Kind::Custom(c.clone())), manual: false };
+    crate::deploy::validate_registration(&reg, kinds).map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
 fn device_options(topology: &Topology, d: usize, opts: &CompileOptions) -> CompileOptions {
     let diagrams_only = topology.devices[d].kind == subc_fabric::DeviceKind::P4Runtime;
     CompileOptions { lowering: crate::desired::lowering_for(opts.lowering, diagrams_only), ..opts.clone() }

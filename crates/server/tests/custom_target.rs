@@ -253,3 +253,90 @@ async fn a_target_written_to_the_contract_is_deployed_updated_read_back_and_refu
     })
     .await;
 }
+
+/// Two leaves under a spine, every device a ledger.
+const FABRIC: &str = r#"
+[[device]]
+name = "spine"
+kind = "ledger"
+options = { max_entries = 1000 }
+
+[[device]]
+name = "leaf1"
+kind = "ledger"
+options = { max_entries = 1000 }
+
+[[device]]
+name = "leaf2"
+kind = "ledger"
+options = { max_entries = 1000 }
+
+[[link]]
+a = "leaf1:1"
+b = "spine:1"
+
+[[link]]
+a = "leaf2:1"
+b = "spine:2"
+
+[[endpoint]]
+name = "feed"
+at = "leaf1:2"
+publishes = true
+
+[[endpoint]]
+name = "h1"
+at = "leaf1:3"
+
+[[endpoint]]
+name = "h2"
+at = "leaf2:2"
+"#;
+
+/// The network program of `rules` (id and text), projected onto each device.
+fn projections(rules: &[(u64, &str)]) -> Vec<subc_lang::Program> {
+    let lines: Vec<&str> = rules.iter().map(|(_, text)| *text).collect();
+    let (topology, mut p) = network_program(&FABRIC.replace("\"ledger\"", "\"sim\""), &lines);
+    for ((s, nf), (id, _)) in p.subscriptions.iter_mut().zip(&mut p.normal_forms).zip(rules) {
+        (s.id, nf.id) = (*id, *id);
+    }
+    let routes = subc_fabric::Routes::avoiding(&topology, &Default::default()).unwrap();
+    subc_fabric::project_all(&topology, &routes, &p).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_devices_of_a_network_hold_their_projections() {
+    bounded(120, async {
+        let devices = Devices::default();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fabric.toml"), FABRIC).unwrap();
+        let topology = dir.path().join("fabric.toml");
+        let kinds = Kinds::new().with("ledger", LedgerKind(devices.clone()));
+        let mut env = Env::with_kinds(dir, kinds, |c| c.topology = Some(topology)).await;
+        let mut rules: Vec<(u64, String)> = vec![];
+        let steps = ["stock == GOOGL : fwd(h2)", "shares > 100 : fwd(h1)", "stock == AAPL : fwd(h1, h2)", "-0"];
+        for step in steps {
+            let generation = match step.strip_prefix('-') {
+                Some(i) => {
+                    let (id, _) = rules.remove(i.parse().unwrap());
+                    env.alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.expect("remove").into_inner().generation
+                }
+                None => {
+                    let r = env.alice.subs.add(add_req(&[step])).await.expect("add").into_inner();
+                    rules.push((r.subscriptions[0].id, step.to_string()));
+                    r.generation
+                }
+            };
+            let now = projections(&rules.iter().map(|(id, t)| (*id, t.as_str())).collect::<Vec<_>>());
+            for (d, name) in ["spine", "leaf1", "leaf2"].into_iter().enumerate() {
+                wait_deployed(&mut env.admin, name, generation).await;
+                let held = devices.get(name).held.expect("the ledger holds its projection");
+                let p = &now[d];
+                let distance = subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &held, &Default::default());
+                assert!(matches!(distance, Ok(0)), "after {step:?}, {name} holds its projection: {distance:?}");
+            }
+        }
+        env.stop().await;
+    })
+    .await;
+}

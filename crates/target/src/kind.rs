@@ -19,6 +19,9 @@ pub struct Opening<'a> {
     /// A directory that is this target's alone, created by the service: for
     /// what it keeps on disk.
     pub dir: &'a Path,
+    /// A device of a network (the service's network mode): it never sends a
+    /// packet back out of the port it came in on.
+    pub in_network: bool,
 }
 
 /// A kind of target: checks registrations and opens targets.

@@ -886,7 +886,7 @@ pub(crate) fn make_driver(
                 .map_err(|e| TargetError::transient(e.to_string()))?;
             std::fs::create_dir_all(&dir).map_err(|e| TargetError::transient(format!("{}: {e}", dir.display())))?;
             let options = c.options.clone().into_iter().collect();
-            kind.open(&subc_target::Opening { name: &reg.name, options: &options, spec: &ctx.spec, dir: &dir })
+            kind.open(&subc_target::Opening { name: &reg.name, options: &options, spec: &ctx.spec, dir: &dir, in_network: fabric })
         }
         None => Err(TargetError::transient("the target has no kind")),
     }
