@@ -60,7 +60,7 @@ pub use names::{check_name, NameError};
 pub use restore::{restore_store, RestoreReport};
 pub use server::{init_tracing, serve, start, Running};
 pub use store::{backup_store, now_ms, BackupReport, StoredSub};
-pub use subc_client::{connect, ClientOptions, Clients, Refusal};
+pub use subc_client::{connect, ClientIdentity, ClientOptions, Clients, Refusal, TlsOptions};
 pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.
