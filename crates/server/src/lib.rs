@@ -8,7 +8,7 @@
 //!                          deploy/ : one task per target, diff_pipelines(held, desired)
 //!                                    ├─ memory (the sim target: tables in memory or a file)
 //!                                    ├─ ebpf  (subc-backend-ebpf loader)
-//!                                    └─ p4    (subc-backend-p4 P4Runtime client)
+//!                                    └─ p4    (subc-p4runtime client)
 //! ```
 //!
 //! Invariants:
