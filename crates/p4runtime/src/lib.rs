@@ -8,7 +8,7 @@
 //!   what it should hold, in make-before-break order;
 //! - [`grpc`]: the P4Runtime service stubs, generated over
 //!   `subc_backend_p4::proto`'s messages (one copy of each type);
-//! - [`testing`] (feature `test-server`): an in-process P4Runtime switch,
+//! - `testing` (feature `test-server`): an in-process P4Runtime switch,
 //!   backed by the back end's simulator, that checks what a controller
 //!   writes.
 
