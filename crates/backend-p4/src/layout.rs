@@ -114,7 +114,7 @@ impl Arch {
         format!("{}.{name}", self.egress())
     }
 
-    /// The P4Info name of the program's per-port counter ([`PORT_COUNTER`]).
+    /// The P4Info name of the program's per-port counter (`port_counter`, in the egress).
     pub fn port_counter(self) -> String {
         self.egress_qualified(PORT_COUNTER)
     }

@@ -356,8 +356,8 @@ fn named_difference<T: PartialEq>(kind: &str, parts: &str, ours: &BTreeMap<Strin
 }
 
 /// The cookie a controller sends with a program: a hash of the P4Info's
-/// shape (tables sizes and package info left out, see [`shape`]) and of
-/// the device config, so that a controller can tell from the cookie alone
+/// shape (tables sizes and package info left out, as in [`difference`])
+/// and of the device config, so that a controller can tell from the cookie alone
 /// whether the device runs that program.
 pub fn program_cookie(p4info: &cfg::P4Info, device_config: &[u8]) -> u64 {
     use prost::Message;

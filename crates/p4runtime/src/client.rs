@@ -82,7 +82,7 @@ pub const MAX_DEVICE_TEXT: usize = 512;
 
 /// `text` cut to at most `max` bytes at a character boundary, with an
 /// ellipsis (counted in `max`) when something was cut.
-pub fn truncate_text(text: &str, max: usize) -> String {
+pub(crate) fn truncate_text(text: &str, max: usize) -> String {
     const ELLIPSIS: &str = "…";
     if text.len() <= max {
         return text.to_string();

@@ -19,7 +19,7 @@ mod repair;
 #[cfg(feature = "test-server")]
 pub mod testing;
 
-pub use client::{compare, normalize, truncate_text, Client, Comparison, PortCounter, ReadLimits, ENTITY_RECORD, MAX_DEVICE_TEXT};
+pub use client::{compare, normalize, Client, Comparison, PortCounter, ReadLimits, ENTITY_RECORD, MAX_DEVICE_TEXT};
 pub use repair::{repair, Repair, Repairing};
 pub use subc_client::TlsOptions;
 
