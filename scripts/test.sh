@@ -123,6 +123,13 @@ if cargo tree -p subc-client --locked -e normal,build --prefix none | grep -E '^
     exit 1
 fi
 
+log "checking that subc-backend-p4 is pure generation: no tonic, tokio or rustls"
+# Talking to a switch is subc-p4runtime's (ARCHITECTURE.md, crates/backend-p4).
+if cargo tree -p subc-backend-p4 --locked -e normal --prefix none | grep -E '^(tonic|tokio|rustls)'; then
+    echo "error: subc-backend-p4 depends on the crates above" >&2
+    exit 1
+fi
+
 log "linting (clippy, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -1,5 +1,6 @@
-//! Generates the P4Runtime messages and gRPC stubs from the descriptor set
-//! that `scripts/p4runtime_fds.py` extracted from the official `p4runtime`
+//! Generates the P4Runtime messages (prost only: the gRPC stubs are
+//! `subc-p4runtime`'s) from the descriptor set that
+//! `scripts/p4runtime_fds.py` extracted from the official `p4runtime`
 //! Python package (no protoc needed).
 
 use prost::Message;
@@ -9,11 +10,9 @@ fn main() {
     println!("cargo:rerun-if-changed={path}");
     let bytes = std::fs::read(path).expect("proto/p4runtime/p4runtime.fds.bin is missing");
     let fds = prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("a FileDescriptorSet");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+    prost_build::Config::new()
         // Maps encode in key order, so our bytes are deterministic.
-        .btree_map(".")
+        .btree_map(["."])
         .compile_fds(fds)
-        .expect("generating the P4Runtime code");
+        .expect("generating the P4Runtime messages");
 }

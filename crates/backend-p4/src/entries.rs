@@ -695,6 +695,36 @@ pub(crate) fn install_ops(p: &Pipeline) -> Vec<Op> {
     d.ops()
 }
 
+/// The default entries of a program before the control plane changes any:
+/// each table's initial default action, as a Read returns it.
+pub fn initial_defaults(p4info: &crate::proto::p4::config::v1::P4Info) -> Vec<p4v1::Entity> {
+    p4info
+        .tables
+        .iter()
+        .filter_map(|t| {
+            let id = t.preamble.as_ref()?.id;
+            let d = t.initial_default_action.as_ref()?;
+            Some(p4v1::Entity {
+                entity: Some(p4v1::entity::Entity::TableEntry(p4v1::TableEntry {
+                    table_id: id,
+                    is_default_action: true,
+                    action: Some(p4v1::TableAction {
+                        r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
+                            action_id: d.action_id,
+                            params: d
+                                .arguments
+                                .iter()
+                                .map(|a| p4v1::action::Param { param_id: a.param_id, value: canonical_bytes(&a.value) })
+                                .collect(),
+                        })),
+                    }),
+                    ..Default::default()
+                })),
+            })
+        })
+        .collect()
+}
+
 /// What an update does, in the program's names: `insert leaf: state 3 ->
 /// multicast(1)`. Used as comments in `entries.txtpb`.
 pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -> String {

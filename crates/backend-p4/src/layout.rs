@@ -114,6 +114,11 @@ impl Arch {
         format!("{}.{name}", self.egress())
     }
 
+    /// The P4Info name of the program's per-port counter (`port_counter`, in the egress).
+    pub fn port_counter(self) -> String {
+        self.egress_qualified(PORT_COUNTER)
+    }
+
     /// The P4Info name of an action: `NoAction` is declared by `core.p4` at
     /// top level, the others in the ingress control.
     pub(crate) fn action_name(self, name: &str) -> String {

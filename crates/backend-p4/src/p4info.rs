@@ -355,6 +355,22 @@ fn named_difference<T: PartialEq>(kind: &str, parts: &str, ours: &BTreeMap<Strin
     ours.iter().find(|(x, v)| theirs[*x] != **v).map(|(x, _)| format!("its {kind} {x} differs ({parts})"))
 }
 
+/// The cookie a controller sends with a program: a hash of the P4Info's
+/// shape (tables sizes and package info left out, as in [`difference`])
+/// and of the device config, so that a controller can tell from the cookie alone
+/// whether the device runs that program.
+pub fn program_cookie(p4info: &cfg::P4Info, device_config: &[u8]) -> u64 {
+    use prost::Message;
+    let mut bytes = shape(p4info).encode_to_vec();
+    let shape_len = bytes.len() as u64;
+    bytes.extend_from_slice(device_config);
+    // Two 32-bit hashes (with the lengths in the second) make a 64-bit cookie.
+    let low = jenkins_one_at_a_time(&bytes) as u64;
+    bytes.extend_from_slice(&shape_len.to_be_bytes());
+    let high = jenkins_one_at_a_time(&bytes) as u64;
+    (high << 32) | low
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -926,13 +926,8 @@ impl<'a> Simulator<'a> {
     /// Runs `f` on a simulator of `switch` as it is (entries, registers and
     /// counters); what the packets change stays in `switch`, which is left
     /// as it was when the layout does not fit its P4Info.
-    #[cfg(feature = "test-server")]
-    pub(crate) fn on<T>(
-        spec: &Spec,
-        layout: &P4Layout,
-        switch: &mut Switch,
-        f: impl FnOnce(&mut Simulator<'_>) -> T,
-    ) -> Result<T, SimError> {
+    #[cfg(feature = "testing")]
+    pub fn on<T>(spec: &Spec, layout: &P4Layout, switch: &mut Switch, f: impl FnOnce(&mut Simulator<'_>) -> T) -> Result<T, SimError> {
         let ids = Bindings::of(layout, switch)?;
         let empty = Switch {
             tables: BTreeMap::new(),

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use subc_client::proto::{self, register_target_request::Kind};
-use subc_client::{connect, ClientOptions, Clients, Refusal};
+use subc_client::{connect, ClientIdentity, ClientOptions, Clients, Refusal, TlsOptions};
 
 /// Where the server is and who we are.
 #[derive(Args, Clone, Debug)]
@@ -61,15 +61,12 @@ impl Conn {
             (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?.trim().to_string()),
             (None, None) => None,
         };
-        let o = ClientOptions {
-            server: self.server.clone(),
-            token,
+        let tls = TlsOptions {
             ca_cert: self.ca_cert.clone(),
-            client_cert: self.client_cert.clone(),
-            client_key: self.client_key.clone(),
-            domain: self.tls_server_name.clone(),
-            timeout: Some(Duration::from_secs(600)),
+            identity: ClientIdentity::from_parts(self.client_cert.clone(), self.client_key.clone())?,
+            server_name: self.tls_server_name.clone(),
         };
+        let o = ClientOptions { server: self.server.clone(), token, tls, timeout: Some(Duration::from_secs(600)) };
         Ok(connect(&o)?)
     }
 }
@@ -859,5 +856,27 @@ mod tests {
         std::fs::write(&bin, b"\xff\xff not a P4Info").unwrap();
         let e = parse(&["sw", "--p4runtime", "h:1", "--p4info", bin.to_str().unwrap()]).unwrap_err();
         assert!(e.to_string().contains("not a P4Info"), "{e}");
+    }
+
+    /// A client certificate without its key (or a key without its
+    /// certificate) is refused before anything is dialed, by the rule of
+    /// `subc_client::TlsOptions` (the server holds P4Runtime TLS to it too).
+    #[tokio::test]
+    async fn half_a_client_identity_is_refused() {
+        #[derive(Parser)]
+        struct ConnCli {
+            #[command(flatten)]
+            conn: Conn,
+        }
+        let clients = |args: &[&str]| {
+            let cli = ConnCli::try_parse_from(std::iter::once("ls").chain(args.iter().copied())).unwrap();
+            cli.conn.clients().map(|_| ())
+        };
+        let e = clients(&["--server", "https://127.0.0.1:1", "--client-cert", "c.pem"]).unwrap_err();
+        assert_eq!(e.to_string(), "TLS: client_cert is set but client_key is not; a client identity needs both");
+        let e = clients(&["--server", "http://127.0.0.1:1", "--client-key", "k.pem"]).unwrap_err();
+        assert_eq!(e.to_string(), "TLS: client_key is set but client_cert is not; a client identity needs both");
+        // No identity at all is fine (the channel is dialed lazily, in the runtime).
+        assert!(clients(&["--server", "http://127.0.0.1:1"]).is_ok());
     }
 }

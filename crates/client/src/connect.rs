@@ -3,12 +3,12 @@
 //! every call.
 
 use crate::proto::{events_client::EventsClient, subscriptions_client::SubscriptionsClient, targets_client::TargetsClient};
-use crate::Error;
-use std::path::PathBuf;
+use crate::{Error, TlsOptions};
+use std::path::Path;
 use std::time::Duration;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
 /// Where the server is, who we are, and how to check the server.
@@ -18,15 +18,12 @@ pub struct ClientOptions {
     pub server: String,
     /// The bearer token (an application's, or the administrator's).
     pub token: Option<String>,
-    /// CA that signed the server's certificate (https); without it, the
-    /// system's roots.
-    pub ca_cert: Option<PathBuf>,
-    /// Client certificate and key, for servers that require mTLS.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's key.
-    pub client_key: Option<PathBuf>,
-    /// The name the server's certificate is checked against, if not the host.
-    pub domain: Option<String>,
+    /// TLS: the CA that signed the server's certificate (without it, the
+    /// system's roots), a client identity for servers that require mTLS,
+    /// and the name the server's certificate is checked against, if not
+    /// the host. Used for `https://` servers, and whenever a CA or an
+    /// identity is given.
+    pub tls: TlsOptions,
     /// Per-call deadline (default 60 s).
     pub timeout: Option<Duration>,
 }
@@ -58,7 +55,7 @@ pub struct Clients {
     pub events: EventsClient<AuthChannel>,
 }
 
-fn read(p: &PathBuf) -> Result<Vec<u8>, Error> {
+fn read(p: &Path) -> Result<Vec<u8>, Error> {
     std::fs::read(p).map_err(|e| Error::Io { context: format!("cannot read {}", p.display()), source: e })
 }
 
@@ -66,20 +63,8 @@ fn read(p: &PathBuf) -> Result<Vec<u8>, Error> {
 pub fn connect(o: &ClientOptions) -> Result<Clients, Error> {
     let mut ep = Endpoint::from_shared(o.server.clone()).map_err(|e| Error::Config(format!("server URL {:?}: {e}", o.server)))?;
     ep = ep.timeout(o.timeout.unwrap_or(Duration::from_secs(60))).connect_timeout(Duration::from_secs(10));
-    if o.server.starts_with("https://") || o.ca_cert.is_some() || o.client_cert.is_some() {
-        let mut tls = ClientTlsConfig::new();
-        tls = match &o.ca_cert {
-            Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca)?)),
-            // The system's roots (rustls-native-certs: /etc/ssl/certs, or
-            // SSL_CERT_FILE / SSL_CERT_DIR).
-            None => tls.with_native_roots(),
-        };
-        if let (Some(c), Some(k)) = (&o.client_cert, &o.client_key) {
-            tls = tls.identity(Identity::from_pem(read(c)?, read(k)?));
-        }
-        if let Some(d) = &o.domain {
-            tls = tls.domain_name(d.clone());
-        }
+    if o.server.starts_with("https://") || o.tls.ca_cert.is_some() || o.tls.identity.is_some() {
+        let tls = o.tls.client_config(|_, p| read(p))?;
         ep = ep.tls_config(tls).map_err(|e| Error::Tls(e.to_string()))?;
     }
     let token = match &o.token {

@@ -17,8 +17,9 @@
 //! ```
 //!
 //! Three things a client of the API needs besides the generated stubs:
-//! - [`connect`]: one lazily dialled channel, plain or TLS (system roots or a
-//!   CA, mTLS, a server-name override), with the bearer token on every call;
+//! - [`connect`]: one lazily dialled channel, plain or TLS ([`TlsOptions`]:
+//!   system roots or a CA, mTLS, a server-name override), with the bearer
+//!   token on every call;
 //! - [`Refusal`]: a refused subscription's diagnostics, decoded from the
 //!   standard `google.rpc.Status` details (the same bytes grpcio's
 //!   `rpc_status` and grpc-go's `status.Details()` read);
@@ -33,6 +34,7 @@
 mod connect;
 mod json;
 mod refusal;
+mod tls;
 
 /// The generated protobuf messages and gRPC stubs of `proto/subc/v1/subc.proto`.
 #[allow(missing_docs, clippy::all)]
@@ -46,6 +48,7 @@ pub mod proto {
 pub use connect::{connect, AuthChannel, ClientOptions, Clients, Token};
 pub use json::{from_struct, timestamp, to_json, to_struct, unix_ms};
 pub use refusal::{Refusal, DIAGNOSTICS_TYPE_URL};
+pub use tls::{ClientIdentity, HalfIdentity, TlsFile, TlsOptions};
 
 /// Why a client could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@
 //!                          deploy/ : one task per target, diff_pipelines(held, desired)
 //!                                    ├─ memory (the sim target: tables in memory or a file)
 //!                                    ├─ ebpf  (subc-backend-ebpf loader)
-//!                                    └─ p4    (subc-backend-p4 P4Runtime client)
+//!                                    └─ p4    (subc-p4runtime client)
 //! ```
 //!
 //! Invariants:
@@ -59,7 +59,7 @@ pub use names::{check_name, NameError};
 pub use restore::{restore_store, RestoreReport};
 pub use server::{init_tracing, serve, serve_with, start, start_with, Running};
 pub use store::{backup_store, now_ms, BackupReport, StoredSub};
-pub use subc_client::{connect, ClientOptions, Clients, Refusal};
+pub use subc_client::{connect, ClientIdentity, ClientOptions, Clients, Refusal, TlsOptions};
 pub use subc_target;
 pub use writer::request_fingerprint;
 

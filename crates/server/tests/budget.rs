@@ -4,7 +4,7 @@
 //! delivery the reference interpreter makes; its status reports what the
 //! relaxation costs. Bad budgets are refused with nothing changed.
 //!
-//! The switch is the in-process one of `subc_backend_p4::testing`: it
+//! The switch is the in-process one of `subc_p4runtime::testing`: it
 //! refuses any write that would leave a dangling reference, and runs
 //! packets through what it holds (`TestServer::send`).
 
@@ -14,8 +14,8 @@ use common::*;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_backend_p4::testing::{Checks, TestServer};
 use subc_lang::{Interpreter, Program};
+use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto::{self, register_target_request::Kind};
 use subc_server::Clients;
 use subc_workload::{siena, siena_spec, PacketGen, Rng, SienaParams};

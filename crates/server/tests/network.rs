@@ -275,7 +275,7 @@ async fn an_empty_topology_is_a_configuration_error() {
     }
 }
 
-/// A `p4runtime` device (the in-process switch of `subc_backend_p4::testing`)
+/// A `p4runtime` device (the in-process switch of `subc_p4runtime::testing`)
 /// holds its projection: the switch decides random packets as the
 /// interpreter does on the device's projected program, ports mapped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,7 +292,7 @@ async fn a_tna_p4runtime_device_holds_its_projection() {
 /// A `p4runtime` device with `options` (`, key = value`) after its
 /// address and ports; the program's tables are named `control.`.
 async fn p4runtime_device_holds_its_projection(options: &str, control: &str) {
-    use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
+    use subc_p4runtime::testing::{Checks, TestServer, DEVICE};
     bounded(120, async {
         let (_, plain) = network_program("", &[]);
         let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(plain.spec.clone()))).await.unwrap();

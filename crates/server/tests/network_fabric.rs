@@ -257,7 +257,7 @@ async fn bmv2_ready(addresses: &[String]) {
     for address in addresses {
         let url = format!("http://{address}");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while subc_backend_p4::client::Client::reader(&url, 0, None).await.is_err() {
+        while subc_p4runtime::Client::reader(&url, 0, None).await.is_err() {
             assert!(Instant::now() < deadline, "the switch at {address} did not answer within 30 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -402,7 +402,7 @@ async fn a_leaf_spine_fabric_of_ebpf_switches_follows_changes_and_failures_over_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaf_spine_fabric_of_bmv2_switches_follows_changes_and_failures_over_grpc() {
-    let Some((switch, p4c)) = subc_backend_p4::testing::bmv2_tools() else {
+    let Some((switch, p4c)) = subc_p4runtime::testing::bmv2_tools() else {
         eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not set: skipping the BMv2 fabric (see the README)");
         return;
     };
@@ -419,7 +419,7 @@ fn bmv2_program(p4c: &OsStr) -> Vec<u8> {
     let set = subc_bdd::CompiledSet::compile(&p.spec, &[], opts).unwrap();
     let p4 = subc_backend_p4::P4Options { prune_ingress: true, ..Default::default() };
     let program = subc_backend_p4::P4Target::new(&p.spec, &set, &p4).unwrap().program(&p.spec);
-    subc_backend_p4::testing::bmv2_json(p4c, &program)
+    subc_p4runtime::testing::bmv2_json(p4c, &program)
 }
 
 /// The scenario: initial rules, 50 random adds and removes, a spine link

@@ -1,5 +1,5 @@
 //! P4Runtime targets end to end, over real gRPC on loopback: the service
-//! and a P4Runtime switch — the in-process one of `subc_backend_p4::testing`
+//! and a P4Runtime switch — the in-process one of `subc_p4runtime::testing`
 //! (which refuses any write that would leave a dangling state or group
 //! reference, and counts what it is sent), and BMv2's `simple_switch_grpc`
 //! where `SIMPLE_SWITCH_GRPC` and `P4C_BM2_SS` name it (see the README).
@@ -18,13 +18,14 @@ use common::*;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
-use subc_backend_p4::client::{compare, initial_defaults, normalize, Client};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::testing::{recover_layout, Checks, TestServer, DEVICE};
+use subc_backend_p4::testing::recover_layout;
 use subc_backend_p4::Simulator;
-use subc_backend_p4::{describe, PortMap};
+use subc_backend_p4::{describe, initial_defaults, PortMap};
 use subc_lang::Interpreter;
+use subc_p4runtime::testing::{Checks, TestServer, DEVICE};
+use subc_p4runtime::{compare, normalize, Client};
 use subc_server::proto::{self, register_target_request::Kind};
 use tonic::Code;
 
@@ -311,7 +312,7 @@ async fn p4runtime_target_against_the_in_process_switch() {
 /// P4Info and JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p4runtime_target_against_simple_switch_grpc() {
-    let Some((ss, p4c)) = subc_backend_p4::testing::bmv2_tools() else {
+    let Some((ss, p4c)) = subc_p4runtime::testing::bmv2_tools() else {
         eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not set: skipping the service's BMv2 run");
         return;
     };
@@ -326,7 +327,7 @@ async fn p4runtime_target_against_simple_switch_grpc() {
         env.stop().await;
         let info = probe.lock().p4info().cloned().unwrap();
         let program = subc_backend_p4::write_program(&spec, &recover_layout(&spec, &info).unwrap());
-        let json = subc_backend_p4::testing::bmv2_json(&p4c, &program);
+        let json = subc_p4runtime::testing::bmv2_json(&p4c, &program);
 
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let thrift = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -1,5 +1,5 @@
 //! A broken or hostile P4Runtime switch (the in-process one of
-//! `subc_backend_p4::testing`, misbehaving on purpose) cannot take the
+//! `subc_p4runtime::testing`, misbehaving on purpose) cannot take the
 //! service's memory or its deploys with it:
 //! - a switch that streams a gigabyte of made-up entries in answer to a
 //!   Read: the service reads up to its cap (`deploy.p4_read_max_bytes`),
@@ -17,7 +17,7 @@ use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use subc_backend_p4::testing::{Checks, Flood, TestServer};
+use subc_p4runtime::testing::{Checks, Flood, TestServer};
 use subc_server::proto::{self, register_target_request::Kind};
 
 fn spec() -> Arc<subc_lang::spec::Spec> {

@@ -11,8 +11,8 @@ use common::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use subc_backend_p4::testing::{Checks, ServerTls, TestServer, DEVICE};
 use subc_lang::Interpreter;
+use subc_p4runtime::testing::{Checks, ServerTls, TestServer, DEVICE};
 use subc_server::proto::{self, register_target_request::Kind};
 
 fn ca() -> CertifiedIssuer<'static, KeyPair> {

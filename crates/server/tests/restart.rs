@@ -19,8 +19,8 @@ use common::*;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use subc_backend_p4::testing::{Checks, TestServer};
 use subc_ebpf_loader::testnet::{ip, kernel_available, Namespaces};
+use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto::{self, register_target_request::Kind};
 use subc_server::Config;
 
@@ -228,7 +228,7 @@ impl TargetUnderTest for P4Case {
     fn registration(&self) -> Option<proto::RegisterTargetRequest> {
         let p4 = proto::P4RuntimeTarget {
             address: self.switch.addr.trim_start_matches("http://").into(),
-            device_id: subc_backend_p4::testing::DEVICE,
+            device_id: subc_p4runtime::testing::DEVICE,
             device_config: b"{\"program\": \"stand-in for BMv2 JSON\"}".to_vec(),
             election_id: 7,
             ..Default::default()

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use subc_server::TlsConfig;
-use subc_server::{connect, ClientOptions};
+use subc_server::{connect, ClientIdentity, ClientOptions, TlsOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_client_certificates() {
@@ -22,10 +22,11 @@ async fn tls_with_client_certificates() {
         let opts = ClientOptions {
             server: server.clone(),
             token: Some(ALICE.into()),
-            ca_cert: Some(c.join("ca.pem")),
-            client_cert: Some(c.join("client.pem")),
-            client_key: Some(c.join("client.pk8")),
-            domain: Some("localhost".into()),
+            tls: TlsOptions {
+                ca_cert: Some(c.join("ca.pem")),
+                identity: Some(ClientIdentity { cert: c.join("client.pem"), key: c.join("client.pk8") }),
+                server_name: Some("localhost".into()),
+            },
             timeout: None,
         };
         let mut ok = connect(&opts).unwrap();
@@ -33,7 +34,7 @@ async fn tls_with_client_certificates() {
         assert_eq!(list_all(&mut ok, 10).await.len(), 1);
 
         // No client certificate: the handshake fails.
-        let mut no_cert = connect(&ClientOptions { client_cert: None, client_key: None, ..opts.clone() }).unwrap();
+        let mut no_cert = connect(&ClientOptions { tls: TlsOptions { identity: None, ..opts.tls.clone() }, ..opts.clone() }).unwrap();
         assert!(no_cert.subs.list(subc_server::proto::ListRequest::default()).await.is_err());
         // Plaintext to a TLS port fails.
         let mut plain = connect(&ClientOptions {

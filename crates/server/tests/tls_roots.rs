@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use subc_server::TlsConfig;
-use subc_server::{connect, ClientOptions};
+use subc_server::{connect, ClientOptions, TlsOptions};
 
 #[test]
 fn without_a_ca_the_client_trusts_the_system_roots() {
@@ -38,8 +38,11 @@ fn without_a_ca_the_client_trusts_the_system_roots() {
         let mut trusted = connect(&opts).unwrap();
         trusted.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
         // And by another name than the URL's host, with the name given.
-        let by_ip =
-            ClientOptions { server: format!("https://127.0.0.1:{}", env.r.addr.port()), domain: Some("localhost".into()), ..opts.clone() };
+        let by_ip = ClientOptions {
+            server: format!("https://127.0.0.1:{}", env.r.addr.port()),
+            tls: TlsOptions { server_name: Some("localhost".into()), ..Default::default() },
+            ..opts.clone()
+        };
         assert_eq!(list_all(&mut connect(&by_ip).unwrap(), 10).await.len(), 1);
         env.stop().await;
     }));

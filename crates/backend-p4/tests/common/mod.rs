@@ -1,6 +1,7 @@
-//! Shared helpers for the P4 back end's tests: loading examples and
-//! generated workloads, compiling them, and finding the optional tools
-//! (p4test, simple_switch_grpc, the Python `p4runtime` package).
+//! Shared helpers for the P4 back end's tests, and subc-p4runtime's (which
+//! include this file): loading examples and generated workloads, compiling
+//! them, and finding the optional tools (p4test, simple_switch_grpc, the
+//! Python `p4runtime` package).
 
 #![allow(dead_code)]
 
@@ -25,7 +26,7 @@ pub fn load_dir(dir: &Path) -> Program {
 /// The repository's examples and this crate's own inputs (`tests/in/*`), by name.
 pub fn corpus() -> Vec<(String, PathBuf)> {
     let mut out = vec![];
-    for base in [repo().join("examples"), Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/in")] {
+    for base in [repo().join("examples"), repo().join("crates/backend-p4/tests/in")] {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(&base).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
         dirs.sort();
         for d in dirs {

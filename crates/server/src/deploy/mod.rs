@@ -873,7 +873,7 @@ pub(crate) fn make_driver(
         Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
         Some(Kind::P4runtime(p)) => {
             let d = &ctx.config.deploy;
-            let limits = subc_backend_p4::ReadLimits {
+            let limits = subc_p4runtime::ReadLimits {
                 max_message_bytes: usize::try_from(d.p4_message_max_bytes).unwrap_or(usize::MAX),
                 max_read_bytes: d.p4_read_max_bytes,
             };
@@ -950,11 +950,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest, kinds: &
             if let Some(b) = p.budget {
                 crate::budget::check_budget(b)?;
             }
-            if let Some(t) = &p.tls {
-                if t.client_cert_file.is_empty() != t.client_key_file.is_empty() {
-                    return Err(RegistrationError::TlsHalfIdentity);
-                }
-            }
+            p4::tls_options(p).map_err(|_| RegistrationError::TlsHalfIdentity)?;
             Ok(())
         }
         Some(Kind::Sim(s)) => memory::check_path(&s.path),

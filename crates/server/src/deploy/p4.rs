@@ -1,5 +1,5 @@
 //! The P4Runtime target: a switch running subc's P4 program, driven through
-//! `subc-backend-p4`'s client as its primary controller.
+//! `subc-p4runtime`'s client as its primary controller.
 //!
 //! The program: subc generates it from the spec and the pipelines' field
 //! orders (`P4Target`). A registration may carry the P4Info the switch's
@@ -25,7 +25,7 @@
 //!
 //! Install: arbitration, the program if needed, then a Read of everything
 //! and the writes that take the switch from what it holds to the full set
-//! (`subc_backend_p4::repair`: groups, leaves, entries from the last level,
+//! (`subc_p4runtime::repair`: groups, leaves, entries from the last level,
 //! defaults, then deletes from the first level), so that installing over an
 //! earlier install writes only what differs, in make-before-break order.
 //! Updates: the IR's diffs as ordered P4Runtime batches. Ports go through
@@ -62,19 +62,20 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use subc_backend_p4::client::{initial_defaults, program_cookie, Client, TlsOptions};
 use subc_backend_p4::difference;
 use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::{describe, Batch, PortMap};
-use subc_backend_p4::{levels_for, Arch, Error as P4Error, P4Options, P4Target};
-use subc_backend_p4::{ReadLimits, Repair, Repairing};
+use subc_backend_p4::{describe, initial_defaults, program_cookie, Batch, PortMap};
+use subc_backend_p4::{levels_for, Arch, Error as BackendError, P4Options, P4Target};
 use subc_bdd::BitImage;
 use subc_bdd::Op;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
+use subc_client::{ClientIdentity, HalfIdentity};
 use subc_lang::spec::{QueryFieldId, Spec};
+use subc_p4runtime::{Client, Error as P4Error, TlsOptions};
+use subc_p4runtime::{ReadLimits, Repair, Repairing};
 use subc_target::{Capabilities, PortCount, StateFunction};
 
 /// How long connecting and arbitration may take.
@@ -212,16 +213,15 @@ pub(crate) fn arch(cfg: &proto::P4RuntimeTarget) -> Result<Arch, RegistrationErr
 }
 
 /// The registration's TLS settings as the client takes them; empty strings
-/// are unset (no CA: the system's roots).
-pub(crate) fn tls_options(cfg: &proto::P4RuntimeTarget) -> Option<TlsOptions> {
-    let t = cfg.tls.as_ref()?;
+/// are unset (no CA: the system's roots). Half a client identity is refused.
+pub(crate) fn tls_options(cfg: &proto::P4RuntimeTarget) -> Result<Option<TlsOptions>, HalfIdentity> {
+    let Some(t) = cfg.tls.as_ref() else { return Ok(None) };
     let path = |s: &str| (!s.is_empty()).then(|| std::path::PathBuf::from(s));
-    Some(TlsOptions {
+    Ok(Some(TlsOptions {
         ca_cert: path(&t.ca_cert_file),
-        client_cert: path(&t.client_cert_file),
-        client_key: path(&t.client_key_file),
+        identity: ClientIdentity::from_parts(path(&t.client_cert_file), path(&t.client_key_file))?,
         server_name: (!t.server_name.is_empty()).then(|| t.server_name.clone()),
-    })
+    }))
 }
 
 /// The registration's P4Info, decoded (`None` when it has none).
@@ -265,7 +265,7 @@ impl P4Driver {
             running_info: None,
             device_config: cfg.device_config.clone(),
             ports: port_map(cfg).map_err(|e| TargetError::transient(e.to_string()))?,
-            tls: tls_options(cfg),
+            tls: tls_options(cfg).map_err(|e| TargetError::transient(e.to_string()))?,
             limits,
             rt: Rt::new()?,
             client: None,
@@ -463,15 +463,15 @@ impl P4Driver {
     }
 
     /// What the switch must hold for `pipes`.
-    fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, P4Error> {
+    fn entities(&self, pipes: &[&Pipeline]) -> Result<Vec<p4v1::Entity>, BackendError> {
         self.program.as_ref().expect("a program").target.entities(pipes)
     }
 
     /// An install's failure to encode the pipelines: a level the
     /// registered program left out says what to do.
-    fn left_out(&self, e: P4Error) -> TargetError {
+    fn left_out(&self, e: BackendError) -> TargetError {
         match e {
-            P4Error::LevelLeftOut { .. } => self.transient(format!(
+            BackendError::LevelLeftOut { .. } => self.transient(format!(
                 "{e}: the registered program has no table for it; write the program again (`subc compile --target p4 --arch tna`, \
                  with the server's field order: --order), compile it for the switch, and register the target again with its \
                  P4Info and device config"
@@ -651,7 +651,7 @@ impl Target for P4Driver {
         let batches = match self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update) {
             Ok(b) => b,
             // Nothing was written: a program with the level replaces this one.
-            Err(e @ P4Error::LevelLeftOut { .. }) => {
+            Err(e @ BackendError::LevelLeftOut { .. }) => {
                 return Err(TargetError::needs_install(format!("{e}: installing a program that has it")))
             }
             Err(e) => return Err(self.transient(e)),

@@ -257,7 +257,7 @@ impl Drop for Killed {
 pub fn p4runtime_at(addr: &str) -> proto::P4RuntimeTarget {
     proto::P4RuntimeTarget {
         address: addr.trim_start_matches("http://").into(),
-        device_id: subc_backend_p4::testing::DEVICE,
+        device_id: subc_p4runtime::testing::DEVICE,
         device_config: b"{}".to_vec(),
         election_id: 7,
         ..Default::default()

@@ -24,12 +24,10 @@
 //! is missing, uninstalling the case where nothing is expected.
 
 use crate::client::normalize;
-use crate::entries::Batch;
-use crate::layout::TableRole;
-use crate::proto::p4::v1 as p4v1;
-use crate::P4Target;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::{Batch, P4Target, TableRole};
 
 /// The writes of a repair, and what they do.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -98,7 +96,7 @@ fn is_default(e: &p4v1::Entity) -> Option<u32> {
 /// The writes that take a switch running `target`'s program from `actual`
 /// (what a Read returned) to `expected` (e.g. [`P4Target::entities`]);
 /// `initial` are the program's initial default entries
-/// ([`crate::client::initial_defaults`]), which a Read may return for tables
+/// (`subc_backend_p4::initial_defaults`), which a Read may return for tables
 /// whose default nobody set.
 pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4v1::Entity]) -> Repair {
     let mut r = Repairing::new(target, expected, initial);
@@ -107,7 +105,7 @@ pub fn repair(target: &P4Target, expected: &[p4v1::Entity], actual: &[p4v1::Enti
 }
 
 /// A [`repair`] fed what a Read returns one entity at a time
-/// ([`crate::client::Client::read_each`]), so that the Read is never held
+/// ([`crate::Client::read_each`]), so that the Read is never held
 /// as a whole: of each entity only whether it matched its expected one, or
 /// the key of an entry to delete, is kept.
 pub struct Repairing<'a> {
@@ -128,8 +126,7 @@ fn same(a: &p4v1::Entity, b: &p4v1::Entity) -> bool {
 
 impl<'a> Repairing<'a> {
     pub fn new(target: &'a P4Target, expected: &'a [p4v1::Entity], initial: &'a [p4v1::Entity]) -> Repairing<'a> {
-        let layout = target.layout();
-        let roles = layout.tables.iter().map(|t| (target.ids().tables[&layout.table_name(t)], t.role)).collect();
+        let roles = target.table_roles();
         let initial: BTreeMap<u32, &p4v1::Entity> = initial.iter().filter_map(|e| Some((is_default(e)?, e))).collect();
         let mut want: BTreeMap<Vec<u8>, (&p4v1::Entity, Option<bool>)> = expected.iter().map(|e| (key_of(e), (e, None))).collect();
         // Default entries nobody asked for are expected to be the initial ones.
@@ -213,9 +210,8 @@ fn batches(steps: BTreeMap<((u8, usize), i32), Vec<p4v1::Update>>, max: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{compare, initial_defaults};
-    use crate::simulator::Switch;
-    use crate::P4Options;
+    use crate::client::compare;
+    use subc_backend_p4::{initial_defaults, P4Options, Switch};
     use subc_bdd::{CompileOptions, CompiledSet};
 
     fn set(rules: &str) -> (subc_lang::Program, CompiledSet) {
@@ -227,7 +223,7 @@ mod tests {
 
     /// Applies the repair to `sw` update by update, checking references
     /// after each, and returns what it wrote.
-    fn run(target: &P4Target, sw: &mut Switch, expected: &[p4v1::Entity], info: &crate::proto::p4::config::v1::P4Info) -> Repair {
+    fn run(target: &P4Target, sw: &mut Switch, expected: &[p4v1::Entity], info: &subc_backend_p4::proto::p4::config::v1::P4Info) -> Repair {
         let r = repair(target, expected, &sw.read(), &initial_defaults(info));
         for b in &r.batches {
             // A server may apply a batch's updates in any order: last to first.

@@ -1,5 +1,5 @@
 //! The P4Runtime client against a P4Runtime server in the test process
-//! (`subc_backend_p4::testing`, backed by the simulator's `Switch`):
+//! (`subc_p4runtime::testing`, backed by the simulator's `Switch`):
 //! arbitration (a lower election id is refused, a non-primary cannot write),
 //! the pipeline config, writes whose updates the server applies in reverse
 //! order within each batch while checking after every update that no entry
@@ -11,20 +11,21 @@
 //! against a real switch (see the README); setting only one of the two is
 //! a mistake the test reports rather than a reason to skip.
 
+#[path = "../../backend-p4/tests/common/mod.rs"]
 mod common;
 
 use common::*;
 use std::sync::Arc;
-use subc_backend_p4::client::{compare, initial_defaults, Client};
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
-use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
 use subc_backend_p4::Batch;
 use subc_backend_p4::P4Layout;
 use subc_backend_p4::Switch;
-use subc_backend_p4::{compile as p4_compile, P4Options, P4Target};
+use subc_backend_p4::{compile as p4_compile, initial_defaults, P4Options, P4Target};
 use subc_bdd::{CompileOptions, CompiledSet};
+use subc_p4runtime::grpc::p4_runtime_client::P4RuntimeClient;
+use subc_p4runtime::testing::{Checks, TestServer, DEVICE};
+use subc_p4runtime::{compare, Client};
 use subc_workload::{itch, ItchParams};
 
 /// Starts the fake switch on a free local port.
@@ -146,7 +147,7 @@ async fn client_against_an_in_process_server() {
     // The pipeline the switch runs, as the client reads it back.
     let (held_info, cookie) = primary.pipeline().await.unwrap().unwrap();
     assert_eq!(held_info.as_ref(), Some(&info));
-    assert_eq!(cookie, Some(subc_backend_p4::client::program_cookie(&info, b"{\"bmv2\": \"json\"}")));
+    assert_eq!(cookie, Some(subc_backend_p4::program_cookie(&info, b"{\"bmv2\": \"json\"}")));
 
     // A write with its batches in the wrong order leaves a dangling reference,
     // which the server reports: the checks are live.
@@ -192,13 +193,13 @@ async fn client_against_an_in_process_server() {
 /// The same flow against BMv2's simple_switch_grpc, where installed.
 #[tokio::test]
 async fn client_against_simple_switch_grpc() {
-    let Some((ss, p4c)) = subc_backend_p4::testing::bmv2_tools() else {
+    let Some((ss, p4c)) = subc_p4runtime::testing::bmv2_tools() else {
         eprintln!("SIMPLE_SWITCH_GRPC and P4C_BM2_SS are not set: skipping the BMv2 run");
         return;
     };
     let (p, mut set) = itch_set(60);
     let (target, art) = p4_compile(&p.spec, &set, &P4Options::default()).unwrap();
-    let json = subc_backend_p4::testing::bmv2_json(&p4c, &art.program);
+    let json = subc_p4runtime::testing::bmv2_json(&p4c, &art.program);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let thrift = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = tokio::process::Command::new(&ss)
@@ -231,8 +232,8 @@ async fn client_against_simple_switch_grpc() {
 /// reads normally once the switch behaves.
 #[tokio::test]
 async fn reads_past_the_clients_limits_are_refused() {
-    use subc_backend_p4::testing::Flood;
-    use subc_backend_p4::{Error, ReadLimits};
+    use subc_p4runtime::testing::Flood;
+    use subc_p4runtime::{Error, ReadLimits};
     let (p, set) = itch_set(10);
     let (target, art) = p4_compile(&p.spec, &set, &P4Options::default()).unwrap();
     let (addr, state) = start(target.layout().clone()).await;

@@ -6,17 +6,18 @@
 //! miss. The client reads them back with `read_port_counters`; a `Read` of
 //! one index answers one cell, of an unknown counter `NOT_FOUND`.
 
+#[path = "../../backend-p4/tests/common/mod.rs"]
 mod common;
 
 use common::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use subc_backend_p4::client::Client;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::testing::{Checks, TestServer, DEVICE};
-use subc_backend_p4::{compile as p4_compile, Error, P4Options, PortCounter, PortMap};
+use subc_backend_p4::{compile as p4_compile, P4Options, PortMap};
 use subc_lang::{Program, StateStore};
+use subc_p4runtime::testing::{Checks, TestServer, DEVICE};
+use subc_p4runtime::{Client, Error, PortCounter};
 
 /// What the reference interpreter delivers per device port: for each
 /// packet, one packet and its length on each port it goes to.

@@ -22,46 +22,28 @@
 //!
 //! Each batch is one `Write` RPC, sent only after the previous one
 //! succeeded: updates inside a batch are independent of each other, but
-//! batches depend on the ones before (see [`crate::entries`]).
+//! batches depend on the ones before (see `subc_backend_p4`'s entries).
 //!
 //! The connection is plaintext, or TLS with [`TlsOptions`] (mutual TLS with
-//! a client certificate). Its files are read at every connect, so a
+//! a client identity). Its files are read at every connect, so a
 //! controller that reconnects after a certificate rotation uses the new
 //! files; a file that cannot be read or holds no PEM of the right kind is
 //! refused by name before anything is dialed.
 
-use crate::entries::Batch;
-use crate::layout::{Arch, PORT_COUNTER};
-use crate::proto::p4::config::v1 as cfg;
-use crate::proto::p4::v1 as p4v1;
-use crate::proto::p4::v1::p4_runtime_client::P4RuntimeClient;
+use crate::grpc::p4_runtime_client::P4RuntimeClient;
 use crate::Error;
 use prost::Message;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use subc_backend_p4::proto::p4::config::v1 as cfg;
+use subc_backend_p4::proto::p4::v1 as p4v1;
+use subc_backend_p4::{program_cookie, Arch, Batch};
+use subc_client::{TlsFile, TlsOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-/// TLS to the switch. The files are PEM, read at every connect.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TlsOptions {
-    /// The CA certificates the switch's certificate must chain to; `None`:
-    /// the system's roots (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
-    /// `SSL_CERT_DIR`).
-    pub ca_cert: Option<PathBuf>,
-    /// The client certificate chain, for a switch that requires one (mTLS);
-    /// needs `client_key`.
-    pub client_cert: Option<PathBuf>,
-    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
-    pub client_key: Option<PathBuf>,
-    /// The name the switch's certificate must be valid for, when it is not
-    /// the host of the address (a switch dialed by IP address whose
-    /// certificate names it).
-    pub server_name: Option<String>,
-}
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Packets and bytes that left one device port, as the program's egress
 /// counted them: every copy of a replicated packet on its own port, no
@@ -100,7 +82,7 @@ pub const MAX_DEVICE_TEXT: usize = 512;
 
 /// `text` cut to at most `max` bytes at a character boundary, with an
 /// ellipsis (counted in `max`) when something was cut.
-pub fn truncate_text(text: &str, max: usize) -> String {
+pub(crate) fn truncate_text(text: &str, max: usize) -> String {
     const ELLIPSIS: &str = "…";
     if text.len() <= max {
         return text.to_string();
@@ -194,28 +176,13 @@ fn read_private_key(what: &'static str, path: &Path) -> Result<Vec<u8>, Error> {
     Ok(pem)
 }
 
-impl TlsOptions {
-    /// tonic's configuration, from the files as they are now.
-    fn config(&self) -> Result<ClientTlsConfig, Error> {
-        let mut tls = ClientTlsConfig::new();
-        tls = match &self.ca_cert {
-            Some(ca) => tls.ca_certificate(Certificate::from_pem(read_certificates("CA certificate", ca)?)),
-            None => tls.with_native_roots(),
-        };
-        match (&self.client_cert, &self.client_key) {
-            (Some(cert), Some(key)) => {
-                let cert = read_certificates("client certificate", cert)?;
-                tls = tls.identity(Identity::from_pem(cert, read_private_key("client key", key)?));
-            }
-            (Some(_), None) => return Err(Error::TlsIdentity { given: "client_cert", missing: "client_key" }),
-            (None, Some(_)) => return Err(Error::TlsIdentity { given: "client_key", missing: "client_cert" }),
-            (None, None) => {}
-        }
-        if let Some(name) = &self.server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        Ok(tls)
-    }
+/// tonic's configuration, from the files as they are now, each checked
+/// first: a certificate file holds certificates, a key file a key.
+fn tls_config(tls: &TlsOptions) -> Result<ClientTlsConfig, Error> {
+    tls.client_config(|file, path| match file {
+        TlsFile::CaCert | TlsFile::ClientCert => read_certificates(file.what(), path),
+        TlsFile::ClientKey => read_private_key(file.what(), path),
+    })
 }
 
 /// Dials `addr`: plaintext without `tls`; with it, TLS whatever the scheme
@@ -230,7 +197,7 @@ async fn dial(addr: &str, tls: Option<&TlsOptions>) -> Result<Channel, Error> {
     };
     let mut endpoint = Endpoint::from_shared(uri).map_err(|e| Error::Rpc(format!("bad address {addr}: {e}")))?;
     if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.config()?).map_err(|e| Error::Rpc(format!("TLS for {addr}: {}", with_sources(&e))))?;
+        endpoint = endpoint.tls_config(tls_config(tls)?).map_err(|e| Error::Rpc(format!("TLS for {addr}: {}", with_sources(&e))))?;
     }
     let channel = endpoint.connect().await.map_err(|e| Error::Rpc(format!("cannot connect to {addr}: {}", with_sources(&e))))?;
     Ok(channel)
@@ -494,7 +461,7 @@ impl tonic::codec::Decoder for EncodedReads {
 
 /// The id of the program's per-port counter; its own architecture names it.
 fn port_counter_id(p4info: &cfg::P4Info) -> Result<u32, Error> {
-    let names = [Arch::V1Model, Arch::Tna].map(|a| a.egress_qualified(PORT_COUNTER));
+    let names = [Arch::V1Model, Arch::Tna].map(Arch::port_counter);
     p4info
         .counters
         .iter()
@@ -519,21 +486,6 @@ fn everything(p4info: &cfg::P4Info) -> Vec<p4v1::Entity> {
         })),
     });
     wanted
-}
-
-/// The cookie [`Client::set_pipeline`] sends with a program: a hash of the
-/// P4Info's shape (tables sizes and package info left out, see
-/// [`crate::p4info::shape`]) and of the device config, so that a controller
-/// can tell from the cookie alone whether the device runs that program.
-pub fn program_cookie(p4info: &cfg::P4Info, device_config: &[u8]) -> u64 {
-    let mut bytes = crate::p4info::shape(p4info).encode_to_vec();
-    let shape_len = bytes.len() as u64;
-    bytes.extend_from_slice(device_config);
-    // Two 32-bit hashes (with the lengths in the second) make a 64-bit cookie.
-    let low = crate::p4info::jenkins_one_at_a_time(&bytes) as u64;
-    bytes.extend_from_slice(&shape_len.to_be_bytes());
-    let high = crate::p4info::jenkins_one_at_a_time(&bytes) as u64;
-    (high << 32) | low
 }
 
 /// An entity in a form two P4Runtime implementations agree on: match fields
@@ -613,36 +565,6 @@ pub fn compare(expected: &[p4v1::Entity], actual: &[p4v1::Entity], initial: &[p4
         }
     }
     out
-}
-
-/// The default entries of a program before the control plane changes any:
-/// each table's initial default action, as a Read returns it.
-pub fn initial_defaults(p4info: &cfg::P4Info) -> Vec<p4v1::Entity> {
-    p4info
-        .tables
-        .iter()
-        .filter_map(|t| {
-            let id = t.preamble.as_ref()?.id;
-            let d = t.initial_default_action.as_ref()?;
-            Some(p4v1::Entity {
-                entity: Some(p4v1::entity::Entity::TableEntry(p4v1::TableEntry {
-                    table_id: id,
-                    is_default_action: true,
-                    action: Some(p4v1::TableAction {
-                        r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
-                            action_id: d.action_id,
-                            params: d
-                                .arguments
-                                .iter()
-                                .map(|a| p4v1::action::Param { param_id: a.param_id, value: crate::entries::canonical_bytes(&a.value) })
-                                .collect(),
-                        })),
-                    }),
-                    ..Default::default()
-                })),
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

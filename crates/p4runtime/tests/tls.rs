@@ -8,6 +8,7 @@
 //! certificate's host when the address does not; a file that cannot serve
 //! is refused by name before anything is dialed.
 
+#[path = "../../backend-p4/tests/common/mod.rs"]
 mod common;
 
 use common::*;
@@ -16,9 +17,10 @@ use rcgen::{
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use subc_backend_p4::client::Client;
-use subc_backend_p4::testing::{Checks, ServerTls, TestServer, DEVICE};
-use subc_backend_p4::{compile as p4_compile, Artifacts, Error, P4Options, TlsOptions};
+use subc_backend_p4::{compile as p4_compile, Artifacts, P4Options};
+use subc_client::{ClientIdentity, HalfIdentity};
+use subc_p4runtime::testing::{Checks, ServerTls, TestServer, DEVICE};
+use subc_p4runtime::{Client, Error, TlsOptions};
 
 /// A certificate authority of the test's own.
 struct Ca {
@@ -135,16 +137,14 @@ async fn mutual_tls_needs_a_client_certificate_of_the_ca() {
     let (cert, key) = ca.issue(&["controller.example"], ExtendedKeyUsagePurpose::ClientAuth);
     let with_cert = TlsOptions {
         ca_cert: ca_cert.clone(),
-        client_cert: Some(file(&dir, "client.pem", &cert)),
-        client_key: Some(file(&dir, "client.key", &key)),
+        identity: Some(ClientIdentity { cert: file(&dir, "client.pem", &cert), key: file(&dir, "client.key", &key) }),
         server_name: None,
     };
     session(&sw.addr, 2, &with_cert, &art).await.unwrap();
 
     let (cert, key) = other.issue(&["intruder.example"], ExtendedKeyUsagePurpose::ClientAuth);
     let foreign = TlsOptions {
-        client_cert: Some(file(&dir, "foreign.pem", &cert)),
-        client_key: Some(file(&dir, "foreign.key", &key)),
+        identity: Some(ClientIdentity { cert: file(&dir, "foreign.pem", &cert), key: file(&dir, "foreign.key", &key) }),
         ..with_cert.clone()
     };
     let e = refused(session(&sw.addr, 3, &foreign, &art).await, "a client certificate of another CA");
@@ -170,7 +170,7 @@ async fn server_name_names_the_host_the_address_does_not() {
 fn check_refused_file(tls: TlsOptions, expect: &[&str]) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let e = rt.block_on(Client::connect("https://127.0.0.1:1", DEVICE, 1, Some(&tls))).err().expect("refused");
-    assert!(matches!(e, Error::TlsFile { .. } | Error::TlsPem { .. } | Error::TlsIdentity { .. }), "not a TLS error: {e:?}");
+    assert!(matches!(e, Error::TlsFile { .. } | Error::TlsPem { .. }), "not a TLS error: {e:?}");
     for x in expect {
         assert!(e.to_string().contains(x), "`{e}` does not say `{x}`");
     }
@@ -188,10 +188,9 @@ fn files_that_cannot_serve_are_refused_by_name() {
     let broken = file(&dir, "broken.pem", "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n");
     let unended = file(&dir, "unended.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n");
     let ca_only = |p: &Path| TlsOptions { ca_cert: Some(p.to_path_buf()), ..Default::default() };
-    let identity = |c: Option<&Path>, k: Option<&Path>| TlsOptions {
+    let identity = |c: &Path, k: &Path| TlsOptions {
         ca_cert: Some(ca_pem.clone()),
-        client_cert: c.map(Path::to_path_buf),
-        client_key: k.map(Path::to_path_buf),
+        identity: Some(ClientIdentity { cert: c.to_path_buf(), key: k.to_path_buf() }),
         server_name: None,
     };
     let show = |p: &Path| p.display().to_string();
@@ -200,10 +199,22 @@ fn files_that_cannot_serve_are_refused_by_name() {
     check_refused_file(ca_only(&text), &["CA certificate", &show(&text), "no CERTIFICATE section"]);
     check_refused_file(ca_only(&broken), &["CA certificate", &show(&broken), "not a usable PEM"]);
     check_refused_file(ca_only(&unended), &["CA certificate", &show(&unended), "not a usable PEM"]);
-    check_refused_file(identity(Some(&missing), Some(&key)), &["cannot read the client certificate", &show(&missing)]);
-    check_refused_file(identity(Some(&cert), Some(&missing)), &["cannot read the client key", &show(&missing)]);
-    check_refused_file(identity(Some(&cert), Some(&cert)), &["client key", &show(&cert), "not a usable PEM"]);
-    check_refused_file(identity(Some(&key), Some(&key)), &["client certificate", &show(&key), "no CERTIFICATE section"]);
-    check_refused_file(identity(Some(&cert), None), &["client_cert is set but client_key is not"]);
-    check_refused_file(identity(None, Some(&key)), &["client_key is set but client_cert is not"]);
+    check_refused_file(identity(&missing, &key), &["cannot read the client certificate", &show(&missing)]);
+    check_refused_file(identity(&cert, &missing), &["cannot read the client key", &show(&missing)]);
+    check_refused_file(identity(&cert, &cert), &["client key", &show(&cert), "not a usable PEM"]);
+    check_refused_file(identity(&key, &key), &["client certificate", &show(&key), "no CERTIFICATE section"]);
+}
+
+/// Half a client identity never reaches a connect: the options are made
+/// through `ClientIdentity::from_parts`, the rule `subc_client::connect`'s
+/// options follow too, which refuses it by name.
+#[test]
+fn half_a_client_identity_is_refused() {
+    let (cert, key) = (Some(PathBuf::from("client.pem")), Some(PathBuf::from("client.key")));
+    let e = ClientIdentity::from_parts(cert.clone(), None).unwrap_err();
+    assert_eq!(e, HalfIdentity { given: "client_cert", missing: "client_key" });
+    assert!(e.to_string().contains("client_cert is set but client_key is not"), "{e}");
+    let e = ClientIdentity::from_parts(None, key.clone()).unwrap_err();
+    assert!(e.to_string().contains("client_key is set but client_cert is not"), "{e}");
+    assert!(ClientIdentity::from_parts(cert, key).unwrap().is_some());
 }
