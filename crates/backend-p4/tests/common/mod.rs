@@ -68,7 +68,7 @@ use subc_backend_p4::{write_request, Batch};
 use subc_backend_p4::{Simulator, Switch};
 use subc_bdd::{CompileError, Pipeline, SetDiff};
 use subc_lang::Subscription;
-use subc_lang::{Decision, Interpreter, StateStore};
+use subc_lang::{run_packet, Checked, Decision, StateStore};
 use subc_workload::Rng;
 
 /// The bytes on the wire, decoded again: what a switch would receive.
@@ -113,7 +113,7 @@ pub fn apply_checked(sw: &mut Switch, layout: &P4Layout, writes: &[p4v1::WriteRe
 }
 
 /// The reference decision for one packet, advancing the reference state:
-/// the interpreter's own [`Interpreter::run`] over `subs` (which may change
+/// the interpreter's own loop ([`run_packet`]) over `subs` (which may change
 /// between packets while the state carries on).
 pub fn reference(
     subs: &[Subscription],
@@ -122,9 +122,7 @@ pub fn reference(
     bytes: &[u8],
     ts: u64,
 ) -> (Vec<u32>, Decision) {
-    let mut interp = Interpreter { spec, subscriptions: subs, state: std::mem::replace(state, StateStore::new(spec)) };
-    let o = interp.run(bytes, ts);
-    *state = interp.state;
+    let o = run_packet(spec, state, &mut Checked(subs), bytes, ts);
     (o.ports, o.decision)
 }
 

@@ -12,7 +12,7 @@ use subc_lang::NfLimits;
 use subc_lang::Program;
 use subc_lang::SourceMap;
 use subc_lang::SubId;
-use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
+use subc_lang::{run_packet, Decision, Interpreter, QueryValues, StateStore};
 use subc_workload::Rng;
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -75,20 +75,14 @@ pub fn both(
     ts: u64,
 ) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
     let o = interp.run(bytes, ts);
-    let r = (o.ports, o.decision);
-    let spec = interp.spec;
-    let Some(pkt) = parse_packet(spec, bytes) else {
-        return (r, (vec![], Decision::NoMatch));
+    let mut tables = |values: &QueryValues| {
+        debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
+        let leaf: Leaf = set.eval_tables(values);
+        assert_eq!(leaf, set.eval_diagram(values), "tables and diagram disagree");
+        leaf.to_actions()
     };
-    let values = tab_state.pre_stage(spec, &pkt, ts);
-    debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
-    let leaf: Leaf = set.eval_tables(&values);
-    let diag: Leaf = set.eval_diagram(&values);
-    assert_eq!(leaf, diag, "tables and diagram disagree");
-    let acts = leaf.to_actions();
-    tab_state.apply_updates(spec, &pkt, &acts.updates);
-    let t = (acts.ports.iter().copied().collect(), Decision::of(&acts.ports, acts.drop));
-    (r, t)
+    let t = run_packet(interp.spec, tab_state, &mut tables, bytes, ts);
+    ((o.ports, o.decision), (t.ports, t.decision))
 }
 
 /// The references a target holding `p` follows, checked as the P4 back
