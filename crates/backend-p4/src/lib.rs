@@ -42,7 +42,7 @@ mod tofino;
 
 pub use client::{PortCounter, ReadLimits, TlsOptions};
 pub use entries::{describe, entries_text, write_request, Batch, PortMap};
-pub use layout::{field_orders, Arch, P4Layout};
+pub use layout::{Arch, P4Layout};
 pub use p4info::difference;
 pub use program::write_program;
 pub use repair::{repair, Repair, Repairing};

@@ -45,4 +45,4 @@ pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lo
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
-pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, StateId, Table, DEAD};
+pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, PipelineShape, StateId, Table, DEAD};
