@@ -739,7 +739,7 @@ impl P4Layout {
             if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter) {
                 continue;
             }
-            let want = (*n as u64).saturating_mul(opts.headroom.max(1)).next_power_of_two();
+            let want = opts.headroom.room_for(*n as u64).next_power_of_two();
             t.size = t.size.max(want).max(opts.min_table_size);
         }
     }

@@ -27,6 +27,7 @@ mod compiler;
 mod diagram;
 mod diff;
 mod hash;
+mod headroom;
 mod index;
 mod leaf;
 mod lower;
@@ -43,6 +44,7 @@ pub use bitgroup::{
 pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
+pub use headroom::{BadHeadroom, Headroom};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
 pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, PipelineShape, StateId, Table, DEAD};

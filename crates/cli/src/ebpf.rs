@@ -12,6 +12,7 @@ use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
 use subc_backend_ebpf::TargetConfig;
 use subc_backend_ebpf::{write_set, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_bdd::Headroom;
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
 use subc_lang::PcapPacket;
 use subc_lang::Program;
@@ -44,7 +45,7 @@ pub struct EbpfArgs {
     pub ranges: RangesArg,
     /// eBPF: map capacity as a multiple of today's entries (room for updates).
     #[arg(long, default_value_t = Capacity::default().headroom, value_name = "FACTOR")]
-    pub headroom: f64,
+    pub headroom: Headroom,
     /// eBPF sim: target config (JSON) giving ports egress interfaces and
     /// rewrites. Test runs really transmit TC's clones on those interfaces.
     #[arg(long, value_name = "FILE")]

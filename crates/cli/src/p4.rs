@@ -13,6 +13,7 @@ use subc_backend_p4::proto::{to_text, write_request_text};
 use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
 use subc_backend_p4::{entries_text, write_request, Batch};
+use subc_bdd::Headroom;
 use subc_lang::PcapPacket;
 use subc_lang::Program;
 use subc_lang::{Decision, Outcome};
@@ -25,7 +26,7 @@ pub struct P4Args {
     pub p4_min_table_size: u64,
     /// P4: tables are sized for this many times today's entries.
     #[arg(long, default_value_t = P4Options::default().headroom, value_name = "FACTOR")]
-    pub p4_headroom: u64,
+    pub p4_headroom: Headroom,
     /// P4: no leaf table; each leaf's action rides on the entries that lead to it
     /// (fewer entries, wider action data).
     #[arg(long)]
