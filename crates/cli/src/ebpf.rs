@@ -390,9 +390,6 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
     let cfg = read_target_config(args.target_config.as_deref())?;
     let dp = Dataplane::load(&object, model)?;
     dp.apply(&ops)?;
-    dp.configure(&cfg)?;
-    let pin_dir = loader::default_pin_dir(&args.name)?;
-    dp.pin(&pin_dir)?;
     let mode = match (args.mode, dp.model.hook) {
         (ModeArg::Auto, Hook::Xdp) => AttachMode::XdpAuto,
         (ModeArg::Auto, Hook::Tc) => AttachMode::TcAuto,
@@ -401,15 +398,8 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
         (ModeArg::Tcx, _) => AttachMode::Tcx,
         (ModeArg::Clsact, _) => AttachMode::Clsact,
     };
-    let attachments = match loader::attach(&dp, &args.iface, Some(mode), Some(&pin_dir)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&pin_dir);
-            return Err(e.into());
-        }
-    };
-    let d = Deployment { name: args.name.clone(), pin_dir, attachments };
-    d.save(&dp.model)?;
+    let pin_dir = loader::default_pin_dir(&args.name)?;
+    let d = Deployment::install(&args.name, &dp, &cfg, &pin_dir, std::slice::from_ref(&args.iface), mode)?;
     for a in &d.attachments {
         eprintln!("attached {} to {} ({})", a.program, a.iface, a.kind);
     }
