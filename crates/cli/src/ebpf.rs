@@ -349,8 +349,8 @@ pub struct AttachArgs {
 }
 
 /// A deployment name, checked as the service checks target names.
-pub fn deployment_name(s: &str) -> Result<String, subc_server::NameError> {
-    subc_server::check_name("deployment name", s).map(|_| s.to_string())
+pub fn deployment_name(s: &str) -> Result<String, subc_client::NameError> {
+    subc_client::check_name("deployment name", s).map(|_| s.to_string())
 }
 
 fn read_target_config(path: Option<&Path>) -> Result<TargetConfig> {

@@ -21,7 +21,7 @@ pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
     if json {
         let mut out = std::io::stdout().lock();
         for d in &diags.0 {
-            let message = subc_server::diagnostic_message(d.to_record(&inputs.sources));
+            let message = subc_client::proto::Diagnostic::from(d.to_record(&inputs.sources));
             writeln!(out, "{}", subc_client::to_json(&message))?;
         }
     } else if !diags.is_empty() {

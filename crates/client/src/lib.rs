@@ -16,7 +16,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Three things a client of the API needs besides the generated stubs:
+//! What a client of the API needs besides the generated stubs:
 //! - [`connect`]: one lazily dialled channel, plain or TLS (system roots or a
 //!   CA, mTLS, a server-name override), with the bearer token on every call;
 //! - [`Refusal`]: a refused subscription's diagnostics, decoded from the
@@ -24,6 +24,11 @@
 //!   `rpc_status` and grpc-go's `status.Details()` read);
 //! - [`to_json`]: the canonical protobuf JSON of any API message, the one
 //!   JSON dialect every `subc ... --json` prints.
+//! - [`check_name`]: what a target, an application or a deployment may be
+//!   called (an identifier, so one plain path component).
+//!
+//! With the feature `lang`, a checked program's `DiagnosticRecord`
+//! converts into the API's `Diagnostic`, as `Check` returns it.
 //!
 //! The crate depends on no part of the compiler, the store or the data
 //! planes, so an application pulls in only tonic and prost.
@@ -32,6 +37,7 @@
 
 mod connect;
 mod json;
+mod names;
 mod refusal;
 
 /// The generated protobuf messages and gRPC stubs of `proto/subc/v1/subc.proto`.
@@ -45,6 +51,7 @@ pub mod proto {
 
 pub use connect::{connect, AuthChannel, ClientOptions, Clients, Token};
 pub use json::{from_struct, timestamp, to_json, to_struct, unix_ms};
+pub use names::{check_file_name, check_name, NameError, MAX_NAME_BYTES};
 pub use refusal::{Refusal, DIAGNOSTICS_TYPE_URL};
 
 /// Why a client could not be set up.
