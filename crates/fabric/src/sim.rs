@@ -43,9 +43,6 @@ enum Rules<'a> {
 }
 
 impl Decide for Rules<'_> {
-    fn names_matches(&self) -> bool {
-        true
-    }
     fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
         match self {
             Rules::Checked(c) => c.decide(spec, values),

@@ -346,7 +346,9 @@ pub trait Decide {
     /// Whether [`Decide::decide`] names the subscriptions that matched, so
     /// that [`Outcome::matched`] is `Some` (the checked conditions do;
     /// tables do not).
-    fn names_matches(&self) -> bool;
+    fn names_matches(&self) -> bool {
+        true
+    }
     /// The actions for `values`, and the ids of the subscriptions that
     /// matched, sorted (empty unless [`Decide::names_matches`]).
     fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>);
@@ -366,9 +368,6 @@ impl<F: FnMut(&QueryValues) -> Actions> Decide for F {
 pub struct Checked<'a>(pub &'a [Subscription]);
 
 impl Decide for Checked<'_> {
-    fn names_matches(&self) -> bool {
-        true
-    }
     fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
         matches_of(self.0.iter().filter(|s| eval_cond(spec, &s.cond, values)).map(|s| (s.id, &s.actions)).collect())
     }
@@ -380,9 +379,6 @@ impl Decide for Checked<'_> {
 pub struct NormalForms<'a>(pub &'a [NfSubscription]);
 
 impl Decide for NormalForms<'_> {
-    fn names_matches(&self) -> bool {
-        true
-    }
     fn decide(&mut self, _: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
         matches_of(self.0.iter().filter(|r| eval_nf(r, values)).map(|r| (r.id, &r.actions)).collect())
     }
