@@ -34,6 +34,8 @@ mod lower;
 mod order;
 mod pipeline;
 pub mod report;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
