@@ -49,7 +49,8 @@ fn main() {
     assert_eq!(nfs.len(), n + 2 * k);
     let mut set = CompiledSet::compile(&p.spec, &nfs[..n], CompileOptions::default()).expect("compile");
     // Room for the new stocks next to the 100 of the set.
-    let opts = EbpfOptions { capacity: Capacity { headroom: 4.0, min_entries: 64 }, ..Default::default() };
+    let opts =
+        EbpfOptions { capacity: Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 }, ..Default::default() };
     let a = write_program(&p.spec, &set.pipelines(), &opts).expect("program");
     let (model, mut img) = (a.model, a.image);
     let entries: usize = img.pipelines().iter().map(|p| p.entry_count()).sum();

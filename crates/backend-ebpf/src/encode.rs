@@ -53,7 +53,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use subc_bdd::Op;
 use subc_bdd::SetDiff;
-use subc_bdd::{LeafEntry, Match, Pipeline, StateId, DEAD};
+use subc_bdd::{LeafEntry, Match, Pipeline, PortSet, StateId, DEAD};
 use subc_lang::{UpdateOp, VarUpdate};
 
 /// Set `key` to `value` in map `map` (an index into `Model::maps`), or
@@ -775,11 +775,8 @@ impl TableImage {
     fn leaf_value(&self, model: &Model, leaf: &LeafEntry) -> Vec<u8> {
         let s = model.maps[model.ids.leaves].value_struct();
         let mut v = s.zeroed();
-        let mut ports = vec![0u64; model.port_words as usize];
-        for p in &leaf.ports {
-            ports[(p / 64) as usize] |= 1 << (p % 64);
-        }
-        for (i, w) in ports.iter().enumerate() {
+        let ports = PortSet::from_ports(leaf.ports.iter().copied());
+        for (i, w) in ports.words(model.port_words as usize).iter().enumerate() {
             v.u64_at("ports", i as u32, *w);
         }
         if model.update_words > 0 {

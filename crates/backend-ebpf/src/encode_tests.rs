@@ -145,8 +145,8 @@ fn layouts(capacity: Capacity) -> [EbpfOptions; 2] {
 
 #[test]
 fn plans_in_place_equal_the_reference() {
-    let roomy = Capacity { headroom: 4.0, min_entries: 64 };
-    let tight = Capacity { headroom: 1.0, min_entries: 8 };
+    let roomy = Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 };
+    let tight = Capacity { headroom: subc_bdd::Headroom::new(1.0).unwrap(), min_entries: 8 };
     let itch_p = |seed| program(ITCH_SPEC, &itch(&ItchParams { subscriptions: 300, symbols: 10, hosts: 20, seed, ..Default::default() }));
     let siena_p = |seed| {
         let sp = SienaParams { filters: 150, attributes: 6, ports: 16, seed, ..Default::default() };

@@ -42,7 +42,7 @@ pub mod testing;
 
 use serde::{Deserialize, Serialize};
 use subc_bdd::Pipeline;
-use subc_bdd::{BitImage, CompiledSet};
+use subc_bdd::{BitImage, CompiledSet, Headroom};
 use subc_lang::spec::Spec;
 
 pub use bits::{BitMapIds, BitTables, BitsShape};
@@ -83,13 +83,13 @@ pub enum RangeLookup {
 /// `min_entries`), for each of the two generations.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Capacity {
-    pub headroom: f64,
+    pub headroom: Headroom,
     pub min_entries: u32,
 }
 
 impl Default for Capacity {
     fn default() -> Self {
-        Capacity { headroom: 2.0, min_entries: 64 }
+        Capacity { headroom: Headroom::default(), min_entries: 64 }
     }
 }
 

@@ -325,7 +325,7 @@ pub(crate) fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, 
 impl Capacity {
     /// Entries for `n` per generation, with headroom, for both generations.
     pub fn entries(&self, n: usize) -> u32 {
-        let per_gen = ((n as f64 * self.headroom).ceil() as u64).max(self.min_entries as u64);
+        let per_gen = self.headroom.room_for(n as u64).max(self.min_entries as u64);
         (2 * per_gen).min(u32::MAX as u64) as u32
     }
 }
@@ -367,14 +367,14 @@ impl Sizes {
     fn new(spec: &Spec, c: &Counts, opts: &EbpfOptions) -> Sizes {
         let has_vars = spec.states.iter().any(|s| matches!(s.kind, StateKind::Var { .. }));
         let (max_updates, update_words) = if has_vars {
-            let n = ((c.updates as f64 * opts.capacity.headroom).ceil() as u32).max(64);
+            let n = u32::try_from(opts.capacity.headroom.room_for(c.updates as u64)).unwrap_or(u32::MAX).max(64);
             let words = n.div_ceil(64);
             (words * 64, words)
         } else {
             (0, 0)
         };
         // Size classes: up to the one today's largest state needs with headroom.
-        let top = class_for((c.max_intervals as f64 * opts.capacity.headroom).ceil() as usize).unwrap_or(SORTED_CLASSES.len() - 1);
+        let top = class_for(opts.capacity.headroom.room_for(c.max_intervals as u64) as usize).unwrap_or(SORTED_CLASSES.len() - 1);
         let sorted_classes = match opts.ranges {
             RangeLookup::Sorted => SORTED_CLASSES[..=top].to_vec(),
             RangeLookup::Lpm => vec![],

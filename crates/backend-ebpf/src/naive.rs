@@ -12,6 +12,7 @@ use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::model::Model;
 use crate::{EbpfError, EbpfOptions, UnsupportedError};
+use subc_bdd::PortSet;
 use subc_lang::mask;
 use subc_lang::spec::Spec;
 use subc_lang::NfSubscription;
@@ -89,11 +90,8 @@ pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> 
             for k in 0..q {
                 v.u64_at("lo", k, r.lo[k as usize]).u64_at("hi", k, r.hi[k as usize]);
             }
-            let mut words = vec![0u64; model.port_words as usize];
-            for p in &r.ports {
-                words[(p / 64) as usize] |= 1 << (p % 64);
-            }
-            for (w, x) in words.iter().enumerate() {
+            let ports = PortSet::from_ports(r.ports.iter().copied());
+            for (w, x) in ports.words(model.port_words as usize).iter().enumerate() {
                 v.u64_at("ports", w as u32, *x);
             }
             v.u32("drop", r.drop as u32);

@@ -78,7 +78,10 @@ fn images_decide_as_the_pipelines_do() {
 fn images_follow_diffs_and_survive_saving() {
     let p = program(ITCH_SPEC, &itch(&ItchParams { subscriptions: 200, symbols: 8, hosts: 16, seed: 6, ..Default::default() }));
     for opts in layouts() {
-        let opts = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..opts };
+        let opts = EbpfOptions {
+            capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 },
+            ..opts
+        };
         let mut rng = Rng::new(11);
         let mut live: Vec<bool> = (0..p.normal_forms.len()).map(|i| i < 100).collect();
         let nfs: Vec<_> = p.normal_forms.iter().zip(&live).filter(|(_, l)| **l).map(|(n, _)| n.clone()).collect();

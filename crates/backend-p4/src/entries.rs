@@ -23,7 +23,7 @@ use crate::proto::p4::v1 as p4v1;
 use crate::Error;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use subc_bdd::{range_to_prefixes, LeafEntry, Match, Pipeline, StateId};
+use subc_bdd::{range_to_prefixes, LeafEntry, Match, Pipeline, PortSet, StateId};
 use subc_bdd::{Op, PipelineDiff, TableDiff};
 use subc_lang::mask;
 use subc_lang::spec::MatchKind;
@@ -47,13 +47,7 @@ pub(crate) fn canonical_bytes(be: &[u8]) -> Vec<u8> {
 /// The canonical byte string of a set of ports as a bitmap (port `p` is
 /// bit `p`).
 pub(crate) fn port_bitmap(ports: &[u32], width: u32) -> Vec<u8> {
-    let n = width.div_ceil(8) as usize;
-    let mut be = vec![0u8; n.max(1)];
-    for &p in ports {
-        let byte = n - 1 - (p / 8) as usize;
-        be[byte] |= 1 << (p % 8);
-    }
-    canonical_bytes(&be)
+    canonical_bytes(&PortSet::from_ports(ports.iter().copied()).to_be_bytes(width))
 }
 
 /// Where the subscriptions' ports leave the device: subscription port ->

@@ -43,7 +43,7 @@ use crate::names::P4Namer;
 use crate::{Error, P4Options};
 use serde::Serialize;
 use subc_bdd::CompiledSet;
-use subc_bdd::Pipeline;
+use subc_bdd::PipelineShape;
 use subc_lang::mask;
 use subc_lang::spec::{
     FieldRef, FieldType, MatchKind, ParseNext, ParseTarget, QueryFieldId, QuerySource, Spec, StateKind, StateRead, StateVar,
@@ -657,19 +657,13 @@ fn query_base(spec: &Spec, q: QueryFieldId) -> String {
     }
 }
 
-/// The pipelines' field orders, read from their tables (one table per field,
-/// in lookup order): all of the pipelines a program depends on. Pipelines
-/// with the same orders run on the same program, whatever their entries.
-pub fn field_orders(pipes: &[&Pipeline]) -> Vec<Vec<QueryFieldId>> {
-    pipes.iter().map(|p| p.tables.iter().map(|t| t.field).collect()).collect()
-}
-
 impl P4Layout {
     /// Decides the program for `spec` and the pipelines of `set` (their
     /// number and field orders are fixed for the program's lifetime).
     /// Tables get the minimum size; see [`P4Layout::size_tables`].
     pub fn new(spec: &Spec, set: &CompiledSet, opts: &P4Options) -> Result<P4Layout, Error> {
-        P4Layout::for_orders(spec, &field_orders(&set.pipelines()), opts)
+        let orders: Vec<_> = PipelineShape::of_all(set.pipelines()).iter().map(PipelineShape::fields).collect();
+        P4Layout::for_orders(spec, &orders, opts)
     }
 
     /// As [`P4Layout::new`], from the pipelines' field orders alone.
@@ -750,7 +744,7 @@ impl P4Layout {
             if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter) {
                 continue;
             }
-            let want = (*n as u64).saturating_mul(opts.headroom.max(1)).next_power_of_two();
+            let want = opts.headroom.room_for(*n as u64).next_power_of_two();
             t.size = t.size.max(want).max(opts.min_table_size);
         }
     }

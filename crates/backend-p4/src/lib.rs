@@ -42,7 +42,7 @@ pub mod testing;
 mod tofino;
 
 pub use entries::{describe, entries_text, initial_defaults, write_request, Batch, PortMap};
-pub use layout::{field_orders, Arch, P4Layout, TableRole};
+pub use layout::{Arch, P4Layout, TableRole};
 pub use p4info::{difference, program_cookie};
 pub use program::write_program;
 pub use simulator::{Outcome, SimError, Simulator, Switch};
@@ -55,7 +55,7 @@ use proto::p4::config::v1::P4Info;
 use proto::p4::v1 as p4v1;
 use serde::Serialize;
 use std::collections::HashMap;
-use subc_bdd::CompiledSet;
+use subc_bdd::{CompiledSet, Headroom};
 use subc_bdd::{Pipeline, StateId};
 use subc_lang::spec::Spec;
 
@@ -66,7 +66,7 @@ pub struct P4Options {
     pub min_table_size: u64,
     /// Tables are sized for this many times their entries (rounded up to a
     /// power of two), so that updates have room.
-    pub headroom: u64,
+    pub headroom: Headroom,
     /// Most updates in one write.
     pub batch_size: usize,
     /// Put each leaf's action on the entries that lead to it instead of a
@@ -92,7 +92,7 @@ impl Default for P4Options {
     fn default() -> Self {
         P4Options {
             min_table_size: 1024,
-            headroom: 2,
+            headroom: Headroom::default(),
             batch_size: 1000,
             fold_leaves: false,
             ports: PortMap::default(),

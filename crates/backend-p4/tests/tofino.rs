@@ -183,7 +183,7 @@ fn the_tofino_compiler_fits_100000_itch_subscriptions_and_10000_siena_filters_un
         return;
     };
     let bf = PathBuf::from(bf);
-    let tna = P4Options { arch: Arch::Tna, headroom: 1, skip_empty_levels: true, ..Default::default() };
+    let tna = P4Options { arch: Arch::Tna, headroom: subc_bdd::Headroom::new(1.0).unwrap(), skip_empty_levels: true, ..Default::default() };
     let itch_spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
     let rules = subc_workload::itch(&subc_workload::ItchParams { subscriptions: 100_000, ..Default::default() });
     let itch = program(&itch_spec, &[&rules]);

@@ -238,7 +238,7 @@ impl Acc {
             let c = &mut self.port_count[p as usize];
             *c = (*c as i32 + sign) as u32;
             if *c == 0 {
-                self.ports.0[(p / 64) as usize] &= !(1 << (p % 64));
+                self.ports.remove(p);
             } else {
                 self.ports.insert(p);
             }

@@ -47,7 +47,7 @@ use crate::index::RuleIndex;
 use crate::leaf::Leaf;
 use crate::lower::{FieldInfo, Lowerer};
 use crate::order::choose_order;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, PipelineShape};
 use crate::verify::{verify_diagram, verify_pipeline, Violations};
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::mask;
@@ -1043,15 +1043,13 @@ impl CompiledSet {
     /// Fails, changing nothing, if the target runs a program with other
     /// pipelines or tables.
     pub fn adopt(&mut self, deployed: &[Pipeline]) -> Result<SetDiff, CompileError> {
-        let names = |ps: Vec<&Pipeline>| -> Vec<String> { ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect() };
-        let ours = names(self.pipelines());
-        let theirs = names(deployed.iter().collect());
-        if deployed.len() != self.pipes.len() || ours != theirs {
+        if PipelineShape::of_all(deployed) != PipelineShape::of_all(self.pipelines()) {
+            let names = |ps: Vec<&Pipeline>| -> Vec<String> { ps.iter().flat_map(|p| p.tables.iter().map(|t| t.name.clone())).collect() };
             return Err(CompileError::ProgramMismatch {
                 target: deployed.len(),
                 ours: self.pipes.len(),
-                target_tables: theirs,
-                our_tables: ours,
+                target_tables: names(deployed.iter().collect()),
+                our_tables: names(self.pipelines()),
             });
         }
         let mut diffs = vec![];

@@ -12,15 +12,20 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use subc_lang::{Actions, VarUpdate};
 
-/// Ports `0..512` as a bit set (v1model's `egress_spec` is 9 bits).
+/// Ports `0..512` as a bit set (v1model's `egress_spec` is 9 bits): the
+/// one port bitmap, whatever writes it (the IR's leaves, the eBPF maps'
+/// 64-bit words, P4's `bit<W>` action data).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct PortSet(pub [u64; 8]);
+pub struct PortSet([u64; 8]);
 
 impl PortSet {
     pub const MAX_PORTS: u32 = 512;
 
     pub fn insert(&mut self, p: u32) {
         self.0[(p / 64) as usize] |= 1 << (p % 64);
+    }
+    pub fn remove(&mut self, p: u32) {
+        self.0[(p / 64) as usize] &= !(1 << (p % 64));
     }
     pub fn contains(&self, p: u32) -> bool {
         p < Self::MAX_PORTS && self.0[(p / 64) as usize] & (1 << (p % 64)) != 0
@@ -58,6 +63,31 @@ impl PortSet {
             s.insert(p);
         }
         s
+    }
+    /// As 64-bit words, port `p` bit `p % 64` of word `p / 64`: the first
+    /// `n` words (at most 8), as the eBPF maps hold them.
+    pub fn words(&self, n: usize) -> &[u64] {
+        &self.0[..n]
+    }
+    /// The set whose [`PortSet::words`] are `words` (words past the 8th,
+    /// ports 512 and up, are left out).
+    pub fn from_words(words: &[u64]) -> PortSet {
+        let mut s = PortSet::default();
+        for (a, b) in s.0.iter_mut().zip(words) {
+            *a = *b;
+        }
+        s
+    }
+    /// As a `width`-bit big-endian bit string (port `p` is bit `p`), as
+    /// P4Runtime writes a `bit<width>` value: `width.div_ceil(8)` bytes,
+    /// at least one. Ports at or above `width` must not be in the set.
+    pub fn to_be_bytes(&self, width: u32) -> Vec<u8> {
+        let n = (width.div_ceil(8) as usize).max(1);
+        let mut be = vec![0u8; n];
+        for p in self.iter() {
+            be[n - 1 - (p / 8) as usize] |= 1 << (p % 8);
+        }
+        be
     }
 }
 
@@ -143,5 +173,23 @@ impl fmt::Debug for Leaf {
         } else {
             write!(f, "{}", parts.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PortSet;
+
+    #[test]
+    fn a_port_set_in_words_and_bytes() {
+        let mut s = PortSet::from_ports([0, 9, 64, 511]);
+        assert_eq!(s.words(2), [1 << 9 | 1, 1]);
+        assert_eq!(PortSet::from_words(s.words(8)), s);
+        assert_eq!(PortSet::from_words(&[1 << 9 | 1]).iter().collect::<Vec<_>>(), [0, 9]);
+        s.remove(511);
+        s.remove(64);
+        assert_eq!(s.to_be_bytes(16), [2, 1]);
+        assert_eq!(PortSet::default().to_be_bytes(0), [0]);
+        assert_eq!(s.to_be_bytes(256).len(), 32);
     }
 }

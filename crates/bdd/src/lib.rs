@@ -27,12 +27,15 @@ mod compiler;
 mod diagram;
 mod diff;
 mod hash;
+mod headroom;
 mod index;
 mod leaf;
 mod lower;
 mod order;
 mod pipeline;
 pub mod report;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod verify;
 
 pub use approximate::{compile_within, compile_within_by, extra, relax, sample_values, BudgetError, Extra, Fit};
@@ -43,6 +46,7 @@ pub use bitgroup::{
 pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
+pub use headroom::{BadHeadroom, Headroom};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
-pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, StateId, Table, DEAD};
+pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, PipelineShape, StateId, Table, DEAD};

@@ -226,6 +226,29 @@ impl Pipeline {
     pub fn entry_count(&self) -> usize {
         self.tables.iter().map(|t| t.entries.len()).sum::<usize>() + self.leaves.len()
     }
+
+    /// The pipeline's [`PipelineShape`].
+    pub fn shape(&self) -> PipelineShape {
+        PipelineShape(self.tables.iter().map(|t| (t.field, t.width, t.kind)).collect())
+    }
+}
+
+/// What a target's program depends on, apart from entries: per table in
+/// lookup order, its field, width and match kind. Pipelines of one shape
+/// run on one program; diffs apply only between pipelines of one shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineShape(Vec<(QueryFieldId, u32, MatchKind)>);
+
+impl PipelineShape {
+    /// The shape of each of `pipes`, in order: a set's shape.
+    pub fn of_all<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Vec<PipelineShape> {
+        pipes.into_iter().map(Pipeline::shape).collect()
+    }
+
+    /// The fields, in lookup order (the pipeline's field order).
+    pub fn fields(&self) -> Vec<QueryFieldId> {
+        self.0.iter().map(|(f, _, _)| *f).collect()
+    }
 }
 
 /// Computes a state's entries from its node's intervals `(lo, hi, next)`.

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 use subc_bdd::{CompileError, CompileOptions, CompiledSet, Lowering};
 use subc_lang::spec::{QueryFieldId, Spec};
-use subc_lang::{Decision, Diagnostics, Program};
+use subc_lang::{Diagnostics, Program};
 
 /// Loads and checks the inputs, printing diagnostics to stderr. `Err` with
 /// exit code 1 if there are errors, or warnings under `--deny-warnings`.
@@ -166,15 +166,6 @@ pub fn compile_program(program: &Program, args: &CompilerArgs, runs: Runs) -> Re
         Err(e) => return Err(anyhow::Error::new(e).context("compilation failed")),
     };
     Ok((set, t.elapsed().as_secs_f64()))
-}
-
-/// One packet's result, the same shape for every engine.
-pub struct SimResult {
-    pub parsed: bool,
-    /// Matched subscription ids; only the reference interpreter knows them.
-    pub matched: Option<Vec<u64>>,
-    pub ports: Vec<u32>,
-    pub decision: Decision,
 }
 
 /// Writes artifacts into `dir`, or prints them (text ones only, or JSON) to stdout.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use subc_backend_ebpf::clang::{self, BuildFlags, ClangOptions};
 use subc_backend_ebpf::TargetConfig;
 use subc_backend_ebpf::{write_set, Capacity, EbpfError, EbpfOptions, Hook, MapOp, Model, RangeLookup};
+use subc_bdd::Headroom;
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError};
 use subc_lang::PcapPacket;
 use subc_lang::Program;
@@ -44,7 +45,7 @@ pub struct EbpfArgs {
     pub ranges: RangesArg,
     /// eBPF: map capacity as a multiple of today's entries (room for updates).
     #[arg(long, default_value_t = Capacity::default().headroom, value_name = "FACTOR")]
-    pub headroom: f64,
+    pub headroom: Headroom,
     /// eBPF sim: target config (JSON) giving ports egress interfaces and
     /// rewrites. Test runs really transmit TC's clones on those interfaces.
     #[arg(long, value_name = "FILE")]
@@ -348,8 +349,8 @@ pub struct AttachArgs {
 }
 
 /// A deployment name, checked as the service checks target names.
-pub fn deployment_name(s: &str) -> Result<String, subc_server::NameError> {
-    subc_server::check_name("deployment name", s).map(|_| s.to_string())
+pub fn deployment_name(s: &str) -> Result<String, subc_client::NameError> {
+    subc_client::check_name("deployment name", s).map(|_| s.to_string())
 }
 
 fn read_target_config(path: Option<&Path>) -> Result<TargetConfig> {
@@ -389,9 +390,6 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
     let cfg = read_target_config(args.target_config.as_deref())?;
     let dp = Dataplane::load(&object, model)?;
     dp.apply(&ops)?;
-    dp.configure(&cfg)?;
-    let pin_dir = loader::default_pin_dir(&args.name)?;
-    dp.pin(&pin_dir)?;
     let mode = match (args.mode, dp.model.hook) {
         (ModeArg::Auto, Hook::Xdp) => AttachMode::XdpAuto,
         (ModeArg::Auto, Hook::Tc) => AttachMode::TcAuto,
@@ -400,15 +398,8 @@ pub fn attach(args: &AttachArgs) -> Result<ExitCode> {
         (ModeArg::Tcx, _) => AttachMode::Tcx,
         (ModeArg::Clsact, _) => AttachMode::Clsact,
     };
-    let attachments = match loader::attach(&dp, &args.iface, Some(mode), Some(&pin_dir)) {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&pin_dir);
-            return Err(e.into());
-        }
-    };
-    let d = Deployment { name: args.name.clone(), pin_dir, attachments };
-    d.save(&dp.model)?;
+    let pin_dir = loader::default_pin_dir(&args.name)?;
+    let d = Deployment::install(&args.name, &dp, &cfg, &pin_dir, std::slice::from_ref(&args.iface), mode)?;
     for a in &d.attachments {
         eprintln!("attached {} to {} ({})", a.program, a.iface, a.kind);
     }

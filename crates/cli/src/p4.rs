@@ -1,7 +1,7 @@
 //! The P4 target on the command line: `subc compile --target p4` and
 //! `subc sim --engine p4`.
 
-use crate::common::{compile_program, write_outputs, CompilerArgs, Runs, SimResult};
+use crate::common::{compile_program, write_outputs, CompilerArgs, Runs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use prost::Message;
@@ -13,9 +13,10 @@ use subc_backend_p4::proto::{to_text, write_request_text};
 use subc_backend_p4::Simulator;
 use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
 use subc_backend_p4::{entries_text, write_request, Batch};
-use subc_lang::Decision;
+use subc_bdd::Headroom;
 use subc_lang::PcapPacket;
 use subc_lang::Program;
+use subc_lang::{Decision, Outcome};
 
 /// Options of the P4 target (shared by `compile` and `sim`).
 #[derive(Args, Clone, Debug)]
@@ -25,7 +26,7 @@ pub struct P4Args {
     pub p4_min_table_size: u64,
     /// P4: tables are sized for this many times today's entries.
     #[arg(long, default_value_t = P4Options::default().headroom, value_name = "FACTOR")]
-    pub p4_headroom: u64,
+    pub p4_headroom: Headroom,
     /// P4: no leaf table; each leaf's action rides on the entries that lead to it
     /// (fewer entries, wider action data).
     #[arg(long)]
@@ -181,7 +182,7 @@ fn fit_budget(
 
 /// `subc sim --engine p4`: the P4-semantics simulator, loaded only from the
 /// P4Info and the entries as they go over the wire (encoded, then decoded).
-pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p4: &P4Args) -> Result<Vec<SimResult>> {
+pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p4: &P4Args) -> Result<Vec<Outcome>> {
     let (set, _) = compile_program(program, compiler, Runs::DiagramsOnly)?;
     let (target, art) = p4_compile(&program.spec, &set, &p4.options()).context("P4 back end")?;
     let info = P4Info::decode(art.p4info.encode_to_vec().as_slice())?;
@@ -195,12 +196,7 @@ pub fn sim(program: &Program, packets: &[PcapPacket], compiler: &CompilerArgs, p
         .iter()
         .map(|p| {
             let o = sim.run(&p.data, p.ts_ns).map_err(anyhow::Error::msg)?;
-            Ok(SimResult {
-                parsed: o.parsed,
-                matched: None,
-                ports: o.ports,
-                decision: if o.parsed { o.decision } else { Decision::NoMatch },
-            })
+            Ok(Outcome { parsed: o.parsed, matched: None, ports: o.ports, decision: if o.parsed { o.decision } else { Decision::NoMatch } })
         })
         .collect()
 }

@@ -1,6 +1,6 @@
 //! `subc check`, `subc sim` and `subc gen`.
 
-use crate::common::{denied_warnings, load_program, write_atomic, SimResult};
+use crate::common::{denied_warnings, load_program, write_atomic};
 use crate::input::load;
 use crate::{ui, InputArgs};
 use anyhow::{bail, Context, Result};
@@ -8,8 +8,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
 use subc_lang::{read_pcap, write_pcap, PcapPacket};
+use subc_lang::{Decision, Interpreter, Outcome, QueryValues};
 use subc_workload::{example_packets, EXAMPLES};
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -21,7 +21,7 @@ pub fn check(input: &InputArgs, json: bool) -> Result<ExitCode> {
     if json {
         let mut out = std::io::stdout().lock();
         for d in &diags.0 {
-            let message = subc_server::diagnostic_message(d.to_record(&inputs.sources));
+            let message = subc_client::proto::Diagnostic::from(d.to_record(&inputs.sources));
             writeln!(out, "{}", subc_client::to_json(&message))?;
         }
     } else if !diags.is_empty() {
@@ -113,35 +113,18 @@ pub fn sim(args: &SimArgs) -> Result<ExitCode> {
     note_capture(&packets);
     // `--arch tna`: stream state as a Tofino computes it (docs/semantics.md, "Target profiles").
     let profile = args.p4.arch().profile();
-    let results: Vec<SimResult> = match args.engine {
+    let results: Vec<Outcome> = match args.engine {
         Engine::Ebpf => return crate::ebpf::sim(&program, &packets, &args.compiler, &args.ebpf, args.json),
         Engine::P4 => crate::p4::sim(&program, &packets, &args.compiler, &args.p4)?,
         Engine::Ref => {
             let mut interp = Interpreter::with_profile(&program.spec, &program.subscriptions, profile);
-            packets
-                .iter()
-                .map(|p| {
-                    let o = interp.run(&p.data, p.ts_ns);
-                    SimResult { parsed: o.parsed, matched: Some(o.matched), ports: o.ports, decision: o.decision }
-                })
-                .collect()
+            packets.iter().map(|p| interp.run(&p.data, p.ts_ns)).collect()
         }
         Engine::Tables => {
             let (set, _) = crate::common::compile_program(&program, &args.compiler, crate::common::Runs::Everything)?;
-            let mut state = StateStore::with_profile(&program.spec, profile);
-            packets
-                .iter()
-                .map(|p| match parse_packet(&program.spec, &p.data) {
-                    None => SimResult { parsed: false, matched: None, ports: vec![], decision: Decision::NoMatch },
-                    Some(pkt) => {
-                        let values = state.pre_stage(&program.spec, &pkt, p.ts_ns);
-                        let a = set.eval_tables(&values).to_actions();
-                        state.apply_updates(&program.spec, &pkt, &a.updates);
-                        let decision = Decision::of(&a.ports, a.drop);
-                        SimResult { parsed: true, matched: None, ports: a.ports.into_iter().collect(), decision }
-                    }
-                })
-                .collect()
+            let tables = |values: &QueryValues| set.eval_tables(values).to_actions();
+            let mut engine = subc_lang::Engine::with_decide(&program.spec, profile, tables);
+            packets.iter().map(|p| engine.run(&p.data, p.ts_ns)).collect()
         }
     };
     print_results(&results, args.json)?;
@@ -166,7 +149,7 @@ fn note_capture(packets: &[PcapPacket]) {
 }
 
 /// Prints per-packet results: one JSON object per line, or text.
-pub fn print_results(results: &[SimResult], json: bool) -> Result<()> {
+pub fn print_results(results: &[Outcome], json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for (i, o) in results.iter().enumerate() {
         let r = if json {

@@ -25,6 +25,11 @@
 //!   `rpc_status` and grpc-go's `status.Details()` read);
 //! - [`to_json`]: the canonical protobuf JSON of any API message, the one
 //!   JSON dialect every `subc ... --json` prints.
+//! - [`check_name`]: what a target, an application or a deployment may be
+//!   called (an identifier, so one plain path component).
+//!
+//! With the feature `lang`, a checked program's `DiagnosticRecord`
+//! converts into the API's `Diagnostic`, as `Check` returns it.
 //!
 //! The crate depends on no part of the compiler, the store or the data
 //! planes, so an application pulls in only tonic and prost.
@@ -33,6 +38,7 @@
 
 mod connect;
 mod json;
+mod names;
 mod refusal;
 mod tls;
 
@@ -47,6 +53,7 @@ pub mod proto {
 
 pub use connect::{connect, AuthChannel, ClientOptions, Clients, Token};
 pub use json::{from_struct, timestamp, to_json, to_struct, unix_ms};
+pub use names::{check_file_name, check_name, NameError, MAX_NAME_BYTES};
 pub use refusal::{Refusal, DIAGNOSTICS_TYPE_URL};
 pub use tls::{ClientIdentity, HalfIdentity, TlsFile, TlsOptions};
 

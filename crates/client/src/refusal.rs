@@ -60,6 +60,31 @@ impl Refusal {
     }
 }
 
+/// A checked program's diagnostic as the API's message (what `Check`,
+/// refusals and `subc check --json` carry). Feature `lang`.
+#[cfg(feature = "lang")]
+impl From<subc_lang::DiagnosticRecord> for proto::Diagnostic {
+    fn from(r: subc_lang::DiagnosticRecord) -> proto::Diagnostic {
+        proto::Diagnostic {
+            severity: match r.severity {
+                subc_lang::Severity::Error => proto::Severity::Error,
+                subc_lang::Severity::Warning => proto::Severity::Warning,
+            } as i32,
+            code: r.code,
+            message: r.message,
+            file: r.file,
+            line: r.line as u32,
+            column: r.column as u32,
+            end_line: r.end_line as u32,
+            end_column: r.end_column as u32,
+            snippet: r.snippet,
+            label: r.label,
+            help: r.help.unwrap_or_default(),
+            rendered: r.rendered,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,7 +103,11 @@ fn options(bit_vectors: bool) -> CompileOptions {
 
 /// XDP, sorted ranges, and maps with room for the adds of [`add_remove`].
 fn ebpf_options() -> EbpfOptions {
-    EbpfOptions { hook: Hook::Xdp, ranges: RangeLookup::Sorted, capacity: Capacity { headroom: 4.0, min_entries: 64 } }
+    EbpfOptions {
+        hook: Hook::Xdp,
+        ranges: RangeLookup::Sorted,
+        capacity: Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 },
+    }
 }
 
 /// The child: check, compile and generate the first `n` rules, printing

@@ -24,6 +24,7 @@ use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
 use subc_backend_ebpf::{read_field, CStruct};
 use subc_backend_ebpf::{Hook, Model};
 use subc_backend_ebpf::{MapOp, TableImage};
+use subc_bdd::PortSet;
 use subc_lang::spec::{Spec, StateKind};
 use subc_lang::{Slot, StateStore};
 
@@ -354,11 +355,8 @@ pub(crate) fn pin_fd(fd: BorrowedFd<'_>, path: &Path) -> Result<(), LoaderError>
 }
 
 fn decode_record(s: &CStruct, port_words: u32, v: &[u8]) -> Record {
-    let mut ports = vec![];
-    for w in 0..port_words {
-        let bits = read_field(s, v, "ports", w);
-        ports.extend((0..64).filter(|b| bits >> b & 1 == 1).map(|b| w * 64 + b));
-    }
+    let words: Vec<u64> = (0..port_words).map(|w| read_field(s, v, "ports", w)).collect();
+    let ports = PortSet::from_words(&words).iter().collect();
     Record { decision: read_field(s, v, "decision", 0) as u32, drop: read_field(s, v, "drop", 0) != 0, ports }
 }
 

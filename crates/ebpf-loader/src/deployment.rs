@@ -1,16 +1,19 @@
-//! What `subc attach` leaves behind: pins under bpffs (the data plane
-//! outlives the process) and a record under `/run/subc/<name>` for `subc
-//! status` and `subc detach`, and the status read back from the pins.
+//! What `subc attach` and the service's eBPF targets leave behind: pins
+//! under bpffs (the data plane outlives the process) and a record under
+//! `/run/subc/<name>` for `subc status` and `subc detach`; the one install
+//! sequence that makes them ([`Deployment::install`]); and the status read
+//! back from the pins.
 
-use crate::attach::{detach_clsact, AttachKind, Attachment};
-use crate::dataplane::memlock;
+use crate::attach::{attach, detach_clsact, AttachKind, AttachMode, Attachment};
+use crate::dataplane::{memlock, Dataplane};
+use crate::pinned::replace_programs;
 use crate::sys;
 use crate::LoaderError;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use serde::{Deserialize, Serialize};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use subc_backend_ebpf::{Hook, Model};
+use subc_backend_ebpf::{Hook, Model, TargetConfig};
 use subc_backend_ebpf::{MapRole, MapType};
 
 /// What `subc attach` leaves in `/run/subc/<name>/deployment.json`.
@@ -42,6 +45,47 @@ fn below(root: &str, name: &str) -> Result<PathBuf, LoaderError> {
 }
 
 impl Deployment {
+    /// Installs `dp` (loaded, its tables filled) as the deployment `name`:
+    /// writes `cfg` to its maps and pins it; then, if a deployment `name`
+    /// exists, points its live attachments at the new programs (under its
+    /// pins: the interfaces are never without a program); if not, pins it
+    /// afresh under `pin_dir` and attaches it to each of `ifaces` with
+    /// `mode` (a failed attach removes the pins). Saves the record last.
+    pub fn install(
+        name: &str,
+        dp: &Dataplane,
+        cfg: &TargetConfig,
+        pin_dir: &Path,
+        ifaces: &[String],
+        mode: AttachMode,
+    ) -> Result<Deployment, LoaderError> {
+        dp.configure(cfg)?;
+        let deployment = match Deployment::open(name) {
+            Ok((d, _)) => {
+                dp.pin(&d.pin_dir)?;
+                replace_programs(&d, dp)?;
+                d
+            }
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(pin_dir);
+                dp.pin(pin_dir)?;
+                let mut attachments = vec![];
+                for iface in ifaces {
+                    match attach(dp, iface, Some(mode), Some(pin_dir)) {
+                        Ok(a) => attachments.extend(a),
+                        Err(e) => {
+                            let _ = std::fs::remove_dir_all(pin_dir);
+                            return Err(e);
+                        }
+                    }
+                }
+                Deployment { name: name.to_string(), pin_dir: pin_dir.to_path_buf(), attachments }
+            }
+        };
+        deployment.save(&dp.model)?;
+        Ok(deployment)
+    }
+
     pub fn save(&self, model: &Model) -> Result<(), LoaderError> {
         let dir = state_dir(&self.name)?;
         std::fs::create_dir_all(&dir).map_err(|e| LoaderError::io(format!("cannot create {}", dir.display()), e))?;

@@ -9,8 +9,10 @@
 //!   runs packets from another thread.
 //! - [`attach()`] hooks a data plane to an interface (XDP native or
 //!   generic, TC through tcx or clsact).
-//! - [`Deployment`] is what `subc attach` leaves: pins under bpffs and a
-//!   record under `/run/subc`; [`status()`] reads it back.
+//! - [`Deployment`] is what `subc attach` and the service leave: pins under
+//!   bpffs and a record under `/run/subc`, made by [`Deployment::install`]
+//!   (configure, pin, attach or swap under live links, save);
+//!   [`status()`] reads it back.
 //! - [`PinnedTables`] reopens a deployment's maps in another process
 //!   (checked against the image that filled them, then updated);
 //!   [`replace_programs`] swaps a new build under live attachments.

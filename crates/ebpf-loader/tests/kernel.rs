@@ -351,7 +351,10 @@ fn decisions_agree_after_random_diffs() {
     let rules = itch(&ItchParams { subscriptions: 120, symbols: 6, hosts: 10, seed: 5, ..Default::default() });
     let p = program(ITCH_SPEC, &rules);
     // The sets grow to twice their start: room for that.
-    let roomy = |o: &EbpfOptions| EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..*o };
+    let roomy = |o: &EbpfOptions| EbpfOptions {
+        capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 },
+        ..*o
+    };
     for (k, opts) in all_options().iter().enumerate() {
         diff_run(&p, 60, &roomy(opts), 12, 100 + k as u64);
     }
@@ -425,7 +428,10 @@ fn updates_are_atomic() {
     let eb = outcomes(&p.subscriptions);
     assert!(ea.iter().zip(&eb).filter(|(a, b)| a != b).count() >= 10, "the two sets must differ on many packets");
     for opts in all_options() {
-        let roomy = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 3.0, min_entries: 64 }, ..opts };
+        let roomy = EbpfOptions {
+            capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(3.0).unwrap(), min_entries: 64 },
+            ..opts
+        };
         let mut set = CompiledSet::compile(&p.spec, &a_nf, CompileOptions::default()).unwrap();
         let mut dp = load(&p, &set, &roomy);
         let (bad, only_a, only_b) = race(&mut dp, &pkts, &ea, &eb, |dp, k| {
@@ -469,7 +475,10 @@ fn an_update_that_overflows_a_map_changes_nothing() {
     }
     let rules = itch(&ItchParams { subscriptions: 200, symbols: 5, hosts: 30, seed: 4, ..Default::default() });
     let p = program(ITCH_SPEC, &rules);
-    let tight = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 1.0, min_entries: 8 }, ..Default::default() };
+    let tight = EbpfOptions {
+        capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(1.0).unwrap(), min_entries: 8 },
+        ..Default::default()
+    };
     let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..20], CompileOptions::default()).unwrap();
     let mut dp = load(&p, &set, &tight);
     let before = dp.image().unwrap().pipelines().to_vec();
@@ -671,7 +680,10 @@ fn bit_vector_groups_agree_after_random_diffs() {
     for (k, (seed, filters)) in [(5u64, 160), (6, 400)].into_iter().enumerate() {
         for (name, p) in bit_vector_programs(seed, filters, 10) {
             // The sets grow: room for that in the pipelines' maps.
-            let opts = EbpfOptions { capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..all_options()[k % 4] };
+            let opts = EbpfOptions {
+                capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 },
+                ..all_options()[k % 4]
+            };
             bit_vector_diff_run(&p, &name, filters / 2, &opts, 14, seed * 7 + k as u64);
         }
     }
@@ -907,7 +919,11 @@ fn port_counters_survive_updates_and_reopening() {
         .collect();
     let p = program(ITCH_SPEC, &rules);
     for hook in [Hook::Xdp, Hook::Tc] {
-        let opts = EbpfOptions { hook, capacity: subc_backend_ebpf::Capacity { headroom: 4.0, min_entries: 64 }, ..Default::default() };
+        let opts = EbpfOptions {
+            hook,
+            capacity: subc_backend_ebpf::Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 },
+            ..Default::default()
+        };
         let p = p.clone();
         in_counting_netns(move || counters_across_updates(&p, &opts));
     }

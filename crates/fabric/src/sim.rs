@@ -16,7 +16,7 @@ use crate::routing::Routes;
 use crate::topology::{DeviceId, EndpointId, PortRef, Topology};
 use std::collections::{HashMap, VecDeque};
 use subc_lang::spec::Spec;
-use subc_lang::{eval_nf, parse_packet, union_actions, Interpreter, NfSubscription, Program, StateStore};
+use subc_lang::{Actions, Checked, Decide, Engine, NfSubscription, NormalForms, Profile, Program, QueryValues, SubId};
 
 /// What one packet did in the fabric.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,31 +35,25 @@ enum Next {
 }
 
 /// What decides a device's ports for a packet.
-enum Engine<'a> {
-    /// The checked conditions, in the reference interpreter.
-    Checked(Interpreter<'a>),
-    /// Normal forms, cube by cube, with the device's own state.
-    Normal { spec: &'a Spec, rules: &'a [NfSubscription], state: StateStore },
+enum Rules<'a> {
+    /// The checked conditions, as the reference interpreter runs them.
+    Checked(Checked<'a>),
+    /// Normal forms, cube by cube.
+    Normal(NormalForms<'a>),
 }
 
-impl Engine<'_> {
-    fn ports(&mut self, bytes: &[u8], ts_ns: u64) -> Vec<u32> {
+impl Decide for Rules<'_> {
+    fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
         match self {
-            Engine::Checked(i) => i.run(bytes, ts_ns).ports,
-            Engine::Normal { spec, rules, state } => {
-                let Some(pkt) = parse_packet(spec, bytes) else { return vec![] };
-                let values = state.pre_stage(spec, &pkt, ts_ns);
-                let actions = union_actions(rules.iter().filter(|r| eval_nf(r, &values)).map(|r| &r.actions));
-                state.apply_updates(spec, &pkt, &actions.updates);
-                actions.ports.into_iter().collect()
-            }
+            Rules::Checked(c) => c.decide(spec, values),
+            Rules::Normal(n) => n.decide(spec, values),
         }
     }
 }
 
 /// A fabric of interpreters, one per device, with their state.
 pub struct Simulator<'a> {
-    devices: Vec<Engine<'a>>,
+    devices: Vec<Engine<'a, Rules<'a>>>,
     /// Each used device port: an endpoint or the far end of a tree link.
     wires: HashMap<PortRef, Next>,
     topology: &'a Topology,
@@ -69,18 +63,19 @@ impl<'a> Simulator<'a> {
     /// A simulator over `programs`, the network program projected onto each
     /// device in order ([`crate::project`]).
     pub fn new(topology: &'a Topology, routes: &Routes, programs: &'a [Program]) -> Simulator<'a> {
-        let devices = programs.iter().map(|p| Engine::Checked(Interpreter::new(&p.spec, &p.subscriptions))).collect();
+        let devices =
+            programs.iter().map(|p| Engine::with_decide(&p.spec, Profile::Reference, Rules::Checked(Checked(&p.subscriptions)))).collect();
         Simulator::wired(topology, routes, devices)
     }
 
     /// A simulator whose devices run `rules` (in device order), e.g. each
     /// [`crate::Placed::rules`], over the network's `spec`.
     pub fn placed(topology: &'a Topology, routes: &Routes, spec: &'a Spec, rules: &'a [Vec<NfSubscription>]) -> Simulator<'a> {
-        let devices = rules.iter().map(|r| Engine::Normal { spec, rules: r, state: StateStore::new(spec) }).collect();
+        let devices = rules.iter().map(|r| Engine::with_decide(spec, Profile::Reference, Rules::Normal(NormalForms(r)))).collect();
         Simulator::wired(topology, routes, devices)
     }
 
-    fn wired(topology: &'a Topology, routes: &Routes, devices: Vec<Engine<'a>>) -> Simulator<'a> {
+    fn wired(topology: &'a Topology, routes: &Routes, devices: Vec<Engine<'a, Rules<'a>>>) -> Simulator<'a> {
         let mut wires = HashMap::new();
         for (e, ep) in topology.endpoints.iter().enumerate() {
             wires.insert(ep.at, Next::Endpoint(e));
@@ -110,7 +105,7 @@ impl<'a> Simulator<'a> {
             budget -= 1;
             let device: DeviceId = ingress.device;
             out.visits[device] += 1;
-            for port in self.devices[device].ports(bytes, ts_ns) {
+            for port in self.devices[device].run(bytes, ts_ns).ports {
                 if port == ingress.port {
                     continue;
                 }

@@ -7,8 +7,10 @@
 //! Every compiled engine (the table simulator, the P4 simulator, the eBPF
 //! program in the kernel) is tested against this module.
 //!
-//! The per-packet pieces are public so that other engines can share the parts
-//! that are not under test: [`parse_packet`], [`StateStore::pre_stage`],
+//! The per-packet loop is [`run_packet`], generic over the step engines
+//! differ in ([`Decide`]: checked conditions, normal forms, tables), so that
+//! other engines share the parts that are not under test. Its pieces are
+//! public too: [`parse_packet`], [`StateStore::pre_stage`],
 //! [`StateStore::apply_updates`], and [`Decision::of`].
 //!
 //! Under a target [`Profile`] other than the reference, the stream state
@@ -284,7 +286,9 @@ impl Decision {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Outcome {
     pub parsed: bool,
-    pub matched: Vec<SubId>,
+    /// The ids of the subscriptions that matched, sorted, when the engine's
+    /// decide step knows them ([`Decide::names_matches`]).
+    pub matched: Option<Vec<SubId>>,
     pub ports: Vec<u32>,
     pub decision: Decision,
 }
@@ -335,14 +339,102 @@ pub fn union_actions<'a>(matched: impl IntoIterator<Item = &'a Actions>) -> Acti
     out
 }
 
-/// Runs packets through a subscription set, keeping state between packets.
-pub struct Interpreter<'a> {
-    pub spec: &'a Spec,
-    pub subscriptions: &'a [Subscription],
-    pub state: StateStore,
+/// The step of [`run_packet`] in which engines differ: from a packet's
+/// query values, the union of the actions of the subscriptions they match.
+/// Any `FnMut(&QueryValues) -> Actions` is one (compiled tables, say).
+pub trait Decide {
+    /// Whether [`Decide::decide`] names the subscriptions that matched, so
+    /// that [`Outcome::matched`] is `Some` (the checked conditions do;
+    /// tables do not).
+    fn names_matches(&self) -> bool {
+        true
+    }
+    /// The actions for `values`, and the ids of the subscriptions that
+    /// matched, sorted (empty unless [`Decide::names_matches`]).
+    fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>);
 }
 
-impl<'a> Interpreter<'a> {
+impl<F: FnMut(&QueryValues) -> Actions> Decide for F {
+    fn names_matches(&self) -> bool {
+        false
+    }
+    fn decide(&mut self, _: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
+        (self(values), vec![])
+    }
+}
+
+/// The reference decide step: every subscription's checked condition.
+#[derive(Clone, Copy, Debug)]
+pub struct Checked<'a>(pub &'a [Subscription]);
+
+impl Decide for Checked<'_> {
+    fn decide(&mut self, spec: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
+        matches_of(self.0.iter().filter(|s| eval_cond(spec, &s.cond, values)).map(|s| (s.id, &s.actions)).collect())
+    }
+}
+
+/// The decide step of normal forms, cube by cube (rules relaxed under a
+/// budget exist only as normal forms).
+#[derive(Clone, Copy, Debug)]
+pub struct NormalForms<'a>(pub &'a [NfSubscription]);
+
+impl Decide for NormalForms<'_> {
+    fn decide(&mut self, _: &Spec, values: &QueryValues) -> (Actions, Vec<SubId>) {
+        matches_of(self.0.iter().filter(|r| eval_nf(r, values)).map(|r| (r.id, &r.actions)).collect())
+    }
+}
+
+/// The union of the matched subscriptions' actions, and their ids, sorted.
+fn matches_of(matched: Vec<(SubId, &Actions)>) -> (Actions, Vec<SubId>) {
+    let mut ids: Vec<SubId> = matched.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    (union_actions(matched.into_iter().map(|(_, a)| a)), ids)
+}
+
+/// Runs one packet that arrived at `ts_ns` through `decide`: parses it,
+/// updates the stream `state` and reads the query fields, decides, applies
+/// the matched subscriptions' variable updates, and derives the decision.
+/// Every engine that keeps its state in a [`StateStore`] runs packets
+/// through this, the reference ([`Interpreter`]) included.
+pub fn run_packet<D: Decide + ?Sized>(spec: &Spec, state: &mut StateStore, decide: &mut D, bytes: &[u8], ts_ns: u64) -> Outcome {
+    let Some(pkt) = parse_packet(spec, bytes) else {
+        let matched = decide.names_matches().then(Vec::new);
+        return Outcome { parsed: false, matched, ports: vec![], decision: Decision::NoMatch };
+    };
+    let values = state.pre_stage(spec, &pkt, ts_ns);
+    let (actions, ids) = decide.decide(spec, &values);
+    state.apply_updates(spec, &pkt, &actions.updates);
+    Outcome {
+        parsed: true,
+        matched: decide.names_matches().then_some(ids),
+        decision: Decision::of(&actions.ports, actions.drop),
+        ports: actions.ports.into_iter().collect(),
+    }
+}
+
+/// Runs packets through a decide step, keeping the stream state between
+/// packets ([`run_packet`]).
+pub struct Engine<'a, D> {
+    pub spec: &'a Spec,
+    pub state: StateStore,
+    pub decide: D,
+}
+
+impl<'a, D: Decide> Engine<'a, D> {
+    /// An engine whose stream state starts afresh and follows `profile`'s arithmetic.
+    pub fn with_decide(spec: &'a Spec, profile: Profile, decide: D) -> Engine<'a, D> {
+        Engine { spec, state: StateStore::with_profile(spec, profile), decide }
+    }
+
+    pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Outcome {
+        run_packet(self.spec, &mut self.state, &mut self.decide, bytes, ts_ns)
+    }
+}
+
+/// The reference interpreter: the checked conditions, run packet by packet.
+pub type Interpreter<'a> = Engine<'a, Checked<'a>>;
+
+impl<'a> Engine<'a, Checked<'a>> {
     /// An interpreter that follows `docs/semantics.md` ([`Profile::Reference`]).
     pub fn new(spec: &'a Spec, subscriptions: &'a [Subscription]) -> Interpreter<'a> {
         Interpreter::with_profile(spec, subscriptions, Profile::Reference)
@@ -350,24 +442,6 @@ impl<'a> Interpreter<'a> {
 
     /// An interpreter whose stream state follows `profile`'s arithmetic.
     pub fn with_profile(spec: &'a Spec, subscriptions: &'a [Subscription], profile: Profile) -> Interpreter<'a> {
-        Interpreter { spec, subscriptions, state: StateStore::with_profile(spec, profile) }
-    }
-
-    pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Outcome {
-        let Some(pkt) = parse_packet(self.spec, bytes) else {
-            return Outcome { parsed: false, matched: vec![], ports: vec![], decision: Decision::NoMatch };
-        };
-        let values = self.state.pre_stage(self.spec, &pkt, ts_ns);
-        let matched: Vec<&Subscription> = self.subscriptions.iter().filter(|s| eval_cond(self.spec, &s.cond, &values)).collect();
-        let actions = union_actions(matched.iter().map(|s| &s.actions));
-        self.state.apply_updates(self.spec, &pkt, &actions.updates);
-        let mut ids: Vec<SubId> = matched.iter().map(|s| s.id).collect();
-        ids.sort_unstable();
-        Outcome {
-            parsed: true,
-            matched: ids,
-            decision: Decision::of(&actions.ports, actions.drop),
-            ports: actions.ports.into_iter().collect(),
-        }
+        Engine::with_decide(spec, profile, Checked(subscriptions))
     }
 }

@@ -43,7 +43,8 @@ pub use diag::{
     UnknownCode,
 };
 pub use interp::{
-    eval_cond, eval_nf, parse_packet, union_actions, Decision, Interpreter, Outcome, ParsedPacket, QueryValues, Slot, StateStore,
+    eval_cond, eval_nf, parse_packet, run_packet, union_actions, Checked, Decide, Decision, Engine, Interpreter, NormalForms, Outcome,
+    ParsedPacket, QueryValues, Slot, StateStore,
 };
 pub use link::LinkType;
 pub use namer::Namer;

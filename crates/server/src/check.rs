@@ -9,7 +9,7 @@ use crate::proto;
 use crate::store::StoredSub;
 use subc_lang::spec::Spec;
 use subc_lang::SourceMap;
-use subc_lang::{Code, DiagnosticRecord, Diagnostics, Severity};
+use subc_lang::{Code, Diagnostics};
 use subc_lang::{Endpoints, NfLimits, NfSubscription, SubId};
 
 /// Most diagnostics a `Check` reply carries, and renders.
@@ -81,28 +81,6 @@ fn severity_word(s: proto::Severity) -> &'static str {
     }
 }
 
-/// A diagnostic as the API's message (what `Check`, refusals and `subc
-/// check --json` carry).
-pub fn diagnostic_message(r: DiagnosticRecord) -> proto::Diagnostic {
-    proto::Diagnostic {
-        severity: match r.severity {
-            Severity::Error => proto::Severity::Error,
-            Severity::Warning => proto::Severity::Warning,
-        } as i32,
-        code: r.code,
-        message: r.message,
-        file: r.file,
-        line: r.line as u32,
-        column: r.column as u32,
-        end_line: r.end_line as u32,
-        end_column: r.end_column as u32,
-        snippet: r.snippet,
-        label: r.label,
-        help: r.help.unwrap_or_default(),
-        rendered: r.rendered,
-    }
-}
-
 /// Renders diagnostics as `subc check` does, stopping at the first
 /// [`MAX_REPORTED`] or [`MAX_RENDERED_BYTES`].
 fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto::Diagnostic>) {
@@ -116,7 +94,7 @@ fn render_capped(diags: &Diagnostics, sources: &SourceMap) -> (String, Vec<proto
         }
         bytes += r.rendered.len() + 1;
         shown.push(d.clone());
-        records.push(diagnostic_message(r));
+        records.push(proto::Diagnostic::from(r));
     }
     let mut message = shown.render(sources);
     let hidden = diags.0.len() - shown.0.len();
@@ -185,7 +163,7 @@ fn checked_batch(
         .zip(nfs)
         .map(|(s, nf)| CheckedRule { line: f.line_col(s.span.start).0 as u32, text: s.text.trim().to_string(), nf })
         .collect();
-    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| diagnostic_message(d.to_record(sources))).collect();
+    let warnings = diags.0.iter().take(MAX_REPORTED).map(|d| proto::Diagnostic::from(d.to_record(sources))).collect();
     Ok(CheckedBatch { rules, warnings })
 }
 

@@ -20,8 +20,8 @@ use crate::store::StoredSub;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
-use subc_bdd::Pipeline;
 use subc_bdd::{BitImage, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
+use subc_bdd::{Pipeline, PipelineShape};
 use subc_lang::spec::{QueryFieldId, Spec};
 use subc_lang::SubId;
 
@@ -126,13 +126,12 @@ pub struct Desired {
     pub net: Option<crate::network::Devices>,
 }
 
-/// The pipelines' shape: per pipeline, its tables' fields, widths and match
-/// kinds. Back ends generate programs for a shape; diffs only apply between
-/// pipelines of one shape.
-pub(crate) type Shape = Vec<Vec<(QueryFieldId, u32, subc_lang::spec::MatchKind)>>;
+/// The pipelines' shape ([`PipelineShape`], each pipeline's in order).
+pub(crate) type Shape = Vec<PipelineShape>;
 
+/// The shape of pipelines, as [`PipelineShape::of_all`] gives it.
 pub(crate) fn shape_of<'a>(pipes: impl IntoIterator<Item = &'a Pipeline>) -> Shape {
-    pipes.into_iter().map(|p| p.tables.iter().map(|t| (t.field, t.width, t.kind)).collect()).collect()
+    PipelineShape::of_all(pipes)
 }
 
 impl Desired {
@@ -454,7 +453,7 @@ pub fn distance_to_fresh_compile(
     c: &crate::config::CompileConfig,
 ) -> Result<usize, DistanceError> {
     let mut opts = compile_options(spec, c, None).map_err(DistanceError::Options)?;
-    opts.order = held.first().map(|p| p.tables.iter().map(|t| t.field).collect());
+    opts.order = held.first().map(|p| p.shape().fields());
     let mut set = CompiledSet::compile(spec, nfs, opts).map_err(DistanceError::Compile)?;
     set.adopt(held).map(|u| u.len()).map_err(DistanceError::Adopt)
 }

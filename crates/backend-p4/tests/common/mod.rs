@@ -67,9 +67,10 @@ use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::P4Layout;
 use subc_backend_p4::{write_request, Batch};
 use subc_backend_p4::{Simulator, Switch};
-use subc_bdd::{CompileError, Pipeline, SetDiff};
+use subc_bdd::testing::random_update;
+use subc_bdd::SetDiff;
 use subc_lang::Subscription;
-use subc_lang::{Decision, Interpreter, StateStore};
+use subc_lang::{run_packet, Checked, Decision, StateStore};
 use subc_workload::Rng;
 
 /// The bytes on the wire, decoded again: what a switch would receive.
@@ -114,7 +115,7 @@ pub fn apply_checked(sw: &mut Switch, layout: &P4Layout, writes: &[p4v1::WriteRe
 }
 
 /// The reference decision for one packet, advancing the reference state:
-/// the interpreter's own [`Interpreter::run`] over `subs` (which may change
+/// the interpreter's own loop ([`run_packet`]) over `subs` (which may change
 /// between packets while the state carries on).
 pub fn reference(
     subs: &[Subscription],
@@ -123,60 +124,16 @@ pub fn reference(
     bytes: &[u8],
     ts: u64,
 ) -> (Vec<u32>, Decision) {
-    let mut interp = Interpreter { spec, subscriptions: subs, state: std::mem::replace(state, StateStore::new(spec)) };
-    let o = interp.run(bytes, ts);
-    *state = interp.state;
+    let o = run_packet(spec, state, &mut Checked(subs), bytes, ts);
     (o.ports, o.decision)
 }
 
-/// Removes `full`'s `k`th subscription, which is in `set`. `remove` refuses
-/// only an unknown id, so this must succeed (a subscription with no cube,
-/// such as `x < 0`, too: it is removed with an empty update).
-#[track_caller]
-pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> SetDiff {
-    let sub = &full.normal_forms[k];
-    match set.remove(&[sub.id]) {
-        Ok(u) => u,
-        Err(e) => panic!("remove {}: {e}", sub.id),
-    }
-}
-
 /// The next update of a random add/remove sequence over `full`'s
-/// subscriptions (`present[i]`: whether `full`'s `i`th is in `set`), already
-/// made to `set`. The refusals are the ones `CompiledSet` documents:
-/// `remove` refuses only an unknown id, so a remove must succeed; `add` of a
-/// new id refuses only a rule that fits no pipeline (`NeedsRecompile`),
-/// allowed only where `may_refuse` (small budgets), and then nothing may
-/// change: a random present subscription is removed instead. `None` only
+/// subscriptions, already made to `set` ([`random_update`]); `None` only
 /// when an add was refused and nothing is present.
 #[track_caller]
 pub fn next_update(set: &mut CompiledSet, full: &Program, present: &mut [bool], rng: &mut Rng, may_refuse: bool) -> Option<SetDiff> {
-    let remove = |set: &mut CompiledSet, present: &mut [bool], k: usize| {
-        let u = remove_present(set, full, k);
-        present[k] = false;
-        u
-    };
-    let k = rng.below(present.len() as u64) as usize;
-    if present[k] {
-        return Some(remove(set, present, k));
-    }
-    let sub = &full.normal_forms[k];
-    let before: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
-    match set.add(std::slice::from_ref(sub)) {
-        Ok(u) => {
-            present[k] = true;
-            Some(u)
-        }
-        Err(CompileError::NeedsRecompile { sub: id, .. }) if may_refuse => {
-            assert_eq!(id, sub.id, "the refusal names the added subscription");
-            let after: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
-            assert!(before == after, "a refused add of {id} changed the pipelines");
-            let live: Vec<usize> = (0..present.len()).filter(|i| present[*i]).collect();
-            let j = *live.get(rng.below(live.len().max(1) as u64) as usize)?;
-            Some(remove(set, present, j))
-        }
-        Err(e) => panic!("add {}: {e}", sub.id),
-    }
+    random_update(set, full, present, rng, may_refuse).1
 }
 
 /// Runs packets through the simulator and the reference; panics on the

@@ -7,12 +7,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use subc_bdd::{CompileError, CompiledSet, Leaf, Pipeline, SetDiff, StateId, DEAD};
+pub use subc_bdd::testing::{random_update, Step};
+use subc_bdd::{CompiledSet, Leaf, Pipeline, SetDiff, StateId, DEAD};
 use subc_lang::NfLimits;
 use subc_lang::Program;
 use subc_lang::SourceMap;
-use subc_lang::SubId;
-use subc_lang::{parse_packet, Decision, Interpreter, StateStore};
+use subc_lang::{run_packet, Decision, Interpreter, QueryValues, StateStore};
 use subc_workload::Rng;
 use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
 
@@ -75,20 +75,14 @@ pub fn both(
     ts: u64,
 ) -> ((Vec<u32>, Decision), (Vec<u32>, Decision)) {
     let o = interp.run(bytes, ts);
-    let r = (o.ports, o.decision);
-    let spec = interp.spec;
-    let Some(pkt) = parse_packet(spec, bytes) else {
-        return (r, (vec![], Decision::NoMatch));
+    let mut tables = |values: &QueryValues| {
+        debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
+        let leaf: Leaf = set.eval_tables(values);
+        assert_eq!(leaf, set.eval_diagram(values), "tables and diagram disagree");
+        leaf.to_actions()
     };
-    let values = tab_state.pre_stage(spec, &pkt, ts);
-    debug_assert!(set.verify().is_ok(), "{:?}", set.verify());
-    let leaf: Leaf = set.eval_tables(&values);
-    let diag: Leaf = set.eval_diagram(&values);
-    assert_eq!(leaf, diag, "tables and diagram disagree");
-    let acts = leaf.to_actions();
-    tab_state.apply_updates(spec, &pkt, &acts.updates);
-    let t = (acts.ports.iter().copied().collect(), Decision::of(&acts.ports, acts.drop));
-    (r, t)
+    let t = run_packet(interp.spec, tab_state, &mut tables, bytes, ts);
+    ((o.ports, o.decision), (t.ports, t.decision))
 }
 
 /// The references a target holding `p` follows, checked as the P4 back
@@ -145,47 +139,9 @@ pub fn apply_checked(target: &mut [Pipeline], update: &SetDiff) -> usize {
     applied
 }
 
-/// Removes `full`'s `k`th subscription, which is in `set`. `remove` refuses
-/// only an unknown id, so this must succeed (a subscription with no cube,
-/// such as `x < 0`, too: it is removed with an empty update).
-#[track_caller]
-pub fn remove_present(set: &mut CompiledSet, full: &Program, k: usize) -> SetDiff {
-    let sub = &full.normal_forms[k];
-    match set.remove(&[sub.id]) {
-        Ok(u) => u,
-        Err(e) => panic!("remove {}: {e}", sub.id),
-    }
-}
-
-/// What one step of a random add/remove sequence did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    Added(SubId),
-    Removed(SubId),
-    /// The add of the first id was refused (`NeedsRecompile`), and the
-    /// second was removed instead.
-    RefusedThenRemoved(SubId, SubId),
-    /// The add was refused and nothing was present to remove: no diff.
-    RefusedOnEmpty(SubId),
-}
-
-impl Step {
-    /// Whether the step applied a diff.
-    pub fn applied(self) -> bool {
-        !matches!(self, Step::RefusedOnEmpty(_))
-    }
-}
-
-/// One step of a random add/remove sequence: toggles a random subscription
-/// of `full` (`present[i]`: whether `full`'s `i`th is in `set`) and applies
-/// the update to `target` op by op ([`apply_checked`]); `target` must then
-/// equal the set's pipelines. The refusals are the ones `CompiledSet`
-/// documents: `remove` only refuses an unknown id, so a remove must succeed;
-/// `add` of a new id only refuses a rule that fits no pipeline
-/// (`NeedsRecompile`), allowed only where `may_refuse` (small budgets), and
-/// then nothing may change. After a refusal the step removes a random
-/// present subscription instead, so that every step applies a diff unless
-/// the set is empty.
+/// One step of a random add/remove sequence ([`random_update`]), its
+/// update applied to `target` op by op ([`apply_checked`]); `target` must
+/// then equal the set's pipelines.
 #[track_caller]
 pub fn random_step(
     set: &mut CompiledSet,
@@ -195,40 +151,10 @@ pub fn random_step(
     target: &mut [Pipeline],
     may_refuse: bool,
 ) -> Step {
-    let mut remove = |set: &mut CompiledSet, present: &mut [bool], k: usize| {
-        let id = full.normal_forms[k].id;
-        let update = remove_present(set, full, k);
-        apply_checked(target, &update);
-        present[k] = false;
-        id
-    };
-    let k = rng.below(present.len() as u64) as usize;
-    let step = if present[k] {
-        Step::Removed(remove(set, present, k))
-    } else {
-        let sub = &full.normal_forms[k];
-        let before: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
-        match set.add(std::slice::from_ref(sub)) {
-            Ok(update) => {
-                apply_checked(target, &update);
-                present[k] = true;
-                Step::Added(sub.id)
-            }
-            Err(CompileError::NeedsRecompile { sub: id, .. }) if may_refuse => {
-                assert_eq!(id, sub.id, "the refusal names the added subscription");
-                let after: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
-                assert!(before == after, "a refused add of {id} changed the pipelines");
-                let live: Vec<usize> = (0..present.len()).filter(|i| present[*i]).collect();
-                if live.is_empty() {
-                    Step::RefusedOnEmpty(id)
-                } else {
-                    let j = live[rng.below(live.len() as u64) as usize];
-                    Step::RefusedThenRemoved(id, remove(set, present, j))
-                }
-            }
-            Err(e) => panic!("add {}: {e}", sub.id),
-        }
-    };
+    let (step, update) = random_update(set, full, present, rng, may_refuse);
+    if let Some(u) = update {
+        apply_checked(target, &u);
+    }
     let now: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
     assert!(target == now.as_slice(), "after {step:?}, old pipelines + diff != new pipelines");
     step

@@ -37,7 +37,7 @@ use subc_backend_ebpf::{ImageParts, Model, TableImage};
 use subc_bdd::BitImage;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
-use subc_ebpf_loader::{self as loader, replace_programs, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
+use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
 use subc_lang::spec::{Spec, StateVarId};
 use subc_lang::{UpdateOp, VarUpdate};
 use subc_target::{Capabilities, PortCount, Unsupported};
@@ -323,29 +323,9 @@ impl EbpfDriver {
         let art = write_image(&self.spec, pipes, bits, &opts).map_err(err)?;
         let obj = clang::compile(&art.source, clang::BuildFlags::default()).map_err(err)?;
         let dp = Dataplane::load_with_image(&obj, art.model.clone(), art.image.clone()).map_err(err)?;
-        dp.configure(&self.config).map_err(err)?;
         self.tables = None;
-        let deployment = match Deployment::open(&self.name) {
-            Ok((d, _)) => {
-                // A program is live: swap it under its links.
-                dp.pin(&d.pin_dir).map_err(err)?;
-                replace_programs(&d, &dp).map_err(err)?;
-                d
-            }
-            Err(_) => {
-                let _ = std::fs::remove_dir_all(&self.pin_dir);
-                dp.pin(&self.pin_dir).map_err(err)?;
-                let mut attachments = vec![];
-                for iface in &self.ifaces {
-                    attachments.extend(loader::attach(&dp, iface, Some(self.mode), Some(&self.pin_dir)).map_err(|e| {
-                        let _ = std::fs::remove_dir_all(&self.pin_dir);
-                        err(e)
-                    })?);
-                }
-                Deployment { name: self.name.clone(), pin_dir: self.pin_dir.clone(), attachments }
-            }
-        };
-        deployment.save(&art.model).map_err(err)?;
+        // A live program is swapped under its links; otherwise one is attached.
+        let deployment = Deployment::install(&self.name, &dp, &self.config, &self.pin_dir, &self.ifaces, self.mode).map_err(err)?;
         self.files.write_base(&art.image)?;
         self.open_tables(art.model, &deployment.pin_dir, art.image)
     }

@@ -63,7 +63,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use subc_backend_p4::difference;
-use subc_backend_p4::field_orders;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::{describe, initial_defaults, program_cookie, Batch, PortMap};
@@ -71,9 +70,10 @@ use subc_backend_p4::{levels_for, Arch, Error as BackendError, P4Options, P4Targ
 use subc_bdd::BitImage;
 use subc_bdd::Op;
 use subc_bdd::Pipeline;
+use subc_bdd::PipelineShape;
 use subc_bdd::SetDiff;
 use subc_client::{ClientIdentity, HalfIdentity};
-use subc_lang::spec::{QueryFieldId, Spec};
+use subc_lang::spec::Spec;
 use subc_p4runtime::{Client, Error as P4Error, TlsOptions};
 use subc_p4runtime::{ReadLimits, Repair, Repairing};
 use subc_target::{Capabilities, PortCount, StateFunction};
@@ -83,8 +83,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a Read, or a pipeline config, may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The pipelines' field orders: what the program depends on.
-type Orders = Vec<Vec<QueryFieldId>>;
+/// The pipelines' shape: what the program depends on.
+type Orders = Vec<PipelineShape>;
 
 /// The IR's levels a program has, per pipeline (TNA leaves out levels
 /// without entries: `P4Options::skip_empty_levels`).
@@ -346,7 +346,7 @@ impl P4Driver {
     /// stays, and while it has the levels `levels` asks for, if any: those
     /// of the program the switch was given).
     fn program_for(&mut self, pipes: &[&Pipeline], levels: Option<Levels>) -> Result<&Program, TargetError> {
-        let orders = field_orders(pipes);
+        let orders = PipelineShape::of_all(pipes.iter().copied());
         if self.program.as_ref().is_none_or(|p| p.orders != orders || levels.as_ref().is_some_and(|l| *l != p.levels)) {
             self.program = None;
             let (target, info) = self.make_program(pipes, levels)?;
@@ -645,7 +645,7 @@ impl Target for P4Driver {
             p.apply(d).map_err(|e| TargetError::needs_install(format!("the diff does not fit the image: {e}")))?;
         }
         let pipes: Vec<&Pipeline> = after.iter().collect();
-        if self.program.as_ref().is_none_or(|p| p.orders != field_orders(&pipes)) {
+        if self.program.as_ref().is_none_or(|p| p.orders != PipelineShape::of_all(pipes.iter().copied())) {
             return Err(TargetError::needs_install("the update is for pipelines of another shape"));
         }
         let batches = match self.program.as_ref().expect("checked").target.apply_pipelines(&pipes, update) {
