@@ -35,6 +35,7 @@ mod attach;
 mod counters;
 mod dataplane;
 mod deployment;
+mod driver;
 mod error;
 mod frames;
 mod log;
@@ -48,6 +49,7 @@ pub use attach::{attach, attach_program, ifindex, link_xdp, AttachKind, AttachMo
 pub use counters::PortCounter;
 pub use dataplane::{grace_period, Dataplane, LoadStats, Record, Runner, TestRun, UpdateReport};
 pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};
+pub use driver::{saved_image, saved_pipelines, EbpfSettings, EbpfTarget, SavedImageError};
 pub use error::{LoaderError, NoImage};
 pub use frames::{frame_limits, refuses, FrameLimits, PROBE_CAP};
 pub use log::log_libbpf_through_tracing;

@@ -52,15 +52,15 @@ pub use auth::Principal;
 pub use check::{check_stored, check_stored_with, StoredCheckError};
 pub use config::{Config, LogFormat, Retention, TlsConfig};
 pub use core::{load_spec, Core};
-pub use deploy::ebpf::{saved_image, saved_pipelines, SavedImageError};
-pub use deploy::image::ImageError;
 pub use desired::{compile_options, distance_to_fresh_compile};
 pub use restore::{restore_store, RestoreReport};
 pub use server::{init_tracing, serve, serve_with, start, start_with, Running};
 pub use store::{backup_store, now_ms, BackupReport, StoredSub};
 pub use subc_client::{check_name, NameError};
 pub use subc_client::{connect, ClientIdentity, ClientOptions, Clients, Refusal, TlsOptions};
+pub use subc_ebpf_loader::{saved_image, saved_pipelines, SavedImageError};
 pub use subc_target;
+pub use subc_target::ImageError;
 pub use writer::request_fingerprint;
 
 /// Errors at the crate boundary: starting, configuring and running the server.

@@ -24,10 +24,12 @@
 
 mod capabilities;
 mod error;
+mod journal;
 mod kind;
 
 pub use capabilities::{Capabilities, Extent, StateFunction, Unsupported};
 pub use error::{Error, ErrorKind};
+pub use journal::{ImageError, ImageLog, Journal, Recorded, SavedImage};
 pub use kind::{Kind, Kinds, Opening, Options};
 
 /// The IR's types a target reads, so that a target's crate needs only this one.

@@ -24,7 +24,6 @@
 //! lock only to publish a batch it has already compiled and committed.
 
 pub(crate) mod ebpf;
-pub(crate) mod image;
 pub(crate) mod memory;
 pub(crate) mod p4;
 pub(crate) mod touched;
@@ -870,7 +869,10 @@ pub(crate) fn make_driver(
     let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
-        Some(Kind::Ebpf(e)) => Ok(Box::new(ebpf::EbpfDriver::new(&reg.name, e, ctx.spec.clone(), &ctx.config.deploy.bpffs_root, device)?)),
+        Some(Kind::Ebpf(e)) => {
+            let settings = ebpf::settings(&reg.name, e, &ctx.config.deploy.bpffs_root, device)?;
+            Ok(Box::new(subc_ebpf_loader::EbpfTarget::open(&reg.name, settings, ctx.spec.clone())?))
+        }
         Some(Kind::P4runtime(p)) => {
             let d = &ctx.config.deploy;
             let limits = subc_p4runtime::ReadLimits {

@@ -54,7 +54,6 @@
 //! deployer's read back after a failure repairs the switch to the saved
 //! image before the next diff.
 
-use super::image::ImageLog;
 use super::{CounterReader, RegistrationError, Target, TargetError};
 use crate::proto;
 use serde_json::{json, Value};
@@ -76,6 +75,7 @@ use subc_client::{ClientIdentity, HalfIdentity};
 use subc_lang::spec::Spec;
 use subc_p4runtime::{Client, Error as P4Error, TlsOptions};
 use subc_p4runtime::{ReadLimits, Repair, Repairing};
+use subc_target::ImageLog;
 use subc_target::{Capabilities, PortCount, StateFunction};
 
 /// How long connecting and arbitration may take.

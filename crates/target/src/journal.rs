@@ -1,4 +1,4 @@
-//! The image a target was given, kept in a directory of the server's: a
+//! The image a target was given, kept in a directory of its own: a
 //! base (`image.json`: the pipelines and what else the driver needs to
 //! trust them) and the diffs applied since (`journal.jsonl`, one line per
 //! update), so that an update costs a line, not a rewrite. The journal is
@@ -13,7 +13,7 @@
 //! base and the journal's updates apart ([`ImageLog::load_journal`]) and
 //! replays the updates itself.
 
-use super::TargetError;
+use crate::Error as TargetError;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use subc_bdd::Pipeline;
 use subc_bdd::PipelineDiff;
 use subc_bdd::SetDiff;
 
-pub(crate) struct ImageLog {
+pub struct ImageLog {
     dir: PathBuf,
     seq: u64,
     base_bytes: u64,
@@ -49,7 +49,7 @@ struct JournalLine {
 }
 
 /// What [`ImageLog::load`] finds.
-pub(crate) struct Image {
+pub struct SavedImage {
     pub pipelines: Vec<Pipeline>,
     /// What the driver stored with the base or the last update replayed.
     pub meta: Value,
@@ -57,28 +57,28 @@ pub(crate) struct Image {
 
 /// What [`ImageLog::load_journal`] finds: the base, and the updates
 /// recorded since, in order, not yet applied to it.
-pub(crate) struct Journal {
-    pub base: Image,
+pub struct Journal {
+    pub base: SavedImage,
     pub updates: Vec<Recorded>,
 }
 
 /// One update of the journal, with the meta the driver stored with it.
-pub(crate) struct Recorded {
+pub struct Recorded {
     pub update: SetDiff,
     pub meta: Value,
 }
 
 impl Journal {
     /// The base with every update applied; the meta of the last one.
-    pub(crate) fn replayed(self) -> Result<Image, ImageError> {
-        let Image { mut pipelines, mut meta } = self.base;
+    pub fn replayed(self) -> Result<SavedImage, ImageError> {
+        let SavedImage { mut pipelines, mut meta } = self.base;
         for r in self.updates {
             for d in &r.update.diffs {
                 pipelines.get_mut(d.pipeline).ok_or(ImageError::MissingPipeline)?.apply(d)?;
             }
             meta = r.meta;
         }
-        Ok(Image { pipelines, meta })
+        Ok(SavedImage { pipelines, meta })
     }
 }
 
@@ -103,11 +103,11 @@ pub enum ImageError {
     Meta(serde_json::Error),
     /// The target's state directory.
     #[error("{0}")]
-    StateDir(super::TargetError),
+    StateDir(TargetError),
 }
 
 impl ImageLog {
-    pub(crate) fn new(dir: PathBuf) -> ImageLog {
+    pub fn new(dir: PathBuf) -> ImageLog {
         ImageLog { dir, seq: 0, base_bytes: 0, journal_bytes: 0 }
     }
 
@@ -116,7 +116,7 @@ impl ImageLog {
     }
 
     /// Writes `pipes` as the new base, with `meta`, and drops the journal.
-    pub(crate) fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
+    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
         let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
         let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
         std::fs::create_dir_all(&self.dir)
@@ -136,14 +136,14 @@ impl ImageLog {
     /// driver keeps besides the pipelines); `after` (the pipelines after
     /// the update) and `meta` become the base when the journal has outgrown
     /// the old one.
-    pub(crate) fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
+    pub fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
         self.append_with_base(update, meta, || (after.to_vec(), meta.clone()))
     }
 
     /// [`ImageLog::append`] with the line's meta apart from the base's:
     /// `base` gives the pipelines after the update and the base's meta,
     /// and is called only when the journal is folded into a new base.
-    pub(crate) fn append_with_base<'a>(
+    pub fn append_with_base<'a>(
         &mut self,
         update: &SetDiff,
         line_meta: &Value,
@@ -165,13 +165,13 @@ impl ImageLog {
     }
 
     /// The base with the journal replayed; `Ok(None)` when there is no base.
-    pub(crate) fn load(&mut self) -> Result<Option<Image>, ImageError> {
+    pub fn load(&mut self) -> Result<Option<SavedImage>, ImageError> {
         self.load_journal()?.map(Journal::replayed).transpose()
     }
 
     /// The base and the journal's updates since, not replayed; `Ok(None)`
     /// when there is no base.
-    pub(crate) fn load_journal(&mut self) -> Result<Option<Journal>, ImageError> {
+    pub fn load_journal(&mut self) -> Result<Option<Journal>, ImageError> {
         let text = match std::fs::read_to_string(self.dir.join("image.json")) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -196,11 +196,11 @@ impl ImageLog {
             updates.push(Recorded { update: SetDiff { diffs: e.diffs, bits: None }, meta: e.meta });
             self.seq = e.seq;
         }
-        Ok(Some(Journal { base: Image { pipelines: base.pipelines, meta: base.meta }, updates }))
+        Ok(Some(Journal { base: SavedImage { pipelines: base.pipelines, meta: base.meta }, updates }))
     }
 
     /// Removes the directory and what it holds.
-    pub(crate) fn remove(&mut self) -> Result<(), TargetError> {
+    pub fn remove(&mut self) -> Result<(), TargetError> {
         self.seq = 0;
         match std::fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
