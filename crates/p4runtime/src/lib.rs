@@ -15,11 +15,13 @@
 #![warn(unreachable_pub)]
 
 mod client;
+mod driver;
 mod repair;
 #[cfg(feature = "test-server")]
 pub mod testing;
 
 pub use client::{compare, normalize, Client, Comparison, PortCounter, ReadLimits, ENTITY_RECORD, MAX_DEVICE_TEXT};
+pub use driver::{SwitchSettings, SwitchTarget};
 pub use repair::{repair, Repair, Repairing};
 pub use subc_client::TlsOptions;
 

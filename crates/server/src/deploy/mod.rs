@@ -879,7 +879,8 @@ pub(crate) fn make_driver(
                 max_message_bytes: usize::try_from(d.p4_message_max_bytes).unwrap_or(usize::MAX),
                 max_read_bytes: d.p4_read_max_bytes,
             };
-            Ok(Box::new(p4::P4Driver::new(&reg.name, p, ctx.spec.clone(), data_dir, fabric, limits)?))
+            let settings = p4::settings(&reg.name, p, data_dir, fabric, limits)?;
+            Ok(Box::new(subc_p4runtime::SwitchTarget::open(&reg.name, settings, ctx.spec.clone())?))
         }
         Some(Kind::Custom(c)) => {
             let kind =
