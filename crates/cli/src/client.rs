@@ -202,7 +202,7 @@ pub struct TargetAddArgs {
     #[arg(long, value_name = "KIND", group = "kind")]
     custom: Option<String>,
     /// A custom target's option, repeatable.
-    #[arg(long = "option", value_name = "KEY=VALUE", requires = "custom")]
+    #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
     /// eBPF: the hook.
     #[arg(long, value_enum, default_value_t = HookArg::Xdp)]
@@ -496,6 +496,9 @@ fn kind_text(t: &proto::Target) -> String {
 }
 
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
+    if !a.options.is_empty() && a.custom.is_none() {
+        bail!("--option: only a custom target (--custom KIND) takes options");
+    }
     if a.budget.is_some() && a.p4runtime.is_none() {
         bail!("--budget: only a P4Runtime target (--p4runtime) takes a table budget; eBPF and sim targets hold the exact set");
     }
@@ -794,6 +797,19 @@ mod tests {
     fn parse(args: &[&str]) -> Result<proto::RegisterTargetRequest> {
         let cli = Cli::try_parse_from(std::iter::once("add").chain(args.iter().copied())).map_err(|e| anyhow!("{e}"))?;
         registration(&cli.add)
+    }
+
+    #[test]
+    fn a_custom_registration_carries_its_kind_and_options() {
+        let r = parse(&["sw", "--custom", "ledger", "--option", "max_entries=5", "--option", "mode=a=b"]).unwrap();
+        let Some(Kind::Custom(c)) = r.kind else { panic!("a custom target") };
+        assert_eq!(c.kind, "ledger");
+        assert_eq!((c.options["max_entries"].as_str(), c.options["mode"].as_str()), ("5", "a=b"));
+        let e = parse(&["sw", "--custom", "ledger", "--option", "max_entries"]).unwrap_err().to_string();
+        assert!(e.contains("expected KEY=VALUE"), "{e}");
+        let e = parse(&["sw", "--custom", "ledger", "--option", "a=1", "--option", "a=2"]).unwrap_err().to_string();
+        assert!(e.contains("a is given twice"), "{e}");
+        assert!(parse(&["sw", "--sim", "f.json", "--option", "a=1"]).is_err(), "options belong to a custom kind");
     }
 
     #[test]
