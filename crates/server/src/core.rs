@@ -94,7 +94,13 @@ struct Loaded {
 /// Reads the store and compiles the stored set into the pipelines the
 /// targets hold (the stored layout and placements; without them, a fresh
 /// compile in the stored order), and records the shape it compiled.
-async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str, fabric: Option<&Arc<Fabric>>) -> Result<Loaded, Error> {
+async fn load(
+    config: &Arc<Config>,
+    spec: &Arc<Spec>,
+    spec_text: &str,
+    fabric: Option<&Arc<Fabric>>,
+    kinds: &subc_target::Kinds,
+) -> Result<Loaded, Error> {
     let mut store = Store::open(&config.store, config.durability)?;
     let subs = store.load_subs()?;
     let targets = store.load_targets()?;
@@ -112,11 +118,11 @@ async fn load(config: &Arc<Config>, spec: &Arc<Spec>, spec_text: &str, fabric: O
         .map_err(|e| Error::Internal(e.to_string()))?
         .map_err(Error::StoredNoLongerCheck)?;
     let mut opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
-    // A P4 switch that follows the set runs diagrams only (network mode:
-    // no target follows the network set; each device's own set is lowered
-    // for its kind).
-    let p4_follows = fabric.is_none() && targets.iter().any(|t| runs_diagrams_only(t.registration.kind.as_ref()));
-    opts.lowering = lowering_for(opts.lowering, p4_follows);
+    // A P4 switch (or a custom target without groups) that follows the set
+    // runs diagrams only (network mode: no target follows the network set;
+    // each device's own set is lowered for its kind).
+    let diagrams_follow = fabric.is_none() && targets.iter().any(|t| runs_diagrams_only(t.registration.kind.as_ref(), kinds));
+    opts.lowering = lowering_for(opts.lowering, diagrams_follow);
     let layout = store.meta("layout")?.and_then(|text| parse_layout(spec, &text));
     let placements: HashMap<u64, Vec<usize>> =
         store.load_placements()?.into_iter().filter_map(|(id, text)| Some((id, serde_json::from_str(&text).ok()?))).collect();
@@ -203,7 +209,7 @@ impl Core {
             }
         };
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
-        let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref()).await?;
+        let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
 
         let metrics = Arc::new(Metrics::new());
         for (app, n) in desired.subs.apps() {

@@ -380,10 +380,18 @@ pub(crate) fn lowering_for(configured: Lowering, diagrams_only: bool) -> Lowerin
 }
 
 /// Whether a target of this kind follows the set as diagrams: a P4 switch
-/// cannot run a bit-vector group. A budgeted one follows its own fitted
-/// set (`budget.rs`, lowered to diagrams there), not the set itself.
-pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_request::Kind>) -> bool {
-    matches!(kind, Some(crate::proto::register_target_request::Kind::P4runtime(p)) if p.budget.is_none())
+/// cannot run a bit-vector group, nor a custom kind whose capabilities say
+/// so. A budgeted switch follows its own fitted set (`budget.rs`, lowered
+/// to diagrams there), not the set itself.
+pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_request::Kind>, kinds: &subc_target::Kinds) -> bool {
+    use crate::proto::register_target_request::Kind;
+    match kind {
+        Some(Kind::P4runtime(p)) => p.budget.is_none(),
+        Some(Kind::Custom(c)) => {
+            kinds.get(&c.kind).is_some_and(|k| !k.capabilities(&c.options.clone().into_iter().collect()).bit_vector_groups)
+        }
+        _ => false,
+    }
 }
 
 /// The names of the set's base field order (what the store keeps so that a

@@ -808,7 +808,6 @@ impl Devices {
     }
 }
 
-/// The compiler options of device `d`: a P4 switch runs diagrams only.
 /// A custom kind's device: its options as strings (a number or a boolean
 /// as written), checked by its kind.
 fn custom_options(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<proto::CustomTarget, String> {
@@ -828,6 +827,9 @@ fn custom_options(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result
     Ok(c)
 }
 
+/// The compiler options of device `d`: a P4 switch runs diagrams only (a
+/// custom kind's device, the configured lowering: its target refuses a
+/// group it cannot run).
 fn device_options(topology: &Topology, d: usize, opts: &CompileOptions) -> CompileOptions {
     let diagrams_only = topology.devices[d].kind == subc_fabric::DeviceKind::P4Runtime;
     CompileOptions { lowering: crate::desired::lowering_for(opts.lowering, diagrams_only), ..opts.clone() }

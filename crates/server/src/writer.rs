@@ -744,20 +744,25 @@ impl Writer {
         Ok(())
     }
 
-    /// Makes the set one a new target can run: a P4 switch runs diagrams
-    /// only, so the set is lowered to diagrams from now on, and refused
-    /// while it holds a bit-vector group (network mode: each device's set
+    /// Makes the set one a new target can run: a P4 switch (or a custom
+    /// target without groups) runs diagrams only, so the set is lowered to
+    /// diagrams from now on, and refused while it holds a bit-vector group (network mode: each device's set
     /// is lowered for its kind, and the set itself is no target's).
     fn lower_for_target(&mut self, reg: &proto::RegisterTargetRequest) -> Result<(), Status> {
-        if self.d.net.is_some() || !crate::desired::runs_diagrams_only(reg.kind.as_ref()) {
+        if self.d.net.is_some() || !crate::desired::runs_diagrams_only(reg.kind.as_ref(), self.core.kinds()) {
             return Ok(());
         }
         if let Some(g) = self.d.set.bits().filter(|g| !g.is_empty()) {
             return Err(Status::failed_precondition(format!(
-                "the set holds {} subscription rule(s) in a bit-vector group, which a P4 switch cannot run: set \
+                "the set holds {} subscription rule(s) in a bit-vector group, which a {} cannot run: set \
                  [compile] lowering = \"diagrams\" and restart the server (the set must then fit diagrams), or deploy \
                  it to eBPF or sim targets",
-                g.len()
+                g.len(),
+                if matches!(reg.kind, Some(proto::register_target_request::Kind::P4runtime(_))) {
+                    "P4 switch"
+                } else {
+                    "target of this kind"
+                }
             )));
         }
         self.d.set.set_lowering(subc_bdd::Lowering::Diagrams);

@@ -130,8 +130,13 @@ fn itch_lines(n: usize, seed: u64) -> Vec<String> {
 /// interpreter gives for the live rules.
 fn check_forwarding(held: &[Pipeline], live: &BTreeMap<u64, String>, seed: u64) {
     let spec_text = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    check_forwarding_with(&spec_text, held, live, seed)
+}
+
+/// [`check_forwarding`] under another spec.
+fn check_forwarding_with(spec_text: &str, held: &[Pipeline], live: &BTreeMap<u64, String>, seed: u64) {
     let text = live.values().cloned().collect::<Vec<_>>().join("\n");
-    let p = subc_workload::programs::check(&spec_text, &[text.as_str()]).expect("the live rules check");
+    let p = subc_workload::programs::check(spec_text, &[text.as_str()]).expect("the live rules check");
     let mut interp = subc_lang::Interpreter::new(&p.spec, &p.subscriptions);
     let gen = PacketGen::new(&p.spec, &p.normal_forms);
     let mut rng = Rng::new(seed);
@@ -337,6 +342,96 @@ async fn custom_devices_of_a_network_hold_their_projections() {
             }
         }
         env.stop().await;
+    })
+    .await;
+}
+
+fn siena_spec_text() -> String {
+    subc_workload::siena_spec(12, 16)
+}
+
+/// A ledger kind that says at registration that its targets run no
+/// bit-vector group (`Kind::capabilities`).
+struct DiagramsOnlyKind(Devices);
+
+impl Kind for DiagramsOnlyKind {
+    fn check(&self, options: &Options) -> Result<(), String> {
+        LedgerKind(self.0.clone()).check(options)
+    }
+
+    fn open(&self, at: &Opening<'_>) -> Result<Box<dyn Target>, Error> {
+        LedgerKind(self.0.clone()).open(at)
+    }
+
+    fn capabilities(&self, _options: &Options) -> Capabilities {
+        Capabilities { bit_vector_groups: false, ..Capabilities::default() }
+    }
+}
+
+/// A set lowered to bit-vector groups (`[compile] lowering`, forced here
+/// so that a few rules make one) through gRPC to a ledger: one whose kind
+/// says it runs no group gets the set lowered to diagrams and holds it;
+/// one whose kind does not say so is refused by its target's capabilities,
+/// with nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_without_groups_gets_the_set_as_diagrams() {
+    bounded(120, async {
+        let siena = subc_workload::SienaParams {
+            filters: 30,
+            attributes: 12,
+            zipf: true,
+            camus_variant: false,
+            constraints: None,
+            ports: 16,
+            seed: 11,
+        };
+        let lines: Vec<String> =
+            subc_workload::siena(&siena).lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(String::from).collect();
+        let spec_dir = tempfile::tempdir().unwrap();
+        let spec_path = spec_dir.path().join("siena.spec");
+        std::fs::write(&spec_path, subc_workload::siena_spec(12, 16)).unwrap();
+        for says_so in [true, false] {
+            let devices = Devices::default();
+            let kinds = match says_so {
+                true => Kinds::new().with("ledger", DiagramsOnlyKind(devices.clone())),
+                false => Kinds::new().with("ledger", LedgerKind(devices.clone())),
+            };
+            let mut env = Env::with_kinds(tempfile::tempdir().unwrap(), kinds, |c| {
+                c.spec = spec_path.clone();
+                c.compile.lowering = subc_bdd::Lowering::BitVectors;
+            })
+            .await;
+            env.admin.targets.register(ledger("l", &[("max_entries", "100000")])).await.expect("register");
+            env.admin.targets.deploy(proto::DeployRequest { name: "l".into(), ..Default::default() }).await.expect("deploy");
+            let r = env.alice.subs.add(add_req(&lines.iter().map(String::as_str).collect::<Vec<_>>())).await.expect("add").into_inner();
+            if says_so {
+                let s = wait_deployed(&mut env.admin, "l", r.generation).await;
+                assert_eq!(s.state(), proto::TargetState::InSync);
+                let held = devices.get("l").held.expect("held");
+                let live: BTreeMap<u64, String> = r.subscriptions.iter().map(|s| s.id).zip(lines.iter().cloned()).collect();
+                check_forwarding_with(&siena_spec_text(), &held, &live, 1);
+            } else {
+                let refused = loop {
+                    let s = status(&mut env, "l").await;
+                    if s.state() == proto::TargetState::Failing {
+                        break s;
+                    }
+                    assert!(s.deployed_generation < r.generation, "a ledger that runs no group took a group: {s:?}");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                };
+                assert!(
+                    refused.last_error.contains("bit-vector group") && refused.last_error.contains("lower it as diagrams"),
+                    "{}",
+                    refused.last_error
+                );
+                assert_eq!(
+                    devices.get("l").held.map(|h| h.iter().map(|p| p.entry_count()).sum::<usize>()),
+                    Some(0),
+                    "nothing but the empty set was written"
+                );
+            }
+            env.stop().await;
+        }
     })
     .await;
 }

@@ -1,6 +1,6 @@
 //! Kinds of targets beyond the built-in ones, as the service is given them.
 
-use crate::{Error, Target};
+use crate::{Capabilities, Error, Target};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -31,6 +31,13 @@ pub trait Kind: Send + Sync {
     fn check(&self, options: &Options) -> Result<(), String>;
     /// Opens a target. Reaching the device may wait for the first call.
     fn open(&self, at: &Opening<'_>) -> Result<Box<dyn Target>, Error>;
+    /// What a target of these options can hold, as far as is known without
+    /// reaching it: a set that targets of this kind follow is lowered to
+    /// diagrams when they run no bit-vector group. [`Target::capabilities`]
+    /// is what every write is checked against.
+    fn capabilities(&self, _options: &Options) -> Capabilities {
+        Capabilities::default()
+    }
 }
 
 /// The names built in to the service, which no custom kind may take.
