@@ -1,6 +1,6 @@
 //! The target contract: what a data plane implements so that the service
-//! can deploy subscriptions to it (`docs/targets.md`, ARCHITECTURE.md,
-//! "Adding a target").
+//! can deploy subscriptions to it (`docs/server.md`, "Custom targets";
+//! ARCHITECTURE.md, "Adding a target").
 //!
 //! ```text
 //! registration (kind + options) ──Kind::check──▶ accepted or refused
@@ -16,9 +16,10 @@
 //! the target holds in the IR's terms and plans every change against it; a
 //! target keeps only what its own representation needs.
 //!
-//! The built-in kinds (`ebpf`, `p4runtime`, `sim`) implement this in the
-//! service; another kind is registered with the service as a [`Kind`] and
-//! reached over the API as a `custom` target.
+//! The built-in kinds implement it in their own crates
+//! (`subc_ebpf_loader::EbpfTarget`, `subc_p4runtime::SwitchTarget`; the
+//! `sim` target in the service); another kind is given to the service as a
+//! [`Kind`] and reached over the API as a `custom` target.
 
 #![warn(unreachable_pub)]
 
