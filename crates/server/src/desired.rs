@@ -387,9 +387,7 @@ pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_req
     use crate::proto::register_target_request::Kind;
     match kind {
         Some(Kind::P4runtime(p)) => p.budget.is_none(),
-        Some(Kind::Custom(c)) => {
-            kinds.get(&c.kind).is_some_and(|k| !k.capabilities(&c.options.clone().into_iter().collect()).bit_vector_groups)
-        }
+        Some(Kind::Custom(c)) => kinds.get(&c.kind).is_some_and(|k| !k.capabilities(&crate::deploy::custom_options(c)).bit_vector_groups),
         _ => false,
     }
 }

@@ -610,17 +610,12 @@ impl TargetHandle {
             }
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
-        if !matches!(plan, Plan::Nothing) {
-            if let Err(e) = self.admit(ctx, extent).await {
-                return self.failed(ctx, e, generation);
-            }
-        }
         let written = plan.entries();
         let t = Instant::now();
         let result = match plan {
             Plan::Nothing => Ok(Held::Unknown),
             Plan::Install(pipes, bits) => self.install(ctx, pipes, bits).await,
-            Plan::Update(update) => self.apply_update(ctx, update, generation).await,
+            Plan::Update(update) => self.apply_update(ctx, update, extent, generation).await,
         };
         ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         match result {
@@ -629,20 +624,24 @@ impl TargetHandle {
         }
     }
 
-    /// Whether the target can hold a set of `extent`: refused before
-    /// anything is written ([`subc_target::Capabilities::admit`]).
-    async fn admit(self: &Arc<Self>, ctx: &Arc<DeployCtx>, extent: Extent) -> Result<(), TargetError> {
+    /// Applies a planned update (after which the target holds a set of
+    /// `extent`) with the driver and to the held pipelines; a program that
+    /// cannot take it gets the committed set installed anew.
+    async fn apply_update(
+        self: &Arc<Self>,
+        ctx: &Arc<DeployCtx>,
+        update: SetDiff,
+        extent: Extent,
+        generation: u64,
+    ) -> Result<Held, TargetError> {
         let spec = ctx.spec.clone();
-        self.with_driver(ctx, move |d| Ok(d.capabilities().admit(&spec, &extent)?)).await
-    }
-
-    /// Applies a planned update with the driver and to the held pipelines;
-    /// a program that cannot take it gets the committed set installed anew.
-    async fn apply_update(self: &Arc<Self>, ctx: &Arc<DeployCtx>, update: SetDiff, generation: u64) -> Result<Held, TargetError> {
         let r = self
             .with_driver(ctx, {
                 let update = update.clone();
-                move |d| d.apply(&update)
+                move |d| {
+                    admit(d, &spec, &extent)?;
+                    d.apply(&update)
+                }
             })
             .await;
         match r {
@@ -691,7 +690,9 @@ impl TargetHandle {
         pipes: Vec<Pipeline>,
         bits: Option<Arc<BitImage>>,
     ) -> Result<Held, TargetError> {
+        let spec = ctx.spec.clone();
         self.with_driver(ctx, move |d| {
+            admit(d, &spec, &Extent::of(&pipes, bits.as_deref()))?;
             d.install(&pipes.iter().collect::<Vec<_>>(), bits.as_deref())?;
             Ok(Held::Pipes(pipes, bits.map(|b| b.capacity())))
         })
@@ -798,6 +799,17 @@ impl TargetHandle {
     }
 }
 
+/// Whether target `d` can hold a set of `extent`: checked in the same
+/// driver call as the write, before it ([`subc_target::Capabilities::admit`]).
+fn admit(d: &mut dyn Target, spec: &Spec, extent: &Extent) -> Result<(), TargetError> {
+    Ok(d.capabilities().admit(spec, extent)?)
+}
+
+/// A custom registration's options as its kind takes them.
+pub(crate) fn custom_options(c: &proto::CustomTarget) -> subc_target::Options {
+    c.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::PipelineDiff) {
     for t in &d.tables {
         r.inserts += t.inserts.len() as u64;
@@ -888,7 +900,7 @@ pub(crate) fn make_driver(
             let dir = crate::names::child_path(&data_dir.join("custom"), "target name", &reg.name)
                 .map_err(|e| TargetError::transient(e.to_string()))?;
             std::fs::create_dir_all(&dir).map_err(|e| TargetError::transient(format!("{}: {e}", dir.display())))?;
-            let options = c.options.clone().into_iter().collect();
+            let options = custom_options(c);
             kind.open(&subc_target::Opening { name: &reg.name, options: &options, spec: &ctx.spec, dir: &dir, in_network: fabric })
         }
         None => Err(TargetError::transient("the target has no kind")),
@@ -960,8 +972,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest, kinds: &
         Some(Kind::Custom(c)) => {
             let unknown = || RegistrationError::UnknownKind { given: c.kind.clone(), known: kinds.names().map(String::from).collect() };
             let kind = kinds.get(&c.kind).ok_or_else(unknown)?;
-            kind.check(&c.options.clone().into_iter().collect())
-                .map_err(|message| RegistrationError::Custom { kind: c.kind.clone(), message })
+            kind.check(&custom_options(c)).map_err(|message| RegistrationError::Custom { kind: c.kind.clone(), message })
         }
     }
 }
