@@ -144,7 +144,7 @@ impl Fabric {
                     (Kind::Ebpf(target), Some(device))
                 }
                 subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
-                subc_fabric::DeviceKind::Custom => (Kind::Custom(custom_options(d, kinds).map_err(fail)?), None),
+                subc_fabric::DeviceKind::Custom => (Kind::Custom(custom_target(d, kinds).map_err(fail)?), None),
             };
             let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
             out.push(DeviceTarget { registration, ebpf, approximation: self.reports[i].clone() });
@@ -810,7 +810,7 @@ impl Devices {
 
 /// A custom kind's device: its options as strings (a number or a boolean
 /// as written), checked by its kind.
-fn custom_options(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<proto::CustomTarget, String> {
+fn custom_target(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<proto::CustomTarget, String> {
     let kind = d.custom.clone().unwrap_or_default();
     let mut options = std::collections::HashMap::new();
     for (k, v) in &d.options {
