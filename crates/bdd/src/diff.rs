@@ -143,6 +143,8 @@ pub enum ApplyError {
     Exists(Op),
     #[error("{0:?} names an entry or group that does not exist")]
     Missing(Op),
+    #[error("{0:?} names a table the pipeline does not have")]
+    NoTable(Op),
 }
 
 impl Pipeline {
@@ -150,6 +152,11 @@ impl Pipeline {
     pub fn apply_op(&mut self, op: &Op) -> Result<(), ApplyError> {
         let err_exists = || ApplyError::Exists(op.clone());
         let err_missing = || ApplyError::Missing(op.clone());
+        if let Op::Insert { table, .. } | Op::Modify { table, .. } | Op::Delete { table, .. } = op {
+            if *table >= self.tables.len() {
+                return Err(ApplyError::NoTable(op.clone()));
+            }
+        }
         match op {
             Op::CreateGroup { group, ports } => {
                 if self.groups.insert(*group, ports.clone()).is_some() {

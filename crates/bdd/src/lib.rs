@@ -50,3 +50,4 @@ pub use headroom::{BadHeadroom, Headroom};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
 pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, PipelineShape, StateId, Table, DEAD};
+pub use verify::{verify_received, Located, Violation, Violations};

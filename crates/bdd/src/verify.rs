@@ -36,13 +36,19 @@
 //! 10. leaf entries with two or more ports name a group that exists and has
 //!     exactly those ports; every group is used and has two or more ports;
 //!     no leaf entry for `DEAD`.
+//!
+//! Pipelines received from elsewhere ([`verify_received`]: a host agent's
+//! from its controller), 6 to 10 and:
+//! 11. each table is a query field of the spec, at the field's width; each
+//!     leaf's ports are below the spec's `ports`, and its updates name the
+//!     spec's variables.
 
 use crate::diagram::{Manager, NodeId, LEAF_LEVEL};
 use crate::pipeline::{GroupId, Match, Pipeline, StateId, DEAD};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use subc_lang::mask;
-use subc_lang::spec::MatchKind;
+use subc_lang::spec::{MatchKind, Spec};
 
 /// One broken invariant, with where it is. Numbers refer to the module doc.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -113,6 +119,15 @@ pub enum Violation {
     /// 10.
     #[error("group {group} has {ports} port(s)")]
     SmallGroup { group: GroupId, ports: usize },
+    /// 11.
+    #[error("table {table} is field {field}, which the spec does not have at {width} bits")]
+    ForeignField { table: usize, field: u32, width: u32 },
+    /// 11.
+    #[error("leaf {state} forwards to port {port}; the spec has ports 0 to {}", ports.saturating_sub(1))]
+    PortBeyondSpec { state: StateId, port: u32, ports: u32 },
+    /// 11.
+    #[error("leaf {state} updates variable {var}, which the spec does not have")]
+    ForeignVariable { state: StateId, var: u32 },
     /// The bit-vector group's invariants (`bitgroup.rs`), the first broken.
     #[error("the bit-vector group: {broken}")]
     BitGroup { broken: crate::bitgroup::BrokenGroup },
@@ -231,6 +246,40 @@ pub(crate) fn verify_pipeline(p: &Pipeline) -> Result<(), Vec<Violation>> {
     }
     check_leaves_and_groups(p, &mut found);
     result(found)
+}
+
+/// Checks pipelines that come from elsewhere before they reach a data
+/// plane: invariants 6 to 11 of each (11: they fit `spec`).
+pub fn verify_received(spec: &Spec, pipes: &[Pipeline]) -> Result<(), Violations> {
+    let mut found = Violations::default();
+    for (i, p) in pipes.iter().enumerate() {
+        let mut v = vec![];
+        check_fits(spec, p, &mut v);
+        if v.is_empty() {
+            // 6 to 10 index tables by the fields 11 checked.
+            v = verify_pipeline(p).err().unwrap_or_default();
+        }
+        found.extend_at(i, result(v));
+    }
+    found.into_result()
+}
+
+/// Invariant 11.
+fn check_fits(spec: &Spec, p: &Pipeline, found: &mut Vec<Violation>) {
+    for (t, table) in p.tables.iter().enumerate() {
+        let fits = spec.query_fields.get(table.field.0 as usize).is_some_and(|q| q.width == table.width && table.width <= 64);
+        if !fits {
+            found.push(Violation::ForeignField { table: t, field: table.field.0, width: table.width });
+        }
+    }
+    for (state, leaf) in &p.leaves {
+        if let Some(port) = leaf.ports.iter().copied().find(|p| *p >= spec.ports) {
+            found.push(Violation::PortBeyondSpec { state: *state, port, ports: spec.ports });
+        }
+        if let Some(u) = leaf.updates.iter().find(|u| u.var.0 as usize >= spec.states.len()) {
+            found.push(Violation::ForeignVariable { state: *state, var: u.var.0 });
+        }
+    }
 }
 
 /// Invariant 7; returns the table of each state that has entries (the

@@ -201,6 +201,32 @@ pub struct TargetAddArgs {
     /// options are `--option KEY=VALUE`, which the kind checks.
     #[arg(long, value_name = "KIND", group = "kind")]
     custom: Option<String>,
+    /// A host running `subc agent` (docs/agent.md): the agent's host:port.
+    /// It runs an eBPF program on `--interface` (in the agent's own network
+    /// namespace) with the eBPF options below, over mutual TLS
+    /// (`--agent-ca-cert`, `--agent-client-cert`, `--agent-client-key`) or,
+    /// to an agent serving `--insecure`, `--agent-insecure`.
+    #[arg(long, value_name = "ADDR", group = "kind", requires = "interface")]
+    agent: Option<String>,
+    /// Agent: the interface on the agent's host whose ingress the program decides.
+    #[arg(long, value_name = "IFACE", requires = "agent")]
+    interface: Option<String>,
+    /// Agent: the CA (PEM) that signed the agent's certificate; a path on the
+    /// machine `subc serve` runs on. Without it, the system's roots.
+    #[arg(long, value_name = "SERVER_PATH", requires = "agent")]
+    agent_ca_cert: Option<String>,
+    /// Agent: the server's client certificate and key (PEM), which an agent requires.
+    #[arg(long, value_name = "SERVER_PATH", requires = "agent_client_key")]
+    agent_client_cert: Option<String>,
+    #[arg(long, value_name = "SERVER_PATH", requires = "agent_client_cert")]
+    agent_client_key: Option<String>,
+    /// Agent: the name the agent's certificate carries, when it is not the
+    /// host of `--agent`.
+    #[arg(long, value_name = "NAME", requires = "agent")]
+    agent_server_name: Option<String>,
+    /// Agent: plaintext, to an agent serving `--insecure` (a lab, a test).
+    #[arg(long, requires = "agent")]
+    agent_insecure: bool,
     /// A custom target's option, repeatable.
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
@@ -486,6 +512,10 @@ fn kind_text(t: &proto::Target) -> String {
             format!("p4runtime {} device {}, {arch}{budget}", p.address, p.device_id)
         }
         Some(proto::target::Kind::Sim(s)) => format!("sim {}", s.path),
+        Some(proto::target::Kind::Agent(g)) => {
+            let p = g.program.clone().unwrap_or_default();
+            format!("agent {} {} ({:?}){}", g.address, p.interface, p.hook(), if g.insecure { ", plaintext" } else { "" })
+        }
         Some(proto::target::Kind::Custom(c)) => {
             let mut options: Vec<String> = c.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
             options.sort();
@@ -493,6 +523,27 @@ fn kind_text(t: &proto::Target) -> String {
         }
         None => "?".into(),
     }
+}
+
+/// The eBPF program of an `--ebpf` or `--agent` target.
+fn ebpf_program(iface: &str, a: &TargetAddArgs) -> Result<proto::EbpfTarget> {
+    let mut ports = HashMap::new();
+    for p in &a.ports {
+        let (n, e) = ebpf_port(p)?;
+        ports.insert(n, e);
+    }
+    let hook = match a.hook {
+        HookArg::Xdp => proto::Hook::Xdp,
+        HookArg::Tc => proto::Hook::Tc,
+    };
+    let xdp_mode = if a.xdp_generic { proto::XdpMode::Generic } else { proto::XdpMode::Auto };
+    Ok(proto::EbpfTarget {
+        interface: iface.to_string(),
+        hook: hook as i32,
+        ports,
+        drop_unmatched: a.drop_unmatched,
+        xdp_mode: xdp_mode as i32,
+    })
 }
 
 fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
@@ -503,22 +554,20 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
         bail!("--budget: only a P4Runtime target (--p4runtime) takes a table budget; eBPF and sim targets hold the exact set");
     }
     let kind = if let Some(iface) = &a.ebpf {
-        let mut ports = HashMap::new();
-        for p in &a.ports {
-            let (n, e) = ebpf_port(p)?;
-            ports.insert(n, e);
-        }
-        let hook = match a.hook {
-            HookArg::Xdp => proto::Hook::Xdp,
-            HookArg::Tc => proto::Hook::Tc,
+        Kind::Ebpf(ebpf_program(iface, a)?)
+    } else if let Some(address) = &a.agent {
+        let file = |f: &Option<String>| f.clone().unwrap_or_default();
+        let tls = proto::P4RuntimeTls {
+            ca_cert_file: file(&a.agent_ca_cert),
+            client_cert_file: file(&a.agent_client_cert),
+            client_key_file: file(&a.agent_client_key),
+            server_name: file(&a.agent_server_name),
         };
-        let xdp_mode = if a.xdp_generic { proto::XdpMode::Generic } else { proto::XdpMode::Auto };
-        Kind::Ebpf(proto::EbpfTarget {
-            interface: iface.clone(),
-            hook: hook as i32,
-            ports,
-            drop_unmatched: a.drop_unmatched,
-            xdp_mode: xdp_mode as i32,
+        Kind::Agent(proto::AgentTarget {
+            address: address.clone(),
+            program: Some(ebpf_program(a.interface.as_deref().unwrap_or_default(), a)?),
+            tls: (tls != proto::P4RuntimeTls::default()).then_some(tls),
+            insecure: a.agent_insecure,
         })
     } else if let Some(addr) = &a.p4runtime {
         let mut ports = HashMap::new();
@@ -557,7 +606,7 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
         }
         Kind::Custom(proto::CustomTarget { kind: kind.clone(), options })
     } else {
-        bail!("give the target's kind: --ebpf IFACE, --p4runtime ADDR, --sim FILE or --custom KIND");
+        bail!("give the target's kind: --ebpf IFACE, --p4runtime ADDR, --agent ADDR, --sim FILE or --custom KIND");
     };
     Ok(proto::RegisterTargetRequest { name: a.name.clone(), kind: Some(kind), manual: a.manual })
 }

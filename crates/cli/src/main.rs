@@ -1,6 +1,7 @@
 //! `subc`: the command-line front end. Each subcommand lives in its own
 //! module; this file only declares the command line.
 
+mod agent;
 mod client;
 mod common;
 mod compile;
@@ -113,6 +114,8 @@ enum Command {
     },
     /// Run the compiler service: gRPC API, durable store, deployment to targets.
     Serve(serve::ServeArgs),
+    /// Run the host agent: this host's eBPF data plane, for a controller elsewhere (docs/agent.md).
+    Agent(agent::AgentArgs),
     /// Back up a service's store (online, while it runs).
     #[command(subcommand)]
     Store(serve::StoreCommand),
@@ -164,6 +167,7 @@ fn main() -> ExitCode {
         Command::Status { name, json } => ebpf::status(&name, json),
         Command::Serve(args) => serve::serve(&args),
         Command::Store(c) => serve::store(&c),
+        Command::Agent(args) => agent::agent(&args),
         Command::Sub(c) => client::sub(&c),
         Command::Target(c) => client::target(&c),
         Command::Watch(args) => client::watch(&args),

@@ -75,6 +75,16 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Starts the logs of a daemon other than the service (`subc agent`), as
+/// the service's: text or JSON lines on stderr, `RUST_LOG` as the filter.
+pub fn init_logs(json: bool) {
+    let mut log = subc_server::LogConfig::default();
+    if json {
+        log.format = LogFormat::Json;
+    }
+    subc_server::init_tracing(&log);
+}
+
 /// The kinds of targets this binary serves beyond `ebpf`, `p4runtime` and
 /// `sim`, registered over the API as `custom` targets. A new kind is its own
 /// crate implementing `subc_target::{Kind, Target}`, added here

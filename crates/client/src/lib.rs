@@ -36,6 +36,7 @@
 
 #![warn(unreachable_pub, missing_docs)]
 
+mod blocking;
 mod connect;
 mod json;
 mod names;
@@ -51,6 +52,7 @@ pub mod proto {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("subc_descriptor");
 }
 
+pub use blocking::Blocking;
 pub use connect::{connect, AuthChannel, ClientOptions, Clients, Token};
 pub use json::{from_struct, timestamp, to_json, to_struct, unix_ms};
 pub use names::{check_file_name, check_name, NameError, MAX_NAME_BYTES};

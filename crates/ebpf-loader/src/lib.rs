@@ -41,6 +41,7 @@ mod frames;
 mod log;
 mod pinned;
 mod privileges;
+mod probe;
 mod sys;
 #[cfg(feature = "testing")]
 pub mod testnet;
@@ -55,4 +56,5 @@ pub use frames::{frame_limits, refuses, FrameLimits, PROBE_CAP};
 pub use log::log_libbpf_through_tracing;
 pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
 pub use privileges::can_load_bpf;
+pub use probe::{probe, KernelFeatures};
 pub use sys::{in_netns, ProgRun};

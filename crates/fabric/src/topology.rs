@@ -24,14 +24,16 @@ pub enum DeviceKind {
     Sim,
     Ebpf,
     P4Runtime,
+    /// A host running `subc agent`: an eBPF device driven over the agent's API.
+    Agent,
     /// A kind the service was built with (`subc_target::Kind`), named in
     /// [`Device::custom`].
     Custom,
 }
 
 impl DeviceKind {
-    const NAMES: [(&'static str, DeviceKind); 3] =
-        [("sim", DeviceKind::Sim), ("ebpf", DeviceKind::Ebpf), ("p4runtime", DeviceKind::P4Runtime)];
+    const NAMES: [(&'static str, DeviceKind); 4] =
+        [("sim", DeviceKind::Sim), ("ebpf", DeviceKind::Ebpf), ("p4runtime", DeviceKind::P4Runtime), ("agent", DeviceKind::Agent)];
 
     pub fn as_str(self) -> &'static str {
         Self::NAMES.iter().find(|(_, k)| *k == self).map_or("custom", |(n, _)| *n)

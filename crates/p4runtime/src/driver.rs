@@ -102,34 +102,6 @@ enum Running {
     NotOurs(String),
 }
 
-/// Where the async client runs: the server's runtime (the driver is called
-/// on its blocking threads), or one of its own outside a runtime.
-enum Rt {
-    Shared(tokio::runtime::Handle),
-    Own(tokio::runtime::Runtime),
-}
-
-impl Rt {
-    fn new() -> Result<Rt, TargetError> {
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => Ok(Rt::Shared(h)),
-            Err(_) => tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .map(Rt::Own)
-                .map_err(|e| TargetError::transient(format!("cannot start a runtime for the P4Runtime client: {e}"))),
-        }
-    }
-
-    fn block_on<F: Future>(&self, f: F) -> F::Output {
-        match self {
-            Rt::Shared(h) => h.block_on(f),
-            Rt::Own(r) => r.block_on(f),
-        }
-    }
-}
-
 /// Which switch, running what, and where its image is kept.
 #[derive(Clone, Debug)]
 pub struct SwitchSettings {
@@ -176,7 +148,7 @@ pub struct SwitchTarget {
     tls: Option<TlsOptions>,
     /// What the switch may send (from `[deploy]`).
     limits: ReadLimits,
-    rt: Rt,
+    rt: subc_client::Blocking,
     client: Option<Client>,
     program: Option<Arc<Program>>,
     /// The pipelines the switch holds, while that is known.
@@ -236,7 +208,8 @@ impl SwitchTarget {
             ports,
             tls,
             limits,
-            rt: Rt::new()?,
+            rt: subc_client::Blocking::new()
+                .map_err(|e| TargetError::transient(format!("cannot start a runtime for the P4Runtime client: {e}")))?,
             client: None,
             program: None,
             image: None,

@@ -241,6 +241,7 @@ fn target_proto(core: &Core, h: &crate::deploy::TargetHandle) -> proto::Target {
         }
         R::Sim(s) => T::Sim(s),
         R::Custom(c) => T::Custom(c),
+        R::Agent(a) => T::Agent(a),
     });
     proto::Target { name: h.name.clone(), kind, manual: h.manual(), status: Some(h.status(core.generation())) }
 }

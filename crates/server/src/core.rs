@@ -68,6 +68,14 @@ pub struct Core {
     runtime: tokio::runtime::Handle,
 }
 
+/// This server's name to the devices it fences: its host and its store,
+/// which together name one controller across restarts.
+fn controller_name(config: &Config) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let store = std::path::absolute(&config.store).unwrap_or_else(|_| config.store.clone());
+    format!("{host}:{}", store.display())
+}
+
 /// Reads and checks the spec file.
 pub fn load_spec(config: &Config) -> Result<(Spec, String), Error> {
     let text =
@@ -89,6 +97,8 @@ struct Loaded {
     store: Store,
     desired: Desired,
     targets: Vec<crate::store::StoredTarget>,
+    /// This run's epoch.
+    epoch: u64,
 }
 
 /// Reads the store and compiles the stored set into the pipelines the
@@ -106,6 +116,9 @@ async fn load(
     let targets = store.load_targets()?;
     let generation = store.meta_u64("generation")?;
     let next_id = store.meta_u64("next_id")?.max(subs.last().map(|s| s.id + 1).unwrap_or(1));
+    // One higher at every start, committed before any device is written:
+    // the epoch that fences this run's writes (docs/agent.md).
+    let epoch = store.meta_u64("epoch")? + 1;
     let stored_order: Option<Vec<String>> = store.meta("order")?.and_then(|o| serde_json::from_str(&o).ok());
     if store.meta("spec")?.is_some_and(|s| s != spec_text) {
         tracing::warn!(spec = %config.spec.display(), "the spec changed since the last run; stored subscriptions were checked against the new one");
@@ -173,6 +186,7 @@ async fn load(
                 }
             }
         }
+        t.set_meta("epoch", &epoch.to_string())?;
         t.set_meta("spec", spec_text)
     })?;
 
@@ -183,7 +197,7 @@ async fn load(
             Arc::new(SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms }),
         );
     }
-    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets })
+    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch })
 }
 
 impl Core {
@@ -209,7 +223,7 @@ impl Core {
             }
         };
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
-        let Loaded { store, mut desired, targets } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
+        let Loaded { store, mut desired, targets, epoch } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
 
         let metrics = Arc::new(Metrics::new());
         for (app, n) in desired.subs.apps() {
@@ -225,8 +239,12 @@ impl Core {
                 tokio::spawn(async move { tx.send(op).await });
             }
         });
-        let deploy =
-            Arc::new(DeployCtx::new(spec.clone(), config.clone(), kinds, committed.clone(), desired.generation, metrics.clone(), report));
+        let controller = crate::deploy::Controller { epoch, name: controller_name(&config), spec_text: Arc::from(spec_text.as_str()) };
+        tracing::info!(epoch, controller = %controller.name, "this run's epoch");
+        let deploy = Arc::new(
+            DeployCtx::new(spec.clone(), config.clone(), kinds, committed.clone(), desired.generation, metrics.clone(), report)
+                .fenced_as(controller),
+        );
         let text_gate = crate::admission::TextGate::new(&config.limits, metrics.clone());
         let core = Arc::new(Core {
             spec,

@@ -380,13 +380,15 @@ pub(crate) fn lowering_for(configured: Lowering, diagrams_only: bool) -> Lowerin
 }
 
 /// Whether a target of this kind follows the set as diagrams: a P4 switch
-/// cannot run a bit-vector group, nor a custom kind whose capabilities say
+/// cannot run a bit-vector group, nor an agent, nor a custom kind whose capabilities say
 /// so. A budgeted switch follows its own fitted set (`budget.rs`, lowered
 /// to diagrams there), not the set itself.
 pub(crate) fn runs_diagrams_only(kind: Option<&crate::proto::register_target_request::Kind>, kinds: &subc_target::Kinds) -> bool {
     use crate::proto::register_target_request::Kind;
     match kind {
         Some(Kind::P4runtime(p)) => p.budget.is_none(),
+        // An agent keeps no group in its saved image (`subc_agent::AgentTarget`).
+        Some(Kind::Agent(_)) => true,
         Some(Kind::Custom(c)) => kinds.get(&c.kind).is_some_and(|k| !k.capabilities(&crate::deploy::custom_options(c)).bit_vector_groups),
         _ => false,
     }

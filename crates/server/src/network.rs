@@ -144,6 +144,10 @@ impl Fabric {
                     (Kind::Ebpf(target), Some(device))
                 }
                 subc_fabric::DeviceKind::P4Runtime => (Kind::P4runtime(self.p4_options(&d.options).map_err(fail)?), None),
+                subc_fabric::DeviceKind::Agent => {
+                    let (target, device) = self.agent_options(i, &d.options).map_err(fail)?;
+                    (Kind::Agent(target), Some(device))
+                }
                 subc_fabric::DeviceKind::Custom => (Kind::Custom(custom_target(d, kinds).map_err(fail)?), None),
             };
             let registration = proto::RegisterTargetRequest { name: d.name.clone(), kind: Some(kind), manual: false };
@@ -227,6 +231,46 @@ impl Fabric {
         t.interface = interfaces.first().cloned().unwrap_or_default();
         t.ports = ports.into_iter().map(|(p, interface)| (p, proto::EbpfEgress { interface, ..Default::default() })).collect();
         Ok((t, EbpfDevice { netns, interfaces }))
+    }
+
+    /// An `agent` device: a host running `subc agent`, at `address`
+    /// (`host:port`, required), with `ca_cert`, `client_cert`,
+    /// `client_key` (files, relative to the topology file; the agent
+    /// requires a client certificate) and `server_name`, or `insecure =
+    /// true`; and an `ebpf` device's `hook`, `mode`, `drop_unmatched` and
+    /// `ports` (interfaces in the agent's own namespace; no `netns`).
+    fn agent_options(&self, device: usize, options: &toml::Table) -> Result<(proto::AgentTarget, EbpfDevice), String> {
+        let mut a = proto::AgentTarget::default();
+        let mut tls = proto::P4RuntimeTls::default();
+        let mut program = toml::Table::new();
+        let string = |k: &str, v: &toml::Value| v.as_str().map(String::from).ok_or_else(|| format!("option `{k}` must be a string"));
+        let file = |k: &str, v: &toml::Value| string(k, v).map(|f| self.dir.join(f).display().to_string());
+        for (k, v) in options {
+            match k.as_str() {
+                "address" => a.address = string(k, v)?,
+                "ca_cert" => tls.ca_cert_file = file(k, v)?,
+                "client_cert" => tls.client_cert_file = file(k, v)?,
+                "client_key" => tls.client_key_file = file(k, v)?,
+                "server_name" => tls.server_name = string(k, v)?,
+                "insecure" => a.insecure = v.as_bool().ok_or("option `insecure` must be true or false")?,
+                "netns" => return Err("an agent resolves interfaces in its own namespace; `netns` is for ebpf devices".into()),
+                "hook" | "mode" | "drop_unmatched" | "ports" => {
+                    program.insert(k.clone(), v.clone());
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown option `{k}` (an agent device takes address, ca_cert, client_cert, client_key, server_name, \
+                         insecure, hook, mode, drop_unmatched, ports)"
+                    ))
+                }
+            }
+        }
+        let (ebpf, device) = self.ebpf_options(device, &program)?;
+        a.program = Some(ebpf);
+        a.tls = (tls != proto::P4RuntimeTls::default()).then_some(tls);
+        let reg = proto::RegisterTargetRequest { name: "device".into(), kind: Some(Kind::Agent(a.clone())), manual: false };
+        crate::deploy::validate_registration(&reg, &subc_target::Kinds::new()).map_err(|e| e.to_string())?;
+        Ok((a, device))
     }
 
     /// A `p4runtime` device: `address` (`host:port`, required),
@@ -827,11 +871,11 @@ fn custom_target(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<
     Ok(c)
 }
 
-/// The compiler options of device `d`: a P4 switch runs diagrams only (a
-/// custom kind's device, the configured lowering: its target refuses a
-/// group it cannot run).
+/// The compiler options of device `d`: a P4 switch and an agent run
+/// diagrams only (a custom kind's device, the configured lowering: its
+/// target refuses a group it cannot run).
 fn device_options(topology: &Topology, d: usize, opts: &CompileOptions) -> CompileOptions {
-    let diagrams_only = topology.devices[d].kind == subc_fabric::DeviceKind::P4Runtime;
+    let diagrams_only = matches!(topology.devices[d].kind, subc_fabric::DeviceKind::P4Runtime | subc_fabric::DeviceKind::Agent);
     CompileOptions { lowering: crate::desired::lowering_for(opts.lowering, diagrams_only), ..opts.clone() }
 }
 

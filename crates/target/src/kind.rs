@@ -41,7 +41,7 @@ pub trait Kind: Send + Sync {
 }
 
 /// The names built in to the service, which no custom kind may take.
-const BUILT_IN: [&str; 3] = ["ebpf", "p4runtime", "sim"];
+const BUILT_IN: [&str; 4] = ["ebpf", "p4runtime", "sim", "agent"];
 
 /// The custom kinds a service knows, by name.
 #[derive(Clone, Default)]

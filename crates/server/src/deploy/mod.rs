@@ -23,6 +23,7 @@
 //! The writer never takes `held`, and holds the committed state's write
 //! lock only to publish a batch it has already compiled and committed.
 
+pub(crate) mod agent;
 pub(crate) mod ebpf;
 pub(crate) mod memory;
 pub(crate) mod p4;
@@ -93,6 +94,18 @@ pub struct DeployCtx {
     /// Per target that diffs incrementally, the generation it holds: the
     /// update log keeps only the generations after the lowest of them.
     floors: Mutex<BTreeMap<String, u64>>,
+    /// Who this server is to the devices that fence their writers (agents):
+    /// its epoch, one higher at every start, and its name.
+    pub controller: Controller,
+}
+
+/// This server as a fenced writer of devices (docs/agent.md, "Fencing").
+#[derive(Clone, Debug, Default)]
+pub struct Controller {
+    pub epoch: u64,
+    pub name: String,
+    /// The spec's source text, which an agent checks and compiles.
+    pub spec_text: Arc<str>,
 }
 
 impl DeployCtx {
@@ -106,6 +119,7 @@ impl DeployCtx {
         report: Box<dyn Fn(TargetReport) + Send + Sync>,
     ) -> DeployCtx {
         DeployCtx {
+            controller: Controller::default(),
             spec,
             config,
             kinds,
@@ -115,6 +129,12 @@ impl DeployCtx {
             report,
             floors: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The context of a server that fences its devices' writers as `controller`.
+    pub fn fenced_as(mut self, controller: Controller) -> DeployCtx {
+        self.controller = controller;
+        self
     }
 
     pub fn committed(&self) -> std::sync::RwLockReadGuard<'_, Committed> {
@@ -894,6 +914,10 @@ pub(crate) fn make_driver(
             let settings = p4::settings(&reg.name, p, data_dir, fabric, limits)?;
             Ok(Box::new(subc_p4runtime::SwitchTarget::open(&reg.name, settings, ctx.spec.clone())?))
         }
+        Some(Kind::Agent(a)) => {
+            let settings = agent::settings(&reg.name, a, &ctx.config.deploy.bpffs_root, device, &ctx.controller)?;
+            Ok(Box::new(subc_agent::AgentTarget::open(settings, &ctx.controller.spec_text)?))
+        }
         Some(Kind::Custom(c)) => {
             let kind =
                 ctx.kinds.get(&c.kind).ok_or_else(|| TargetError::transient(format!("this server has no target kind {:?}", c.kind)))?;
@@ -913,7 +937,7 @@ pub(crate) fn make_driver(
 pub(crate) enum RegistrationError {
     #[error(transparent)]
     Name(#[from] crate::names::NameError),
-    #[error("give the target's kind: ebpf, p4runtime, sim or custom")]
+    #[error("give the target's kind: ebpf, p4runtime, sim, agent or custom")]
     NoKind,
     #[error("this server has no target kind {given:?}; it has {}", if known.is_empty() { "no custom kinds".to_string() } else { known.join(", ") })]
     UnknownKind { given: String, known: Vec<String> },
@@ -936,6 +960,8 @@ pub(crate) enum RegistrationError {
     TlsHalfIdentity,
     #[error("budget: {0}")]
     Budget(#[from] crate::budget::BudgetValueError),
+    #[error("an agent target: {0}")]
+    Agent(&'static str),
     /// A P4Runtime target's `arch` that names no architecture subc writes.
     #[error("P4Runtime arch {given:?} is not one subc writes programs for; give one of: {}", p4::ARCH_NAMES.join(", "))]
     UnknownArch { given: String },
@@ -969,6 +995,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest, kinds: &
             Ok(())
         }
         Some(Kind::Sim(s)) => memory::check_path(&s.path),
+        Some(Kind::Agent(a)) => agent::check(a),
         Some(Kind::Custom(c)) => {
             let unknown = || RegistrationError::UnknownKind { given: c.kind.clone(), known: kinds.names().map(String::from).collect() };
             let kind = kinds.get(&c.kind).ok_or_else(unknown)?;

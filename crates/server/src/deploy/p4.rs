@@ -30,13 +30,17 @@ pub(crate) fn arch(cfg: &proto::P4RuntimeTarget) -> Result<Arch, RegistrationErr
 /// The registration's TLS settings as the client takes them; empty strings
 /// are unset (no CA: the system's roots). Half a client identity is refused.
 pub(crate) fn tls_options(cfg: &proto::P4RuntimeTarget) -> Result<Option<TlsOptions>, HalfIdentity> {
-    let Some(t) = cfg.tls.as_ref() else { return Ok(None) };
+    cfg.tls.as_ref().map(tls_files).transpose()
+}
+
+/// TLS files as the client takes them (a P4Runtime switch's, an agent's).
+pub(crate) fn tls_files(t: &proto::P4RuntimeTls) -> Result<TlsOptions, HalfIdentity> {
     let path = |s: &str| (!s.is_empty()).then(|| std::path::PathBuf::from(s));
-    Ok(Some(TlsOptions {
+    Ok(TlsOptions {
         ca_cert: path(&t.ca_cert_file),
         identity: ClientIdentity::from_parts(path(&t.client_cert_file), path(&t.client_key_file))?,
         server_name: (!t.server_name.is_empty()).then(|| t.server_name.clone()),
-    }))
+    })
 }
 
 /// The registration's P4Info, decoded (`None` when it has none).
