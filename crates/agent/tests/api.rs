@@ -37,7 +37,8 @@ async fn fixture() -> Fixture {
     config.bpffs_root = dir.path().join("pins");
     let agent = subc_agent::start(config).await.unwrap();
     let p = subc_workload::programs::check(SPEC, &["stock == GOOGL && shares > 10 : fwd(1)\nstock == AAPL : fwd(2)"]).unwrap();
-    let pipes = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap().pipelines().into_iter().cloned().collect();
+    let pipes =
+        CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap().pipelines().into_iter().cloned().collect();
     Fixture { _dir: dir, certs, agent, pipes }
 }
 

@@ -5,6 +5,8 @@
 //! pinned program.
 #![allow(dead_code)]
 
+pub mod agents;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;

@@ -1,0 +1,178 @@
+//! `subc agent` processes for tests: each runs inside a network namespace
+//! (`nsenter --net`), reached from this namespace over a management veth
+//! with mutual TLS; killed (SIGKILL) on drop, its pins and state removed.
+
+use super::{ip, Cleanup};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use subc_agent::proto::{self, agent_client::AgentClient};
+pub use subc_agent::testing::{Certs, AGENT_NAME};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+/// A management link: this namespace's end `10.<a>.<b>.1/30`, the agent's
+/// `10.<a>.<b>.2/30` on interface `mgmt` of its namespace. `n` picks the
+/// subnet (below 16,384).
+pub fn management(net: &mut Cleanup, host_if: &str, ns: &str, n: u32) -> String {
+    let (a, b) = (100 + n / 64, (n % 64) * 4);
+    net.veth(host_if, "mgmt", Some(ns));
+    ip(&["addr", "add", &format!("10.{a}.{b}.1/30"), "dev", host_if]);
+    ip(&["-n", ns, "addr", "add", &format!("10.{a}.{b}.2/30"), "dev", "mgmt"]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    format!("10.{a}.{b}.2")
+}
+
+/// A `subc agent` process in namespace `ns`.
+pub struct AgentProc {
+    pub name: String,
+    pub ns: String,
+    /// `host:port`, as the controller dials it.
+    pub address: String,
+    pub dir: PathBuf,
+    pub bpffs_root: PathBuf,
+    certs: Certs,
+    child: Option<Child>,
+}
+
+impl AgentProc {
+    /// Starts agent `name` in `ns`, listening on `ip:50061`, its state in
+    /// `dir/<name>`, its pins under a bpffs directory of this test.
+    pub fn start(name: &str, ns: &str, ip: &str, dir: &Path, certs: &Certs) -> AgentProc {
+        let mut a = AgentProc {
+            name: name.to_string(),
+            ns: ns.to_string(),
+            address: format!("{ip}:{}", subc_agent::DEFAULT_PORT),
+            dir: dir.join(name),
+            bpffs_root: PathBuf::from("/sys/fs/bpf").join(format!("subc-test-agent-{name}")),
+            certs: certs.clone(),
+            child: None,
+        };
+        std::fs::create_dir_all(&a.dir).unwrap();
+        a.spawn();
+        a
+    }
+
+    /// Starts the process (again).
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("agent.log")).unwrap();
+        let c = &self.certs;
+        // nsenter, not `ip netns exec`: that one mounts a sysfs of its own
+        // over /sys, which hides the bpffs at /sys/fs/bpf.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.ns))
+            .args([env!("CARGO_BIN_EXE_subc"), "agent", "--name", &self.name, "--listen", &self.address])
+            .arg("--tls-cert")
+            .arg(&c.agent_cert)
+            .arg("--tls-key")
+            .arg(&c.agent_key)
+            .arg("--client-ca")
+            .arg(&c.ca)
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--bpffs-root")
+            .arg(&self.bpffs_root)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("subc agent starts");
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(30));
+    }
+
+    fn wait_ready(&mut self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if std::net::TcpStream::connect_timeout(&self.address.parse().unwrap(), Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("subc agent {} exited with {status}:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("subc agent {} did not listen within {limit:?}:\n{}", self.name, self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// The agent's pid (nsenter execs it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, as a crash would; the pins stay.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGSTOP or SIGCONT.
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status().unwrap();
+        assert!(st.success(), "kill -{sig}");
+    }
+
+    /// The registration of this agent as a target: the program on
+    /// `interfaces[0]` with `ports`, TC, over mutual TLS.
+    pub fn target(&self, target: &str, program: subc_server::proto::EbpfTarget) -> subc_server::proto::RegisterTargetRequest {
+        use subc_server::proto;
+        let c = &self.certs;
+        let file = |p: &Path| p.display().to_string();
+        proto::RegisterTargetRequest {
+            name: target.into(),
+            kind: Some(proto::register_target_request::Kind::Agent(proto::AgentTarget {
+                address: self.address.clone(),
+                program: Some(program),
+                tls: Some(proto::P4RuntimeTls {
+                    ca_cert_file: file(&c.ca),
+                    client_cert_file: file(&c.client_cert),
+                    client_key_file: file(&c.client_key),
+                    server_name: AGENT_NAME.into(),
+                }),
+                insecure: false,
+            })),
+            manual: false,
+        }
+    }
+
+    /// A client of the agent's own API, with the controller's certificate.
+    pub async fn client(&self) -> AgentClient<Channel> {
+        let c = &self.certs;
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(std::fs::read(&c.ca).unwrap()))
+            .identity(Identity::from_pem(std::fs::read(&c.client_cert).unwrap(), std::fs::read(&c.client_key).unwrap()))
+            .domain_name(AGENT_NAME);
+        let ch = Channel::from_shared(format!("https://{}", self.address))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .unwrap();
+        AgentClient::new(ch)
+    }
+
+    /// What the agent says it holds (`None`: nothing).
+    pub async fn held(&self) -> Option<proto::Version> {
+        self.client().await.hello(proto::HelloRequest {}).await.unwrap().into_inner().held
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A stopped process takes its SIGKILL too, but continue it first
+            // so that nothing waits on it.
+            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).output();
+        }
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.bpffs_root);
+        let _ = std::fs::remove_dir_all(subc_ebpf_loader::state_dir(&format!("agent-{}", self.name)).unwrap());
+    }
+}
