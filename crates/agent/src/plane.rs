@@ -212,6 +212,11 @@ impl Plane {
         Ok(c.into_iter().map(|c| proto::PortCounter { port: c.port, packets: c.packets, bytes: c.bytes }).collect())
     }
 
+    /// Claims the agent for the controller of `fence` (a Claim call).
+    pub(crate) fn claim(&mut self, fence: Option<&proto::Fence>) -> Result<(), PlaneError> {
+        self.admit(fence)
+    }
+
     /// Checks the fence; a higher epoch is kept before anything is written.
     fn admit(&mut self, given: Option<&proto::Fence>) -> Result<(), PlaneError> {
         if self.fence.admits(given)? {

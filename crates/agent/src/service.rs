@@ -231,21 +231,32 @@ impl AgentService {
             e.status()
         })
     }
-}
 
-#[tonic::async_trait]
-impl proto::agent_server::Agent for AgentService {
-    async fn hello(&self, _: Request<proto::HelloRequest>) -> Result<Response<proto::HelloReply>, Status> {
+    /// What Hello answers, from the snapshot (never waiting on a call).
+    fn hello_reply(&self) -> proto::HelloReply {
         let s = locked(&self.snapshot).clone();
         let f = &self.features;
-        Ok(Response::new(proto::HelloReply {
+        proto::HelloReply {
             name: self.name.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             fence: Some(proto::Fence { epoch: s.fence.epoch, controller: s.fence.controller }),
             features: Some(proto::Features { tcx: f.tcx, native_xdp: f.xdp, bpf_loop: f.bpf_loop, kernel: f.release.clone() }),
             held: s.held,
             layout: s.layout,
-        }))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl proto::agent_server::Agent for AgentService {
+    async fn hello(&self, _: Request<proto::HelloRequest>) -> Result<Response<proto::HelloReply>, Status> {
+        Ok(Response::new(self.hello_reply()))
+    }
+
+    async fn claim(&self, r: Request<proto::ClaimRequest>) -> Result<Response<proto::HelloReply>, Status> {
+        let fence = r.into_inner().fence;
+        self.on_plane(move |p| p.claim(fence.as_ref())).await?;
+        Ok(Response::new(self.hello_reply()))
     }
 
     async fn read_back(&self, _: Request<proto::ReadBackRequest>) -> Result<Response<proto::ReadBackReply>, Status> {

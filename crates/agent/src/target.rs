@@ -147,7 +147,10 @@ impl Target for AgentTarget {
 
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         let t = self.settings.call_timeout;
-        let hello = self.call(t, |mut c| async move { c.hello(proto::HelloRequest {}).await })?;
+        // A claim, not a hello: the agent keeps this controller's epoch now,
+        // so a predecessor is fenced out even if nothing is written.
+        let claim = proto::ClaimRequest { fence: self.fence() };
+        let hello = self.call(t, |mut c| async move { c.claim(claim).await })?;
         if hello.held.is_none() {
             return Ok(None);
         }
