@@ -107,3 +107,29 @@ fn configure(a: &AgentArgs) -> Result<AgentConfig> {
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped example configuration parses and passes the checks.
+    #[test]
+    fn the_example_configuration_is_valid() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/agent.toml");
+        let c: AgentConfig = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.name, "leaf1");
+        assert!(c.tls.is_some());
+    }
+
+    /// Plaintext is refused unless asked for.
+    #[test]
+    fn plaintext_needs_insecure() {
+        let mut c = AgentConfig::new("h1");
+        assert!(matches!(c.check(), Err(subc_agent::AgentError::Plaintext)));
+        c.insecure = true;
+        c.check().unwrap();
+        c.name = "bad name".into();
+        assert!(matches!(c.check(), Err(subc_agent::AgentError::Name(_))));
+    }
+}

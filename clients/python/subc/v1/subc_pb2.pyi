@@ -300,6 +300,18 @@ class SimTarget(_message.Message):
     path: str
     def __init__(self, path: _Optional[str] = ...) -> None: ...
 
+class AgentTarget(_message.Message):
+    __slots__ = ("address", "program", "tls", "insecure")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    program: EbpfTarget
+    tls: P4RuntimeTls
+    insecure: bool
+    def __init__(self, address: _Optional[str] = ..., program: _Optional[_Union[EbpfTarget, _Mapping]] = ..., tls: _Optional[_Union[P4RuntimeTls, _Mapping]] = ..., insecure: _Optional[bool] = ...) -> None: ...
+
 class CustomTarget(_message.Message):
     __slots__ = ("kind", "options")
     class OptionsEntry(_message.Message):
@@ -316,28 +328,31 @@ class CustomTarget(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RegisterTargetRequest(_message.Message):
-    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "manual")
+    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "agent", "manual")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EBPF_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIM_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     MANUAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     ebpf: EbpfTarget
     p4runtime: P4RuntimeTarget
     sim: SimTarget
     custom: CustomTarget
+    agent: AgentTarget
     manual: bool
-    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., manual: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., agent: _Optional[_Union[AgentTarget, _Mapping]] = ..., manual: _Optional[bool] = ...) -> None: ...
 
 class Target(_message.Message):
-    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "manual", "status")
+    __slots__ = ("name", "ebpf", "p4runtime", "sim", "custom", "agent", "manual", "status")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EBPF_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SIM_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     MANUAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     name: str
@@ -345,9 +360,10 @@ class Target(_message.Message):
     p4runtime: P4RuntimeTarget
     sim: SimTarget
     custom: CustomTarget
+    agent: AgentTarget
     manual: bool
     status: TargetStatus
-    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., manual: _Optional[bool] = ..., status: _Optional[_Union[TargetStatus, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ebpf: _Optional[_Union[EbpfTarget, _Mapping]] = ..., p4runtime: _Optional[_Union[P4RuntimeTarget, _Mapping]] = ..., sim: _Optional[_Union[SimTarget, _Mapping]] = ..., custom: _Optional[_Union[CustomTarget, _Mapping]] = ..., agent: _Optional[_Union[AgentTarget, _Mapping]] = ..., manual: _Optional[bool] = ..., status: _Optional[_Union[TargetStatus, _Mapping]] = ...) -> None: ...
 
 class ListTargetsRequest(_message.Message):
     __slots__ = ()
