@@ -19,10 +19,19 @@ from subc.v1 import subc_pb2, subc_pb2_grpc
 
 __all__ = ["Client", "Watch", "TargetKind"]
 
-#: What a target is: an eBPF program, a P4Runtime switch or the simulated target.
-TargetKind = Union[subc_pb2.EbpfTarget, subc_pb2.P4RuntimeTarget, subc_pb2.SimTarget]
+#: What a target is: an eBPF program, a P4Runtime switch, a host running
+#: `subc agent`, the simulated target, or a custom kind of the server's.
+TargetKind = Union[
+    subc_pb2.EbpfTarget, subc_pb2.P4RuntimeTarget, subc_pb2.AgentTarget, subc_pb2.SimTarget, subc_pb2.CustomTarget
+]
 
-_KIND_FIELDS = {subc_pb2.EbpfTarget: "ebpf", subc_pb2.P4RuntimeTarget: "p4runtime", subc_pb2.SimTarget: "sim"}
+_KIND_FIELDS = {
+    subc_pb2.EbpfTarget: "ebpf",
+    subc_pb2.P4RuntimeTarget: "p4runtime",
+    subc_pb2.AgentTarget: "agent",
+    subc_pb2.SimTarget: "sim",
+    subc_pb2.CustomTarget: "custom",
+}
 
 #: The deadline of every unary call, in seconds, unless the client is given another.
 DEFAULT_TIMEOUT = 60.0
@@ -162,11 +171,13 @@ class Client:
 
     def register(self, name: str, kind: TargetKind, manual: bool = False) -> subc_pb2.Target:
         """Registers a target (administrator): `kind` is an `EbpfTarget`, a
-        `P4RuntimeTarget` or a `SimTarget`. It holds nothing until `deploy`;
-        then, unless `manual`, it follows every change."""
+        `P4RuntimeTarget`, an `AgentTarget`, a `SimTarget` or a
+        `CustomTarget`. It holds nothing until `deploy`; then, unless
+        `manual`, it follows every change."""
         field = _KIND_FIELDS.get(type(kind))
         if field is None:
-            raise TypeError(f"a target is an EbpfTarget, P4RuntimeTarget or SimTarget, not {type(kind).__name__}")
+            names = ", ".join(k.__name__ for k in _KIND_FIELDS)
+            raise TypeError(f"a target is one of {names}, not {type(kind).__name__}")
         request = subc_pb2.RegisterTargetRequest(name=name, manual=manual)
         getattr(request, field).CopyFrom(kind)
         return self._call(self.targets.Register, request, subc_pb2.Target)

@@ -53,3 +53,21 @@ def test_the_imported_package_is_this_tree() -> None:
             f"{copy} differs from {source}: reinstall with "
             f"{sys.executable} -m pip install --no-deps --force-reinstall {HERE}"
         )
+
+
+def test_register_takes_every_kind_of_target_and_names_them_when_refusing():
+    from subc import Client
+    from subc._client import _KIND_FIELDS
+    from subc.v1 import subc_pb2
+
+    request_fields = {f.name for f in subc_pb2.RegisterTargetRequest.DESCRIPTOR.oneofs_by_name["kind"].fields}
+    assert set(_KIND_FIELDS.values()) == request_fields
+    c = Client("127.0.0.1:1")
+    try:
+        c.register("t", subc_pb2.Subscription())
+    except TypeError as e:
+        assert "AgentTarget" in str(e) and "CustomTarget" in str(e)
+    else:
+        raise AssertionError("a Subscription is not a target")
+    finally:
+        c.close()
