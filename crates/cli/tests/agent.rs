@@ -1,4 +1,5 @@
-//! One host's data plane run by `subc agent` in a namespace of its own,
+//! One host's data plane run by `subc agent` in a namespace of its own (as
+//! a user of its own with only CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON),
 //! driven by `subc serve` over a management veth with mutual TLS: what the
 //! subscribers receive is what the reference interpreter says, after random
 //! adds and removes, through a SIGKILL of the agent (the pins keep
@@ -14,7 +15,7 @@
 
 mod common;
 
-use common::agents::{management, AgentProc, Certs};
+use common::agents::{management, AgentProc, Certs, CAP_EFF};
 use common::*;
 use std::collections::BTreeSet;
 use std::net::UdpSocket;
@@ -162,7 +163,10 @@ fn an_agent_holds_what_its_controller_commits_through_crashes_and_fences() {
     let (mut host, host_ns, program) = build(&mut net, &t);
     let agent_ip = management(&mut net, &format!("{t}m"), &host_ns, std::process::id() % 4096);
     let certs = Certs::make(dir.path());
-    let mut agent = AgentProc::start(&t, &host_ns, &agent_ip, dir.path(), &certs);
+    // As dist/systemd/subc-agent.service runs it: its own user, three capabilities.
+    let mut agent = AgentProc::start_as(&t, &host_ns, &agent_ip, dir.path(), &certs, Some("subc-demo"));
+    let (uid, caps) = agent.credentials();
+    assert!(uid != 0 && caps == CAP_EFF, "the agent runs as uid {uid} with capabilities {caps}");
     let server_dir = dir.path().join("controller");
     std::fs::create_dir_all(&server_dir).unwrap();
     let mut server = ServerProc::start(&server_dir, "");

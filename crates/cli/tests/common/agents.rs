@@ -31,13 +31,28 @@ pub struct AgentProc {
     pub dir: PathBuf,
     pub bpffs_root: PathBuf,
     certs: Certs,
+    /// Run as this user with only CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON
+    /// (as `dist/systemd/subc-agent.service` runs it); `None`: as root.
+    user: Option<String>,
     child: Option<Child>,
 }
+
+/// The capabilities an agent runs with (setpriv's names).
+const CAPS: &str = "+net_admin,+bpf,+perfmon";
+/// Those three as `CapEff` in /proc/PID/status.
+pub const CAP_EFF: &str = "000000c000001000";
 
 impl AgentProc {
     /// Starts agent `name` in `ns`, listening on `ip:50061`, its state in
     /// `dir/<name>`, its pins under a bpffs directory of this test.
     pub fn start(name: &str, ns: &str, ip: &str, dir: &Path, certs: &Certs) -> AgentProc {
+        AgentProc::start_as(name, ns, ip, dir, certs, None)
+    }
+
+    /// [`AgentProc::start`], as `user` (created if missing) with only the
+    /// three capabilities: the directories it writes are made its own, and
+    /// the certificates readable.
+    pub fn start_as(name: &str, ns: &str, ip: &str, dir: &Path, certs: &Certs, user: Option<&str>) -> AgentProc {
         let mut a = AgentProc {
             name: name.to_string(),
             ns: ns.to_string(),
@@ -45,11 +60,42 @@ impl AgentProc {
             dir: dir.join(name),
             bpffs_root: PathBuf::from("/sys/fs/bpf").join(format!("subc-test-agent-{name}")),
             certs: certs.clone(),
+            user: user.map(String::from),
             child: None,
         };
         std::fs::create_dir_all(&a.dir).unwrap();
+        if let Some(user) = user {
+            a.hand_over(user);
+        }
         a.spawn();
         a
+    }
+
+    /// Makes what the agent writes `user`'s, and what it reads readable.
+    fn hand_over(&self, user: &str) {
+        let exists = Command::new("id").args(["-u", user]).output().unwrap().status.success();
+        if !exists {
+            let st = Command::new("useradd").args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user]).status().unwrap();
+            assert!(st.success(), "useradd {user}");
+        }
+        let runtime = subc_ebpf_loader::state_dir(&format!("agent-{}", self.name)).unwrap();
+        for d in [&self.dir.join("state"), &self.bpffs_root, &runtime] {
+            std::fs::create_dir_all(d).unwrap();
+            let st = Command::new("chown").args([user, &d.display().to_string()]).status().unwrap();
+            assert!(st.success(), "chown {}", d.display());
+        }
+        let c = &self.certs;
+        let mut readable = vec![c.ca.clone(), c.agent_cert.clone(), c.agent_key.clone()];
+        readable.extend(
+            c.ca.ancestors()
+                .skip(1)
+                .take_while(|p| p.starts_with(std::env::temp_dir()) && *p != std::env::temp_dir())
+                .map(Path::to_path_buf),
+        );
+        for p in readable {
+            let st = Command::new("chmod").args(["a+rX", &p.display().to_string()]).status().unwrap();
+            assert!(st.success(), "chmod {}", p.display());
+        }
     }
 
     /// Starts the process (again).
@@ -58,8 +104,14 @@ impl AgentProc {
         let c = &self.certs;
         // nsenter, not `ip netns exec`: that one mounts a sysfs of its own
         // over /sys, which hides the bpffs at /sys/fs/bpf.
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.ns))
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.ns));
+        if let Some(user) = &self.user {
+            let gid = String::from_utf8(Command::new("id").args(["-g", user]).output().unwrap().stdout).unwrap();
+            cmd.args(["setpriv", &format!("--reuid={user}"), &format!("--regid={}", gid.trim()), "--clear-groups"]);
+            cmd.args([format!("--inh-caps=-all,{CAPS}"), format!("--ambient-caps=-all,{CAPS}"), format!("--bounding-set=-all,{CAPS}")]);
+        }
+        let child = cmd
             .args([env!("CARGO_BIN_EXE_subc"), "agent", "--name", &self.name, "--listen", &self.address])
             .arg("--tls-cert")
             .arg(&c.agent_cert)
@@ -98,7 +150,7 @@ impl AgentProc {
         std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
     }
 
-    /// The agent's pid (nsenter execs it).
+    /// The agent's pid (nsenter and setpriv exec it).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
     }
@@ -109,6 +161,13 @@ impl AgentProc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// The agent's user id and effective capabilities (`CapEff`).
+    pub fn credentials(&self) -> (u32, String) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.split_whitespace().next().unwrap_or("").to_string());
+        (field("Uid:").unwrap().parse().unwrap(), field("CapEff:").unwrap())
     }
 
     /// SIGSTOP or SIGCONT.
