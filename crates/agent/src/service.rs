@@ -9,8 +9,9 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use subc_ebpf_loader::KernelFeatures;
+use subc_listen::{ConnectionLimits, GatedListener, LogObserver};
 use tokio::sync::oneshot;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
@@ -41,6 +42,17 @@ pub struct AgentConfig {
     /// pipelines).
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// Connections held at once, in all and per peer address; a
+    /// connection that has not finished its TLS handshake within
+    /// `handshake_timeout_ms` is closed, and pending ones are the first to
+    /// go when a new one would pass a limit (as `subc serve`'s
+    /// `[transport]`).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    #[serde(default = "default_max_connections_per_peer")]
+    pub max_connections_per_peer: usize,
+    #[serde(default = "default_handshake_timeout_ms")]
+    pub handshake_timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -62,6 +74,15 @@ fn default_bpffs_root() -> PathBuf {
 }
 fn default_max_message_bytes() -> usize {
     256 << 20
+}
+fn default_max_connections() -> usize {
+    64
+}
+fn default_max_connections_per_peer() -> usize {
+    8
+}
+fn default_handshake_timeout_ms() -> u64 {
+    5_000
 }
 
 /// The agent's port when the configuration names none.
@@ -101,6 +122,9 @@ impl AgentConfig {
             state_dir: default_state_dir(),
             bpffs_root: default_bpffs_root(),
             max_message_bytes: default_max_message_bytes(),
+            max_connections: default_max_connections(),
+            max_connections_per_peer: default_max_connections_per_peer(),
+            handshake_timeout_ms: default_handshake_timeout_ms(),
         }
     }
 
@@ -149,6 +173,7 @@ impl RunningAgent {
 /// serves.
 pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     config.check()?;
+    subc_listen::raise_descriptor_limit();
     let tls = match &config.tls {
         Some(t) => Some(
             ServerTlsConfig::new()
@@ -173,13 +198,23 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     };
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|error| AgentError::Listen { addr: config.listen, error })?;
     let addr = listener.local_addr().map_err(|error| AgentError::Listen { addr: config.listen, error })?;
-    let mut builder = Server::builder().tcp_nodelay(true);
+    // HTTP/2 pings find controllers that vanished without closing.
+    let mut builder =
+        Server::builder().http2_keepalive_interval(Some(Duration::from_secs(30))).http2_keepalive_timeout(Some(Duration::from_secs(10)));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).map_err(|e| AgentError::Tls(e.to_string()))?;
     }
     let svc = AgentServer::new(service).max_decoding_message_size(config.max_message_bytes).max_encoding_message_size(usize::MAX);
     let (tx, rx) = oneshot::channel::<()>();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let limits = ConnectionLimits {
+        max_connections: config.max_connections.max(1),
+        max_per_peer: config.max_connections_per_peer.max(1),
+        handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+        nodelay: true,
+        keepalive: Some(Duration::from_secs(30)),
+    }
+    .within_descriptors();
+    let incoming = GatedListener::new(listener, limits, Arc::new(LogObserver), "agent").into_stream();
     let join = tokio::spawn(builder.add_service(svc).serve_with_incoming_shutdown(incoming, async move {
         let _ = rx.await;
     }));

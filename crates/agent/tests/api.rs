@@ -28,6 +28,10 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(|_| {}).await
+}
+
+async fn fixture_with(tune: impl FnOnce(&mut AgentConfig)) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let certs = Certs::make(dir.path());
     let mut config = AgentConfig::new("api-test");
@@ -35,6 +39,7 @@ async fn fixture() -> Fixture {
     config.tls = Some(certs.agent_tls());
     config.state_dir = dir.path().join("state");
     config.bpffs_root = dir.path().join("pins");
+    tune(&mut config);
     let agent = subc_agent::start(config).await.unwrap();
     let p = subc_workload::programs::check(SPEC, &["stock == GOOGL && shares > 10 : fwd(1)\nstock == AAPL : fwd(2)"]).unwrap();
     let pipes =
@@ -247,4 +252,39 @@ fn bad_requests_are_refused_and_change_nothing() {
     let fenced = rt.block_on(c.uninstall(proto::UninstallRequest { fence: fence(EPOCH - 1) })).unwrap_err();
     assert_eq!(fenced.code(), tonic::Code::FailedPrecondition);
     assert!(fenced.message().contains("epoch 9") && fenced.message().contains("epoch 10"), "{fenced:?}");
+}
+
+/// Silent sockets (no TLS handshake) cannot hold the agent: past the
+/// connection limit the oldest pending ones make room, and each is closed
+/// once its handshake deadline passes, while a controller is served.
+#[test]
+fn silent_connections_are_closed_and_never_keep_a_controller_out() {
+    runtime().block_on(async {
+        let f = fixture_with(|c| {
+            c.max_connections = 16;
+            c.max_connections_per_peer = 16;
+            c.handshake_timeout_ms = 300;
+        })
+        .await;
+        let mut silent = vec![];
+        for _ in 0..200 {
+            silent.push(tokio::net::TcpStream::connect(f.agent.addr).await.unwrap());
+        }
+        let t = std::time::Instant::now();
+        let mut c = client(&f, Some((&f.certs.client_cert, &f.certs.client_key))).await.unwrap();
+        c.hello(proto::HelloRequest {}).await.unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "the controller waited {:?}", t.elapsed());
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let mut open = 0;
+        for s in &mut silent {
+            let mut buf = [0u8; 1];
+            let r = tokio::time::timeout(Duration::from_millis(50), tokio::io::AsyncReadExt::read(s, &mut buf)).await;
+            // Closed: end of file or a reset; open: still waiting.
+            if r.is_err() {
+                open += 1;
+            }
+        }
+        assert_eq!(open, 0, "{open} of 200 silent connections are still open past the handshake deadline");
+        c.hello(proto::HelloRequest {}).await.unwrap();
+    });
 }

@@ -3,7 +3,7 @@
 //! A graceful shutdown waits for every open stream to end, and a stream
 //! ends only once its last bytes are sent: a client that stopped reading
 //! (its HTTP/2 window full) holds it open forever. So every accepted
-//! connection (`transport::Conn`) watches the server's [`Cutter`]: once it
+//! connection (`subc_listen::Conn`) watches the server's [`Cutter`]: once it
 //! fires, the connection's reads and writes fail, hyper drops it and its
 //! streams, and the shutdown completes. [`Calls`] counts the handlers
 //! running, so that a shutdown cuts as soon as only streams are left.

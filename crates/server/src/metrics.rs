@@ -292,7 +292,7 @@ pub(crate) async fn serve(
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let listener = crate::transport::GatedListener::new(listener, limits, metrics.clone(), "metrics");
+    let listener = crate::transport::GatedListener::new(listener, limits, metrics.clone() as Arc<dyn subc_listen::Observer>, "metrics");
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {

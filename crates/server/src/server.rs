@@ -130,7 +130,7 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
         .map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
     let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
     let metrics_listen = config.metrics_listen;
-    let limits = crate::transport::ConnectionLimits::from_config(&config.transport);
+    let limits = crate::transport::limits(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
     let core = Core::start(config, kinds).await?;
     let metrics_addr = match metrics_listen {
@@ -203,8 +203,9 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
     // Limits, the handshake deadline and TCP options (transport.rs); a
     // shutdown can cut every connection (conn.rs).
     let cutter = Arc::new(Cutter::default());
-    let incoming =
-        crate::transport::GatedListener::new(listener, limits, core.metrics().clone(), "grpc").cut_by(cutter.token()).into_stream();
+    let incoming = crate::transport::GatedListener::new(listener, limits, core.metrics().clone() as Arc<dyn subc_listen::Observer>, "grpc")
+        .cut_by(cutter.token())
+        .into_stream();
     let held = cutter.clone();
     let join = tokio::spawn(async move {
         // The cutter lives while the server serves (connections are cut
