@@ -150,7 +150,10 @@ impl Subscriptions for Api {
         if batch.rules.is_empty() {
             return Err(Status::invalid_argument("the request holds no subscription (only blank lines or comments)"));
         }
-        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply }).await?;
+        let resp = self
+            .core
+            .submit(|reply| WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply })
+            .await?;
         Ok(Response::new(resp))
     }
 

@@ -100,7 +100,13 @@ struct Loaded {
 /// kept in the store (meta "topology") and wins over the file, which is
 /// then only read for its directory, and ignored with a warning if it
 /// differs (`docs/network.md`, "Changing the topology while running").
-fn stored_topology(store: &Store, file: Arc<Fabric>, config: &Config, spec: &Spec, kinds: &subc_target::Kinds) -> Result<Arc<Fabric>, Error> {
+fn stored_topology(
+    store: &Store,
+    file: Arc<Fabric>,
+    config: &Config,
+    spec: &Spec,
+    kinds: &subc_target::Kinds,
+) -> Result<Arc<Fabric>, Error> {
     let Some(text) = store.meta("topology")? else { return Ok(file) };
     if text == file.topology.to_toml() {
         return Ok(file);

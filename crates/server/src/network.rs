@@ -619,7 +619,18 @@ impl Devices {
         let network = nfs.iter().map(|n| (n.id, n.clone())).collect();
         let n = devices.len();
         let views = (0..n).collect();
-        Ok(Devices { fabric, routes, down, network, devices, opts, stale: BTreeSet::new(), views, view_count: n, parked_sets: BTreeMap::new() })
+        Ok(Devices {
+            fabric,
+            routes,
+            down,
+            network,
+            devices,
+            opts,
+            stale: BTreeSet::new(),
+            views,
+            view_count: n,
+            parked_sets: BTreeMap::new(),
+        })
     }
 
     /// The number of views (those of removed devices included).
@@ -1018,8 +1029,10 @@ impl Devices {
         for (_, view) in &removed {
             updates[*view] = None;
         }
-        let changed =
-            stays.iter().filter(|(d, _)| moved(updates[self.views[*d]].as_ref())).map(|(d, _)| self.fabric.topology.devices[*d].name.clone());
+        let changed = stays
+            .iter()
+            .filter(|(d, _)| moved(updates[self.views[*d]].as_ref()))
+            .map(|(d, _)| self.fabric.topology.devices[*d].name.clone());
         let changed = changed.collect();
         Ok(TopologyUpdate { updates, added, removed, changed })
     }
@@ -1073,7 +1086,8 @@ impl Devices {
                 added.push(device.name.clone());
                 continue;
             };
-            let (gone, new_rules) = subc_fabric::rule_changes(self.devices[was].rules.values(), project_all(new, &routes, spec, d, &nfs)?.values());
+            let (gone, new_rules) =
+                subc_fabric::rule_changes(self.devices[was].rules.values(), project_all(new, &routes, spec, d, &nfs)?.values());
             if !gone.is_empty() || !new_rules.is_empty() {
                 changed.push(device.name.clone());
             }

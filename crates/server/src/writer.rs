@@ -673,7 +673,8 @@ impl Writer {
                 Finish::Add(reply, Default::default()),
                 Status::aborted("the topology's endpoints changed while the rules were checked: send them again"),
             ),
-            WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent) {
+            WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent)
+            {
                 Ok((nfs, compiled)) => {
                     let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
                     Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))

@@ -250,8 +250,16 @@ impl Case {
         let got = admin.targets.get_topology(proto::GetTopologyRequest {}).await.unwrap().into_inner();
         let (server, model) = (network_program(&got.topology, &[]).0, self.model.topology());
         assert_eq!(server.to_toml(), model.to_toml(), "seed {seed}, {what}: the server's topology is the model's");
-        let mut targets: Vec<String> =
-            admin.targets.list(proto::ListTargetsRequest::default()).await.unwrap().into_inner().targets.into_iter().map(|t| t.name).collect();
+        let mut targets: Vec<String> = admin
+            .targets
+            .list(proto::ListTargetsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .targets
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
         let mut devices = self.model.devices.clone();
         (targets.sort(), devices.sort());
         assert_eq!(targets, devices, "seed {seed}, {what}: the targets are the devices");
@@ -429,7 +437,8 @@ async fn run_case(seed: u64) -> [u64; 4] {
         match k {
             _ if k < 3 || step < 2 => {
                 let names: Vec<String> = case.model.endpoints.iter().map(|(n, _)| n.clone()).collect();
-                let mut to: Vec<String> = (0..1 + case.rng.below(3)).map(|_| names[case.rng.below(names.len() as u64) as usize].clone()).collect();
+                let mut to: Vec<String> =
+                    (0..1 + case.rng.below(3)).map(|_| names[case.rng.below(names.len() as u64) as usize].clone()).collect();
                 (to.sort(), to.dedup());
                 let cond = pool[case.rng.below(pool.len() as u64) as usize].clone();
                 let text = Case::text_of(&cond, &to);
@@ -540,6 +549,139 @@ async fn a_running_fabric_follows_topology_changes() {
         assert!(refused > CASES, "too few refusals: {refused}");
         assert!(added > CASES, "too few devices added: {added}");
         assert!(untouched > CASES, "too few devices a change left alone: {untouched}");
+    })
+    .await;
+}
+
+/// One spine, three leaves, a spare between leaf2 and leaf3; alice bound
+/// to `h1`.
+const FABRIC: &str = r#"
+[[device]]
+name = "spine"
+kind = "sim"
+options = { path = "spine.json" }
+
+[[device]]
+name = "leaf1"
+kind = "sim"
+options = { path = "leaf1.json" }
+
+[[device]]
+name = "leaf2"
+kind = "sim"
+options = { path = "leaf2.json" }
+
+[[device]]
+name = "leaf3"
+kind = "sim"
+options = { path = "leaf3.json" }
+
+[[link]]
+a = "leaf1:1"
+b = "spine:1"
+
+[[link]]
+a = "leaf2:1"
+b = "spine:2"
+
+[[link]]
+a = "leaf3:1"
+b = "spine:3"
+
+[[link]]
+a = "leaf2:4"
+b = "leaf3:4"
+
+[[endpoint]]
+name = "feed"
+at = "leaf1:2"
+publishes = true
+
+[[endpoint]]
+name = "h1"
+at = "leaf1:3"
+
+[[endpoint]]
+name = "h3"
+at = "leaf3:2"
+"#;
+
+/// What is down is carried across a change by link ends (indices shift),
+/// kept across a restart with the changed topology; a bound endpoint
+/// cannot be removed; a dry run says what a change would do; an
+/// application may not change the topology; `GetTopology` of a server
+/// without a topology is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_and_bindings_across_changes() {
+    bounded(120, async {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fabric.toml"), FABRIC).unwrap();
+        let start_bound = || {
+            let mut cfg = config(dir.path());
+            cfg.topology = Some(dir.path().join("fabric.toml"));
+            cfg.auth.apps[0].endpoint = Some("h1".into());
+            start(cfg)
+        };
+        let r = start_bound().await;
+        let (mut alice, mut admin) = (client(&r, Some(ALICE)), client(&r, Some(ADMIN)));
+        alice.subs.add(add_req(&["stock == GOOGL : fwd(h3)"])).await.unwrap();
+
+        // leaf3's uplink fails: leaf3 is reached over the spare.
+        let down = proto::SetDownRequest { links: vec!["leaf3:1".into()], devices: vec![], down: true };
+        assert_eq!(admin.targets.set_down(down).await.unwrap().into_inner().links_down, [2]);
+
+        // A change an application asks for, and one removing a bound endpoint, are refused.
+        let rm_h1 = proto::ChangeTopologyRequest { remove_endpoints: vec!["h1".into()], ..Default::default() };
+        assert_eq!(alice.targets.change_topology(rm_h1.clone()).await.unwrap_err().code(), Code::PermissionDenied);
+        let e = admin.targets.change_topology(rm_h1).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("alice") && e.message().contains("bound"), "{e:?}");
+
+        // leaf1 moves its uplink from the spine to leaf2 in one change; the
+        // failed link's index goes from 2 to 1 and it stays down.
+        let change = proto::ChangeTopologyRequest {
+            add: "[[link]]\na = \"leaf1:5\"\nb = \"leaf2:5\"\n".into(),
+            remove_links: vec!["spine:1".into()],
+            ..Default::default()
+        };
+        let dry =
+            admin.targets.change_topology(proto::ChangeTopologyRequest { dry_run: true, ..change.clone() }).await.unwrap().into_inner();
+        let r1 = admin.targets.change_topology(change).await.unwrap().into_inner();
+        assert_eq!((dry.changed, dry.generation + 1), (r1.changed.clone(), r1.generation), "a dry run says what the change does");
+        assert!(r1.added.is_empty() && r1.removed.is_empty(), "{r1:?}");
+        let got = admin.targets.get_topology(proto::GetTopologyRequest {}).await.unwrap().into_inner();
+        assert_eq!(got.links_down, [1], "{got:?}");
+        let (t, _) = network_program(&got.topology, &[]);
+        let end = |p: PortRef| format!("{}:{}", t.devices[p.device].name, p.port);
+        assert_eq!((end(t.links[1].a), end(t.links[1].b)), ("leaf3:1".into(), "spine:3".into()));
+        assert_eq!((end(t.links[3].a), end(t.links[3].b)), ("leaf1:5".into(), "leaf2:5".into()));
+        // A SetDown by index means the current topology's link.
+        let up = proto::SetDownRequest { links: vec!["1".into()], devices: vec![], down: false };
+        assert!(admin.targets.set_down(up).await.unwrap().into_inner().links_down.is_empty());
+        let down = proto::SetDownRequest { links: vec!["spine:3".into()], devices: vec![], down: true };
+        let r2 = admin.targets.set_down(down).await.unwrap().into_inner();
+        assert_eq!(r2.links_down, [1]);
+        r.shutdown().await.unwrap();
+
+        // The restart runs the stored topology, with what is down in it.
+        let r = start_bound().await;
+        let mut admin = client(&r, Some(ADMIN));
+        let again = admin.targets.get_topology(proto::GetTopologyRequest {}).await.unwrap().into_inner();
+        assert_eq!((again.topology, again.links_down), (got.topology, vec![1]));
+        for name in ["spine", "leaf1", "leaf2", "leaf3"] {
+            let s = wait_deployed(&mut admin, name, r2.generation).await;
+            assert_eq!(s.last_diff_entries, 0, "{name}: {s:?}");
+        }
+        r.shutdown().await.unwrap();
+
+        // Without a topology there is none to get or change.
+        let other = tempfile::tempdir().unwrap();
+        let r = start(config(other.path())).await;
+        let mut admin = client(&r, Some(ADMIN));
+        assert_eq!(admin.targets.get_topology(proto::GetTopologyRequest {}).await.unwrap_err().code(), Code::FailedPrecondition);
+        let add = proto::ChangeTopologyRequest { add: "[[device]]\nname = \"a\"\nkind = \"sim\"\n".into(), ..Default::default() };
+        assert_eq!(admin.targets.change_topology(add).await.unwrap_err().code(), Code::FailedPrecondition);
+        r.shutdown().await.unwrap();
     })
     .await;
 }
