@@ -569,6 +569,14 @@ pub(crate) struct TopologyUpdate {
     pub changed: Vec<String>,
 }
 
+/// What a change of topology would do: the devices it would add, remove,
+/// and change (of those that stay), each in topology order.
+pub(crate) struct Preview {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
 /// What undoing a change of topology needs (`Devices::undo_change`).
 pub(crate) struct Parked {
     fabric: std::sync::Arc<Fabric>,
@@ -1075,7 +1083,7 @@ impl Devices {
     /// What a change to `fabric` would do, changing nothing: the devices
     /// added, removed, and those that stay whose projections change (a
     /// dry run; budgets are not placed).
-    pub(crate) fn preview(&self, spec: &Spec, fabric: &Fabric) -> Result<(Vec<String>, Vec<String>, Vec<String>), NetError> {
+    pub(crate) fn preview(&self, spec: &Spec, fabric: &Fabric) -> Result<Preview, NetError> {
         let (old, new) = (&self.fabric.topology, &fabric.topology);
         let down = carry_down(old, new, &self.down);
         let routes = Routes::avoiding(new, &down)?;
@@ -1093,7 +1101,7 @@ impl Devices {
             }
         }
         let removed = old.devices.iter().filter(|d| new.device(&d.name).is_none()).map(|d| d.name.clone()).collect();
-        Ok((added, removed, changed))
+        Ok(Preview { added, removed, changed })
     }
 
     /// `updates` (by device) by view, with every stale device's replaced by

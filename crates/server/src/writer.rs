@@ -1180,7 +1180,8 @@ impl Writer {
         let fabric = Arc::new(fabric);
         let mut resp = proto::ChangeTopologyResponse { generation: self.d.generation, topology: text.clone(), ..Default::default() };
         if dry_run {
-            (resp.added, resp.removed, resp.changed) = net.preview(core.spec(), &fabric).map_err(topology_refusal)?;
+            let p = net.preview(core.spec(), &fabric).map_err(topology_refusal)?;
+            (resp.added, resp.removed, resp.changed) = (p.added, p.removed, p.changed);
             return Ok((Staged::only(vec![], vec![], Finish::Nothing), resp, None));
         }
         let t = Instant::now();

@@ -261,7 +261,8 @@ impl Case {
             .map(|t| t.name)
             .collect();
         let mut devices = self.model.devices.clone();
-        (targets.sort(), devices.sort());
+        targets.sort();
+        devices.sort();
         assert_eq!(targets, devices, "seed {seed}, {what}: the targets are the devices");
         let projections = self.projections();
         let mut tables = vec![];
@@ -439,7 +440,8 @@ async fn run_case(seed: u64) -> [u64; 4] {
                 let names: Vec<String> = case.model.endpoints.iter().map(|(n, _)| n.clone()).collect();
                 let mut to: Vec<String> =
                     (0..1 + case.rng.below(3)).map(|_| names[case.rng.below(names.len() as u64) as usize].clone()).collect();
-                (to.sort(), to.dedup());
+                to.sort();
+                to.dedup();
                 let cond = pool[case.rng.below(pool.len() as u64) as usize].clone();
                 let text = Case::text_of(&cond, &to);
                 let a = alice.subs.add(add_req(&[&text])).await.unwrap_or_else(|e| panic!("seed {seed}: add {text}: {e:?}")).into_inner();
