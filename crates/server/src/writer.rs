@@ -1235,6 +1235,10 @@ impl Writer {
             }
         }
         for (view, d) in start {
+            // A device that stays, whose registration changed (an `ebpf`
+            // device's interfaces): its task starts again, reading it back
+            // (an eBPF deployment not on every interface is installed anew:
+            // its programs swapped under their links, the new ones attached).
             if let Some(old) = self.core.remove_target(&d.registration.name) {
                 old.stop();
             }
