@@ -553,7 +553,7 @@ async fn join_and_leave(
     let add = fabric.build_leaf();
     let c = admin.targets.change_topology(proto::ChangeTopologyRequest { add, ..Default::default() }).await.unwrap().into_inner();
     let leaf = format!("{}{JOINING}", fabric.tag);
-    assert_eq!(c.added, [leaf.clone()], "{c:?}");
+    assert_eq!(c.added, std::slice::from_ref(&leaf), "{c:?}");
     eprintln!("leaf joined: devices changed {:?}", c.changed);
     let joined = [("stock == GOOGL : fwd(h6)", 0), ("shares > 300 : fwd(h7, h2)", 1), ("stock == AAPL : fwd(h7)", 2)];
     let lines: Vec<&str> = joined.iter().map(|(l, _)| *l).collect();
@@ -574,7 +574,7 @@ async fn join_and_leave(
     alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.unwrap();
     live.retain(|(id, _)| !ids.contains(id));
     let c = admin.targets.change_topology(rm).await.unwrap().into_inner();
-    assert_eq!(c.removed, [leaf.clone()], "{c:?}");
+    assert_eq!(c.removed, std::slice::from_ref(&leaf), "{c:?}");
     fabric.topology = before;
     fabric.hosts.truncate(HOSTS.len());
     all_in_sync(admin, &fabric.devices(), c.generation).await;
