@@ -133,6 +133,25 @@ name = "y"
 at = "c:3"
 "#;
 
+/// A change of [`TRIANGLE`]: a leaf `d` off `c`, with a host `z`, and the
+/// spare link between `a` and `c` taken out.
+const LEAF: &str = r#"
+[[device]]
+name = "d"
+kind = "sim"
+
+[[link]]
+a = "c:4"
+b = "d:1"
+
+[[endpoint]]
+name = "z"
+at = "d:2"
+
+[remove]
+links = ["a:2"]
+"#;
+
 #[test]
 fn the_network_commands_print_the_api_messages_in_canonical_json() {
     let dir = tempfile::Builder::new().prefix("subc-json").tempdir().unwrap();
@@ -150,6 +169,15 @@ fn the_network_commands_print_the_api_messages_in_canonical_json() {
     s.bind(|| {
         insta::assert_json_snapshot!("topo_down", json_of(&["topo", "down", "--link", "a:2", "--json"], &admin, &tmp));
         insta::assert_json_snapshot!("topo_up", json_of(&["topo", "up", "--link", "2", "--json"], &admin, &tmp));
+        // A leaf `d` with a host `z` joins (a dry run first), and leaves again.
+        let change = dir.path().join("leaf.toml");
+        std::fs::write(&change, LEAF).unwrap();
+        let change = change.to_str().unwrap();
+        insta::assert_json_snapshot!("topo_apply_dry_run", json_of(&["topo", "apply", change, "--dry-run", "--json"], &admin, &tmp));
+        insta::assert_json_snapshot!("topo_apply", json_of(&["topo", "apply", change, "--json"], &admin, &tmp));
+        insta::assert_json_snapshot!("topo_get", json_of(&["topo", "get", "--json"], &admin, &tmp));
+        let rm = ["topo", "apply", "--remove-device", "d", "--remove-endpoint", "z", "--json"];
+        insta::assert_json_snapshot!("topo_apply_remove", json_of(&rm, &admin, &tmp));
     });
 }
 
