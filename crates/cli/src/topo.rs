@@ -63,7 +63,7 @@ pub enum TopoCommand {
     Down(Failures),
     /// Bring links and devices of a network-mode server back up.
     Up(Failures),
-    /// Add and remove devices, links and endpoints of a network-mode server's fabric, as one change.
+    /// Add and remove devices, links and endpoints of a network-mode server's fabric, as one change
     ///
     /// CHANGE is a topology file's tables to add (`[[device]]`, `[[link]]`, `[[endpoint]]`,
     /// appended after the running topology's) and, optionally, a `[remove]` table naming
@@ -88,6 +88,7 @@ pub enum TopoCommand {
     /// again, sends diffs only to the devices whose programs change, installs added
     /// devices and uninstalls removed ones, and keeps the changed topology across
     /// restarts (docs/network.md, "Changing the topology while running").
+    #[command(verbatim_doc_comment)]
     Apply(Change),
     /// Print the topology a network-mode server runs now, as a topology file.
     Get {
