@@ -1186,6 +1186,19 @@ impl Writer {
         }
         let t = Instant::now();
         let (update, parked) = net.change_topology(core.spec(), fabric.clone()).map_err(topology_refusal)?;
+        // The memory limit covers every compiled set, the added devices' too.
+        let (bytes, limit) = (self.d.set.heap_bytes() + net.heap_bytes(), core.config().limits.max_compiler_bytes);
+        if bytes > limit {
+            net.undo_change(core.spec(), parked);
+            return Err(self.refuse_limit(
+                "compiler_memory",
+                format!(
+                    "the compiled sets would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was changed",
+                    bytes >> 20,
+                    limit >> 20
+                ),
+            ));
+        }
         let down = net.down().clone();
         let mut start: Vec<(usize, crate::network::DeviceTarget)> = vec![];
         for (d, target) in targets.into_iter().enumerate() {
