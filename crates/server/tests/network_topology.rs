@@ -36,7 +36,8 @@
 //! projection, deliveries are still exact, and a change a budget refuses
 //! (an add, a change of topology) changes nothing.
 //!
-//! 6 cases of 30 steps each way; `SUBC_TOPOLOGY_SEED=N` runs other cases.
+//! 6 cases of 30 steps each way; `SUBC_TOPOLOGY_SEED=N` runs other cases,
+//! `SUBC_TOPOLOGY_TRACE=1` prints each step.
 
 mod common;
 
@@ -270,6 +271,9 @@ impl Case {
     /// The checks after a step (`what`).
     async fn check(&mut self, admin: &mut Clients, what: &str) -> HashMap<String, proto::TargetStatus> {
         let seed = self.seed;
+        if std::env::var("SUBC_TOPOLOGY_TRACE").is_ok() {
+            eprintln!("seed {seed}: {what}");
+        }
         let statuses = self.in_sync(admin).await;
         let got = admin.targets.get_topology(proto::GetTopologyRequest {}).await.unwrap().into_inner();
         let (server, model) = (network_program(&got.topology, &[]).0, self.model.topology());
