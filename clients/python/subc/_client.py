@@ -215,6 +215,34 @@ class Client:
         request = subc_pb2.SetDownRequest(links=list(links), devices=list(devices), down=down)
         return self._call(self.targets.SetDown, request, subc_pb2.SetDownResponse)
 
+    def change_topology(
+        self,
+        add: str = "",
+        remove_devices: Sequence[str] = (),
+        remove_links: Sequence[str] = (),
+        remove_endpoints: Sequence[str] = (),
+        dry_run: bool = False,
+    ) -> subc_pb2.ChangeTopologyResponse:
+        """Network mode (administrator): adds devices, links and endpoints
+        (`add`: `[[device]]`, `[[link]]`, `[[endpoint]]` tables of a topology
+        file) and removes others (devices and endpoints by name, links by an
+        end, "leaf1:1"), as one change; with `dry_run`, only says what it
+        would do. The server routes again and sends diffs to the devices
+        whose programs change."""
+        request = subc_pb2.ChangeTopologyRequest(
+            add=add,
+            remove_devices=list(remove_devices),
+            remove_links=list(remove_links),
+            remove_endpoints=list(remove_endpoints),
+            dry_run=dry_run,
+        )
+        return self._call(self.targets.ChangeTopology, request, subc_pb2.ChangeTopologyResponse)
+
+    def get_topology(self) -> subc_pb2.GetTopologyResponse:
+        """Network mode (administrator): the topology the server runs now,
+        as a topology file, and what is down in it."""
+        return self._call(self.targets.GetTopology, subc_pb2.GetTopologyRequest(), subc_pb2.GetTopologyResponse)
+
     # ------------------------------------------------------------ events
 
     def watch(self, replay: bool = False, after_seq: int = 0, timeout: Optional[float] = None) -> "Watch":

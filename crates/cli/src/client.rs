@@ -695,6 +695,56 @@ pub fn set_down(conn: &Conn, links: &[String], devices: &[String], down: bool) -
     })
 }
 
+/// `subc topo apply`: sends a change of topology, and prints what it did
+/// (or would do, with `dry_run`): the devices added, removed and changed.
+pub fn change_topology(conn: &Conn, req: proto::ChangeTopologyRequest) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut c = conn.clients()?;
+        let dry_run = req.dry_run;
+        let r = match c.targets.change_topology(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Ok(report(s)),
+        };
+        if conn.json {
+            print_json(&r)?;
+        } else {
+            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+            let mut o = out();
+            match dry_run {
+                true => writeln!(o, "dry run: nothing changed (generation {})", r.generation)?,
+                false => writeln!(o, "generation {}", r.generation)?,
+            }
+            writeln!(o, "devices added: {}", list(r.added))?;
+            writeln!(o, "devices removed: {}", list(r.removed))?;
+            writeln!(o, "devices changed: {}", list(r.changed))?;
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `subc topo get`: the topology the server runs, as a topology file (what
+/// is down as comments).
+pub fn get_topology(conn: &Conn) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut c = conn.clients()?;
+        let r = match c.targets.get_topology(proto::GetTopologyRequest {}).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Ok(report(s)),
+        };
+        if conn.json {
+            print_json(&r)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut o = out();
+        if !r.links_down.is_empty() || !r.devices_down.is_empty() {
+            let links: Vec<String> = r.links_down.iter().map(u32::to_string).collect();
+            writeln!(o, "# down: links [{}], devices [{}]", links.join(", "), r.devices_down.join(", "))?;
+        }
+        write!(o, "{}", r.topology)?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn target(cmd: &TargetCommand) -> Result<ExitCode> {
     runtime()?.block_on(async {
         match cmd {

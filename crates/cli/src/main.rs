@@ -86,7 +86,7 @@ enum Command {
     Compile(compile::CompileArgs),
     /// Run packets from a pcap through the subscriptions and print each decision.
     Sim(sim::SimArgs),
-    /// Check and show a network's topology file (docs/network.md).
+    /// Check and show a topology file; change a running server's (docs/network.md).
     #[command(subcommand)]
     Topo(topo::TopoCommand),
     /// Generate workloads: example pcaps and synthetic subscription sets.

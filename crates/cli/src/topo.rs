@@ -9,7 +9,9 @@
 //! runs a capture through the whole fabric from one publisher, optionally
 //! with links and devices down, and prints what each endpoint receives. `down` and `up` ask a server in network
 //! mode (`subc serve --topology`) to mark links and devices down or up (the
-//! `SetDown` RPC).
+//! `SetDown` RPC); `apply` adds and removes devices, links and endpoints of
+//! the running fabric (`ChangeTopology`), and `get` prints the topology it
+//! runs (`GetTopology`).
 
 use crate::common::load_program_with;
 use crate::input::read_source;
@@ -61,6 +63,99 @@ pub enum TopoCommand {
     Down(Failures),
     /// Bring links and devices of a network-mode server back up.
     Up(Failures),
+    /// Add and remove devices, links and endpoints of a network-mode server's fabric, as one change
+    ///
+    /// CHANGE is a topology file's tables to add (`[[device]]`, `[[link]]`, `[[endpoint]]`,
+    /// appended after the running topology's) and, optionally, a `[remove]` table naming
+    /// what to take out first: `devices = [...]` (their links go too), `links = [...]` (by
+    /// either end, `device:port`) and `endpoints = [...]`. For example, a leaf with a host:
+    ///
+    ///   [[device]]
+    ///   name = "leaf3"
+    ///   kind = "ebpf"
+    ///   options = { netns = "leaf3" }
+    ///
+    ///   [[link]]
+    ///   a = "spine1:3"
+    ///   b = "leaf3:1"
+    ///
+    ///   [[endpoint]]
+    ///   name = "h5"
+    ///   at = "leaf3:2"
+    ///
+    /// and to take it out again: `subc topo apply --remove-device leaf3 --remove-endpoint h5`.
+    /// The change is checked whole and made entirely or not at all; the server routes
+    /// again, sends diffs only to the devices whose programs change, installs added
+    /// devices and uninstalls removed ones, and keeps the changed topology across
+    /// restarts (docs/network.md, "Changing the topology while running").
+    #[command(verbatim_doc_comment)]
+    Apply(Change),
+    /// Print the topology a network-mode server runs now, as a topology file.
+    Get {
+        #[command(flatten)]
+        conn: crate::client::Conn,
+    },
+}
+
+/// What `subc topo apply` changes, and the server to ask.
+#[derive(Args)]
+pub struct Change {
+    /// The change (TOML, see above); `-` reads stdin.
+    #[arg(value_name = "CHANGE")]
+    pub file: Option<PathBuf>,
+    /// Also remove this device (and its links). Repeat for several.
+    #[arg(long, value_name = "NAME")]
+    pub remove_device: Vec<String>,
+    /// Also remove the link with this end, `device:port`. Repeat for several.
+    #[arg(long, value_name = "DEVICE:PORT")]
+    pub remove_link: Vec<String>,
+    /// Also remove this endpoint. Repeat for several.
+    #[arg(long, value_name = "NAME")]
+    pub remove_endpoint: Vec<String>,
+    /// Check the change and print what it would do; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub conn: crate::client::Conn,
+}
+
+/// The `[remove]` table of a change file.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Removals {
+    #[serde(default)]
+    devices: Vec<String>,
+    #[serde(default)]
+    links: Vec<String>,
+    #[serde(default)]
+    endpoints: Vec<String>,
+}
+
+impl Change {
+    /// The request: the file's tables but `[remove]` as the additions, its
+    /// `[remove]` and the flags as the removals.
+    pub fn request(&self) -> Result<subc_client::proto::ChangeTopologyRequest> {
+        let mut table = match &self.file {
+            None => toml::Table::new(),
+            Some(f) => {
+                let (name, text) = read_source(f)?;
+                text.parse::<toml::Table>().with_context(|| format!("{name} is not TOML"))?
+            }
+        };
+        let removals: Removals = match table.remove("remove") {
+            None => Removals::default(),
+            Some(v) => v.try_into().context("`[remove]` takes `devices`, `links` and `endpoints`, lists of names")?,
+        };
+        let add = if table.is_empty() { String::new() } else { toml::to_string(&table)? };
+        let join = |a: Vec<String>, b: &[String]| a.into_iter().chain(b.iter().cloned()).collect();
+        Ok(subc_client::proto::ChangeTopologyRequest {
+            add,
+            remove_devices: join(removals.devices, &self.remove_device),
+            remove_links: join(removals.links, &self.remove_link),
+            remove_endpoints: join(removals.endpoints, &self.remove_endpoint),
+            dry_run: self.dry_run,
+        })
+    }
 }
 
 /// What `subc topo down|up` marks, and the server to ask.
@@ -88,6 +183,8 @@ pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
         TopoCommand::Show { file, emit, down, spec, rules } => show(file, *emit, down, spec.as_deref(), rules),
         TopoCommand::Down(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, true),
         TopoCommand::Up(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, false),
+        TopoCommand::Apply(change) => crate::client::change_topology(&change.conn, change.request()?),
+        TopoCommand::Get { conn } => crate::client::get_topology(conn),
     }
 }
 

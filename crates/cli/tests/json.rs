@@ -133,23 +133,59 @@ name = "y"
 at = "c:3"
 "#;
 
+/// A change of [`TRIANGLE`]: a leaf `d` off `c`, with a host `z`, and the
+/// spare link between `a` and `c` taken out.
+const LEAF: &str = r#"
+[[device]]
+name = "d"
+kind = "sim"
+
+[[link]]
+a = "c:4"
+b = "d:1"
+
+[[endpoint]]
+name = "z"
+at = "d:2"
+
+[remove]
+links = ["a:2"]
+"#;
+
 #[test]
 fn the_network_commands_print_the_api_messages_in_canonical_json() {
     let dir = tempfile::Builder::new().prefix("subc-json").tempdir().unwrap();
     let tmp = dir.path().to_str().unwrap().to_string();
     std::fs::write(dir.path().join("fabric.toml"), TRIANGLE).unwrap();
     let spec = repo().join("examples/topic-broker/broker.spec");
-    let server = ServerProc::start_with_spec(dir.path(), &spec, "topology = \"fabric.toml\"");
+    let mut server = ServerProc::start_with_spec(dir.path(), &spec, "topology = \"fabric.toml\"");
     let url = server.url();
     let app = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", APPS[0].1)];
     let admin = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", ADMIN)];
     json_of(&["sub", "add", "--rule", "verb == PUBLISH && topic == news : fwd(y)", "--json"], &app, &tmp);
+    let mut restarted = None;
     let mut s = insta::Settings::clone_current();
     s.set_snapshot_path("snapshots/json");
     s.set_prepend_module_to_snapshot(false);
     s.bind(|| {
         insta::assert_json_snapshot!("topo_down", json_of(&["topo", "down", "--link", "a:2", "--json"], &admin, &tmp));
         insta::assert_json_snapshot!("topo_up", json_of(&["topo", "up", "--link", "2", "--json"], &admin, &tmp));
+        // A leaf `d` with a host `z` joins (a dry run first), and leaves again.
+        let change = dir.path().join("leaf.toml");
+        std::fs::write(&change, LEAF).unwrap();
+        let change = change.to_str().unwrap();
+        insta::assert_json_snapshot!("topo_apply_dry_run", json_of(&["topo", "apply", change, "--dry-run", "--json"], &admin, &tmp));
+        insta::assert_json_snapshot!("topo_apply", json_of(&["topo", "apply", change, "--json"], &admin, &tmp));
+        let got = json_of(&["topo", "get", "--json"], &admin, &tmp);
+        insta::assert_json_snapshot!("topo_get", got);
+        // Killed (SIGKILL) and started again with the same file: the change stays.
+        server.kill9();
+        server = ServerProc::start_with_spec(dir.path(), &spec, "topology = \"fabric.toml\"");
+        let url = restarted.insert(server.url());
+        let admin = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", ADMIN)];
+        assert_eq!(json_of(&["topo", "get", "--json"], &admin, &tmp), got, "the changed topology survives a SIGKILL");
+        let rm = ["topo", "apply", "--remove-device", "d", "--remove-endpoint", "z", "--json"];
+        insta::assert_json_snapshot!("topo_apply_remove", json_of(&rm, &admin, &tmp));
     });
 }
 

@@ -48,7 +48,8 @@ impl Deployment {
     /// Installs `dp` (loaded, its tables filled) as the deployment `name`:
     /// writes `cfg` to its maps and pins it; then, if a deployment `name`
     /// exists, points its live attachments at the new programs (under its
-    /// pins: the interfaces are never without a program); if not, pins it
+    /// pins: the interfaces are never without a program) and attaches them
+    /// to those of `ifaces` it was not on; if not, pins it
     /// afresh under `pin_dir` and attaches it to each of `ifaces` with
     /// `mode` (a failed attach removes the pins). Saves the record last.
     pub fn install(
@@ -61,9 +62,16 @@ impl Deployment {
     ) -> Result<Deployment, LoaderError> {
         dp.configure(cfg)?;
         let deployment = match Deployment::open(name) {
-            Ok((d, _)) => {
+            Ok((mut d, _)) => {
                 dp.pin(&d.pin_dir)?;
                 replace_programs(&d, dp)?;
+                // Interfaces the deployment is not on yet (a device of a
+                // fabric that gained a port): attached as a fresh install's.
+                let new: Vec<&String> = ifaces.iter().filter(|i| !d.attachments.iter().any(|a| &a.iface == *i)).collect();
+                for iface in new {
+                    let added = attach(dp, iface, Some(mode), Some(&d.pin_dir))?;
+                    d.attachments.extend(added);
+                }
                 d
             }
             Err(_) => {

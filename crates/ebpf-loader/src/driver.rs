@@ -240,6 +240,12 @@ impl Target for EbpfTarget {
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         self.tables = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };
+        if let Some(iface) = self.ifaces.iter().find(|i| !d.attachments.iter().any(|a| &a.iface == *i)) {
+            // A device of a fabric that gained a port: installed again, which
+            // swaps the programs under their links and attaches the new one.
+            tracing::info!(target_name = %self.name, %iface, "the deployment is not on every interface; it will be installed anew");
+            return Ok(None);
+        }
         let saved = match self.files.load(&model) {
             Ok(x) => x,
             Err(e) => {

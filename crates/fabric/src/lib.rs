@@ -9,6 +9,7 @@
 //! rules ──check_program_with(endpoints)──▶ network Program ──project(device)──▶ one Program per device
 //! per-device Programs ──Simulator──▶ copies per endpoint (the reference every fabric is checked against)
 //! network Program ──place(device, budget)──▶ Placed (compiled set; transit part relaxed to fit)
+//! Topology + TopologyChange ──change_topology──▶ Topology (checked as its file, Topology::to_toml, would be)
 //! ```
 //!
 //! Each projected program is an ordinary `subc_lang::Program`, so a device
@@ -17,12 +18,14 @@
 #![warn(unreachable_pub)]
 
 mod budget;
+mod change;
 mod project;
 mod routing;
 mod sim;
 mod topology;
 
 pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID};
+pub use change::{change_topology, ChangeError, TopologyChange};
 pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, Simulator};

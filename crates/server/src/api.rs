@@ -137,7 +137,8 @@ impl Subscriptions for Api {
         self.check_add_limits(&req)?;
         let fingerprint = crate::writer::request_fingerprint(&req.source_name, &req.lines);
         let proto::AddRequest { lines, source_name, request_id } = req;
-        let batch = match self.check(&who, source_name, lines).await? {
+        let checked_in = self.core.fabric();
+        let batch = match self.check(&who, checked_in.clone(), source_name, lines).await? {
             Ok(b) => b,
             Err(r) => {
                 if r.only_limits {
@@ -149,7 +150,10 @@ impl Subscriptions for Api {
         if batch.rules.is_empty() {
             return Err(Status::invalid_argument("the request holds no subscription (only blank lines or comments)"));
         }
-        let resp = self.core.submit(|reply| WriteOp::Add { who, batch, request_id, fingerprint, spent: Duration::ZERO, reply }).await?;
+        let resp = self
+            .core
+            .submit(|reply| WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply })
+            .await?;
         Ok(Response::new(resp))
     }
 
@@ -195,7 +199,7 @@ impl Subscriptions for Api {
         let who = principal(&request)?;
         let req = request.into_inner();
         self.check_add_limits(&req)?;
-        let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric(), self.core.config().limits.max_cubes);
         let app = who.app.clone();
         let report = self
             .core
@@ -214,10 +218,11 @@ impl Api {
     async fn check(
         &self,
         who: &Principal,
+        fabric: Option<Arc<crate::network::Fabric>>,
         source_name: String,
         lines: Vec<String>,
     ) -> Result<Result<check::CheckedBatch, Rejection>, Status> {
-        let (spec, fabric, max_cubes) = (self.core.spec().clone(), self.core.fabric().cloned(), self.core.config().limits.max_cubes);
+        let (spec, max_cubes) = (self.core.spec().clone(), self.core.config().limits.max_cubes);
         let app = who.app.clone();
         self.core
             .text_gate()
@@ -368,7 +373,32 @@ impl Targets for Api {
             .collect::<Result<_, _>>()
             .map_err(Status::invalid_argument)?;
         let down = req.down;
-        Ok(Response::new(self.core.submit(|reply| WriteOp::SetDown { links, devices, down, reply }).await?))
+        Ok(Response::new(self.core.submit(|reply| WriteOp::SetDown { links, devices, down, resolved_in: f, reply }).await?))
+    }
+
+    async fn change_topology(
+        &self,
+        request: Request<proto::ChangeTopologyRequest>,
+    ) -> Result<Response<proto::ChangeTopologyResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let req = request.into_inner();
+        let change = subc_fabric::TopologyChange {
+            add: req.add,
+            remove_devices: req.remove_devices,
+            remove_links: req.remove_links,
+            remove_endpoints: req.remove_endpoints,
+        };
+        let dry_run = req.dry_run;
+        Ok(Response::new(self.core.submit(|reply| WriteOp::ChangeTopology { change: Box::new(change), dry_run, reply }).await?))
+    }
+
+    async fn get_topology(&self, request: Request<proto::GetTopologyRequest>) -> Result<Response<proto::GetTopologyResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let Some((f, down)) = self.core.network() else {
+            return Err(Status::failed_precondition("the server runs without a topology"));
+        };
+        let (links_down, devices_down) = f.describe_down(&down);
+        Ok(Response::new(proto::GetTopologyResponse { topology: f.topology.to_toml(), links_down, devices_down }))
     }
 }
 

@@ -44,8 +44,11 @@ pub(crate) type Reply<T> = oneshot::Sender<Result<T, Status>>;
 pub struct Core {
     spec: Arc<Spec>,
     spec_text: String,
-    /// Network mode: the topology (`network.rs`).
-    fabric: Option<Arc<Fabric>>,
+    /// Network mode: the topology (`network.rs`), replaced when a change
+    /// of it is committed (`ChangeTopology`).
+    fabric: RwLock<Option<Arc<Fabric>>>,
+    /// What is down as of the last commit (read and written under `fabric`'s lock).
+    down: RwLock<subc_fabric::Down>,
     config: Arc<Config>,
     committed: Arc<RwLock<Committed>>,
     deploy: Arc<DeployCtx>,
@@ -99,6 +102,30 @@ struct Loaded {
     targets: Vec<crate::store::StoredTarget>,
     /// This run's epoch.
     epoch: u64,
+    /// Network mode: the topology the store holds (the file's if it holds none).
+    fabric: Option<Arc<Fabric>>,
+}
+
+/// Network mode: the topology to run. A topology changed at runtime is
+/// kept in the store (meta "topology") and wins over the file, which is
+/// then only read for its directory, and ignored with a warning if it
+/// differs (`docs/network.md`, "Changing the topology while running").
+fn stored_topology(
+    store: &Store,
+    file: Arc<Fabric>,
+    config: &Config,
+    spec: &Spec,
+    kinds: &subc_target::Kinds,
+) -> Result<Arc<Fabric>, Error> {
+    let Some(text) = store.meta("topology")? else { return Ok(file) };
+    if text == file.topology.to_toml() {
+        return Ok(file);
+    }
+    let path = config.topology.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+    tracing::warn!(topology = %path, "the topology was changed at runtime: running the stored one, the file is ignored");
+    let mut fabric = Fabric::of_text("the stored topology", text, file.dir.clone(), spec, kinds)?;
+    fabric.bind_apps(&config.auth.apps)?;
+    Ok(Arc::new(fabric))
 }
 
 /// Reads the store and compiles the stored set into the pipelines the
@@ -112,6 +139,8 @@ async fn load(
     kinds: &subc_target::Kinds,
 ) -> Result<Loaded, Error> {
     let mut store = Store::open(&config.store, config.durability)?;
+    let fabric = fabric.map(|f| stored_topology(&store, f.clone(), config, spec, kinds)).transpose()?;
+    let fabric = fabric.as_ref();
     let subs = store.load_subs()?;
     let targets = store.load_targets()?;
     let generation = store.meta_u64("generation")?;
@@ -197,7 +226,7 @@ async fn load(
             Arc::new(SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms }),
         );
     }
-    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch })
+    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch, fabric: fabric.cloned() })
 }
 
 impl Core {
@@ -222,8 +251,8 @@ impl Core {
                 Some(Arc::new(fabric))
             }
         };
+        let Loaded { store, mut desired, targets, epoch, fabric } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
-        let Loaded { store, mut desired, targets, epoch } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
 
         let metrics = Arc::new(Metrics::new());
         for (app, n) in desired.subs.apps() {
@@ -249,7 +278,8 @@ impl Core {
         let core = Arc::new(Core {
             spec,
             spec_text,
-            fabric,
+            fabric: RwLock::new(fabric),
+            down: RwLock::new(desired.net.as_ref().map(|n| n.down().clone()).unwrap_or_default()),
             config: config.clone(),
             committed,
             deploy,
@@ -339,9 +369,10 @@ impl Core {
         if let Some(net) = &mut d.net {
             for h in handles {
                 let Some(view) = h.view else { continue };
-                let shape = crate::desired::shape_of(net.set_mut(view).pipelines());
+                let Some(set) = net.set_mut(view) else { continue };
+                let shape = crate::desired::shape_of(set.pipelines());
                 if let Some(pipes) = h.held_pipes().filter(|_| h.held_shape().as_ref() == Some(&shape)) {
-                    if let Err(e) = net.set_mut(view).adopt(&pipes) {
+                    if let Err(e) = set.adopt(&pipes) {
                         tracing::warn!(target_name = %h.name, error = %e, "cannot adopt the device's ids");
                     }
                 }
@@ -369,9 +400,28 @@ impl Core {
     pub fn config(&self) -> &Arc<Config> {
         &self.config
     }
-    /// Network mode's topology; `None` for a single device.
-    pub fn fabric(&self) -> Option<&Arc<Fabric>> {
-        self.fabric.as_ref()
+    /// Network mode's topology as of the last commit; `None` for a single
+    /// device.
+    pub fn fabric(&self) -> Option<Arc<Fabric>> {
+        self.fabric.read().expect("fabric").clone()
+    }
+
+    /// Network mode's topology and what is down in it, as of the last
+    /// commit (the two read together).
+    pub fn network(&self) -> Option<(Arc<Fabric>, subc_fabric::Down)> {
+        let fabric = self.fabric.read().expect("fabric");
+        let down = self.down.read().expect("down").clone();
+        fabric.clone().map(|f| (f, down))
+    }
+
+    /// Replaces the topology (when given) and what is down after a
+    /// committed change of them.
+    pub(crate) fn set_network(&self, fabric: Option<Arc<Fabric>>, down: subc_fabric::Down) {
+        let mut f = self.fabric.write().expect("fabric");
+        if let Some(fabric) = fabric {
+            *f = Some(fabric);
+        }
+        *self.down.write().expect("down") = down;
     }
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
@@ -477,6 +527,19 @@ impl Core {
 
     pub(crate) fn remove_target(&self, name: &str) -> Option<Arc<TargetHandle>> {
         self.targets.lock().expect("targets").remove(name)
+    }
+
+    /// Stops a removed device's target and uninstalls it, on the server's
+    /// runtime (a failure is logged: the device is gone from the topology).
+    pub(crate) fn uninstall_target(&self, h: Arc<TargetHandle>) {
+        h.stop();
+        let ctx = self.deploy.clone();
+        self.runtime.spawn(async move {
+            match h.uninstall(&ctx).await {
+                Ok(()) => tracing::info!(target_name = %h.name, "uninstalled a device the topology no longer has"),
+                Err(e) => tracing::warn!(target_name = %h.name, error = %e, "uninstalling a removed device failed"),
+            }
+        });
     }
 
     /// Starts a registered target's task on the server's runtime.

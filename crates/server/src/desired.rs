@@ -295,6 +295,10 @@ impl Committed {
                 view.replace(d.view_pipelines(Some(i)), d.view_bits(Some(i)));
             }
         }
+        // Devices a change of topology added: their views, whole.
+        for i in self.views.len()..d.net.as_ref().map_or(0, |n| n.len()) {
+            self.views.push(View::new(d.view_pipelines(Some(i)), d.view_bits(Some(i))));
+        }
         self.generation = d.generation;
     }
 

@@ -68,8 +68,16 @@ impl Fabric {
     /// `ports`, and every device name must be a target name.
     pub fn load(path: &Path, spec: &Spec, kinds: &subc_target::Kinds) -> Result<Fabric, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("cannot read the topology {}: {e}", path.display())))?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        Fabric::of_text(&path.display().to_string(), text, dir, spec, kinds)
+    }
+
+    /// [`Fabric::load`] of a topology's text (the file's, or the store's:
+    /// meta "topology"); `name` names it in diagnostics, `dir` is where
+    /// device options' relative paths start.
+    pub(crate) fn of_text(name: &str, text: String, dir: PathBuf, spec: &Spec, kinds: &subc_target::Kinds) -> Result<Fabric, Error> {
         let mut sources = SourceMap::new();
-        let file = sources.add(path.display().to_string(), text);
+        let file = sources.add(name.to_string(), text);
         let mut diags = Diagnostics::default();
         let custom: Vec<&str> = kinds.names().collect();
         let topology = match subc_fabric::check_topology_with(&sources, file, &custom, &mut diags) {
@@ -81,30 +89,56 @@ impl Fabric {
         };
         if topology.devices.is_empty() || topology.endpoints.is_empty() {
             return Err(Error::Config(format!(
-                "the topology {} has no {}: network mode needs at least one device and one endpoint",
-                path.display(),
+                "the topology {name} has no {}: network mode needs at least one device and one endpoint",
                 if topology.devices.is_empty() { "devices" } else { "endpoints" }
             )));
         }
+        Fabric::of(topology, dir, spec, &[]).map_err(Error::Config)
+    }
+
+    /// A checked topology as the service runs it: device names are target
+    /// names, budgets are in range, every port lies within the spec's
+    /// `ports`; each device's budget report is the one of its name in
+    /// `reports` (kept across a change), or a new one.
+    fn of(topology: Topology, dir: PathBuf, spec: &Spec, reports: &[(String, Report)]) -> Result<Fabric, String> {
         for d in &topology.devices {
-            crate::names::check_name("topology device name", &d.name).map_err(|e| Error::Config(e.to_string()))?;
+            crate::names::check_name("topology device name", &d.name).map_err(|e| e.to_string())?;
             if let Some(budget) = d.budget {
-                crate::budget::check_budget(budget).map_err(|e| Error::Config(format!("topology: device `{}`: budget: {e}", d.name)))?;
+                crate::budget::check_budget(budget).map_err(|e| format!("topology: device `{}`: budget: {e}", d.name))?;
             }
         }
         let ports = topology.links.iter().flat_map(|l| [l.a, l.b]).chain(topology.endpoints.iter().map(|e| e.at));
         for p in ports {
             if p.port >= spec.ports {
-                return Err(Error::Config(format!(
+                return Err(format!(
                     "topology: device `{}` uses port {}, beyond the spec's {} ports (raise `ports N;`)",
                     topology.devices[p.device].name, p.port, spec.ports
-                )));
+                ));
             }
         }
         let endpoints = topology.endpoint_table();
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-        let reports = topology.devices.iter().map(|_| Report::default()).collect();
+        let report = |name: &str| reports.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone()).unwrap_or_default();
+        let reports = topology.devices.iter().map(|d| report(&d.name)).collect();
         Ok(Fabric { topology, endpoints, bound: Default::default(), dir, reports })
+    }
+
+    /// The fabric after a change to `topology` (checked already): the same
+    /// directory, applications bound again to their endpoints, and every
+    /// device's target made from its options (as at startup). A message
+    /// saying why not is the change's refusal.
+    pub(crate) fn changed(
+        &self,
+        topology: Topology,
+        spec: &Spec,
+        kinds: &subc_target::Kinds,
+        apps: &[crate::config::AppConfig],
+    ) -> Result<(Fabric, Vec<DeviceTarget>), String> {
+        let reports: Vec<(String, Report)> =
+            self.topology.devices.iter().zip(&self.reports).map(|(d, r)| (d.name.clone(), r.clone())).collect();
+        let mut fabric = Fabric::of(topology, self.dir.clone(), spec, &reports)?;
+        fabric.bind_apps(apps).map_err(|e| e.to_string())?;
+        let targets = fabric.targets(kinds).map_err(|e| e.to_string())?;
+        Ok((fabric, targets))
     }
 
     /// Binds each application configured with an `endpoint` to it; an
@@ -385,13 +419,17 @@ pub(crate) enum NetError {
         #[source]
         source: CompileError,
     },
+    /// A change the fabric's state cannot take (a rule forwarding to a
+    /// removed endpoint).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl NetError {
     pub(crate) fn compile_error(&self) -> Option<&CompileError> {
         match self {
             NetError::Compile { source, .. } => Some(source),
-            NetError::Fabric(_) => None,
+            NetError::Fabric(_) | NetError::Refused(_) => None,
         }
     }
 
@@ -552,10 +590,64 @@ pub struct Devices {
     /// changed by an undo, so their state ids may no longer match what was
     /// published.
     stale: BTreeSet<usize>,
+    /// Each device's view (`Committed`'s), by device index. A device keeps
+    /// its view while it stays in the topology, an added device takes a new
+    /// one and a removed one's is left empty, so the view a running target
+    /// task follows never shifts under it.
+    views: Vec<usize>,
+    /// Views handed out, used or not.
+    view_count: usize,
+    /// The sets of the devices a change of topology being entered removed
+    /// (then moved to its [`Parked`]).
+    parked_sets: BTreeMap<String, DeviceSet>,
 }
 
-/// Per device, the update of one change: `Some(empty)` for a device the
-/// change did not touch, `None` for one compiled afresh.
+/// What a change of topology did to the devices.
+pub(crate) struct TopologyUpdate {
+    /// Per view, as every change's.
+    pub updates: DeviceUpdates,
+    /// Devices added and removed, with their views.
+    pub added: Vec<(String, usize)>,
+    pub removed: Vec<(String, usize)>,
+    /// Devices that stayed and whose programs changed, in topology order.
+    pub changed: Vec<String>,
+}
+
+/// What a change of topology would do: the devices it would add, remove,
+/// and change (of those that stay), each in topology order.
+pub(crate) struct Preview {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+/// What undoing a change of topology needs (`Devices::undo_change`).
+pub(crate) struct Parked {
+    fabric: std::sync::Arc<Fabric>,
+    routes: Routes,
+    down: Down,
+    network: BTreeMap<SubId, NfSubscription>,
+    views: Vec<usize>,
+    view_count: usize,
+    /// The removed devices' sets, by name.
+    sets: BTreeMap<String, DeviceSet>,
+}
+
+/// A change of topology worked out, nothing changed yet.
+struct ChangePlan {
+    fabric: std::sync::Arc<Fabric>,
+    routes: Routes,
+    down: Down,
+    network: BTreeMap<SubId, NfSubscription>,
+    /// Per device of the new topology, its projection.
+    projections: Vec<BTreeMap<SubId, NfSubscription>>,
+    /// The added devices' sets, compiled, by device index.
+    fresh: BTreeMap<usize, DeviceSet>,
+}
+
+/// Per view (`Devices::view_of`), the update of one change: `Some(empty)`
+/// for a device the change did not touch, `None` for one compiled afresh
+/// (or added, or removed: its view is copied whole).
 pub(crate) type DeviceUpdates = Vec<Option<SetDiff>>;
 
 impl Devices {
@@ -577,30 +669,65 @@ impl Devices {
             devices.push(device);
         }
         let network = nfs.iter().map(|n| (n.id, n.clone())).collect();
-        Ok(Devices { fabric, routes, down, network, devices, opts, stale: BTreeSet::new() })
+        let n = devices.len();
+        let views = (0..n).collect();
+        Ok(Devices {
+            fabric,
+            routes,
+            down,
+            network,
+            devices,
+            opts,
+            stale: BTreeSet::new(),
+            views,
+            view_count: n,
+            parked_sets: BTreeMap::new(),
+        })
     }
 
+    /// The number of views (those of removed devices included).
     pub fn len(&self) -> usize {
-        self.devices.len()
+        self.view_count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.devices.is_empty()
+        self.view_count == 0
     }
 
-    /// Device `d`'s pipelines.
-    pub fn pipelines(&self, d: usize) -> Vec<Pipeline> {
-        self.devices[d].set.pipelines().into_iter().cloned().collect()
+    /// The topology the devices are routed on.
+    pub(crate) fn fabric(&self) -> &std::sync::Arc<Fabric> {
+        &self.fabric
     }
 
-    /// Device `d`'s bit-vector group, as its targets install it.
-    pub fn bits(&self, d: usize) -> Option<subc_bdd::BitImage> {
-        self.devices[d].set.bits().map(subc_bdd::BitImage::of)
+    /// The device that `view` is the view of (`None`: a removed device's).
+    fn device_of(&self, view: usize) -> Option<usize> {
+        self.views.iter().position(|&v| v == view)
     }
 
-    /// Device `d`'s compiled set (to adopt a target's ids at startup).
-    pub fn set_mut(&mut self, d: usize) -> &mut CompiledSet {
-        &mut self.devices[d].set
+    /// The view of device `d`.
+    pub(crate) fn view_of(&self, d: usize) -> usize {
+        self.views[d]
+    }
+
+    /// View `view`'s pipelines (none for a removed device's).
+    pub fn pipelines(&self, view: usize) -> Vec<Pipeline> {
+        self.device_of(view).map(|d| self.devices[d].set.pipelines().into_iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// View `view`'s bit-vector group, as its targets install it.
+    pub fn bits(&self, view: usize) -> Option<subc_bdd::BitImage> {
+        self.device_of(view).and_then(|d| self.devices[d].set.bits().map(subc_bdd::BitImage::of))
+    }
+
+    /// View `view`'s compiled set (to adopt a target's ids at startup).
+    pub fn set_mut(&mut self, view: usize) -> Option<&mut CompiledSet> {
+        self.device_of(view).map(|d| &mut self.devices[d].set)
+    }
+
+    /// The devices, in topology order, whose views `updates` changes.
+    pub(crate) fn changed_names(&self, updates: &DeviceUpdates) -> Vec<String> {
+        let moved_view = |v: usize| updates.get(v).is_some_and(|u| moved(u.as_ref()));
+        (0..self.devices.len()).filter(|&d| moved_view(self.views[d])).map(|d| self.fabric.topology.devices[d].name.clone()).collect()
     }
 
     /// The heap every device's set holds (the compiler's estimate).
@@ -744,7 +871,10 @@ impl Devices {
     pub(crate) fn undo_reroute(&mut self, spec: &Spec, old: Down) {
         let mut stale = std::mem::take(&mut self.stale);
         match self.reroute(spec, old) {
-            Ok(updates) => stale.extend(updates.iter().enumerate().filter(|(_, u)| moved(u.as_ref())).map(|(d, _)| d)),
+            Ok(updates) => {
+                let views = &self.views;
+                stale.extend((0..views.len()).filter(|&d| updates.get(views[d]).is_some_and(|u| moved(u.as_ref()))))
+            }
             Err(e) => {
                 tracing::error!(error = %e, "undoing a change of what is down failed");
                 stale.extend(0..self.devices.len());
@@ -842,13 +972,196 @@ impl Devices {
         Ok(Some(diff))
     }
 
-    /// `updates` with every stale device's replaced by `None` (published
-    /// whole), which clears them.
-    fn take_stale(&mut self, mut updates: DeviceUpdates) -> DeviceUpdates {
-        for d in std::mem::take(&mut self.stale) {
-            updates[d] = None;
+    /// Changes the topology to `fabric`'s (checked, its targets made):
+    /// what is down is carried over by name and link ends, the rules'
+    /// endpoint numbers follow the endpoints' names, and the devices are
+    /// routed and projected again. A device that stays keeps its view and
+    /// moves by diffs to its new projection (a budgeted one whose own
+    /// endpoints changed is placed anew); an added device gets a new view
+    /// and a fresh compile; a removed one's view is emptied. Refused before
+    /// anything changes if the fabric would be cut apart or a rule forwards
+    /// to a removed endpoint; if a device's budget refuses its move, every
+    /// device is moved back and the change refused. The [`Parked`] state
+    /// undoes it ([`Devices::undo_change`]) after a failed commit.
+    pub(crate) fn change_topology(&mut self, spec: &Spec, fabric: std::sync::Arc<Fabric>) -> Result<(TopologyUpdate, Parked), NetError> {
+        let plan = self.plan_change(spec, fabric)?;
+        let mut parked = self.park();
+        let update = self.enter(spec, plan);
+        match update {
+            Ok(update) => {
+                parked.sets = std::mem::take(&mut self.parked_sets);
+                Ok((update, parked))
+            }
+            Err(e) => {
+                self.undo_change(spec, parked);
+                Err(e)
+            }
         }
-        updates
+    }
+
+    /// What a change needs before anything changes: the new routes, the
+    /// network's rules renumbered, every device's projection, and the new
+    /// devices compiled.
+    fn plan_change(&self, spec: &Spec, fabric: std::sync::Arc<Fabric>) -> Result<ChangePlan, NetError> {
+        let (old, new) = (&self.fabric.topology, &fabric.topology);
+        let down = carry_down(old, new, &self.down);
+        let routes = Routes::avoiding(new, &down)?;
+        let network = renumber(old, new, &self.network)?;
+        let nfs: Vec<NfSubscription> = network.values().cloned().collect();
+        let mut projections = vec![];
+        let mut fresh = BTreeMap::new();
+        for (d, device) in new.devices.iter().enumerate() {
+            let rules = project_all(new, &routes, spec, d, &nfs)?;
+            if old.device(&device.name).is_none() {
+                let set = DeviceSet::new(new, spec, d, rules.clone(), &self.opts, fabric.reports[d].clone())?;
+                fresh.insert(d, set);
+            }
+            projections.push(rules);
+        }
+        Ok(ChangePlan { fabric, routes, down, network, projections, fresh })
+    }
+
+    /// What undoing a change needs, taken before it is entered.
+    fn park(&self) -> Parked {
+        Parked {
+            fabric: self.fabric.clone(),
+            routes: self.routes.clone(),
+            down: self.down.clone(),
+            network: self.network.clone(),
+            views: self.views.clone(),
+            view_count: self.view_count,
+            sets: BTreeMap::new(),
+        }
+    }
+
+    /// Enters a planned change: the devices in the new topology's order,
+    /// each that stays moved to its new projection.
+    fn enter(&mut self, spec: &Spec, plan: ChangePlan) -> Result<TopologyUpdate, NetError> {
+        let ChangePlan { fabric, routes, down, network, projections, mut fresh } = plan;
+        let old = std::mem::replace(&mut self.fabric, fabric);
+        let mut sets: BTreeMap<String, (usize, DeviceSet)> = BTreeMap::new();
+        for (d, set) in std::mem::take(&mut self.devices).into_iter().enumerate() {
+            sets.insert(old.topology.devices[d].name.clone(), (self.views[d], set));
+        }
+        let (mut views, mut added, mut stays) = (vec![], vec![], vec![]);
+        for (d, device) in self.fabric.topology.devices.iter().enumerate() {
+            match (sets.remove(&device.name), fresh.remove(&d)) {
+                (Some((view, set)), _) => {
+                    views.push(view);
+                    self.devices.push(set);
+                    stays.push((d, old.topology.device(&device.name).unwrap_or(d)));
+                }
+                (None, Some(set)) => {
+                    views.push(self.view_count);
+                    added.push((device.name.clone(), self.view_count));
+                    self.view_count += 1;
+                    self.devices.push(set);
+                }
+                (None, None) => unreachable!("plan_change compiles every added device"),
+            }
+        }
+        let removed: Vec<(String, usize)> = sets.iter().map(|(name, (view, _))| (name.clone(), *view)).collect();
+        self.parked_sets = sets.into_iter().map(|(name, (_, set))| (name, set)).collect();
+        self.views = views;
+        self.routes = routes;
+        self.down = down;
+        self.network = network;
+        let mut out: Vec<Option<SetDiff>> = vec![None; self.devices.len()];
+        for (d, rules) in projections.into_iter().enumerate() {
+            let Some(&(_, was)) = stays.iter().find(|(now, _)| *now == d) else { continue };
+            out[d] = if self.devices[d].placement.is_some() && own_ports(&old.topology, was) != own_ports(&self.fabric.topology, d) {
+                let topology = &self.fabric.topology;
+                self.devices[d].replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE)?;
+                None
+            } else {
+                self.follow(spec, d, rules)?
+            };
+        }
+        let mut updates = self.take_stale(out);
+        for (_, view) in &removed {
+            updates[*view] = None;
+        }
+        let changed = stays
+            .iter()
+            .filter(|(d, _)| moved(updates[self.views[*d]].as_ref()))
+            .map(|(d, _)| self.fabric.topology.devices[*d].name.clone());
+        let changed = changed.collect();
+        Ok(TopologyUpdate { updates, added, removed, changed })
+    }
+
+    /// Undoes a change of topology (after a failed commit, or a device
+    /// that refused its move): the old topology, routes and views back,
+    /// the removed devices' sets back, each device that stayed moved back
+    /// to its old projection, and every device published whole next time.
+    pub(crate) fn undo_change(&mut self, spec: &Spec, mut parked: Parked) {
+        let now = std::mem::replace(&mut self.fabric, parked.fabric.clone());
+        let mut sets: BTreeMap<String, DeviceSet> = std::mem::take(&mut self.parked_sets).into_iter().collect();
+        sets.append(&mut parked.sets);
+        for (d, set) in std::mem::take(&mut self.devices).into_iter().enumerate() {
+            sets.insert(now.topology.devices[d].name.clone(), set);
+        }
+        self.routes = parked.routes;
+        self.down = parked.down;
+        self.network = parked.network;
+        self.views = parked.views;
+        self.view_count = parked.view_count.max(self.view_count);
+        let nfs: Vec<NfSubscription> = self.network.values().cloned().collect();
+        let topology = &self.fabric.topology;
+        for (d, device) in topology.devices.iter().enumerate() {
+            let set = match sets.remove(&device.name) {
+                Some(set) => Ok(set),
+                None => DeviceSet::new(topology, spec, d, BTreeMap::new(), &self.opts, self.fabric.reports[d].clone()),
+            };
+            match set {
+                Ok(set) => self.devices.push(set),
+                Err(e) => {
+                    tracing::error!(device = %device.name, error = %e, "restoring a device after a refused change of topology failed");
+                    return;
+                }
+            }
+        }
+        self.move_back(spec, 0..self.devices.len(), &nfs);
+        self.stale.extend(0..self.devices.len());
+    }
+
+    /// What a change to `fabric` would do, changing nothing: the devices
+    /// added, removed, and those that stay whose projections change (a
+    /// dry run; budgets are not placed).
+    pub(crate) fn preview(&self, spec: &Spec, fabric: &Fabric) -> Result<Preview, NetError> {
+        let (old, new) = (&self.fabric.topology, &fabric.topology);
+        let down = carry_down(old, new, &self.down);
+        let routes = Routes::avoiding(new, &down)?;
+        let nfs: Vec<NfSubscription> = renumber(old, new, &self.network)?.into_values().collect();
+        let (mut added, mut changed) = (vec![], vec![]);
+        for (d, device) in new.devices.iter().enumerate() {
+            let Some(was) = old.device(&device.name) else {
+                added.push(device.name.clone());
+                continue;
+            };
+            let (gone, new_rules) =
+                subc_fabric::rule_changes(self.devices[was].rules.values(), project_all(new, &routes, spec, d, &nfs)?.values());
+            if !gone.is_empty() || !new_rules.is_empty() {
+                changed.push(device.name.clone());
+            }
+        }
+        let removed = old.devices.iter().filter(|d| new.device(&d.name).is_none()).map(|d| d.name.clone()).collect();
+        Ok(Preview { added, removed, changed })
+    }
+
+    /// `updates` (by device) by view, with every stale device's replaced by
+    /// `None` (published whole), which clears them. A removed device's view
+    /// is left as it is.
+    fn take_stale(&mut self, mut updates: Vec<Option<SetDiff>>) -> DeviceUpdates {
+        for d in std::mem::take(&mut self.stale) {
+            if let Some(u) = updates.get_mut(d) {
+                *u = None;
+            }
+        }
+        let mut by_view = vec![Some(SetDiff::default()); self.view_count];
+        for (d, u) in updates.into_iter().enumerate() {
+            by_view[self.views[d]] = u;
+        }
+        by_view
     }
 }
 
@@ -899,6 +1212,61 @@ fn project_all(
         }
     }
     Ok(out)
+}
+
+/// `down` of topology `old` in topology `new`: devices by name, links by
+/// their ends; what `new` lacks is no longer down.
+fn carry_down(old: &Topology, new: &Topology, down: &Down) -> Down {
+    let end = |t: &Topology, p: subc_fabric::PortRef| (t.devices[p.device].name.clone(), p.port);
+    let ends = |t: &Topology, l: &subc_fabric::Link| (end(t, l.a), end(t, l.b));
+    let mut out = Down::default();
+    for &i in &down.links {
+        let was = ends(old, &old.links[i]);
+        if let Some(j) = new.links.iter().position(|l| ends(new, l) == was) {
+            out.links.insert(j);
+        }
+    }
+    out.devices = down.devices.iter().filter_map(|&d| new.device(&old.devices[d].name)).collect();
+    out
+}
+
+/// The network's rules with each endpoint number of topology `old` made
+/// the same endpoint's number in `new`. A rule forwarding to an endpoint
+/// `new` lacks refuses the change.
+fn renumber(
+    old: &Topology,
+    new: &Topology,
+    network: &BTreeMap<SubId, NfSubscription>,
+) -> Result<BTreeMap<SubId, NfSubscription>, NetError> {
+    let number: Vec<Option<u32>> = old.endpoints.iter().map(|e| new.endpoint(&e.name).map(|n| n as u32)).collect();
+    let mut lost: BTreeMap<&str, Vec<SubId>> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (id, rule) in network {
+        let mut rule = rule.clone();
+        let mut ports = BTreeSet::new();
+        for &p in &rule.actions.ports {
+            match number.get(p as usize).copied().flatten() {
+                Some(n) => {
+                    ports.insert(n);
+                }
+                None => lost.entry(old.endpoints.get(p as usize).map_or("?", |e| e.name.as_str())).or_default().push(*id),
+            }
+        }
+        rule.actions.ports = ports;
+        out.insert(*id, rule);
+    }
+    match lost.into_iter().next() {
+        None => Ok(out),
+        Some((endpoint, ids)) => Err(NetError::Refused(format!(
+            "subscriptions {} forward to endpoint {endpoint:?}, which the change removes: remove them first",
+            ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
+}
+
+/// The ports of device `d` with an endpoint attached.
+fn own_ports(t: &Topology, d: usize) -> BTreeSet<u32> {
+    t.endpoints.iter().filter(|e| e.at.device == d).map(|e| e.at.port).collect()
 }
 
 /// What is down, as the store keeps it (meta "down"): link indices and

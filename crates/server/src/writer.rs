@@ -35,6 +35,7 @@ use crate::core::{Core, Reply};
 use crate::deploy::{TargetHandle, TargetReport};
 use crate::desired::{compile_options, layout_json, order_names, placement_json, Desired, Publish, SubRecord};
 use crate::metrics::Metrics;
+use crate::network::Fabric;
 use crate::proto;
 use crate::store::{now_ms, EventRetention, Store, StoredSub};
 use crate::Error;
@@ -59,6 +60,9 @@ pub(crate) enum WriteOp {
     Add {
         who: Principal,
         batch: CheckedBatch,
+        /// Network mode: the topology the rules were checked with (their
+        /// endpoint numbers are its).
+        checked_in: Option<Arc<Fabric>>,
         request_id: String,
         /// What the request carried (`request_fingerprint`): a reused
         /// `request_id` with other content is refused, not replayed.
@@ -86,7 +90,15 @@ pub(crate) enum WriteOp {
         links: BTreeSet<usize>,
         devices: BTreeSet<usize>,
         down: bool,
+        /// The topology the links and devices were named in.
+        resolved_in: Arc<Fabric>,
         reply: Reply<proto::SetDownResponse>,
+    },
+    /// Network mode: adds and removes devices, links and endpoints.
+    ChangeTopology {
+        change: Box<subc_fabric::TopologyChange>,
+        dry_run: bool,
+        reply: Reply<proto::ChangeTopologyResponse>,
     },
     Report(TargetReport),
 }
@@ -135,6 +147,8 @@ enum Undo {
     },
     /// What was down before a change of it.
     Rerouted(subc_fabric::Down),
+    /// What a change of topology replaced.
+    Retopo(Box<crate::network::Parked>),
 }
 
 /// What to do once the batch is committed.
@@ -143,8 +157,21 @@ enum Finish {
     Remove(Reply<proto::RemoveResponse>, proto::RemoveResponse),
     Register(Reply<Arc<TargetHandle>>, Box<proto::RegisterTargetRequest>),
     Unregister(Reply<()>, String),
-    SetDown(Reply<proto::SetDownResponse>, proto::SetDownResponse),
+    SetDown(Reply<proto::SetDownResponse>, proto::SetDownResponse, subc_fabric::Down),
+    Topology(Reply<proto::ChangeTopologyResponse>, proto::ChangeTopologyResponse, Option<Box<Retopo>>),
     Nothing,
+}
+
+/// A committed change of topology, for the targets: the new topology and
+/// what is down in it, and the devices whose targets start and stop.
+struct Retopo {
+    fabric: Arc<Fabric>,
+    down: subc_fabric::Down,
+    /// Devices added, or whose registration changed (their target task
+    /// starts again), with their views.
+    start: Vec<(usize, crate::network::DeviceTarget)>,
+    /// Devices removed: their targets are stopped and uninstalled.
+    remove: Vec<String>,
 }
 
 impl Finish {
@@ -154,7 +181,8 @@ impl Finish {
             Finish::Remove(r, _) => drop(r.send(Err(s))),
             Finish::Register(r, _) => drop(r.send(Err(s))),
             Finish::Unregister(r, _) => drop(r.send(Err(s))),
-            Finish::SetDown(r, _) => drop(r.send(Err(s))),
+            Finish::SetDown(r, ..) => drop(r.send(Err(s))),
+            Finish::Topology(r, ..) => drop(r.send(Err(s))),
             Finish::Nothing => {}
         }
     }
@@ -392,9 +420,9 @@ impl Writer {
     /// the store or earlier in this batch); otherwise claims its key and
     /// gives the change back.
     fn claim_request_id(&self, op: WriteOp, claims: &mut Claims, index: usize) -> Option<WriteOp> {
-        let WriteOp::Add { who, batch, request_id, fingerprint, spent, reply } = op else { return Some(op) };
+        let WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } = op else { return Some(op) };
         if request_id.is_empty() {
-            return Some(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply });
+            return Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply });
         }
         let key = (who.app.clone(), request_id.clone());
         if let Some((i, first)) = claims.keys.get(&key) {
@@ -418,7 +446,7 @@ impl Writer {
             }
             Ok(None) => {
                 claims.keys.insert(key, (index, fingerprint.clone()));
-                Some(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply })
+                Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply })
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::unavailable(e.to_string())));
@@ -543,7 +571,16 @@ impl Writer {
                 let _ = r.send(Ok(resp));
             }
             Finish::Remove(r, resp) => drop(r.send(Ok(resp))),
-            Finish::SetDown(r, resp) => drop(r.send(Ok(resp))),
+            Finish::SetDown(r, resp, down) => {
+                self.core.set_network(None, down);
+                let _ = r.send(Ok(resp));
+            }
+            Finish::Topology(r, resp, retopo) => {
+                if let Some(retopo) = retopo {
+                    self.start_and_stop(*retopo);
+                }
+                let _ = r.send(Ok(resp));
+            }
             Finish::Register(r, reg) => {
                 let h = TargetHandle::new(*reg, false, None);
                 self.core.insert_target(h.clone());
@@ -579,7 +616,8 @@ impl Writer {
             Undo::Removed(recs) => {
                 let stored: Vec<StoredSub> = recs.iter().map(|(id, r)| r.stored(*id)).collect();
                 let core = self.core.clone();
-                match check::check_stored_with(core.spec(), core.fabric().map(|f| &f.endpoints), &stored) {
+                let fabric = self.d.net.as_ref().map(|n| n.fabric().clone());
+                match check::check_stored_with(core.spec(), fabric.as_ref().map(|f| &f.endpoints), &stored) {
                     Ok(nfs) => {
                         if let Err(e) = self.d.set.add(&nfs) {
                             tracing::error!(error = %e, "undoing a remove failed");
@@ -599,6 +637,12 @@ impl Writer {
                 let core = self.core.clone();
                 if let Some(net) = &mut self.d.net {
                     net.undo_reroute(core.spec(), old);
+                }
+            }
+            Undo::Retopo(parked) => {
+                let core = self.core.clone();
+                if let Some(net) = &mut self.d.net {
+                    net.undo_change(core.spec(), *parked);
                 }
             }
             Undo::Recompiled { old, ids } => {
@@ -625,13 +669,18 @@ impl Writer {
     /// refusal nothing of it was applied.
     fn stage(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Outcome {
         match op {
-            WriteOp::Add { who, batch, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent) {
+            WriteOp::Add { checked_in, reply, .. } if !self.same_endpoints(checked_in.as_deref()) => Outcome::Refused(
+                Finish::Add(reply, Default::default()),
+                Status::aborted("the topology's endpoints changed while the rules were checked: send them again"),
+            ),
+            WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent)
+            {
                 Ok((nfs, compiled)) => {
                     let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
                     Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))
                 }
                 Err(AddRefusal::Yielded(spent)) => {
-                    Outcome::Yielded(Box::new(WriteOp::Add { who, batch, request_id, fingerprint, spent, reply }))
+                    Outcome::Yielded(Box::new(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply }))
                 }
                 Err(AddRefusal::Refused(s)) => Outcome::Refused(Finish::Add(reply, Default::default()), s),
             },
@@ -671,9 +720,18 @@ impl Writer {
                 let e = proto::Event { target: name.clone(), ..event(proto::EventKind::TargetRemoved, self.d.generation) };
                 Ok(Staged::only(vec![SqlWrite::DeleteTarget(name.clone())], vec![e], Finish::Unregister(reply, name)))
             }
-            WriteOp::SetDown { links, devices, down, reply } => match self.stage_set_down(links, devices, down) {
-                Ok((staged, resp)) => Ok(Staged { finish: Finish::SetDown(reply, resp), ..staged }),
-                Err(s) => Err((Finish::SetDown(reply, Default::default()), s)),
+            WriteOp::SetDown { links, devices, down, resolved_in, reply } => {
+                match self.stage_set_down(links, devices, down, &resolved_in) {
+                    Ok((staged, resp)) => {
+                        let down = self.d.net.as_ref().map(|n| n.down().clone()).unwrap_or_default();
+                        Ok(Staged { finish: Finish::SetDown(reply, resp, down), ..staged })
+                    }
+                    Err(s) => Err((Finish::SetDown(reply, Default::default(), Default::default()), s)),
+                }
+            }
+            WriteOp::ChangeTopology { change, dry_run, reply } => match self.stage_change_topology(&change, dry_run) {
+                Ok((staged, resp, retopo)) => Ok(Staged { finish: Finish::Topology(reply, resp, retopo), ..staged }),
+                Err(s) => Err((Finish::Topology(reply, Default::default(), None), s)),
             },
             WriteOp::Report(r) => {
                 // A target removed meanwhile has nothing left to report to.
@@ -896,7 +954,8 @@ impl Writer {
     ) -> Result<Compiled, AddRefusal> {
         let spec = self.core.spec().clone();
         let stored: Vec<StoredSub> = self.d.subs.iter().map(|(id, r)| r.stored(id)).collect();
-        let endpoints = self.core.fabric().map(|f| &f.endpoints);
+        let fabric = self.d.net.as_ref().map(|n| n.fabric().clone());
+        let endpoints = fabric.as_ref().map(|f| &f.endpoints);
         let mut all = check::check_stored_with(&spec, endpoints, &stored).map_err(|e| Status::internal(e.to_string()))?;
         all.extend(nfs.iter().cloned());
         let mut opts = compile_options(&spec, &self.core.config().compile, None).map_err(|e| Status::internal(e.to_string()))?;
@@ -988,11 +1047,16 @@ impl Writer {
         links: BTreeSet<usize>,
         devices: BTreeSet<usize>,
         down: bool,
+        resolved_in: &Arc<Fabric>,
     ) -> Result<(Staged, proto::SetDownResponse), Status> {
         let core = self.core.clone();
-        let (Some(net), Some(fabric)) = (&mut self.d.net, core.fabric()) else {
+        let Some(net) = &mut self.d.net else {
             return Err(Status::failed_precondition("the server runs without a topology: there is nothing to mark down"));
         };
+        let fabric = net.fabric().clone();
+        if !Arc::ptr_eq(&fabric, resolved_in) {
+            return Err(Status::aborted("the topology changed while the links and devices were looked up: send the request again"));
+        }
         let old = net.down().clone();
         let mut new = old.clone();
         if down {
@@ -1012,13 +1076,8 @@ impl Writer {
             crate::network::NetError::Fabric(f) => Status::failed_precondition(f.to_string()),
             e => Status::internal(format!("compiler: {e}")),
         })?;
+        resp.changed = net.changed_names(&updates);
         self.observe_compile("reroute", t);
-        resp.changed = updates
-            .iter()
-            .enumerate()
-            .filter(|(_, u)| crate::network::moved(u.as_ref()))
-            .map(|(d, _)| fabric.topology.devices[d].name.clone())
-            .collect();
         self.d.generation += 1;
         resp.generation = self.d.generation;
         tracing::info!(links_down = ?resp.links_down, devices_down = ?resp.devices_down, changed = ?resp.changed, "rerouted");
@@ -1079,5 +1138,166 @@ impl Writer {
             publish: Publish { added: vec![], removed: ids, update: Some((generation, Some(update))), devices },
         };
         Ok((staged, proto::RemoveResponse { generation }))
+    }
+
+    /// Network mode: whether rules checked in topology `checked_in` have
+    /// the endpoint numbers of the writer's: its endpoints are the first of
+    /// the writer's (a change that only adds endpoints renumbers nothing).
+    fn same_endpoints(&self, checked_in: Option<&Fabric>) -> bool {
+        match (checked_in, &self.d.net) {
+            (Some(was), Some(net)) => {
+                let (was, now) = (was.endpoints.names(), net.fabric().endpoints.names());
+                now.starts_with(was)
+            }
+            _ => true,
+        }
+    }
+
+    /// Stages a change of topology (network mode): the change applied and
+    /// checked as a topology file, the devices' targets made from it, then
+    /// every device routed and projected again (`Devices::change_topology`).
+    /// The topology and what is down in it are kept in the store (meta
+    /// "topology", "down"), so a restart runs the changed topology.
+    fn stage_change_topology(
+        &mut self,
+        change: &subc_fabric::TopologyChange,
+        dry_run: bool,
+    ) -> Result<(Staged, proto::ChangeTopologyResponse, Option<Box<Retopo>>), Status> {
+        let core = self.core.clone();
+        let Some(net) = &mut self.d.net else {
+            return Err(Status::failed_precondition("the server runs without a topology: there is no topology to change"));
+        };
+        let old = net.fabric().clone();
+        let kinds: Vec<&str> = core.kinds().names().collect();
+        let (topology, text) = subc_fabric::change_topology(&old.topology, change, &kinds).map_err(|e| match e {
+            subc_fabric::ChangeError::Invalid(m) => Status::invalid_argument(m),
+            subc_fabric::ChangeError::Conflict(m) => Status::failed_precondition(m),
+        })?;
+        refuse_redefined(&old.topology, &topology)?;
+        refuse_unbinding(&topology, &core.config().auth.apps)?;
+        let apps = &core.config().auth.apps;
+        let (fabric, targets) = old.changed(topology, core.spec(), core.kinds(), apps).map_err(Status::invalid_argument)?;
+        let fabric = Arc::new(fabric);
+        let mut resp = proto::ChangeTopologyResponse { generation: self.d.generation, topology: text.clone(), ..Default::default() };
+        if dry_run {
+            let p = net.preview(core.spec(), &fabric).map_err(topology_refusal)?;
+            (resp.added, resp.removed, resp.changed) = (p.added, p.removed, p.changed);
+            return Ok((Staged::only(vec![], vec![], Finish::Nothing), resp, None));
+        }
+        let t = Instant::now();
+        let (update, parked) = net.change_topology(core.spec(), fabric.clone()).map_err(topology_refusal)?;
+        // The memory limit covers every compiled set, the added devices' too.
+        let (bytes, limit) = (self.d.set.heap_bytes() + net.heap_bytes(), core.config().limits.max_compiler_bytes);
+        if bytes > limit {
+            net.undo_change(core.spec(), parked);
+            return Err(self.refuse_limit(
+                "compiler_memory",
+                format!(
+                    "the compiled sets would hold about {} MiB, over the limit of {} MiB (limits.max_compiler_bytes); nothing was changed",
+                    bytes >> 20,
+                    limit >> 20
+                ),
+            ));
+        }
+        let down = net.down().clone();
+        let mut start: Vec<(usize, crate::network::DeviceTarget)> = vec![];
+        for (d, target) in targets.into_iter().enumerate() {
+            let added = update.added.iter().any(|(name, _)| *name == target.registration.name);
+            let registered = core.target(&target.registration.name).ok().map(|h| h.registration.clone());
+            if added || registered.as_ref() != Some(&target.registration) {
+                start.push((net.view_of(d), target));
+            }
+        }
+        self.observe_compile("topology", t);
+        self.d.generation += 1;
+        resp.generation = self.d.generation;
+        resp.added = update.added.iter().map(|(n, _)| n.clone()).collect();
+        resp.removed = update.removed.iter().map(|(n, _)| n.clone()).collect();
+        resp.changed = update.changed;
+        tracing::info!(added = ?resp.added, removed = ?resp.removed, changed = ?resp.changed, "changed the topology");
+        let sql = vec![
+            SqlWrite::Meta { key: "topology", value: text },
+            SqlWrite::Meta { key: "down", value: crate::network::down_json(&fabric.topology, &down) },
+        ];
+        let retopo = Retopo { fabric, down, start, remove: resp.removed.clone() };
+        let staged = Staged {
+            sql,
+            undo: Some(Undo::Retopo(Box::new(parked))),
+            events: vec![],
+            finish: Finish::Nothing,
+            publish: Publish {
+                added: vec![],
+                removed: vec![],
+                update: Some((self.d.generation, Some(SetDiff::default()))),
+                devices: update.updates,
+            },
+        };
+        Ok((staged, resp, Some(Box::new(retopo))))
+    }
+
+    /// After a committed change of topology: the handlers see the new
+    /// topology; removed devices' targets stop and are uninstalled; added
+    /// devices' targets (and those whose registration changed) start, as
+    /// at startup, following their views.
+    fn start_and_stop(&self, retopo: Retopo) {
+        let Retopo { fabric, down, start, remove } = retopo;
+        self.core.set_network(Some(fabric), down);
+        for name in remove {
+            if let Some(h) = self.core.remove_target(&name) {
+                self.core.uninstall_target(h);
+            }
+        }
+        for (view, d) in start {
+            // A device that stays, whose registration changed (an `ebpf`
+            // device's interfaces): its task starts again, reading it back
+            // (an eBPF deployment not on every interface is installed anew:
+            // its programs swapped under their links, the new ones attached).
+            if let Some(old) = self.core.remove_target(&d.registration.name) {
+                old.stop();
+            }
+            let h = TargetHandle::for_view(d.registration, Some(view), d.ebpf, true, None, Some(d.approximation));
+            h.request(self.d.generation);
+            self.core.insert_target(h.clone());
+            self.core.spawn_target(h);
+        }
+    }
+}
+
+/// Refuses a change that removes a device and adds one of the same name
+/// with another kind, budget or options: its old target would be
+/// uninstalled while the new one is installed.
+fn refuse_redefined(old: &subc_fabric::Topology, new: &subc_fabric::Topology) -> Result<(), Status> {
+    for d in &new.devices {
+        let Some(was) = old.device(&d.name).map(|i| &old.devices[i]) else { continue };
+        if (was.kind, &was.custom, was.budget, &was.options) != (d.kind, &d.custom, d.budget, &d.options) {
+            return Err(Status::invalid_argument(format!(
+                "device {:?} is removed and added again with another kind, budget or options: remove it in one change and add it in the next",
+                d.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a change that removes an endpoint an application is bound to
+/// (`[[auth.apps]] endpoint = ...`).
+fn refuse_unbinding(new: &subc_fabric::Topology, apps: &[crate::config::AppConfig]) -> Result<(), Status> {
+    for a in apps {
+        let Some(endpoint) = &a.endpoint else { continue };
+        if new.endpoint(endpoint).is_none() {
+            return Err(Status::failed_precondition(format!(
+                "application {:?} is bound to endpoint {endpoint:?} in the configuration: it cannot be removed",
+                a.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A change of topology the devices refused, as its status.
+fn topology_refusal(e: crate::network::NetError) -> Status {
+    match e {
+        crate::network::NetError::Compile { .. } => Status::internal(format!("compiler: {e}")),
+        e => Status::failed_precondition(e.to_string()),
     }
 }

@@ -21,7 +21,13 @@
 //! after it comes back up. Each of those two reroutes moves some switch by a
 //! remove and an add of rules in one update (asserted): the case that sent
 //! two diffs for one pipeline and lost frames on eBPF switches (issue 28).
-//! Namespaces, switches and pinned programs are removed at the end, also
+//! On eBPF switches a fourth leaf with two hosts then joins the running
+//! fabric (`ChangeTopology`: its namespace, links to both spines and hosts
+//! made by the test, the device installed by the service, each spine
+//! attached to its new port), rules for its hosts are added, and every
+//! host, old and new, again receives exactly what the interpreter says;
+//! then its rules and the leaf are removed again (uninstalled), and the
+//! check holds for the six hosts left. Namespaces, switches and pinned programs are removed at the end, also
 //! when the test fails; every wait is bounded.
 
 mod common;
@@ -54,6 +60,8 @@ const HOSTS: [(&str, bool); 6] =
     [("leaf1:3", true), ("leaf1:4", false), ("leaf2:3", false), ("leaf2:4", false), ("leaf3:3", true), ("leaf3:4", false)];
 /// The link marked down: leaf2's link to spine1, which the first tree uses.
 const DOWN_LINK: &str = "leaf2:1";
+/// The leaf that joins the running fabric (eBPF), and leaves it again.
+const JOINING: &str = "leaf4";
 
 /// What runs the switches.
 enum Switches {
@@ -70,6 +78,8 @@ struct Fabric {
     tag: String,
     /// Per host: its namespace and a packet socket on its interface.
     hosts: Vec<(String, OwnedFd)>,
+    /// The hosts that publish, by index.
+    publishers: Vec<usize>,
     topology: String,
     ebpf: bool,
     /// BMv2: each switch's P4Runtime server.
@@ -133,7 +143,31 @@ impl Fabric {
             }
             Switches::Ebpf => vec![],
         };
-        Fabric { tag, hosts, topology, ebpf: matches!(switches, Switches::Ebpf), addresses, _switches: children, _nss: nss }
+        let publishers = (0..HOSTS.len()).filter(|&i| HOSTS[i].1).collect();
+        Fabric { tag, hosts, publishers, topology, ebpf: matches!(switches, Switches::Ebpf), addresses, _switches: children, _nss: nss }
+    }
+
+    /// Builds leaf [`JOINING`]'s namespace, its links to both spines (each
+    /// spine's port 4) and two hosts on it (`h6`, `h7`, not publishing);
+    /// returns the change adding them, which the topology now includes.
+    fn build_leaf(&mut self) -> String {
+        let ns = |name: &str| format!("{}{name}", self.tag);
+        let leaf = ns(JOINING);
+        self._nss.add(&leaf).unwrap();
+        let mut add = format!("[[device]]\nname = \"{leaf}\"\nkind = \"ebpf\"\noptions = {{ netns = \"{leaf}\" }}\n\n");
+        for (port, spine) in [(1, "spine1"), (2, "spine2")] {
+            self._nss.veth(&format!("p{port}"), &leaf, "p4", &ns(spine)).unwrap();
+            add += &format!("[[link]]\na = \"{leaf}:{port}\"\nb = \"{}:4\"\n\n", ns(spine));
+        }
+        for (i, port) in [(6, 3), (7, 4)] {
+            let h = self._nss.add(&ns(&format!("h{i}"))).unwrap();
+            self._nss.veth("eth0", &h, &format!("p{port}"), &leaf).unwrap();
+            add += &format!("[[endpoint]]\nname = \"h{i}\"\nat = \"{leaf}:{port}\"\n\n");
+            let socket = in_netns(&h, || packet_socket("eth0").unwrap()).join().unwrap();
+            self.hosts.push((h, socket));
+        }
+        self.topology += &add;
+        add
     }
 
     /// Breaks the link at `end` (`device:port`). For eBPF switches its veth
@@ -194,6 +228,11 @@ impl Fabric {
     fn devices(&self) -> Vec<String> {
         DEVICES.iter().map(|d| format!("{}{d}", self.tag)).collect()
     }
+
+    /// The devices, [`JOINING`] included.
+    fn all_devices(&self) -> Vec<String> {
+        DEVICES.iter().chain([&JOINING]).map(|d| format!("{}{d}", self.tag)).collect()
+    }
 }
 
 impl Drop for Fabric {
@@ -202,7 +241,7 @@ impl Drop for Fabric {
         if !self.ebpf {
             return;
         }
-        for d in self.devices() {
+        for d in self.all_devices() {
             if let Ok((dep, _)) = subc_ebpf_loader::Deployment::open(&d) {
                 let _ = dep.remove();
             }
@@ -283,9 +322,9 @@ async fn all_in_sync(admin: &mut subc_server::Clients, devices: &[String], gener
 async fn check(phase: &str, fabric: &Fabric, rules: &[String], frames: &[Vec<u8>]) {
     let texts: Vec<&str> = rules.iter().map(String::as_str).collect();
     let (_, p) = network_program(&fabric.topology, &texts);
-    for (publisher, _) in HOSTS.iter().enumerate().filter(|(_, (_, publishes))| *publishes) {
+    for &publisher in &fabric.publishers {
         let mut oracle = subc_lang::Interpreter::new(&p.spec, &p.subscriptions);
-        let mut want: Vec<Vec<Vec<u8>>> = vec![vec![]; HOSTS.len()];
+        let mut want: Vec<Vec<Vec<u8>>> = vec![vec![]; fabric.hosts.len()];
         for f in frames {
             for e in oracle.run(f, 0).ports {
                 if e as usize != publisher {
@@ -427,7 +466,7 @@ fn bmv2_program(p4c: &OsStr) -> Vec<u8> {
 /// the interpreter says.
 async fn follow_changes_and_failures(switches: Switches) {
     let dir = tempfile::tempdir().unwrap();
-    let fabric = Fabric::build(&switches, dir.path());
+    let mut fabric = Fabric::build(&switches, dir.path());
     std::fs::write(dir.path().join("fabric.toml"), &fabric.topology).unwrap();
     let mut cfg = config(dir.path());
     cfg.topology = Some(dir.path().join("fabric.toml"));
@@ -491,7 +530,58 @@ async fn follow_changes_and_failures(switches: Switches) {
         all_in_sync(&mut admin, &devices, u.generation).await;
         assert_moved_both_ways(&mut admin, "link up", &both, &u.changed).await;
         check("after the link came back up", &fabric, &rules(&live), &frames(&fabric, &rules(&live), 4)).await;
+        if fabric.ebpf {
+            join_and_leave(&mut fabric, &mut alice, &mut admin, &mut live).await;
+        }
         r.shutdown().await.unwrap();
     })
     .await;
+}
+
+/// A leaf with two hosts joins the running fabric of eBPF switches, rules
+/// for its hosts are added, and every host receives exactly what the
+/// interpreter says; then its rules and the leaf go again, and the six
+/// hosts left still do.
+async fn join_and_leave(
+    fabric: &mut Fabric,
+    alice: &mut subc_server::Clients,
+    admin: &mut subc_server::Clients,
+    live: &mut Vec<(u64, String)>,
+) {
+    let rules = |live: &[(u64, String)]| live.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
+    let before = fabric.topology.clone();
+    let add = fabric.build_leaf();
+    let c = admin.targets.change_topology(proto::ChangeTopologyRequest { add, ..Default::default() }).await.unwrap().into_inner();
+    let leaf = format!("{}{JOINING}", fabric.tag);
+    assert_eq!(c.added, std::slice::from_ref(&leaf), "{c:?}");
+    eprintln!("leaf joined: devices changed {:?}", c.changed);
+    let joined = [("stock == GOOGL : fwd(h6)", 0), ("shares > 300 : fwd(h7, h2)", 1), ("stock == AAPL : fwd(h7)", 2)];
+    let lines: Vec<&str> = joined.iter().map(|(l, _)| *l).collect();
+    let a = alice.subs.add(add_req(&lines)).await.unwrap().into_inner();
+    let ids: Vec<u64> = a.subscriptions.iter().map(|s| s.id).collect();
+    live.extend(ids.iter().copied().zip(lines.iter().map(|l| l.to_string())));
+    all_in_sync(admin, &fabric.all_devices(), a.generation).await;
+    check("after a leaf joined", fabric, &rules(live), &frames(fabric, &rules(live), 5)).await;
+
+    // The leaf leaves: its hosts' rules first (the service refuses to
+    // remove endpoints that rules forward to), then the leaf and its hosts.
+    let rm = proto::ChangeTopologyRequest {
+        remove_devices: vec![leaf.clone()],
+        remove_endpoints: vec!["h6".into(), "h7".into()],
+        ..Default::default()
+    };
+    assert_eq!(admin.targets.change_topology(rm.clone()).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.unwrap();
+    live.retain(|(id, _)| !ids.contains(id));
+    let c = admin.targets.change_topology(rm).await.unwrap().into_inner();
+    assert_eq!(c.removed, std::slice::from_ref(&leaf), "{c:?}");
+    fabric.topology = before;
+    fabric.hosts.truncate(HOSTS.len());
+    all_in_sync(admin, &fabric.devices(), c.generation).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subc_ebpf_loader::Deployment::open(&leaf).is_ok() {
+        assert!(Instant::now() < deadline, "the leaf that left was not uninstalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check("after the leaf left", fabric, &rules(live), &frames(fabric, &rules(live), 6)).await;
 }

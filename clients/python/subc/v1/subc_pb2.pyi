@@ -196,6 +196,48 @@ class Diagnostics(_message.Message):
     total: int
     def __init__(self, diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
+class ChangeTopologyRequest(_message.Message):
+    __slots__ = ("add", "remove_devices", "remove_links", "remove_endpoints", "dry_run")
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_LINKS_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    add: str
+    remove_devices: _containers.RepeatedScalarFieldContainer[str]
+    remove_links: _containers.RepeatedScalarFieldContainer[str]
+    remove_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    def __init__(self, add: _Optional[str] = ..., remove_devices: _Optional[_Iterable[str]] = ..., remove_links: _Optional[_Iterable[str]] = ..., remove_endpoints: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class ChangeTopologyResponse(_message.Message):
+    __slots__ = ("added", "removed", "changed", "generation", "topology")
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    added: _containers.RepeatedScalarFieldContainer[str]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    topology: str
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., changed: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ..., topology: _Optional[str] = ...) -> None: ...
+
+class GetTopologyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTopologyResponse(_message.Message):
+    __slots__ = ("topology", "links_down", "devices_down")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    LINKS_DOWN_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_DOWN_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    links_down: _containers.RepeatedScalarFieldContainer[int]
+    devices_down: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topology: _Optional[str] = ..., links_down: _Optional[_Iterable[int]] = ..., devices_down: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SetDownRequest(_message.Message):
     __slots__ = ("links", "devices", "down")
     LINKS_FIELD_NUMBER: _ClassVar[int]

@@ -327,6 +327,16 @@ class TargetsStub:
                 request_serializer=subc_dot_v1_dot_subc__pb2.SetDownRequest.SerializeToString,
                 response_deserializer=subc_dot_v1_dot_subc__pb2.SetDownResponse.FromString,
                 _registered_method=True)
+        self.ChangeTopology = channel.unary_unary(
+                '/subc.v1.Targets/ChangeTopology',
+                request_serializer=subc_dot_v1_dot_subc__pb2.ChangeTopologyRequest.SerializeToString,
+                response_deserializer=subc_dot_v1_dot_subc__pb2.ChangeTopologyResponse.FromString,
+                _registered_method=True)
+        self.GetTopology = channel.unary_unary(
+                '/subc.v1.Targets/GetTopology',
+                request_serializer=subc_dot_v1_dot_subc__pb2.GetTopologyRequest.SerializeToString,
+                response_deserializer=subc_dot_v1_dot_subc__pb2.GetTopologyResponse.FromString,
+                _registered_method=True)
 
 
 class TargetsServicer:
@@ -389,6 +399,34 @@ class TargetsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChangeTopology(self, request, context):
+        """Network mode, admin only: adds and removes devices, links and
+        endpoints as one change, committed to the store before the reply (a
+        restart comes back with the changed topology, not the file's). The
+        changed topology is checked whole, as a topology file is; the routes
+        are recomputed, every device projected again, and only the devices
+        whose programs changed are sent diffs; added devices become targets
+        and are installed, removed ones are uninstalled. Refused with nothing
+        changed: INVALID_ARGUMENT for a malformed change (a name the topology
+        lacks, additions that are not a topology's tables, a name or port
+        used twice, bad device options, a port beyond the spec's `ports`);
+        FAILED_PRECONDITION for one the running fabric cannot take (devices
+        cut apart, an endpoint left on a removed device, removing an endpoint
+        that subscriptions forward to or an application is bound to, a
+        budget no placement fits) and for a server without a topology.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTopology(self, request, context):
+        """Network mode, admin only: the topology the server runs now, as a
+        topology file (FAILED_PRECONDITION without a topology).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +464,16 @@ def add_TargetsServicer_to_server(servicer, server):
                     servicer.SetDown,
                     request_deserializer=subc_dot_v1_dot_subc__pb2.SetDownRequest.FromString,
                     response_serializer=subc_dot_v1_dot_subc__pb2.SetDownResponse.SerializeToString,
+            ),
+            'ChangeTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeTopology,
+                    request_deserializer=subc_dot_v1_dot_subc__pb2.ChangeTopologyRequest.FromString,
+                    response_serializer=subc_dot_v1_dot_subc__pb2.ChangeTopologyResponse.SerializeToString,
+            ),
+            'GetTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTopology,
+                    request_deserializer=subc_dot_v1_dot_subc__pb2.GetTopologyRequest.FromString,
+                    response_serializer=subc_dot_v1_dot_subc__pb2.GetTopologyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -619,6 +667,60 @@ class Targets:
             '/subc.v1.Targets/SetDown',
             subc_dot_v1_dot_subc__pb2.SetDownRequest.SerializeToString,
             subc_dot_v1_dot_subc__pb2.SetDownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/subc.v1.Targets/ChangeTopology',
+            subc_dot_v1_dot_subc__pb2.ChangeTopologyRequest.SerializeToString,
+            subc_dot_v1_dot_subc__pb2.ChangeTopologyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/subc.v1.Targets/GetTopology',
+            subc_dot_v1_dot_subc__pb2.GetTopologyRequest.SerializeToString,
+            subc_dot_v1_dot_subc__pb2.GetTopologyResponse.FromString,
             options,
             channel_credentials,
             insecure,
