@@ -302,12 +302,16 @@ impl Plane {
         Ok(Opened { layout: p.clone(), spec, target })
     }
 
-    /// A program attached elsewhere (other interfaces, or another hook) is
-    /// removed before the new layout's is attached.
+    /// A program attached where the new layout has none (an interface it
+    /// drops, another hook or mode) is removed before the new one is
+    /// attached. A layout that only gains interfaces keeps the program's
+    /// links: the install swaps the program under them (a device of a
+    /// fabric that gained a port never stops forwarding on the others).
     fn detach_if_moved(&mut self, new: &Layout) -> Result<(), PlaneError> {
         let Some(o) = &mut self.opened else { return Ok(()) };
         let old = Layout::from_proto(&o.layout)?;
-        if old.interfaces != new.interfaces || old.hook != new.hook || old.mode != new.mode {
+        let dropped = old.interfaces.iter().any(|i| !new.interfaces.contains(i));
+        if dropped || old.hook != new.hook || old.mode != new.mode {
             o.target.uninstall().map_err(PlaneError::Target)?;
             self.held = None;
             self.digest = None;
