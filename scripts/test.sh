@@ -123,6 +123,13 @@ if cargo tree -p subc-client --locked -e normal,build --prefix none | grep -E '^
     exit 1
 fi
 
+log "checking that subc-agent carries no store, service or P4 code to the hosts"
+# A host runs the data plane only (ARCHITECTURE.md, crates/agent).
+if cargo tree -p subc-agent --locked -e normal,build --prefix none | grep -E '^(rusqlite|libsqlite3|subc-server|subc-p4runtime|subc-backend-p4|prometheus-client) '; then
+    echo "error: subc-agent depends on the crates above" >&2
+    exit 1
+fi
+
 log "checking that subc-backend-p4 is pure generation: no tonic, tokio or rustls"
 # Talking to a switch is subc-p4runtime's (ARCHITECTURE.md, crates/backend-p4).
 if cargo tree -p subc-backend-p4 --locked -e normal --prefix none | grep -E '^(tonic|tokio|rustls)'; then
