@@ -520,7 +520,8 @@ mod tests {
     /// with the smaller id the default).
     #[test]
     fn entries_do_not_depend_on_state_ids() {
-        let cases: [(&[(u64, u64)], u32, MatchKind); 4] = [
+        type Case<'a> = (&'a [(u64, u64)], u32, MatchKind);
+        let cases: [Case; 4] = [
             (&[(0, 693_031), (693_032, 1_555_476), (1_555_477, u32::MAX as u64)], 32, MatchKind::Range),
             (&[(0, 9), (10, 10), (11, 11), (12, 255)], 8, MatchKind::Exact),
             (&[(0, 0x0bff), (0x0c00, 0x0dff), (0x0e00, 0x0fff), (0x1000, 0xffff)], 16, MatchKind::Ternary),
