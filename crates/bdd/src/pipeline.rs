@@ -253,15 +253,39 @@ impl PipelineShape {
 
 /// Computes a state's entries from its node's intervals `(lo, hi, next)`.
 /// Intervals to [`DEAD`] need no entry unless another child is the default.
+///
+/// The entries are a function of the partition alone, never of the state
+/// ids its children happen to have: ids come from a history (a fresh
+/// compile numbers a diagram's nodes otherwise than the adds that built the
+/// same diagram), and the tables of equal diagrams must be equal once ids
+/// are aligned (`CompiledSet::adopt`). So the choices below (which child is
+/// the default; which of equally good next states a prefix takes) see each
+/// child as its rank of first appearance, left to right, with [`DEAD`],
+/// which means the same in every history, before all others.
 pub(crate) fn state_entries(intervals: &[(u64, u64, StateId)], width: u32, kind: MatchKind) -> Vec<(Match, StateId)> {
-    match kind {
-        MatchKind::Exact => exact_entries(intervals),
-        MatchKind::Range => range_entries(intervals, width),
-        MatchKind::Lpm | MatchKind::Ternary => nested_prefix_entries(intervals, width, kind),
-    }
+    let mut ids: Vec<StateId> = vec![DEAD];
+    let mut rank: crate::hash::FxHashMap<StateId, StateId> = crate::hash::FxHashMap::default();
+    rank.insert(DEAD, DEAD);
+    let ranked: Vec<(u64, u64, StateId)> = intervals
+        .iter()
+        .map(|&(lo, hi, next)| {
+            let r = *rank.entry(next).or_insert_with(|| {
+                ids.push(next);
+                (ids.len() - 1) as StateId
+            });
+            (lo, hi, r)
+        })
+        .collect();
+    let entries = match kind {
+        MatchKind::Exact => exact_entries(&ranked),
+        MatchKind::Range => range_entries(&ranked, width),
+        MatchKind::Lpm | MatchKind::Ternary => nested_prefix_entries(&ranked, width, kind),
+    };
+    entries.into_iter().map(|(m, r)| (m, ids[r as usize])).collect()
 }
 
-/// Exact fields: the child covering the most values is the default; every
+/// Exact fields: the child covering the most values is the default (of
+/// equals, the first; `next` are ranks, see [`state_entries`]); every
 /// other interval becomes exact entries, one per value. Those intervals hold
 /// only values some rule names as a constant (all other values behave alike
 /// and go to one child), so the expansion is bounded by the constants; but
@@ -290,7 +314,7 @@ fn exact_entries(intervals: &[(u64, u64, StateId)]) -> Vec<(Match, StateId)> {
 
 /// Range fields: one entry per interval not covered by the default (single
 /// values as exact entries), choosing as default the child whose intervals
-/// would cost the most TCAM.
+/// would cost the most TCAM (of equals, [`DEAD`], then the first).
 fn range_entries(intervals: &[(u64, u64, StateId)], width: u32) -> Vec<(Match, StateId)> {
     // Cost of an interval that is not covered by the default: (tcam, sram).
     let cost = |lo: u64, hi: u64| -> (usize, usize) {
@@ -488,5 +512,36 @@ mod tests {
         // merge into an interval, which becomes one exact entry per value.
         let e = state_entries(&[(0, 1, 5), (2, 3, 4), (4, 255, 5)], 8, MatchKind::Exact);
         assert_eq!(e, vec![(Match::Exact { value: 2 }, 4), (Match::Exact { value: 3 }, 4), (Match::Default, 5)]);
+    }
+
+    /// Entries do not depend on the children's ids: renaming them renames
+    /// the entries' next states and nothing else, also where two children
+    /// cost the same (here 21 TCAM entries each, which once made the one
+    /// with the smaller id the default).
+    #[test]
+    fn entries_do_not_depend_on_state_ids() {
+        type Case<'a> = (&'a [(u64, u64)], u32, MatchKind);
+        let cases: [Case; 4] = [
+            (&[(0, 693_031), (693_032, 1_555_476), (1_555_477, u32::MAX as u64)], 32, MatchKind::Range),
+            (&[(0, 9), (10, 10), (11, 11), (12, 255)], 8, MatchKind::Exact),
+            (&[(0, 0x0bff), (0x0c00, 0x0dff), (0x0e00, 0x0fff), (0x1000, 0xffff)], 16, MatchKind::Ternary),
+            (&[(0, 0x0bff), (0x0c00, 0x0dff), (0x0e00, 0x0fff), (0x1000, 0xffff)], 16, MatchKind::Lpm),
+        ];
+        for (bounds, width, kind) in cases {
+            for ids in [[DEAD, 4, 11, DEAD], [DEAD, 11, 4, DEAD], [9, 4, 11, 9], [9, 11, 4, 9], [4, 11, 4, 11], [11, 4, 11, 4]] {
+                let iv: Vec<(u64, u64, StateId)> = bounds.iter().zip(ids).map(|(&(lo, hi), s)| (lo, hi, s)).collect();
+                let swap = |s: StateId| match s {
+                    4 => 11,
+                    11 => 4,
+                    s => s,
+                };
+                let swapped: Vec<(u64, u64, StateId)> = iv.iter().map(|&(lo, hi, s)| (lo, hi, swap(s))).collect();
+                let mut renamed: Vec<(Match, StateId)> = state_entries(&iv, width, kind).into_iter().map(|(m, s)| (m, swap(s))).collect();
+                let mut direct = state_entries(&swapped, width, kind);
+                renamed.sort_unstable();
+                direct.sort_unstable();
+                assert_eq!(renamed, direct, "{kind:?} {ids:?}");
+            }
+        }
     }
 }

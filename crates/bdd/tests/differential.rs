@@ -138,6 +138,90 @@ fn layout_and_placements_rebuild_a_set_with_a_history() {
     assert!(fresh_differs > 0, "every fresh compile matched its history: the test shows nothing");
 }
 
+/// Rules added one by one and, after each, a fresh compile of the set in
+/// the same order: the fresh compile adopts the incremental one's ids with
+/// nothing to write, and then holds the same tables.
+fn assert_adds_match_fresh(p: &Program, what: &str) -> Result<(), TestCaseError> {
+    let mut live = CompiledSet::compile(&p.spec, &[], CompileOptions::default()).unwrap();
+    let mut target: Vec<Pipeline> = live.pipelines().into_iter().cloned().collect();
+    for (i, sub) in p.normal_forms.iter().enumerate() {
+        apply_checked(&mut target, &live.add(std::slice::from_ref(sub)).unwrap());
+        let opts = CompileOptions { order: Some(live.base_order().to_vec()), ..Default::default() };
+        let mut fresh = CompiledSet::compile(&p.spec, &p.normal_forms[..=i], opts).unwrap();
+        let u = fresh.adopt(&target).unwrap();
+        prop_assert!(u.is_empty(), "{what}, after add {i}: a fresh compile is {} entries away: {u:?}", u.len());
+        prop_assert_eq!(&fresh.pipelines().into_iter().cloned().collect::<Vec<_>>(), &target, "{}, after add {}", what, i);
+    }
+    Ok(())
+}
+
+/// Random ITCH rules whose ranges are wide (so that two intervals of a state
+/// often cost the same TCAM), with `in {..}` sets and multi-port actions.
+fn wide_itch_program(seed: u64, n: usize) -> Program {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let mut rng = Rng::new(seed);
+    let stocks = ["AAPL", "AMZN", "NVDA", "MSFT", "GOOGL"];
+    let mut rules = String::new();
+    for _ in 0..n {
+        let mut parts = vec![];
+        if rng.chance(0.5) {
+            parts.push(format!("shares {} {}", rng.pick(&[">", "<"]), rng.below(1000)));
+        }
+        if rng.chance(0.5) {
+            parts.push(format!("price {} {}", rng.pick(&[">", "<"]), rng.below(2_000_000)));
+        }
+        if parts.is_empty() || rng.chance(0.3) {
+            let (a, b) = (rng.pick(&stocks), rng.pick(&stocks));
+            parts.push(format!("stock in {{{a}, {b}}}"));
+            if rng.chance(0.7) {
+                parts.push("side == \"B\"".into());
+            }
+        }
+        let mut ports: Vec<u64> = (0..rng.range(1, 4)).map(|_| rng.below(6)).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        let ports: Vec<String> = ports.iter().map(u64::to_string).collect();
+        rules.push_str(&format!("{} : fwd({})\n", parts.join(" && "), ports.join(", ")));
+    }
+    program(&spec, &[&rules])
+}
+
+/// Found in network mode (a device's held tables 3 entries from a fresh
+/// compile of its projection): a price state with three intervals, two of
+/// which cost 21 TCAM entries each, made the one with the smaller state id
+/// its default, and state ids depend on the history.
+#[test]
+fn adds_match_a_fresh_compile_when_defaults_tie() {
+    let spec = std::fs::read_to_string(repo().join("examples/itch/itch.spec")).unwrap();
+    let rules = [
+        "shares > 726 && price < 693032 : fwd(5)",
+        "shares > 238 && price < 1555477 : fwd(1, 4)",
+        "stock in {AMZN, NVDA} && side == \"B\" : fwd(1, 5)",
+        "stock in {AAPL, AMZN} && side == \"B\" : fwd(1)",
+        "stock in {MSFT, GOOGL} && side == \"B\" : fwd(1)",
+        "stock in {NVDA, AAPL} && side == \"B\" : fwd(4, 5)",
+    ];
+    let p = program(&spec, &[&rules.join("\n")]);
+    assert_adds_match_fresh(&p, "network repro").unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Tables are a function of the diagram, not of the state ids a history
+    /// gave its nodes: every prefix of a random set, added one by one,
+    /// holds what a fresh compile holds.
+    #[test]
+    fn adds_match_a_fresh_compile(seed in 0u64..100_000, n in 1usize..14) {
+        assert_adds_match_fresh(&wide_itch_program(seed, n), &format!("itch seed {seed}"))?;
+    }
+
+    #[test]
+    fn adds_match_a_fresh_compile_of_mixed_kinds(seed in 0u64..100_000, n in 1usize..20) {
+        assert_adds_match_fresh(&mixed_kinds_program(seed, n), &format!("mixed seed {seed}"))?;
+    }
+}
+
 /// What the server keeps across restarts: compiling a set again with its
 /// `base_order` given rebuilds the same pipelines, split ones included. Each
 /// split pipeline moves its key to the front of the base order, so pipeline

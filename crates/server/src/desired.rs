@@ -456,8 +456,10 @@ pub enum DistanceError {
 
 /// How many entries separate `held` from a fresh compile of `nfs` in the
 /// same field order, once ids are aligned (`CompiledSet::adopt`): 0 when a
-/// target holds exactly what the subscriptions mean. Used to check targets
-/// after crashes and restarts.
+/// target holds exactly what the subscriptions mean. It counts entries, not
+/// meaning: it relies on equal diagrams lowering to equal tables whatever
+/// history numbered their states. Used to check targets after crashes and
+/// restarts.
 pub fn distance_to_fresh_compile(
     spec: &Spec,
     nfs: &[subc_lang::NfSubscription],
