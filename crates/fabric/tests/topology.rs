@@ -110,13 +110,13 @@ fn custom_kinds_are_device_kinds_of_the_services_that_have_them() {
     let mut diags = Diagnostics::default();
     assert!(check_topology(&sources, file, &mut diags).is_none());
     let rendered = diags.render(&sources);
-    assert!(rendered.contains("expected `sim`, `ebpf` or `p4runtime`"), "{rendered}");
+    assert!(rendered.contains("expected `sim`, `ebpf`, `p4runtime` or `agent`"), "{rendered}");
     let mut diags = Diagnostics::default();
     let typo = sources.add("u.toml", text.replace("ledger", "ledgr"));
     assert!(subc_fabric::check_topology_with(&sources, typo, &["ledger"], &mut diags).is_none());
     let rendered = diags.render(&sources);
     assert!(
-        rendered.contains("expected `sim`, `ebpf`, `p4runtime` or `ledger`") && rendered.contains("did you mean `ledger`?"),
+        rendered.contains("expected `sim`, `ebpf`, `p4runtime`, `agent` or `ledger`") && rendered.contains("did you mean `ledger`?"),
         "{rendered}"
     );
 }
