@@ -29,7 +29,7 @@
 
 mod common;
 
-use common::agents::{management, AgentProc, Certs, AGENT_NAME};
+use common::agents::{self, management, AgentProc, Certs, AGENT_NAME};
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
@@ -87,8 +87,9 @@ impl Fabric {
         let mut net = Cleanup::default();
         let mut topology = String::new();
         let mut agents = vec![];
-        // Management subnets of this process (below 16,384 in all).
+        // Management subnets of this process.
         let base = (std::process::id() % 1000) * 8;
+        assert!(base + 8 <= agents::MANAGEMENT_SUBNETS);
         for (i, d) in DEVICES.iter().enumerate() {
             net.netns(&ns(d));
             let address = management(&mut net, &format!("{tag}m{i}"), &ns(d), base + i as u32);
