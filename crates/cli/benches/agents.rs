@@ -277,7 +277,8 @@ fn run(kind: &str, dir: &Path, topology: &str, rules: &[String], samples: usize,
         let agents_rss: u64 = agents.iter().map(|a| status_kb(a.pid(), "VmRSS")).sum();
         let log = server.log();
         let reinstalls: Vec<&str> = log.lines().filter(|l| l.contains("reinstalling the program")).collect();
-        for l in reinstalls.iter().take(3) {
+        let failures: Vec<&str> = log.lines().filter(|l| l.contains("deploy failed")).collect();
+        for l in reinstalls.iter().chain(&failures).take(6) {
             eprintln!("{kind}: {l}");
         }
         serde_json::json!({
@@ -295,6 +296,7 @@ fn run(kind: &str, dir: &Path, topology: &str, rules: &[String], samples: usize,
                 "tcp_established_to_agents": to_agents,
                 "tcp_established_other": others,
                 "reinstalls": reinstalls.len(),
+                "deploy_failures": failures.len(),
             },
             "agents_rss_kb_sum": agents_rss,
         })
