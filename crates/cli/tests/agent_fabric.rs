@@ -87,8 +87,9 @@ impl Fabric {
         let mut net = Cleanup::default();
         let mut topology = String::new();
         let mut agents = vec![];
-        // Management subnets of this process.
-        let base = (std::process::id() % 1000) * 8;
+        // Management subnets of this process: above the 4,096 that
+        // `tests/agent.rs` picks from, so that both may run at once.
+        let base = 4096 + (std::process::id() % 700) * 8;
         assert!(base + 8 <= agents::MANAGEMENT_SUBNETS);
         for (i, d) in DEVICES.iter().enumerate() {
             net.netns(&ns(d));
