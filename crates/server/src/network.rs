@@ -772,8 +772,14 @@ impl Devices {
         let device = &mut self.devices[d];
         let compile_error = |source| NetError::Compile { device: topology.devices[d].name.clone(), source };
         let placed = device.placed(topology, d, &new);
-        let mut rules = device.rules.clone();
-        rules.extend(new.iter().map(|n| (n.id, n.clone())));
+        // The device's rules with the new ones, to compile it anew: only on
+        // the paths that do (a copy of every rule the device holds; made on
+        // each add, it cost more than the add itself: BENCHMARKS.md, "Agents").
+        let with_new = |device: &DeviceSet| {
+            let mut rules = device.rules.clone();
+            rules.extend(new.iter().map(|n| (n.id, n.clone())));
+            rules
+        };
         match device.set.add_until(&placed, deadline) {
             Ok(u) if !device.over_budget() => {
                 device.took(spec, &[], new);
@@ -782,6 +788,7 @@ impl Devices {
             Ok(_) => {
                 // Over its budget: place the device's rules anew, or take
                 // the rules out again (its ids may have moved: published whole).
+                let rules = with_new(device);
                 let placed_anew = device.replace(topology, spec, d, rules, &self.opts, deadline);
                 if placed_anew.is_err() {
                     let ids: Vec<SubId> = placed.iter().map(|n| n.id).collect();
@@ -794,6 +801,7 @@ impl Devices {
             }
             // The device's pipelines or bit-vector group are full: lay its rules out anew.
             Err(CompileError::NeedsRecompile { .. } | CompileError::BitGroupFull { .. }) => {
+                let rules = with_new(device);
                 device.replace(topology, spec, d, rules, &self.opts, deadline).map(|()| None)
             }
             Err(e) => Err(compile_error(e)),

@@ -11,9 +11,11 @@ pub use subc_agent::testing::{Certs, AGENT_NAME};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// A management link: this namespace's end `10.<a>.<b>.1/30`, the agent's
-/// `10.<a>.<b>.2/30` on interface `mgmt` of its namespace. `n` picks the
-/// subnet (below 16,384).
+/// `10.<a>.<b>.2/30` on interface `mgmt` of its namespace, where
+/// `a = 100 + n / 64` and `b = 4 * (n % 64)`: `n` picks the subnet, below
+/// [`MANAGEMENT_SUBNETS`].
 pub fn management(net: &mut Cleanup, host_if: &str, ns: &str, n: u32) -> String {
+    assert!(n < MANAGEMENT_SUBNETS, "management subnet {n}: there are {MANAGEMENT_SUBNETS} (10.100.0.0 to 10.255.255.255)");
     let (a, b) = (100 + n / 64, (n % 64) * 4);
     net.veth(host_if, "mgmt", Some(ns));
     ip(&["addr", "add", &format!("10.{a}.{b}.1/30"), "dev", host_if]);
@@ -21,6 +23,9 @@ pub fn management(net: &mut Cleanup, host_if: &str, ns: &str, n: u32) -> String 
     ip(&["-n", ns, "link", "set", "lo", "up"]);
     format!("10.{a}.{b}.2")
 }
+
+/// How many management subnets there are: `10.100.0.0/30` to `10.255.255.252/30`.
+pub const MANAGEMENT_SUBNETS: u32 = (256 - 100) * 64;
 
 /// A `subc agent` process in namespace `ns`.
 pub struct AgentProc {
