@@ -302,16 +302,15 @@ impl Plane {
         Ok(Opened { layout: p.clone(), spec, target })
     }
 
-    /// A program attached where the new layout has none (an interface it
-    /// drops, another hook or mode) is removed before the new one is
-    /// attached. A layout that only gains interfaces keeps the program's
-    /// links: the install swaps the program under them (a device of a
-    /// fabric that gained a port never stops forwarding on the others).
+    /// A program of another hook or mode is removed before the new one is
+    /// attached. Otherwise the install swaps the program under the links it
+    /// keeps, attaches it to interfaces the layout gains and detaches it from
+    /// those it drops (`Deployment::install`): a device of a fabric that
+    /// gains or loses a port never stops forwarding on the others.
     fn detach_if_moved(&mut self, new: &Layout) -> Result<(), PlaneError> {
         let Some(o) = &mut self.opened else { return Ok(()) };
         let old = Layout::from_proto(&o.layout)?;
-        let dropped = old.interfaces.iter().any(|i| !new.interfaces.contains(i));
-        if dropped || old.hook != new.hook || old.mode != new.mode {
+        if old.hook != new.hook || old.mode != new.mode {
             o.target.uninstall().map_err(PlaneError::Target)?;
             self.held = None;
             self.digest = None;

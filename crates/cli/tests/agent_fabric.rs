@@ -20,8 +20,10 @@
 //!   far below the pause); continued, it catches up by a diff and every
 //!   host receives exactly again.
 //!
-//! Not here yet: a device added to the running topology, then removed (the
-//! runtime topology API is being built apart).
+//! Last, a leaf with two hosts and an agent of its own joins the running
+//! fabric (`ChangeTopology`), rules for its hosts are added, and every host
+//! receives exactly what the interpreter says; then its rules and the leaf
+//! go again (its agent uninstalled), and the six hosts left still do.
 //!
 //! Namespaces, agents, the server and pins are removed at the end, also when
 //! the test fails (`Cleanup`, `AgentProc` and `ServerProc` drops); every wait
@@ -60,6 +62,9 @@ const DOWN_LINK: &str = "leaf2:1";
 const KILLED: &str = "leaf3";
 /// The agent paused: leaf2, the switch of h2 and h3.
 const PAUSED: &str = "leaf2";
+/// The leaf that joins the running fabric, with hosts `h6` and `h7` on its
+/// ports 3 and 4, and links to both spines' port 4.
+const JOINING: &str = "leaf4";
 /// Applications bound to endpoints (`[[auth.apps]] endpoint = ...`): their
 /// `fwd()` forwards there.
 const BOUND: [(&str, &str); 2] = [("app1", "h2"), ("app2", "h5")];
@@ -68,6 +73,8 @@ const BOUND: [(&str, &str); 2] = [("app1", "h2"), ("app2", "h5")];
 /// an agent per switch, and the topology naming them.
 struct Fabric {
     tag: String,
+    /// The first management subnet of this fabric's (one per switch).
+    subnets: u32,
     /// Per host: its namespace and a packet socket on its interface.
     hosts: Vec<(String, OwnedFd)>,
     /// Per device (in `DEVICES` order), its agent.
@@ -90,7 +97,7 @@ impl Fabric {
         // Management subnets of this process: above the 4,096 that
         // `tests/agent.rs` picks from, so that both may run at once.
         let base = 4096 + (std::process::id() % 700) * 8;
-        assert!(base + 8 <= agents::MANAGEMENT_SUBNETS);
+        assert!(base + DEVICES.len() as u32 + 1 <= agents::MANAGEMENT_SUBNETS && DEVICES.len() < 8);
         for (i, d) in DEVICES.iter().enumerate() {
             net.netns(&ns(d));
             let address = management(&mut net, &format!("{tag}m{i}"), &ns(d), base + i as u32);
@@ -124,7 +131,42 @@ impl Fabric {
             let socket = in_netns(&h, || subc_ebpf_loader::testnet::packet_socket("eth0").unwrap()).join().unwrap();
             hosts.push((h, socket));
         }
-        Fabric { tag, hosts, agents, topology, _net: net }
+        Fabric { tag, subnets: base, hosts, agents, topology, _net: net }
+    }
+
+    /// Builds leaf [`JOINING`]: its namespace and agent, its links to both
+    /// spines and two hosts on it; returns the change adding them, which
+    /// the topology now includes.
+    fn build_leaf(&mut self, dir: &Path, certs: &Certs) -> String {
+        let tag = self.tag.clone();
+        let ns = |name: &str| format!("{tag}{name}");
+        let leaf = ns(JOINING);
+        self._net.netns(&leaf);
+        let address = management(&mut self._net, &format!("{tag}m{}", DEVICES.len()), &leaf, self.subnets + DEVICES.len() as u32);
+        let agent = AgentProc::start(&leaf, &leaf, &address, dir, certs);
+        let file = |p: &Path| p.display().to_string();
+        let mut add = format!(
+            "[[device]]\nname = \"{leaf}\"\nkind = \"agent\"\noptions = {{ address = \"{}\", ca_cert = \"{}\", client_cert = \"{}\", client_key = \"{}\", server_name = \"{AGENT_NAME}\" }}\n\n",
+            agent.address,
+            file(&certs.ca),
+            file(&certs.client_cert),
+            file(&certs.client_key),
+        );
+        for (port, spine) in [(1, "spine1"), (2, "spine2")] {
+            self._net.namespaces.veth(&format!("p{port}"), &leaf, "p4", &ns(spine)).unwrap();
+            add += &format!("[[link]]\na = \"{leaf}:{port}\"\nb = \"{}:4\"\n\n", ns(spine));
+        }
+        for (i, port) in [(6, 3), (7, 4)] {
+            let h = ns(&format!("h{i}"));
+            self._net.netns(&h);
+            self._net.namespaces.veth("eth0", &h, &format!("p{port}"), &leaf).unwrap();
+            add += &format!("[[endpoint]]\nname = \"h{i}\"\nat = \"{leaf}:{port}\"\n\n");
+            let socket = in_netns(&h, || subc_ebpf_loader::testnet::packet_socket("eth0").unwrap()).join().unwrap();
+            self.hosts.push((h, socket));
+        }
+        self.agents.push(agent);
+        self.topology += &add;
+        add
     }
 
     fn devices(&self) -> Vec<String> {
@@ -132,7 +174,8 @@ impl Fabric {
     }
 
     fn agent(&self, d: &str) -> &AgentProc {
-        &self.agents[DEVICES.iter().position(|x| *x == d).unwrap()]
+        let i = DEVICES.iter().position(|x| *x == d).unwrap_or(DEVICES.len());
+        &self.agents[i]
     }
 
     fn agent_mut(&mut self, d: &str) -> &mut AgentProc {
@@ -202,7 +245,7 @@ async fn check(phase: &str, fabric: &Fabric, rules: &[String], seed: u64, mut mi
     let (_, p) = network_program(&fabric.topology, rules);
     for (publisher, _) in HOSTS.iter().enumerate().filter(|(_, (_, publishes))| *publishes) {
         let mut oracle = subc_lang::Interpreter::new(&p.spec, &p.subscriptions);
-        let mut want: Vec<Vec<Vec<u8>>> = vec![vec![]; HOSTS.len()];
+        let mut want: Vec<Vec<Vec<u8>>> = vec![vec![]; fabric.hosts.len()];
         for f in &frames {
             for e in oracle.run(f, 0).ports {
                 if e as usize != publisher {
@@ -517,6 +560,44 @@ async fn a_leaf_spine_fabric_of_agents_delivers_exactly_through_changes_and_faul
         assert_eq!(installs(fabric.agent(PAUSED)), paused_installs, "the paused agent caught up by a diff, not an install");
         assert!(paused_after > paused_before, "the paused agent took the adds");
         check("after the paused agent continued", &fabric, &rules(&live), 9, None).await;
+
+        // A leaf with its own agent joins the running fabric, then leaves.
+        let before = fabric.topology.clone();
+        let add = fabric.build_leaf(dir.path(), &certs);
+        let leaf = format!("{}{JOINING}", fabric.tag);
+        let c = admin.targets.change_topology(proto::ChangeTopologyRequest { add, ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(c.added, std::slice::from_ref(&leaf), "{c:?}");
+        eprintln!("leaf joined: devices changed {:?}", c.changed);
+        let joined = ["stock == GOOGL : fwd(h6)", "shares > 300 : fwd(h7, h2)", "stock == AAPL : fwd(h7)"];
+        let a = app.subs.add(add_req(&joined)).await.unwrap().into_inner();
+        let ids: Vec<u64> = a.subscriptions.iter().map(|s| s.id).collect();
+        live.extend(ids.iter().copied().zip(joined.iter().map(|l| l.to_string())));
+        let mut all = devices.clone();
+        all.push(leaf.clone());
+        all_in_sync(&mut admin, &all, a.generation, sync_limit).await;
+        check("after a leaf joined", &fabric, &rules(&live), 10, None).await;
+        // Its hosts' rules first (the service refuses to remove endpoints
+        // that rules forward to), then the leaf and its hosts.
+        let rm = proto::ChangeTopologyRequest {
+            remove_devices: vec![leaf.clone()],
+            remove_endpoints: vec!["h6".into(), "h7".into()],
+            ..Default::default()
+        };
+        assert_eq!(admin.targets.change_topology(rm.clone()).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
+        app.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.unwrap();
+        live.retain(|(id, _)| !ids.contains(id));
+        let c = admin.targets.change_topology(rm).await.unwrap().into_inner();
+        assert_eq!(c.removed, std::slice::from_ref(&leaf), "{c:?}");
+        all_in_sync(&mut admin, &devices, c.generation, sync_limit).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fabric.agent(JOINING).held().await.is_some() {
+            assert!(Instant::now() < deadline, "the leaf that left was not uninstalled from its agent");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        fabric.topology = before;
+        fabric.hosts.truncate(HOSTS.len());
+        drop(fabric.agents.pop());
+        check("after the leaf left", &fabric, &rules(&live), 11, None).await;
     })
     .await
     .expect("the test finished in time");

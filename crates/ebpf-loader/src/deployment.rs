@@ -48,8 +48,10 @@ impl Deployment {
     /// Installs `dp` (loaded, its tables filled) as the deployment `name`:
     /// writes `cfg` to its maps and pins it; then, if a deployment `name`
     /// exists, points its live attachments at the new programs (under its
-    /// pins: the interfaces are never without a program) and attaches them
-    /// to those of `ifaces` it was not on; if not, pins it
+    /// pins: the interfaces are never without a program), attaches them
+    /// to those of `ifaces` it was not on, and detaches them from
+    /// interfaces not in `ifaces` (a device of a fabric that lost a port);
+    /// if not, pins it
     /// afresh under `pin_dir` and attaches it to each of `ifaces` with
     /// `mode` (a failed attach removes the pins). Saves the record last.
     pub fn install(
@@ -72,6 +74,10 @@ impl Deployment {
                     let added = attach(dp, iface, Some(mode), Some(&d.pin_dir))?;
                     d.attachments.extend(added);
                 }
+                // Interfaces it is on no longer (a port the device lost).
+                let (kept, gone): (Vec<Attachment>, Vec<Attachment>) = d.attachments.into_iter().partition(|a| ifaces.contains(&a.iface));
+                gone.iter().for_each(detach);
+                d.attachments = kept;
                 d
             }
             Err(_) => {
@@ -116,20 +122,24 @@ impl Deployment {
     }
 
     /// Detaches every program and removes the pins and the record.
-    pub fn remove(mut self) -> Result<(), LoaderError> {
-        for a in &mut self.attachments {
-            if let Some(p) = &a.link_pin {
-                let _ = std::fs::remove_file(p);
-            }
-            if a.kind == AttachKind::Clsact {
-                detach_clsact(a.ifindex);
-            }
-        }
+    pub fn remove(self) -> Result<(), LoaderError> {
+        self.attachments.iter().for_each(detach);
         let _ = std::fs::remove_dir_all(&self.pin_dir);
         if let Ok(dir) = state_dir(&self.name) {
             let _ = std::fs::remove_dir_all(dir);
         }
         Ok(())
+    }
+}
+
+/// Detaches one attachment: its pinned link goes (the link with it), or its
+/// clsact filter.
+fn detach(a: &Attachment) {
+    if let Some(p) = &a.link_pin {
+        let _ = std::fs::remove_file(p);
+    }
+    if a.kind == AttachKind::Clsact {
+        detach_clsact(a.ifindex);
     }
 }
 
