@@ -97,7 +97,7 @@ impl Fabric {
         // Management subnets of this process: above the 4,096 that
         // `tests/agent.rs` picks from, so that both may run at once.
         let base = 4096 + (std::process::id() % 700) * 8;
-        assert!(base + DEVICES.len() as u32 + 1 <= agents::MANAGEMENT_SUBNETS && DEVICES.len() < 8);
+        assert!(base + (DEVICES.len() as u32) < agents::MANAGEMENT_SUBNETS && DEVICES.len() < 8);
         for (i, d) in DEVICES.iter().enumerate() {
             net.netns(&ns(d));
             let address = management(&mut net, &format!("{tag}m{i}"), &ns(d), base + i as u32);
