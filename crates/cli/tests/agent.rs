@@ -223,20 +223,7 @@ fn an_agent_holds_what_its_controller_commits_through_crashes_and_fences() {
     host.check(&texts(&rules), "the controller killed");
     let spawned_ms = subc_server::now_ms();
     server.spawn();
-    let reconciled = rt.block_on(async {
-        let mut admin = server.client(ADMIN);
-        let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let e = events.message().await.unwrap().unwrap();
-                if e.kind() == proto::EventKind::Reconciled && e.target == t && subc_client::unix_ms(e.time.as_ref()) >= spawned_ms {
-                    return e;
-                }
-            }
-        })
-        .await
-        .expect("the agent target is reconciled after the controller's restart")
-    });
+    let reconciled = rt.block_on(reconciled_since(&server, &t, spawned_ms));
     assert_eq!(reconciled.entries, 0, "the reconcile wrote nothing: {reconciled:?}");
     let held_now = rt.block_on(held(&agent));
     eprintln!("agent generations: before the kill {before}, after one add {after_add}, after the controller's restart {held_now}");

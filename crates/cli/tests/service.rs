@@ -215,20 +215,7 @@ fn the_data_plane_outlives_the_control_plane() {
     // `spawn` returns once the server listens: it has read the target back.
     server.spawn();
     let listening_at = sent.load(Ordering::SeqCst);
-    let reconciled = rt.block_on(async {
-        let mut admin = server.client(ADMIN);
-        let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
-        tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let e = events.message().await.unwrap().unwrap();
-                if e.kind() == proto::EventKind::Reconciled && e.target == t && subc_client::unix_ms(e.time.as_ref()) >= spawned_ms {
-                    return e;
-                }
-            }
-        })
-        .await
-        .expect("the target is reconciled after the restart")
-    });
+    let reconciled = rt.block_on(reconciled_since(&server, &t, spawned_ms));
     let reconciled_at = sent.load(Ordering::SeqCst);
     wait_sent(reconciled_at + STEP);
     stop_sending.store(true, Ordering::SeqCst);

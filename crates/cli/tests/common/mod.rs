@@ -460,3 +460,20 @@ pub fn check_deployed(target: &str, texts: &[String]) -> usize {
     let p = p.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
     subc_server::distance_to_fresh_compile(&p.spec, &p.normal_forms, &pipes, &Default::default()).unwrap()
 }
+
+/// The first Reconciled event of `target` at or after `since_ms` (a
+/// restart's), waiting at most a minute.
+pub async fn reconciled_since(server: &ServerProc, target: &str, since_ms: i64) -> proto::Event {
+    let mut admin = server.client(ADMIN);
+    let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let e = events.message().await.unwrap().unwrap();
+            if e.kind() == proto::EventKind::Reconciled && e.target == target && subc_client::unix_ms(e.time.as_ref()) >= since_ms {
+                return e;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{target} is reconciled within a minute of the restart"))
+}
