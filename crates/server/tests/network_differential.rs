@@ -463,8 +463,21 @@ async fn run_case(seed: u64, budgets: bool) -> [u64; 6] {
                 case.check(&mut admin, &format!("step {step}: add {text}")).await;
             }
             3 | 4 if !case.live.is_empty() => {
-                let (id, text) = case.live.remove(rng.below(case.live.len() as u64) as usize);
-                case.generation = alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+                let i = rng.below(case.live.len() as u64) as usize;
+                let (id, text) = case.live[i].clone();
+                let written = files(case.dir.path(), &case.names);
+                // A removal can leave a device needing more entries (the
+                // rule subsumed another's constraints): refused if no
+                // placement fits, nothing changed.
+                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await {
+                    Ok(r) => r.into_inner().generation,
+                    Err(e) if budgets && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
+                        case.refused_by_budget(&mut admin, written, &format!("step {step}: remove {text}, refused: {}", e.message())).await;
+                        continue;
+                    }
+                    Err(e) => panic!("seed {seed}, step {step}: remove {text}: {e:?}"),
+                };
+                case.live.remove(i);
                 case.republish = false;
                 case.check(&mut admin, &format!("step {step}: remove {text}")).await;
             }
