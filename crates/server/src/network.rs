@@ -805,6 +805,11 @@ impl Devices {
         }
     }
 
+    /// The network's rules `ids` (those it has).
+    pub(crate) fn network_rules(&self, ids: &[SubId]) -> Vec<NfSubscription> {
+        ids.iter().filter_map(|id| self.network.get(id).cloned()).collect()
+    }
+
     /// Removes rules `ids` from every device that holds them. A removal
     /// can leave a budgeted device needing more entries than before (a
     /// rule removed that subsumed another's constraints): one that no
@@ -816,7 +821,7 @@ impl Devices {
             match self.remove_from(spec, d, ids, Unwind::Refuse) {
                 Ok(u) => out.push(u),
                 Err(e) => {
-                    let nfs: Vec<NfSubscription> = ids.iter().filter_map(|id| self.network.get(id).cloned()).collect();
+                    let nfs = self.network_rules(ids);
                     for (back, removed) in out.iter().enumerate() {
                         let again = self.add_to(spec, back, &nfs, subc_bdd::Deadline::NONE);
                         if let Err(e) = &again {

@@ -1111,6 +1111,7 @@ impl Writer {
         let spec = self.core.spec().clone();
         // Network mode: a device's budget may refuse the removal (what is
         // left fits no placement); then nothing changed.
+        let held = self.d.net.as_ref().map(|n| n.network_rules(&ids)).unwrap_or_default();
         let devices = match self.d.net.as_mut().map(|n| n.remove(&spec, &ids)) {
             None => vec![],
             Some(Ok(devices)) => devices,
@@ -1120,12 +1121,8 @@ impl Writer {
         let update = match self.d.set.remove(&ids) {
             Ok(u) => u,
             Err(e) => {
-                let records: Vec<StoredSub> = ids.iter().filter_map(|id| self.d.subs.get(*id).map(|r| r.stored(*id))).collect();
                 if let Some(net) = &mut self.d.net {
-                    match check::check_stored_with(&spec, Some(&net.fabric().clone().endpoints), &records) {
-                        Ok(nfs) => net.undo_remove(&spec, &nfs),
-                        Err(e) => tracing::error!(error = %e, "undoing a remove on the devices failed"),
-                    }
+                    net.undo_remove(&spec, &held);
                 }
                 return Err(Status::internal(format!("compiler: {e}")));
             }
