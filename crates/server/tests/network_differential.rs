@@ -38,7 +38,7 @@
 //! nothing relaxed holds exactly its projection, and every endpoint still
 //! receives exactly what the reference says (the relaxed transit parts send
 //! more over links, never to endpoints). A change that cannot fit some
-//! device's budget is refused (RESOURCE_EXHAUSTED for an add,
+//! device's budget is refused (RESOURCE_EXHAUSTED for an add or a remove,
 //! FAILED_PRECONDITION for a `SetDown`) with nothing changed.
 //!
 //! 12 cases of 25 steps, 30 packets after each; about 10 s in a debug

@@ -34,7 +34,7 @@
 //! devices, added leaves too, get a small random `budget`; each holds at
 //! most its budget, one that reports nothing relaxed holds exactly its
 //! projection, deliveries are still exact, and a change a budget refuses
-//! (an add, a change of topology) changes nothing.
+//! (an add, a remove, a change of topology) changes nothing.
 //!
 //! 6 cases of 30 steps each way; `SUBC_TOPOLOGY_SEED=N` runs other cases,
 //! `SUBC_TOPOLOGY_TRACE=1` prints each step.
