@@ -744,11 +744,16 @@ impl Devices {
                 Ok(u) => out.push(u),
                 Err(e) => {
                     // Devices before this one took the rules: take them out
-                    // again. Their state ids may now differ from what was
-                    // published, so their next updates are published whole.
+                    // again. A device that the add or the removal moved may
+                    // now differ from what was published (its state ids, or
+                    // its placement: an add placed anew leaves it relaxed on
+                    // other fields, which removing the rules does not undo,
+                    // even when the removal's own diff is empty), so its next
+                    // update is published whole.
                     let ids: Vec<SubId> = nfs.iter().map(|n| n.id).collect();
-                    for back in 0..d {
-                        if moved(self.remove_from(spec, back, &ids).as_ref()) {
+                    for (back, took) in out.iter().enumerate() {
+                        let removed = self.remove_from(spec, back, &ids, Unwind::Undo).unwrap_or(None);
+                        if moved(took.as_ref()) || moved(removed.as_ref()) {
                             self.stale.insert(back);
                         }
                     }
@@ -808,42 +813,94 @@ impl Devices {
         }
     }
 
-    /// Removes rules `ids` from every device that holds them (a removal
-    /// cannot fail once its ids are known).
-    pub(crate) fn remove(&mut self, spec: &Spec, ids: &[SubId]) -> DeviceUpdates {
-        let out = (0..self.devices.len()).map(|d| self.remove_from(spec, d, ids)).collect();
+    /// The network's rules `ids` (those it has).
+    pub(crate) fn network_rules(&self, ids: &[SubId]) -> Vec<NfSubscription> {
+        ids.iter().filter_map(|id| self.network.get(id).cloned()).collect()
+    }
+
+    /// Removes rules `ids` from every device that holds them. A removal
+    /// can leave a budgeted device needing more entries than before (a
+    /// rule removed that subsumed another's constraints): one that no
+    /// placement then fits is refused, and every device holds the rules
+    /// again, as before (those moved back are published whole next time).
+    pub(crate) fn remove(&mut self, spec: &Spec, ids: &[SubId]) -> Result<DeviceUpdates, NetError> {
+        let mut out = Vec::with_capacity(self.devices.len());
+        for d in 0..self.devices.len() {
+            match self.remove_from(spec, d, ids, Unwind::Refuse) {
+                Ok(u) => out.push(u),
+                Err(e) => {
+                    let nfs = self.network_rules(ids);
+                    for (back, removed) in out.iter().enumerate() {
+                        let again = self.add_to(spec, back, &nfs, subc_bdd::Deadline::NONE);
+                        if let Err(e) = &again {
+                            tracing::error!(device = %self.fabric.topology.devices[back].name, error = %e, "putting back rules whose removal was refused failed");
+                        }
+                        if moved(removed.as_ref()) || again.map_or(true, |u| moved(u.as_ref())) {
+                            self.stale.insert(back);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
         for id in ids {
             self.network.remove(id);
         }
-        self.take_stale(out)
+        Ok(self.take_stale(out))
     }
 
     /// Removes rules `ids` from device `d` (`None`: placed anew, since the
-    /// removal left it over its budget).
-    fn remove_from(&mut self, spec: &Spec, d: usize, ids: &[SubId]) -> Option<SetDiff> {
+    /// removal left it over its budget). If no placement of what is left
+    /// fits the budget, `unwind` says what happens.
+    fn remove_from(&mut self, spec: &Spec, d: usize, ids: &[SubId], unwind: Unwind) -> Result<Option<SetDiff>, NetError> {
         let topology = &self.fabric.topology;
         let device = &mut self.devices[d];
         let held: Vec<SubId> = ids.iter().copied().filter(|id| device.rules.contains_key(id)).collect();
         if held.is_empty() {
-            return Some(SetDiff::default());
+            return Ok(Some(SetDiff::default()));
         }
         let in_set = device.set_ids(topology, d, &held);
         let diff = device.set.remove(&in_set).expect("the device holds these ids");
+        let taken: Vec<NfSubscription> = held.iter().filter_map(|id| device.rules.get(id).cloned()).collect();
         device.took(spec, &held, vec![]);
-        if device.over_budget() {
-            let rules = device.rules.clone();
-            if let Err(e) = device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE) {
-                tracing::error!(device = %topology.devices[d].name, error = %e, "a removal left the device over its budget, and placing it anew failed");
-            }
-            return None;
+        if !device.over_budget() {
+            return Ok(Some(diff));
         }
-        Some(diff)
+        let rules = device.rules.clone();
+        let Err(e) = device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE) else {
+            return Ok(None);
+        };
+        match unwind {
+            Unwind::Refuse => {
+                // The device takes the rules back, and holds what it held
+                // (its state ids may differ: published whole next time).
+                let back = device.placed(topology, d, &taken);
+                if let Err(e) = device.set.add(&back) {
+                    let mut rules = device.rules.clone();
+                    rules.extend(taken.iter().map(|n| (n.id, n.clone())));
+                    if let Err(again) = device.replace(topology, spec, d, rules, &self.opts, subc_bdd::Deadline::NONE) {
+                        tracing::error!(device = %topology.devices[d].name, error = %e, again = %again, "putting back rules whose removal was refused failed");
+                    }
+                }
+                device.took(spec, &[], taken);
+                self.stale.insert(d);
+                Err(e)
+            }
+            Unwind::Undo => {
+                tracing::error!(device = %topology.devices[d].name, error = %e, "undoing an add left the device over its budget, and placing it anew failed");
+                Ok(None)
+            }
+        }
     }
 
-    /// Undoes an add of `ids` after a failed commit.
+    /// Undoes an add of `ids` after a failed commit: every device that
+    /// held them is published whole next time (the add may have placed it
+    /// anew, which taking the rules out again does not undo).
     pub(crate) fn undo_add(&mut self, spec: &Spec, ids: &[SubId]) {
         for d in 0..self.devices.len() {
-            if moved(self.remove_from(spec, d, ids).as_ref()) {
+            let held = ids.iter().any(|id| self.devices[d].rules.contains_key(id));
+            let removed = self.remove_from(spec, d, ids, Unwind::Undo).unwrap_or(None);
+            if held || moved(removed.as_ref()) {
                 self.stale.insert(d);
             }
         }
@@ -1171,6 +1228,17 @@ impl Devices {
         }
         by_view
     }
+}
+
+/// What [`Devices::remove_from`] does when the rules left on a budgeted
+/// device fit no placement.
+#[derive(Clone, Copy)]
+enum Unwind {
+    /// Refuses the removal: the device holds the rules again (a Remove).
+    Refuse,
+    /// Removes them anyway, logging the error: undoing an add, which must
+    /// not leave the refused rules behind.
+    Undo,
 }
 
 /// A custom kind's device: its options as strings (a number or a boolean

@@ -1108,9 +1108,25 @@ impl Writer {
             return Err(Status::not_found(format!("no subscription {id}")));
         }
         let t = Instant::now();
-        let update = self.d.set.remove(&ids).map_err(|e| Status::internal(format!("compiler: {e}")))?;
         let spec = self.core.spec().clone();
-        let devices = self.d.net.as_mut().map(|n| n.remove(&spec, &ids)).unwrap_or_default();
+        // Network mode: a device's budget may refuse the removal (what is
+        // left fits no placement); then nothing changed.
+        let held = self.d.net.as_ref().map(|n| n.network_rules(&ids)).unwrap_or_default();
+        let devices = match self.d.net.as_mut().map(|n| n.remove(&spec, &ids)) {
+            None => vec![],
+            Some(Ok(devices)) => devices,
+            Some(Err(e)) if e.over_budget() => return Err(self.refuse_limit("device_budget", format!("{e}; nothing was removed"))),
+            Some(Err(e)) => return Err(Status::internal(format!("compiler: {e}"))),
+        };
+        let update = match self.d.set.remove(&ids) {
+            Ok(u) => u,
+            Err(e) => {
+                if let Some(net) = &mut self.d.net {
+                    net.undo_remove(&spec, &held);
+                }
+                return Err(Status::internal(format!("compiler: {e}")));
+            }
+        };
         self.observe_compile("remove", t);
         self.d.generation += 1;
         let generation = self.d.generation;

@@ -34,7 +34,7 @@
 //! devices, added leaves too, get a small random `budget`; each holds at
 //! most its budget, one that reports nothing relaxed holds exactly its
 //! projection, deliveries are still exact, and a change a budget refuses
-//! (an add, a change of topology) changes nothing.
+//! (an add, a remove, a change of topology) changes nothing.
 //!
 //! 6 cases of 30 steps each way; `SUBC_TOPOLOGY_SEED=N` runs other cases,
 //! `SUBC_TOPOLOGY_TRACE=1` prints each step.
@@ -454,7 +454,16 @@ impl Case {
         if !forwarding.is_empty() {
             let req = Case::removal(std::slice::from_ref(&leaf), &[], &hosts);
             self.refused(admin, req, Code::FailedPrecondition, &format!("{what}, rules forward to it")).await;
-            let r = alice.subs.remove(proto::RemoveRequest { ids: forwarding.clone() }).await.unwrap().into_inner();
+            let files = inodes(self.dir.path(), &self.model.devices);
+            let r = match alice.subs.remove(proto::RemoveRequest { ids: forwarding.clone() }).await {
+                Ok(r) => r.into_inner(),
+                Err(e) if self.budgets() && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
+                    // A budget refused the removal: the leaf stays.
+                    self.refused_by_budget(admin, files, &format!("{what}: removing its rules")).await;
+                    return;
+                }
+                Err(e) => panic!("seed {}, {what}: removing its rules: {e:?}", self.seed),
+            };
             self.live.retain(|(id, ..)| !forwarding.contains(id));
             self.generation = r.generation;
             self.check(admin, &format!("{what}: its rules removed")).await;
@@ -537,8 +546,21 @@ async fn run_case(seed: u64, budgets: bool) -> [u64; 6] {
                 case.check(&mut admin, &format!("step {step}: add {text}")).await;
             }
             3 if !case.live.is_empty() => {
-                let (id, ..) = case.live.remove(case.rng.below(case.live.len() as u64) as usize);
-                case.generation = alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+                let i = case.rng.below(case.live.len() as u64) as usize;
+                let id = case.live[i].0;
+                let files = inodes(case.dir.path(), &case.model.devices);
+                // Removing a rule can leave a device needing more entries
+                // (the rule subsumed another's constraints): refused if no
+                // placement fits, nothing changed.
+                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await {
+                    Ok(r) => r.into_inner().generation,
+                    Err(e) if budgets && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
+                        case.refused_by_budget(&mut admin, files, &format!("step {step}: remove rule {id}")).await;
+                        continue;
+                    }
+                    Err(e) => panic!("seed {seed}: remove rule {id}: {e:?}"),
+                };
+                case.live.remove(i);
                 case.republish = false;
                 case.check(&mut admin, &format!("step {step}: remove rule {id}")).await;
             }
