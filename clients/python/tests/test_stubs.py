@@ -55,7 +55,7 @@ def test_the_imported_package_is_this_tree() -> None:
         )
 
 
-def test_register_takes_every_kind_of_target_and_names_them_when_refusing():
+def test_register_takes_every_kind_of_target_and_names_them_when_refusing() -> None:
     from subc import Client
     from subc._client import _KIND_FIELDS
     from subc.v1 import subc_pb2
@@ -64,7 +64,7 @@ def test_register_takes_every_kind_of_target_and_names_them_when_refusing():
     assert set(_KIND_FIELDS.values()) == request_fields
     c = Client("127.0.0.1:1")
     try:
-        c.register("t", subc_pb2.Subscription())
+        c.register("t", subc_pb2.Subscription())  # type: ignore[arg-type]
     except TypeError as e:
         assert "AgentTarget" in str(e) and "CustomTarget" in str(e)
     else:
