@@ -109,6 +109,9 @@ pub enum AgentError {
     Plane(#[from] PlaneError),
     #[error("the agent stopped: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// A task of the agent panicked or was cancelled.
+    #[error("{0}")]
+    Task(String),
 }
 
 impl AgentConfig {
@@ -164,7 +167,7 @@ impl RunningAgent {
     pub async fn wait(&mut self) -> Result<(), AgentError> {
         match (&mut self.join).await {
             Ok(r) => Ok(r?),
-            Err(e) => Err(AgentError::Tls(format!("the agent's task ended: {e}"))),
+            Err(e) => Err(AgentError::Task(format!("the agent's task ended: {e}"))),
         }
     }
 }
@@ -187,7 +190,7 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
     let deployment = format!("agent-{}", config.name);
     let plane = tokio::task::spawn_blocking(move || Plane::adopt(deployment, pin_dir, files))
         .await
-        .map_err(|e| AgentError::Tls(format!("adopting the pins: {e}")))??;
+        .map_err(|e| AgentError::Task(format!("adopting the pins: {e}")))??;
     let features = subc_ebpf_loader::probe();
     let service = AgentService {
         name: config.name.clone(),

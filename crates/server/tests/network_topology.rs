@@ -42,14 +42,14 @@
 mod common;
 
 use common::*;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use subc_bdd::{eval_pipelines, Pipeline};
-use subc_fabric::{PortRef, Topology};
-use subc_lang::{parse_packet, Interpreter, StateStore};
+use subc_bdd::Pipeline;
+use subc_fabric::{Down, PortRef, Topology};
+use subc_lang::Interpreter;
 use subc_server::{proto, Clients, Running};
 use subc_workload::{PacketGen, Rng};
 use tonic::Code;
@@ -167,44 +167,6 @@ fn inodes(dir: &Path, devices: &[String]) -> HashMap<String, u64> {
     devices.iter().filter_map(|d| Some((d.clone(), std::fs::metadata(file_of(dir, d)).ok()?.ino()))).collect()
 }
 
-/// Sends `bytes` from endpoint `from` through the devices' held tables,
-/// hop by hop over every link (as `tests/network_differential.rs` does,
-/// with nothing down): copies per endpoint, visits per device.
-fn through_held(t: &Topology, tables: &[Vec<Pipeline>], spec: &subc_lang::spec::Spec, from: usize, bytes: &[u8]) -> (Vec<u32>, Vec<u32>) {
-    enum Next {
-        Endpoint(usize),
-        Device(PortRef),
-    }
-    let mut wires = HashMap::new();
-    for (e, ep) in t.endpoints.iter().enumerate() {
-        wires.insert(ep.at, Next::Endpoint(e));
-    }
-    for l in &t.links {
-        wires.insert(l.a, Next::Device(l.b));
-        wires.insert(l.b, Next::Device(l.a));
-    }
-    let (mut copies, mut visits) = (vec![0; t.endpoints.len()], vec![0; t.devices.len()]);
-    let Some(pkt) = parse_packet(spec, bytes) else { return (copies, visits) };
-    let mut queue = VecDeque::from([t.endpoints[from].at]);
-    while let Some(ingress) = queue.pop_front() {
-        let d = ingress.device;
-        visits[d] += 1;
-        if visits[d] > 4 {
-            break;
-        }
-        let values = StateStore::new(spec).pre_stage(spec, &pkt, 0);
-        let leaf = eval_pipelines(&tables[d].iter().collect::<Vec<_>>(), &values);
-        for port in leaf.ports.iter().filter(|&p| p != ingress.port) {
-            match wires.get(&PortRef { device: d, port }) {
-                Some(Next::Endpoint(e)) => copies[*e] += 1,
-                Some(Next::Device(far)) => queue.push_back(*far),
-                None => {}
-            }
-        }
-    }
-    (copies, visits)
-}
-
 struct Case {
     seed: u64,
     rng: Rng,
@@ -317,7 +279,7 @@ impl Case {
         for (i, bytes) in self.packets.iter().enumerate() {
             let wanted = oracle.run(bytes, 0).ports;
             let want: Vec<u32> = (0..t.endpoints.len()).map(|e| u32::from(e != 0 && wanted.contains(&(e as u32)))).collect();
-            let (copies, visits) = through_held(&t, &tables, &network.spec, 0, bytes);
+            let (copies, visits) = through_held(&t, &Down::default(), &tables, &network.spec, 0, bytes);
             assert_eq!(copies, want, "seed {seed}, {what}, packet {i}: copies per endpoint (visits {visits:?})\n{}", self.model.text());
             assert!(visits.iter().all(|&v| v <= 1), "seed {seed}, {what}, packet {i}: a device visited twice: {visits:?}");
             self.delivered += copies.iter().map(|&c| u64::from(c)).sum::<u64>();

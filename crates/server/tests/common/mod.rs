@@ -2,7 +2,10 @@
 //! with a fresh store, clients with each token, and a time bound.
 #![allow(dead_code)]
 
+pub mod held;
 pub mod tools;
+#[allow(unused_imports)]
+pub use held::through_held;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
