@@ -23,6 +23,9 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         build-essential pkg-config make clang llvm libelf-dev zlib1g-dev libbpf-dev \
         graphviz iproute2 python3 python3-venv ca-certificates curl >/dev/null
+    # protoc and its well-known types for etcd-client's generated stubs; etcd itself for the
+    # replicated store's tests (crates/server/tests/etcd.rs).
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends protobuf-compiler libprotobuf-dev etcd-server >/dev/null
     # Real captures for crates/cli/tests/capture.rs: tcpdump, and dumpcap from tshark.
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends tcpdump tshark >/dev/null
     install_rust

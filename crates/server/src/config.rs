@@ -39,9 +39,18 @@ pub struct Config {
     pub topology: Option<PathBuf>,
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// The SQLite database file (created if missing).
+    /// The SQLite database file (created if missing), or an etcd cluster
+    /// shared by replicas: `etcd://host:port,host:port/prefix` ("HA").
     #[serde(default = "default_store")]
     pub store: PathBuf,
+    /// Where this server keeps its local files (targets' state, sim
+    /// targets' files). Default: the SQLite store's directory; required
+    /// with an etcd store.
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// An etcd store's election and connection (`store = "etcd://…"`).
+    #[serde(default)]
+    pub etcd: EtcdConfig,
     /// Where the Prometheus metrics endpoint listens; absent: no endpoint.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
@@ -66,6 +75,110 @@ pub struct Config {
     pub events_keep: u64,
     #[serde(default)]
     pub retention: Retention,
+}
+
+/// Where the store is: a SQLite file, or an etcd cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreLocation {
+    Sqlite(PathBuf),
+    Etcd(EtcdLocation),
+}
+
+/// An etcd store: its members, the key prefix every record lives under,
+/// and how to connect and elect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdLocation {
+    /// `http://host:port` (or `https://` with TLS), one per member.
+    pub endpoints: Vec<String>,
+    /// Ends with `/`; `/subc/` when the URL names none.
+    pub prefix: String,
+    pub config: EtcdConfig,
+}
+
+/// `[etcd]`: the writer's lease and the connection's TLS.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// The writer's lease, in seconds: a writer that cannot renew it for
+    /// this long stops writing, and a standby takes over.
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u32,
+    /// How long one call to etcd may take, in milliseconds.
+    #[serde(default = "default_etcd_timeout_ms")]
+    pub timeout_ms: u64,
+    /// TLS: the CA that signed the members' certificates (turns on https).
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// TLS client certificate and key, for members that require them.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig { lease_ttl_s: default_lease_ttl_s(), timeout_ms: default_etcd_timeout_ms(), ca: None, cert: None, key: None }
+    }
+}
+
+fn default_lease_ttl_s() -> u32 {
+    5
+}
+fn default_etcd_timeout_ms() -> u64 {
+    5_000
+}
+
+/// Parses `etcd://host:port,host:port/prefix`.
+fn parse_etcd_url(url: &str, config: &EtcdConfig) -> Result<EtcdLocation, Error> {
+    let bad = |why: &str| Error::Config(format!("store = {url:?}: {why} (expected etcd://host:port,host:port/prefix)"));
+    let rest = url.strip_prefix("etcd://").ok_or_else(|| bad("not an etcd:// URL"))?;
+    let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let scheme = if config.ca.is_some() { "https" } else { "http" };
+    let mut endpoints = vec![];
+    for h in hosts.split(',') {
+        let (host, port) = h.rsplit_once(':').ok_or_else(|| bad(&format!("member {h:?} has no port")))?;
+        if host.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad(&format!("member {h:?} is not host:port")));
+        }
+        endpoints.push(format!("{scheme}://{h}"));
+    }
+    let prefix = prefix.trim_matches('/');
+    if prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(bad("the prefix has spaces or control characters"));
+    }
+    let prefix = if prefix.is_empty() { "/subc/".to_string() } else { format!("/{prefix}/") };
+    if config.cert.is_some() != config.key.is_some() {
+        return Err(Error::Config("etcd.cert and etcd.key go together".into()));
+    }
+    if config.lease_ttl_s < 2 {
+        return Err(Error::Config(format!("etcd.lease_ttl_s = {}: at least 2 seconds", config.lease_ttl_s)));
+    }
+    Ok(EtcdLocation { endpoints, prefix, config: config.clone() })
+}
+
+impl Config {
+    /// Where the store is, from `store`: an `etcd://` URL or a file path.
+    /// Any other `scheme://` is refused, not taken as a relative path.
+    pub fn store_location(&self) -> Result<StoreLocation, Error> {
+        let store = self.store.to_string_lossy();
+        match store.split_once("://") {
+            None => Ok(StoreLocation::Sqlite(self.store.clone())),
+            Some(("etcd", _)) => parse_etcd_url(&store, &self.etcd).map(StoreLocation::Etcd),
+            Some((scheme, _)) => Err(Error::Config(format!(
+                "store = {store:?}: a `{scheme}://` URL is not a store this server can use; give the SQLite file's path \
+                 or an etcd://host:port URL"
+            ))),
+        }
+    }
+
+    /// The directory for this server's local files.
+    pub fn data_dir(&self) -> PathBuf {
+        match &self.data_dir {
+            Some(d) => d.clone(),
+            None => self.store.parent().filter(|d| !d.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")),
+        }
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -420,7 +533,15 @@ impl Config {
             }
         };
         fix(&mut self.spec);
-        fix(&mut self.store);
+        if !self.store.to_string_lossy().contains("://") {
+            fix(&mut self.store);
+        }
+        if let Some(d) = &mut self.data_dir {
+            fix(d);
+        }
+        for f in [&mut self.etcd.ca, &mut self.etcd.cert, &mut self.etcd.key].into_iter().flatten() {
+            fix(f);
+        }
         if let Some(t) = &mut self.topology {
             fix(t);
         }
@@ -464,11 +585,12 @@ impl Config {
                 )));
             }
         }
-        let store = self.store.to_string_lossy();
-        if let Some((scheme, _)) = store.split_once("://") {
-            return Err(Error::Config(format!(
-                "store = {store:?}: a `{scheme}://` URL is not a store this server can use; give the SQLite file's path"
-            )));
+        if let StoreLocation::Etcd(_) = self.store_location()? {
+            if self.data_dir.is_none() {
+                return Err(Error::Config(
+                    "store is an etcd cluster: set data_dir, the directory for this server's local files (targets' state)".into(),
+                ));
+            }
         }
         if !self.auth.has_tokens() && !self.auth.allow_anonymous && !self.listen.ip().is_loopback() {
             return Err(Error::Config(format!(
@@ -562,11 +684,37 @@ mod tests {
     }
 
     #[test]
-    fn a_url_is_not_a_store_path() {
+    fn the_ha_example_is_a_valid_replica_config() {
+        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../dist/ha/subc.toml"));
+        let c = Config::load(path).unwrap();
+        c.validate().unwrap();
+        let StoreLocation::Etcd(at) = c.store_location().unwrap() else { panic!("not etcd") };
+        assert_eq!(at.endpoints.len(), 3);
+        assert!(at.endpoints.iter().all(|e| e.starts_with("https://")), "{:?}", at.endpoints);
+        assert_eq!(c.data_dir(), PathBuf::from("/var/lib/subc"));
+    }
+
+    #[test]
+    fn store_urls_are_parsed_or_refused_never_taken_as_paths() {
         let mut c = Config::with_spec("x.spec");
-        c.store = PathBuf::from("etcd://127.0.0.1:2379/subc");
+        c.store = PathBuf::from("redis://127.0.0.1:6379");
         let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("`etcd://` URL"), "{e}");
+        assert!(e.contains("`redis://` URL"), "{e}");
+        c.store = PathBuf::from("etcd://127.0.0.1:2379,[::1]:2380/prod/subc/");
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("set data_dir"), "{e}");
+        c.data_dir = Some(PathBuf::from("/var/lib/subc"));
+        c.validate().unwrap();
+        let StoreLocation::Etcd(at) = c.store_location().unwrap() else { panic!("not etcd") };
+        assert_eq!(at.endpoints, ["http://127.0.0.1:2379", "http://[::1]:2380"]);
+        assert_eq!(at.prefix, "/prod/subc/");
+        c.store = PathBuf::from("etcd://127.0.0.1:2379");
+        let StoreLocation::Etcd(at) = c.store_location().unwrap() else { panic!("not etcd") };
+        assert_eq!(at.prefix, "/subc/");
+        for bad in ["etcd://", "etcd://host", "etcd://host:99999", "etcd://:2379", "etcd://h:1/a b"] {
+            c.store = PathBuf::from(bad);
+            assert!(c.validate().is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

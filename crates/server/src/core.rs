@@ -65,6 +65,8 @@ pub struct Core {
     /// stays `Copy` by holding a `&'static`.
     yield_flag: &'static std::sync::atomic::AtomicBool,
     reader: Mutex<Store>,
+    /// Raised when an etcd store's writer lost its lease (`store/etcd.rs`).
+    writer_lost: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Admission to the text phase of Add and Check.
     text_gate: crate::admission::TextGate,
     /// The runtime the writer thread starts target tasks on.
@@ -75,8 +77,13 @@ pub struct Core {
 /// which together name one controller across restarts.
 fn controller_name(config: &Config) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    let store = std::path::absolute(&config.store).unwrap_or_else(|_| config.store.clone());
-    format!("{host}:{}", store.display())
+    // Replicas of an etcd store share it: each is named by its own files.
+    let place = match config.store_location() {
+        Ok(crate::config::StoreLocation::Etcd(_)) => config.data_dir(),
+        _ => config.store.clone(),
+    };
+    let place = std::path::absolute(&place).unwrap_or(place);
+    format!("{host}:{}", place.display())
 }
 
 /// Reads and checks the spec file.
@@ -98,6 +105,8 @@ pub fn load_spec(config: &Config) -> Result<(Spec, String), Error> {
 /// What the store holds, read at startup.
 struct Loaded {
     store: Store,
+    /// A second handle, for reads that must not wait for the writer.
+    reader: Store,
     desired: Desired,
     targets: Vec<crate::store::StoredTarget>,
     /// This run's epoch.
@@ -138,7 +147,11 @@ async fn load(
     fabric: Option<&Arc<Fabric>>,
     kinds: &subc_target::Kinds,
 ) -> Result<Loaded, Error> {
-    let mut store = Store::open(&config.store, config.durability)?;
+    let location = config.store_location()?;
+    let (at, durability, name) = (location.clone(), config.durability, controller_name(config));
+    // An etcd store first waits to be elected the writer: off the runtime.
+    let mut store =
+        tokio::task::spawn_blocking(move || Store::open(&at, durability, &name)).await.map_err(|e| Error::Internal(e.to_string()))??;
     let fabric = fabric.map(|f| stored_topology(&store, f.clone(), config, spec, kinds)).transpose()?;
     let fabric = fabric.as_ref();
     let subs = store.load_subs()?;
@@ -147,7 +160,9 @@ async fn load(
     let next_id = store.meta_u64("next_id")?.max(subs.last().map(|s| s.id + 1).unwrap_or(1));
     // One higher at every start, committed before any device is written:
     // the epoch that fences this run's writes (docs/agent.md).
-    let epoch = store.meta_u64("epoch")? + 1;
+    // With etcd, never below the revision this server became the writer at,
+    // so that a successor's epoch is higher whatever the stored one.
+    let epoch = (store.meta_u64("epoch")? + 1).max(store.leadership().map(|l| l.revision).unwrap_or(0));
     let stored_order: Option<Vec<String>> = store.meta("order")?.and_then(|o| serde_json::from_str(&o).ok());
     if store.meta("spec")?.is_some_and(|s| s != spec_text) {
         tracing::warn!(spec = %config.spec.display(), "the spec changed since the last run; stored subscriptions were checked against the new one");
@@ -226,7 +241,8 @@ async fn load(
             Arc::new(SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms }),
         );
     }
-    Ok(Loaded { store, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch, fabric: fabric.cloned() })
+    let reader = store.open_reader(&location)?;
+    Ok(Loaded { store, reader, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch, fabric: fabric.cloned() })
 }
 
 impl Core {
@@ -251,7 +267,8 @@ impl Core {
                 Some(Arc::new(fabric))
             }
         };
-        let Loaded { store, mut desired, targets, epoch, fabric } = load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
+        let Loaded { store, reader, mut desired, targets, epoch, fabric } =
+            load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
 
         let metrics = Arc::new(Metrics::new());
@@ -290,7 +307,8 @@ impl Core {
             closing: watch::Sender::new(false),
             writer: tx,
             yield_flag: Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))),
-            reader: Mutex::new(Store::open_reader(&config.store)?),
+            writer_lost: store.lost_flag(),
+            reader: Mutex::new(reader),
             text_gate,
             runtime: tokio::runtime::Handle::current(),
         });
@@ -585,6 +603,16 @@ impl Core {
 
     pub fn closing(&self) -> watch::Receiver<bool> {
         self.closing.subscribe()
+    }
+
+    /// Resolves when this server stopped being the writer of an etcd store
+    /// (never for SQLite): it writes nothing more, and should exit for a
+    /// standby to take over.
+    pub async fn lost_writer(&self) {
+        let Some(lost) = &self.writer_lost else { return std::future::pending().await };
+        while !lost.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! any subscription language program and two kinds of target.
 //!
 //! ```text
-//! gRPC (api.rs, auth.rs) ──check.rs──▶ writer (core.rs) ──▶ store.rs (SQLite, WAL)
+//! gRPC (api.rs, auth.rs) ──check.rs──▶ writer (core.rs) ──▶ store/ (SQLite, or etcd)
 //!                                        │ CompiledSet add/remove (desired.rs)
 //!                                        ▼
 //!                          deploy/ : one task per target, diff_pipelines(held, desired)

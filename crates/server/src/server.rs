@@ -125,14 +125,24 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
             Some(tls)
         }
     };
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| Error::Io { context: format!("cannot listen on {}", config.listen), source: e })?;
-    let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
+    let listen = config.listen;
+    let bind = || async move {
+        tokio::net::TcpListener::bind(listen).await.map_err(|e| Error::Io { context: format!("cannot listen on {listen}"), source: e })
+    };
+    // A replica of an etcd store listens only once it is the writer (a
+    // standby refuses connections, and clients go to another replica);
+    // otherwise the address is taken first, so that a busy port fails fast.
+    let standby_first = matches!(config.store_location()?, crate::config::StoreLocation::Etcd(_));
+    let early = if standby_first { None } else { Some(bind().await?) };
     let metrics_listen = config.metrics_listen;
     let limits = crate::transport::limits(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
     let core = Core::start(config, kinds).await?;
+    let listener = match early {
+        Some(l) => l,
+        None => bind().await?,
+    };
+    let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
             crate::metrics::serve(a, limits, core.metrics().clone(), {
@@ -371,9 +381,15 @@ pub async fn serve_with(config: Config, kinds: Kinds) -> Result<(), Error> {
             _ = term.recv() => {}
         }
     };
+    let core = running.core.clone();
     tokio::select! {
         r = &mut running.join => return r.map_err(|e| Error::Internal(e.to_string()))?,
         _ = signals => {}
+        _ = core.lost_writer() => {
+            tracing::error!("this server lost the etcd store's writer lease; stopping so that a standby takes over");
+            running.shutdown().await?;
+            return Err(Error::Store("lost the writer's lease: another replica is the writer now".into()));
+        }
     }
     tracing::info!("shutting down");
     running.shutdown().await

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod etcd;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -167,7 +168,7 @@ pub fn tag(prefix: &str) -> String {
     format!("{prefix}{}{}", std::process::id() % 10_000, N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
@@ -195,6 +196,14 @@ impl ServerProc {
     /// As `start_with_spec`, the applications of `endpoints` bound to their
     /// endpoints (`(app, endpoint)`: `[[auth.apps]] endpoint = ...`).
     pub fn start_bound(dir: &Path, spec: &Path, extra: &str, endpoints: &[(&str, &str)]) -> ServerProc {
+        let mut s = ServerProc::configure(dir, spec, &format!("{:?}", dir.join("subc.db").display().to_string()), extra, endpoints);
+        s.spawn();
+        s
+    }
+
+    /// Writes the config of a server on `store` (a TOML string: a path or
+    /// an `etcd://` URL) without starting it.
+    pub fn configure(dir: &Path, spec: &Path, store: &str, extra: &str, endpoints: &[(&str, &str)]) -> ServerProc {
         let port = free_port();
         let bpffs_root = PathBuf::from("/sys/fs/bpf").join(format!("subc-test-{}", dir.file_name().unwrap().to_string_lossy()));
         let mut apps = String::new();
@@ -205,19 +214,23 @@ impl ServerProc {
             }
         }
         let config = format!(
-            "spec = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nstore = \"{}\"\n{extra}\n[auth]\nadmin_token = \"{ADMIN}\"\n{apps}\n[deploy]\nretry_initial_ms = 20\nretry_max_ms = 500\nbpffs_root = \"{}\"\n",
+            "spec = \"{}\"\nlisten = \"127.0.0.1:{port}\"\nstore = {store}\n{extra}\n[auth]\nadmin_token = \"{ADMIN}\"\n{apps}\n[deploy]\nretry_initial_ms = 20\nretry_max_ms = 500\nbpffs_root = \"{}\"\n",
             spec.display(),
-            dir.join("subc.db").display(),
             bpffs_root.display()
         );
         std::fs::write(dir.join("subc.toml"), config).unwrap();
-        let mut s = ServerProc { dir: dir.to_path_buf(), port, bpffs_root, child: None };
-        s.spawn();
-        s
+        ServerProc { dir: dir.to_path_buf(), port, bpffs_root, child: None }
     }
 
     /// Starts the process again on the same config and store.
     pub fn spawn(&mut self) {
+        self.spawn_unready();
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    /// Starts the process without waiting for it to listen (a standby
+    /// replica listens only once it is the writer).
+    pub fn spawn_unready(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join("server.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_subc"))
             .args(["serve", "--config"])
@@ -228,10 +241,10 @@ impl ServerProc {
             .spawn()
             .expect("subc serve starts");
         self.child = Some(child);
-        self.wait_ready(Duration::from_secs(60));
     }
 
-    fn wait_ready(&mut self, limit: Duration) {
+    /// Waits until the process listens; panics if it exits first.
+    pub fn wait_ready(&mut self, limit: Duration) {
         let until = Instant::now() + limit;
         while Instant::now() < until {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {

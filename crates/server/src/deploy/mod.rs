@@ -898,7 +898,7 @@ pub(crate) fn make_driver(
     fabric: bool,
     device: Option<&ebpf::EbpfDevice>,
 ) -> Result<Box<dyn Target>, TargetError> {
-    let data_dir = ctx.config.store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let data_dir = &ctx.config.data_dir();
     match &reg.kind {
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
         Some(Kind::Ebpf(e)) => {

@@ -1,0 +1,314 @@
+//! The replicated store (`store = "etcd://…"`) with real processes: Debian's
+//! etcd, `subc serve` replicas, SIGKILL and SIGSTOP.
+//!
+//! - The etcd store serves what the SQLite store serves: one random history
+//!   of adds (with idempotency keys), removes and a target, through both,
+//!   before and after a SIGKILL.
+//! - A standby takes over when the writer dies or is paused past its
+//!   lease, with every acknowledged change; a deposed writer's late write
+//!   is refused and it exits; the cluster survives the loss of a member.
+
+mod common;
+
+use common::etcd::{etcd_available, Etcd};
+use common::{itch_spec, ServerProc, ADMIN, APPS};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use subc_server::proto;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// A replica on `store`, its local files in `dir`, with a short lease.
+fn replica(dir: &std::path::Path, store: &str) -> ServerProc {
+    std::fs::create_dir_all(dir).unwrap();
+    let extra = format!("data_dir = {:?}\n[etcd]\nlease_ttl_s = 2\ntimeout_ms = 2000\n", dir.display().to_string());
+    ServerProc::configure(dir, &itch_spec(), &format!("{store:?}"), &extra, &[])
+}
+
+/// A small deterministic generator (xorshift), so that both stores see the
+/// same history.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One step of a history, as the client sends it.
+#[derive(Clone, Debug)]
+enum Step {
+    Add { app: usize, lines: Vec<String>, request_id: String },
+    Remove { app: usize, pick: u64 },
+    Register,
+}
+
+fn history(seed: u64, steps: usize) -> Vec<Step> {
+    let mut rng = Rng(seed);
+    let mut out = vec![];
+    let mut ids = 0u64;
+    for i in 0..steps {
+        let step = match rng.below(10) {
+            0 if i == steps / 2 => Step::Register,
+            // A retried request: an earlier add, sent again as it was.
+            1 if out.iter().any(|s| matches!(s, Step::Add { .. })) => {
+                let adds: Vec<&Step> = out.iter().filter(|s| matches!(s, Step::Add { .. })).collect();
+                adds[rng.below(adds.len() as u64) as usize].clone()
+            }
+            0..=5 => {
+                let n = 1 + rng.below(4) as usize;
+                let lines = (0..n)
+                    .map(|_| format!("stock == S{:03} && price > {} : fwd({})", rng.below(40), rng.below(1000), rng.below(8)))
+                    .collect();
+                // Now and then an earlier key with other lines: refused.
+                let request_id = if rng.below(5) == 0 && ids > 0 { format!("r{}", rng.below(ids)) } else { format!("r{ids}") };
+                ids += 1;
+                Step::Add { app: rng.below(2) as usize, lines, request_id }
+            }
+            _ => Step::Remove { app: rng.below(2) as usize, pick: rng.next() },
+        };
+        out.push(step);
+    }
+    out
+}
+
+/// What a client observes of a history: every reply, then every
+/// application's list and the subscription events.
+async fn observe(server: &ServerProc, steps: &[Step]) -> Vec<String> {
+    let mut seen = vec![];
+    let mut owned: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for step in steps {
+        match step {
+            Step::Add { app, lines, request_id } => {
+                let req = proto::AddRequest { lines: lines.clone(), request_id: request_id.clone(), ..Default::default() };
+                match server.client(APPS[*app].1).subs.add(req).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if !r.replayed {
+                            owned.entry(*app).or_default().extend(r.subscriptions.iter().map(|s| s.id));
+                        }
+                        let ids: Vec<u64> = r.subscriptions.iter().map(|s| s.id).collect();
+                        seen.push(format!("add {app} {request_id}: ids {ids:?} generation {} replayed {}", r.generation, r.replayed));
+                    }
+                    Err(s) => seen.push(format!("add {app} {request_id}: {:?}", s.code())),
+                }
+            }
+            Step::Remove { app, pick } => {
+                let mine = owned.entry(*app).or_default();
+                if mine.is_empty() {
+                    continue;
+                }
+                let id = mine.remove((*pick % mine.len() as u64) as usize);
+                let r = server.client(APPS[*app].1).subs.remove(proto::RemoveRequest { ids: vec![id] }).await;
+                seen.push(format!("remove {app} {id}: {:?}", r.map(|r| r.into_inner().generation).map_err(|s| s.code())));
+            }
+            Step::Register => {
+                let reg = proto::RegisterTargetRequest {
+                    name: "sim1".into(),
+                    kind: Some(proto::register_target_request::Kind::Sim(proto::SimTarget { path: "sim1.json".into() })),
+                    ..Default::default()
+                };
+                let r = server.client(ADMIN).targets.register(reg).await;
+                seen.push(format!("register: {:?}", r.map(|_| ()).map_err(|s| s.code())));
+            }
+        }
+    }
+    seen.extend(state(server).await);
+    seen
+}
+
+/// Every subscription (id, app, text, generation) and the subscription events.
+async fn state(server: &ServerProc) -> Vec<String> {
+    let mut out = vec![];
+    let mut admin = server.client(ADMIN);
+    let mut token = String::new();
+    loop {
+        let page =
+            admin.subs.list(proto::ListRequest { page_size: 1000, page_token: token, ..Default::default() }).await.unwrap().into_inner();
+        out.extend(page.subscriptions.iter().map(|s| format!("sub {} {} {:?} generation {}", s.id, s.app, s.text, s.generation)));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let mut events = admin.events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(500), events.message()).await;
+        let Ok(Ok(Some(e))) = next else { break };
+        let kind = proto::EventKind::try_from(e.kind).unwrap_or_default();
+        if matches!(kind, proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved) {
+            out.push(format!("event {kind:?} app {} ids {:?} generation {}", e.app, e.subscription_ids, e.generation));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_etcd_store_serves_what_the_sqlite_store_serves() {
+    if !etcd_available("the_etcd_store_serves_what_the_sqlite_store_serves") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-ha-diff").tempdir().unwrap();
+    let etcd = Etcd::start(dir.path(), 1);
+    let rt = runtime();
+    for seed in [0x9e37_79b9_7f4a_7c15u64, 0x2545_f491_4f6c_dd1d] {
+        let steps = history(seed, 60);
+        let sqlite_dir = dir.path().join(format!("sqlite-{seed:x}"));
+        std::fs::create_dir_all(&sqlite_dir).unwrap();
+        let mut sqlite = ServerProc::start(&sqlite_dir, "");
+        let mut replicated = replica(&dir.path().join(format!("etcd-{seed:x}")), &etcd.url(&format!("diff-{seed:x}")));
+        replicated.spawn();
+        let (a, b) = rt.block_on(async { (observe(&sqlite, &steps).await, observe(&replicated, &steps).await) });
+        assert!(a.iter().any(|l| l.starts_with("sub ")), "the history left no subscription: {a:#?}");
+        assert!(a.iter().any(|l| l.contains("replayed true")), "the history replayed no request: {a:#?}");
+        assert_eq!(a, b, "seed {seed:x}: SQLite (left) and etcd (right) disagree");
+        // A crash of both, and the stores still agree, replies included.
+        sqlite.kill9();
+        replicated.kill9();
+        sqlite.spawn();
+        replicated.spawn();
+        let (a, b) = rt.block_on(async { (state(&sqlite).await, state(&replicated).await) });
+        assert_eq!(a, b, "seed {seed:x}: after a restart, SQLite (left) and etcd (right) disagree");
+        let again = steps.iter().find(|s| matches!(s, Step::Add { .. })).unwrap().clone();
+        let (a, b) = rt.block_on(async {
+            (observe(&sqlite, std::slice::from_ref(&again)).await, observe(&replicated, std::slice::from_ref(&again)).await)
+        });
+        assert!(a[0].contains("replayed true"), "{a:?}");
+        assert_eq!(a, b);
+    }
+}
+
+/// Adds `text` through `server` as `app`; the ids on success.
+async fn add(server: &ServerProc, app: usize, text: &str, request_id: &str) -> Result<Vec<u64>, tonic::Status> {
+    let req = proto::AddRequest { lines: vec![text.to_string()], request_id: request_id.to_string(), ..Default::default() };
+    let mut client = server.client(APPS[app].1);
+    let r =
+        tokio::time::timeout(Duration::from_secs(10), client.subs.add(req)).await.map_err(|_| tonic::Status::deadline_exceeded("10 s"))?;
+    Ok(r?.into_inner().subscriptions.iter().map(|s| s.id).collect())
+}
+
+/// Every subscription's text on `server`.
+async fn texts(server: &ServerProc) -> Vec<String> {
+    let page = server.client(ADMIN).subs.list(proto::ListRequest { page_size: 1000, ..Default::default() }).await.unwrap().into_inner();
+    page.subscriptions.into_iter().map(|s| s.text).collect()
+}
+
+/// Retries an add until a replica (the new writer) acknowledges it; the time it took.
+async fn first_ack(server: &ServerProc, text: &str, request_id: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if add(server, 0, text, request_id).await.is_ok() {
+            return t.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no replica acknowledged {text:?} within {limit:?}:\n{}", server.log());
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+#[test]
+fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
+    if !etcd_available("a_standby_takes_over_and_a_deposed_writer_writes_nothing") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-ha").tempdir().unwrap();
+    let mut etcd = Etcd::start(dir.path(), 3);
+    let url = etcd.url("ha");
+    let mut a = replica(&dir.path().join("a"), &url);
+    let mut b = replica(&dir.path().join("b"), &url);
+    a.spawn();
+    // B stands by: it does not listen while A is the writer.
+    b.spawn_unready();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(std::net::TcpStream::connect(("127.0.0.1", b.port)).is_err(), "the standby listens:\n{}", b.log());
+    assert!(b.log().contains("standing by"), "{}", b.log());
+    let rt = runtime();
+    let mut acked = vec![];
+    rt.block_on(async {
+        for i in 0..20 {
+            let text = format!("stock == A{i:03} : fwd(1)");
+            add(&a, 0, &text, &format!("a{i}")).await.unwrap();
+            acked.push(text);
+        }
+    });
+
+    // 1. SIGKILL of the writer: B takes over with everything acknowledged.
+    a.kill9();
+    let took = rt.block_on(first_ack(&b, "stock == B000 : fwd(2)", "b0", Duration::from_secs(30)));
+    acked.push("stock == B000 : fwd(2)".into());
+    eprintln!("failover after SIGKILL: first acknowledged write {} ms after the kill", took.as_millis());
+    rt.block_on(async {
+        let held = texts(&b).await;
+        for t in &acked {
+            assert_eq!(held.iter().filter(|h| *h == t).count(), 1, "{t:?} is not held exactly once: {held:?}");
+        }
+        // A retried request is answered from the store, not added again.
+        let again = add(&b, 0, "stock == A000 : fwd(1)", "a0").await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(texts(&b).await.iter().filter(|h| *h == "stock == A000 : fwd(1)").count(), 1);
+    });
+
+    // 2. One etcd member dies: the cluster (2 of 3) still commits.
+    etcd.kill9(0);
+    rt.block_on(async {
+        for i in 1..6 {
+            let text = format!("stock == B{i:03} : fwd(2)");
+            first_ack(&b, &text, &format!("b{i}"), Duration::from_secs(20)).await;
+            acked.push(text);
+        }
+    });
+    etcd.restart(0);
+
+    // 3. The writer is paused past its lease: A (restarted, standing by)
+    // takes over; B's write sent while it was paused is refused when it
+    // resumes, and B exits.
+    a.spawn_unready();
+    std::thread::sleep(Duration::from_millis(500));
+    signal(b.pid(), "STOP");
+    let late = {
+        let b_url = b.url();
+        rt.spawn(async move {
+            let mut c = subc_server::connect(&subc_server::ClientOptions {
+                server: b_url,
+                token: Some(APPS[1].1.into()),
+                timeout: Some(Duration::from_secs(30)),
+                ..Default::default()
+            })
+            .unwrap();
+            let req = proto::AddRequest { lines: vec!["stock == LATE : fwd(3)".into()], ..Default::default() };
+            c.subs.add(req).await.map(|_| ())
+        })
+    };
+    a.wait_ready(Duration::from_secs(30));
+    let took = rt.block_on(first_ack(&a, "stock == A100 : fwd(1)", "a100", Duration::from_secs(30)));
+    acked.push("stock == A100 : fwd(1)".into());
+    eprintln!("failover after SIGSTOP: first acknowledged write {} ms after A listened", took.as_millis());
+    signal(b.pid(), "CONT");
+    let late = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), late).await.expect("the late add returns").unwrap() });
+    assert!(late.is_err(), "the deposed writer acknowledged a write:\n{}", b.log());
+    let exited = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        std::net::TcpStream::connect(("127.0.0.1", b.port)).is_err()
+    });
+    assert!(exited, "the deposed writer still serves:\n{}", b.log());
+    assert!(b.log().contains("no longer the writer") || b.log().contains("lost the writer"), "{}", b.log());
+    rt.block_on(async {
+        let held = texts(&a).await;
+        assert!(!held.iter().any(|t| t == "stock == LATE : fwd(3)"), "a deposed writer's add is in the store: {held:?}");
+        for t in &acked {
+            assert_eq!(held.iter().filter(|h| *h == t).count(), 1, "{t:?} is not held exactly once: {held:?}");
+        }
+    });
+}

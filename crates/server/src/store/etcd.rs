@@ -1,0 +1,873 @@
+//! The etcd store: every record under one key prefix, every commit one
+//! etcd transaction, fenced by the writer's lease.
+//!
+//! Keys, under the prefix `P` (`/subc/` unless the URL names one):
+//!
+//! ```text
+//! P/leader                  the writer's name, bound to its lease
+//! P/rev                     rewritten by every commit (the fence's revision)
+//! P/meta/<key>              a meta value
+//! P/subs/<id>               a subscription (ids and sequence numbers are
+//! P/placements/<id>           20 zero-padded digits, so keys sort as numbers)
+//! P/requests/<app>/<id>     an Add's reply by idempotency key (hex of each)
+//! P/targets/<name>          a registration, and whether it was deployed
+//! P/status/<name>           a target's last status
+//! P/events/<seq>            an event
+//! ```
+//!
+//! Invariants:
+//! - One writer. A server is the writer from the revision at which it
+//!   created `P/leader` with its lease until that lease ends. Every commit
+//!   compares `P/leader`'s create revision with that revision, and
+//!   `P/rev`'s mod revision with this writer's last commit: a deposed
+//!   writer, or one whose view is stale, writes nothing.
+//! - A writer that cannot renew its lease for its TTL stops writing: the
+//!   lease may have ended on the cluster, and a standby may be the writer.
+//! - Every key is modified at most once per commit (etcd refuses a
+//!   transaction that touches a key twice): a commit's writes are collapsed
+//!   per key before they are sent.
+//! - The records are the SQLite store's, with the same meaning; the
+//!   writer's index of events and replies (sizes, times) is exact because
+//!   no one else writes.
+
+use super::{now_ms, EventRetention, Leadership, StoredReply, StoredSub, StoredTarget};
+use crate::config::EtcdLocation;
+use crate::proto;
+use crate::Error;
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, TxnOp, WatchOptions};
+use prost::Message;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Keys read per page when a prefix is loaded.
+const PAGE: i64 = 1000;
+/// The largest response the store accepts from etcd.
+const MAX_MESSAGE: usize = 256 << 20;
+
+#[derive(Clone, PartialEq, Message)]
+struct SubRecord {
+    #[prost(string, tag = "1")]
+    app: String,
+    #[prost(string, tag = "2")]
+    text: String,
+    #[prost(uint64, tag = "3")]
+    generation: u64,
+    #[prost(int64, tag = "4")]
+    created_ms: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RequestRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    reply: Vec<u8>,
+    #[prost(int64, tag = "2")]
+    created_ms: i64,
+    #[prost(string, optional, tag = "3")]
+    fingerprint: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TargetRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    registration: Vec<u8>,
+    #[prost(bool, tag = "2")]
+    deployed: bool,
+    #[prost(int64, tag = "3")]
+    created_ms: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct EventRecord {
+    #[prost(bytes = "vec", tag = "1")]
+    body: Vec<u8>,
+    #[prost(int64, tag = "2")]
+    created_ms: i64,
+}
+
+fn store_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Store(format!("etcd: {what}: {e}"))
+}
+
+fn undecodable(what: &str, e: prost::DecodeError) -> Error {
+    Error::Store(format!("etcd: a stored {what} does not decode: {e}"))
+}
+
+/// A key and its value.
+type Pair = (Vec<u8>, Vec<u8>);
+
+/// The connection, on a runtime of its own: the store is called from the
+/// writer's thread and from async tasks alike, and blocks either way.
+struct Conn {
+    rt: Option<tokio::runtime::Runtime>,
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Conn {
+    fn open(at: &EtcdLocation) -> Result<Arc<Conn>, Error> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("subc-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| store_err("cannot start its runtime", e))?;
+        let timeout = Duration::from_millis(at.config.timeout_ms);
+        let mut options = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout).with_keep_alive(timeout, timeout);
+        if let Some(ca) = &at.config.ca {
+            options = options.with_tls(tls_options(ca, at.config.cert.as_deref(), at.config.key.as_deref())?);
+        }
+        let endpoints = at.endpoints.clone();
+        let client = block(&rt, timeout, async move { Client::connect(endpoints, Some(options)).await })
+            .map_err(|e| store_err(&format!("cannot connect to {}", at.endpoints.join(",")), e))?;
+        Ok(Arc::new(Conn { rt: Some(rt), client, prefix: at.prefix.clone(), timeout }))
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime lives as long as the connection")
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// Runs `f` on the connection's runtime, waiting at most the timeout.
+    fn call<T: Send + 'static, F: Future<Output = Result<T, etcd_client::Error>> + Send + 'static>(
+        &self,
+        what: &str,
+        f: impl FnOnce(Client) -> F,
+    ) -> Result<T, Error> {
+        block(self.rt(), self.timeout, f(self.client.clone())).map_err(|e| store_err(what, e))
+    }
+
+    fn get(&self, key: String) -> Result<Option<etcd_client::KeyValue>, Error> {
+        let what = format!("reading {key}");
+        let mut r = self.call(&what, |mut c| async move { c.get(key, None).await })?;
+        Ok(r.take_kvs().into_iter().next())
+    }
+
+    /// Every key and value under `P/<dir>/`, in key order, read at one revision.
+    fn scan(&self, dir: &str) -> Result<Vec<Pair>, Error> {
+        let start = self.key(&format!("{dir}/"));
+        let end = prefix_end(start.as_bytes());
+        let mut from = start.clone().into_bytes();
+        let mut revision = 0;
+        let mut out = vec![];
+        loop {
+            let (f, e) = (from.clone(), end.clone());
+            let mut opts = GetOptions::new().with_range(e).with_limit(PAGE);
+            if revision != 0 {
+                opts = opts.with_revision(revision);
+            }
+            let mut r = self.call(&format!("reading {start}"), |c| async move {
+                c.kv_client().max_decoding_message_size(MAX_MESSAGE).get(f, Some(opts)).await
+            })?;
+            if revision == 0 {
+                revision = r.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = r.more();
+            let kvs = r.take_kvs();
+            let Some(last) = kvs.last() else { break };
+            from = last.key().to_vec();
+            from.push(0);
+            out.extend(kvs.into_iter().map(|kv| kv.into_key_value()));
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn tls_options(
+    ca: &std::path::Path,
+    cert: Option<&std::path::Path>,
+    key: Option<&std::path::Path>,
+) -> Result<etcd_client::TlsOptions, Error> {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| Error::Config(format!("cannot read {}: {e}", p.display())));
+    let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+    if let (Some(cert), Some(key)) = (cert, key) {
+        tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
+}
+
+/// Waits for `f` on `rt` from any thread, async or not.
+fn block<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    timeout: Duration,
+    f: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let _ = tx.send(tokio::time::timeout(timeout, f).await);
+    });
+    match rx.recv() {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(_)) => Err(format!("no answer within {} ms (etcd.timeout_ms)", timeout.as_millis())),
+        Err(_) => Err("the store's runtime stopped".into()),
+    }
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn number(n: u64) -> String {
+    format!("{n:020}")
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The number at the end of a key (`P/subs/00000000000000000042`).
+fn key_number(key: &[u8]) -> Option<u64> {
+    let key = std::str::from_utf8(key).ok()?;
+    key.rsplit('/').next()?.parse().ok()
+}
+
+/// The writer's hold on the store: its lease, the revision it became the
+/// writer at, and whether it still holds it.
+struct Lease {
+    id: i64,
+    revision: i64,
+    lost: Arc<AtomicBool>,
+}
+
+/// Sizes and times of what the writer prunes, kept in memory.
+#[derive(Default)]
+struct Index {
+    /// seq → (created_ms, bytes)
+    events: BTreeMap<u64, (i64, u64)>,
+    /// key → (created_ms, bytes)
+    requests: HashMap<String, (i64, u64)>,
+}
+
+/// An open etcd store: the writer's (with its lease) or a reader's.
+pub(crate) struct Store {
+    conn: Arc<Conn>,
+    lease: Option<Lease>,
+    /// The revision of this writer's last commit (or of its load).
+    rev: i64,
+    index: Index,
+}
+
+impl Store {
+    /// Connects, waits to be elected the writer (a standby replica waits
+    /// here while another writes), and reads what pruning needs.
+    pub(crate) fn open_writer(at: &EtcdLocation, name: &str) -> Result<Store, Error> {
+        let conn = Conn::open(at)?;
+        let lease = campaign(&conn, name, i64::from(at.config.lease_ttl_s))?;
+        let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default() };
+        store.rev = store.conn.get(store.conn.key("rev"))?.map(|kv| kv.mod_revision()).unwrap_or(0);
+        store.load_index()?;
+        match store.meta("schema_version")? {
+            None => store.write(|t| t.set_meta("schema_version", "1"))?,
+            Some(v) if v == "1" => {}
+            Some(v) => return Err(Error::Store(format!("etcd {}: schema version {v}, this server knows 1", at.prefix))),
+        }
+        Ok(store)
+    }
+
+    /// A handle for reads only, on the same connection.
+    pub(crate) fn reader(&self) -> Store {
+        Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default() }
+    }
+
+    pub(crate) fn leadership(&self) -> Leadership {
+        Leadership { revision: self.lease.as_ref().map(|l| l.revision as u64).unwrap_or(0) }
+    }
+
+    pub(crate) fn lost_flag(&self) -> Option<Arc<AtomicBool>> {
+        self.lease.as_ref().map(|l| l.lost.clone())
+    }
+
+    fn load_index(&mut self) -> Result<(), Error> {
+        for (key, value) in self.conn.scan("events")? {
+            let r = EventRecord::decode(value.as_slice()).map_err(|e| undecodable("event", e))?;
+            if let Some(seq) = key_number(&key) {
+                self.index.events.insert(seq, (r.created_ms, r.body.len() as u64));
+            }
+        }
+        let dir = self.conn.key("requests/");
+        for (key, value) in self.conn.scan("requests")? {
+            let r = RequestRecord::decode(value.as_slice()).map_err(|e| undecodable("reply", e))?;
+            let key = String::from_utf8_lossy(&key[dir.len()..]).into_owned();
+            self.index.requests.insert(key, (r.created_ms, r.reply.len() as u64));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn meta(&self, key: &str) -> Result<Option<String>, Error> {
+        match self.conn.get(self.conn.key(&format!("meta/{key}")))? {
+            None => Ok(None),
+            Some(kv) => kv.value_str().map(|v| Some(v.to_string())).map_err(|e| store_err("a meta value", e)),
+        }
+    }
+
+    pub(crate) fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
+        let mut out = vec![];
+        for (key, value) in self.conn.scan("subs")? {
+            let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
+            let id = key_number(&key)
+                .ok_or_else(|| Error::Store(format!("etcd: {:?} is not a subscription key", String::from_utf8_lossy(&key))))?;
+            out.push(StoredSub { id, app: r.app, text: r.text, generation: r.generation, created_ms: r.created_ms });
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn load_placements(&self) -> Result<Vec<(u64, String)>, Error> {
+        let mut out = vec![];
+        for (key, value) in self.conn.scan("placements")? {
+            if let (Some(id), Ok(pipes)) = (key_number(&key), String::from_utf8(value)) {
+                out.push((id, pipes));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
+        let statuses: HashMap<Vec<u8>, Vec<u8>> = self.conn.scan("status")?.into_iter().collect();
+        let (targets_dir, status_dir) = (self.conn.key("targets/"), self.conn.key("status/"));
+        let mut out = vec![];
+        for (key, value) in self.conn.scan("targets")? {
+            let r = TargetRecord::decode(value.as_slice()).map_err(|e| undecodable("target", e))?;
+            let registration = proto::RegisterTargetRequest::decode(r.registration.as_slice()).map_err(|e| undecodable("target", e))?;
+            let status_key = [status_dir.as_bytes(), &key[targets_dir.len()..]].concat();
+            let status = match statuses.get(&status_key) {
+                Some(s) => Some(proto::TargetStatus::decode(s.as_slice()).map_err(|e| undecodable("status", e))?),
+                None => None,
+            };
+            out.push(StoredTarget { registration, deployed: r.deployed, status });
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        let from = self.conn.key(&format!("events/{}", number(after.saturating_add(1))));
+        let end = prefix_end(self.conn.key("events/").as_bytes());
+        let opts = GetOptions::new().with_range(end).with_limit(limit.min(i64::MAX as usize) as i64);
+        let mut r = self
+            .conn
+            .call("reading events", |c| async move { c.kv_client().max_decoding_message_size(MAX_MESSAGE).get(from, Some(opts)).await })?;
+        let mut out = vec![];
+        for kv in r.take_kvs() {
+            let r = EventRecord::decode(kv.value()).map_err(|e| undecodable("event", e))?;
+            let mut e = proto::Event::decode(r.body.as_slice()).map_err(|e| undecodable("event", e))?;
+            e.seq = key_number(kv.key()).unwrap_or(0);
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
+        let Some(kv) = self.conn.get(self.conn.key(&format!("requests/{}", request_key(app, request_id))))? else { return Ok(None) };
+        let r = RequestRecord::decode(kv.value()).map_err(|e| undecodable("reply", e))?;
+        Ok(Some(StoredReply { reply: r.reply, fingerprint: r.fingerprint }))
+    }
+
+    /// Runs `f`, then commits what it wrote as one etcd transaction, fenced
+    /// by the lease and the last revision; on any error nothing is written.
+    pub(crate) fn write<T>(&mut self, f: impl FnOnce(&Txn) -> Result<T, Error>) -> Result<T, Error> {
+        let lease = self.lease.as_ref().ok_or_else(|| Error::Internal("a write through the etcd store's reader".into()))?;
+        if lease.lost.load(Ordering::SeqCst) {
+            return Err(lost());
+        }
+        let txn = Txn::new(self);
+        let out = f(&txn)?;
+        let Staged { writes, compares, events, requests, .. } = txn.into_staged();
+        let mut when = vec![
+            Compare::create_revision(self.conn.key("leader"), CompareOp::Equal, lease.revision),
+            Compare::mod_revision(self.conn.key("rev"), CompareOp::Equal, self.rev),
+        ];
+        when.extend(compares);
+        let mut ops = vec![TxnOp::put(self.conn.key("rev"), [], None)];
+        for (key, value) in writes {
+            ops.push(match value {
+                Some(v) => TxnOp::put(key, v, None),
+                None => TxnOp::delete(key, None),
+            });
+        }
+        let request = etcd_client::Txn::new().when(when).and_then(ops);
+        let r = self.conn.call("committing", |c| async move { c.kv_client().txn(request).await })?;
+        if !r.succeeded() {
+            return Err(self.why_refused());
+        }
+        self.rev = r.header().map(|h| h.revision()).unwrap_or(self.rev);
+        events.apply(&mut self.index.events);
+        requests.apply(&mut self.index.requests);
+        Ok(out)
+    }
+
+    /// Why a commit's comparison failed.
+    fn why_refused(&self) -> Error {
+        let lease = self.lease.as_ref().expect("only the writer commits");
+        let leader = self.conn.get(self.conn.key("leader"));
+        match leader {
+            Ok(Some(kv)) if kv.create_revision() == lease.revision => {}
+            Ok(other) => {
+                lease.lost.store(true, Ordering::SeqCst);
+                let now = other.map(|kv| String::from_utf8_lossy(kv.value()).into_owned()).unwrap_or_else(|| "none".into());
+                tracing::error!(writer = %now, "this server is no longer the writer; it stops writing");
+                return Error::Store(format!("this server is no longer the writer (the writer now: {now}); nothing was written"));
+            }
+            Err(e) => return e,
+        }
+        match self.conn.get(self.conn.key("rev")) {
+            Ok(kv) if kv.as_ref().map(|kv| kv.mod_revision()).unwrap_or(0) != self.rev => {
+                lease.lost.store(true, Ordering::SeqCst);
+                Error::Store(format!("etcd: the store changed under this writer (revision {} expected); nothing was written", self.rev))
+            }
+            Ok(_) => Error::Store("a subscription being removed is not in the store; nothing was written".into()),
+            Err(e) => e,
+        }
+    }
+}
+
+impl Drop for Store {
+    /// A writer that stops gives its lease back, so that a standby takes
+    /// over at once rather than after the TTL.
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.lost.store(true, Ordering::SeqCst);
+            let id = lease.id;
+            let _ = self.conn.call("giving the lease back", move |mut c| async move { c.lease_revoke(id).await });
+        }
+    }
+}
+
+fn lost() -> Error {
+    Error::Store("this server lost the writer's lease: it writes nothing more (a standby takes over)".into())
+}
+
+fn request_key(app: &str, request_id: &str) -> String {
+    format!("{}/{}", hex(app), hex(request_id))
+}
+
+/// Waits until this server holds `P/leader` with a lease of its own, kept
+/// alive from then on. The lease is granted first and renewed while
+/// waiting, so that the key, once created, is alive.
+fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64) -> Result<Lease, Error> {
+    let granted = conn.call("granting the writer's lease", move |mut c| async move { c.lease_grant(ttl, None).await })?;
+    let (id, ttl) = (granted.id(), granted.ttl().max(1));
+    let lost = Arc::new(AtomicBool::new(false));
+    conn.rt().spawn(keep_alive(conn.client.clone(), id, Duration::from_secs(ttl as u64), lost.clone()));
+    let leader = conn.key("leader");
+    let mut announced = false;
+    loop {
+        if lost.load(Ordering::SeqCst) {
+            return Err(lost_while_waiting());
+        }
+        let (key, value) = (leader.clone(), name.to_string());
+        let txn = etcd_client::Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), value, Some(PutOptions::new().with_lease(id)))])
+            .or_else([TxnOp::get(key, None)]);
+        let r = conn.call("campaigning", |mut c| async move { c.txn(txn).await })?;
+        if r.succeeded() {
+            let revision = r.header().map(|h| h.revision()).unwrap_or(0);
+            tracing::info!(revision, lease = id, "this server is the writer");
+            return Ok(Lease { id, revision, lost });
+        }
+        let holder = r.op_responses().into_iter().find_map(|op| match op {
+            etcd_client::TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let Some(holder) = holder else { continue };
+        if !announced {
+            tracing::info!(writer = %String::from_utf8_lossy(holder.value()), "standing by: another server is the writer");
+            announced = true;
+        }
+        wait_for_delete(conn, leader.clone(), holder.mod_revision() + 1)?;
+    }
+}
+
+fn lost_while_waiting() -> Error {
+    Error::Store("etcd: the lease of this standby ended while it waited to be the writer".into())
+}
+
+/// Returns when `key` is deleted at or after `from` (or the watch ends).
+fn wait_for_delete(conn: &Conn, key: String, from: i64) -> Result<(), Error> {
+    let mut client = conn.client.clone();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    conn.rt().spawn(async move {
+        let r = async {
+            let mut stream = client.watch(key, Some(WatchOptions::new().with_start_revision(from))).await?;
+            while let Some(resp) = stream.message().await? {
+                if resp.canceled() || resp.events().iter().any(|e| e.event_type() == etcd_client::EventType::Delete) {
+                    break;
+                }
+            }
+            Ok::<(), etcd_client::Error>(())
+        }
+        .await;
+        let _ = tx.send(r);
+    });
+    match rx.recv() {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "watching the writer's key failed; campaigning again");
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
+        }
+        Err(_) => Err(store_err("watching the writer's key", "the runtime stopped")),
+    }
+}
+
+/// Renews lease `id` every third of its TTL. When no renewal has been
+/// acknowledged for a whole TTL since it was sent, the lease may have
+/// ended on the cluster: `lost` is raised and the writer stops writing.
+async fn keep_alive(client: Client, id: i64, ttl: Duration, lost: Arc<AtomicBool>) {
+    let mut acked_sent_at = Instant::now();
+    let period = ttl / 3;
+    'reconnect: while !lost.load(Ordering::SeqCst) {
+        let mut c = client.clone();
+        let (mut keeper, mut stream) = match c.lease_keep_alive(id).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the writer's lease failed; retrying");
+                if expired(acked_sent_at, ttl, &lost) {
+                    return;
+                }
+                tokio::time::sleep(period.min(Duration::from_millis(300))).await;
+                continue;
+            }
+        };
+        loop {
+            let sent = Instant::now();
+            let renewed = tokio::time::timeout(period, async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            })
+            .await;
+            match renewed {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => acked_sent_at = sent,
+                Ok(Ok(Some(_))) => {
+                    tracing::error!(lease = id, "the writer's lease ended on the cluster; this server stops writing");
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                _ => {
+                    if expired(acked_sent_at, ttl, &lost) {
+                        return;
+                    }
+                    continue 'reconnect;
+                }
+            }
+            if expired(acked_sent_at, ttl, &lost) {
+                return;
+            }
+            tokio::time::sleep(period.saturating_sub(sent.elapsed())).await;
+        }
+    }
+}
+
+/// Raises `lost` when a TTL has passed since the last acknowledged
+/// renewal was sent.
+fn expired(acked_sent_at: Instant, ttl: Duration, lost: &AtomicBool) -> bool {
+    if acked_sent_at.elapsed() >= ttl {
+        tracing::error!(ttl_s = ttl.as_secs(), "the writer's lease was not renewed for its TTL; this server stops writing");
+        lost.store(true, Ordering::SeqCst);
+    }
+    lost.load(Ordering::SeqCst)
+}
+
+/// Changes to an index of (created_ms, bytes), applied after a commit.
+struct Delta<K: Ord> {
+    put: BTreeMap<K, (i64, u64)>,
+    deleted: BTreeSet<K>,
+}
+
+impl<K: Ord> Default for Delta<K> {
+    fn default() -> Self {
+        Delta { put: BTreeMap::new(), deleted: BTreeSet::new() }
+    }
+}
+
+trait IndexMap<K> {
+    fn insert_entry(&mut self, k: K, v: (i64, u64));
+    fn remove_entry(&mut self, k: &K);
+}
+
+impl IndexMap<u64> for BTreeMap<u64, (i64, u64)> {
+    fn insert_entry(&mut self, k: u64, v: (i64, u64)) {
+        self.insert(k, v);
+    }
+    fn remove_entry(&mut self, k: &u64) {
+        self.remove(k);
+    }
+}
+
+impl IndexMap<String> for HashMap<String, (i64, u64)> {
+    fn insert_entry(&mut self, k: String, v: (i64, u64)) {
+        self.insert(k, v);
+    }
+    fn remove_entry(&mut self, k: &String) {
+        self.remove(k);
+    }
+}
+
+impl<K: Ord + Clone> Delta<K> {
+    fn apply(self, index: &mut impl IndexMap<K>) {
+        for k in &self.deleted {
+            index.remove_entry(k);
+        }
+        for (k, v) in self.put {
+            index.insert_entry(k, v);
+        }
+    }
+}
+
+/// What a transaction wrote, before it is sent.
+#[derive(Default)]
+struct Staged {
+    /// key → the new value, or `None` to delete it (last write wins).
+    writes: BTreeMap<String, Option<Vec<u8>>>,
+    compares: Vec<Compare>,
+    events: Delta<u64>,
+    requests: Delta<String>,
+    /// Targets written in this transaction (their records, for `set_deployed`).
+    targets: HashMap<String, Option<TargetRecord>>,
+}
+
+/// An open write transaction: writes are staged, and sent as one.
+pub(crate) struct Txn<'a> {
+    store: &'a Store,
+    staged: RefCell<Staged>,
+    next_seq: Cell<u64>,
+}
+
+impl<'a> Txn<'a> {
+    fn new(store: &'a Store) -> Txn<'a> {
+        let next_seq = store.index.events.last_key_value().map(|(s, _)| s + 1).unwrap_or(1);
+        Txn { store, staged: RefCell::new(Staged::default()), next_seq: Cell::new(next_seq) }
+    }
+
+    fn into_staged(self) -> Staged {
+        self.staged.into_inner()
+    }
+
+    fn put(&self, key: String, value: Vec<u8>) {
+        self.staged.borrow_mut().writes.insert(key, Some(value));
+    }
+
+    fn delete(&self, key: String) {
+        self.staged.borrow_mut().writes.insert(key, None);
+    }
+
+    fn key(&self, rest: &str) -> String {
+        self.store.conn.key(rest)
+    }
+
+    pub(crate) fn set_meta(&self, key: &str, value: &str) -> Result<(), Error> {
+        self.put(self.key(&format!("meta/{key}")), value.as_bytes().to_vec());
+        Ok(())
+    }
+
+    pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
+        let r = SubRecord { app: s.app.clone(), text: s.text.clone(), generation: s.generation, created_ms: s.created_ms };
+        self.put(self.key(&format!("subs/{}", number(s.id))), r.encode_to_vec());
+        Ok(())
+    }
+
+    /// Deletes subscription `id`, which must be in the store (checked by
+    /// the commit, unless this transaction added it).
+    pub(crate) fn delete_sub(&self, id: u64) -> Result<(), Error> {
+        let key = self.key(&format!("subs/{}", number(id)));
+        let mut staged = self.staged.borrow_mut();
+        match staged.writes.get(&key) {
+            Some(Some(_)) => {}
+            Some(None) => return Err(Error::Store(format!("subscription {id} is not in the store"))),
+            None => staged.compares.push(Compare::version(key.clone(), CompareOp::Greater, 0)),
+        }
+        staged.writes.insert(key, None);
+        staged.writes.insert(self.key(&format!("placements/{}", number(id))), None);
+        Ok(())
+    }
+
+    pub(crate) fn put_placement(&self, id: u64, pipes: &str) -> Result<(), Error> {
+        self.put(self.key(&format!("placements/{}", number(id))), pipes.as_bytes().to_vec());
+        Ok(())
+    }
+
+    pub(crate) fn clear_placements(&self) -> Result<(), Error> {
+        let dir = self.key("placements/");
+        let stored = self.store.conn.scan("placements")?;
+        let mut staged = self.staged.borrow_mut();
+        for (key, _) in stored {
+            staged.writes.insert(String::from_utf8_lossy(&key).into_owned(), None);
+        }
+        for (_, v) in staged.writes.range_mut::<String, _>(dir.clone()..).take_while(|(k, _)| k.starts_with(&dir)) {
+            *v = None;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn put_request(&self, app: &str, request_id: &str, reply: &[u8], fingerprint: &str) -> Result<(), Error> {
+        let created_ms = now_ms();
+        let r = RequestRecord { reply: reply.to_vec(), created_ms, fingerprint: Some(fingerprint.to_string()) };
+        let k = request_key(app, request_id);
+        self.put(self.key(&format!("requests/{k}")), r.encode_to_vec());
+        let mut staged = self.staged.borrow_mut();
+        staged.requests.deleted.remove(&k);
+        staged.requests.put.insert(k, (created_ms, reply.len() as u64));
+        Ok(())
+    }
+
+    /// As SQLite's: older than `max_age_ms` go, then the oldest until the
+    /// rest hold at most `max_bytes` (the newest is kept).
+    pub(crate) fn prune_requests(&self, max_age_ms: u64, max_bytes: u64) -> Result<(), Error> {
+        let cutoff = now_ms().saturating_sub(i64::try_from(max_age_ms).unwrap_or(i64::MAX));
+        let mut all: Vec<(i64, String, u64)> = {
+            let staged = self.staged.borrow();
+            let index = &self.store.index.requests;
+            index
+                .iter()
+                .filter(|(k, _)| !staged.requests.put.contains_key(*k) && !staged.requests.deleted.contains(*k))
+                .chain(staged.requests.put.iter())
+                .map(|(k, (t, n))| (*t, k.clone(), *n))
+                .collect()
+        };
+        all.sort_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
+        let (aged, young): (Vec<_>, Vec<_>) = all.into_iter().partition(|(created, _, _)| *created < cutoff);
+        let mut gone: Vec<String> = aged.into_iter().map(|(_, k, _)| k).collect();
+        let mut total = 0u64;
+        for (i, (_, key, bytes)) in young.into_iter().enumerate() {
+            total = total.saturating_add(bytes);
+            if total > max_bytes && i > 0 {
+                gone.push(key);
+            }
+        }
+        let mut staged = self.staged.borrow_mut();
+        for k in gone {
+            staged.writes.insert(self.key(&format!("requests/{k}")), None);
+            staged.requests.put.remove(&k);
+            staged.requests.deleted.insert(k);
+        }
+        Ok(())
+    }
+
+    fn target(&self, name: &str) -> Result<Option<TargetRecord>, Error> {
+        if let Some(t) = self.staged.borrow().targets.get(name) {
+            return Ok(t.clone());
+        }
+        match self.store.conn.get(self.key(&format!("targets/{name}")))? {
+            None => Ok(None),
+            Some(kv) => TargetRecord::decode(kv.value()).map(Some).map_err(|e| undecodable("target", e)),
+        }
+    }
+
+    fn set_target(&self, name: &str, t: Option<TargetRecord>) {
+        let key = self.key(&format!("targets/{name}"));
+        match &t {
+            Some(r) => self.put(key, r.encode_to_vec()),
+            None => self.delete(key),
+        }
+        self.staged.borrow_mut().targets.insert(name.to_string(), t);
+    }
+
+    /// Registers a new target (an existing name is refused, as SQLite's
+    /// primary key does).
+    pub(crate) fn put_target(&self, reg: &proto::RegisterTargetRequest) -> Result<(), Error> {
+        if self.target(&reg.name)?.is_some() {
+            return Err(Error::Store(format!("target {:?} is already in the store", reg.name)));
+        }
+        self.set_target(&reg.name, Some(TargetRecord { registration: reg.encode_to_vec(), deployed: false, created_ms: now_ms() }));
+        Ok(())
+    }
+
+    pub(crate) fn delete_target(&self, name: &str) -> Result<(), Error> {
+        self.set_target(name, None);
+        self.delete(self.key(&format!("status/{name}")));
+        Ok(())
+    }
+
+    pub(crate) fn set_deployed(&self, name: &str) -> Result<(), Error> {
+        if let Some(mut t) = self.target(name)? {
+            t.deployed = true;
+            self.set_target(name, Some(t));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn put_status(&self, s: &proto::TargetStatus) -> Result<(), Error> {
+        self.put(self.key(&format!("status/{}", s.name)), s.encode_to_vec());
+        Ok(())
+    }
+
+    pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        let r = EventRecord { body: e.encode_to_vec(), created_ms: now_ms() };
+        let size = r.body.len() as u64;
+        self.put(self.key(&format!("events/{}", number(seq))), r.encode_to_vec());
+        self.staged.borrow_mut().events.put.insert(seq, (r.created_ms, size));
+        Ok(seq)
+    }
+
+    /// As SQLite's: the newest `keep`, none older than `max_age_ms`, and the
+    /// newest that hold at most `max_bytes` (the newest is always kept).
+    pub(crate) fn prune_events(&self, r: &EventRetention) -> Result<(), Error> {
+        let cutoff = now_ms().saturating_sub(i64::try_from(r.max_age_ms).unwrap_or(i64::MAX));
+        let all: Vec<(u64, i64, u64)> = {
+            let staged = self.staged.borrow();
+            let index = &self.store.index.events;
+            let mut all: BTreeMap<u64, (i64, u64)> =
+                index.iter().filter(|(s, _)| !staged.events.deleted.contains(*s)).map(|(s, v)| (*s, *v)).collect();
+            all.extend(staged.events.put.iter().map(|(s, v)| (*s, *v)));
+            all.into_iter().map(|(s, (t, n))| (s, t, n)).collect()
+        };
+        let Some(&(max, _, _)) = all.last() else { return Ok(()) };
+        let mut gone = BTreeSet::new();
+        let mut kept = vec![];
+        for &(seq, created, bytes) in &all {
+            let old = seq <= max.saturating_sub(r.keep) && r.keep < max;
+            if old || created < cutoff {
+                gone.insert(seq);
+            } else {
+                kept.push((seq, bytes));
+            }
+        }
+        let mut total = 0u64;
+        let mut cut = None;
+        for &(seq, bytes) in kept.iter().rev() {
+            total = total.saturating_add(bytes);
+            if total > r.max_bytes {
+                cut = Some(seq);
+                break;
+            }
+        }
+        if let (Some(cut), Some(&(newest, _))) = (cut, kept.last()) {
+            gone.extend(kept.iter().map(|(s, _)| *s).filter(|s| *s <= cut && *s < newest));
+        }
+        let mut staged = self.staged.borrow_mut();
+        for seq in gone {
+            staged.writes.insert(self.key(&format!("events/{}", number(seq))), None);
+            staged.events.put.remove(&seq);
+            staged.events.deleted.insert(seq);
+        }
+        Ok(())
+    }
+}
