@@ -116,7 +116,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Run the host agent: this host's eBPF data plane, for a controller elsewhere (docs/agent.md).
     Agent(agent::AgentArgs),
-    /// Back up a service's store (online, while it runs).
+    /// Back up, restore or migrate a service's store (SQLite or etcd).
     #[command(subcommand)]
     Store(serve::StoreCommand),
     /// Add, remove and list subscriptions on a running service.

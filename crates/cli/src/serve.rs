@@ -96,14 +96,18 @@ fn target_kinds() -> subc_server::subc_target::Kinds {
 /// What an operator does to a service's store.
 #[derive(Subcommand)]
 pub enum StoreCommand {
-    /// Copy the store while the service runs (SQLite's online backup): one
-    /// committed generation, checked, synced, and renamed into place.
+    /// Copy the store while the service runs, to a SQLite file: one
+    /// committed generation (SQLite's online backup, or every record at one
+    /// etcd revision), checked, synced, and renamed into place.
     #[command(after_help = "Examples:\n  subc store backup --store /var/lib/subc/subc.db /backups/subc-$(date +%F).db\n  \
-                            subc store backup --config /etc/subc/subc.toml backup.db --json\n\n\
-                            To restore: stop the service, then `subc store restore BACKUP --store STORE`.")]
+                            subc store backup --config /etc/subc/subc.toml backup.db --json\n  \
+                            subc store backup --store etcd://10.0.0.1:2379,10.0.0.2:2379/subc backup.db\n\n\
+                            To restore: stop the service, then `subc store restore BACKUP --store STORE` \
+                            (for etcd: `subc store migrate --from BACKUP --to etcd://...` into an empty prefix).")]
     Backup {
-        /// The store to copy (default: the configuration's `store`, else `subc.db`).
-        #[arg(long, value_name = "FILE")]
+        /// The store to copy: a SQLite file or an etcd:// URL (default: the
+        /// configuration's `store`, else `subc.db`).
+        #[arg(long, value_name = "STORE")]
         store: Option<PathBuf>,
         /// The service's configuration file, to find its store.
         #[arg(long, short = 'c', value_name = "FILE", conflicts_with = "store")]
@@ -140,6 +144,36 @@ pub enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Copy every record of one store into another, empty one: SQLite to
+    /// etcd (to run replicas, docs/server.md "HA") or etcd to SQLite. Ids,
+    /// generations, event numbers and idempotency replies are kept. Stop
+    /// the service first; into etcd, the copy holds the writer's lease, and
+    /// one that did not finish is started over by running it again.
+    #[command(after_help = "Examples:\n  subc store migrate --from /var/lib/subc/subc.db --to etcd://10.0.0.1:2379,10.0.0.2:2379/subc\n  \
+                            subc store migrate --from etcd://127.0.0.1:2379/subc --to /var/lib/subc/subc.db --config subc.toml\n\n\
+                            --config gives the [etcd] settings (TLS, timeout) to reach the cluster.")]
+    Migrate {
+        /// The store to copy: a SQLite file or an etcd:// URL.
+        #[arg(long, value_name = "STORE")]
+        from: PathBuf,
+        /// The empty store to fill: a new SQLite file or an etcd:// URL.
+        #[arg(long, value_name = "STORE")]
+        to: PathBuf,
+        /// A configuration file whose [etcd] settings reach the cluster.
+        #[arg(long, short = 'c', value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print what was copied as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The [etcd] settings of `config`, or the defaults.
+fn etcd_settings(config: &Option<PathBuf>) -> Result<subc_server::EtcdConfig> {
+    Ok(match config {
+        Some(path) => Config::load(path)?.etcd,
+        None => subc_server::EtcdConfig::default(),
+    })
 }
 
 /// The store a `subc store` command acts on: `--store`, else the
@@ -156,7 +190,7 @@ pub fn store(c: &StoreCommand) -> Result<ExitCode> {
     match c {
         StoreCommand::Backup { store, config, out, json } => {
             let store = store_path(store, config)?;
-            let r = subc_server::backup_store(&store, out)?;
+            let r = subc_server::backup_any(&store, out, &etcd_settings(config)?)?;
             if *json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -186,6 +220,24 @@ pub fn store(c: &StoreCommand) -> Result<ExitCode> {
                     r.subscriptions,
                     r.targets,
                     r.next_id
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        StoreCommand::Migrate { from, to, config, json } => {
+            let r = subc_server::migrate_store(from, to, &etcd_settings(config)?)?;
+            if *json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "copied {} to {}: generation {}, {} subscriptions, {} targets, {} events, {} replies",
+                    from.display(),
+                    to.display(),
+                    r.generation,
+                    r.subscriptions,
+                    r.targets,
+                    r.events,
+                    r.requests
                 );
             }
             Ok(ExitCode::SUCCESS)

@@ -7,6 +7,9 @@
 //! - A standby takes over when the writer dies or is paused past its
 //!   lease, with every acknowledged change; a deposed writer's late write
 //!   is refused and it exits; the cluster survives the loss of a member.
+//!   A P4Runtime switch (in this process) sees each new writer with a
+//!   higher election id, and the writes it accepts never go back to a
+//!   lower one.
 
 mod common;
 
@@ -14,6 +17,7 @@ use common::etcd::{etcd_available, Etcd};
 use common::{itch_spec, ServerProc, ADMIN, APPS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -235,8 +239,24 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", b.port)).is_err(), "the standby listens:\n{}", b.log());
     assert!(b.log().contains("standing by"), "{}", b.log());
     let rt = runtime();
+    let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
+    let switch = rt.block_on(TestServer::start(Checks::Recover(std::sync::Arc::new(spec)))).unwrap();
     let mut acked = vec![];
     rt.block_on(async {
+        let p4 = proto::P4RuntimeTarget {
+            address: switch.addr.trim_start_matches("http://").into(),
+            device_id: subc_p4runtime::testing::DEVICE,
+            device_config: b"{}".to_vec(),
+            election_id: 7,
+            ..Default::default()
+        };
+        let reg = proto::RegisterTargetRequest {
+            name: "sw1".into(),
+            kind: Some(proto::register_target_request::Kind::P4runtime(p4)),
+            ..Default::default()
+        };
+        a.client(ADMIN).targets.register(reg).await.unwrap();
+        a.client(ADMIN).targets.deploy(proto::DeployRequest { name: "sw1".into(), timeout_ms: 30_000 }).await.unwrap();
         for i in 0..20 {
             let text = format!("stock == A{i:03} : fwd(1)");
             add(&a, 0, &text, &format!("a{i}")).await.unwrap();
@@ -304,6 +324,24 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     });
     assert!(exited, "the deposed writer still serves:\n{}", b.log());
     assert!(b.log().contains("no longer the writer") || b.log().contains("lost the writer"), "{}", b.log());
+    // The switch follows the last writer, and never took a write from a deposed one.
+    rt.block_on(async {
+        let mut admin = a.client(ADMIN);
+        admin.targets.deploy(proto::DeployRequest { name: "sw1".into(), timeout_ms: 30_000 }).await.unwrap();
+    });
+    {
+        let st = switch.lock();
+        let epochs: Vec<u64> = st.accepted.iter().map(|id| (id >> 64) as u64).collect();
+        assert!(
+            st.accepted.windows(2).all(|w| w[0] <= w[1]),
+            "the switch accepted a lower election id after a higher one: {:?}",
+            st.accepted
+        );
+        let mut distinct = epochs.clone();
+        distinct.dedup();
+        assert!(distinct.len() >= 3, "three writers (A, B, A again) should have written to the switch, by epoch: {distinct:?}");
+        assert!(st.accepted.iter().all(|id| (*id as u64) == 7), "the configured election id is the low half: {:?}", st.accepted);
+    }
     rt.block_on(async {
         let held = texts(&a).await;
         assert!(!held.iter().any(|t| t == "stock == LATE : fwd(3)"), "a deposed writer's add is in the store: {held:?}");
@@ -311,4 +349,61 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
             assert_eq!(held.iter().filter(|h| *h == t).count(), 1, "{t:?} is not held exactly once: {held:?}");
         }
     });
+}
+
+#[test]
+fn a_store_migrates_to_etcd_and_back_with_ids_replies_and_events() {
+    if !etcd_available("a_store_migrates_to_etcd_and_back_with_ids_replies_and_events") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-ha-migrate").tempdir().unwrap();
+    let etcd = Etcd::start(dir.path(), 1);
+    let rt = runtime();
+    let steps = history(0x51_7cc1_b727_220a, 40);
+    let first = steps.iter().find(|s| matches!(s, Step::Add { .. })).unwrap().clone();
+
+    // A SQLite store with a history, then stopped.
+    let sqlite_dir = dir.path().join("sqlite");
+    std::fs::create_dir_all(&sqlite_dir).unwrap();
+    let mut sqlite = ServerProc::start(&sqlite_dir, "");
+    rt.block_on(observe(&sqlite, &steps));
+    let before = rt.block_on(state(&sqlite));
+    sqlite.kill9();
+
+    // Into etcd: the replica serves the same subscriptions and events, and
+    // answers a retried request from the copied reply.
+    let url = etcd.url("migrated");
+    let db = sqlite_dir.join("subc.db");
+    let out = common::subc(&["store", "migrate", "--from", db.to_str().unwrap(), "--to", &url, "--json"]);
+    let text = common::ok(&out);
+    assert!(text.contains("\"subscriptions\""), "{text}");
+    let mut replica_a = replica(&dir.path().join("a"), &url);
+    replica_a.spawn();
+    assert_eq!(rt.block_on(state(&replica_a)), before, "the etcd copy serves another state");
+    let again = rt.block_on(observe(&replica_a, std::slice::from_ref(&first)));
+    assert!(again[0].contains("replayed true"), "{again:?}");
+
+    // Into a store a server writes: refused.
+    let refused = |why: &str| {
+        let out = common::subc(&["store", "migrate", "--from", db.to_str().unwrap(), "--to", &url]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && stderr.contains(why), "expected {why:?}: {stderr}");
+    };
+    refused("is the writer of this store; stop it first");
+
+    // An online backup of the etcd store is a SQLite store that serves the same.
+    let back_dir = dir.path().join("back");
+    std::fs::create_dir_all(&back_dir).unwrap();
+    let backup = back_dir.join("subc.db");
+    common::ok(&common::subc(&["store", "backup", "--store", &url, backup.to_str().unwrap()]));
+    let after_etcd = rt.block_on(state(&replica_a));
+    replica_a.kill9();
+    // Into a store that is not empty (once the killed writer's lease is
+    // over): refused, nothing written.
+    std::thread::sleep(Duration::from_secs(3));
+    refused("the destination is not empty");
+    let back = ServerProc::start(&back_dir, "");
+    assert_eq!(rt.block_on(state(&back)), after_etcd, "the backup of the etcd store serves another state");
+    let again = rt.block_on(observe(&back, std::slice::from_ref(&first)));
+    assert!(again[0].contains("replayed true"), "{again:?}");
 }

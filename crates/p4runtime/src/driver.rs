@@ -110,6 +110,10 @@ pub struct SwitchSettings {
     pub device_id: u64,
     /// subc's election id (at least 1).
     pub election_id: u64,
+    /// The controller's epoch when replicas share the store (0: none): the
+    /// high 64 bits of the election id, so that a successor is primary and
+    /// the switch itself refuses a deposed writer.
+    pub epoch: u64,
     /// The architecture of the switch's program.
     pub arch: Arch,
     /// The P4Info the switch's program was compiled to, if registered.
@@ -192,15 +196,27 @@ fn not_our_program(e: &P4Error) -> bool {
 impl SwitchTarget {
     /// `prune_ingress`: a switch of a fabric (`docs/network.md`).
     pub fn open(name: &str, settings: SwitchSettings, spec: Arc<Spec>) -> Result<SwitchTarget, TargetError> {
-        let SwitchSettings { address, device_id, election_id, arch, given, device_config, ports, tls, limits, prune_ingress, image_dir } =
-            settings;
+        let SwitchSettings {
+            address,
+            device_id,
+            election_id,
+            epoch,
+            arch,
+            given,
+            device_config,
+            ports,
+            tls,
+            limits,
+            prune_ingress,
+            image_dir,
+        } = settings;
         let addr = if address.contains("://") { address } else { format!("http://{address}") };
         Ok(SwitchTarget {
             name: name.to_string(),
             spec,
             addr,
             device_id,
-            election_id: election_id.max(1) as u128,
+            election_id: ((epoch as u128) << 64) | election_id.max(1) as u128,
             arch,
             given,
             running_info: None,

@@ -78,6 +78,8 @@ pub struct State {
     pub pipelines_set: usize,
     /// Every Write received, in order (refused ones included).
     pub log: Vec<p4v1::WriteRequest>,
+    /// The election id of every Write the arbitration let through, in order.
+    pub accepted: Vec<u128>,
     /// Updates applied, over all writes.
     pub updates: usize,
     /// The first write refused for leaving a dangling reference.
@@ -220,6 +222,7 @@ impl P4Runtime for FakeSwitch {
         let st = &mut *guard;
         st.log.push(w.clone());
         Self::check_primary(st, w.device_id, w.election_id)?;
+        st.accepted.push(id(w.election_id));
         let (Some(sw), Some(layout)) = (st.switch.as_mut(), st.layout.as_ref()) else {
             return Err(Status::failed_precondition("no forwarding pipeline config"));
         };

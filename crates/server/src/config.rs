@@ -129,6 +129,22 @@ fn default_etcd_timeout_ms() -> u64 {
     5_000
 }
 
+impl StoreLocation {
+    /// `store`: an `etcd://` URL (with `etcd`'s settings) or a file path.
+    /// Any other `scheme://` is refused, not taken as a relative path.
+    pub fn parse(store: &Path, etcd: &EtcdConfig) -> Result<StoreLocation, Error> {
+        let text = store.to_string_lossy();
+        match text.split_once("://") {
+            None => Ok(StoreLocation::Sqlite(store.to_path_buf())),
+            Some(("etcd", _)) => parse_etcd_url(&text, etcd).map(StoreLocation::Etcd),
+            Some((scheme, _)) => Err(Error::Config(format!(
+                "store = {text:?}: a `{scheme}://` URL is not a store this server can use; give the SQLite file's path \
+                 or an etcd://host:port URL"
+            ))),
+        }
+    }
+}
+
 /// Parses `etcd://host:port,host:port/prefix`.
 fn parse_etcd_url(url: &str, config: &EtcdConfig) -> Result<EtcdLocation, Error> {
     let bad = |why: &str| Error::Config(format!("store = {url:?}: {why} (expected etcd://host:port,host:port/prefix)"));
@@ -161,15 +177,7 @@ impl Config {
     /// Where the store is, from `store`: an `etcd://` URL or a file path.
     /// Any other `scheme://` is refused, not taken as a relative path.
     pub fn store_location(&self) -> Result<StoreLocation, Error> {
-        let store = self.store.to_string_lossy();
-        match store.split_once("://") {
-            None => Ok(StoreLocation::Sqlite(self.store.clone())),
-            Some(("etcd", _)) => parse_etcd_url(&store, &self.etcd).map(StoreLocation::Etcd),
-            Some((scheme, _)) => Err(Error::Config(format!(
-                "store = {store:?}: a `{scheme}://` URL is not a store this server can use; give the SQLite file's path \
-                 or an etcd://host:port URL"
-            ))),
-        }
+        StoreLocation::parse(&self.store, &self.etcd)
     }
 
     /// The directory for this server's local files.

@@ -152,6 +152,12 @@ async fn load(
     // An etcd store first waits to be elected the writer: off the runtime.
     let mut store =
         tokio::task::spawn_blocking(move || Store::open(&at, durability, &name)).await.map_err(|e| Error::Internal(e.to_string()))??;
+    if store.meta(crate::store::UNFINISHED)?.is_some() {
+        return Err(Error::Store(format!(
+            "{}: a `subc store migrate` into this store did not finish; run it again (it starts over) before serving",
+            config.store.display()
+        )));
+    }
     let fabric = fabric.map(|f| stored_topology(&store, f.clone(), config, spec, kinds)).transpose()?;
     let fabric = fabric.as_ref();
     let subs = store.load_subs()?;

@@ -911,7 +911,10 @@ pub(crate) fn make_driver(
                 max_message_bytes: usize::try_from(d.p4_message_max_bytes).unwrap_or(usize::MAX),
                 max_read_bytes: d.p4_read_max_bytes,
             };
-            let settings = p4::settings(&reg.name, p, data_dir, fabric, limits)?;
+            // Replicas fence their switches by epoch (docs/server.md, "HA").
+            let replicated = matches!(ctx.config.store_location(), Ok(crate::config::StoreLocation::Etcd(_)));
+            let epoch = if replicated { ctx.controller.epoch } else { 0 };
+            let settings = p4::settings(&reg.name, p, data_dir, fabric, limits, epoch)?;
             Ok(Box::new(subc_p4runtime::SwitchTarget::open(&reg.name, settings, ctx.spec.clone())?))
         }
         Some(Kind::Agent(a)) => {

@@ -63,19 +63,22 @@ pub(crate) fn image_dir(data_dir: &Path, name: &str) -> Result<std::path::PathBu
 }
 
 /// The settings of target `name`, its image under `data_dir`;
-/// `prune_ingress`: a switch of a fabric (`docs/network.md`).
+/// `prune_ingress`: a switch of a fabric (`docs/network.md`); `epoch`: a
+/// replica's (0 with a store of one server), the election id's high bits.
 pub(crate) fn settings(
     name: &str,
     cfg: &proto::P4RuntimeTarget,
     data_dir: &Path,
     prune_ingress: bool,
     limits: ReadLimits,
+    epoch: u64,
 ) -> Result<SwitchSettings, TargetError> {
     let fail = |e: &dyn std::fmt::Display| TargetError::transient(e.to_string());
     Ok(SwitchSettings {
         address: cfg.address.clone(),
         device_id: cfg.device_id,
         election_id: cfg.election_id,
+        epoch,
         arch: arch(cfg).map_err(|e| fail(&e))?,
         given: given_p4info(cfg).map_err(|e| fail(&e))?,
         device_config: cfg.device_config.clone(),

@@ -158,12 +158,17 @@ impl Conn {
         Ok(r.take_kvs().into_iter().next())
     }
 
-    /// Every key and value under `P/<dir>/`, in key order, read at one revision.
+    /// Every key and value under `P/<dir>/`, in key order, read at one
+    /// revision: `at`, or (0) the latest.
     fn scan(&self, dir: &str) -> Result<Vec<Pair>, Error> {
+        self.scan_at(dir, 0)
+    }
+
+    fn scan_at(&self, dir: &str, at: i64) -> Result<Vec<Pair>, Error> {
         let start = self.key(&format!("{dir}/"));
         let end = prefix_end(start.as_bytes());
         let mut from = start.clone().into_bytes();
-        let mut revision = 0;
+        let mut revision = at;
         let mut out = vec![];
         loop {
             let (f, e) = (from.clone(), end.clone());
@@ -242,6 +247,11 @@ fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
+fn unhex(h: &str) -> String {
+    let bytes: Vec<u8> = (0..h.len() / 2).filter_map(|i| u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// The number at the end of a key (`P/subs/00000000000000000042`).
 fn key_number(key: &[u8]) -> Option<u64> {
     let key = std::str::from_utf8(key).ok()?;
@@ -278,8 +288,23 @@ impl Store {
     /// Connects, waits to be elected the writer (a standby replica waits
     /// here while another writes), and reads what pruning needs.
     pub(crate) fn open_writer(at: &EtcdLocation, name: &str) -> Result<Store, Error> {
+        Store::elect(at, name, true)
+    }
+
+    /// As [`Store::open_writer`], but refused at once if another server is
+    /// the writer (`subc store migrate`).
+    pub(crate) fn open_writer_now(at: &EtcdLocation, name: &str) -> Result<Store, Error> {
+        Store::elect(at, name, false)
+    }
+
+    /// Connects for reads only (a backup while a server writes).
+    pub(crate) fn open_reader(at: &EtcdLocation) -> Result<Store, Error> {
+        Ok(Store { conn: Conn::open(at)?, lease: None, rev: 0, index: Index::default() })
+    }
+
+    fn elect(at: &EtcdLocation, name: &str, wait: bool) -> Result<Store, Error> {
         let conn = Conn::open(at)?;
-        let lease = campaign(&conn, name, i64::from(at.config.lease_ttl_s))?;
+        let lease = campaign(&conn, name, i64::from(at.config.lease_ttl_s), wait)?;
         let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default() };
         store.rev = store.conn.get(store.conn.key("rev"))?.map(|kv| kv.mod_revision()).unwrap_or(0);
         store.load_index()?;
@@ -421,6 +446,76 @@ impl Store {
         Ok(out)
     }
 
+    /// Deletes every record (a migration that did not finish), fenced as a commit.
+    pub(crate) fn wipe(&mut self) -> Result<(), Error> {
+        let lease = self.lease.as_ref().ok_or_else(|| Error::Internal("a write through the etcd store's reader".into()))?;
+        let when = vec![
+            Compare::create_revision(self.conn.key("leader"), CompareOp::Equal, lease.revision),
+            Compare::mod_revision(self.conn.key("rev"), CompareOp::Equal, self.rev),
+        ];
+        let mut ops = vec![TxnOp::put(self.conn.key("rev"), [], None)];
+        for dir in ["meta", "subs", "placements", "requests", "targets", "status", "events"] {
+            let start = self.conn.key(&format!("{dir}/"));
+            let end = prefix_end(start.as_bytes());
+            ops.push(TxnOp::delete(start, Some(etcd_client::DeleteOptions::new().with_range(end))));
+        }
+        let request = etcd_client::Txn::new().when(when).and_then(ops);
+        let r = self.conn.call("clearing an unfinished migration", |c| async move { c.kv_client().txn(request).await })?;
+        if !r.succeeded() {
+            return Err(self.why_refused());
+        }
+        self.rev = r.header().map(|h| h.revision()).unwrap_or(self.rev);
+        self.index = Index::default();
+        Ok(())
+    }
+
+    /// Every record, read at one revision (one committed state).
+    pub(crate) fn dump(&self) -> Result<super::Dump, Error> {
+        let key = self.conn.key("rev");
+        let head = self.conn.call("reading the revision", |mut c| async move { c.get(key, None).await })?;
+        let at = head.header().map(|h| h.revision()).unwrap_or(0);
+        let mut d = super::Dump::default();
+        let meta_dir = self.conn.key("meta/");
+        for (k, v) in self.conn.scan_at("meta", at)? {
+            let k = String::from_utf8_lossy(&k[meta_dir.len()..]).into_owned();
+            if k != "schema_version" {
+                d.meta.push((k, String::from_utf8_lossy(&v).into_owned()));
+            }
+        }
+        for (key, value) in self.conn.scan_at("subs", at)? {
+            let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
+            let id = key_number(&key).unwrap_or(0);
+            d.subs.push(StoredSub { id, app: r.app, text: r.text, generation: r.generation, created_ms: r.created_ms });
+        }
+        for (key, value) in self.conn.scan_at("placements", at)? {
+            d.placements.push((key_number(&key).unwrap_or(0), String::from_utf8_lossy(&value).into_owned()));
+        }
+        let statuses: HashMap<Vec<u8>, Vec<u8>> = self.conn.scan_at("status", at)?.into_iter().collect();
+        let (targets_dir, status_dir) = (self.conn.key("targets/"), self.conn.key("status/"));
+        for (key, value) in self.conn.scan_at("targets", at)? {
+            let r = TargetRecord::decode(value.as_slice()).map_err(|e| undecodable("target", e))?;
+            let registration = proto::RegisterTargetRequest::decode(r.registration.as_slice()).map_err(|e| undecodable("target", e))?;
+            let status_key = [status_dir.as_bytes(), &key[targets_dir.len()..]].concat();
+            let status = statuses.get(&status_key).map(|s| proto::TargetStatus::decode(s.as_slice())).transpose().map_err(|e| undecodable("status", e))?;
+            d.targets.push(StoredTarget { registration, deployed: r.deployed, status });
+        }
+        let requests_dir = self.conn.key("requests/");
+        for (key, value) in self.conn.scan_at("requests", at)? {
+            let r = RequestRecord::decode(value.as_slice()).map_err(|e| undecodable("reply", e))?;
+            let rest = String::from_utf8_lossy(&key[requests_dir.len()..]).into_owned();
+            let (app, request_id) = rest.split_once('/').map(|(a, b)| (unhex(a), unhex(b))).unwrap_or_default();
+            d.requests.push(super::StoredRequest { app, request_id, reply: r.reply, fingerprint: r.fingerprint, created_ms: r.created_ms });
+        }
+        for (key, value) in self.conn.scan_at("events", at)? {
+            let r = EventRecord::decode(value.as_slice()).map_err(|e| undecodable("event", e))?;
+            let mut e = proto::Event::decode(r.body.as_slice()).map_err(|e| undecodable("event", e))?;
+            e.seq = key_number(&key).unwrap_or(0);
+            d.event_times.insert(e.seq, r.created_ms);
+            d.events.push(e);
+        }
+        Ok(d)
+    }
+
     /// Why a commit's comparison failed.
     fn why_refused(&self) -> Error {
         let lease = self.lease.as_ref().expect("only the writer commits");
@@ -469,7 +564,7 @@ fn request_key(app: &str, request_id: &str) -> String {
 /// Waits until this server holds `P/leader` with a lease of its own, kept
 /// alive from then on. The lease is granted first and renewed while
 /// waiting, so that the key, once created, is alive.
-fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64) -> Result<Lease, Error> {
+fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64, wait: bool) -> Result<Lease, Error> {
     let granted = conn.call("granting the writer's lease", move |mut c| async move { c.lease_grant(ttl, None).await })?;
     let (id, ttl) = (granted.id(), granted.ttl().max(1));
     let lost = Arc::new(AtomicBool::new(false));
@@ -496,6 +591,14 @@ fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64) -> Result<Lease, Error> {
             _ => None,
         });
         let Some(holder) = holder else { continue };
+        if !wait {
+            let _ = conn.call("giving the lease back", move |mut c| async move { c.lease_revoke(id).await });
+            return Err(Error::Store(format!(
+                "etcd {}: {} is the writer of this store; stop it first",
+                conn.prefix,
+                String::from_utf8_lossy(holder.value())
+            )));
+        }
         if !announced {
             tracing::info!(writer = %String::from_utf8_lossy(holder.value()), "standing by: another server is the writer");
             announced = true;
@@ -686,6 +789,11 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
+    pub(crate) fn delete_meta(&self, key: &str) -> Result<(), Error> {
+        self.delete(self.key(&format!("meta/{key}")));
+        Ok(())
+    }
+
     pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
         let r = SubRecord { app: s.app.clone(), text: s.text.clone(), generation: s.generation, created_ms: s.created_ms };
         self.put(self.key(&format!("subs/{}", number(s.id))), r.encode_to_vec());
@@ -868,6 +976,26 @@ impl<'a> Txn<'a> {
             staged.events.put.remove(&seq);
             staged.events.deleted.insert(seq);
         }
+        Ok(())
+    }
+
+    /// A request's reply as it was stored, with its time (a migration).
+    pub(crate) fn put_request_at(&self, r: &super::StoredRequest) -> Result<(), Error> {
+        let rec = RequestRecord { reply: r.reply.clone(), created_ms: r.created_ms, fingerprint: r.fingerprint.clone() };
+        let k = request_key(&r.app, &r.request_id);
+        self.put(self.key(&format!("requests/{k}")), rec.encode_to_vec());
+        self.staged.borrow_mut().requests.put.insert(k, (r.created_ms, r.reply.len() as u64));
+        Ok(())
+    }
+
+    /// An event under its own sequence number (a migration).
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
+        let mut body = e.clone();
+        body.seq = 0;
+        let r = EventRecord { body: body.encode_to_vec(), created_ms };
+        self.put(self.key(&format!("events/{}", number(e.seq))), r.encode_to_vec());
+        self.staged.borrow_mut().events.put.insert(e.seq, (created_ms, r.body.len() as u64));
+        self.next_seq.set(self.next_seq.get().max(e.seq + 1));
         Ok(())
     }
 }

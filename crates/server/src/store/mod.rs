@@ -14,13 +14,46 @@
 //! the writer's lease and the store is at the revision it last wrote.
 
 mod etcd;
+mod migrate;
 mod sqlite;
 
 use crate::config::{Durability, StoreLocation};
 use crate::proto;
 use crate::Error;
 
+pub(crate) use migrate::UNFINISHED;
+pub use migrate::{backup_any, migrate_store, MigrateReport};
 pub use sqlite::{backup_store, now_ms, BackupReport, StoredSub};
+
+/// An `Add`'s stored reply, whole (a migration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StoredRequest {
+    pub app: String,
+    pub request_id: String,
+    pub reply: Vec<u8>,
+    pub fingerprint: Option<String>,
+    pub created_ms: i64,
+}
+
+/// Every record of a store, as of one committed state.
+#[derive(Debug, Default)]
+pub(crate) struct Dump {
+    /// Meta values but the schema version.
+    pub meta: Vec<(String, String)>,
+    pub subs: Vec<StoredSub>,
+    pub placements: Vec<(u64, String)>,
+    pub targets: Vec<StoredTarget>,
+    pub requests: Vec<StoredRequest>,
+    pub events: Vec<proto::Event>,
+    /// seq → when the event was stored (for pruning by age).
+    pub event_times: std::collections::BTreeMap<u64, i64>,
+}
+
+impl Dump {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.meta.is_empty() && self.subs.is_empty() && self.targets.is_empty() && self.requests.is_empty() && self.events.is_empty()
+    }
+}
 pub(crate) use sqlite::{copy_and_check, sidecar, sql, sync_file, sync_parent, EventRetention, StoredReply, StoredTarget};
 
 /// An open store.
@@ -87,6 +120,11 @@ impl Store {
         }
     }
 
+    /// Every record, as of one committed state.
+    pub(crate) fn dump(&self) -> Result<Dump, Error> {
+        either!(self, s => s.dump())
+    }
+
     /// Raised when an etcd writer lost its lease.
     pub(crate) fn lost_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
         match self {
@@ -150,6 +188,10 @@ impl Txn<'_, '_> {
         in_txn!(self, t => t.set_meta(key, value))
     }
 
+    pub(crate) fn delete_meta(&self, key: &str) -> Result<(), Error> {
+        in_txn!(self, t => t.delete_meta(key))
+    }
+
     pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
         in_txn!(self, t => t.insert_sub(s))
     }
@@ -203,6 +245,14 @@ impl Txn<'_, '_> {
     /// `r.max_age_ms`, and the newest that hold at most `r.max_bytes`.
     pub(crate) fn prune_events(&self, r: &EventRetention) -> Result<(), Error> {
         in_txn!(self, t => t.prune_events(r))
+    }
+
+    pub(crate) fn put_request_at(&self, r: &StoredRequest) -> Result<(), Error> {
+        in_txn!(self, t => t.put_request_at(r))
+    }
+
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
+        in_txn!(self, t => t.put_event_at(e, created_ms))
     }
 
     /// Gives freed pages back to the file system (SQLite only).

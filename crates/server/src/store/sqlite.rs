@@ -584,6 +584,87 @@ impl Txn<'_> {
     }
 }
 
+impl Store {
+    /// Every record, read in one transaction (one committed state).
+    pub(crate) fn dump(&self) -> Result<super::Dump, Error> {
+        let tx = self.conn.unchecked_transaction().map_err(sql)?;
+        let rows = |q: &str| -> Result<Vec<Vec<rusqlite::types::Value>>, Error> {
+            let mut st = tx.prepare(q).map_err(sql)?;
+            let n = st.column_count();
+            let rows = st.query_map([], |r| (0..n).map(|i| r.get::<_, rusqlite::types::Value>(i)).collect()).map_err(sql)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(sql)
+        };
+        use rusqlite::types::Value as V;
+        let text = |v: &V| match v {
+            V::Text(t) => t.clone(),
+            _ => String::new(),
+        };
+        let int = |v: &V| match v {
+            V::Integer(i) => *i,
+            _ => 0,
+        };
+        let blob = |v: &V| match v {
+            V::Blob(b) => b.clone(),
+            _ => vec![],
+        };
+        let mut d = super::Dump::default();
+        for r in rows("SELECT key, value FROM meta WHERE key != 'schema_version' ORDER BY key")? {
+            d.meta.push((text(&r[0]), text(&r[1])));
+        }
+        d.subs = self.load_subs()?;
+        d.placements = self.load_placements()?;
+        d.targets = self.load_targets()?;
+        for r in rows("SELECT app, request_id, reply, fingerprint, created_ms FROM requests ORDER BY app, request_id")? {
+            let fingerprint = matches!(r[3], V::Text(_)).then(|| text(&r[3]));
+            let (app, request_id) = (text(&r[0]), text(&r[1]));
+            d.requests.push(super::StoredRequest { app, request_id, reply: blob(&r[2]), fingerprint, created_ms: int(&r[4]) });
+        }
+        for r in rows("SELECT seq, created_ms FROM events ORDER BY seq")? {
+            let seq = int(&r[0]) as u64;
+            d.event_times.insert(seq, int(&r[1]));
+        }
+        let mut after = 0;
+        loop {
+            let page = self.events_after(after, 10_000)?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            d.events.extend(page);
+        }
+        tx.commit().map_err(sql)?;
+        Ok(d)
+    }
+}
+
+impl Txn<'_> {
+    pub(crate) fn delete_meta(&self, key: &str) -> Result<(), Error> {
+        self.tx.prepare_cached("DELETE FROM meta WHERE key = ?1").map_err(sql)?.execute([key]).map_err(sql)?;
+        Ok(())
+    }
+
+    /// A request's reply as it was stored, with its time (a migration).
+    pub(crate) fn put_request_at(&self, r: &super::StoredRequest) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT INTO requests (app, request_id, reply, created_ms, fingerprint) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(sql)?
+            .execute(params![r.app, r.request_id, r.reply, r.created_ms, r.fingerprint])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// An event under its own sequence number (a migration: a `Watch`
+    /// resumes where it stopped).
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
+        let mut body = e.clone();
+        body.seq = 0;
+        self.tx
+            .prepare_cached("INSERT INTO events (seq, body, created_ms) VALUES (?1, ?2, ?3)")
+            .map_err(sql)?
+            .execute(params![e.seq as i64, body.encode_to_vec(), created_ms])
+            .map_err(sql)?;
+        Ok(())
+    }
+}
+
 /// How many events the store keeps, for how long, in how many bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct EventRetention {
