@@ -149,9 +149,11 @@ pub enum StoreCommand {
     /// generations, event numbers and idempotency replies are kept. Stop
     /// the service first; into etcd, the copy holds the writer's lease, and
     /// one that did not finish is started over by running it again.
-    #[command(after_help = "Examples:\n  subc store migrate --from /var/lib/subc/subc.db --to etcd://10.0.0.1:2379,10.0.0.2:2379/subc\n  \
+    #[command(
+        after_help = "Examples:\n  subc store migrate --from /var/lib/subc/subc.db --to etcd://10.0.0.1:2379,10.0.0.2:2379/subc\n  \
                             subc store migrate --from etcd://127.0.0.1:2379/subc --to /var/lib/subc/subc.db --config subc.toml\n\n\
-                            --config gives the [etcd] settings (TLS, timeout) to reach the cluster.")]
+                            --config gives the [etcd] settings (TLS, timeout) to reach the cluster."
+    )]
     Migrate {
         /// The store to copy: a SQLite file or an etcd:// URL.
         #[arg(long, value_name = "STORE")]

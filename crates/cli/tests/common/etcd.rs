@@ -97,6 +97,15 @@ impl Etcd {
         std::fs::read_to_string(self.dir.join(format!("etcd-{}.log", self.members[i].name))).unwrap_or_default()
     }
 
+    /// Member `i`'s client port.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
     /// The store URL of the whole cluster, under `prefix`.
     pub fn url(&self, prefix: &str) -> String {
         let hosts = self.members.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect::<Vec<_>>().join(",");

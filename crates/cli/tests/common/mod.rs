@@ -6,7 +6,9 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod delivery;
 pub mod etcd;
+pub mod proxy;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -264,6 +266,14 @@ impl ServerProc {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// Whether the process has exited (or was never started).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+        }
     }
 
     /// SIGKILL, as a crash would.

@@ -496,7 +496,11 @@ impl Store {
             let r = TargetRecord::decode(value.as_slice()).map_err(|e| undecodable("target", e))?;
             let registration = proto::RegisterTargetRequest::decode(r.registration.as_slice()).map_err(|e| undecodable("target", e))?;
             let status_key = [status_dir.as_bytes(), &key[targets_dir.len()..]].concat();
-            let status = statuses.get(&status_key).map(|s| proto::TargetStatus::decode(s.as_slice())).transpose().map_err(|e| undecodable("status", e))?;
+            let status = statuses
+                .get(&status_key)
+                .map(|s| proto::TargetStatus::decode(s.as_slice()))
+                .transpose()
+                .map_err(|e| undecodable("status", e))?;
             d.targets.push(StoredTarget { registration, deployed: r.deployed, status });
         }
         let requests_dir = self.conn.key("requests/");
