@@ -401,13 +401,34 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         probes += 1;
         let text = format!("stock == DDDD && shares > 599 && shares < {} : fwd(1)", 5_000_000 + probes);
         let req = proto::AddRequest { lines: vec![text.clone()], request_id: format!("probe-{probes}"), ..Default::default() };
-        let r = rt.block_on(probe(&urls, req, Duration::from_secs(60)));
+        // Meanwhile, replicas that exit are started again, as systemd would.
+        let r = (|| {
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                restart_exited(&mut replicas);
+                let r = rt.block_on(probe(&urls, req.clone(), Duration::from_secs(1)));
+                if r.is_ok() || Instant::now() > until {
+                    return r;
+                }
+            }
+        })();
         let took = t0.elapsed();
         match r {
             Ok(id) => {
                 ledger.lock().unwrap().present.insert(text, id);
             }
-            Err(e) => panic!("fault {k} ({fault:?}): no replica acknowledged a write within 60 s: {e}"),
+            Err(e) => {
+                let tails: Vec<String> = replicas
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let log = r.server.log();
+                        let lines: Vec<&str> = log.lines().collect();
+                        format!("--- replica {i} ---\n{}", lines[lines.len().saturating_sub(40)..].join("\n"))
+                    })
+                    .collect();
+                panic!("fault {k} ({fault:?}): no replica acknowledged a write within 60 s: {e}\n{}", tails.join("\n"))
+            }
         }
         if *fault != Fault::KillEtcdMember {
             failovers.push(took);

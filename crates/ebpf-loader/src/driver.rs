@@ -75,6 +75,9 @@ pub struct EbpfTarget {
     pin_dir: PathBuf,
     tables: Option<PinnedTables>,
     files: ImageFiles,
+    /// The lock that makes this process the deployment's only writer
+    /// ([`EbpfTarget::exclusive`]), held while the target lives.
+    owner: Option<std::fs::File>,
 }
 
 /// A refusal of the tables (capacity, a diff that does not apply) needs
@@ -206,7 +209,38 @@ impl EbpfTarget {
             pin_dir,
             tables: None,
             files: ImageFiles::new(name)?,
+            owner: None,
         })
+    }
+
+    /// Makes this process the deployment's only writer on this host while
+    /// the target lives: an exclusive `flock` on `/run/subc/<name>.owner`.
+    /// Replicas of a controller that share a host's eBPF target take it, so
+    /// that a deposed one, paused in the middle of a write, cannot finish
+    /// it after its successor wrote: the successor waits (a transient
+    /// error, retried) until the deposed process exits.
+    pub fn exclusive(mut self) -> Result<EbpfTarget, TargetError> {
+        let path = crate::deployment::state_dir(&self.name).map_err(err)?.with_extension("owner");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| TargetError::transient(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| TargetError::transient(format!("cannot open {}: {e}", path.display())))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(TargetError::transient(format!(
+                "another process writes deployment {:?} ({} is locked): a replica that has not exited yet; waiting for it",
+                self.name,
+                path.display()
+            )));
+        }
+        self.owner = Some(file);
+        Ok(self)
     }
 
     /// Opens the pins as the tables to update, trusting `image`.

@@ -892,6 +892,12 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
 /// Makes the driver for a registration.
 /// `fabric`: the target is a device of a network (network mode), which
 /// never sends a packet back out of the port it came in on.
+/// Whether this server is a replica of an etcd store (its devices are
+/// fenced against a deposed writer: docs/server.md, "HA").
+fn replicated(ctx: &DeployCtx) -> bool {
+    matches!(ctx.config.store_location(), Ok(crate::config::StoreLocation::Etcd(_)))
+}
+
 pub(crate) fn make_driver(
     reg: &proto::RegisterTargetRequest,
     ctx: &DeployCtx,
@@ -903,7 +909,12 @@ pub(crate) fn make_driver(
         Some(Kind::Sim(s)) => Ok(Box::new(memory::MemoryDriver::new(&reg.name, s, data_dir)?)),
         Some(Kind::Ebpf(e)) => {
             let settings = ebpf::settings(&reg.name, e, &ctx.config.deploy.bpffs_root, device)?;
-            Ok(Box::new(subc_ebpf_loader::EbpfTarget::open(&reg.name, settings, ctx.spec.clone())?))
+            let target = subc_ebpf_loader::EbpfTarget::open(&reg.name, settings, ctx.spec.clone())?;
+            // Replicas on one host: one writer of the deployment at a time.
+            if replicated(ctx) {
+                return Ok(Box::new(target.exclusive()?));
+            }
+            Ok(Box::new(target))
         }
         Some(Kind::P4runtime(p)) => {
             let d = &ctx.config.deploy;
@@ -912,8 +923,7 @@ pub(crate) fn make_driver(
                 max_read_bytes: d.p4_read_max_bytes,
             };
             // Replicas fence their switches by epoch (docs/server.md, "HA").
-            let replicated = matches!(ctx.config.store_location(), Ok(crate::config::StoreLocation::Etcd(_)));
-            let epoch = if replicated { ctx.controller.epoch } else { 0 };
+            let epoch = if replicated(ctx) { ctx.controller.epoch } else { 0 };
             let settings = p4::settings(&reg.name, p, data_dir, fabric, limits, epoch)?;
             Ok(Box::new(subc_p4runtime::SwitchTarget::open(&reg.name, settings, ctx.spec.clone())?))
         }

@@ -569,23 +569,52 @@ fn request_key(app: &str, request_id: &str) -> String {
 /// alive from then on. The lease is granted first and renewed while
 /// waiting, so that the key, once created, is alive.
 fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64, wait: bool) -> Result<Lease, Error> {
-    let granted = conn.call("granting the writer's lease", move |mut c| async move { c.lease_grant(ttl, None).await })?;
-    let (id, ttl) = (granted.id(), granted.ttl().max(1));
-    let lost = Arc::new(AtomicBool::new(false));
-    conn.rt().spawn(keep_alive(conn.client.clone(), id, Duration::from_secs(ttl as u64), lost.clone()));
     let leader = conn.key("leader");
     let mut announced = false;
-    loop {
-        if lost.load(Ordering::SeqCst) {
-            return Err(lost_while_waiting());
+    let mut lease: Option<(i64, Arc<AtomicBool>)> = None;
+    // A standby outlives etcd's failures: it retries, and never exits for one.
+    let retry = |e: Error| -> Result<(), Error> {
+        if !wait {
+            return Err(e);
         }
+        tracing::warn!(error = %e, "standing by: etcd failed; retrying");
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    };
+    loop {
+        // A lease of its own, alive (granted again if it ended while waiting).
+        if lease.as_ref().is_none_or(|(_, lost)| lost.load(Ordering::SeqCst)) {
+            match conn.call("granting the writer's lease", move |mut c| async move { c.lease_grant(ttl, None).await }) {
+                Ok(granted) => {
+                    let lost = Arc::new(AtomicBool::new(false));
+                    let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+                    conn.rt().spawn(keep_alive(conn.client.clone(), granted.id(), ttl, lost.clone()));
+                    lease = Some((granted.id(), lost));
+                }
+                Err(e) => {
+                    retry(e)?;
+                    continue;
+                }
+            }
+        }
+        let (id, lost) = lease.clone().expect("granted above");
         let (key, value) = (leader.clone(), name.to_string());
         let txn = etcd_client::Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), value, Some(PutOptions::new().with_lease(id)))])
             .or_else([TxnOp::get(key, None)]);
-        let r = conn.call("campaigning", |mut c| async move { c.txn(txn).await })?;
+        let r = match conn.call("campaigning", |mut c| async move { c.txn(txn).await }) {
+            Ok(r) => r,
+            Err(e) => {
+                retry(e)?;
+                continue;
+            }
+        };
         if r.succeeded() {
+            if lost.load(Ordering::SeqCst) {
+                // Won with a lease that may have ended since: not the writer.
+                continue;
+            }
             let revision = r.header().map(|h| h.revision()).unwrap_or(0);
             tracing::info!(revision, lease = id, "this server is the writer");
             return Ok(Lease { id, revision, lost });
@@ -609,10 +638,6 @@ fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64, wait: bool) -> Result<Lease,
         }
         wait_for_delete(conn, leader.clone(), holder.mod_revision() + 1)?;
     }
-}
-
-fn lost_while_waiting() -> Error {
-    Error::Store("etcd: the lease of this standby ended while it waited to be the writer".into())
 }
 
 /// Returns when `key` is deleted at or after `from` (or the watch ends).
