@@ -415,7 +415,7 @@ async fn run_case(seed: u64, budgets: bool) -> [u64; 6] {
                 // A removal can leave a device needing more entries (the
                 // rule subsumed another's constraints): refused if no
                 // placement fits, nothing changed.
-                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await {
+                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await {
                     Ok(r) => r.into_inner().generation,
                     Err(e) if budgets && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
                         case.refused_by_budget(&mut admin, written, &format!("step {step}: remove {text}, refused: {}", e.message())).await;

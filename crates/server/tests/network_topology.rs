@@ -417,7 +417,7 @@ impl Case {
             let req = Case::removal(std::slice::from_ref(&leaf), &[], &hosts);
             self.refused(admin, req, Code::FailedPrecondition, &format!("{what}, rules forward to it")).await;
             let files = inodes(self.dir.path(), &self.model.devices);
-            let r = match alice.subs.remove(proto::RemoveRequest { ids: forwarding.clone() }).await {
+            let r = match alice.subs.remove(proto::RemoveRequest { ids: forwarding.clone(), ..Default::default() }).await {
                 Ok(r) => r.into_inner(),
                 Err(e) if self.budgets() && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
                     // A budget refused the removal: the leaf stays.
@@ -514,7 +514,7 @@ async fn run_case(seed: u64, budgets: bool) -> [u64; 6] {
                 // Removing a rule can leave a device needing more entries
                 // (the rule subsumed another's constraints): refused if no
                 // placement fits, nothing changed.
-                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await {
+                case.generation = match alice.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await {
                     Ok(r) => r.into_inner().generation,
                     Err(e) if budgets && e.code() == Code::ResourceExhausted && e.message().contains("budget") => {
                         case.refused_by_budget(&mut admin, files, &format!("step {step}: remove rule {id}")).await;
