@@ -36,6 +36,19 @@ async fn add_get_list_remove() {
         assert_eq!(list_all(admin, 3).await.len(), 4);
         let only_bob = admin.subs.list(proto::ListRequest { app: "bob".into(), ..Default::default() }).await.unwrap().into_inner();
         assert_eq!((only_bob.total, only_bob.subscriptions.len()), (1, 1));
+        // The admin's pages across applications go by (app, id), with
+        // `app:id` tokens; one application's by id. Anything else is refused.
+        let first = admin.subs.list(proto::ListRequest { page_size: 3, ..Default::default() }).await.unwrap().into_inner();
+        let keys: Vec<(String, u64)> = first.subscriptions.iter().map(|s| (s.app.clone(), s.id)).collect();
+        assert_eq!(
+            (keys, first.next_page_token.as_str()),
+            (vec![("alice".into(), 1), ("alice".into(), 2), ("alice".into(), 3)], "alice:3")
+        );
+        let bad = [(&mut *admin, "3"), (&mut *alice, "alice:1"), (&mut *bob, "x")];
+        for (c, token) in bad {
+            let e = c.subs.list(proto::ListRequest { page_token: token.into(), ..Default::default() }).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{token}");
+        }
 
         let got = alice.subs.get(proto::GetRequest { id: ids[0], ..Default::default() }).await.unwrap().into_inner();
         assert_eq!(got, a.subscriptions[0]);
