@@ -34,8 +34,9 @@ pub struct RestoreReport {
     /// The restored store's generation: the backup's, or one above the
     /// replaced store's if that was higher.
     pub generation: u64,
-    /// The first id new subscriptions get: above every id the backup or the
-    /// replaced store ever gave out.
+    /// The first internal id new subscriptions get: above every id the
+    /// backup or the replaced store ever gave out. Every application's own
+    /// next id is at least this too (each numbers its own: docs/server.md).
     pub next_id: u64,
     pub bytes: u64,
     /// Whether a store was replaced (false: there was none).
