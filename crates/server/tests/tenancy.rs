@@ -13,7 +13,8 @@
 //! sees a target event or B's subscriptions.
 //!
 //! Plus the store's migration: a store of the schema before per-application
-//! numbering opens, keeps its ids, and gives none out again.
+//! numbering opens, keeps its ids, and gives none out again; restored (as a
+//! backup) over a newer store, neither.
 
 mod common;
 
@@ -369,6 +370,46 @@ async fn a_store_from_before_per_application_numbering_keeps_its_ids_and_reuses_
         let mut alice = client(&r, Some(ALICE));
         let again = alice.subs.add(add_req(&["stock == GOOGL : fwd(3)"])).await.unwrap().into_inner();
         assert_eq!((again.subscriptions[0].id, again.generation), (11, 10));
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}
+
+/// A backup from before per-application numbering restored over a newer
+/// store that gave out more ids: every application's new ids start above
+/// every id the replaced store gave out, and its generation goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_backup_restored_over_a_newer_store_reuses_no_id() {
+    bounded(120, async {
+        let old = tempfile::tempdir().unwrap();
+        let backup = old.path().join("backup.db");
+        rusqlite::Connection::open(&backup).unwrap().execute_batch(OLD_STORE).unwrap();
+        let mut env = Env::new().await;
+        let many: Vec<String> = (0..20).map(|i| format!("stock == GOOGL && shares > {i} : fwd(1)")).collect();
+        let r = env.alice.subs.add(proto::AddRequest { lines: many, ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(r.subscriptions.last().unwrap().id, 20);
+        // The store as the stopped server left it (its WAL included): the
+        // server's process keeps its own handle open until it exits.
+        let image = tempfile::tempdir().unwrap();
+        let store = image.path().join("subc.db");
+        for suffix in ["", "-wal", "-shm"] {
+            let from = env.dir.path().join(format!("subc.db{suffix}"));
+            if from.exists() {
+                std::fs::copy(from, image.path().join(format!("subc.db{suffix}"))).unwrap();
+            }
+        }
+        let _ = env.stop().await;
+        let report = subc_server::restore_store(&backup, &store, 0).unwrap();
+        assert!(report.replaced && report.next_id > 20, "{report:?}");
+
+        let r = start(config(image.path())).await;
+        let (mut alice, mut bob) = (client(&r, Some(ALICE)), client(&r, Some(BOB)));
+        // The backup's rows, in their applications' numbering.
+        assert_eq!(list_all(&mut alice, 10).await.iter().map(|s| s.id).collect::<Vec<_>>(), vec![1, 3, 4]);
+        for (c, who) in [(&mut alice, "alice"), (&mut bob, "bob")] {
+            let new = c.subs.add(add_req(&["stock == IBM : fwd(1)"])).await.unwrap().into_inner();
+            assert!(new.subscriptions[0].id > 20, "{who}: id {} was given before the restore", new.subscriptions[0].id);
+        }
         r.shutdown().await.unwrap();
     })
     .await;
