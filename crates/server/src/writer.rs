@@ -823,10 +823,16 @@ impl Writer {
         }
         let total = self.d.subs.len() as u64;
         if total + n > limits.max_subscriptions {
-            return Err(self.refuse_limit(
-                "subscriptions",
-                format!("the server holds {total} subscriptions; {n} more would pass its limit of {}", limits.max_subscriptions),
-            ));
+            // How many the others hold is not an application's to know.
+            let message = if who.admin {
+                format!("the server holds {total} subscriptions; {n} more would pass its limit of {}", limits.max_subscriptions)
+            } else {
+                format!(
+                    "{n} more subscriptions would pass the server's limit of {} in all (limits.max_subscriptions)",
+                    limits.max_subscriptions
+                )
+            };
+            return Err(self.refuse_limit("subscriptions", message));
         }
         Ok(())
     }
