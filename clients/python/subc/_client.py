@@ -144,20 +144,25 @@ class Client:
         request = subc_pb2.AddRequest(lines=_lines(lines), source_name=source_name or "")
         return self._call(self.subscriptions.Check, request, subc_pb2.CheckResponse)
 
-    def get(self, id: int) -> subc_pb2.Subscription:
-        """One subscription; `SubcError` with `NOT_FOUND` when it does not
-        exist or belongs to another application."""
-        return self._call(self.subscriptions.Get, subc_pb2.GetRequest(id=id), subc_pb2.Subscription)
+    def get(self, id: int, app: Optional[str] = None) -> subc_pb2.Subscription:
+        """One subscription, by its id in its application's numbering (each
+        application numbers its own); `SubcError` with `NOT_FOUND` when that
+        application has no such id. Only the administrator may name another
+        `app` (default: the caller's own; the administrator's is `admin`)."""
+        return self._call(self.subscriptions.Get, subc_pb2.GetRequest(id=id, app=app or ""), subc_pb2.Subscription)
 
-    def remove(self, ids: Union[int, Iterable[int]]) -> subc_pb2.RemoveResponse:
-        """Removes subscriptions atomically (all or none); returns the new generation."""
-        request = subc_pb2.RemoveRequest(ids=[ids] if isinstance(ids, int) else list(ids))
+    def remove(self, ids: Union[int, Iterable[int]], app: Optional[str] = None) -> subc_pb2.RemoveResponse:
+        """Removes subscriptions atomically (all or none), by their ids in
+        `app`'s numbering (as in `get`); returns the new generation (the
+        application's own; the service's to the administrator)."""
+        request = subc_pb2.RemoveRequest(ids=[ids] if isinstance(ids, int) else list(ids), app=app or "")
         return self._call(self.subscriptions.Remove, request, subc_pb2.RemoveResponse)
 
     def list(self, app: Optional[str] = None, page_size: int = 100) -> Iterator[subc_pb2.Subscription]:
         """Every subscription the caller can see, in id order, fetched a page
         at a time as the iterator advances. The administrator may name an
-        `app` to list only its subscriptions."""
+        `app` to list only its subscriptions; without one it gets every
+        application's, ordered by (app, id)."""
         token = ""
         while True:
             request = subc_pb2.ListRequest(page_size=page_size, page_token=token, app=app or "")

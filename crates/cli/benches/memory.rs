@@ -104,7 +104,7 @@ impl Phase {
     }
 
     fn remove(&mut self, ids: Vec<u64>) {
-        self.rt.block_on(self.client.subs.remove(proto::RemoveRequest { ids })).unwrap();
+        self.rt.block_on(self.client.subs.remove(proto::RemoveRequest { ids, ..Default::default() })).unwrap();
         self.sample();
     }
 

@@ -284,7 +284,15 @@ fn main() {
         texts
             .iter()
             .enumerate()
-            .map(|(i, t)| StoredSub { id: id0 + i as u64, app: "app0".into(), text: t.clone(), generation: 1, created_ms: 0 })
+            .map(|(i, t)| StoredSub {
+                id: id0 + i as u64,
+                app: "app0".into(),
+                app_id: id0 + i as u64,
+                app_generation: 1,
+                text: t.clone(),
+                generation: 1,
+                created_ms: 0,
+            })
             .collect()
     };
     let nfs = subc_server::check_stored(&spec, &stored(1, rules)).unwrap();

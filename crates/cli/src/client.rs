@@ -92,6 +92,10 @@ pub enum SubCommand {
     Rm {
         #[arg(required = true)]
         ids: Vec<u64>,
+        /// Admin only: the application whose ids these are (default: the
+        /// admin's own, `admin`). Each application numbers its own.
+        #[arg(long)]
+        app: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -106,6 +110,9 @@ pub enum SubCommand {
     /// Show one subscription.
     Get {
         id: u64,
+        /// Admin only: the application whose id it is (default: `admin`).
+        #[arg(long)]
+        app: Option<String>,
         #[command(flatten)]
         conn: Conn,
     },
@@ -387,9 +394,9 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SubCommand::Rm { ids, conn } => {
+            SubCommand::Rm { ids, app, conn } => {
                 let mut c = conn.clients()?;
-                match c.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await {
+                match c.subs.remove(proto::RemoveRequest { ids: ids.clone(), app: app.clone().unwrap_or_default() }).await {
                     Ok(r) if conn.json => print_json(r.get_ref())?,
                     Ok(r) => writeln!(out(), "removed {} subscription(s) at generation {}", ids.len(), r.into_inner().generation)?,
                     Err(s) => return Ok(report(s)),
@@ -425,9 +432,9 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SubCommand::Get { id, conn } => {
+            SubCommand::Get { id, app, conn } => {
                 let mut c = conn.clients()?;
-                match c.subs.get(proto::GetRequest { id: *id }).await {
+                match c.subs.get(proto::GetRequest { id: *id, app: app.clone().unwrap_or_default() }).await {
                     Ok(r) => {
                         let s = r.into_inner();
                         if conn.json {

@@ -136,8 +136,9 @@ pub enum StoreCommand {
         /// The service's configuration file, to find its store.
         #[arg(long, short = 'c', value_name = "FILE", conflicts_with = "store")]
         config: Option<PathBuf>,
-        /// New subscription ids start at least here. Needed when the store
-        /// to replace is unreadable: give one above every id a client was given.
+        /// New subscription ids start at least here, in every application.
+        /// Needed when the store to replace is unreadable: give one above
+        /// every id a client was given.
         #[arg(long, value_name = "N", default_value_t = 0)]
         min_next_id: u64,
         /// Print what the restored store holds as JSON.
@@ -215,7 +216,7 @@ pub fn store(c: &StoreCommand) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "restored {} to {}: generation {}, {} subscriptions, {} targets; new ids start at {}",
+                    "restored {} to {}: generation {}, {} subscriptions, {} targets; every application's new ids start at {} or above",
                     backup.display(),
                     store.display(),
                     r.generation,

@@ -193,7 +193,7 @@ fn an_agent_holds_what_its_controller_commits_through_crashes_and_fences() {
                 }
             } else {
                 let (id, _) = rules.remove(rng.below(rules.len() as u64) as usize);
-                app.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap();
+                app.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.unwrap();
             }
             in_sync(&server, &agent, &t).await;
             host.check(&texts(&rules), &format!("round {round}"));

@@ -438,7 +438,7 @@ async fn a_leaf_spine_fabric_of_agents_delivers_exactly_through_changes_and_faul
                 next += 1;
             } else if !live.is_empty() {
                 let (id, _) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                generation = app.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+                generation = app.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.unwrap().into_inner().generation;
             }
         }
         all_in_sync(&mut admin, &devices, generation, sync_limit).await;
@@ -584,7 +584,7 @@ async fn a_leaf_spine_fabric_of_agents_delivers_exactly_through_changes_and_faul
             ..Default::default()
         };
         assert_eq!(admin.targets.change_topology(rm.clone()).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
-        app.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.unwrap();
+        app.subs.remove(proto::RemoveRequest { ids: ids.clone(), ..Default::default() }).await.unwrap();
         live.retain(|(id, _)| !ids.contains(id));
         let c = admin.targets.change_topology(rm).await.unwrap().into_inner();
         assert_eq!(c.removed, std::slice::from_ref(&leaf), "{c:?}");

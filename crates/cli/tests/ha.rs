@@ -111,7 +111,7 @@ async fn observe(server: &ServerProc, steps: &[Step]) -> Vec<String> {
                     continue;
                 }
                 let id = mine.remove((*pick % mine.len() as u64) as usize);
-                let r = server.client(APPS[*app].1).subs.remove(proto::RemoveRequest { ids: vec![id] }).await;
+                let r = server.client(APPS[*app].1).subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await;
                 seen.push(format!("remove {app} {id}: {:?}", r.map(|r| r.into_inner().generation).map_err(|s| s.code())));
             }
             Step::Register => {
@@ -152,6 +152,17 @@ async fn state(server: &ServerProc) -> Vec<String> {
             out.push(format!("event {kind:?} app {} ids {:?} generation {}", e.app, e.subscription_ids, e.generation));
         }
     }
+    // Each application's own view: its numbering of events and generations.
+    for (name, token) in &APPS[..2] {
+        let mut events = server.client(token).events.watch(proto::WatchRequest { replay: true, after_seq: 0 }).await.unwrap().into_inner();
+        while let Ok(Ok(Some(e))) = tokio::time::timeout(Duration::from_millis(300), events.message()).await {
+            out.push(format!("{name} sees event {} {:?} ids {:?} generation {}", e.seq, e.kind, e.subscription_ids, e.generation));
+        }
+        let mut resumed = server.client(token).events.watch(proto::WatchRequest { replay: true, after_seq: 3 }).await.unwrap().into_inner();
+        if let Ok(Ok(Some(e))) = tokio::time::timeout(Duration::from_millis(300), resumed.message()).await {
+            out.push(format!("{name} resumes after 3 at {}", e.seq));
+        }
+    }
     out
 }
 
@@ -173,6 +184,7 @@ fn the_etcd_store_serves_what_the_sqlite_store_serves() {
         let (a, b) = rt.block_on(async { (observe(&sqlite, &steps).await, observe(&replicated, &steps).await) });
         assert!(a.iter().any(|l| l.starts_with("sub ")), "the history left no subscription: {a:#?}");
         assert!(a.iter().any(|l| l.contains("replayed true")), "the history replayed no request: {a:#?}");
+        assert!(a.iter().any(|l| l.starts_with("app1 resumes after 3 at 4")), "an application's own events: {a:#?}");
         assert_eq!(a, b, "seed {seed:x}: SQLite (left) and etcd (right) disagree");
         // A crash of both, and the stores still agree, replies included.
         sqlite.kill9();

@@ -170,7 +170,7 @@ async fn client(
     busy: Arc<AtomicUsize>,
 ) {
     let token = APPS[c % 4].1;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (c as u64 + 1) * 0x2545_f491);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((c as u64 + 1) * 0x2545_f491));
     let mut mine: Vec<(String, u64)> = vec![];
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
@@ -186,7 +186,7 @@ async fn client(
         if !mine.is_empty() && rng.below(10) < 3 {
             let (text, id) = mine.swap_remove(rng.below(mine.len() as u64) as usize);
             let r = on_writer(&urls, token, Duration::from_secs(30), |mut cl| async move {
-                cl.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.map(drop)
+                cl.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.map(drop)
             })
             .await;
             let mut l = ledger.lock().unwrap();
@@ -298,6 +298,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     let dir = tempfile::Builder::new().prefix("subc-ha-faults").tempdir().unwrap();
     let mut etcd = Etcd::start(dir.path(), 3);
     let t = tag("hf");
+    let eb = format!("{t}eb");
     let mut net = Cleanup::default();
     let mut plane = Plane::build(&mut net, &t);
 
@@ -316,7 +317,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
             Replica { server, proxies }
         })
         .collect();
-    net.deployment("eb1", &replicas[0].server.bpffs_root);
+    net.deployment(&eb, &replicas[0].server.bpffs_root);
     replicas[0].server.spawn();
     for r in &mut replicas[1..] {
         r.server.spawn_unready();
@@ -337,7 +338,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         };
         let regs = [
             proto::RegisterTargetRequest {
-                name: "eb1".into(),
+                name: eb.clone(),
                 kind: Some(proto::register_target_request::Kind::Ebpf(plane.program.clone())),
                 manual: false,
             },
@@ -466,7 +467,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         let texts = rt.block_on(async {
             let w = find_writer(&replicas).await.expect("a writer");
             let mut admin = replicas[w].server.client(ADMIN);
-            for name in ["eb1", "sim1", "sw1"] {
+            for name in [eb.as_str(), "sim1", "sw1"] {
                 admin.targets.deploy(proto::DeployRequest { name: name.into(), timeout_ms: 60_000 }).await.unwrap();
             }
             list_all(&mut admin).await.into_iter().map(|s| s.text).collect::<Vec<String>>()

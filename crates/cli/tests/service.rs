@@ -407,14 +407,14 @@ fn packets_see_the_old_set_or_the_new_one_while_the_server_applies_diffs() {
             // To B: B's rules in, A's out, then one diff.
             let added = app.subs.add(lines(&b)).await.unwrap().into_inner();
             b_ids = added.subscriptions.iter().map(|s| s.id).collect();
-            app.subs.remove(proto::RemoveRequest { ids: a_ids.clone() }).await.unwrap();
+            app.subs.remove(proto::RemoveRequest { ids: a_ids.clone(), ..Default::default() }).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 30_000 }).await.unwrap();
             held_b.get_or_insert_with(|| subc_server::saved_pipelines(&t).unwrap());
             n += 1;
             // And back to A.
             let added = app.subs.add(lines(&a)).await.unwrap().into_inner();
             a_ids = added.subscriptions.iter().map(|s| s.id).collect();
-            app.subs.remove(proto::RemoveRequest { ids: b_ids.clone() }).await.unwrap();
+            app.subs.remove(proto::RemoveRequest { ids: b_ids.clone(), ..Default::default() }).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 30_000 }).await.unwrap();
             n += 1;
         }

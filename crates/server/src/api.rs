@@ -159,18 +159,21 @@ impl Subscriptions for Api {
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
         let who = principal(&request)?;
-        let ids = request.into_inner().ids;
+        let req = request.into_inner();
         let max = self.core.config().limits.max_lines_per_request;
-        if ids.len() > max {
-            return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {max}", ids.len())));
+        if req.ids.len() > max {
+            return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {max}", req.ids.len())));
         }
-        let resp = self.core.submit(|reply| WriteOp::Remove { who, ids, reply }).await?;
+        let (app, ids) = (addressed_app(&who, &req.app)?, req.ids);
+        let resp = self.core.submit(|reply| WriteOp::Remove { who, app, ids, reply }).await?;
         Ok(Response::new(resp))
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Subscription>, Status> {
         let who = principal(&request)?;
-        Ok(Response::new(self.core.subscription(&who, request.into_inner().id)?))
+        let req = request.into_inner();
+        let app = addressed_app(&who, &req.app)?;
+        Ok(Response::new(self.core.subscription(&who, &app, req.id)?))
     }
 
     async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
@@ -180,11 +183,6 @@ impl Subscriptions for Api {
             0 => 100,
             n => n.min(1000),
         } as usize;
-        let after: u64 = if req.page_token.is_empty() {
-            0
-        } else {
-            req.page_token.parse().map_err(|_| Status::invalid_argument("page_token is not one this server gave"))?
-        };
         let app_filter: Option<String> = if who.admin {
             (!req.app.is_empty()).then(|| req.app.clone())
         } else if !req.app.is_empty() && req.app != *who.app {
@@ -192,7 +190,9 @@ impl Subscriptions for Api {
         } else {
             Some(who.app.to_string())
         };
-        Ok(Response::new(self.core.list(app_filter.as_deref(), after, size)))
+        let after = crate::core::parse_page_token(&req.page_token, app_filter.is_none())
+            .ok_or_else(|| Status::invalid_argument("page_token is not one this server gave"))?;
+        Ok(Response::new(self.core.list(&who, app_filter.as_deref(), &after, size)))
     }
 
     async fn check(&self, request: Request<proto::AddRequest>) -> Result<Response<proto::CheckResponse>, Status> {
@@ -230,6 +230,21 @@ impl Api {
                 check::check_lines_until(&spec, fabric.as_ref().map(|f| f.endpoints_for(&app)), &source_name, &lines, max_cubes, stop)
             })
             .await
+    }
+}
+
+/// The application a Get or Remove addresses: the caller's own when
+/// `app` is empty; another only for the administrator (an application
+/// naming another is refused, not told whether it exists).
+#[allow(clippy::result_large_err)]
+fn addressed_app(who: &Principal, app: &str) -> Result<Arc<str>, Status> {
+    if app.is_empty() || *app == *who.app {
+        Ok(who.app.clone())
+    } else if who.admin {
+        crate::names::check_name("app", app).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Arc::from(app))
+    } else {
+        Err(Status::permission_denied("an application can address only its own subscriptions"))
     }
 }
 

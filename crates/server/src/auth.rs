@@ -4,7 +4,8 @@
 //! administrator. The interceptor turns the `authorization: Bearer <token>`
 //! header into a [`Principal`] stored in the request's extensions, or
 //! refuses the call with `UNAUTHENTICATED`. What a principal may do is
-//! decided by the handlers ([`Principal::require_admin`], ownership checks).
+//! decided by the handlers ([`Principal::require_admin`]; an application
+//! addresses only its own subscriptions, `api.rs`).
 //!
 //! Tokens are compared in constant time. A server without any token is
 //! *open*: every caller is the administrator (allowed on loopback, or with
@@ -37,11 +38,6 @@ impl Principal {
         } else {
             Err(Status::permission_denied(format!("application {:?} may not manage targets: that needs the admin token", &*self.app)))
         }
-    }
-
-    /// Whether this caller may see and remove `owner`'s subscriptions.
-    pub fn may_touch(&self, owner: &str) -> bool {
-        self.admin || *self.app == *owner
     }
 }
 

@@ -19,13 +19,14 @@ use crate::check;
 use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle};
 use crate::desired::{
-    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, Committed, Desired,
-    SubIndex, SubRecord,
+    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, AppNumbering, Committed,
+    Desired, ListCursor, SubIndex, SubRecord,
 };
 use crate::metrics::Metrics;
 use crate::network::{Devices, Fabric};
 use crate::proto;
 use crate::store::Store;
+use crate::watch::LiveEvent;
 use crate::writer::{WriteOp, Writer};
 use crate::Error;
 use std::collections::{BTreeMap, HashMap};
@@ -53,7 +54,7 @@ pub struct Core {
     committed: Arc<RwLock<Committed>>,
     deploy: Arc<DeployCtx>,
     metrics: Arc<Metrics>,
-    events: broadcast::Sender<proto::Event>,
+    events: broadcast::Sender<LiveEvent>,
     targets: Mutex<BTreeMap<String, Arc<TargetHandle>>>,
     watchers: crate::watch::Slots,
     /// Set when the server shuts down: ends the Watch streams, which would
@@ -164,6 +165,8 @@ async fn load(
     let targets = store.load_targets()?;
     let generation = store.meta_u64("generation")?;
     let next_id = store.meta_u64("next_id")?.max(subs.last().map(|s| s.id + 1).unwrap_or(1));
+    let (floor, counters) = store.load_app_counters()?;
+    let apps = AppNumbering::new(floor, counters.into_iter().map(|(a, c)| (Arc::from(a.as_str()), c)));
     // One higher at every start, committed before any device is written:
     // the epoch that fences this run's writes (docs/agent.md).
     // With etcd, never below the revision this server became the writer at,
@@ -242,13 +245,19 @@ async fn load(
 
     let mut index = SubIndex::default();
     for s in subs {
-        index.insert(
-            s.id,
-            Arc::new(SubRecord { app: Arc::from(s.app.as_str()), text: s.text, generation: s.generation, created_ms: s.created_ms }),
-        );
+        let rec = SubRecord {
+            app: Arc::from(s.app.as_str()),
+            app_id: s.app_id,
+            text: s.text,
+            generation: s.generation,
+            app_generation: s.app_generation,
+            created_ms: s.created_ms,
+        };
+        index.insert(s.id, Arc::new(rec));
     }
     let reader = store.open_reader(&location)?;
-    Ok(Loaded { store, reader, desired: Desired { set, generation, subs: index, next_id, net }, targets, epoch, fabric: fabric.cloned() })
+    let desired = Desired { set, generation, subs: index, next_id, apps, net };
+    Ok(Loaded { store, reader, desired, targets, epoch, fabric: fabric.cloned() })
 }
 
 impl Core {
@@ -484,18 +493,21 @@ impl Core {
         self.committed().base_order().iter().map(|q| self.spec.query_field(*q).name.clone()).collect()
     }
 
-    /// Subscription `id` as `who` may see it: another application's answers
-    /// exactly as an unknown id does, so ids cannot be probed.
-    pub fn subscription(&self, who: &Principal, id: u64) -> Result<proto::Subscription, Status> {
-        match self.committed().subs().get(id) {
-            Some(r) if who.may_touch(&r.app) => Ok(to_proto(id, r)),
-            _ => Err(Status::not_found(format!("no subscription {id}"))),
+    /// Subscription `id` of application `app` (which the caller may
+    /// address: see `api.rs`), as `who` sees it.
+    pub fn subscription(&self, who: &Principal, app: &str, id: u64) -> Result<proto::Subscription, Status> {
+        let c = self.committed();
+        match c.subs().lookup(app, id).and_then(|internal| c.subs().get(internal)) {
+            Some(r) => Ok(to_proto(r, who)),
+            None => Err(Status::not_found(format!("no subscription {id}"))),
         }
     }
 
-    /// A page of the subscriptions of `app` (all with `None`), from id
-    /// `after + 1`; the total they number.
-    pub fn list(&self, app: Option<&str>, after: u64, size: usize) -> proto::ListResponse {
+    /// A page of the subscriptions of `app` (all applications' with `None`,
+    /// in (application, id) order) after `after`; the total they number.
+    /// The page token is the last one's id, or across applications
+    /// `app:id` ([`parse_page_token`]).
+    pub fn list(&self, who: &Principal, app: Option<&str>, after: &ListCursor, size: usize) -> proto::ListResponse {
         let c = self.committed();
         let subs = c.subs();
         let total = match app {
@@ -503,10 +515,11 @@ impl Core {
             Some(a) => subs.count_of(a),
         };
         let (page, last) = subs.page(app, after, size);
+        let token = |l: ListCursor| if app.is_some() { l.id.to_string() } else { format!("{}:{}", l.app, l.id) };
         proto::ListResponse {
             total,
-            subscriptions: page.into_iter().map(|(id, r)| to_proto(id, r)).collect(),
-            next_page_token: last.map(|l| l.to_string()).unwrap_or_default(),
+            subscriptions: page.into_iter().map(|(_, r)| to_proto(r, who)).collect(),
+            next_page_token: last.map(token).unwrap_or_default(),
         }
     }
 
@@ -571,15 +584,25 @@ impl Core {
         self.runtime.spawn(deploy::run(h, self.deploy.clone()));
     }
 
+    /// Up to `limit` stored events after `after`, as the administrator sees them.
     pub fn read_events(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Status> {
-        self.reader.lock().expect("reader").events_after(after, limit).map_err(|e| Status::internal(e.to_string()))
+        self.read_events_as(&Principal::admin(), after, limit)
     }
 
-    pub(crate) fn publish_event(&self, e: proto::Event) {
+    /// Up to `limit` stored events after `after` as `who` sees them: all of
+    /// them in the service's numbering (the administrator), or only its own
+    /// in its application's numbering.
+    pub(crate) fn read_events_as(&self, who: &Principal, after: u64, limit: usize) -> Result<Vec<proto::Event>, Status> {
+        let reader = self.reader.lock().expect("reader");
+        let events = if who.admin { reader.events_after(after, limit) } else { reader.app_events_after(&who.app, after, limit) };
+        events.map_err(|e| Status::internal(e.to_string()))
+    }
+
+    pub(crate) fn publish_event(&self, e: LiveEvent) {
         let _ = self.events.send(e);
     }
 
-    pub fn subscribe_events(&self) -> broadcast::Receiver<proto::Event> {
+    pub(crate) fn subscribe_events(&self) -> broadcast::Receiver<LiveEvent> {
         self.events.subscribe()
     }
 
@@ -622,12 +645,28 @@ impl Core {
     }
 }
 
-pub(crate) fn to_proto(id: u64, r: &SubRecord) -> proto::Subscription {
+/// A subscription as `who` sees it: its id in its application's numbering,
+/// and the generation that added it in the service's (the administrator)
+/// or its application's numbering.
+pub(crate) fn to_proto(r: &SubRecord, who: &Principal) -> proto::Subscription {
     proto::Subscription {
-        id,
+        id: r.app_id,
         app: r.app.to_string(),
         text: r.text.clone(),
-        generation: r.generation,
+        generation: if who.admin { r.generation } else { r.app_generation },
         create_time: Some(subc_client::timestamp(r.created_ms)),
     }
+}
+
+/// A List page token read back: an id, or across applications `app:id`
+/// (`None`: not a token this server gives).
+pub(crate) fn parse_page_token(token: &str, across_apps: bool) -> Option<ListCursor> {
+    if token.is_empty() {
+        return Some(ListCursor::default());
+    }
+    if !across_apps {
+        return Some(ListCursor { app: String::new(), id: token.parse().ok()? });
+    }
+    let (app, id) = token.rsplit_once(':')?;
+    Some(ListCursor { app: app.to_string(), id: id.parse().ok()? })
 }

@@ -16,8 +16,8 @@
 //! could still lose.
 
 use crate::deploy::touched::UpdateLog;
-use crate::store::StoredSub;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::store::{AppCounters, StoredSub};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 use subc_bdd::{BitImage, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
@@ -30,24 +30,45 @@ use subc_lang::SubId;
 #[derive(Clone, Debug)]
 pub struct SubRecord {
     pub app: Arc<str>,
+    /// Its id in its application's numbering (what the API shows).
+    pub app_id: u64,
     pub text: String,
+    /// The generation that added it: the service's, and its application's.
     pub generation: u64,
+    pub app_generation: u64,
     pub created_ms: i64,
 }
 
 impl SubRecord {
     /// The stored row of subscription `id` (to check it again as it was stored).
     pub fn stored(&self, id: u64) -> StoredSub {
-        StoredSub { id, app: self.app.to_string(), text: self.text.clone(), generation: self.generation, created_ms: self.created_ms }
+        StoredSub {
+            id,
+            app: self.app.to_string(),
+            app_id: self.app_id,
+            app_generation: self.app_generation,
+            text: self.text.clone(),
+            generation: self.generation,
+            created_ms: self.created_ms,
+        }
     }
 }
 
-/// The subscriptions by id, and each application's ids (so that one
-/// application's List reads only its own subscriptions).
+/// The subscriptions by (internal) id, and per application by its own ids
+/// (so that one application's List reads only its own subscriptions, and
+/// the API's `(app, id)` finds the internal id).
 #[derive(Clone, Default)]
 pub struct SubIndex {
     by_id: BTreeMap<SubId, Arc<SubRecord>>,
-    by_app: HashMap<Arc<str>, BTreeSet<SubId>>,
+    by_app: BTreeMap<Arc<str>, BTreeMap<u64, SubId>>,
+}
+
+/// Where a page of a List starts after: an application's id, or, across
+/// applications, an (application, id) pair.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ListCursor {
+    pub app: String,
+    pub id: u64,
 }
 
 impl SubIndex {
@@ -67,27 +88,37 @@ impl SubIndex {
     pub fn apps(&self) -> impl Iterator<Item = (&Arc<str>, u64)> {
         self.by_app.iter().map(|(a, ids)| (a, ids.len() as u64))
     }
-    /// Subscriptions with an id of at least `from`, in id order.
-    pub fn starting_at(&self, from: SubId) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
-        self.by_id.range(from..).map(|(id, r)| (*id, r))
+    /// The internal id of `app`'s subscription `app_id`.
+    pub fn lookup(&self, app: &str, app_id: u64) -> Option<SubId> {
+        self.by_app.get(app)?.get(&app_id).copied()
     }
-    /// `app`'s subscriptions with an id of at least `from`, in id order:
-    /// only `app`'s are visited.
-    pub fn of_app_starting_at<'a>(&'a self, app: &str, from: SubId) -> impl Iterator<Item = (SubId, &'a Arc<SubRecord>)> + 'a {
+    /// `app`'s subscriptions with an id of its own of at least `from`, in
+    /// that order: only `app`'s are visited.
+    pub fn of_app_starting_at<'a>(&'a self, app: &str, from: u64) -> impl Iterator<Item = (SubId, &'a Arc<SubRecord>)> + 'a {
         let ids = self.by_app.get(app).map(|ids| ids.range(from..));
-        ids.into_iter().flatten().filter_map(|id| Some((*id, self.by_id.get(id)?)))
+        ids.into_iter().flatten().filter_map(|(_, id)| Some((*id, self.by_id.get(id)?)))
     }
-    /// A page of up to `size` subscriptions of `app` (all with `None`) with
-    /// an id above `after`, and the last id on it when more follow.
-    pub fn page(&self, app: Option<&str>, after: SubId, size: usize) -> (Vec<(SubId, &Arc<SubRecord>)>, Option<SubId>) {
-        let from = after.saturating_add(1);
+    /// Every subscription after `after` in (application, id) order.
+    fn all_after<'a>(&'a self, after: &ListCursor) -> impl Iterator<Item = (SubId, &'a Arc<SubRecord>)> + 'a {
+        let first = self.of_app_starting_at(&after.app, after.id.saturating_add(1));
+        let later = self
+            .by_app
+            .range::<str, _>((std::ops::Bound::Excluded(after.app.as_str()), std::ops::Bound::Unbounded))
+            .flat_map(|(_, ids)| ids.values())
+            .filter_map(|id| Some((*id, self.by_id.get(id)?)));
+        first.chain(later)
+    }
+    /// A page of up to `size` subscriptions of `app` (all applications',
+    /// in (application, id) order, with `None`) after `after`, and the
+    /// cursor of its last one when more follow.
+    pub fn page(&self, app: Option<&str>, after: &ListCursor, size: usize) -> (Vec<(SubId, &Arc<SubRecord>)>, Option<ListCursor>) {
         let mut rest: Box<dyn Iterator<Item = (SubId, &Arc<SubRecord>)>> = match app {
-            None => Box::new(self.starting_at(from)),
-            Some(a) => Box::new(self.of_app_starting_at(a, from)),
+            None => Box::new(self.all_after(after)),
+            Some(a) => Box::new(self.of_app_starting_at(a, after.id.saturating_add(1))),
         };
         let page: Vec<_> = rest.by_ref().take(size).collect();
         let more = size > 0 && rest.next().is_some();
-        let last = page.last().map(|(id, _)| *id).filter(|_| more);
+        let last = page.last().map(|(_, r)| ListCursor { app: r.app.to_string(), id: r.app_id }).filter(|_| more);
         (page, last)
     }
     pub fn iter(&self) -> impl Iterator<Item = (SubId, &Arc<SubRecord>)> {
@@ -95,18 +126,18 @@ impl SubIndex {
     }
     pub fn insert(&mut self, id: SubId, rec: Arc<SubRecord>) {
         if let Some(old) = self.by_id.insert(id, rec.clone()) {
-            self.unindex(&old.app, id);
+            self.unindex(&old.app, old.app_id);
         }
-        self.by_app.entry(rec.app.clone()).or_default().insert(id);
+        self.by_app.entry(rec.app.clone()).or_default().insert(rec.app_id, id);
     }
     pub fn remove(&mut self, id: SubId) -> Option<Arc<SubRecord>> {
         let rec = self.by_id.remove(&id)?;
-        self.unindex(&rec.app, id);
+        self.unindex(&rec.app, rec.app_id);
         Some(rec)
     }
-    fn unindex(&mut self, app: &Arc<str>, id: SubId) {
+    fn unindex(&mut self, app: &Arc<str>, app_id: u64) {
         if let Some(ids) = self.by_app.get_mut(app) {
-            ids.remove(&id);
+            ids.remove(&app_id);
             if ids.is_empty() {
                 self.by_app.remove(app);
             }
@@ -120,10 +151,37 @@ pub struct Desired {
     /// Changes committed so far; the store's `generation`.
     pub generation: u64,
     pub subs: SubIndex,
-    /// The next subscription id; ids are never reused.
+    /// The next internal subscription id (the compiler's); ids are never reused.
     pub next_id: SubId,
+    /// Each application's own numbering (`store.rs`, `apps`).
+    pub apps: AppNumbering,
     /// Network mode: every device's compiled projection (`network.rs`).
     pub net: Option<crate::network::Devices>,
+}
+
+/// Each application's counters: ids, generation and event numbers of its
+/// own, so that nothing it sees depends on other applications.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppNumbering {
+    /// Where an application without counters starts.
+    floor: AppCounters,
+    apps: BTreeMap<Arc<str>, AppCounters>,
+}
+
+impl AppNumbering {
+    pub(crate) fn new(floor: AppCounters, apps: impl IntoIterator<Item = (Arc<str>, AppCounters)>) -> AppNumbering {
+        AppNumbering { floor, apps: apps.into_iter().collect() }
+    }
+
+    /// `app`'s counters, to change.
+    pub(crate) fn of_mut(&mut self, app: &Arc<str>) -> &mut AppCounters {
+        self.apps.entry(app.clone()).or_insert(self.floor)
+    }
+
+    /// The applications whose counters differ from `before`'s.
+    pub(crate) fn changed_since<'a>(&'a self, before: &'a AppNumbering) -> impl Iterator<Item = (&'a Arc<str>, &'a AppCounters)> + 'a {
+        self.apps.iter().filter(move |(app, c)| before.apps.get(*app) != Some(*c))
+    }
 }
 
 /// The pipelines' shape ([`PipelineShape`], each pipeline's in order).
@@ -476,46 +534,61 @@ pub fn distance_to_fresh_compile(
 mod tests {
     use super::*;
 
-    fn rec(app: &str) -> Arc<SubRecord> {
-        Arc::new(SubRecord { app: Arc::from(app), text: String::new(), generation: 0, created_ms: 0 })
+    fn rec(app: &str, app_id: u64) -> Arc<SubRecord> {
+        Arc::new(SubRecord { app: Arc::from(app), app_id, text: String::new(), generation: 0, app_generation: 0, created_ms: 0 })
     }
 
-    /// What a page was before the per-application index: every id from
-    /// `after + 1` visited, other applications' skipped.
-    fn scanned_page(ix: &SubIndex, app: Option<&str>, after: SubId, size: usize) -> (Vec<SubId>, Option<SubId>) {
-        let mine: Vec<SubId> = ix.starting_at(after + 1).filter(|(_, r)| app.is_none_or(|a| *r.app == *a)).map(|(id, _)| id).collect();
-        let page: Vec<SubId> = mine.iter().copied().take(size).collect();
-        let last = page.last().copied().filter(|_| size > 0 && mine.len() > size);
-        (page, last)
+    /// A page as a scan of every subscription, sorted by (application, id),
+    /// gives it.
+    fn scanned_page(ix: &SubIndex, app: Option<&str>, after: &ListCursor, size: usize) -> (Vec<SubId>, Option<ListCursor>) {
+        let mut all: Vec<(String, u64, SubId)> = ix.iter().map(|(id, r)| (r.app.to_string(), r.app_id, id)).collect();
+        all.sort();
+        let mine: Vec<&(String, u64, SubId)> = all
+            .iter()
+            .filter(|(a, i, _)| match app {
+                Some(want) => a == want && *i > after.id,
+                None => (a.as_str(), *i) > (after.app.as_str(), after.id),
+            })
+            .collect();
+        let page: Vec<SubId> = mine.iter().take(size).map(|(_, _, id)| *id).collect();
+        let last = mine.get(page.len().wrapping_sub(1)).filter(|_| size > 0 && mine.len() > size);
+        (page, last.map(|(a, i, _)| ListCursor { app: a.clone(), id: *i }))
     }
 
     /// The per-application index follows inserts, removes and an id that
-    /// changes hands; its pages, walked with their tokens, are the pages a
-    /// scan of every subscription gave.
+    /// changes hands; its pages, walked with their cursors, are the pages a
+    /// scan of every subscription gives, and `(app, id)` finds each one.
     #[test]
     fn an_applications_pages_come_from_its_own_index() {
         let mut ix = SubIndex::default();
         let apps = ["alice", "bob", "carol"];
+        let mut next = [1u64; 3];
         for id in 1..=300u64 {
-            ix.insert(id, rec(apps[(id * 7 % 3) as usize]));
+            let a = (id * 7 % 3) as usize;
+            ix.insert(id, rec(apps[a], next[a]));
+            next[a] += 1;
         }
         for id in (1..=300u64).filter(|id| id % 5 == 0) {
             ix.remove(id);
         }
-        ix.insert(7, rec("carol"));
-        ix.insert(8, rec("alice"));
+        ix.insert(7, rec("carol", 1000));
+        ix.insert(8, rec("alice", 1000));
         assert!(ix.remove(1000).is_none());
+        for (id, r) in ix.iter() {
+            assert_eq!(ix.lookup(&r.app, r.app_id), Some(id));
+        }
+        assert_eq!(ix.lookup("alice", 5000), None);
         let total: u64 = ix.apps().map(|(_, n)| n).sum();
         assert_eq!(total, ix.len() as u64);
         for app in [None, Some("alice"), Some("bob"), Some("carol"), Some("nobody")] {
             let expected = app.map_or(ix.len() as u64, |a| ix.iter().filter(|(_, r)| *r.app == *a).count() as u64);
             assert_eq!(app.map_or(ix.len() as u64, |a| ix.count_of(a)), expected);
             for size in [0, 1, 7, 100, 1000] {
-                let mut after = 0;
+                let mut after = ListCursor::default();
                 loop {
-                    let (page, last) = ix.page(app, after, size);
+                    let (page, last) = ix.page(app, &after, size);
                     let page: Vec<SubId> = page.into_iter().map(|(id, _)| id).collect();
-                    assert_eq!((page.clone(), last), scanned_page(&ix, app, after, size), "{app:?} {size} {after}");
+                    assert_eq!((page.clone(), last.clone()), scanned_page(&ix, app, &after, size), "{app:?} {size} {after:?}");
                     assert!(app.is_none_or(|a| page.iter().all(|id| *ix.get(*id).unwrap().app == *a)));
                     match last {
                         Some(l) => after = l,

@@ -13,7 +13,8 @@
 //! 3. copies the backup beside the store under a temporary name (SQLite's
 //!    backup API), checks the copy (`PRAGMA integrity_check`, the schema
 //!    version), raises its next id, generation and event numbers to those
-//!    floors, and syncs it;
+//!    floors (and every application's own: see [`raise_app_floors`]), and
+//!    syncs it;
 //! 4. removes the old store's `-wal` and `-shm`, renames the copy over the
 //!    store and syncs the directory.
 //!
@@ -33,8 +34,9 @@ pub struct RestoreReport {
     /// The restored store's generation: the backup's, or one above the
     /// replaced store's if that was higher.
     pub generation: u64,
-    /// The first id new subscriptions get: above every id the backup or the
-    /// replaced store ever gave out.
+    /// The first internal id new subscriptions get: above every id the
+    /// backup or the replaced store ever gave out. Every application's own
+    /// next id is at least this too (each numbers its own: docs/server.md).
     pub next_id: u64,
     pub bytes: u64,
     /// Whether a store was replaced (false: there was none).
@@ -175,6 +177,7 @@ fn raise_floors(tmp: &Path, floors: Floors) -> Result<(u64, u64), Error> {
     let set = |key: &str, value: u64| tx.execute("INSERT OR REPLACE INTO meta VALUES (?1, ?2)", params![key, value.to_string()]).map(drop);
     set("next_id", next_id).map_err(sql)?;
     set("generation", generation).map_err(sql)?;
+    raise_app_floors(&tx, floors, floors.generation > floors_of_copy.generation, generation).map_err(sql)?;
     if floors.event_seq > floors_of_copy.event_seq {
         tx.execute("DELETE FROM sqlite_sequence WHERE name = 'events'", []).map_err(sql)?;
         tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('events', ?1)", [floors.event_seq as i64]).map_err(sql)?;
@@ -182,6 +185,33 @@ fn raise_floors(tmp: &Path, floors: Floors) -> Result<(u64, u64), Error> {
     tx.commit().map_err(sql)?;
     conn.close().map_err(|(_, e)| sql(e))?;
     Ok((generation, next_id))
+}
+
+/// Raises every application's own counters (and where applications without
+/// counters start) in the copy to the replaced store's global ones, which
+/// are at least any application's there: an application's next id, its
+/// generation and its event number never pass the service's. So no
+/// per-application id is given out again, and an application's generation
+/// and event numbers go on from above what it saw. `generation`: the
+/// restored store's, given when the replaced store's was higher. A copy
+/// from before per-application numbering has no counters yet: opening it
+/// numbers it from its raised global counters (`store.rs`).
+fn raise_app_floors(tx: &Connection, floors: Floors, newer_replaced: bool, generation: u64) -> rusqlite::Result<()> {
+    let has_apps: i64 = tx.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'apps'", [], |r| r.get(0))?;
+    let has_floor: i64 = tx.query_row("SELECT COUNT(*) FROM meta WHERE key = 'app_floor_id'", [], |r| r.get(0))?;
+    if has_apps == 0 || has_floor == 0 {
+        return Ok(());
+    }
+    let generation = if newer_replaced { generation } else { 0 };
+    let raise = |column: &str, key: &str, to: u64| -> rusqlite::Result<()> {
+        let to = to as i64;
+        tx.execute(&format!("UPDATE apps SET {column} = MAX({column}, ?1)"), [to])?;
+        tx.execute("UPDATE meta SET value = CAST(MAX(CAST(value AS INTEGER), ?2) AS TEXT) WHERE key = ?1", params![key, to])?;
+        Ok(())
+    };
+    raise("next_id", "app_floor_id", floors.next_id)?;
+    raise("generation", "app_floor_generation", generation)?;
+    raise("event_seq", "app_floor_seq", floors.event_seq)
 }
 
 /// Removes the replaced store's WAL and shared-memory files (applied to

@@ -18,6 +18,7 @@ use crate::auth::Principal;
 use crate::config::Limits;
 use crate::core::Core;
 use crate::proto;
+use crate::store::AppEvent;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -130,11 +131,28 @@ impl Drop for Slot {
     }
 }
 
-/// Whether `who` may see an event.
-fn visible(who: &Principal, e: &proto::Event) -> bool {
-    let own =
-        matches!(proto::EventKind::try_from(e.kind), Ok(proto::EventKind::SubscriptionsAdded | proto::EventKind::SubscriptionsRemoved));
-    who.admin || !own || *who.app == *e.app
+/// An event as the writer publishes it: as the administrator sees it, and,
+/// for an application's own event, its number and generation there.
+#[derive(Clone, Debug)]
+pub(crate) struct LiveEvent {
+    pub event: proto::Event,
+    pub of_app: Option<AppEvent>,
+}
+
+impl LiveEvent {
+    /// A target or deployment event: the administrator's alone.
+    pub(crate) fn admin_only(event: proto::Event) -> LiveEvent {
+        LiveEvent { event, of_app: None }
+    }
+
+    /// The event as `who` sees it, if `who` sees it.
+    fn view(&self, who: &Principal) -> Option<proto::Event> {
+        if who.admin {
+            return Some(self.event.clone());
+        }
+        let own = self.of_app.as_ref().filter(|a| a.app == who.app)?;
+        Some(proto::Event { seq: own.seq, generation: own.generation, ..self.event.clone() })
+    }
 }
 
 /// A watcher's task stops: the client went, the server is closing, or the
@@ -147,19 +165,16 @@ struct Sink {
     tx: mpsc::Sender<Result<proto::Event, Status>>,
     capacity: usize,
     who: Principal,
-    /// The last event passed (sent or not visible), where to resume.
+    /// The last event sent, in the watcher's numbering: where to resume.
     last: u64,
 }
 
 impl Sink {
-    /// Queues a live event, or drops the watcher when its buffer is full.
+    /// Queues a live event (seen as the watcher sees it), or drops the
+    /// watcher when its buffer is full.
     fn offer(&mut self, e: proto::Event) -> Result<(), Stop> {
         if self.tx.is_closed() {
             return Err(Stop);
-        }
-        if !visible(&self.who, &e) {
-            self.last = e.seq;
-            return Ok(());
         }
         if self.tx.capacity() <= 1 {
             let why = format!(
@@ -174,10 +189,6 @@ impl Sink {
 
     /// Queues a replayed event, waiting for room (at most [`REPLAY_STALL`]).
     async fn replay(&mut self, e: proto::Event) -> Result<(), Stop> {
-        if !visible(&self.who, &e) {
-            self.last = e.seq;
-            return Ok(());
-        }
         // Room for the event and the status that may follow it.
         if self.tx.capacity() <= 1 {
             let room = tokio::time::timeout(REPLAY_STALL, self.tx.reserve_many(2)).await.map(|r| r.is_ok());
@@ -220,7 +231,7 @@ pub(crate) fn start(core: Arc<Core>, who: Principal, req: proto::WatchRequest, s
 }
 
 /// A watcher's task: the replay, then live events until a stop.
-async fn run(core: &Core, mut sink: Sink, mut live: tokio::sync::broadcast::Receiver<proto::Event>, replay: bool) -> Result<(), Stop> {
+async fn run(core: &Core, mut sink: Sink, mut live: tokio::sync::broadcast::Receiver<LiveEvent>, replay: bool) -> Result<(), Stop> {
     let mut closing = core.closing();
     if replay {
         tokio::select! {
@@ -235,9 +246,10 @@ async fn run(core: &Core, mut sink: Sink, mut live: tokio::sync::broadcast::Rece
             _ = sink.tx.closed() => return Err(Stop),
             _ = closing.wait_for(|c| *c) => return Err(Stop),
         };
-        match next {
-            Ok(e) if e.seq <= replayed => {}
-            Ok(e) => sink.offer(e)?,
+        match next.map(|e| e.view(&sink.who)) {
+            Ok(None) => {}
+            Ok(Some(e)) if e.seq <= replayed => {}
+            Ok(Some(e)) => sink.offer(e)?,
             Err(RecvError::Lagged(n)) => {
                 let why = format!("this watcher fell {n} events behind; watch again with replay and after_seq = {}", sink.last);
                 return sink.end(Status::aborted(why));
@@ -247,10 +259,10 @@ async fn run(core: &Core, mut sink: Sink, mut live: tokio::sync::broadcast::Rece
     }
 }
 
-/// Sends the stored events after `sink.last`, page by page.
+/// Sends the stored events after `sink.last` the watcher sees, page by page.
 async fn replay_stored(core: &Core, sink: &mut Sink) -> Result<(), Stop> {
     loop {
-        let page = match core.read_events(sink.last, REPLAY_PAGE) {
+        let page = match core.read_events_as(&sink.who, sink.last, REPLAY_PAGE) {
             Ok(p) => p,
             Err(s) => return sink.end(s),
         };

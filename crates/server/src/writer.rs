@@ -33,14 +33,15 @@ use crate::auth::Principal;
 use crate::check::{self, CheckedBatch};
 use crate::core::{Core, Reply};
 use crate::deploy::{TargetHandle, TargetReport};
-use crate::desired::{compile_options, layout_json, order_names, placement_json, Desired, Publish, SubRecord};
+use crate::desired::{compile_options, layout_json, order_names, placement_json, AppNumbering, Desired, Publish, SubRecord};
 use crate::metrics::Metrics;
 use crate::network::Fabric;
 use crate::proto;
-use crate::store::{now_ms, EventRetention, Store, StoredSub};
+use crate::store::{now_ms, AppEvent, EventRetention, Store, StoredSub};
+use crate::watch::LiveEvent;
 use crate::Error;
 use prost::Message;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use subc_bdd::{CompileError, CompiledSet, Deadline, SetDiff};
@@ -72,8 +73,11 @@ pub(crate) enum WriteOp {
         spent: Duration,
         reply: Reply<proto::AddResponse>,
     },
+    /// Removes subscriptions of `app` by its own ids (the caller may
+    /// address `app`: `api.rs` checked).
     Remove {
         who: Principal,
+        app: Arc<str>,
         ids: Vec<u64>,
         reply: Reply<proto::RemoveResponse>,
     },
@@ -192,15 +196,16 @@ impl Finish {
 struct Staged {
     sql: Vec<SqlWrite>,
     undo: Option<Undo>,
-    events: Vec<proto::Event>,
+    events: Vec<LiveEvent>,
     finish: Finish,
     publish: Publish,
 }
 
 impl Staged {
-    /// A change with nothing to write or undo.
+    /// A change with nothing to write or undo; its events (of targets) are
+    /// the administrator's.
     fn only(sql: Vec<SqlWrite>, events: Vec<proto::Event>, finish: Finish) -> Staged {
-        Staged { sql, undo: None, events, finish, publish: Publish::default() }
+        Staged { sql, undo: None, events: events.into_iter().map(LiveEvent::admin_only).collect(), finish, publish: Publish::default() }
     }
 }
 
@@ -302,7 +307,7 @@ struct Claims {
 /// The bytes a batch adds to what the store prunes: replies and events.
 fn retained_bytes(staged: &[Staged]) -> u64 {
     let replies = staged.iter().flat_map(|s| &s.sql).map(|w| if let SqlWrite::Request { reply, .. } = w { reply.len() } else { 0 });
-    let events = staged.iter().flat_map(|s| &s.events).map(|e| e.encoded_len());
+    let events = staged.iter().flat_map(|s| &s.events).map(|e| e.event.encoded_len());
     replies.chain(events).sum::<usize>() as u64
 }
 
@@ -314,6 +319,24 @@ fn reused_request_id(request_id: &str) -> Status {
     Status::already_exists(format!(
         "request_id {request_id:?} was used for a request with other lines; nothing was added (use a new request_id for new lines)"
     ))
+}
+
+/// The counters a batch may change, as they were before it (restored if
+/// its commit fails).
+struct Counters {
+    generation: u64,
+    next_id: u64,
+    apps: AppNumbering,
+}
+
+/// A generation as `who` sees it: the service's (the administrator) or its
+/// application's.
+fn seen_generation(who: &Principal, service: u64, app: u64) -> u64 {
+    if who.admin {
+        service
+    } else {
+        app
+    }
 }
 
 /// The writer thread's state.
@@ -377,7 +400,8 @@ impl Writer {
     /// Stages, commits and publishes one batch.
     fn process(&mut self, batch: Vec<WriteOp>, rx: &mpsc::Receiver<WriteOp>, prune: bool) {
         let n = batch.len();
-        let (gen0, next0) = (self.d.generation, self.d.next_id);
+        let before = Counters { generation: self.d.generation, next_id: self.d.next_id, apps: self.d.apps.clone() };
+        let gen0 = before.generation;
         let mut claims = Claims::default();
         let mut staged: Vec<Staged> = Vec::with_capacity(n);
         let mut waiting_after = others_after(&batch);
@@ -405,12 +429,12 @@ impl Writer {
             }
         }
         let t = Instant::now();
-        let result = self.commit(&staged, gen0, prune);
+        let result = self.commit(&staged, &before, prune);
         let metrics = self.core.metrics();
         metrics.commit_seconds.observe(t.elapsed().as_secs_f64());
         metrics.batch_size.observe(n as f64);
         match result {
-            Err(e) => self.roll_back(staged, claims.duplicates, gen0, next0, e),
+            Err(e) => self.roll_back(staged, claims.duplicates, before, e),
             Ok(seqs) => self.publish_and_reply(staged, seqs, claims.duplicates, gen0),
         }
         crate::trim::release_free_memory();
@@ -457,9 +481,10 @@ impl Writer {
 
     /// Writes a batch's changes in one transaction; the event sequence
     /// numbers of each change.
-    fn commit(&mut self, staged: &[Staged], gen0: u64, prune: bool) -> Result<Vec<Vec<u64>>, Error> {
+    fn commit(&mut self, staged: &[Staged], before: &Counters, prune: bool) -> Result<Vec<Vec<u64>>, Error> {
         let (generation, next_id) = (self.d.generation, self.d.next_id);
-        let changed = generation != gen0;
+        let changed = generation != before.generation;
+        let apps = &self.d.apps;
         let config = self.core.config();
         let r = &config.retention;
         let events = EventRetention { keep: config.events_keep, max_age_ms: r.events_max_age_ms, max_bytes: r.events_max_bytes };
@@ -481,11 +506,14 @@ impl Writer {
                         SqlWrite::ClearPlacements => t.clear_placements()?,
                     }
                 }
-                seqs.push(s.events.iter().map(|e| t.append_event(e)).collect::<Result<Vec<u64>, Error>>()?);
+                seqs.push(s.events.iter().map(|e| t.append_event(&e.event, e.of_app.as_ref())).collect::<Result<Vec<u64>, Error>>()?);
             }
             if changed {
                 t.set_meta("generation", &generation.to_string())?;
                 t.set_meta("next_id", &next_id.to_string())?;
+            }
+            for (app, c) in apps.changed_since(&before.apps) {
+                t.put_app(app, c)?;
             }
             if prune {
                 t.prune_events(&events)?;
@@ -503,15 +531,16 @@ impl Writer {
 
     /// After a failed commit: undoes every staged change in memory and
     /// refuses them all.
-    fn roll_back(&mut self, mut staged: Vec<Staged>, duplicates: Vec<(usize, Reply<proto::AddResponse>)>, gen0: u64, next0: u64, e: Error) {
+    fn roll_back(&mut self, mut staged: Vec<Staged>, duplicates: Vec<(usize, Reply<proto::AddResponse>)>, before: Counters, e: Error) {
         tracing::error!(error = %e, changes = staged.len(), "commit failed; the batch is undone");
         for s in staged.iter_mut().rev() {
             if let Some(u) = s.undo.take() {
                 self.undo(u);
             }
         }
-        self.d.generation = gen0;
-        self.d.next_id = next0;
+        self.d.generation = before.generation;
+        self.d.next_id = before.next_id;
+        self.d.apps = before.apps;
         for s in staged {
             s.finish.fail(Status::unavailable(format!("the store could not commit: {e}")));
         }
@@ -536,7 +565,7 @@ impl Writer {
             publishes.push(s.publish);
             finishes.push(s.finish);
             events.extend(s.events.into_iter().zip(ss).map(|(mut e, seq)| {
-                e.seq = seq;
+                e.event.seq = seq;
                 e
             }));
         }
@@ -692,7 +721,7 @@ impl Writer {
     fn stage_other(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Result<Staged, (Finish, Status)> {
         match op {
             WriteOp::Add { .. } => unreachable!("Adds are staged by stage_add"),
-            WriteOp::Remove { who, ids, reply } => match self.stage_remove(&who, ids) {
+            WriteOp::Remove { who, app, ids, reply } => match self.stage_remove(&who, &app, ids) {
                 Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
                 Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
             },
@@ -794,10 +823,16 @@ impl Writer {
         }
         let total = self.d.subs.len() as u64;
         if total + n > limits.max_subscriptions {
-            return Err(self.refuse_limit(
-                "subscriptions",
-                format!("the server holds {total} subscriptions; {n} more would pass its limit of {}", limits.max_subscriptions),
-            ));
+            // How many the others hold is not an application's to know.
+            let message = if who.admin {
+                format!("the server holds {total} subscriptions; {n} more would pass its limit of {}", limits.max_subscriptions)
+            } else {
+                format!(
+                    "{n} more subscriptions would pass the server's limit of {} in all (limits.max_subscriptions)",
+                    limits.max_subscriptions
+                )
+            };
+            return Err(self.refuse_limit("subscriptions", message));
         }
         Ok(())
     }
@@ -984,29 +1019,39 @@ impl Writer {
         fingerprint: String,
     ) -> (Staged, proto::AddResponse) {
         let generation = self.d.generation;
+        let mine = self.d.apps.of_mut(&who.app);
+        let first_app_id = mine.next_id;
+        mine.next_id += nfs.len() as u64;
+        mine.generation += 1;
+        mine.event_seq += 1;
+        let (app_generation, app_seq) = (mine.generation, mine.event_seq);
         let created_ms = now_ms();
         let mut sql = self.shape_writes(nfs, &compiled);
-        let mut resp = proto::AddResponse { generation, warnings: batch.warnings, ..Default::default() };
+        let seen = seen_generation(&who, generation, app_generation);
+        let mut resp = proto::AddResponse { generation: seen, warnings: batch.warnings, ..Default::default() };
         let mut added = Vec::with_capacity(nfs.len());
-        for (rule, nf) in batch.rules.into_iter().zip(nfs) {
-            let rec = Arc::new(SubRecord { app: who.app.clone(), text: rule.text, generation, created_ms });
+        let mut app_ids = Vec::with_capacity(nfs.len());
+        for (i, (rule, nf)) in batch.rules.into_iter().zip(nfs).enumerate() {
+            let app_id = first_app_id + i as u64;
+            let rec = Arc::new(SubRecord { app: who.app.clone(), app_id, text: rule.text, generation, app_generation, created_ms });
             sql.push(SqlWrite::InsertSub(rec.stored(nf.id)));
-            resp.subscriptions.push(crate::core::to_proto(nf.id, &rec));
+            resp.subscriptions.push(crate::core::to_proto(&rec, &who));
             resp.lines.push(rule.line);
             self.d.subs.insert(nf.id, rec.clone());
             added.push((nf.id, rec));
+            app_ids.push(app_id);
         }
         self.app_gauge(&who.app).inc_by(nfs.len() as i64);
         if !request_id.is_empty() {
             sql.push(SqlWrite::Request { app: who.app.to_string(), request_id, reply: resp.encode_to_vec(), fingerprint });
         }
-        let ids: Vec<u64> = nfs.iter().map(|n| n.id).collect();
         let e = proto::Event {
             app: who.app.to_string(),
-            subscription_ids: ids,
+            subscription_ids: app_ids,
             time: Some(subc_client::timestamp(created_ms)),
             ..event(proto::EventKind::SubscriptionsAdded, generation)
         };
+        let e = LiveEvent { event: e, of_app: Some(AppEvent { app: who.app.clone(), seq: app_seq, generation: app_generation }) };
         let publish = Publish { added, removed: vec![], update: Some((generation, compiled.update)), devices: compiled.devices };
         (Staged { sql, undo: Some(compiled.undo), events: vec![e], finish: Finish::Nothing, publish }, resp)
     }
@@ -1096,17 +1141,20 @@ impl Writer {
         Ok((staged, resp))
     }
 
-    /// Stages a Remove. An id that does not exist, or that belongs to
-    /// another application, answers NOT_FOUND alike (ids cannot be probed).
-    fn stage_remove(&mut self, who: &Principal, mut ids: Vec<u64>) -> Result<(Staged, proto::RemoveResponse), Status> {
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.is_empty() {
+    /// Stages a Remove of `app`'s subscriptions by their ids there. An id
+    /// `app` does not have answers NOT_FOUND (another application's ids are
+    /// another numbering).
+    fn stage_remove(&mut self, who: &Principal, app: &Arc<str>, mut app_ids: Vec<u64>) -> Result<(Staged, proto::RemoveResponse), Status> {
+        app_ids.sort_unstable();
+        app_ids.dedup();
+        if app_ids.is_empty() {
             return Err(Status::invalid_argument("no subscription ids given"));
         }
-        if let Some(id) = ids.iter().find(|id| !self.d.subs.get(**id).is_some_and(|r| who.may_touch(&r.app))) {
-            return Err(Status::not_found(format!("no subscription {id}")));
+        let mut ids = Vec::with_capacity(app_ids.len());
+        for id in &app_ids {
+            ids.push(self.d.subs.lookup(app, *id).ok_or_else(|| Status::not_found(format!("no subscription {id}")))?);
         }
+        ids.sort_unstable();
         let t = Instant::now();
         let spec = self.core.spec().clone();
         // Network mode: a device's budget may refuse the removal (what is
@@ -1130,30 +1178,27 @@ impl Writer {
         self.observe_compile("remove", t);
         self.d.generation += 1;
         let generation = self.d.generation;
+        let mine = self.d.apps.of_mut(app);
+        mine.generation += 1;
+        mine.event_seq += 1;
+        let of_app = AppEvent { app: app.clone(), seq: mine.event_seq, generation: mine.generation };
         let mut removed = vec![];
-        let mut per_app: BTreeMap<Arc<str>, Vec<u64>> = BTreeMap::new();
         for id in &ids {
-            let rec = self.d.subs.remove(*id).expect("checked above");
-            self.app_gauge(&rec.app).dec();
-            per_app.entry(rec.app.clone()).or_default().push(*id);
+            let rec = self.d.subs.remove(*id).expect("looked up above");
             removed.push((*id, rec));
         }
-        let events = per_app
-            .into_iter()
-            .map(|(app, ids)| proto::Event {
-                app: app.to_string(),
-                subscription_ids: ids,
-                ..event(proto::EventKind::SubscriptionsRemoved, generation)
-            })
-            .collect();
+        self.app_gauge(app).dec_by(ids.len() as i64);
+        let e =
+            proto::Event { app: app.to_string(), subscription_ids: app_ids, ..event(proto::EventKind::SubscriptionsRemoved, generation) };
+        let resp = proto::RemoveResponse { generation: seen_generation(who, generation, of_app.generation) };
         let staged = Staged {
             sql: ids.iter().map(|id| SqlWrite::DeleteSub(*id)).collect(),
             undo: Some(Undo::Removed(removed)),
-            events,
+            events: vec![LiveEvent { event: e, of_app: Some(of_app) }],
             finish: Finish::Nothing,
             publish: Publish { added: vec![], removed: ids, update: Some((generation, Some(update))), devices },
         };
-        Ok((staged, proto::RemoveResponse { generation }))
+        Ok((staged, resp))
     }
 
     /// Network mode: whether rules checked in topology `checked_in` have

@@ -24,8 +24,10 @@ async fn add_get_list_remove() {
         assert_eq!(a.subscriptions[1].text, "stock == AAPL && shares > 100 : fwd(2)");
         let ids: Vec<u64> = a.subscriptions.iter().map(|s| s.id).collect();
         assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), 3);
+        // Each application numbers its own ids and generations.
+        assert_eq!((ids.clone(), a.generation), (vec![1, 2, 3], 1));
         let b = bob.subs.add(add_req(&["stock == NVDA : fwd(3)"])).await.unwrap().into_inner();
-        assert!(b.generation > a.generation);
+        assert_eq!((b.subscriptions[0].id, b.generation), (1, 1));
 
         // Pages of two: alice sees her three, bob his one, the admin all four.
         let mine = list_all(alice, 2).await;
@@ -34,31 +36,47 @@ async fn add_get_list_remove() {
         assert_eq!(list_all(admin, 3).await.len(), 4);
         let only_bob = admin.subs.list(proto::ListRequest { app: "bob".into(), ..Default::default() }).await.unwrap().into_inner();
         assert_eq!((only_bob.total, only_bob.subscriptions.len()), (1, 1));
+        // The admin's pages across applications go by (app, id), with
+        // `app:id` tokens; one application's by id. Anything else is refused.
+        let first = admin.subs.list(proto::ListRequest { page_size: 3, ..Default::default() }).await.unwrap().into_inner();
+        let keys: Vec<(String, u64)> = first.subscriptions.iter().map(|s| (s.app.clone(), s.id)).collect();
+        assert_eq!(
+            (keys, first.next_page_token.as_str()),
+            (vec![("alice".into(), 1), ("alice".into(), 2), ("alice".into(), 3)], "alice:3")
+        );
+        let bad = [(&mut *admin, "3"), (&mut *alice, "alice:1"), (&mut *bob, "x")];
+        for (c, token) in bad {
+            let e = c.subs.list(proto::ListRequest { page_token: token.into(), ..Default::default() }).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{token}");
+        }
 
-        let got = alice.subs.get(proto::GetRequest { id: ids[0] }).await.unwrap().into_inner();
+        let got = alice.subs.get(proto::GetRequest { id: ids[0], ..Default::default() }).await.unwrap().into_inner();
         assert_eq!(got, a.subscriptions[0]);
-        // Another application's id answers exactly as an unknown id does:
-        // ids cannot be probed.
-        let unknown = ids.iter().max().unwrap() + 1000;
-        let answers = |e: tonic::Status, id: u64| (e.code(), e.message().replace(&id.to_string(), "ID"));
-        let theirs = answers(bob.subs.get(proto::GetRequest { id: ids[0] }).await.unwrap_err(), ids[0]);
-        let nobodys = answers(bob.subs.get(proto::GetRequest { id: unknown }).await.unwrap_err(), unknown);
-        assert_eq!(theirs, nobodys);
-        assert_eq!(theirs.0, Code::NotFound);
-        let theirs = answers(bob.subs.remove(proto::RemoveRequest { ids: vec![ids[0]] }).await.unwrap_err(), ids[0]);
-        let nobodys = answers(bob.subs.remove(proto::RemoveRequest { ids: vec![unknown] }).await.unwrap_err(), unknown);
-        assert_eq!(theirs, nobodys);
-        assert_eq!(theirs.0, Code::NotFound);
-        assert_eq!(alice.subs.get(proto::GetRequest { id: 999_999 }).await.unwrap_err().code(), Code::NotFound);
+        // An id is in the caller's own numbering: bob's 1 is his, his 2 is
+        // nobody's; naming another application is refused.
+        assert_eq!(bob.subs.get(proto::GetRequest { id: 1, ..Default::default() }).await.unwrap().into_inner(), b.subscriptions[0]);
+        assert_eq!(bob.subs.get(proto::GetRequest { id: 2, ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
+        let e = bob.subs.get(proto::GetRequest { id: 1, app: "alice".into() }).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied);
+        let e = bob.subs.remove(proto::RemoveRequest { ids: vec![1], app: "alice".into() }).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied);
+        assert_eq!(bob.subs.remove(proto::RemoveRequest { ids: vec![2], ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
+        // The admin names (app, id); its own app is `admin`.
+        let theirs = admin.subs.get(proto::GetRequest { id: 1, app: "alice".into() }).await.unwrap().into_inner();
+        assert_eq!((theirs.app.as_str(), theirs.id, theirs.text.as_str()), ("alice", 1, "stock == GOOGL : fwd(1)"));
+        assert_eq!(admin.subs.get(proto::GetRequest { id: 1, ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
+        let e = admin.subs.get(proto::GetRequest { id: 1, app: "no/such".into() }).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert_eq!(alice.subs.get(proto::GetRequest { id: 999_999, ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
 
         // Removing two at once, one of them unknown, removes nothing.
-        let e = alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0], 999_999] }).await.unwrap_err();
+        let e = alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0], 999_999], ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
         assert_eq!(list_all(alice, 10).await.len(), 3);
-        alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0], ids[2]] }).await.unwrap();
+        alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0], ids[2]], ..Default::default() }).await.unwrap();
         assert_eq!(list_all(alice, 10).await.iter().map(|s| s.id).collect::<Vec<_>>(), vec![ids[1]]);
-        // The admin may remove anyone's.
-        admin.subs.remove(proto::RemoveRequest { ids: vec![b.subscriptions[0].id] }).await.unwrap();
+        // The admin may remove anyone's, named by (app, id).
+        admin.subs.remove(proto::RemoveRequest { ids: vec![b.subscriptions[0].id], app: "bob".into() }).await.unwrap();
         assert!(list_all(bob, 10).await.is_empty());
         env.stop().await;
     })
@@ -262,7 +280,10 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
         // Subscriptions in all: 4 + 5 > 8.
         let five: Vec<String> = (0..5).map(|i| format!("stock == B{i} : fwd(1)")).collect();
         let five: Vec<&str> = five.iter().map(String::as_str).collect();
-        assert_exhausted(bob.subs.add(add_req(&five)).await, "in all");
+        let e = bob.subs.add(add_req(&five)).await;
+        // ... without telling bob how many the others hold.
+        assert!(e.as_ref().is_err_and(|e| !e.message().contains('4')), "{e:?}");
+        assert_exhausted(e, "in all");
         assert_eq!(snapshot(admin, &core).await, before);
         // Request size: over the limit (the handler refuses it)...
         let big: Vec<String> = (0..19).map(|i| format!("stock == S{i} && shares > {} : fwd(1)", "1".repeat(100))).collect();
@@ -286,8 +307,8 @@ async fn every_limit_is_resource_exhausted_and_changes_nothing() {
         // Ids of one Remove: alice's four and seventeen more, over 20.
         let mut ids: Vec<u64> = added.subscriptions.iter().map(|s| s.id).collect();
         ids.extend(1000..1017);
-        assert_exhausted(alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await, "ids per remove");
-        assert_exhausted(admin.subs.remove(proto::RemoveRequest { ids }).await, "ids per remove, admin");
+        assert_exhausted(alice.subs.remove(proto::RemoveRequest { ids: ids.clone(), ..Default::default() }).await, "ids per remove");
+        assert_exhausted(admin.subs.remove(proto::RemoveRequest { ids, ..Default::default() }).await, "ids per remove, admin");
         assert_eq!(snapshot(admin, &core).await, before);
         // Normal-form size: 3 x 3 conjunctions over distinct pairs of fields, none mergeable.
         let e = assert_exhausted(
@@ -398,7 +419,7 @@ async fn watch_streams_changes_and_hides_other_applications() {
         let b = bob.subs.add(add_req(&["stock == NVDA : fwd(3)"])).await.unwrap().into_inner();
         let a = alice.subs.add(add_req(&["stock == GOOGL : fwd(1)", "stock == AAPL : fwd(2)"])).await.unwrap().into_inner();
         let ids: Vec<u64> = a.subscriptions.iter().map(|s| s.id).collect();
-        alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0]] }).await.unwrap();
+        alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0]], ..Default::default() }).await.unwrap();
 
         // Alice sees her add and her remove, not bob's add.
         let e1 = alice_events.message().await.unwrap().unwrap();
@@ -408,8 +429,10 @@ async fn watch_streams_changes_and_hides_other_applications() {
         );
         let e2 = alice_events.message().await.unwrap().unwrap();
         assert_eq!((e2.kind(), e2.subscription_ids.clone()), (proto::EventKind::SubscriptionsRemoved, vec![ids[0]]));
-        assert!(e2.seq > e1.seq);
-        // The admin sees all three, in order.
+        // In her own numbering: her first two events, her generations 1 and 2.
+        assert_eq!((e1.seq, e2.seq, e1.generation, e2.generation), (1, 2, 1, 2));
+        assert_eq!((b.generation, a.generation), (1, 1));
+        // The admin sees all three, in order, with the service's generations.
         let mut kinds = vec![];
         for _ in 0..3 {
             let e = admin_events.message().await.unwrap().unwrap();
@@ -418,9 +441,9 @@ async fn watch_streams_changes_and_hides_other_applications() {
         assert_eq!(
             kinds,
             vec![
-                (proto::EventKind::SubscriptionsAdded, "bob".into(), b.generation),
-                (proto::EventKind::SubscriptionsAdded, "alice".into(), a.generation),
-                (proto::EventKind::SubscriptionsRemoved, "alice".into(), a.generation + 1),
+                (proto::EventKind::SubscriptionsAdded, "bob".into(), 1),
+                (proto::EventKind::SubscriptionsAdded, "alice".into(), 2),
+                (proto::EventKind::SubscriptionsRemoved, "alice".into(), 3),
             ]
         );
         // A replay from the start gives the same history from the store.
@@ -429,7 +452,7 @@ async fn watch_streams_changes_and_hides_other_applications() {
         for _ in 0..3 {
             seen.push(replay.message().await.unwrap().unwrap().generation);
         }
-        assert_eq!(seen, vec![b.generation, a.generation, a.generation + 1]);
+        assert_eq!(seen, vec![1, 2, 3]);
         env.stop().await;
     })
     .await;

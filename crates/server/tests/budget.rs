@@ -169,7 +169,7 @@ async fn budgeted_siena(filters: usize, budget: u64) {
         let more = siena_lines(filters / 10, 99);
         let added = alice.subs.add(proto::AddRequest { lines: more, ..Default::default() }).await.unwrap().into_inner();
         let gone: Vec<u64> = added.subscriptions.iter().map(|s| s.id).take(100.min(filters / 10)).chain(1..=filters as u64 / 5).collect();
-        let removed = alice.subs.remove(proto::RemoveRequest { ids: gone }).await.unwrap().into_inner();
+        let removed = alice.subs.remove(proto::RemoveRequest { ids: gone, ..Default::default() }).await.unwrap().into_inner();
         let s = wait_fitted(&mut admin, "sw", removed.generation).await;
         let a = approximation(&s).clone();
         assert!(s.entries <= budget && a.entries <= budget, "{s:?}");

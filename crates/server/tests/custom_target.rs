@@ -192,7 +192,7 @@ async fn a_target_written_to_the_contract_is_deployed_updated_read_back_and_refu
         for round in 0..6u64 {
             let ids: Vec<u64> = live.keys().copied().filter(|_| rng.below(3) == 0).collect();
             if !ids.is_empty() {
-                env.alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.expect("remove");
+                env.alice.subs.remove(proto::RemoveRequest { ids: ids.clone(), ..Default::default() }).await.expect("remove");
                 ids.iter().for_each(|id| drop(live.remove(id)));
             }
             let lines: Vec<String> = fresh.by_ref().take(4).collect();
@@ -234,7 +234,7 @@ async fn a_target_written_to_the_contract_is_deployed_updated_read_back_and_refu
 
         // Once the set fits again, the target follows.
         let ids: Vec<u64> = r.subscriptions.iter().map(|s| s.id).collect();
-        let gone = env.alice.subs.remove(proto::RemoveRequest { ids }).await.expect("remove").into_inner();
+        let gone = env.alice.subs.remove(proto::RemoveRequest { ids, ..Default::default() }).await.expect("remove").into_inner();
         wait_deployed(&mut env.admin, "l", gone.generation).await;
         let held = devices.get("l").held.expect("held");
         check_forwarding(&held, &live, 99);
@@ -324,7 +324,13 @@ async fn custom_devices_of_a_network_hold_their_projections() {
             let generation = match step.strip_prefix('-') {
                 Some(i) => {
                     let (id, _) = rules.remove(i.parse().unwrap());
-                    env.alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.expect("remove").into_inner().generation
+                    env.alice
+                        .subs
+                        .remove(proto::RemoveRequest { ids: vec![id], ..Default::default() })
+                        .await
+                        .expect("remove")
+                        .into_inner()
+                        .generation
                 }
                 None => {
                     let r = env.alice.subs.add(add_req(&[step])).await.expect("add").into_inner();

@@ -137,7 +137,7 @@ async fn compiler_memory_follows_the_set() {
         let mut half: Vec<u64> = ids[..5000].to_vec();
         let mut after_first = None;
         for round in 0..5 {
-            env.alice.subs.remove(proto::RemoveRequest { ids: half.clone() }).await.unwrap();
+            env.alice.subs.remove(proto::RemoveRequest { ids: half.clone(), ..Default::default() }).await.unwrap();
             let back: Vec<String> = lines[..5000].to_vec();
             let r = env.alice.subs.add(proto::AddRequest { lines: back, ..Default::default() }).await.unwrap().into_inner();
             half = r.subscriptions.iter().map(|s| s.id).collect();

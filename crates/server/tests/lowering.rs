@@ -96,7 +96,7 @@ async fn churn(env: &mut Env, target: &str, sizes: [usize; 4], mut check: impl F
             ids.swap(i, rng.below(i as u64 + 1) as usize);
         }
         ids.truncate(churn);
-        env.alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.expect("remove");
+        env.alice.subs.remove(proto::RemoveRequest { ids: ids.clone(), ..Default::default() }).await.expect("remove");
         for id in ids {
             live.remove(&id);
         }

@@ -170,7 +170,7 @@ async fn devices_follow_their_projections() {
         check_devices(&mut admin, dir.path(), g, &projections(&two, &[]), &projections(&three, &[]), &["spine", "leaf1", "leaf3"]).await;
 
         // Removing the first rule touches its path only.
-        let g = alice.subs.remove(proto::RemoveRequest { ids: vec![id1] }).await.unwrap().into_inner().generation;
+        let g = alice.subs.remove(proto::RemoveRequest { ids: vec![id1], ..Default::default() }).await.unwrap().into_inner().generation;
         let after = [three[1], three[2]];
         check_devices(&mut admin, dir.path(), g, &projections(&three, &[]), &projections(&after, &[]), &["spine", "leaf1", "leaf2"]).await;
 
@@ -565,7 +565,7 @@ async fn a_removal_no_placement_fits_is_refused() {
         let (_, generation) = add(&mut alice, both[1]).await;
         let (before, a) = held_and_reported(&mut admin, dir.path(), "s0", generation).await;
         assert_eq!((before, a.entries, a.dropped_fields.len()), (2, 2, 0), "{a:?}");
-        let e = alice.subs.remove(proto::RemoveRequest { ids: vec![first] }).await.unwrap_err();
+        let e = alice.subs.remove(proto::RemoveRequest { ids: vec![first], ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         assert!(e.message().contains("s0") && e.message().contains("budget"), "{e:?}");
         // Nothing changed: both rules live, the generation, what s0 holds.

@@ -499,7 +499,8 @@ async fn follow_changes_and_failures(switches: Switches) {
                 next += 1;
             } else if !live.is_empty() {
                 let (id, _) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                generation = alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+                generation =
+                    alice.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.unwrap().into_inner().generation;
             }
         }
         all_in_sync(&mut admin, &devices, generation).await;
@@ -571,7 +572,7 @@ async fn join_and_leave(
         ..Default::default()
     };
     assert_eq!(admin.targets.change_topology(rm.clone()).await.unwrap_err().code(), tonic::Code::FailedPrecondition);
-    alice.subs.remove(proto::RemoveRequest { ids: ids.clone() }).await.unwrap();
+    alice.subs.remove(proto::RemoveRequest { ids: ids.clone(), ..Default::default() }).await.unwrap();
     live.retain(|(id, _)| !ids.contains(id));
     let c = admin.targets.change_topology(rm).await.unwrap().into_inner();
     assert_eq!(c.removed, std::slice::from_ref(&leaf), "{c:?}");

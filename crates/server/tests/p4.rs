@@ -203,7 +203,7 @@ async fn flow(sw: Switch) {
         lines.insert(s.id, text.clone());
     }
     let gone: Vec<u64> = a.subscriptions.iter().map(|s| s.id).step_by(9).take(3).collect();
-    env.alice.subs.remove(proto::RemoveRequest { ids: gone.clone() }).await.unwrap();
+    env.alice.subs.remove(proto::RemoveRequest { ids: gone.clone(), ..Default::default() }).await.unwrap();
     for id in &gone {
         lines.remove(id);
     }

@@ -279,7 +279,7 @@ async fn run_history(env: &mut Env, target: &impl TargetUnderTest, first: u64, s
                     continue;
                 }
                 held.retain(|id| !ids.contains(id));
-                env.alice.subs.remove(proto::RemoveRequest { ids }).await.unwrap().into_inner().generation
+                env.alice.subs.remove(proto::RemoveRequest { ids, ..Default::default() }).await.unwrap().into_inner().generation
             }
         };
         wait_all_deployed(env, target, generation).await;

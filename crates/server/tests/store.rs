@@ -192,7 +192,7 @@ async fn churn(cycles: usize, n: usize, f: impl FnOnce(&mut subc_server::Config)
         let cheap = (0..n).map(|i| format!("stock == S{i} : fwd(1)")).collect();
         let added = add_lines(&mut env.alice, cheap, &format!("cycle-{cycle}")).await;
         let ids = added.subscriptions.iter().map(|s| s.id).collect();
-        env.alice.subs.remove(proto::RemoveRequest { ids }).await.expect("remove");
+        env.alice.subs.remove(proto::RemoveRequest { ids, ..Default::default() }).await.expect("remove");
         if cycles >= 50 && cycle % 10 == 9 {
             eprintln!("cycle {}: {} bytes, {} with the WAL", cycle + 1, size(&store), size(&store) + size(&sidecar(&store, "-wal")));
         }

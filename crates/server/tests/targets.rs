@@ -83,7 +83,7 @@ async fn plan_deploy_and_follow_changes() {
         // Deployed and not manual: it follows every change, with small diffs.
         let more: Vec<String> = (0..20).map(|i| format!("stock == S{i} : fwd(3)")).collect();
         let b = alice.subs.add(proto::AddRequest { lines: more.clone(), ..Default::default() }).await.unwrap().into_inner();
-        alice.subs.remove(proto::RemoveRequest { ids: vec![a.subscriptions[0].id] }).await.unwrap();
+        alice.subs.remove(proto::RemoveRequest { ids: vec![a.subscriptions[0].id], ..Default::default() }).await.unwrap();
         let s = wait_deployed(admin, "t1", b.generation + 1).await;
         let mut now: Vec<String> = lines[1..].to_vec();
         now.extend(more);

@@ -187,7 +187,13 @@ async fn a_tna_target_follows_random_adds_and_removes_as_the_interpreter_decides
             generation = match present.remove(&k) {
                 Some(id) => {
                     removes += 1;
-                    env.alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation
+                    env.alice
+                        .subs
+                        .remove(proto::RemoveRequest { ids: vec![id], ..Default::default() })
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .generation
                 }
                 None => {
                     adds += 1;
@@ -327,7 +333,8 @@ async fn a_registered_tna_program_that_lacks_a_level_says_to_compile_again() {
             assert_eq!(st.written().count(), written, "nothing of the change was written");
             assert_eq!((st.pipelines_set, st.violation.clone()), (1, None), "the registered program stays");
         }
-        let removed = env.alice.subs.remove(proto::RemoveRequest { ids: vec![id] }).await.unwrap().into_inner().generation;
+        let removed =
+            env.alice.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.unwrap().into_inner().generation;
         assert!(removed > needs_price);
         let s = wait_deployed(&mut env.admin, "sw", removed).await;
         assert_eq!(s.state(), proto::TargetState::InSync, "{s:?}");

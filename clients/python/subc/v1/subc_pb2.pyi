@@ -123,10 +123,12 @@ class AddResponse(_message.Message):
     def __init__(self, subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., lines: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., generation: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("ids",)
+    __slots__ = ("ids", "app")
     IDS_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    app: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., app: _Optional[str] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("generation",)
@@ -135,10 +137,12 @@ class RemoveResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "app")
     ID_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
     id: int
-    def __init__(self, id: _Optional[int] = ...) -> None: ...
+    app: str
+    def __init__(self, id: _Optional[int] = ..., app: _Optional[str] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "app")

@@ -757,7 +757,10 @@ class EventsServicer:
 
     def Watch(self, request, context):
         """Streams events: first the stored ones after `after_seq` (when
-        `replay`), then new ones as they happen. A watcher that falls too far
+        `replay`), then new ones as they happen. The administrator sees every
+        event, numbered by the service; an application sees only events of its
+        own subscriptions, with `seq` and `generation` from its own counters
+        (`after_seq` is in that numbering), and no target events. A watcher that falls too far
         behind gets an ABORTED status naming the last sequence number it saw, and
         can resume from there.
         """

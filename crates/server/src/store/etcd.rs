@@ -13,6 +13,8 @@
 //! P/targets/<name>          a registration, and whether it was deployed
 //! P/status/<name>           a target's last status
 //! P/events/<seq>            an event
+//! P/apps/<app>              an application's counters (hex of its name)
+//! P/appevents/<app>/<n>     its event number n: the event's seq
 //! ```
 //!
 //! Invariants:
@@ -30,7 +32,7 @@
 //!   writer's index of events and replies (sizes, times) is exact because
 //!   no one else writes.
 
-use super::{now_ms, EventRetention, Leadership, StoredReply, StoredSub, StoredTarget};
+use super::{now_ms, AppCounters, AppEvent, EventRetention, Leadership, StoredReply, StoredSub, StoredTarget};
 use crate::config::EtcdLocation;
 use crate::proto;
 use crate::Error;
@@ -58,6 +60,45 @@ struct SubRecord {
     generation: u64,
     #[prost(int64, tag = "4")]
     created_ms: i64,
+    #[prost(uint64, tag = "5")]
+    app_id: u64,
+    #[prost(uint64, tag = "6")]
+    app_generation: u64,
+}
+
+impl SubRecord {
+    fn of(s: &StoredSub) -> SubRecord {
+        SubRecord {
+            app: s.app.clone(),
+            text: s.text.clone(),
+            generation: s.generation,
+            created_ms: s.created_ms,
+            app_id: s.app_id,
+            app_generation: s.app_generation,
+        }
+    }
+
+    fn stored(self, id: u64) -> StoredSub {
+        StoredSub {
+            id,
+            app: self.app,
+            app_id: self.app_id,
+            app_generation: self.app_generation,
+            text: self.text,
+            generation: self.generation,
+            created_ms: self.created_ms,
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct AppRecord {
+    #[prost(uint64, tag = "1")]
+    next_id: u64,
+    #[prost(uint64, tag = "2")]
+    generation: u64,
+    #[prost(uint64, tag = "3")]
+    event_seq: u64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -86,6 +127,24 @@ struct EventRecord {
     body: Vec<u8>,
     #[prost(int64, tag = "2")]
     created_ms: i64,
+    /// The application whose event it is, its number and generation there.
+    #[prost(string, optional, tag = "3")]
+    app: Option<String>,
+    #[prost(uint64, tag = "4")]
+    app_seq: u64,
+    #[prost(uint64, tag = "5")]
+    app_generation: u64,
+}
+
+impl EventRecord {
+    fn of_app(&self) -> Option<AppEvent> {
+        self.app.as_ref().map(|a| AppEvent { app: Arc::from(a.as_str()), seq: self.app_seq, generation: self.app_generation })
+    }
+}
+
+/// The key of an application's event number (under the prefix).
+fn app_event_key(app: &str, app_seq: u64) -> String {
+    format!("appevents/{}/{}", hex(app), number(app_seq))
 }
 
 fn store_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -273,6 +332,8 @@ struct Index {
     events: BTreeMap<u64, (i64, u64)>,
     /// key → (created_ms, bytes)
     requests: HashMap<String, (i64, u64)>,
+    /// seq → its application event key, for the events of applications.
+    app_keys: HashMap<u64, String>,
 }
 
 /// An open etcd store: the writer's (with its lease) or a reader's.
@@ -334,6 +395,9 @@ impl Store {
             let r = EventRecord::decode(value.as_slice()).map_err(|e| undecodable("event", e))?;
             if let Some(seq) = key_number(&key) {
                 self.index.events.insert(seq, (r.created_ms, r.body.len() as u64));
+                if let Some(a) = r.of_app() {
+                    self.index.app_keys.insert(seq, app_event_key(&a.app, a.seq));
+                }
             }
         }
         let dir = self.conn.key("requests/");
@@ -358,7 +422,52 @@ impl Store {
             let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
             let id = key_number(&key)
                 .ok_or_else(|| Error::Store(format!("etcd: {:?} is not a subscription key", String::from_utf8_lossy(&key))))?;
-            out.push(StoredSub { id, app: r.app, text: r.text, generation: r.generation, created_ms: r.created_ms });
+            out.push(r.stored(id));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn load_app_counters(&self) -> Result<(AppCounters, Vec<(String, AppCounters)>), Error> {
+        let meta_u64 = |k: &str| -> Result<u64, Error> { Ok(self.meta(k)?.and_then(|v| v.parse().ok()).unwrap_or(0)) };
+        let [id, generation, seq] = super::sqlite::FLOOR_KEYS.map(meta_u64);
+        let floor = AppCounters { next_id: id?.max(1), generation: generation?, event_seq: seq? };
+        let dir = self.conn.key("apps/");
+        let mut apps = vec![];
+        for (key, value) in self.conn.scan("apps")? {
+            let r = AppRecord::decode(value.as_slice()).map_err(|e| undecodable("application", e))?;
+            let app = unhex(&String::from_utf8_lossy(&key[dir.len()..]));
+            apps.push((app, AppCounters { next_id: r.next_id, generation: r.generation, event_seq: r.event_seq }));
+        }
+        Ok((floor, apps))
+    }
+
+    /// `app`'s events after its number `after`: its index, then the events
+    /// it names (read in one transaction per page).
+    pub(crate) fn app_events_after(&self, app: &str, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        let from = self.conn.key(&app_event_key(app, after.saturating_add(1)));
+        let end = prefix_end(self.conn.key(&format!("appevents/{}/", hex(app))).as_bytes());
+        let opts = GetOptions::new().with_range(end).with_limit(limit.clamp(1, 100) as i64);
+        let mut r = self.conn.call("reading an application's events", |mut c| async move { c.get(from, Some(opts)).await })?;
+        let seqs: Vec<u64> = r.take_kvs().iter().filter_map(|kv| std::str::from_utf8(kv.value()).ok()?.parse().ok()).collect();
+        if seqs.is_empty() {
+            return Ok(vec![]);
+        }
+        let gets: Vec<TxnOp> = seqs.iter().map(|s| TxnOp::get(self.conn.key(&format!("events/{}", number(*s))), None)).collect();
+        let txn = etcd_client::Txn::new().and_then(gets);
+        let r = self.conn.call("reading an application's events", |c| async move {
+            c.kv_client().max_decoding_message_size(MAX_MESSAGE).txn(txn).await
+        })?;
+        let mut out = vec![];
+        for op in r.op_responses() {
+            let etcd_client::TxnOpResponse::Get(mut g) = op else { continue };
+            // An event pruned since its index was read: skipped.
+            let Some(kv) = g.take_kvs().into_iter().next() else { continue };
+            let rec = EventRecord::decode(kv.value()).map_err(|e| undecodable("event", e))?;
+            let Some(a) = rec.of_app() else { continue };
+            let mut e = proto::Event::decode(rec.body.as_slice()).map_err(|e| undecodable("event", e))?;
+            e.seq = a.seq;
+            e.generation = a.generation;
+            out.push(e);
         }
         Ok(out)
     }
@@ -422,7 +531,7 @@ impl Store {
         }
         let txn = Txn::new(self);
         let out = f(&txn)?;
-        let Staged { writes, compares, events, requests, .. } = txn.into_staged();
+        let Staged { writes, compares, events, requests, app_keys, .. } = txn.into_staged();
         let mut when = vec![
             Compare::create_revision(self.conn.key("leader"), CompareOp::Equal, lease.revision),
             Compare::mod_revision(self.conn.key("rev"), CompareOp::Equal, self.rev),
@@ -441,6 +550,10 @@ impl Store {
             return Err(self.why_refused());
         }
         self.rev = r.header().map(|h| h.revision()).unwrap_or(self.rev);
+        for seq in &events.deleted {
+            self.index.app_keys.remove(seq);
+        }
+        self.index.app_keys.extend(app_keys);
         events.apply(&mut self.index.events);
         requests.apply(&mut self.index.requests);
         Ok(out)
@@ -454,7 +567,7 @@ impl Store {
             Compare::mod_revision(self.conn.key("rev"), CompareOp::Equal, self.rev),
         ];
         let mut ops = vec![TxnOp::put(self.conn.key("rev"), [], None)];
-        for dir in ["meta", "subs", "placements", "requests", "targets", "status", "events"] {
+        for dir in ["meta", "subs", "placements", "requests", "targets", "status", "events", "apps", "appevents"] {
             let start = self.conn.key(&format!("{dir}/"));
             let end = prefix_end(start.as_bytes());
             ops.push(TxnOp::delete(start, Some(etcd_client::DeleteOptions::new().with_range(end))));
@@ -484,8 +597,7 @@ impl Store {
         }
         for (key, value) in self.conn.scan_at("subs", at)? {
             let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
-            let id = key_number(&key).unwrap_or(0);
-            d.subs.push(StoredSub { id, app: r.app, text: r.text, generation: r.generation, created_ms: r.created_ms });
+            d.subs.push(r.stored(key_number(&key).unwrap_or(0)));
         }
         for (key, value) in self.conn.scan_at("placements", at)? {
             d.placements.push((key_number(&key).unwrap_or(0), String::from_utf8_lossy(&value).into_owned()));
@@ -515,8 +627,12 @@ impl Store {
             let mut e = proto::Event::decode(r.body.as_slice()).map_err(|e| undecodable("event", e))?;
             e.seq = key_number(&key).unwrap_or(0);
             d.event_times.insert(e.seq, r.created_ms);
+            if let Some(a) = r.of_app() {
+                d.event_apps.insert(e.seq, a);
+            }
             d.events.push(e);
         }
+        d.apps = self.load_app_counters()?.1;
         Ok(d)
     }
 
@@ -782,6 +898,8 @@ struct Staged {
     requests: Delta<String>,
     /// Targets written in this transaction (their records, for `set_deployed`).
     targets: HashMap<String, Option<TargetRecord>>,
+    /// seq → application event key, for events appended in this transaction.
+    app_keys: HashMap<u64, String>,
 }
 
 /// An open write transaction: writes are staged, and sent as one.
@@ -824,8 +942,7 @@ impl<'a> Txn<'a> {
     }
 
     pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
-        let r = SubRecord { app: s.app.clone(), text: s.text.clone(), generation: s.generation, created_ms: s.created_ms };
-        self.put(self.key(&format!("subs/{}", number(s.id))), r.encode_to_vec());
+        self.put(self.key(&format!("subs/{}", number(s.id))), SubRecord::of(s).encode_to_vec());
         Ok(())
     }
 
@@ -954,14 +1071,38 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
+    pub(crate) fn append_event(&self, e: &proto::Event, of_app: Option<&AppEvent>) -> Result<u64, Error> {
         let seq = self.next_seq.get();
-        self.next_seq.set(seq + 1);
-        let r = EventRecord { body: e.encode_to_vec(), created_ms: now_ms() };
+        self.put_event(seq, e, now_ms(), of_app);
+        Ok(seq)
+    }
+
+    /// Writes event `seq`, and its application's index key.
+    fn put_event(&self, seq: u64, e: &proto::Event, created_ms: i64, of_app: Option<&AppEvent>) {
+        self.next_seq.set(self.next_seq.get().max(seq + 1));
+        let mut body = e.clone();
+        body.seq = 0;
+        let r = EventRecord {
+            body: body.encode_to_vec(),
+            created_ms,
+            app: of_app.map(|a| a.app.to_string()),
+            app_seq: of_app.map(|a| a.seq).unwrap_or(0),
+            app_generation: of_app.map(|a| a.generation).unwrap_or(0),
+        };
         let size = r.body.len() as u64;
         self.put(self.key(&format!("events/{}", number(seq))), r.encode_to_vec());
-        self.staged.borrow_mut().events.put.insert(seq, (r.created_ms, size));
-        Ok(seq)
+        if let Some(a) = of_app {
+            let k = app_event_key(&a.app, a.seq);
+            self.put(self.key(&k), number(seq).into_bytes());
+            self.staged.borrow_mut().app_keys.insert(seq, k);
+        }
+        self.staged.borrow_mut().events.put.insert(seq, (created_ms, size));
+    }
+
+    pub(crate) fn put_app(&self, app: &str, c: &AppCounters) -> Result<(), Error> {
+        let r = AppRecord { next_id: c.next_id, generation: c.generation, event_seq: c.event_seq };
+        self.put(self.key(&format!("apps/{}", hex(app))), r.encode_to_vec());
+        Ok(())
     }
 
     /// As SQLite's: the newest `keep`, none older than `max_age_ms`, and the
@@ -1002,6 +1143,10 @@ impl<'a> Txn<'a> {
         let mut staged = self.staged.borrow_mut();
         for seq in gone {
             staged.writes.insert(self.key(&format!("events/{}", number(seq))), None);
+            let app_key = staged.app_keys.remove(&seq).or_else(|| self.store.index.app_keys.get(&seq).cloned());
+            if let Some(k) = app_key {
+                staged.writes.insert(self.key(&k), None);
+            }
             staged.events.put.remove(&seq);
             staged.events.deleted.insert(seq);
         }
@@ -1018,13 +1163,8 @@ impl<'a> Txn<'a> {
     }
 
     /// An event under its own sequence number (a migration).
-    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
-        let mut body = e.clone();
-        body.seq = 0;
-        let r = EventRecord { body: body.encode_to_vec(), created_ms };
-        self.put(self.key(&format!("events/{}", number(e.seq))), r.encode_to_vec());
-        self.staged.borrow_mut().events.put.insert(e.seq, (created_ms, r.body.len() as u64));
-        self.next_seq.set(self.next_seq.get().max(e.seq + 1));
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64, of_app: Option<&AppEvent>) -> Result<(), Error> {
+        self.put_event(e.seq, e, created_ms, of_app);
         Ok(())
     }
 }

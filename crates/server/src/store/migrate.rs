@@ -120,11 +120,14 @@ fn prepare_destination(dst: &mut Store, to: &Path) -> Result<(), Error> {
     }
 }
 
+/// One record's writes.
+type Step<'a> = Box<dyn Fn(&Txn) -> Result<(), Error> + 'a>;
+
 /// Every record of `dump` into `dst`: one transaction, or (etcd) chunks
 /// under the unfinished marker.
 fn write_all(dst: &mut Store, dump: &Dump) -> Result<(), Error> {
     let chunked = matches!(dst, Store::Etcd(_));
-    let mut steps: Vec<Box<dyn Fn(&Txn) -> Result<(), Error> + '_>> = vec![];
+    let mut steps: Vec<Step<'_>> = vec![];
     for s in &dump.subs {
         steps.push(Box::new(move |t| t.insert_sub(s)));
     }
@@ -148,7 +151,11 @@ fn write_all(dst: &mut Store, dump: &Dump) -> Result<(), Error> {
     }
     for e in &dump.events {
         let created = dump.event_times.get(&e.seq).copied().unwrap_or_else(super::now_ms);
-        steps.push(Box::new(move |t| t.put_event_at(e, created)));
+        let of_app = dump.event_apps.get(&e.seq);
+        steps.push(Box::new(move |t| t.put_event_at(e, created, of_app)));
+    }
+    for (app, c) in &dump.apps {
+        steps.push(Box::new(move |t| t.put_app(app, c)));
     }
     let meta = |t: &Txn| -> Result<(), Error> {
         for (k, v) in &dump.meta {

@@ -47,14 +47,25 @@ pub(crate) struct Dump {
     pub events: Vec<proto::Event>,
     /// seq → when the event was stored (for pruning by age).
     pub event_times: std::collections::BTreeMap<u64, i64>,
+    /// seq → the application whose event it is, in its numbering.
+    pub event_apps: std::collections::BTreeMap<u64, AppEvent>,
+    /// Every application's counters (the floors are meta values).
+    pub apps: Vec<(String, AppCounters)>,
 }
 
 impl Dump {
     pub(crate) fn is_empty(&self) -> bool {
-        self.meta.is_empty() && self.subs.is_empty() && self.targets.is_empty() && self.requests.is_empty() && self.events.is_empty()
+        self.meta.is_empty()
+            && self.subs.is_empty()
+            && self.targets.is_empty()
+            && self.requests.is_empty()
+            && self.events.is_empty()
+            && self.apps.is_empty()
     }
 }
-pub(crate) use sqlite::{copy_and_check, sidecar, sql, sync_file, sync_parent, EventRetention, StoredReply, StoredTarget};
+pub(crate) use sqlite::{
+    copy_and_check, sidecar, sql, sync_file, sync_parent, AppCounters, AppEvent, EventRetention, StoredReply, StoredTarget,
+};
 
 /// An open store.
 pub(crate) enum Store {
@@ -144,6 +155,18 @@ impl Store {
     /// Every subscription, in id order.
     pub(crate) fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
         either!(self, s => s.load_subs())
+    }
+
+    /// The floors of applications without counters, and every
+    /// application's counters.
+    pub(crate) fn load_app_counters(&self) -> Result<(AppCounters, Vec<(String, AppCounters)>), Error> {
+        either!(self, s => s.load_app_counters())
+    }
+
+    /// Up to `limit` of `app`'s own events after its event number `after`,
+    /// in its numbering.
+    pub(crate) fn app_events_after(&self, app: &str, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        either!(self, s => s.app_events_after(app, after, limit))
     }
 
     /// Every stored placement: subscription id and the JSON array of its
@@ -236,9 +259,14 @@ impl Txn<'_, '_> {
         in_txn!(self, t => t.put_status(s))
     }
 
-    /// Appends an event and returns its sequence number.
-    pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
-        in_txn!(self, t => t.append_event(e))
+    /// Appends an event and returns its sequence number; `of_app`: the
+    /// application whose event it is, in its numbering.
+    pub(crate) fn append_event(&self, e: &proto::Event, of_app: Option<&AppEvent>) -> Result<u64, Error> {
+        in_txn!(self, t => t.append_event(e, of_app))
+    }
+
+    pub(crate) fn put_app(&self, app: &str, c: &AppCounters) -> Result<(), Error> {
+        in_txn!(self, t => t.put_app(app, c))
     }
 
     /// Keeps only the newest `r.keep` events, none older than
@@ -251,8 +279,8 @@ impl Txn<'_, '_> {
         in_txn!(self, t => t.put_request_at(r))
     }
 
-    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
-        in_txn!(self, t => t.put_event_at(e, created_ms))
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64, of_app: Option<&AppEvent>) -> Result<(), Error> {
+        in_txn!(self, t => t.put_event_at(e, created_ms, of_app))
     }
 
     /// Gives freed pages back to the file system (SQLite only).

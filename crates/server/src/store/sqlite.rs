@@ -1,7 +1,10 @@
 //! The durable store: SQLite in WAL mode.
 //!
-//! What it holds: the subscriptions (id, owning application, text, the
-//! generation that added them), the registered targets and, per target, the
+//! What it holds: the subscriptions (id, owning application, the id and
+//! the generation in that application's own numbering, text, the generation
+//! that added them), each application's counters (`apps`: its next id, its
+//! generation, its last event number; see docs/server.md, "What an
+//! application sees"), the registered targets and, per target, the
 //! generation it was last seen holding and its status; an event log for
 //! `Watch` replays; the replies of recent `Add`s by idempotency key; and a few
 //! meta values (schema version, current generation, next subscription id,
@@ -24,8 +27,12 @@
 //!   ([`Store::write`]) before the reply; with `durability = full`
 //!   (`synchronous=FULL`) the commit is on disk, so neither a killed process
 //!   nor a power cut loses it.
-//! - Subscription ids are never reused: `next_id` only grows, in the same
-//!   transaction as the insert.
+//! - Subscription ids are never reused: `next_id` and every application's
+//!   `apps.next_id` only grow, in the same transaction as the insert.
+//! - A store from before per-application numbering keeps its ids (each
+//!   row's id becomes its per-application id) and every application's
+//!   counters start at the old global ones (meta `app_floor_*`), so no
+//!   per-application id is given out twice.
 //! - Compiled state (diagrams, tables) is never stored: it is a function of
 //!   the subscriptions, the layout and the placements, and is rebuilt at
 //!   startup; targets are read back.
@@ -84,12 +91,38 @@ CREATE TABLE IF NOT EXISTS events (
     body BLOB NOT NULL,
     created_ms INTEGER
 );
+-- Per application, its own numbering: the next subscription id, its
+-- generation (its committed changes) and its last event number. An
+-- application without a row starts at meta 'app_floor_*'.
+CREATE TABLE IF NOT EXISTS apps (
+    app TEXT PRIMARY KEY,
+    next_id INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    event_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+/// Indexes on columns [`add_missing_columns`] may have added.
+const LATE_INDEXES: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_app_id ON subscriptions(app, app_id);
+CREATE INDEX IF NOT EXISTS events_by_app ON events(app, app_seq);
 ";
 
 /// Columns added to tables after schema version 1 created them (a store
 /// of an earlier build gets them, empty, when it is opened).
 fn add_missing_columns(conn: &Connection) -> Result<(), Error> {
-    for (table, column, ty) in [("requests", "fingerprint", "TEXT"), ("events", "created_ms", "INTEGER")] {
+    for (table, column, ty) in [
+        ("requests", "fingerprint", "TEXT"),
+        ("events", "created_ms", "INTEGER"),
+        // Per-application views: NULL in rows of earlier stores
+        // (`number_per_app` fills the subscriptions'; earlier events stay
+        // the administrator's).
+        ("subscriptions", "app_id", "INTEGER"),
+        ("subscriptions", "app_generation", "INTEGER"),
+        ("events", "app", "TEXT"),
+        ("events", "app_seq", "INTEGER"),
+        ("events", "app_generation", "INTEGER"),
+    ] {
         let has: bool = conn
             .query_row(&format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = '{column}'"), [], |r| r.get::<_, i64>(0))
             .map_err(sql)?
@@ -99,6 +132,45 @@ fn add_missing_columns(conn: &Connection) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// An application's own numbering: its row of `apps` or, without one, the
+/// floors (meta `app_floor_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct AppCounters {
+    /// The next subscription id.
+    pub next_id: u64,
+    /// Committed changes (the application's generation).
+    pub generation: u64,
+    /// The last event number.
+    pub event_seq: u64,
+}
+
+pub(crate) const FLOOR_KEYS: [&str; 3] = ["app_floor_id", "app_floor_generation", "app_floor_seq"];
+
+/// Numbers a store's rows per application once: a store from before it
+/// keeps every id as the per-application id and the generation as the
+/// application's, and the counters of every application start at the old
+/// global ones (so nothing is given out twice). A new store's floors are 1,
+/// 0 and 0.
+fn number_per_app(conn: &Connection) -> Result<(), Error> {
+    let has: i64 = conn.query_row("SELECT COUNT(*) FROM meta WHERE key = ?1", [FLOOR_KEYS[0]], |r| r.get(0)).map_err(sql)?;
+    if has > 0 {
+        return Ok(());
+    }
+    let meta = |key: &str| -> Result<u64, Error> {
+        let v: Option<String> = conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(sql)?;
+        Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0))
+    };
+    let max_id: i64 = conn.query_row("SELECT COALESCE(MAX(id), 0) FROM subscriptions", [], |r| r.get(0)).map_err(sql)?;
+    let seq: i64 = conn.query_row("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'events'", [], |r| r.get(0)).unwrap_or(0);
+    let floor = AppCounters { next_id: meta("next_id")?.max(max_id as u64 + 1), generation: meta("generation")?, event_seq: seq as u64 };
+    let tx = conn.unchecked_transaction().map_err(sql)?;
+    tx.execute_batch("UPDATE subscriptions SET app_id = id, app_generation = generation WHERE app_id IS NULL").map_err(sql)?;
+    for (key, value) in FLOOR_KEYS.iter().zip([floor.next_id, floor.generation, floor.event_seq]) {
+        tx.execute("INSERT OR REPLACE INTO meta VALUES (?1, ?2)", params![key, value.to_string()]).map_err(sql)?;
+    }
+    tx.commit().map_err(sql)
 }
 
 /// The most bytes the WAL keeps once checkpointed (`journal_size_limit`):
@@ -174,6 +246,9 @@ pub(crate) struct StoredReply {
 pub struct StoredSub {
     pub id: u64,
     pub app: String,
+    /// The id and the generation in the application's own numbering.
+    pub app_id: u64,
+    pub app_generation: u64,
     pub text: String,
     pub generation: u64,
     pub created_ms: i64,
@@ -313,6 +388,8 @@ impl Store {
         conn.execute_batch(&format!("PRAGMA synchronous={sync}; PRAGMA journal_size_limit={WAL_SIZE_LIMIT};")).map_err(sql)?;
         conn.execute_batch(SCHEMA).map_err(sql)?;
         add_missing_columns(&conn)?;
+        conn.execute_batch(LATE_INDEXES).map_err(sql)?;
+        number_per_app(&conn)?;
         use_incremental_vacuum(&conn, path)?;
         let store = Store { conn };
         match store.meta("schema_version")? {
@@ -344,7 +421,10 @@ impl Store {
 
     /// Every subscription, in id order.
     pub(crate) fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
-        let mut st = self.conn.prepare("SELECT id, app, text, generation, created_ms FROM subscriptions ORDER BY id").map_err(sql)?;
+        let mut st = self
+            .conn
+            .prepare("SELECT id, app, text, generation, created_ms, app_id, app_generation FROM subscriptions ORDER BY id")
+            .map_err(sql)?;
         let rows = st
             .query_map([], |r| {
                 Ok(StoredSub {
@@ -353,10 +433,27 @@ impl Store {
                     text: r.get(2)?,
                     generation: r.get::<_, i64>(3)? as u64,
                     created_ms: r.get(4)?,
+                    app_id: r.get::<_, i64>(5)? as u64,
+                    app_generation: r.get::<_, i64>(6)? as u64,
                 })
             })
             .map_err(sql)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(sql)
+    }
+
+    /// Where applications without counters start, and each application's
+    /// counters.
+    pub(crate) fn load_app_counters(&self) -> Result<(AppCounters, Vec<(String, AppCounters)>), Error> {
+        let [id, generation, seq] = FLOOR_KEYS.map(|k| self.meta_u64(k));
+        let floor = AppCounters { next_id: id?.max(1), generation: generation?, event_seq: seq? };
+        let mut st = self.conn.prepare("SELECT app, next_id, generation, event_seq FROM apps ORDER BY app").map_err(sql)?;
+        let rows = st
+            .query_map([], |r| {
+                let n = |i: usize| r.get::<_, i64>(i).map(|v| v as u64);
+                Ok((r.get(0)?, AppCounters { next_id: n(1)?, generation: n(2)?, event_seq: n(3)? }))
+            })
+            .map_err(sql)?;
+        Ok((floor, rows.collect::<Result<Vec<_>, _>>().map_err(sql)?))
     }
 
     /// Every stored placement: subscription id and the JSON array of its
@@ -395,23 +492,48 @@ impl Store {
     /// Up to `limit` stored events with `seq > after`, oldest first. Events
     /// stored before times were `Timestamp`s get theirs from the old field.
     pub(crate) fn events_after(&self, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
-        let mut st = self.conn.prepare_cached("SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
-        let rows =
-            st.query_map(params![after as i64, limit as i64], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))).map_err(sql)?;
-        let mut out = vec![];
-        for row in rows {
-            let (seq, body) = row.map_err(sql)?;
-            let mut e = proto::Event::decode(body.as_slice()).map_err(|e| Error::Store(format!("a stored event does not decode: {e}")))?;
-            e.seq = seq as u64;
-            if e.time.is_none() {
-                e.time =
-                    LegacyEventTime::decode(body.as_slice()).ok().filter(|l| l.unix_ms != 0).map(|l| subc_client::timestamp(l.unix_ms));
-            }
-            out.push(e);
-        }
-        Ok(out)
+        let mut st = self.conn.prepare_cached("SELECT seq, body, NULL FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2").map_err(sql)?;
+        let rows = st.query_map(params![after as i64, limit as i64], event_row).map_err(sql)?;
+        decode_events(rows)
     }
 
+    /// Up to `limit` of `app`'s own events with an application event number
+    /// above `after`, oldest first, as the application sees them: its
+    /// numbers and generations (read through the `events_by_app` index).
+    pub(crate) fn app_events_after(&self, app: &str, after: u64, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT app_seq, body, app_generation FROM events WHERE app = ?1 AND app_seq > ?2 ORDER BY app_seq LIMIT ?3")
+            .map_err(sql)?;
+        let rows = st.query_map(params![app, after as i64, limit as i64], event_row).map_err(sql)?;
+        decode_events(rows)
+    }
+}
+
+/// An event row: its number, its body, and the generation to show instead
+/// of the body's (an application's view).
+fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Vec<u8>, Option<i64>)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+}
+
+fn decode_events(rows: impl Iterator<Item = rusqlite::Result<(i64, Vec<u8>, Option<i64>)>>) -> Result<Vec<proto::Event>, Error> {
+    let mut out = vec![];
+    for row in rows {
+        let (seq, body, generation) = row.map_err(sql)?;
+        let mut e = proto::Event::decode(body.as_slice()).map_err(|e| Error::Store(format!("a stored event does not decode: {e}")))?;
+        e.seq = seq as u64;
+        if let Some(g) = generation {
+            e.generation = g as u64;
+        }
+        if e.time.is_none() {
+            e.time = LegacyEventTime::decode(body.as_slice()).ok().filter(|l| l.unix_ms != 0).map(|l| subc_client::timestamp(l.unix_ms));
+        }
+        out.push(e);
+    }
+    Ok(out)
+}
+
+impl Store {
     /// The stored reply of an earlier `Add` with this idempotency key.
     pub(crate) fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
         self.conn
@@ -459,9 +581,11 @@ impl Txn<'_> {
 
     pub(crate) fn insert_sub(&self, s: &StoredSub) -> Result<(), Error> {
         self.tx
-            .prepare_cached("INSERT INTO subscriptions (id, app, text, generation, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .prepare_cached(
+                "INSERT INTO subscriptions (id, app, text, generation, created_ms, app_id, app_generation) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
             .map_err(sql)?
-            .execute(params![s.id as i64, s.app, s.text, s.generation as i64, s.created_ms])
+            .execute(params![s.id as i64, s.app, s.text, s.generation as i64, s.created_ms, s.app_id as i64, s.app_generation as i64])
             .map_err(sql)?;
         Ok(())
     }
@@ -547,12 +671,28 @@ impl Txn<'_> {
         Ok(())
     }
 
-    /// Appends an event and returns its sequence number.
-    pub(crate) fn append_event(&self, e: &proto::Event) -> Result<u64, Error> {
+    /// Sets an application's counters.
+    pub(crate) fn put_app(&self, app: &str, c: &AppCounters) -> Result<(), Error> {
         self.tx
-            .prepare_cached("INSERT INTO events (body, created_ms) VALUES (?1, ?2)")
+            .prepare_cached("INSERT OR REPLACE INTO apps (app, next_id, generation, event_seq) VALUES (?1, ?2, ?3, ?4)")
             .map_err(sql)?
-            .execute(params![e.encode_to_vec(), now_ms()])
+            .execute(params![app, c.next_id as i64, c.generation as i64, c.event_seq as i64])
+            .map_err(sql)?;
+        Ok(())
+    }
+
+    /// Appends an event and returns its sequence number. `of_app`: the
+    /// application whose event it is, with its event number and generation
+    /// there (what that application's Watch shows).
+    pub(crate) fn append_event(&self, e: &proto::Event, of_app: Option<&AppEvent>) -> Result<u64, Error> {
+        let (app, seq, generation) = match of_app {
+            Some(a) => (Some(a.app.as_ref()), Some(a.seq as i64), Some(a.generation as i64)),
+            None => (None, None, None),
+        };
+        self.tx
+            .prepare_cached("INSERT INTO events (body, created_ms, app, app_seq, app_generation) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(sql)?
+            .execute(params![e.encode_to_vec(), now_ms(), app, seq, generation])
             .map_err(sql)?;
         Ok(self.tx.last_insert_rowid() as u64)
     }
@@ -619,10 +759,15 @@ impl Store {
             let (app, request_id) = (text(&r[0]), text(&r[1]));
             d.requests.push(super::StoredRequest { app, request_id, reply: blob(&r[2]), fingerprint, created_ms: int(&r[4]) });
         }
-        for r in rows("SELECT seq, created_ms FROM events ORDER BY seq")? {
+        for r in rows("SELECT seq, created_ms, app, app_seq, app_generation FROM events ORDER BY seq")? {
             let seq = int(&r[0]) as u64;
             d.event_times.insert(seq, int(&r[1]));
+            if let V::Text(app) = &r[2] {
+                let of_app = AppEvent { app: std::sync::Arc::from(app.as_str()), seq: int(&r[3]) as u64, generation: int(&r[4]) as u64 };
+                d.event_apps.insert(seq, of_app);
+            }
         }
+        d.apps = self.load_app_counters()?.1;
         let mut after = 0;
         loop {
             let page = self.events_after(after, 10_000)?;
@@ -653,16 +798,29 @@ impl Txn<'_> {
 
     /// An event under its own sequence number (a migration: a `Watch`
     /// resumes where it stopped).
-    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64) -> Result<(), Error> {
+    pub(crate) fn put_event_at(&self, e: &proto::Event, created_ms: i64, of_app: Option<&AppEvent>) -> Result<(), Error> {
         let mut body = e.clone();
         body.seq = 0;
+        let (app, seq, generation) = match of_app {
+            Some(a) => (Some(a.app.as_ref()), Some(a.seq as i64), Some(a.generation as i64)),
+            None => (None, None, None),
+        };
         self.tx
-            .prepare_cached("INSERT INTO events (seq, body, created_ms) VALUES (?1, ?2, ?3)")
+            .prepare_cached("INSERT INTO events (seq, body, created_ms, app, app_seq, app_generation) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .map_err(sql)?
-            .execute(params![e.seq as i64, body.encode_to_vec(), created_ms])
+            .execute(params![e.seq as i64, body.encode_to_vec(), created_ms, app, seq, generation])
             .map_err(sql)?;
         Ok(())
     }
+}
+
+/// An application's own event: the application, and the event's number and
+/// generation in its numbering.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AppEvent {
+    pub app: std::sync::Arc<str>,
+    pub seq: u64,
+    pub generation: u64,
 }
 
 /// How many events the store keeps, for how long, in how many bytes.
@@ -696,7 +854,15 @@ mod tests {
     use super::*;
 
     fn sub(id: u64) -> StoredSub {
-        StoredSub { id, app: "a".into(), text: format!("stock == S{id} : fwd(1)"), generation: id, created_ms: 1 }
+        StoredSub {
+            id,
+            app: "a".into(),
+            app_id: id,
+            app_generation: id,
+            text: format!("stock == S{id} : fwd(1)"),
+            generation: id,
+            created_ms: 1,
+        }
     }
 
     #[test]
@@ -728,7 +894,7 @@ mod tests {
         let mut s = Store::open(&path, Durability::Normal).unwrap();
         for g in 1..=5 {
             s.write(|t| {
-                t.append_event(&proto::Event { generation: g, ..Default::default() })?;
+                t.append_event(&proto::Event { generation: g, ..Default::default() }, None)?;
                 t.prune_events(&EventRetention { keep: 3, max_age_ms: u64::MAX, max_bytes: u64::MAX })
             })
             .unwrap();
@@ -755,7 +921,7 @@ mod tests {
         let event_len = big(1).encoded_len() as u64;
         s.write(|t| {
             for g in 1..=20 {
-                t.append_event(&big(g))?;
+                t.append_event(&big(g), None)?;
                 t.put_request("a", &format!("r{g:02}"), &vec![7u8; 20_000], "f")?;
             }
             Ok(())
