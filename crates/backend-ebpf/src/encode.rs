@@ -28,6 +28,9 @@
 //! changed (a state that gained its first ranged entry, or moved to another
 //! size class), and the values of states that moved. The old and new
 //! encodings of exactly those items are compared key by key.
+//! A diff may span several updates (a target that missed some), in which a
+//! state id retired by one is reused by a later one, in another table: a
+//! state's sorted value is encoded only for the table the state is in.
 //!
 //! [`TableImage::plan_in_place`] does this at a cost proportional to the
 //! diff (plus the sizes of the states it touches), whatever the size of the
@@ -751,6 +754,13 @@ impl TableImage {
             Item::Sorted { p, table, state } => {
                 let d = self.desc(*p, *state);
                 let Some(Pool::Sorted(c)) = d.pool() else { return };
+                if usize::from(d.level) != *table {
+                    // Not the table the state is in: a diff spanning several
+                    // updates may reuse a state id in another table (issue
+                    // 28), and the old table's value must not be encoded at
+                    // the slot the state now uses.
+                    return;
+                }
                 let Some(map) = Self::pool_map(model, Pool::Sorted(c)) else { return };
                 let t = &self.pipes[*p].tables[*table];
                 let mut v = model.maps[map].value_struct().zeroed();

@@ -178,3 +178,128 @@ fn plans_in_place_equal_the_reference() {
     eprintln!("{plans} plans, {errors} errors, all as the reference's");
     assert!(plans > 300 && errors > 5, "{plans} plans, {errors} errors");
 }
+
+/// Map contents after `ops`, as the kernel would hold them.
+fn write(maps: &mut BTreeMap<(usize, Vec<u8>), Vec<u8>>, ops: &[MapOp]) {
+    for o in ops {
+        match &o.value {
+            Some(v) => maps.insert((o.map, o.key.clone()), v.clone()),
+            None => maps.remove(&(o.map, o.key.clone())),
+        };
+    }
+}
+
+/// Writes `plan` to `maps`, and checks that they then hold what filling
+/// empty maps with `img` (the image after the plan) gives: every value
+/// right, no hash entry left over (array slots nothing points to may keep
+/// old bytes).
+#[track_caller]
+fn maps_follow(maps: &mut BTreeMap<(usize, Vec<u8>), Vec<u8>>, plan: &UpdatePlan, img: &TableImage, model: &Model, ctx: &str) {
+    for ops in [&plan.prepare, &plan.inactive, &plan.flip, &plan.live] {
+        write(maps, ops);
+    }
+    let mut want = BTreeMap::new();
+    write(&mut want, &img.initial_ops(model));
+    let name = |k: &(usize, Vec<u8>)| model.maps[k.0].name.clone();
+    let wrong: Vec<String> = want.iter().filter(|(k, v)| maps.get(*k) != Some(*v)).map(|(k, _)| name(k)).collect();
+    let stale: Vec<String> =
+        maps.keys().filter(|k| model.maps[k.0].map_type != MapType::Array && !want.contains_key(*k)).map(name).collect();
+    assert!(wrong.is_empty() && stale.is_empty(), "{ctx}: wrong values in {wrong:?}, stale entries in {stale:?}");
+}
+
+/// Issue 28: a diff that spans a remove and a later add (a reroute moves a
+/// network device's rule to another port in one update; a deployer sends a
+/// target that is behind one diff for several generations) may use a state
+/// id for two things: the add reuses the ids the remove retired. Here
+/// state ids of the AAPL branch, retired when its rule goes, come back one
+/// table earlier: one was the price table's and is now the shares table's,
+/// both ranged. Each of its sorted values, old and new, is a touched item;
+/// the stale one (price) must not be encoded at the slot the state now
+/// uses, over the new one (which emptied it: every AAPL packet missed).
+#[test]
+fn a_state_id_reused_one_ranged_table_earlier_keeps_its_new_value() {
+    let first = "shares > 900 && price > 20000 : fwd(1)";
+    let p = program(ITCH_SPEC, &format!("{first}\nstock == AAPL && price < 5000 : fwd(2)"));
+    // The same rules, the second one moved to port 1 (same ids).
+    let moved = program(ITCH_SPEC, &format!("{first}\nstock == AAPL && price < 5000 : fwd(1)"));
+    let order = ["add_order.stock", "add_order.side", "add_order.shares", "add_order.price", "my_counter", "avg_price"];
+    let order = order.iter().map(|n| p.spec.query_field_by_name(n).unwrap()).collect();
+    let mut set = CompiledSet::compile(&p.spec, &[], CompileOptions { order: Some(order), ..Default::default() }).unwrap();
+    let nfs = &p.normal_forms;
+    set.add(nfs).unwrap();
+    let held: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+    // The rule moves from port 2 to port 1: out, then in, as one diff.
+    set.remove(&[nfs[1].id]).unwrap();
+    set.add(&moved.normal_forms[1..]).unwrap();
+    let u = SetDiff { diffs: subc_bdd::diff_all(&held, &set.pipelines()), bits: None };
+    // The case: a state in a later ranged table before, an earlier one after.
+    let level = |pipe: &Pipeline, s: StateId| pipe.tables.iter().position(|t| crate::model::state_entries(t, s).next().is_some());
+    let ranged = |pipe: &Pipeline, s: StateId| {
+        level(pipe, s).is_some_and(|t| crate::model::state_entries(&pipe.tables[t], s).any(|(m, _)| !matches!(m, Match::Exact { .. })))
+    };
+    let (before, after) = (&held[0], set.pipelines()[0]);
+    let earlier = before
+        .tables
+        .iter()
+        .flat_map(|t| t.entries.keys().map(|k| k.0))
+        .any(|s| ranged(before, s) && ranged(after, s) && level(after, s) < level(before, s));
+    assert!(earlier, "no ranged state moved to an earlier table: the case is gone");
+    let q = |n: &str| p.spec.query_field_by_name(n).unwrap().0 as usize;
+    let mut aapl = vec![0u64; p.spec.query_fields.len()];
+    aapl[q("add_order.stock")] = u64::from_be_bytes(*b"AAPL    ");
+    aapl[q("add_order.price")] = 100;
+    for ranges in [RangeLookup::Sorted, RangeLookup::Lpm] {
+        let a = write_program(&p.spec, &held.iter().collect::<Vec<_>>(), &EbpfOptions { ranges, ..Default::default() }).unwrap();
+        let (model, mut img) = (a.model, a.image);
+        let mut maps = BTreeMap::new();
+        write(&mut maps, &img.initial_ops(&model));
+        let (plan, _) = img.plan_in_place(&model, &u).unwrap();
+        maps_follow(&mut maps, &plan, &img, &model, &format!("{ranges:?}"));
+        assert_eq!(img.lookup(&model, &aapl).ports.iter().collect::<Vec<_>>(), vec![1], "{ranges:?}");
+    }
+}
+
+/// Random removes and adds, each pair planned as one diff (as
+/// [`a_state_id_reused_one_ranged_table_earlier_keeps_its_new_value`]):
+/// the maps always hold what a fresh encoding of the image holds.
+#[test]
+fn a_diff_spanning_a_remove_and_an_add_leaves_the_maps_right() {
+    let sp = SienaParams { filters: 150, attributes: 6, ports: 16, seed: 4, ..Default::default() };
+    let p = program(&siena_spec(sp.attributes, sp.ports), &siena(&sp));
+    let roomy = Capacity { headroom: subc_bdd::Headroom::new(4.0).unwrap(), min_entries: 64 };
+    let nfs = &p.normal_forms;
+    let mut plans = 0;
+    for opts in layouts(roomy) {
+        for seed in 0..3u64 {
+            let mut rng = Rng::new(seed);
+            let mut live: Vec<bool> = (0..nfs.len()).map(|i| i < nfs.len() / 2).collect();
+            let mut set = CompiledSet::compile(&p.spec, &nfs[..nfs.len() / 2], CompileOptions::default()).unwrap();
+            let a = write_program(&p.spec, &set.pipelines(), &opts).unwrap();
+            let (model, mut img) = (a.model, a.image);
+            let mut maps = BTreeMap::new();
+            write(&mut maps, &img.initial_ops(&model));
+            for step in 0..20 {
+                let mut pick = |want: bool| -> Vec<usize> {
+                    let k = 1 + rng.below(3);
+                    let s: BTreeSet<usize> = (0..k).map(|_| rng.below(nfs.len() as u64) as usize).filter(|i| live[*i] == want).collect();
+                    s.into_iter().collect()
+                };
+                let (gone, new) = (pick(true), pick(false));
+                let held: Vec<Pipeline> = set.pipelines().into_iter().cloned().collect();
+                if !gone.is_empty() {
+                    set.remove(&gone.iter().map(|i| nfs[*i].id).collect::<Vec<_>>()).unwrap();
+                }
+                if !new.is_empty() {
+                    set.add(&new.iter().map(|i| nfs[*i].clone()).collect::<Vec<_>>()).unwrap();
+                }
+                gone.iter().for_each(|i| live[*i] = false);
+                new.iter().for_each(|i| live[*i] = true);
+                let u = SetDiff { diffs: subc_bdd::diff_all(&held, &set.pipelines()), bits: None };
+                let (plan, _) = img.plan_in_place(&model, &u).unwrap();
+                maps_follow(&mut maps, &plan, &img, &model, &format!("{:?} seed {seed} step {step}", opts.ranges));
+                plans += 1;
+            }
+        }
+    }
+    assert!(plans > 100, "{plans} plans");
+}
