@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::etcd::{etcd_available, Etcd};
+use common::etcd::{etcd_available, wait_writer, Etcd};
 use common::{itch_spec, ServerProc, ADMIN, APPS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -181,6 +181,7 @@ fn the_etcd_store_serves_what_the_sqlite_store_serves() {
         let mut sqlite = ServerProc::start(&sqlite_dir, "");
         let mut replicated = replica(&dir.path().join(format!("etcd-{seed:x}")), &etcd.url(&format!("diff-{seed:x}")));
         replicated.spawn();
+        rt.block_on(wait_writer(&replicated, Duration::from_secs(30)));
         let (a, b) = rt.block_on(async { (observe(&sqlite, &steps).await, observe(&replicated, &steps).await) });
         assert!(a.iter().any(|l| l.starts_with("sub ")), "the history left no subscription: {a:#?}");
         assert!(a.iter().any(|l| l.contains("replayed true")), "the history replayed no request: {a:#?}");
@@ -191,6 +192,7 @@ fn the_etcd_store_serves_what_the_sqlite_store_serves() {
         replicated.kill9();
         sqlite.spawn();
         replicated.spawn();
+        rt.block_on(wait_writer(&replicated, Duration::from_secs(30)));
         let (a, b) = rt.block_on(async { (state(&sqlite).await, state(&replicated).await) });
         assert_eq!(a, b, "seed {seed:x}: after a restart, SQLite (left) and etcd (right) disagree");
         let again = steps.iter().find(|s| matches!(s, Step::Add { .. })).unwrap().clone();
@@ -244,13 +246,30 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     let url = etcd.url("ha");
     let mut a = replica(&dir.path().join("a"), &url);
     let mut b = replica(&dir.path().join("b"), &url);
-    a.spawn();
-    // B stands by: it does not listen while A is the writer.
-    b.spawn_unready();
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(std::net::TcpStream::connect(("127.0.0.1", b.port)).is_err(), "the standby listens:\n{}", b.log());
-    assert!(b.log().contains("standing by"), "{}", b.log());
     let rt = runtime();
+    a.spawn();
+    rt.block_on(wait_writer(&a, Duration::from_secs(30)));
+    // B stands by: it answers every call UNAVAILABLE, naming the writer A
+    // and its address, and its health is NOT_SERVING.
+    b.spawn();
+    let refused = rt.block_on(async {
+        let mut c = b.client(ADMIN);
+        loop {
+            let r = c.subs.list(proto::ListRequest::default()).await;
+            match r {
+                Err(s) if s.message().contains("the writer is") => return s,
+                Err(s) if s.code() == tonic::Code::Unavailable => tokio::time::sleep(Duration::from_millis(100)).await,
+                other => panic!("a standby answered {other:?}"),
+            }
+        }
+    });
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(refused.message().contains(&format!("127.0.0.1:{}", a.port)), "{refused:?}");
+    use tonic_types::StatusExt;
+    let info = refused.get_error_details().error_info().cloned().expect("an ErrorInfo");
+    assert_eq!((info.reason.as_str(), info.domain.as_str()), ("NOT_WRITER", "subc"));
+    assert_eq!(info.metadata.get("writer_address").map(String::as_str), Some(format!("127.0.0.1:{}", a.port).as_str()));
+    assert!(b.log().contains("standing by"), "{}", b.log());
     let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
     let switch = rt.block_on(TestServer::start(Checks::Recover(std::sync::Arc::new(spec)))).unwrap();
     let mut acked = vec![];
@@ -306,8 +325,7 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     // 3. The writer is paused past its lease: A (restarted, standing by)
     // takes over; B's write sent while it was paused is refused when it
     // resumes, and B exits.
-    a.spawn_unready();
-    std::thread::sleep(Duration::from_millis(500));
+    a.spawn();
     signal(b.pid(), "STOP");
     let late = {
         let b_url = b.url();
@@ -323,10 +341,9 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
             c.subs.add(req).await.map(|_| ())
         })
     };
-    a.wait_ready(Duration::from_secs(30));
     let took = rt.block_on(first_ack(&a, "stock == A100 : fwd(1)", "a100", Duration::from_secs(30)));
     acked.push("stock == A100 : fwd(1)".into());
-    eprintln!("failover after SIGSTOP: first acknowledged write {} ms after A listened", took.as_millis());
+    eprintln!("failover after SIGSTOP: first acknowledged write {} ms after A stood by", took.as_millis());
     signal(b.pid(), "CONT");
     let late = rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), late).await.expect("the late add returns").unwrap() });
     assert!(late.is_err(), "the deposed writer acknowledged a write:\n{}", b.log());
@@ -354,8 +371,20 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
         assert!(distinct.len() >= 3, "three writers (A, B, A again) should have written to the switch, by epoch: {distinct:?}");
         assert!(st.accepted.iter().all(|id| (*id as u64) == 7), "the configured election id is the low half: {:?}", st.accepted);
     }
+    // 4. SIGTERM of the writer: it gives its lease back, and the standby
+    // takes over without waiting for the lease to end.
+    b.spawn();
+    signal(a.pid(), "TERM");
+    let took = rt.block_on(first_ack(&b, "stock == B100 : fwd(2)", "b100", Duration::from_secs(30)));
+    acked.push("stock == B100 : fwd(2)".into());
+    eprintln!("handover after SIGTERM: first acknowledged write {} ms after the signal", took.as_millis());
+    let until = Instant::now() + Duration::from_secs(30);
+    while !a.exited() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(a.log().contains("gave the writer's lease back"), "{}", a.log());
     rt.block_on(async {
-        let held = texts(&a).await;
+        let held = texts(&b).await;
         assert!(!held.iter().any(|t| t == "stock == LATE : fwd(3)"), "a deposed writer's add is in the store: {held:?}");
         for t in &acked {
             assert_eq!(held.iter().filter(|h| *h == t).count(), 1, "{t:?} is not held exactly once: {held:?}");
@@ -391,6 +420,7 @@ fn a_store_migrates_to_etcd_and_back_with_ids_replies_and_events() {
     assert!(text.contains("\"subscriptions\""), "{text}");
     let mut replica_a = replica(&dir.path().join("a"), &url);
     replica_a.spawn();
+    rt.block_on(wait_writer(&replica_a, Duration::from_secs(30)));
     assert_eq!(rt.block_on(state(&replica_a)), before, "the etcd copy serves another state");
     let again = rt.block_on(observe(&replica_a, std::slice::from_ref(&first)));
     assert!(again[0].contains("replayed true"), "{again:?}");

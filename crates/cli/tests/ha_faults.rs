@@ -26,7 +26,7 @@
 mod common;
 
 use common::delivery::Plane;
-use common::etcd::{etcd_available, Etcd};
+use common::etcd::{etcd_available, wait_writer, Etcd};
 use common::proxy::Proxy;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -325,6 +325,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     let urls: Arc<Vec<String>> = Arc::new(replicas.iter().map(|r| r.server.url()).collect());
 
     let rt = runtime();
+    rt.block_on(wait_writer(&replicas[0].server, Duration::from_secs(30)));
     let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
     let switch = rt.block_on(TestServer::start(Checks::Recover(Arc::new(spec)))).unwrap();
     rt.block_on(async {

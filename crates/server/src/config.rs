@@ -51,6 +51,11 @@ pub struct Config {
     /// An etcd store's election and connection (`store = "etcd://…"`).
     #[serde(default)]
     pub etcd: EtcdConfig,
+    /// The address clients reach this server at, which standby replicas
+    /// name as the writer's (default: `listen`; with an unspecified IP,
+    /// this host's name and `listen`'s port).
+    #[serde(default)]
+    pub advertise: Option<String>,
     /// Where the Prometheus metrics endpoint listens; absent: no endpoint.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
@@ -178,6 +183,18 @@ impl Config {
     /// Any other `scheme://` is refused, not taken as a relative path.
     pub fn store_location(&self) -> Result<StoreLocation, Error> {
         StoreLocation::parse(&self.store, &self.etcd)
+    }
+
+    /// The address clients reach this server at (`advertise`).
+    pub fn advertise_address(&self) -> String {
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        if self.listen.ip().is_unspecified() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+            return format!("{host}:{}", self.listen.port());
+        }
+        self.listen.to_string()
     }
 
     /// The directory for this server's local files.

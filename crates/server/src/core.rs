@@ -66,8 +66,8 @@ pub struct Core {
     /// stays `Copy` by holding a `&'static`.
     yield_flag: &'static std::sync::atomic::AtomicBool,
     reader: Mutex<Store>,
-    /// Raised when an etcd store's writer lost its lease (`store/etcd.rs`).
-    writer_lost: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// An etcd store's writer lease (`store/etcd.rs`).
+    lease: Option<crate::store::Resigner>,
     /// Admission to the text phase of Add and Check.
     text_gate: crate::admission::TextGate,
     /// The runtime the writer thread starts target tasks on.
@@ -149,7 +149,10 @@ async fn load(
     kinds: &subc_target::Kinds,
 ) -> Result<Loaded, Error> {
     let location = config.store_location()?;
-    let (at, durability, name) = (location.clone(), config.durability, controller_name(config));
+    // An etcd writer's key names it and its address, for standbys to tell clients.
+    let leader = crate::standby::WriterInfo { name: controller_name(config), address: config.advertise_address() };
+    let leader = serde_json::to_string(&leader).expect("names serialize");
+    let (at, durability, name) = (location.clone(), config.durability, leader);
     // An etcd store first waits to be elected the writer: off the runtime.
     let mut store =
         tokio::task::spawn_blocking(move || Store::open(&at, durability, &name)).await.map_err(|e| Error::Internal(e.to_string()))??;
@@ -322,7 +325,7 @@ impl Core {
             closing: watch::Sender::new(false),
             writer: tx,
             yield_flag: Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))),
-            writer_lost: store.lost_flag(),
+            lease: store.resigner(),
             reader: Mutex::new(reader),
             text_gate,
             runtime: tokio::runtime::Handle::current(),
@@ -638,9 +641,17 @@ impl Core {
     /// (never for SQLite): it writes nothing more, and should exit for a
     /// standby to take over.
     pub async fn lost_writer(&self) {
-        let Some(lost) = &self.writer_lost else { return std::future::pending().await };
-        while !lost.load(std::sync::atomic::Ordering::SeqCst) {
+        let Some(lease) = &self.lease else { return std::future::pending().await };
+        while !lease.lost() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// After a graceful shutdown: an etcd writer gives its lease back, so
+    /// that a standby takes over at once.
+    pub async fn resign(&self) {
+        if let Some(lease) = self.lease.clone() {
+            let _ = tokio::task::spawn_blocking(move || lease.resign()).await;
         }
     }
 }

@@ -37,6 +37,7 @@ mod names;
 mod network;
 mod restore;
 mod server;
+mod standby;
 mod store;
 mod transport;
 mod trim;

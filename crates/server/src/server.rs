@@ -129,15 +129,20 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
     let bind = || async move {
         tokio::net::TcpListener::bind(listen).await.map_err(|e| Error::Io { context: format!("cannot listen on {listen}"), source: e })
     };
-    // A replica of an etcd store listens only once it is the writer (a
-    // standby refuses connections, and clients go to another replica);
-    // otherwise the address is taken first, so that a busy port fails fast.
-    let standby_first = matches!(config.store_location()?, crate::config::StoreLocation::Etcd(_));
-    let early = if standby_first { None } else { Some(bind().await?) };
+    // A replica of an etcd store answers as a standby until it is the
+    // writer (standby.rs); otherwise the address is taken first, so that a
+    // busy port fails fast.
+    let (early, standby) = match config.store_location()? {
+        crate::config::StoreLocation::Etcd(at) => (None, Some(crate::standby::Standby::start(listen, tls.clone(), &at).await?)),
+        crate::config::StoreLocation::Sqlite(_) => (Some(bind().await?), None),
+    };
     let metrics_listen = config.metrics_listen;
     let limits = crate::transport::limits(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
     let core = Core::start(config, kinds).await?;
+    if let Some(s) = standby {
+        s.stop().await;
+    }
     let listener = match early {
         Some(l) => l,
         None => bind().await?,
@@ -392,5 +397,7 @@ pub async fn serve_with(config: Config, kinds: Kinds) -> Result<(), Error> {
         }
     }
     tracing::info!("shutting down");
-    running.shutdown().await
+    let stopped = running.shutdown().await;
+    core.resign().await;
+    stopped
 }

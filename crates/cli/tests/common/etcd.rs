@@ -140,3 +140,18 @@ impl Drop for Etcd {
         }
     }
 }
+
+/// Waits until `server` answers as the writer (a List succeeds: a standby
+/// answers `UNAVAILABLE`); panics with its log after `limit`.
+pub async fn wait_writer(server: &super::ServerProc, limit: Duration) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        let mut c = server.client(super::ADMIN);
+        let list = c.subs.list(subc_server::proto::ListRequest { page_size: 1, ..Default::default() });
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), list).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} is not the writer after {limit:?}:\n{}", server.url(), server.log());
+}

@@ -317,6 +317,48 @@ fn key_number(key: &[u8]) -> Option<u64> {
     key.rsplit('/').next()?.parse().ok()
 }
 
+/// The writer's lease, seen from the server: whether it was lost, and how
+/// to give it back when the server stops.
+#[derive(Clone)]
+pub(crate) struct Resigner {
+    conn: Arc<Conn>,
+    id: i64,
+    lost: Arc<AtomicBool>,
+}
+
+impl Resigner {
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Stops writing and revokes the lease, so that a standby takes over at
+    /// once rather than after the TTL. Blocks for at most one etcd call.
+    pub(crate) fn resign(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        let id = self.id;
+        match self.conn.call("giving the lease back", move |mut c| async move { c.lease_revoke(id).await }) {
+            Ok(_) => tracing::info!("gave the writer's lease back: a standby takes over now"),
+            Err(e) => tracing::warn!(error = %e, "could not give the writer's lease back; it ends after its TTL"),
+        }
+    }
+}
+
+/// Reads who the writer is (a standby's answer to clients).
+pub(crate) struct WriterView {
+    conn: Arc<Conn>,
+}
+
+impl WriterView {
+    pub(crate) fn open(at: &EtcdLocation) -> Result<WriterView, Error> {
+        Ok(WriterView { conn: Conn::open(at)? })
+    }
+
+    /// The leader key's value: the writer's name and address (JSON).
+    pub(crate) fn current(&self) -> Result<Option<String>, Error> {
+        Ok(self.conn.get(self.conn.key("leader"))?.map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+}
+
 /// The writer's hold on the store: its lease, the revision it became the
 /// writer at, and whether it still holds it.
 struct Lease {
@@ -386,8 +428,9 @@ impl Store {
         Leadership { revision: self.lease.as_ref().map(|l| l.revision as u64).unwrap_or(0) }
     }
 
-    pub(crate) fn lost_flag(&self) -> Option<Arc<AtomicBool>> {
-        self.lease.as_ref().map(|l| l.lost.clone())
+    /// The writer's hold, for the server to watch and to give back.
+    pub(crate) fn resigner(&self) -> Option<Resigner> {
+        self.lease.as_ref().map(|l| Resigner { conn: self.conn.clone(), id: l.id, lost: l.lost.clone() })
     }
 
     fn load_index(&mut self) -> Result<(), Error> {
@@ -792,7 +835,13 @@ async fn keep_alive(client: Client, id: i64, ttl: Duration, lost: Arc<AtomicBool
     let period = ttl / 3;
     'reconnect: while !lost.load(Ordering::SeqCst) {
         let mut c = client.clone();
-        let (mut keeper, mut stream) = match c.lease_keep_alive(id).await {
+        // Every wait is bounded, so that the expiry is checked at least
+        // every third of the TTL, whatever etcd does (a cut-off connection
+        // may never answer).
+        let opened = tokio::time::timeout(period, c.lease_keep_alive(id))
+            .await
+            .unwrap_or_else(|_| Err(etcd_client::Error::LeaseKeepAliveError("no answer within a third of the lease's TTL".into())));
+        let (mut keeper, mut stream) = match opened {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::warn!(error = %e, "renewing the writer's lease failed; retrying");

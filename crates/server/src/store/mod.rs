@@ -21,6 +21,7 @@ use crate::config::{Durability, StoreLocation};
 use crate::proto;
 use crate::Error;
 
+pub(crate) use etcd::{Resigner, WriterView};
 pub(crate) use migrate::UNFINISHED;
 pub use migrate::{backup_any, migrate_store, MigrateReport};
 pub use sqlite::{backup_store, now_ms, BackupReport, StoredSub};
@@ -136,11 +137,11 @@ impl Store {
         either!(self, s => s.dump())
     }
 
-    /// Raised when an etcd writer lost its lease.
-    pub(crate) fn lost_flag(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    /// An etcd writer's lease: lost or not, and how to give it back.
+    pub(crate) fn resigner(&self) -> Option<Resigner> {
         match self {
             Store::Sqlite(_) => None,
-            Store::Etcd(e) => e.lost_flag(),
+            Store::Etcd(e) => e.resigner(),
         }
     }
 
