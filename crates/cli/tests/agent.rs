@@ -16,125 +16,14 @@
 mod common;
 
 use common::agents::{management, AgentProc, Certs, CAP_EFF};
+use common::delivery::{self, Plane};
 use common::*;
-use std::collections::BTreeSet;
-use std::net::UdpSocket;
 use std::time::Duration;
 use subc_agent::proto as agent;
 use subc_server::proto;
 
-const STOCKS: [&str; 4] = ["AAAA", "BBBB", "CCCC", "DDDD"];
-const SHARES: [u32; 3] = [5, 50, 500];
-
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
-}
-
-/// The data plane's surroundings: a publisher and two subscribers.
-struct Host {
-    publisher: String,
-    /// The MAC of the agent's ingress interface `in`.
-    ingress_mac: [u8; 6],
-    /// Per subscription port 1 and 2, a UDP socket on port 7000.
-    sockets: Vec<UdpSocket>,
-    /// The next frame's sequence number.
-    seq: u64,
-}
-
-/// Namespaces: `host` runs the agent (interfaces `in`, `o1`, `o2`, and
-/// `mgmt`); the publisher sends into `in`; subscriber k receives from `ok`.
-fn build(net: &mut Cleanup, t: &str) -> (Host, String, proto::EbpfTarget) {
-    let host = format!("{t}h");
-    net.netns(&host);
-    let publisher = format!("{t}p");
-    net.netns(&publisher);
-    net.namespaces.veth("in", &host, "pp", &publisher).unwrap();
-    let mut ports = std::collections::HashMap::new();
-    let mut sockets = vec![];
-    for port in [1u32, 2] {
-        let ns = format!("{t}s{port}");
-        net.netns(&ns);
-        let out = format!("o{port}");
-        net.namespaces.veth(&out, &host, "sub", &ns).unwrap();
-        ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", "sub"]);
-        for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
-            sysctl(&ns, k, "0");
-        }
-        let egress = proto::EbpfEgress {
-            interface: out,
-            dst_mac: mac_of(Some(&ns), "sub"),
-            src_mac: String::new(),
-            dst_ip: format!("10.0.{port}.2"),
-            dst_port: 7000,
-        };
-        ports.insert(port, egress);
-        let sock = in_netns(&ns, || {
-            let s = UdpSocket::bind("0.0.0.0:7000").unwrap();
-            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            s
-        })
-        .join()
-        .unwrap();
-        sockets.push(sock);
-    }
-    let ingress_mac = subc_backend_ebpf::parse_mac(&mac_of(Some(&host), "in")).unwrap();
-    let program = proto::EbpfTarget {
-        interface: "in".into(),
-        hook: proto::Hook::Tc as i32,
-        ports,
-        drop_unmatched: false,
-        xdp_mode: proto::XdpMode::Auto as i32,
-    };
-    (Host { publisher, ingress_mac, sockets, seq: 0 }, host, program)
-}
-
-impl Host {
-    /// Sends one frame per stock and share count, and returns, per frame,
-    /// the ports (1, 2) that received it, and the frames.
-    fn deliveries(&mut self) -> (Vec<BTreeSet<u32>>, Vec<Vec<u8>>) {
-        let first = self.seq;
-        let frames: Vec<Vec<u8>> = STOCKS
-            .iter()
-            .flat_map(|s| SHARES.iter().map(move |n| (*s, *n)))
-            .enumerate()
-            .map(|(i, (s, n))| itch_frame(self.ingress_mac, first + i as u64, s, n))
-            .collect();
-        self.seq += frames.len() as u64;
-        let sent = frames.clone();
-        in_netns(&self.publisher, move || {
-            let fd = packet_socket("pp");
-            for f in &sent {
-                send_frame(&fd, f);
-            }
-        })
-        .join()
-        .unwrap();
-        let mut got = vec![BTreeSet::new(); frames.len()];
-        let until = std::time::Instant::now() + Duration::from_millis(300);
-        let mut buf = [0u8; 2048];
-        while std::time::Instant::now() < until {
-            for (k, s) in self.sockets.iter().enumerate() {
-                while let Ok(n) = s.recv(&mut buf) {
-                    let seq = seq_of_payload(&buf[..n]).unwrap();
-                    let fresh = got[(seq - first) as usize].insert(k as u32 + 1);
-                    assert!(fresh, "frame {seq} reached port {} twice", k + 1);
-                }
-            }
-        }
-        (got, frames)
-    }
-
-    /// Checks that what was received is what the interpreter forwards.
-    #[track_caller]
-    fn check(&mut self, rules: &[String], when: &str) {
-        let (got, frames) = self.deliveries();
-        let spec = std::fs::read_to_string(itch_spec()).unwrap();
-        let p = subc_workload::programs::check(&spec, &[&rules.join("\n")]).unwrap();
-        for (i, f) in frames.iter().enumerate() {
-            let want: BTreeSet<u32> = subc_lang::Interpreter::new(&p.spec, &p.subscriptions).run(f, 0).ports.into_iter().collect();
-            assert_eq!(got[i], want, "{when}: frame {i} ({:?} rules)", rules.len());
-        }
-    }
 }
 
 /// Waits until the target is in sync; on a timeout, fails with its status
@@ -160,7 +49,10 @@ fn an_agent_holds_what_its_controller_commits_through_crashes_and_fences() {
     let dir = tempfile::Builder::new().prefix("subc-agent").tempdir().unwrap();
     let t = tag("ag");
     let mut net = Cleanup::default();
-    let (mut host, host_ns, program) = build(&mut net, &t);
+    let host_ns = format!("{t}h");
+    net.netns(&host_ns);
+    let mut host = Plane::build(&mut net, &t, Some(&host_ns));
+    let program = host.program.clone();
     let agent_ip = management(&mut net, &format!("{t}m"), &host_ns, std::process::id() % 4096);
     let certs = Certs::make(dir.path());
     // As dist/systemd/subc-agent.service runs it: its own user, three capabilities.
@@ -183,7 +75,14 @@ fn an_agent_holds_what_its_controller_commits_through_crashes_and_fences() {
             if rules.is_empty() || rng.below(3) > 0 {
                 let n = 1 + rng.below(3) as usize;
                 let texts: Vec<String> = (0..n)
-                    .map(|_| format!("stock == {} && shares > {} : fwd({})", rng.pick(&STOCKS), rng.pick(&[0, 10, 100]), 1 + rng.below(2)))
+                    .map(|_| {
+                        format!(
+                            "stock == {} && shares > {} : fwd({})",
+                            rng.pick(&delivery::STOCKS),
+                            rng.pick(&[0, 10, 100]),
+                            1 + rng.below(2)
+                        )
+                    })
                     .collect();
                 let r = app.subs.add(proto::AddRequest { lines: texts.clone(), ..Default::default() }).await.unwrap().into_inner();
                 rules.extend(r.subscriptions.into_iter().map(|s| s.id).zip(texts));

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto;
+use subc_workload::Rng;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -31,22 +32,6 @@ fn replica(dir: &std::path::Path, store: &str) -> ServerProc {
     ServerProc::configure(dir, &itch_spec(), &format!("{store:?}"), &extra, &[])
 }
 
-/// A small deterministic generator (xorshift), so that both stores see the
-/// same history.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// One step of a history, as the client sends it.
 #[derive(Clone, Debug)]
 enum Step {
@@ -56,7 +41,7 @@ enum Step {
 }
 
 fn history(seed: u64, steps: usize) -> Vec<Step> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut out = vec![];
     let mut ids = 0u64;
     for i in 0..steps {
@@ -77,7 +62,7 @@ fn history(seed: u64, steps: usize) -> Vec<Step> {
                 ids += 1;
                 Step::Add { app: rng.below(2) as usize, lines, request_id }
             }
-            _ => Step::Remove { app: rng.below(2) as usize, pick: rng.next() },
+            _ => Step::Remove { app: rng.below(2) as usize, pick: rng.next_u64() },
         };
         out.push(step);
     }
@@ -297,7 +282,7 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
 
     // 1. SIGKILL of the writer: B takes over with everything acknowledged.
     a.kill9();
-    let took = rt.block_on(first_ack(&b, "stock == B000 : fwd(2)", "b0", Duration::from_secs(30)));
+    let took = rt.block_on(first_ack(&b, "stock == B000 : fwd(2)", "b0", Duration::from_secs(60)));
     acked.push("stock == B000 : fwd(2)".into());
     eprintln!("failover after SIGKILL: first acknowledged write {} ms after the kill", took.as_millis());
     rt.block_on(async {
@@ -341,7 +326,7 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
             c.subs.add(req).await.map(|_| ())
         })
     };
-    let took = rt.block_on(first_ack(&a, "stock == A100 : fwd(1)", "a100", Duration::from_secs(30)));
+    let took = rt.block_on(first_ack(&a, "stock == A100 : fwd(1)", "a100", Duration::from_secs(60)));
     acked.push("stock == A100 : fwd(1)".into());
     eprintln!("failover after SIGSTOP: first acknowledged write {} ms after A stood by", took.as_millis());
     signal(b.pid(), "CONT");
@@ -375,7 +360,7 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     // takes over without waiting for the lease to end.
     b.spawn();
     signal(a.pid(), "TERM");
-    let took = rt.block_on(first_ack(&b, "stock == B100 : fwd(2)", "b100", Duration::from_secs(30)));
+    let took = rt.block_on(first_ack(&b, "stock == B100 : fwd(2)", "b100", Duration::from_secs(60)));
     acked.push("stock == B100 : fwd(2)".into());
     eprintln!("handover after SIGTERM: first acknowledged write {} ms after the signal", took.as_millis());
     let until = Instant::now() + Duration::from_secs(30);

@@ -35,26 +35,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto;
+use subc_workload::Rng;
 use tonic::Code;
 
 const LEASE: Duration = Duration::from_secs(2);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap()
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// A replica and its way to etcd: one proxy per member.
@@ -170,7 +157,7 @@ async fn client(
     busy: Arc<AtomicUsize>,
 ) {
     let token = APPS[c % 4].1;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((c as u64 + 1) * 0x2545_f491));
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ ((c as u64 + 1) * 0x2545_f491));
     let mut mine: Vec<(String, u64)> = vec![];
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
@@ -300,7 +287,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     let t = tag("hf");
     let eb = format!("{t}eb");
     let mut net = Cleanup::default();
-    let mut plane = Plane::build(&mut net, &t);
+    let mut plane = Plane::build(&mut net, &t, None);
 
     // Three replicas; each reaches the members through proxies of its own,
     // and all share one bpffs directory (one host's eBPF target).
@@ -375,7 +362,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         .into_iter()
         .flat_map(|f| std::iter::repeat_n(f, each))
         .collect();
-    let mut rng = Rng(0x51_7cc1_b727_220a);
+    let mut rng = Rng::new(0x51_7cc1_b727_220a);
     for i in (1..faults.len()).rev() {
         faults.swap(i, rng.below(i as u64 + 1) as usize);
     }
@@ -388,6 +375,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         if let Some(m) = dead_member.take() {
             etcd.restart(m);
         }
+        let deposed = replicas[w].server.pid();
         let t0 = Instant::now();
         match fault {
             Fault::KillWriter => replicas[w].server.kill9(),
@@ -451,11 +439,13 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
             _ => {}
         }
         if matches!(fault, Fault::PauseWriter | Fault::CutWriter) {
+            // (It may have exited, and been started again, already.)
+            let gone = |r: &mut Replica| r.server.exited() || r.server.pid() != deposed;
             let until = Instant::now() + Duration::from_secs(30);
-            while !replicas[w].server.exited() && Instant::now() < until {
+            while !gone(&mut replicas[w]) && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(replicas[w].server.exited(), "fault {k}: the deposed writer still runs:\n{}", replicas[w].server.log());
+            assert!(gone(&mut replicas[w]), "fault {k}: the deposed writer still runs:\n{}", replicas[w].server.log());
         }
         restart_exited(&mut replicas);
 

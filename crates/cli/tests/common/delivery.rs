@@ -1,8 +1,10 @@
-//! A data plane in this namespace and its surroundings, to check what a
-//! server's eBPF target delivers against the reference interpreter: a
-//! publisher namespace sending ITCH frames into interface `<t>i`, and two
-//! subscriber namespaces behind `<t>o1` and `<t>o2` (subscription ports 1
-//! and 2), each receiving on UDP port 7000.
+//! A data plane and its surroundings, to check what an eBPF target delivers
+//! against the reference interpreter: a publisher namespace sending ITCH
+//! frames into the ingress interface, and two subscriber namespaces behind
+//! the egress interfaces of subscription ports 1 and 2, each receiving on
+//! UDP port 7000. The data plane's interfaces are in this namespace
+//! (`<t>i`, `<t>o1`, `<t>o2`: a server's target) or in a namespace of their
+//! own (`in`, `o1`, `o2`: an agent's host).
 
 use super::*;
 use std::collections::BTreeSet;
@@ -21,19 +23,26 @@ pub struct Plane {
 }
 
 impl Plane {
-    /// Builds the namespaces and links (removed with `net`).
-    pub fn build(net: &mut Cleanup, t: &str) -> Plane {
+    /// Builds the namespaces and links (removed with `net`); the data
+    /// plane's interfaces in namespace `host`, or in this one.
+    pub fn build(net: &mut Cleanup, t: &str, host: Option<&str>) -> Plane {
         let publisher = format!("{t}p");
         net.netns(&publisher);
-        let ingress = format!("{t}i");
-        net.veth(&ingress, "pp", Some(&publisher));
+        // A link from the data plane's interface `here` to `there` in `ns`.
+        let link = |net: &mut Cleanup, here: &str, there: &str, ns: &str| match host {
+            Some(h) => net.namespaces.veth(here, h, there, ns).unwrap(),
+            None => net.veth(here, there, Some(ns)),
+        };
+        let name = |n: &str| if host.is_some() { n.to_string() } else { format!("{t}{n}") };
+        let ingress = if host.is_some() { "in".to_string() } else { format!("{t}i") };
+        link(net, &ingress, "pp", &publisher);
         let mut ports = std::collections::HashMap::new();
         let mut sockets = vec![];
         for port in [1u32, 2] {
             let ns = format!("{t}s{port}");
             net.netns(&ns);
-            let out = format!("{t}o{port}");
-            net.veth(&out, "sub", Some(&ns));
+            let out = name(&format!("o{port}"));
+            link(net, &out, "sub", &ns);
             ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", "sub"]);
             for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
                 sysctl(&ns, k, "0");
@@ -55,13 +64,13 @@ impl Plane {
             .unwrap();
             sockets.push(sock);
         }
-        let ingress_mac = subc_backend_ebpf::parse_mac(&mac_of(None, &ingress)).unwrap();
+        let ingress_mac = subc_backend_ebpf::parse_mac(&mac_of(host, &ingress)).unwrap();
         let program = proto::EbpfTarget {
             interface: ingress,
             hook: proto::Hook::Tc as i32,
             ports,
             drop_unmatched: false,
-            xdp_mode: proto::XdpMode::Generic as i32,
+            xdp_mode: proto::XdpMode::Auto as i32,
         };
         Plane { publisher, ingress_mac, sockets, seq: 0, program }
     }
