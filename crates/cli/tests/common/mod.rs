@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod delivery;
 pub mod etcd;
+pub mod linearizable;
 pub mod proxy;
 
 use std::io::Read;
