@@ -16,6 +16,8 @@
 //!   exactly what the interpreter says of the committed set;
 //! - at the end, every acknowledged add is held exactly once, every
 //!   acknowledged remove is gone, and nothing is held that no client sent;
+//!   and the history of every subscription (every add, remove and the final
+//!   List, with their outcomes, unknown ones included) is linearizable;
 //! - a watcher that follows the writer from replica to replica, resuming
 //!   with the last sequence number it saw, sees every event once, in order;
 //! - the switch never accepted a write with a lower election id than one
@@ -27,6 +29,7 @@ mod common;
 
 use common::delivery::Plane;
 use common::etcd::{etcd_available, wait_writer, Etcd};
+use common::linearizable::{History, Op, Outcome};
 use common::proxy::Proxy;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,15 +66,34 @@ struct Ledger {
     acked_removes: usize,
 }
 
+/// A call that failed: the last status, and whether an attempt may have
+/// taken effect (an attempt that ended without a definite answer).
+struct Failed {
+    status: tonic::Status,
+    maybe: bool,
+}
+
+impl Failed {
+    /// The history's outcome.
+    fn outcome(&self) -> Outcome {
+        if self.maybe {
+            Outcome::Unknown(self.status.to_string())
+        } else {
+            Outcome::Refused(format!("{:?}", self.status.code()))
+        }
+    }
+}
+
 /// Runs `f` on the writer: tries every replica until one answers; gives
-/// up with `Unknown` after `limit`. A refusal (not a transport or
-/// availability error) is returned as is.
-async fn on_writer<T, F, Fut>(urls: &[String], token: &str, limit: Duration, mut f: F) -> Result<T, tonic::Status>
+/// up after `limit`. A refusal (not a transport or availability error) is
+/// returned as is.
+async fn on_writer<T, F, Fut>(urls: &[String], token: &str, limit: Duration, mut f: F) -> Result<T, Failed>
 where
     F: FnMut(subc_server::Clients) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>> + Send,
 {
     let until = Instant::now() + limit;
+    let mut maybe = false;
     loop {
         for url in urls {
             let options = subc_server::ClientOptions {
@@ -84,13 +106,17 @@ where
             match tokio::time::timeout(Duration::from_secs(5), f(c)).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(s)) if !matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded) => {
-                    return Err(s)
+                    return Err(Failed { status: s, maybe })
                 }
-                _ => {}
+                // A standby's answer: nothing was done. Anything else (a
+                // failed commit, a timeout, a lost connection) may have been.
+                Ok(Err(s)) if s.code() == Code::Unavailable && s.message().contains("stands by") => {}
+                Ok(Err(s)) if s.code() == Code::Unavailable && s.message().contains("onnect") => {}
+                _ => maybe = true,
             }
         }
         if Instant::now() > until {
-            return Err(tonic::Status::unknown("no replica answered"));
+            return Err(Failed { status: tonic::Status::unknown("no replica answered"), maybe: true });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -152,11 +178,12 @@ async fn client(
     c: usize,
     urls: Arc<Vec<String>>,
     ledger: Arc<Mutex<Ledger>>,
+    history: Arc<History>,
     stop: Arc<AtomicBool>,
     paused: Arc<AtomicBool>,
     busy: Arc<AtomicUsize>,
 ) {
-    let token = APPS[c % 4].1;
+    let (app, token) = APPS[c % 4];
     let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15 ^ ((c as u64 + 1) * 0x2545_f491));
     let mut mine: Vec<(String, u64)> = vec![];
     let mut n = 0u64;
@@ -172,10 +199,12 @@ async fn client(
         }
         if !mine.is_empty() && rng.below(10) < 3 {
             let (text, id) = mine.swap_remove(rng.below(mine.len() as u64) as usize);
+            let call = history.invoke(c, Op::Remove { app: app.into(), ids: vec![id] });
             let r = on_writer(&urls, token, Duration::from_secs(30), |mut cl| async move {
                 cl.subs.remove(proto::RemoveRequest { ids: vec![id], ..Default::default() }).await.map(drop)
             })
             .await;
+            history.complete(call, r.as_ref().map(|_| Outcome::Removed).unwrap_or_else(Failed::outcome));
             let mut l = ledger.lock().unwrap();
             match r {
                 Ok(()) => {
@@ -192,11 +221,22 @@ async fn client(
             n += 1;
             let text = rule(c, n, &mut rng);
             let req = proto::AddRequest { lines: vec![text.clone()], request_id: format!("c{c}-{n}"), ..Default::default() };
+            let call = history.invoke(c, Op::Add { app: app.into(), request_id: req.request_id.clone(), lines: req.lines.clone() });
             let r = on_writer(&urls, token, Duration::from_secs(30), |mut cl| {
                 let req = req.clone();
-                async move { cl.subs.add(req).await.map(|r| r.into_inner().subscriptions[0].id) }
+                async move { cl.subs.add(req).await.map(|r| r.into_inner()) }
             })
             .await;
+            history.complete(
+                call,
+                match &r {
+                    // One operation is every attempt with its request id: a
+                    // replayed reply answers an earlier attempt of this one.
+                    Ok(reply) => Outcome::Added { ids: reply.subscriptions.iter().map(|s| s.id).collect(), replayed: false },
+                    Err(f) => f.outcome(),
+                },
+            );
+            let r = r.map(|reply| reply.subscriptions[0].id);
             let mut l = ledger.lock().unwrap();
             match r {
                 Ok(id) => {
@@ -349,12 +389,13 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     });
 
     let ledger: Arc<Mutex<Ledger>> = Arc::default();
+    let history = Arc::new(History::new());
     let (stop, paused, busy) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
     let problems: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut tasks = vec![];
     for c in 0..8 {
-        tasks.push(rt.spawn(client(c, urls.clone(), ledger.clone(), stop.clone(), paused.clone(), busy.clone())));
+        tasks.push(rt.spawn(client(c, urls.clone(), ledger.clone(), history.clone(), stop.clone(), paused.clone(), busy.clone())));
     }
     tasks.push(rt.spawn(watcher(urls.clone(), stop.clone(), seen.clone(), problems.clone())));
 
@@ -391,6 +432,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         probes += 1;
         let text = format!("stock == DDDD && shares > 599 && shares < {} : fwd(1)", 5_000_000 + probes);
         let req = proto::AddRequest { lines: vec![text.clone()], request_id: format!("probe-{probes}"), ..Default::default() };
+        let call = history.invoke(100, Op::Add { app: "admin".into(), request_id: req.request_id.clone(), lines: req.lines.clone() });
         // Meanwhile, replicas that exit are started again, as systemd would.
         let r = (|| {
             let until = Instant::now() + Duration::from_secs(60);
@@ -403,6 +445,13 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
             }
         })();
         let took = t0.elapsed();
+        history.complete(
+            call,
+            match &r {
+                Ok(id) => Outcome::Added { ids: vec![*id], replayed: false },
+                Err(s) => Outcome::Unknown(s.to_string()),
+            },
+        );
         match r {
             Ok(id) => {
                 ledger.lock().unwrap().present.insert(text, id);
@@ -474,10 +523,16 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     });
 
     // Every acknowledged change, and nothing else.
+    let call = history.invoke(101, Op::List { app: None });
     let held = rt.block_on(async {
         let w = find_writer(&replicas).await.expect("a writer");
         list_all(&mut replicas[w].server.client(ADMIN)).await
     });
+    history.complete(call, Outcome::Listed(held.iter().map(|s| (s.app.clone(), s.id, s.text.clone())).collect()));
+    // The history of every subscription is linearizable (common/linearizable.rs).
+    if let Err(v) = common::linearizable::check(&history) {
+        panic!("the history is not linearizable: {v}");
+    }
     let l = ledger.lock().unwrap();
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &held {

@@ -588,7 +588,10 @@ impl Store {
             });
         }
         let request = etcd_client::Txn::new().when(when).and_then(ops);
-        let r = self.conn.call("committing", |c| async move { c.kv_client().txn(request).await })?;
+        let r = match self.conn.call("committing", |c| async move { c.kv_client().txn(request).await }) {
+            Ok(r) => r,
+            Err(e) => return Err(self.after_unanswered(e)),
+        };
         if !r.succeeded() {
             return Err(self.why_refused());
         }
@@ -677,6 +680,23 @@ impl Store {
         }
         d.apps = self.load_app_counters()?.1;
         Ok(d)
+    }
+
+    /// A commit that got no answer may have been applied. If the store is
+    /// still at this writer's last commit, it was not: the error stands.
+    /// Otherwise (or if that cannot be read) this writer's state may differ
+    /// from the store's: it stops writing, and a writer that reads the store
+    /// takes over.
+    fn after_unanswered(&self, e: Error) -> Error {
+        let lease = self.lease.as_ref().expect("only the writer commits");
+        match self.conn.get(self.conn.key("rev")) {
+            Ok(kv) if kv.as_ref().map(|kv| kv.mod_revision()).unwrap_or(0) == self.rev => e,
+            _ => {
+                lease.lost.store(true, Ordering::SeqCst);
+                tracing::error!(error = %e, "a commit got no answer and may have been applied; this server stops writing");
+                Error::Store(format!("{e}; it may have been applied: this server stops writing, and the next writer reads the store"))
+            }
+        }
     }
 
     /// Why a commit's comparison failed.
