@@ -25,10 +25,12 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// A replica on `store`, its local files in `dir`, with a short lease.
-fn replica(dir: &std::path::Path, store: &str) -> ServerProc {
+/// A replica on `store`, its local files in `dir`, with a lease of
+/// `lease_s` seconds (short where a test fails over, long where it must
+/// not, even on a loaded machine).
+fn replica(dir: &std::path::Path, store: &str, lease_s: u32) -> ServerProc {
     std::fs::create_dir_all(dir).unwrap();
-    let extra = format!("data_dir = {:?}\n[etcd]\nlease_ttl_s = 2\ntimeout_ms = 2000\n", dir.display().to_string());
+    let extra = format!("data_dir = {:?}\n[etcd]\nlease_ttl_s = {lease_s}\ntimeout_ms = 2000\n", dir.display().to_string());
     ServerProc::configure(dir, &itch_spec(), &format!("{store:?}"), &extra, &[])
 }
 
@@ -164,7 +166,7 @@ fn the_etcd_store_serves_what_the_sqlite_store_serves() {
         let sqlite_dir = dir.path().join(format!("sqlite-{seed:x}"));
         std::fs::create_dir_all(&sqlite_dir).unwrap();
         let mut sqlite = ServerProc::start(&sqlite_dir, "");
-        let mut replicated = replica(&dir.path().join(format!("etcd-{seed:x}")), &etcd.url(&format!("diff-{seed:x}")));
+        let mut replicated = replica(&dir.path().join(format!("etcd-{seed:x}")), &etcd.url(&format!("diff-{seed:x}")), 5);
         replicated.spawn();
         rt.block_on(wait_writer(&replicated, Duration::from_secs(30)));
         let (a, b) = rt.block_on(async { (observe(&sqlite, &steps).await, observe(&replicated, &steps).await) });
@@ -229,8 +231,8 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     let dir = tempfile::Builder::new().prefix("subc-ha").tempdir().unwrap();
     let mut etcd = Etcd::start(dir.path(), 3);
     let url = etcd.url("ha");
-    let mut a = replica(&dir.path().join("a"), &url);
-    let mut b = replica(&dir.path().join("b"), &url);
+    let mut a = replica(&dir.path().join("a"), &url, 2);
+    let mut b = replica(&dir.path().join("b"), &url, 2);
     let rt = runtime();
     a.spawn();
     rt.block_on(wait_writer(&a, Duration::from_secs(30)));
@@ -403,7 +405,7 @@ fn a_store_migrates_to_etcd_and_back_with_ids_replies_and_events() {
     let out = common::subc(&["store", "migrate", "--from", db.to_str().unwrap(), "--to", &url, "--json"]);
     let text = common::ok(&out);
     assert!(text.contains("\"subscriptions\""), "{text}");
-    let mut replica_a = replica(&dir.path().join("a"), &url);
+    let mut replica_a = replica(&dir.path().join("a"), &url, 10);
     replica_a.spawn();
     rt.block_on(wait_writer(&replica_a, Duration::from_secs(30)));
     assert_eq!(rt.block_on(state(&replica_a)), before, "the etcd copy serves another state");
@@ -424,10 +426,13 @@ fn a_store_migrates_to_etcd_and_back_with_ids_replies_and_events() {
     let backup = back_dir.join("subc.db");
     common::ok(&common::subc(&["store", "backup", "--store", &url, backup.to_str().unwrap()]));
     let after_etcd = rt.block_on(state(&replica_a));
-    replica_a.kill9();
-    // Into a store that is not empty (once the killed writer's lease is
-    // over): refused, nothing written.
-    std::thread::sleep(Duration::from_secs(3));
+    // Stopped (SIGTERM: it gives its lease back), the store is still not
+    // empty: refused, nothing written.
+    signal(replica_a.pid(), "TERM");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !replica_a.exited() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     refused("the destination is not empty");
     let back = ServerProc::start(&back_dir, "");
     assert_eq!(rt.block_on(state(&back)), after_etcd, "the backup of the etcd store serves another state");
