@@ -305,6 +305,42 @@ async fn find_writer(replicas: &[Replica]) -> Option<usize> {
     None
 }
 
+/// With no client writing: waits until a writer has every target in sync
+/// (a writer may change meanwhile, on a loaded machine), and returns what
+/// it holds.
+async fn settled(replicas: &[Replica], targets: &[&str]) -> Vec<String> {
+    for _ in 0..300 {
+        if let Some(w) = find_writer(replicas).await {
+            let mut admin = replicas[w].server.client(ADMIN);
+            let mut synced = true;
+            for name in targets {
+                synced &= admin.targets.deploy(proto::DeployRequest { name: name.to_string(), timeout_ms: 60_000 }).await.is_ok();
+            }
+            if synced {
+                if let Ok(all) = try_list_all(&mut admin).await {
+                    return all.into_iter().map(|s| s.text).collect();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no writer had every target in sync for a minute");
+}
+
+/// Every subscription, page by page, or the first error.
+async fn try_list_all(c: &mut subc_server::Clients) -> Result<Vec<proto::Subscription>, tonic::Status> {
+    let mut out = vec![];
+    let mut token = String::new();
+    loop {
+        let r = c.subs.list(proto::ListRequest { page_size: 1000, page_token: token.clone(), ..Default::default() }).await?.into_inner();
+        out.extend(r.subscriptions);
+        if r.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = r.next_page_token;
+    }
+}
+
 /// Starts again every replica that exited (as systemd's Restart= would).
 fn restart_exited(replicas: &mut [Replica]) {
     for r in replicas.iter_mut() {
@@ -504,14 +540,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         while busy.load(Ordering::SeqCst) > 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let texts = rt.block_on(async {
-            let w = find_writer(&replicas).await.expect("a writer");
-            let mut admin = replicas[w].server.client(ADMIN);
-            for name in [eb.as_str(), "sim1", "sw1"] {
-                admin.targets.deploy(proto::DeployRequest { name: name.into(), timeout_ms: 60_000 }).await.unwrap();
-            }
-            list_all(&mut admin).await.into_iter().map(|s| s.text).collect::<Vec<String>>()
-        });
+        let texts = rt.block_on(settled(&replicas, &[eb.as_str(), "sim1", "sw1"]));
         plane.check(&texts, &format!("after fault {k} ({fault:?})"));
         paused.store(false, Ordering::SeqCst);
     }
@@ -525,8 +554,15 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     // Every acknowledged change, and nothing else.
     let call = history.invoke(101, Op::List { app: None });
     let held = rt.block_on(async {
-        let w = find_writer(&replicas).await.expect("a writer");
-        list_all(&mut replicas[w].server.client(ADMIN)).await
+        for _ in 0..300 {
+            if let Some(w) = find_writer(&replicas).await {
+                if let Ok(all) = try_list_all(&mut replicas[w].server.client(ADMIN)).await {
+                    return all;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("no writer listed the subscriptions for a minute");
     });
     history.complete(call, Outcome::Listed(held.iter().map(|s| (s.app.clone(), s.id, s.text.clone())).collect()));
     // The history of every subscription is linearizable (common/linearizable.rs).
