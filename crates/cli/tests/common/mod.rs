@@ -7,6 +7,7 @@
 
 pub mod agents;
 pub mod etcd;
+pub mod linearizable;
 
 use std::io::Read;
 use std::net::TcpListener;
