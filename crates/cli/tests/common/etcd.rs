@@ -93,6 +93,11 @@ impl Etcd {
         body.contains("\"health\":\"true\"")
     }
 
+    /// Each member's client port (also its `/metrics`).
+    pub fn client_ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.client).collect()
+    }
+
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.join(format!("etcd-{}.log", self.members[i].name))).unwrap_or_default()
     }

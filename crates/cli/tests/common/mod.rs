@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod bench;
 pub mod etcd;
 pub mod linearizable;
 
