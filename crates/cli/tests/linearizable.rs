@@ -475,6 +475,31 @@ fn concurrent_operations_may_be_ordered_either_way() {
     let _ = NEVER;
 }
 
+/// A List is one point for all it shows: it cannot show an add and miss
+/// one that was acknowledged before that add began, though each alone
+/// could be ordered.
+#[test]
+fn a_list_is_one_point_for_every_subscription() {
+    let (a, b) = ("stock == A : fwd(1)", "stock == B : fwd(2)");
+    let h = vec![
+        entry(0, add("ra", a), 0, 10, Outcome::Added { ids: vec![1], replayed: false }),
+        entry(1, all(), 5, 40, Outcome::Listed(vec![sub(2, b)])),
+        entry(0, add("rb", b), 20, 30, Outcome::Added { ids: vec![2], replayed: false }),
+    ];
+    let v = check_entries(&h).unwrap_err();
+    assert_eq!((v.kind, v.ops.clone()), (Kind::ListNotAtomic, vec![0, 1, 2]), "{v}");
+    // Both, or neither, or only the first: fine.
+    for shown in [vec![sub(1, a), sub(2, b)], vec![], vec![sub(1, a)]] {
+        let mut ok = h.clone();
+        ok[1].outcome = Outcome::Listed(shown);
+        check_entries(&ok).unwrap_or_else(|v| panic!("{v}"));
+    }
+    // Missing the first is fine if a remove of it may have come first.
+    let mut removed = h.clone();
+    removed.push(entry(2, Op::Remove { app: "app0".into(), ids: vec![1] }, 15, 25, Outcome::Removed));
+    check_entries(&removed).unwrap_or_else(|v| panic!("{v}"));
+}
+
 /// The recorder under real threads: 8 clients against a server behind a
 /// mutex (each request applied while it holds the lock, between its
 /// invocation and its completion), with real clocks; and a lost update.

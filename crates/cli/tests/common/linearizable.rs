@@ -34,9 +34,12 @@
 //!
 //! Intervals are closed, and ties are broken in whichever way explains the
 //! history: two operations with the same timestamp may be ordered either
-//! way. Per-subscription checking is exact for adds and removes (each
-//! touches its subscriptions in one step), and for a List it checks each
-//! subscription it covers, not that one point explains all of them at once.
+//! way. A List reads every subscription at one point, which the
+//! per-subscription check does not see; a cheaper necessary condition
+//! does: for each List, the latest point some subscription it shows (or
+//! misses) forces it after, and the earliest it forces it before
+//! ([`Kind::ListNotAtomic`]). It can still miss an anomaly that only a
+//! search over every List's point together would find.
 //!
 //! A [`Violation`] names the operations that cannot be ordered: for one
 //! subscription, a smallest set of its operations that is not linearizable
@@ -208,6 +211,8 @@ pub enum Kind {
     Phantom,
     /// One subscription's operations cannot be ordered.
     NotLinearizable,
+    /// No one point of a List explains what it shows of two subscriptions.
+    ListNotAtomic,
 }
 
 /// A history that no linearization explains: the kind, the subscription,
@@ -571,6 +576,49 @@ pub fn check_entries(entries: &[Entry]) -> Result<(), Violation> {
                 "these operations on one subscription cannot be ordered (absent → present → absent, each at one point of its interval)"
                     .into(),
             );
+        }
+    }
+    // Across subscriptions, a necessary condition: one point of each List
+    // lies after the add of everything it shows and before its removal,
+    // and before the add of what it does not show (unless it may have been
+    // removed by then), or after that removal if the add certainly came first.
+    for (i, keys) in &listed {
+        let e = &entries[*i];
+        let Op::List { app: scope } = &e.op else { continue };
+        let (mut lo, mut hi) = ((e.invoked, *i), (e.completed, *i));
+        for (key, r) in &registers {
+            let acked_remove = r.removes.iter().find(|x| x.2);
+            if keys.contains(key) {
+                if r.add.0 > lo.0 {
+                    lo = (r.add.0, r.add_ops[0]);
+                }
+                if let Some(rm) = acked_remove.filter(|rm| rm.1 < hi.0) {
+                    hi = (rm.1, rm.3);
+                }
+            } else if r.add_mandatory && scope.as_ref().is_none_or(|a| *a == key.0) {
+                // The first remove that may have taken effect by the List's end.
+                let first_remove = r.removes.iter().filter(|x| x.0 <= e.completed).min_by_key(|x| x.0);
+                if let Some(rm) = first_remove {
+                    // Added before the List began: it saw it removed.
+                    if r.add.1 < e.invoked && rm.0 > lo.0 {
+                        lo = (rm.0, rm.3);
+                    }
+                } else if r.add.1 < hi.0 {
+                    // Never removed by then: it saw it before the add.
+                    hi = (r.add.1, r.add_ops[0]);
+                }
+            }
+            if lo.0 > hi.0 {
+                return fail(
+                    Kind::ListNotAtomic,
+                    None,
+                    vec![*i, lo.1, hi.1],
+                    format!(
+                        "the List #{i} must take effect after #{} took effect (not before {} ns) and before #{} did (by {} ns)",
+                        lo.1, lo.0, hi.1, hi.0
+                    ),
+                );
+            }
         }
     }
     Ok(())
