@@ -6,15 +6,15 @@
 //!
 //! - installed: `SUBC_BENCH_SUBS` (10,000) ITCH subscriptions (`subc gen
 //!   itch`), 1,000 per request, then deployed;
-//! - add to live: `SUBC_BENCH_SAMPLES` (200) one-subscription adds on an
+//! - add to live: `SUBC_BENCH_SAMPLES` (300) one-subscription adds on an
 //!   idle server (the target in sync before each), each timed from sending
 //!   the request to the reply, and from sending it until a packet for the
 //!   new subscription's stock, run through the live pinned program with
 //!   `BPF_PROG_TEST_RUN` every 100 µs, is redirected to its port (as the
 //!   `service` bench does); p50, p99, max;
 //! - adds per second while the target follows every change: one
-//!   subscription per request from one client (1,000), one per request
-//!   from 16 concurrent clients (1,600), and 1,000 per request (10,000),
+//!   subscription per request from one client (2,000), one per request
+//!   from 16 concurrent clients (4,000), and 1,000 per request (20,000),
 //!   drawn from the installed set's distribution, each phase starting in
 //!   sync;
 //! - where the time goes: the server's commit histogram and changes per
@@ -122,7 +122,9 @@ fn run(kind: &str, dir: &Path, rules: &[String], phases: &Phases, samples: usize
         let concurrent = adds_concurrently(&server, phases.clients, CLIENTS).await;
         let m3 = scrape(metrics_port);
         wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
+        let m4 = scrape(metrics_port);
         let batched = adds_batched(&mut app, phases.batches, 1000).await;
+        let m5 = scrape(metrics_port);
         let end = wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
         let m = scrape(metrics_port);
         // The commits during a phase (the adds, and the target status the
@@ -151,11 +153,14 @@ fn run(kind: &str, dir: &Path, rules: &[String], phases: &Phases, samples: usize
                 "commit": mean_ms(&m, "subc_commit_seconds", ""),
                 "commits_during_single_one_client": commit_in(&m0, &m1),
                 "commits_during_single_16_clients": commit_in(&m2, &m3),
+                "commits_during_batched": commit_in(&m4, &m5),
                 "commit_batch_changes_mean_16_clients": commit_batch_between(&m2, &m3),
                 "compile_add": mean_ms(&m, "subc_compile_seconds", "{op=\"add\"}"),
             },
         })
     });
+    let log = server.log();
+    report["program_reinstalls"] = log.matches("reinstalling the program").count().into();
     if let Some(etcd) = &etcd {
         let scrapes: Vec<String> = etcd.client_ports().into_iter().map(scrape).collect();
         report["etcd_metrics"] = serde_json::json!({
@@ -177,10 +182,10 @@ fn main() {
         return;
     }
     let installed = env("SUBC_BENCH_SUBS", 10_000);
-    let samples = env("SUBC_BENCH_SAMPLES", 200);
+    let samples = env("SUBC_BENCH_SAMPLES", 300);
     let stores = std::env::var("SUBC_BENCH_STORES").unwrap_or_else(|_| "sqlite,etcd1,etcd3".into());
     let (n_single, n_clients, n_batches) =
-        (env("SUBC_BENCH_SINGLE", 1000), CLIENTS * env("SUBC_BENCH_PER_CLIENT", 100), env("SUBC_BENCH_BATCHES", 10));
+        (env("SUBC_BENCH_SINGLE", 2000), CLIENTS * env("SUBC_BENCH_PER_CLIENT", 250), env("SUBC_BENCH_BATCHES", 20));
     // The first `installed` rules are the installed set, the next ones what
     // the phases add (the same distribution, so that their rates compare).
     let all = subc_workload::itch(&subc_workload::ItchParams {
@@ -192,6 +197,8 @@ fn main() {
     let (single, more) = more.split_at(n_single);
     let (clients, batches) = more.split_at(n_clients);
     let phases = Phases { single, clients, batches };
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    let load_before = load();
     let dir = tempfile::Builder::new().prefix("subc-bench-store").tempdir().unwrap();
     let mut runs = serde_json::Map::new();
     for kind in stores.split(',').map(str::trim).filter(|k| !k.is_empty()) {
@@ -210,6 +217,9 @@ fn main() {
             }
         }
     }
-    let report = serde_json::json!({ "runs": runs, "ratios": ratios, "machine": machine() });
+    let mut machine = machine();
+    machine["loadavg_before"] = load_before.into();
+    machine["loadavg_after"] = load().into();
+    let report = serde_json::json!({ "runs": runs, "ratios": ratios, "machine": machine });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
 }
