@@ -25,7 +25,9 @@
 //! `SUBC_BENCH_SUBS`, `SUBC_BENCH_SAMPLES`, and the phases'
 //! `SUBC_BENCH_SINGLE`, `SUBC_BENCH_PER_CLIENT` and `SUBC_BENCH_BATCHES`
 //! (of 1,000) change the sizes;
-//! `SUBC_BENCH_STORES` (default `sqlite,etcd1,etcd3`) picks the runs.
+//! `SUBC_BENCH_STORES` (default `sqlite,etcd1,etcd3`) picks the stores,
+//! `SUBC_BENCH_ROUNDS` (2) how often each runs, in alternating order; the
+//! JSON has every run, and per store the means of its rounds.
 //! Skips without the BPF capabilities or etcd (fails under `CI=true`).
 
 #[path = "../tests/common/mod.rs"]
@@ -34,6 +36,7 @@ mod common;
 use common::bench::*;
 use common::etcd::{etcd_available, Etcd};
 use common::*;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use subc_server::proto;
@@ -200,19 +203,46 @@ fn main() {
     let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
     let load_before = load();
     let dir = tempfile::Builder::new().prefix("subc-bench-store").tempdir().unwrap();
-    let mut runs = serde_json::Map::new();
-    for kind in stores.split(',').map(str::trim).filter(|k| !k.is_empty()) {
-        let t = Instant::now();
-        // A name of this run: the server's pins go under /sys/fs/bpf/subc-test-<name>.
-        let r = run(kind, &dir.path().join(format!("{kind}-{}", std::process::id())), rules, &phases, samples);
-        eprintln!("{kind}: {:.0} s", t.elapsed().as_secs_f64());
-        runs.insert(kind.to_string(), r);
+    // Rounds in alternating order (sqlite, etcd1, etcd3, then back), so
+    // that a change of the machine's load falls on every store.
+    let kinds: Vec<&str> = stores.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
+    let mut runs: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+    for round in 0..env("SUBC_BENCH_ROUNDS", 2) {
+        let order: Vec<&str> = if round % 2 == 0 { kinds.clone() } else { kinds.iter().rev().copied().collect() };
+        for kind in order {
+            let t = Instant::now();
+            // A name of this run: the server's pins go under /sys/fs/bpf/subc-test-<name>.
+            let mut r = run(kind, &dir.path().join(format!("{kind}-{round}-{}", std::process::id())), rules, &phases, samples);
+            r["round"] = round.into();
+            r["loadavg_after"] = load().into();
+            eprintln!("round {round}, {kind}: {:.0} s", t.elapsed().as_secs_f64());
+            runs.entry(kind.to_string()).or_default().push(r);
+        }
     }
-    let rate = |k: &str, phase: &str| runs.get(k).and_then(|r| r["adds_per_s"][phase].as_f64());
+    // Per store, the mean of its rounds.
+    let mean = |k: &str, f: &dyn Fn(&serde_json::Value) -> Option<f64>| {
+        let v: Vec<f64> = runs.get(k)?.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let mut means = serde_json::Map::new();
     let mut ratios = serde_json::Map::new();
+    let phases = ["single_one_client", "single_16_clients", "batched_1000_per_request"];
+    for k in &kinds {
+        let mut m = serde_json::Map::new();
+        for phase in phases {
+            m.insert(format!("adds_per_s_{phase}"), mean(k, &|r| r["adds_per_s"][phase].as_f64()).into());
+        }
+        for what in ["add_request_to_reply_ms", "add_request_to_live_ms"] {
+            for p in ["p50", "p99"] {
+                m.insert(format!("{what}_{p}"), mean(k, &|r| r[what][p].as_f64()).into());
+            }
+        }
+        means.insert(k.to_string(), m.into());
+    }
     for k in ["etcd1", "etcd3"] {
-        for phase in ["single_one_client", "single_16_clients", "batched_1000_per_request"] {
-            if let (Some(a), Some(b)) = (rate(k, phase), rate("sqlite", phase)) {
+        for phase in phases {
+            let rate = |k: &str| mean(k, &|r| r["adds_per_s"][phase].as_f64());
+            if let (Some(a), Some(b)) = (rate(k), rate("sqlite")) {
                 ratios.insert(format!("{k}_over_sqlite_{phase}"), (a / b).into());
             }
         }
@@ -220,6 +250,6 @@ fn main() {
     let mut machine = machine();
     machine["loadavg_before"] = load_before.into();
     machine["loadavg_after"] = load().into();
-    let report = serde_json::json!({ "runs": runs, "ratios": ratios, "machine": machine });
+    let report = serde_json::json!({ "means": means, "ratios": ratios, "runs": runs, "machine": machine });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
 }
