@@ -75,8 +75,8 @@ pub fn rewriting_ports(peer: &str) -> Vec<(u32, proto::EbpfEgress)> {
     (0..200).map(|p| (p, proto::EbpfEgress { interface: peer.to_string(), dst_ip: format!("10.0.{p}.2"), ..Default::default() })).collect()
 }
 
-/// Why a sample did not go live in time: the last verdict and the
-/// destination's last byte.
+/// Why a sample did not go live in time: the last verdict (`u32::MAX`: no
+/// program pinned) and the destination's last byte.
 #[derive(Debug)]
 pub struct NotLive {
     pub verdict: u32,
@@ -95,8 +95,12 @@ pub fn probe_until_live(
     every: Duration,
 ) -> Result<u64, NotLive> {
     for n in 1.. {
-        // Opened anew each time: a reinstall replaces the pinned program.
-        let (verdict, out) = super::PinnedProg::open(prog_pin).run(frame);
+        // Opened anew each time: a reinstall replaces the pinned program
+        // (and for a moment none is pinned).
+        let (verdict, out) = match super::PinnedProg::try_open(prog_pin) {
+            Some(prog) => prog.run(frame),
+            None => (u32::MAX, vec![]),
+        };
         if verdict == 7 && out.get(32) == Some(&(port as u8)) {
             return Ok(n);
         }

@@ -393,6 +393,12 @@ impl PinnedProg {
         PinnedProg(subc_ebpf_loader::PinnedProgram::open(pin).unwrap_or_else(|e| panic!("{e}")))
     }
 
+    /// As `open`, `None` while no program is pinned there (a reinstall
+    /// replaces the pin).
+    pub fn try_open(pin: &Path) -> Option<PinnedProg> {
+        subc_ebpf_loader::PinnedProgram::open(pin).ok().map(PinnedProg)
+    }
+
     /// The verdict and the packet after the program.
     pub fn run(&self, packet: &[u8]) -> (u32, Vec<u8>) {
         let run = self.0.test_run(packet, 1).unwrap_or_else(|e| panic!("{e}"));
