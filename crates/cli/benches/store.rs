@@ -18,8 +18,8 @@
 //!   drawn from the installed set's distribution, each phase starting in
 //!   sync;
 //! - where the time goes: the server's commit histogram and changes per
-//!   commit, and each etcd member's WAL fsyncs and backend commits (its
-//!   `/metrics`).
+//!   commit, each etcd member's WAL fsyncs and backend commits (its
+//!   `/metrics`), and the CPU time of the server and of the members.
 //!
 //! `cargo bench -p subc-cli --bench store` prints a JSON object.
 //! `SUBC_BENCH_SUBS`, `SUBC_BENCH_SAMPLES`, and the phases'
@@ -164,6 +164,11 @@ fn run(kind: &str, dir: &Path, rules: &[String], phases: &Phases, samples: usize
     });
     let log = server.log();
     report["program_reinstalls"] = log.matches("reinstalling the program").count().into();
+    // What the run cost the 2 cores: the server, and the etcd members beside it.
+    report["cpu_s"] = serde_json::json!({
+        "server": cpu_seconds(server.pid()),
+        "etcd": etcd.as_ref().map(|e| e.cpu_seconds()).unwrap_or(0.0),
+    });
     if let Some(etcd) = &etcd {
         let scrapes: Vec<String> = etcd.client_ports().into_iter().map(scrape).collect();
         report["etcd_metrics"] = serde_json::json!({

@@ -170,6 +170,16 @@ pub fn tag(prefix: &str) -> String {
     format!("{prefix}{}{}", std::process::id() % 10_000, N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
+/// The CPU time (user and system) process `pid` has used, in seconds
+/// (`/proc/PID/stat`, in clock ticks of 10 ms); 0 if it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis, from the state (field 3).
+    let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
