@@ -35,6 +35,7 @@
 mod common;
 
 use common::agents::{management, AgentProc, Certs, AGENT_NAME};
+use common::bench::{env, percentile};
 use common::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -45,14 +46,6 @@ const LEAVES: usize = 28;
 const HOSTS_PER_LEAF: usize = 2;
 /// The publishing hosts: the first host of leaves 0, 7, 14 and 21.
 const PUBLISHERS: [usize; 4] = [0, 14, 28, 42];
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
 
 fn summary(mut v: Vec<f64>) -> serde_json::Value {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -28,61 +28,12 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::bench::*;
 use common::*;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use subc_bdd::CompiledSet;
 use subc_server::proto;
 use subc_server::StoredSub;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn summary(mut v: Vec<f64>) -> serde_json::Value {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    serde_json::json!({ "samples": v.len(), "p50": percentile(&v, 0.5), "p99": percentile(&v, 0.99), "max": v[v.len() - 1] })
-}
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// `GET /metrics` over plain HTTP/1.0.
-fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-/// The value of one sample line of the Prometheus text (`name{labels} value`).
-fn metric(text: &str, name_and_labels: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(f64::NAN)
-}
-
-/// Mean of a histogram, in milliseconds, from its `_sum` and `_count`.
-fn mean_ms(text: &str, name: &str, labels: &str) -> serde_json::Value {
-    let sum = metric(text, &format!("{name}_sum{labels}"));
-    let count = metric(text, &format!("{name}_count{labels}"));
-    serde_json::json!({ "count": count, "mean_ms": sum / count * 1e3 })
-}
-
-/// The one-subscription add of sample `i`: a stock no installed
-/// subscription names, to a port 1..=7.
-fn sample_rule(i: usize) -> (String, u32) {
-    let port = 1 + (i % 7) as u32;
-    (format!("stock == Q{i:05} : fwd({port})"), port)
-}
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
@@ -114,8 +65,7 @@ fn main() {
     // Port P (the workload's hosts are 0 to 199) leaves through the peer
     // with its destination rewritten to 10.0.P.2: the packet after the
     // program names the port it went to.
-    let ports: Vec<(u32, proto::EbpfEgress)> =
-        (0..200).map(|p| (p, proto::EbpfEgress { interface: peer.clone(), dst_ip: format!("10.0.{p}.2"), ..Default::default() })).collect();
+    let ports = rewriting_ports(&peer);
     let prog_pin = server.bpffs_root.join(&t).join("prog_subc_tc");
     // Camus's ITCH workload as `subc gen itch` makes it and the IR's
     // benchmarks use it (100 symbols of 3 to 5 letters, so no sample's stock
@@ -160,7 +110,7 @@ fn main() {
                 wait_in_sync(&mut admin, &t, Duration::from_secs(60)).await;
             }
             let (rule, port) = sample_rule(i);
-            let frame = itch_frame([2, 0, 0, 0, 0, 2], i as u64, &format!("Q{i:05}"), 10);
+            let frame = sample_frame(i);
             let before = PinnedProg::open(&prog_pin).run(&frame);
             assert_eq!(before.0, 0, "sample {i}: the packet for {rule:?} matches nothing before the add (TC_ACT_OK)");
             let sent = Instant::now();
@@ -168,25 +118,20 @@ fn main() {
             let acked = Instant::now();
             request_to_ack.push((acked - sent).as_secs_f64() * 1e3);
             let mode = usize::from(!idle);
-            for n in 0.. {
-                // Opened anew each time: a reinstall replaces the pinned program.
-                let (verdict, out) = PinnedProg::open(&prog_pin).run(&frame);
-                probes += 1;
-                if verdict == 7 && out.get(32) == Some(&(port as u8)) {
-                    first_probe[mode] += usize::from(n == 0);
-                    break;
+            match probe_until_live(&prog_pin, &frame, port, acked, live_timeout, probe_every) {
+                Ok(n) => {
+                    probes += n;
+                    first_probe[mode] += usize::from(n == 1);
                 }
-                if acked.elapsed() > live_timeout {
+                Err(NotLive { verdict, dst_byte }) => {
                     let s = admin.targets.status(proto::TargetRequest { name: t.clone() }).await.map(|s| s.into_inner());
                     panic!(
                         "sample {i}: {rule:?} was acknowledged but did not decide packets within {live_timeout:?} \
-                         (last verdict {verdict}, destination byte {:?}, expected TC_ACT_REDIRECT (7) to port {port}); \
+                         (last verdict {verdict}, destination byte {dst_byte:?}, expected TC_ACT_REDIRECT (7) to port {port}); \
                          target status: {s:?}\nserver log:\n{}",
-                        out.get(32),
                         server.log()
                     );
                 }
-                std::thread::sleep(probe_every);
             }
             lat[mode].push(acked.elapsed().as_secs_f64() * 1e3);
             from_request[mode].push(sent.elapsed().as_secs_f64() * 1e3);
@@ -196,40 +141,15 @@ fn main() {
         let [idle_req, busy_req] = from_request;
 
         // Adds per second, one per request, one client.
-        let t2 = Instant::now();
-        for rule in single_rules {
-            app.subs.add(proto::AddRequest { lines: vec![rule.clone()], ..Default::default() }).await.unwrap();
-        }
-        let single = n_single as f64 / t2.elapsed().as_secs_f64();
+        let single = adds_one_by_one(&mut app, single_rules).await;
         wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
         // One per request, 16 clients at once.
         let m0 = scrape(metrics_port);
-        let t3 = Instant::now();
-        let mut tasks = vec![];
-        for (c, mine) in client_rules.chunks(per_client).enumerate() {
-            let mut client = server.client(APPS[c % 4].1);
-            let mine = mine.to_vec();
-            tasks.push(tokio::spawn(async move {
-                for rule in mine {
-                    client.subs.add(proto::AddRequest { lines: vec![rule], ..Default::default() }).await.unwrap();
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let concurrent = (n_clients * per_client) as f64 / t3.elapsed().as_secs_f64();
-        let m1 = scrape(metrics_port);
-        let batch = |m: &str| (metric(m, "subc_commit_batch_changes_sum"), metric(m, "subc_commit_batch_changes_count"));
-        let ((s0, c0), (s1, c1)) = (batch(&m0), batch(&m1));
-        let concurrent_commit_batch = (s1 - s0) / (c1 - c0);
+        let concurrent = adds_concurrently(&server, client_rules, n_clients).await;
+        let concurrent_commit_batch = commit_batch_between(&m0, &scrape(metrics_port));
         wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
         // 1,000 per request.
-        let t4 = Instant::now();
-        for chunk in batch_rules.chunks(1000) {
-            app.subs.add(proto::AddRequest { lines: chunk.to_vec(), ..Default::default() }).await.unwrap();
-        }
-        let batched = (n_batches * 1000) as f64 / t4.elapsed().as_secs_f64();
+        let batched = adds_batched(&mut app, batch_rules, 1000).await;
         let end = wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
         let m = scrape(metrics_port);
         let label = format!("{{target=\"{t}\"}}");
@@ -345,10 +265,7 @@ fn main() {
         "single_one_client_over_ir_check_and_add_one": r["single_one_client"].as_f64().unwrap() / ir_single_rate,
         "batched_over_ir_add_1000": r["batched_1000_per_request"].as_f64().unwrap() / ir_batch_rate,
     });
-    report["machine"] = serde_json::json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-    });
+    report["machine"] = machine();
     if std::env::var("SUBC_BENCH_KEEP").is_ok() {
         eprintln!("kept {}", dir.keep().display());
     }

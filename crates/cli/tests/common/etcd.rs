@@ -93,6 +93,16 @@ impl Etcd {
         body.contains("\"health\":\"true\"")
     }
 
+    /// The CPU time the running members have used, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.members.iter().filter_map(|m| m.child.as_ref()).map(|c| super::cpu_seconds(c.id())).sum()
+    }
+
+    /// Each member's client port (also its `/metrics`).
+    pub fn client_ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.client).collect()
+    }
+
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.join(format!("etcd-{}.log", self.members[i].name))).unwrap_or_default()
     }

@@ -113,8 +113,8 @@ impl Entry {
 
 impl fmt::Display for Entry {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let end = if self.completed == NEVER { "…".to_string() } else { format!("{:.3}", self.completed as f64 / 1e6) };
-        write!(f, "client {} [{:.3} ms, {end} ms] ", self.client, self.invoked as f64 / 1e6)?;
+        let end = if self.completed == NEVER { "…".to_string() } else { format!("{} ns", self.completed) };
+        write!(f, "client {} [{} ns, {end}] ", self.client, self.invoked)?;
         match &self.op {
             Op::Add { app, request_id, lines } => write!(f, "Add(app {app}, request {request_id:?}, {lines:?})")?,
             Op::Remove { app, ids } => write!(f, "Remove(app {app}, {ids:?})")?,

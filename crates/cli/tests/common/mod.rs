@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod bench;
 pub mod delivery;
 pub mod etcd;
 pub mod linearizable;
@@ -169,6 +170,16 @@ pub fn capture_tools_available(test: &str) -> bool {
 pub fn tag(prefix: &str) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     format!("{prefix}{}{}", std::process::id() % 10_000, N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The CPU time (user and system) process `pid` has used, in seconds
+/// (`/proc/PID/stat`, in clock ticks of 10 ms); 0 if it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis, from the state (field 3).
+    let rest: Vec<&str> = stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
 }
 
 pub fn free_port() -> u16 {
@@ -400,6 +411,12 @@ pub struct PinnedProg(subc_ebpf_loader::PinnedProgram);
 impl PinnedProg {
     pub fn open(pin: &Path) -> PinnedProg {
         PinnedProg(subc_ebpf_loader::PinnedProgram::open(pin).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// As `open`, `None` while no program is pinned there (a reinstall
+    /// replaces the pin).
+    pub fn try_open(pin: &Path) -> Option<PinnedProg> {
+        subc_ebpf_loader::PinnedProgram::open(pin).ok().map(PinnedProg)
     }
 
     /// The verdict and the packet after the program.
