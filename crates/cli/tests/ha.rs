@@ -17,7 +17,6 @@ use common::etcd::{etcd_available, wait_writer, Etcd};
 use common::{itch_spec, ServerProc, ADMIN, APPS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto;
 use subc_workload::Rng;
 
@@ -257,22 +256,9 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     assert_eq!((info.reason.as_str(), info.domain.as_str()), ("NOT_WRITER", "subc"));
     assert_eq!(info.metadata.get("writer_address").map(String::as_str), Some(format!("127.0.0.1:{}", a.port).as_str()));
     assert!(b.log().contains("standing by"), "{}", b.log());
-    let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
-    let switch = rt.block_on(TestServer::start(Checks::Recover(std::sync::Arc::new(spec)))).unwrap();
+    let (switch, reg) = rt.block_on(common::p4_switch("sw1"));
     let mut acked = vec![];
     rt.block_on(async {
-        let p4 = proto::P4RuntimeTarget {
-            address: switch.addr.trim_start_matches("http://").into(),
-            device_id: subc_p4runtime::testing::DEVICE,
-            device_config: b"{}".to_vec(),
-            election_id: 7,
-            ..Default::default()
-        };
-        let reg = proto::RegisterTargetRequest {
-            name: "sw1".into(),
-            kind: Some(proto::register_target_request::Kind::P4runtime(p4)),
-            ..Default::default()
-        };
         a.client(ADMIN).targets.register(reg).await.unwrap();
         a.client(ADMIN).targets.deploy(proto::DeployRequest { name: "sw1".into(), timeout_ms: 30_000 }).await.unwrap();
         for i in 0..20 {

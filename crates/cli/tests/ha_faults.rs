@@ -36,7 +36,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use subc_p4runtime::testing::{Checks, TestServer};
 use subc_server::proto;
 use subc_workload::Rng;
 use tonic::Code;
@@ -389,17 +388,9 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
 
     let rt = runtime();
     rt.block_on(wait_writer(&replicas[0].server, Duration::from_secs(30)));
-    let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
-    let switch = rt.block_on(TestServer::start(Checks::Recover(Arc::new(spec)))).unwrap();
+    let (switch, sw1) = rt.block_on(common::p4_switch("sw1"));
     rt.block_on(async {
         let mut admin = replicas[0].server.client(ADMIN);
-        let p4 = proto::P4RuntimeTarget {
-            address: switch.addr.trim_start_matches("http://").into(),
-            device_id: subc_p4runtime::testing::DEVICE,
-            device_config: b"{}".to_vec(),
-            election_id: 7,
-            ..Default::default()
-        };
         let regs = [
             proto::RegisterTargetRequest {
                 name: eb.clone(),
@@ -411,11 +402,7 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
                 kind: Some(proto::register_target_request::Kind::Sim(proto::SimTarget { path: "sim1.json".into() })),
                 manual: false,
             },
-            proto::RegisterTargetRequest {
-                name: "sw1".into(),
-                kind: Some(proto::register_target_request::Kind::P4runtime(p4)),
-                manual: false,
-            },
+            sw1,
         ];
         for reg in regs {
             let name = reg.name.clone();

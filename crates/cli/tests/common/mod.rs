@@ -518,3 +518,25 @@ pub async fn reconciled_since(server: &ServerProc, target: &str, since_ms: i64) 
     .await
     .unwrap_or_else(|_| panic!("{target} is reconciled within a minute of the restart"))
 }
+
+/// The in-process P4Runtime switch for the ITCH spec, and the
+/// registration of target `name` on it (election id 7; subc pushes its
+/// program).
+pub async fn p4_switch(name: &str) -> (subc_p4runtime::testing::TestServer, proto::RegisterTargetRequest) {
+    use subc_p4runtime::testing::{Checks, TestServer};
+    let (spec, _) = subc_server::load_spec(&subc_server::Config::with_spec(itch_spec())).unwrap();
+    let switch = TestServer::start(Checks::Recover(std::sync::Arc::new(spec))).await.unwrap();
+    let p4 = proto::P4RuntimeTarget {
+        address: switch.addr.trim_start_matches("http://").into(),
+        device_id: subc_p4runtime::testing::DEVICE,
+        device_config: b"{}".to_vec(),
+        election_id: 7,
+        ..Default::default()
+    };
+    let reg = proto::RegisterTargetRequest {
+        name: name.into(),
+        kind: Some(proto::register_target_request::Kind::P4runtime(p4)),
+        ..Default::default()
+    };
+    (switch, reg)
+}
