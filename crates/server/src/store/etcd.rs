@@ -689,7 +689,17 @@ impl Store {
     /// takes over.
     fn after_unanswered(&self, e: Error) -> Error {
         let lease = self.lease.as_ref().expect("only the writer commits");
-        match self.conn.get(self.conn.key("rev")) {
+        // The read may go to another member than the one that failed the
+        // commit: a few tries, within the lease.
+        let mut read = self.conn.get(self.conn.key("rev"));
+        for _ in 0..4 {
+            if read.is_ok() || lease.lost.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            read = self.conn.get(self.conn.key("rev"));
+        }
+        match read {
             Ok(kv) if kv.as_ref().map(|kv| kv.mod_revision()).unwrap_or(0) == self.rev => e,
             _ => {
                 lease.lost.store(true, Ordering::SeqCst);
