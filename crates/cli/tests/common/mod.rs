@@ -372,6 +372,8 @@ impl Drop for Cleanup {
             let _ = std::fs::remove_dir_all(root.join(name));
             let _ = std::fs::remove_dir(root);
             let _ = std::fs::remove_dir_all(subc_ebpf_loader::state_dir(name).unwrap());
+            // The lock of a replicated server's target (EbpfTarget::exclusive).
+            let _ = std::fs::remove_file(subc_ebpf_loader::state_dir(name).unwrap().with_extension("owner"));
         }
     }
 }

@@ -213,8 +213,32 @@ impl Conn {
 
     fn get(&self, key: String) -> Result<Option<etcd_client::KeyValue>, Error> {
         let what = format!("reading {key}");
-        let mut r = self.call(&what, |mut c| async move { c.get(key, None).await })?;
+        let mut r = self.read(&what, move |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
+        })?;
         Ok(r.take_kvs().into_iter().next())
+    }
+
+    /// A read (safe to repeat), tried again a few times when a member or
+    /// a connection fails under it: another member answers.
+    fn read<T: Send + 'static, F: Future<Output = Result<T, etcd_client::Error>> + Send + 'static>(
+        &self,
+        what: &str,
+        f: impl Fn(Client) -> F,
+    ) -> Result<T, Error> {
+        let mut tries = 0;
+        loop {
+            match self.call(what, &f) {
+                Ok(v) => return Ok(v),
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    tracing::debug!(error = %e, "an etcd read failed; trying again");
+                    std::thread::sleep(Duration::from_millis(100 * tries));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Every key and value under `P/<dir>/`, in key order, read at one
@@ -231,12 +255,13 @@ impl Conn {
         let mut out = vec![];
         loop {
             let (f, e) = (from.clone(), end.clone());
-            let mut opts = GetOptions::new().with_range(e).with_limit(PAGE);
-            if revision != 0 {
-                opts = opts.with_revision(revision);
-            }
-            let mut r = self.call(&format!("reading {start}"), |c| async move {
-                c.kv_client().max_decoding_message_size(MAX_MESSAGE).get(f, Some(opts)).await
+            let mut r = self.read(&format!("reading {start}"), move |c| {
+                let mut opts = GetOptions::new().with_range(e.clone()).with_limit(PAGE);
+                if revision != 0 {
+                    opts = opts.with_revision(revision);
+                }
+                let f = f.clone();
+                async move { c.kv_client().max_decoding_message_size(MAX_MESSAGE).get(f, Some(opts)).await }
             })?;
             if revision == 0 {
                 revision = r.header().map(|h| h.revision()).unwrap_or(0);
@@ -825,16 +850,19 @@ fn campaign(conn: &Arc<Conn>, name: &str, ttl: i64, wait: bool) -> Result<Lease,
             tracing::info!(writer = %String::from_utf8_lossy(holder.value()), "standing by: another server is the writer");
             announced = true;
         }
-        wait_for_delete(conn, leader.clone(), holder.mod_revision() + 1)?;
+        wait_for_delete(conn, leader.clone(), holder.mod_revision() + 1, Duration::from_secs(ttl.max(1) as u64))?;
     }
 }
 
-/// Returns when `key` is deleted at or after `from` (or the watch ends).
-fn wait_for_delete(conn: &Conn, key: String, from: i64) -> Result<(), Error> {
+/// Returns when `key` is deleted at or after `from`, the watch ends, or
+/// `at_most` has passed (the caller campaigns again).
+fn wait_for_delete(conn: &Conn, key: String, from: i64, at_most: Duration) -> Result<(), Error> {
     let mut client = conn.client.clone();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     conn.rt().spawn(async move {
-        let r = async {
+        // At most `at_most`: a watch whose connection died without a word
+        // must not keep a standby waiting while the key is gone.
+        let watch = async {
             let mut stream = client.watch(key, Some(WatchOptions::new().with_start_revision(from))).await?;
             while let Some(resp) = stream.message().await? {
                 if resp.canceled() || resp.events().iter().any(|e| e.event_type() == etcd_client::EventType::Delete) {
@@ -842,8 +870,8 @@ fn wait_for_delete(conn: &Conn, key: String, from: i64) -> Result<(), Error> {
                 }
             }
             Ok::<(), etcd_client::Error>(())
-        }
-        .await;
+        };
+        let r = tokio::time::timeout(at_most, watch).await.unwrap_or(Ok(()));
         let _ = tx.send(r);
     });
     match rx.recv() {
