@@ -49,7 +49,8 @@ fn acknowledged_subscriptions_survive_sigkill_with_adds_in_flight() {
             // 1,000 adds at once from eight clients (connections) of four
             // applications, each a distinct rule; the server is killed while
             // most are in flight.
-            let acked: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+            // (application, its id, text): ids are numbered per application.
+            let acked: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
             let attempted: Arc<Mutex<BTreeSet<String>>> = Arc::default();
             let mut tasks = vec![];
             for c in 0..8usize {
@@ -61,7 +62,8 @@ fn acknowledged_subscriptions_survive_sigkill_with_adds_in_flight() {
                         let text = format!("stock == C{c}{k:03} && shares > {k} : fwd({})", (c + k) % 8);
                         attempted.lock().unwrap().insert(text.clone());
                         if let Ok(r) = client.subs.add(lines(std::slice::from_ref(&text))).await {
-                            acked.lock().unwrap().push((r.into_inner().subscriptions[0].id, text));
+                            let s = &r.into_inner().subscriptions[0];
+                            acked.lock().unwrap().push((s.app.clone(), s.id, text));
                         }
                     }));
                 }
@@ -79,9 +81,13 @@ fn acknowledged_subscriptions_survive_sigkill_with_adds_in_flight() {
             server.spawn();
             let mut admin = server.client(ADMIN);
             let stored = list_all(&mut admin).await;
-            let by_id: BTreeMap<u64, &str> = stored.iter().map(|s| (s.id, s.text.as_str())).collect();
-            for (id, text) in &acked {
-                assert_eq!(by_id.get(id).copied(), Some(text.as_str()), "acknowledged subscription {id} is stored");
+            let by_id: BTreeMap<(&str, u64), &str> = stored.iter().map(|s| ((s.app.as_str(), s.id), s.text.as_str())).collect();
+            for (app, id, text) in &acked {
+                assert_eq!(
+                    by_id.get(&(app.as_str(), *id)).copied(),
+                    Some(text.as_str()),
+                    "acknowledged subscription {id} of {app} is stored"
+                );
             }
             let texts: Vec<String> = stored.iter().map(|s| s.text.clone()).collect();
             eprintln!("{} stored after the restart (100 before the adds)", texts.len());
