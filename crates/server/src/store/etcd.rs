@@ -212,10 +212,16 @@ impl Conn {
     }
 
     fn get(&self, key: String) -> Result<Option<etcd_client::KeyValue>, Error> {
+        self.get_at(key, 0)
+    }
+
+    /// `key` as of revision `at` (0: the latest).
+    fn get_at(&self, key: String, at: i64) -> Result<Option<etcd_client::KeyValue>, Error> {
         let what = format!("reading {key}");
         let mut r = self.read(&what, move |mut c| {
             let key = key.clone();
-            async move { c.get(key, None).await }
+            let opts = (at != 0).then(|| GetOptions::new().with_revision(at));
+            async move { c.get(key, opts).await }
         })?;
         Ok(r.take_kvs().into_iter().next())
     }
@@ -410,6 +416,8 @@ pub(crate) struct Store {
     /// The revision of this writer's last commit (or of its load).
     rev: i64,
     index: Index,
+    /// The revision reads are made at; 0: the latest ([`Store::dump`]).
+    at: i64,
 }
 
 impl Store {
@@ -427,13 +435,13 @@ impl Store {
 
     /// Connects for reads only (a backup while a server writes).
     pub(crate) fn open_reader(at: &EtcdLocation) -> Result<Store, Error> {
-        Ok(Store { conn: Conn::open(at)?, lease: None, rev: 0, index: Index::default() })
+        Ok(Store { conn: Conn::open(at)?, lease: None, rev: 0, index: Index::default(), at: 0 })
     }
 
     fn elect(at: &EtcdLocation, name: &str, wait: bool) -> Result<Store, Error> {
         let conn = Conn::open(at)?;
         let lease = campaign(&conn, name, i64::from(at.config.lease_ttl_s), wait)?;
-        let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default() };
+        let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default(), at: 0 };
         store.rev = store.conn.get(store.conn.key("rev"))?.map(|kv| kv.mod_revision()).unwrap_or(0);
         store.load_index()?;
         match store.meta("schema_version")? {
@@ -446,7 +454,7 @@ impl Store {
 
     /// A handle for reads only, on the same connection.
     pub(crate) fn reader(&self) -> Store {
-        Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default() }
+        Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at: 0 }
     }
 
     pub(crate) fn leadership(&self) -> Leadership {
@@ -459,7 +467,7 @@ impl Store {
     }
 
     fn load_index(&mut self) -> Result<(), Error> {
-        for (key, value) in self.conn.scan("events")? {
+        for (key, value) in self.conn.scan_at("events", self.at)? {
             let r = EventRecord::decode(value.as_slice()).map_err(|e| undecodable("event", e))?;
             if let Some(seq) = key_number(&key) {
                 self.index.events.insert(seq, (r.created_ms, r.body.len() as u64));
@@ -469,7 +477,7 @@ impl Store {
             }
         }
         let dir = self.conn.key("requests/");
-        for (key, value) in self.conn.scan("requests")? {
+        for (key, value) in self.conn.scan_at("requests", self.at)? {
             let r = RequestRecord::decode(value.as_slice()).map_err(|e| undecodable("reply", e))?;
             let key = String::from_utf8_lossy(&key[dir.len()..]).into_owned();
             self.index.requests.insert(key, (r.created_ms, r.reply.len() as u64));
@@ -478,7 +486,7 @@ impl Store {
     }
 
     pub(crate) fn meta(&self, key: &str) -> Result<Option<String>, Error> {
-        match self.conn.get(self.conn.key(&format!("meta/{key}")))? {
+        match self.conn.get_at(self.conn.key(&format!("meta/{key}")), self.at)? {
             None => Ok(None),
             Some(kv) => kv.value_str().map(|v| Some(v.to_string())).map_err(|e| store_err("a meta value", e)),
         }
@@ -486,7 +494,7 @@ impl Store {
 
     pub(crate) fn load_subs(&self) -> Result<Vec<StoredSub>, Error> {
         let mut out = vec![];
-        for (key, value) in self.conn.scan("subs")? {
+        for (key, value) in self.conn.scan_at("subs", self.at)? {
             let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
             let id = key_number(&key)
                 .ok_or_else(|| Error::Store(format!("etcd: {:?} is not a subscription key", String::from_utf8_lossy(&key))))?;
@@ -501,7 +509,7 @@ impl Store {
         let floor = AppCounters { next_id: id?.max(1), generation: generation?, event_seq: seq? };
         let dir = self.conn.key("apps/");
         let mut apps = vec![];
-        for (key, value) in self.conn.scan("apps")? {
+        for (key, value) in self.conn.scan_at("apps", self.at)? {
             let r = AppRecord::decode(value.as_slice()).map_err(|e| undecodable("application", e))?;
             let app = unhex(&String::from_utf8_lossy(&key[dir.len()..]));
             apps.push((app, AppCounters { next_id: r.next_id, generation: r.generation, event_seq: r.event_seq }));
@@ -542,7 +550,7 @@ impl Store {
 
     pub(crate) fn load_placements(&self) -> Result<Vec<(u64, String)>, Error> {
         let mut out = vec![];
-        for (key, value) in self.conn.scan("placements")? {
+        for (key, value) in self.conn.scan_at("placements", self.at)? {
             if let (Some(id), Ok(pipes)) = (key_number(&key), String::from_utf8(value)) {
                 out.push((id, pipes));
             }
@@ -551,10 +559,10 @@ impl Store {
     }
 
     pub(crate) fn load_targets(&self) -> Result<Vec<StoredTarget>, Error> {
-        let statuses: HashMap<Vec<u8>, Vec<u8>> = self.conn.scan("status")?.into_iter().collect();
+        let statuses: HashMap<Vec<u8>, Vec<u8>> = self.conn.scan_at("status", self.at)?.into_iter().collect();
         let (targets_dir, status_dir) = (self.conn.key("targets/"), self.conn.key("status/"));
         let mut out = vec![];
-        for (key, value) in self.conn.scan("targets")? {
+        for (key, value) in self.conn.scan_at("targets", self.at)? {
             let r = TargetRecord::decode(value.as_slice()).map_err(|e| undecodable("target", e))?;
             let registration = proto::RegisterTargetRequest::decode(r.registration.as_slice()).map_err(|e| undecodable("target", e))?;
             let status_key = [status_dir.as_bytes(), &key[targets_dir.len()..]].concat();
@@ -666,26 +674,13 @@ impl Store {
                 d.meta.push((k, String::from_utf8_lossy(&v).into_owned()));
             }
         }
-        for (key, value) in self.conn.scan_at("subs", at)? {
-            let r = SubRecord::decode(value.as_slice()).map_err(|e| undecodable("subscription", e))?;
-            d.subs.push(r.stored(key_number(&key).unwrap_or(0)));
-        }
-        for (key, value) in self.conn.scan_at("placements", at)? {
-            d.placements.push((key_number(&key).unwrap_or(0), String::from_utf8_lossy(&value).into_owned()));
-        }
-        let statuses: HashMap<Vec<u8>, Vec<u8>> = self.conn.scan_at("status", at)?.into_iter().collect();
-        let (targets_dir, status_dir) = (self.conn.key("targets/"), self.conn.key("status/"));
-        for (key, value) in self.conn.scan_at("targets", at)? {
-            let r = TargetRecord::decode(value.as_slice()).map_err(|e| undecodable("target", e))?;
-            let registration = proto::RegisterTargetRequest::decode(r.registration.as_slice()).map_err(|e| undecodable("target", e))?;
-            let status_key = [status_dir.as_bytes(), &key[targets_dir.len()..]].concat();
-            let status = statuses
-                .get(&status_key)
-                .map(|s| proto::TargetStatus::decode(s.as_slice()))
-                .transpose()
-                .map_err(|e| undecodable("status", e))?;
-            d.targets.push(StoredTarget { registration, deployed: r.deployed, status });
-        }
+        // Subscriptions, placements, targets and counters as the server
+        // loads them, read at the same revision.
+        let pinned = Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at };
+        d.subs = pinned.load_subs()?;
+        d.placements = pinned.load_placements()?;
+        d.targets = pinned.load_targets()?;
+        d.apps = pinned.load_app_counters()?.1;
         let requests_dir = self.conn.key("requests/");
         for (key, value) in self.conn.scan_at("requests", at)? {
             let r = RequestRecord::decode(value.as_slice()).map_err(|e| undecodable("reply", e))?;
@@ -703,7 +698,6 @@ impl Store {
             }
             d.events.push(e);
         }
-        d.apps = self.load_app_counters()?.1;
         Ok(d)
     }
 
