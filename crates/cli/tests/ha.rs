@@ -190,6 +190,86 @@ fn the_etcd_store_serves_what_the_sqlite_store_serves() {
     }
 }
 
+/// The revision a reply reports (`subc-revision`).
+fn revision<T>(r: &tonic::Response<T>) -> i64 {
+    let v = r.metadata().get("subc-revision").unwrap_or_else(|| panic!("no subc-revision in {:?}", r.metadata()));
+    v.to_str().unwrap().parse().unwrap()
+}
+
+/// A standby answers reads from the store it follows: after a random
+/// history on the writer, once the standby reports the revision of the
+/// writer's last acknowledgement (or a later one), it serves what the
+/// writer serves (every subscription, every event, each application's own
+/// view). Its revisions never go back; tokens and tenancy hold as on the
+/// writer; a watcher on the standby sees a write on the writer live.
+#[test]
+fn a_standby_serves_what_the_writer_serves_at_the_revision_it_reports() {
+    if !etcd_available("a_standby_serves_what_the_writer_serves_at_the_revision_it_reports") {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("subc-ha-reads").tempdir().unwrap();
+    let etcd = Etcd::start(dir.path(), 1);
+    let url = etcd.url("reads");
+    let (mut a, mut b) = (replica(&dir.path().join("a"), &url, 30), replica(&dir.path().join("b"), &url, 30));
+    let rt = runtime();
+    a.spawn();
+    rt.block_on(wait_writer(&a, Duration::from_secs(30)));
+    b.spawn_unready();
+    let steps = history(0x005e_ed0f_5ead, 48);
+    rt.block_on(async {
+        let mut last_seen = 0i64;
+        let mut b_admin = loop {
+            let mut c = b.client(ADMIN);
+            if c.subs.list(proto::ListRequest::default()).await.is_ok() {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        for (k, chunk) in steps.chunks(12).enumerate() {
+            observe(&a, chunk).await;
+            // The writer's acknowledgement says a revision its write is at or before.
+            let probe = proto::AddRequest { lines: vec![format!("stock == P{k:03} : fwd(1)")], ..Default::default() };
+            let acked = revision(&a.client(ADMIN).subs.add(probe).await.unwrap());
+            let until = Instant::now() + Duration::from_secs(20);
+            loop {
+                let r = b_admin.subs.list(proto::ListRequest { page_size: 1, ..Default::default() }).await.unwrap();
+                let at = revision(&r);
+                assert!(at >= last_seen, "the standby went back from revision {last_seen} to {at}");
+                assert_eq!(r.metadata().get("subc-role").and_then(|v| v.to_str().ok()), Some("standby"));
+                last_seen = at;
+                if at >= acked {
+                    break;
+                }
+                assert!(Instant::now() < until, "the standby is at revision {at}, not {acked}, after 20 s:\n{}", b.log());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (writer, standby) = (state(&a).await, state(&b).await);
+            assert!(writer.iter().any(|l| l.starts_with("sub ")), "chunk {k}: nothing held");
+            assert_eq!(writer, standby, "chunk {k}: the writer (left) and the standby at revision {last_seen} (right) disagree");
+        }
+        // Tokens and tenancy, as on the writer.
+        let mut anonymous = b.client("not-a-token");
+        let refused = anonymous.subs.list(proto::ListRequest::default()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let other = proto::ListRequest { app: APPS[1].0.into(), ..Default::default() };
+        assert_eq!(b.client(APPS[0].1).subs.list(other).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+        let own = b.client(APPS[0].1).subs.list(proto::ListRequest::default()).await.unwrap().into_inner();
+        assert!(own.subscriptions.iter().all(|s| s.app == APPS[0].0) && !own.subscriptions.is_empty(), "{own:?}");
+        let first = &own.subscriptions[0];
+        let got = b.client(APPS[0].1).subs.get(proto::GetRequest { id: first.id, ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(&got, first);
+        // A watcher on the standby sees a write on the writer, live, in
+        // its application's numbering.
+        let mut live = b.client(APPS[0].1).events.watch(proto::WatchRequest::default()).await.unwrap().into_inner();
+        let ids = add(&a, 0, "stock == LIVE : fwd(3)", "live").await.unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(10), live.message()).await.expect("no event within 10 s").unwrap().unwrap();
+        assert_eq!(e.subscription_ids, ids);
+        let mut on_writer =
+            a.client(APPS[0].1).events.watch(proto::WatchRequest { replay: true, after_seq: e.seq - 1 }).await.unwrap().into_inner();
+        assert_eq!(on_writer.message().await.unwrap().unwrap(), e);
+    });
+}
+
 /// Adds `text` through `server` as `app`; the ids on success.
 async fn add(server: &ServerProc, app: usize, text: &str, request_id: &str) -> Result<Vec<u64>, tonic::Status> {
     let req = proto::AddRequest { lines: vec![text.to_string()], request_id: request_id.to_string(), ..Default::default() };
@@ -235,13 +315,13 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
     let rt = runtime();
     a.spawn();
     rt.block_on(wait_writer(&a, Duration::from_secs(30)));
-    // B stands by: it answers every call UNAVAILABLE, naming the writer A
+    // B stands by: it answers every write UNAVAILABLE, naming the writer A
     // and its address, and its health is NOT_SERVING.
     b.spawn();
     let refused = rt.block_on(async {
         let mut c = b.client(ADMIN);
         loop {
-            let r = c.subs.list(proto::ListRequest::default()).await;
+            let r = c.subs.add(proto::AddRequest { lines: vec!["stock == Z : fwd(1)".into()], ..Default::default() }).await;
             match r {
                 Err(s) if s.message().contains("the writer is") => return s,
                 Err(s) if s.code() == tonic::Code::Unavailable => tokio::time::sleep(Duration::from_millis(100)).await,

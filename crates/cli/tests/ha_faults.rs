@@ -296,7 +296,8 @@ fn signal(pid: u32, sig: &str) {
 async fn find_writer(replicas: &[Replica]) -> Option<usize> {
     for (i, r) in replicas.iter().enumerate() {
         let mut c = r.server.client(ADMIN);
-        let ok = tokio::time::timeout(Duration::from_secs(2), c.subs.list(proto::ListRequest { page_size: 1, ..Default::default() })).await;
+        // Standbys answer reads of subscriptions, not of targets.
+        let ok = tokio::time::timeout(Duration::from_secs(2), c.targets.list(proto::ListTargetsRequest::default())).await;
         if matches!(ok, Ok(Ok(_))) {
             return Some(i);
         }

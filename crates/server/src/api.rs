@@ -93,6 +93,17 @@ pub(crate) fn rejection_status(r: Rejection) -> Status {
 }
 
 impl Api {
+    /// A write's reply; with etcd, metadata `subc-revision` says a revision
+    /// it was committed at or before (a standby that reports that revision
+    /// or a later one holds it: `standby.rs`).
+    fn committed<T>(&self, value: T) -> Response<T> {
+        let mut r = Response::new(value);
+        if let Some(revision) = self.core.store_revision() {
+            r.metadata_mut().insert("subc-revision", revision.into());
+        }
+        r
+    }
+
     fn limit(&self, which: &str, message: String) -> Status {
         self.core.metrics().limit_refusals.get_or_create(&Metrics::label("limit", which)).inc();
         Status::resource_exhausted(message)
@@ -154,7 +165,7 @@ impl Subscriptions for Api {
             .core
             .submit(|reply| WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply })
             .await?;
-        Ok(Response::new(resp))
+        Ok(self.committed(resp))
     }
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
@@ -166,7 +177,7 @@ impl Subscriptions for Api {
         }
         let (app, ids) = (addressed_app(&who, &req.app)?, req.ids);
         let resp = self.core.submit(|reply| WriteOp::Remove { who, app, ids, reply }).await?;
-        Ok(Response::new(resp))
+        Ok(self.committed(resp))
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Subscription>, Status> {
@@ -179,19 +190,7 @@ impl Subscriptions for Api {
     async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
         let who = principal(&request)?;
         let req = request.into_inner();
-        let size = match req.page_size {
-            0 => 100,
-            n => n.min(1000),
-        } as usize;
-        let app_filter: Option<String> = if who.admin {
-            (!req.app.is_empty()).then(|| req.app.clone())
-        } else if !req.app.is_empty() && req.app != *who.app {
-            return Err(Status::permission_denied("an application can list only its own subscriptions"));
-        } else {
-            Some(who.app.to_string())
-        };
-        let after = crate::core::parse_page_token(&req.page_token, app_filter.is_none())
-            .ok_or_else(|| Status::invalid_argument("page_token is not one this server gave"))?;
+        let (app_filter, after, size) = list_query(&who, &req)?;
         Ok(Response::new(self.core.list(&who, app_filter.as_deref(), &after, size)))
     }
 
@@ -233,11 +232,31 @@ impl Api {
     }
 }
 
+/// What a List asks for: the application (`None`: all, the
+/// administrator's), where the page starts, and its size.
+#[allow(clippy::result_large_err)]
+pub(crate) fn list_query(who: &Principal, req: &proto::ListRequest) -> Result<(Option<String>, crate::desired::ListCursor, usize), Status> {
+    let size = match req.page_size {
+        0 => 100,
+        n => n.min(1000),
+    } as usize;
+    let app_filter: Option<String> = if who.admin {
+        (!req.app.is_empty()).then(|| req.app.clone())
+    } else if !req.app.is_empty() && req.app != *who.app {
+        return Err(Status::permission_denied("an application can list only its own subscriptions"));
+    } else {
+        Some(who.app.to_string())
+    };
+    let after = crate::core::parse_page_token(&req.page_token, app_filter.is_none())
+        .ok_or_else(|| Status::invalid_argument("page_token is not one this server gave"))?;
+    Ok((app_filter, after, size))
+}
+
 /// The application a Get or Remove addresses: the caller's own when
 /// `app` is empty; another only for the administrator (an application
 /// naming another is refused, not told whether it exists).
 #[allow(clippy::result_large_err)]
-fn addressed_app(who: &Principal, app: &str) -> Result<Arc<str>, Status> {
+pub(crate) fn addressed_app(who: &Principal, app: &str) -> Result<Arc<str>, Status> {
     if app.is_empty() || *app == *who.app {
         Ok(who.app.clone())
     } else if who.admin {

@@ -56,7 +56,7 @@ pub struct Core {
     metrics: Arc<Metrics>,
     events: broadcast::Sender<LiveEvent>,
     targets: Mutex<BTreeMap<String, Arc<TargetHandle>>>,
-    watchers: crate::watch::Slots,
+    watchers: Arc<crate::watch::Slots>,
     /// Set when the server shuts down: ends the Watch streams, which would
     /// otherwise hold a graceful shutdown open forever.
     closing: watch::Sender<bool>,
@@ -68,6 +68,8 @@ pub struct Core {
     reader: Mutex<Store>,
     /// An etcd store's writer lease (`store/etcd.rs`).
     lease: Option<crate::store::Resigner>,
+    /// An etcd store's last commit revision.
+    revision: Option<Arc<std::sync::atomic::AtomicI64>>,
     /// Admission to the text phase of Add and Check.
     text_gate: crate::admission::TextGate,
     /// The runtime the writer thread starts target tasks on.
@@ -246,18 +248,7 @@ async fn load(
         t.set_meta("spec", spec_text)
     })?;
 
-    let mut index = SubIndex::default();
-    for s in subs {
-        let rec = SubRecord {
-            app: Arc::from(s.app.as_str()),
-            app_id: s.app_id,
-            text: s.text,
-            generation: s.generation,
-            app_generation: s.app_generation,
-            created_ms: s.created_ms,
-        };
-        index.insert(s.id, Arc::new(rec));
-    }
+    let index = index_of(subs);
     let reader = store.open_reader(&location)?;
     let desired = Desired { set, generation, subs: index, next_id, apps, net };
     Ok(Loaded { store, reader, desired, targets, epoch, fabric: fabric.cloned() })
@@ -321,11 +312,12 @@ impl Core {
             metrics,
             events: broadcast::channel(4096).0,
             targets: Mutex::new(BTreeMap::new()),
-            watchers: crate::watch::Slots::default(),
+            watchers: Arc::default(),
             closing: watch::Sender::new(false),
             writer: tx,
             yield_flag: Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false))),
             lease: store.resigner(),
+            revision: store.revision(),
             reader: Mutex::new(reader),
             text_gate,
             runtime: tokio::runtime::Handle::current(),
@@ -459,6 +451,12 @@ impl Core {
         }
         *self.down.write().expect("down") = down;
     }
+    /// An etcd store's last commit revision: a change acknowledged before
+    /// it was read was committed at or before it.
+    pub fn store_revision(&self) -> Option<i64> {
+        self.revision.as_ref().map(|r| r.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -499,31 +497,13 @@ impl Core {
     /// Subscription `id` of application `app` (which the caller may
     /// address: see `api.rs`), as `who` sees it.
     pub fn subscription(&self, who: &Principal, app: &str, id: u64) -> Result<proto::Subscription, Status> {
-        let c = self.committed();
-        match c.subs().lookup(app, id).and_then(|internal| c.subs().get(internal)) {
-            Some(r) => Ok(to_proto(r, who)),
-            None => Err(Status::not_found(format!("no subscription {id}"))),
-        }
+        subscription_in(self.committed().subs(), who, app, id)
     }
 
-    /// A page of the subscriptions of `app` (all applications' with `None`,
-    /// in (application, id) order) after `after`; the total they number.
-    /// The page token is the last one's id, or across applications
-    /// `app:id` ([`parse_page_token`]).
+    /// A page of the subscriptions of `app` (all applications' with `None`)
+    /// after `after` ([`list_in`]).
     pub fn list(&self, who: &Principal, app: Option<&str>, after: &ListCursor, size: usize) -> proto::ListResponse {
-        let c = self.committed();
-        let subs = c.subs();
-        let total = match app {
-            None => subs.len() as u64,
-            Some(a) => subs.count_of(a),
-        };
-        let (page, last) = subs.page(app, after, size);
-        let token = |l: ListCursor| if app.is_some() { l.id.to_string() } else { format!("{}:{}", l.app, l.id) };
-        proto::ListResponse {
-            total,
-            subscriptions: page.into_iter().map(|(_, r)| to_proto(r, who)).collect(),
-            next_page_token: last.map(token).unwrap_or_default(),
-        }
+        list_in(self.committed().subs(), who, app, after, size)
     }
 
     /// The target named `name`. A name that is no identifier, and names no
@@ -612,11 +592,7 @@ impl Core {
     /// Claims a Watch slot for `who`, or says which limit is reached.
     pub(crate) fn claim_watcher(self: &Arc<Self>, who: &Principal) -> Result<crate::watch::Slot, crate::watch::SlotRefusal> {
         self.watchers.claim(&self.config.limits, who)?;
-        Ok(crate::watch::Slot::new(self.clone(), who.clone()))
-    }
-
-    pub(crate) fn watch_slots(&self) -> &crate::watch::Slots {
-        &self.watchers
+        Ok(crate::watch::Slot::new(self.watchers.clone(), who.clone()))
     }
 
     /// Watch streams open now.
@@ -659,6 +635,55 @@ impl Core {
 /// A subscription as `who` sees it: its id in its application's numbering,
 /// and the generation that added it in the service's (the administrator)
 /// or its application's numbering.
+/// Subscription `id` of application `app` in `subs`, as `who` sees it.
+pub(crate) fn subscription_in(subs: &SubIndex, who: &Principal, app: &str, id: u64) -> Result<proto::Subscription, Status> {
+    match subs.lookup(app, id).and_then(|internal| subs.get(internal)) {
+        Some(r) => Ok(to_proto(r, who)),
+        None => Err(Status::not_found(format!("no subscription {id}"))),
+    }
+}
+
+/// A page of the subscriptions of `app` in `subs` (all applications' with
+/// `None`, in (application, id) order) after `after`; the total they
+/// number. The page token is the last one's id, or across applications
+/// `app:id` ([`parse_page_token`]).
+pub(crate) fn list_in(subs: &SubIndex, who: &Principal, app: Option<&str>, after: &ListCursor, size: usize) -> proto::ListResponse {
+    let total = match app {
+        None => subs.len() as u64,
+        Some(a) => subs.count_of(a),
+    };
+    let (page, last) = subs.page(app, after, size);
+    let token = |l: ListCursor| if app.is_some() { l.id.to_string() } else { format!("{}:{}", l.app, l.id) };
+    proto::ListResponse {
+        total,
+        subscriptions: page.into_iter().map(|(_, r)| to_proto(r, who)).collect(),
+        next_page_token: last.map(token).unwrap_or_default(),
+    }
+}
+
+/// A stored subscription as the index holds it.
+pub(crate) fn stored_record(s: crate::store::StoredSub) -> (u64, Arc<SubRecord>) {
+    let rec = SubRecord {
+        app: Arc::from(s.app.as_str()),
+        app_id: s.app_id,
+        text: s.text,
+        generation: s.generation,
+        app_generation: s.app_generation,
+        created_ms: s.created_ms,
+    };
+    (s.id, Arc::new(rec))
+}
+
+/// The index of stored subscriptions.
+pub(crate) fn index_of(subs: Vec<crate::store::StoredSub>) -> SubIndex {
+    let mut index = SubIndex::default();
+    for s in subs {
+        let (id, rec) = stored_record(s);
+        index.insert(id, rec);
+    }
+    index
+}
+
 pub(crate) fn to_proto(r: &SubRecord, who: &Principal) -> proto::Subscription {
     proto::Subscription {
         id: r.app_id,

@@ -133,7 +133,9 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
     // writer (standby.rs); otherwise the address is taken first, so that a
     // busy port fails fast.
     let (early, standby) = match config.store_location()? {
-        crate::config::StoreLocation::Etcd(at) => (None, Some(crate::standby::Standby::start(listen, tls.clone(), &at).await?)),
+        crate::config::StoreLocation::Etcd(at) => {
+            (None, Some(crate::standby::Standby::start(&config, tls.clone(), auth.clone(), &at).await?))
+        }
         crate::config::StoreLocation::Sqlite(_) => (Some(bind().await?), None),
     };
     let metrics_listen = config.metrics_listen;

@@ -18,7 +18,7 @@ use crate::auth::Principal;
 use crate::config::Limits;
 use crate::core::Core;
 use crate::proto;
-use crate::store::AppEvent;
+use crate::store::{AppEvent, EtcdStore};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -115,19 +115,19 @@ impl Slots {
 
 /// A claimed slot, given back when dropped (when the watcher's task ends).
 pub(crate) struct Slot {
-    core: Arc<Core>,
+    slots: Arc<Slots>,
     who: Principal,
 }
 
 impl Slot {
-    pub(crate) fn new(core: Arc<Core>, who: Principal) -> Slot {
-        Slot { core, who }
+    pub(crate) fn new(slots: Arc<Slots>, who: Principal) -> Slot {
+        Slot { slots, who }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.core.watch_slots().release(&self.who);
+        self.slots.release(&self.who);
     }
 }
 
@@ -272,5 +272,81 @@ async fn replay_stored(core: &Core, sink: &mut Sink) -> Result<(), Stop> {
         for e in page {
             sink.replay(e).await?;
         }
+    }
+}
+
+/// A standby's watcher (`standby.rs`): the stored events that `who` sees
+/// after `req.after_seq` (without replay, after the last one stored when
+/// the call came), then, each time the followed revision moves, those
+/// stored since. Events are read from the store, so a watcher that moves
+/// between replicas with its last number sees each event once, in order.
+pub(crate) async fn follow(
+    store: Arc<EtcdStore>,
+    revisions: tokio::sync::watch::Receiver<i64>,
+    closing: tokio::sync::watch::Receiver<bool>,
+    (who, req, slot): (Principal, proto::WatchRequest, Slot),
+    capacity: usize,
+) -> Result<EventStream, Status> {
+    let after = if req.replay {
+        req.after_seq
+    } else {
+        let app = (!who.admin).then(|| who.app.to_string());
+        read_store(&store, move |s| s.last_event(app.as_deref())).await?
+    };
+    let (tx, rx) = mpsc::channel(capacity + 1);
+    let sink = Sink { tx, capacity, who, last: after };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let _ = run_following(&store, sink, revisions, closing).await;
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+async fn run_following(
+    store: &Arc<EtcdStore>,
+    mut sink: Sink,
+    mut revisions: tokio::sync::watch::Receiver<i64>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), Stop> {
+    loop {
+        revisions.borrow_and_update();
+        loop {
+            let (who, after) = (sink.who.clone(), sink.last);
+            let page = read_store(store, move |s| {
+                if who.admin {
+                    s.events_after(after, REPLAY_PAGE)
+                } else {
+                    s.app_events_after(&who.app, after, REPLAY_PAGE)
+                }
+            });
+            let page = match page.await {
+                Ok(p) => p,
+                Err(s) => return sink.end(s),
+            };
+            if page.is_empty() {
+                break;
+            }
+            for e in page {
+                sink.replay(e).await?;
+            }
+        }
+        tokio::select! {
+            r = revisions.changed() => r.map_err(|_| Stop)?,
+            _ = sink.tx.closed() => return Err(Stop),
+            _ = closing.wait_for(|c| *c) => return Err(Stop),
+        }
+    }
+}
+
+/// A read of the etcd store, off the runtime's threads.
+async fn read_store<T: Send + 'static>(
+    store: &Arc<EtcdStore>,
+    f: impl FnOnce(&EtcdStore) -> Result<T, crate::Error> + Send + 'static,
+) -> Result<T, Status> {
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || f(&store)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Status::unavailable(format!("this standby cannot read the store: {e}"))),
+        Err(e) => Err(Status::internal(e.to_string())),
     }
 }

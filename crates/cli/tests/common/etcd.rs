@@ -157,7 +157,8 @@ pub async fn wait_writer(server: &super::ServerProc, limit: Duration) {
     let until = Instant::now() + limit;
     while Instant::now() < until {
         let mut c = server.client(super::ADMIN);
-        let list = c.subs.list(subc_server::proto::ListRequest { page_size: 1, ..Default::default() });
+        // Standbys answer reads of subscriptions, not of targets.
+        let list = c.targets.list(subc_server::proto::ListTargetsRequest::default());
         if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), list).await {
             return;
         }

@@ -41,9 +41,12 @@ use prost::Message;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod follow;
+pub(crate) use follow::{Followed, SubChange};
 
 /// Keys read per page when a prefix is loaded.
 const PAGE: i64 = 1000;
@@ -418,6 +421,8 @@ pub(crate) struct Store {
     index: Index,
     /// The revision reads are made at; 0: the latest ([`Store::dump`]).
     at: i64,
+    /// `rev`, for the server's replies (`subc-revision`).
+    published: Arc<AtomicI64>,
 }
 
 impl Store {
@@ -435,14 +440,15 @@ impl Store {
 
     /// Connects for reads only (a backup while a server writes).
     pub(crate) fn open_reader(at: &EtcdLocation) -> Result<Store, Error> {
-        Ok(Store { conn: Conn::open(at)?, lease: None, rev: 0, index: Index::default(), at: 0 })
+        Ok(Store { conn: Conn::open(at)?, lease: None, rev: 0, index: Index::default(), at: 0, published: Arc::default() })
     }
 
     fn elect(at: &EtcdLocation, name: &str, wait: bool) -> Result<Store, Error> {
         let conn = Conn::open(at)?;
         let lease = campaign(&conn, name, i64::from(at.config.lease_ttl_s), wait)?;
-        let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default(), at: 0 };
+        let mut store = Store { conn, lease: Some(lease), rev: 0, index: Index::default(), at: 0, published: Arc::default() };
         store.rev = store.conn.get(store.conn.key("rev"))?.map(|kv| kv.mod_revision()).unwrap_or(0);
+        store.published.store(store.rev, Ordering::SeqCst);
         store.load_index()?;
         match store.meta("schema_version")? {
             None => store.write(|t| t.set_meta("schema_version", "1"))?,
@@ -454,7 +460,12 @@ impl Store {
 
     /// A handle for reads only, on the same connection.
     pub(crate) fn reader(&self) -> Store {
-        Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at: 0 }
+        Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at: 0, published: Arc::default() }
+    }
+
+    /// The revision of this writer's last commit, as it changes.
+    pub(crate) fn revision(&self) -> Arc<AtomicI64> {
+        self.published.clone()
     }
 
     pub(crate) fn leadership(&self) -> Leadership {
@@ -629,6 +640,7 @@ impl Store {
             return Err(self.why_refused());
         }
         self.rev = r.header().map(|h| h.revision()).unwrap_or(self.rev);
+        self.published.store(self.rev, Ordering::SeqCst);
         for seq in &events.deleted {
             self.index.app_keys.remove(seq);
         }
@@ -676,7 +688,7 @@ impl Store {
         }
         // Subscriptions, placements, targets and counters as the server
         // loads them, read at the same revision.
-        let pinned = Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at };
+        let pinned = Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at, published: Arc::default() };
         d.subs = pinned.load_subs()?;
         d.placements = pinned.load_placements()?;
         d.targets = pinned.load_targets()?;

@@ -21,7 +21,7 @@ use crate::config::{Durability, StoreLocation};
 use crate::proto;
 use crate::Error;
 
-pub(crate) use etcd::{Resigner, WriterView};
+pub(crate) use etcd::{Followed, Resigner, Store as EtcdStore, SubChange, WriterView};
 pub(crate) use migrate::UNFINISHED;
 pub use migrate::{backup_any, migrate_store, MigrateReport};
 pub use sqlite::{backup_store, now_ms, BackupReport, StoredSub};
@@ -129,6 +129,14 @@ impl Store {
         match self {
             Store::Sqlite(_) => None,
             Store::Etcd(e) => Some(e.leadership()),
+        }
+    }
+
+    /// An etcd writer's last commit revision, as it changes (for replies).
+    pub(crate) fn revision(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicI64>> {
+        match self {
+            Store::Sqlite(_) => None,
+            Store::Etcd(e) => Some(e.revision()),
         }
     }
 
