@@ -119,14 +119,22 @@ pub struct EtcdConfig {
     pub cert: Option<PathBuf>,
     #[serde(default)]
     pub key: Option<PathBuf>,
+    /// A standby compiles the stored set whenever the store is quiet, so
+    /// that once elected it starts from it (`prepare.rs`); `false` saves
+    /// the standby's CPU and memory, and the new writer compiles instead.
+    #[serde(default = "default_true")]
+    pub warm: bool,
 }
 
 impl Default for EtcdConfig {
     fn default() -> Self {
-        EtcdConfig { lease_ttl_s: default_lease_ttl_s(), timeout_ms: default_etcd_timeout_ms(), ca: None, cert: None, key: None }
+        EtcdConfig { lease_ttl_s: default_lease_ttl_s(), timeout_ms: default_etcd_timeout_ms(), ca: None, cert: None, key: None, warm: true }
     }
 }
 
+fn default_true() -> bool {
+    true
+}
 fn default_lease_ttl_s() -> u32 {
     5
 }

@@ -15,24 +15,20 @@
 //! alone, and never across an await or a driver call.
 
 use crate::auth::Principal;
-use crate::check;
 use crate::config::Config;
 use crate::deploy::{self, DeployCtx, TargetHandle};
-use crate::desired::{
-    compile_options, layout_json, lowering_for, order_names, parse_layout, placement_json, runs_diagrams_only, AppNumbering, Committed,
-    Desired, ListCursor, SubIndex, SubRecord,
-};
+use crate::desired::{layout_json, order_names, placement_json, Committed, Desired, ListCursor, SubIndex, SubRecord};
+use crate::prepare::{prepare, Inputs, Prepared, Warm};
 use crate::metrics::Metrics;
-use crate::network::{Devices, Fabric};
+use crate::network::Fabric;
 use crate::proto;
 use crate::store::Store;
 use crate::watch::LiveEvent;
 use crate::writer::{WriteOp, Writer};
 use crate::Error;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-use subc_bdd::CompiledSet;
 use subc_lang::spec::Spec;
 use subc_lang::Diagnostics;
 use subc_lang::SourceMap;
@@ -118,45 +114,18 @@ struct Loaded {
     fabric: Option<Arc<Fabric>>,
 }
 
-/// Network mode: the topology to run. A topology changed at runtime is
-/// kept in the store (meta "topology") and wins over the file, which is
-/// then only read for its directory, and ignored with a warning if it
-/// differs (`docs/network.md`, "Changing the topology while running").
-fn stored_topology(
-    store: &Store,
-    file: Arc<Fabric>,
-    config: &Config,
-    spec: &Spec,
-    kinds: &subc_target::Kinds,
-) -> Result<Arc<Fabric>, Error> {
-    let Some(text) = store.meta("topology")? else { return Ok(file) };
-    if text == file.topology.to_toml() {
-        return Ok(file);
-    }
-    let path = config.topology.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
-    tracing::warn!(topology = %path, "the topology was changed at runtime: running the stored one, the file is ignored");
-    let mut fabric = Fabric::of_text("the stored topology", text, file.dir.clone(), spec, kinds)?;
-    fabric.bind_apps(&config.auth.apps)?;
-    Ok(Arc::new(fabric))
-}
-
-/// Reads the store and compiles the stored set into the pipelines the
-/// targets hold (the stored layout and placements; without them, a fresh
-/// compile in the stored order), and records the shape it compiled.
-async fn load(
-    config: &Arc<Config>,
-    spec: &Arc<Spec>,
-    spec_text: &str,
-    fabric: Option<&Arc<Fabric>>,
-    kinds: &subc_target::Kinds,
-) -> Result<Loaded, Error> {
+/// Opens the store (with etcd, once elected the writer), takes what a
+/// standby prepared if the store has not changed since, or prepares it
+/// (`prepare.rs`), and records the shape it compiled and this run's epoch.
+async fn load(inputs: &Inputs, warm: Option<&Warm>) -> Result<Loaded, Error> {
+    let (config, spec) = (&inputs.config, &inputs.spec);
     let location = config.store_location()?;
     // An etcd writer's key names it and its address, for standbys to tell clients.
     let leader = crate::standby::WriterInfo { name: controller_name(config), address: config.advertise_address() };
     let leader = serde_json::to_string(&leader).expect("names serialize");
     let (at, durability, name) = (location.clone(), config.durability, leader);
     // An etcd store first waits to be elected the writer: off the runtime.
-    let mut store =
+    let store =
         tokio::task::spawn_blocking(move || Store::open(&at, durability, &name)).await.map_err(|e| Error::Internal(e.to_string()))??;
     if store.meta(crate::store::UNFINISHED)?.is_some() {
         return Err(Error::Store(format!(
@@ -164,70 +133,37 @@ async fn load(
             config.store.display()
         )));
     }
-    let fabric = fabric.map(|f| stored_topology(&store, f.clone(), config, spec, kinds)).transpose()?;
-    let fabric = fabric.as_ref();
-    let subs = store.load_subs()?;
-    let targets = store.load_targets()?;
-    let generation = store.meta_u64("generation")?;
-    let next_id = store.meta_u64("next_id")?.max(subs.last().map(|s| s.id + 1).unwrap_or(1));
-    let (floor, counters) = store.load_app_counters()?;
-    let apps = AppNumbering::new(floor, counters.into_iter().map(|(a, c)| (Arc::from(a.as_str()), c)));
     // One higher at every start, committed before any device is written:
     // the epoch that fences this run's writes (docs/agent.md).
     // With etcd, never below the revision this server became the writer at,
     // so that a successor's epoch is higher whatever the stored one.
     let epoch = (store.meta_u64("epoch")? + 1).max(store.leadership().map(|l| l.revision).unwrap_or(0));
-    let stored_order: Option<Vec<String>> = store.meta("order")?.and_then(|o| serde_json::from_str(&o).ok());
-    if store.meta("spec")?.is_some_and(|s| s != spec_text) {
+    if store.meta("spec")?.is_some_and(|s| s != inputs.spec_text) {
         tracing::warn!(spec = %config.spec.display(), "the spec changed since the last run; stored subscriptions were checked against the new one");
     }
-
-    let t = Instant::now();
-    let (spec2, subs2, fabric2) = (spec.clone(), subs.clone(), fabric.cloned());
-    let nfs = tokio::task::spawn_blocking(move || check::check_stored_with(&spec2, fabric2.as_ref().map(|f| &f.endpoints), &subs2))
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))?
-        .map_err(Error::StoredNoLongerCheck)?;
-    let mut opts = compile_options(spec, &config.compile, stored_order.as_deref())?;
-    // A P4 switch (or a custom target without groups) that follows the set
-    // runs diagrams only (network mode: no target follows the network set;
-    // each device's own set is lowered for its kind).
-    let diagrams_follow = fabric.is_none() && targets.iter().any(|t| runs_diagrams_only(t.registration.kind.as_ref(), kinds));
-    opts.lowering = lowering_for(opts.lowering, diagrams_follow);
-    let layout = store.meta("layout")?.and_then(|text| parse_layout(spec, &text));
-    let placements: HashMap<u64, Vec<usize>> =
-        store.load_placements()?.into_iter().filter_map(|(id, text)| Some((id, serde_json::from_str(&text).ok()?))).collect();
-    let spec2 = spec.clone();
-    let (set, placed, nfs) = tokio::task::spawn_blocking(move || {
-        let placed = layout.and_then(|l| CompiledSet::compile_placed(&spec2, &nfs, opts.clone(), &l, |id| placements.get(&id).cloned()));
-        match placed {
-            Some(set) => Ok((set, true, nfs)),
-            None => CompiledSet::compile(&spec2, &nfs, opts).map(|set| (set, false, nfs)),
-        }
-    })
-    .await
-    .map_err(|e| Error::Internal(e.to_string()))?
-    .map_err(|e| Error::Compile(e.to_string()))?;
-    // Network mode: every device's projection, in the network set's order.
-    let net = match fabric {
-        None => None,
-        Some(f) => {
-            let mut opts = compile_options(spec, &config.compile, None)?;
-            opts.order = Some(set.base_order().to_vec());
-            let down = store.meta("down")?.map(|text| crate::network::parse_down(&f.topology, &text)).unwrap_or_default();
-            let (f, spec2, nfs2) = (f.clone(), spec.clone(), nfs.clone());
-            let devices = tokio::task::spawn_blocking(move || Devices::compile(f, &spec2, &nfs2, opts, down))
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))??;
-            Some(devices)
+    let data_revision = store.data_revision()?;
+    let (store, prepared, warm) = match warm.and_then(|w| w.take_at(data_revision)) {
+        Some(p) => (store, p, true),
+        None => {
+            let inputs = inputs.clone();
+            let (store, p) = tokio::task::spawn_blocking(move || {
+                let p = prepare(&store, &inputs);
+                (store, p)
+            })
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+            (store, p?, false)
         }
     };
+    let mut store = store;
+    let Prepared { fabric, targets, index, generation, next_id, apps, stored_order, set, placed, nfs, net, took, .. } = prepared;
     tracing::info!(
-        subscriptions = subs.len(),
+        subscriptions = index.len(),
         generation,
         pipelines = set.pipeline_count(),
         placed,
-        ms = t.elapsed().as_millis() as u64,
+        warm,
+        ms = took.as_millis() as u64,
         "compiled the stored set"
     );
     let order = order_names(spec, &set);
@@ -245,13 +181,11 @@ async fn load(
             }
         }
         t.set_meta("epoch", &epoch.to_string())?;
-        t.set_meta("spec", spec_text)
+        t.set_meta("spec", &inputs.spec_text)
     })?;
-
-    let index = index_of(subs);
     let reader = store.open_reader(&location)?;
     let desired = Desired { set, generation, subs: index, next_id, apps, net };
-    Ok(Loaded { store, reader, desired, targets, epoch, fabric: fabric.cloned() })
+    Ok(Loaded { store, reader, desired, targets, epoch, fabric })
 }
 
 impl Core {
@@ -265,19 +199,15 @@ impl Core {
     /// tokio runtime.
     pub async fn start(config: Config, kinds: subc_target::Kinds) -> Result<Arc<Core>, Error> {
         config.validate()?;
-        let config = Arc::new(config);
-        let (spec, spec_text) = load_spec(&config)?;
-        let spec = Arc::new(spec);
-        let fabric = match &config.topology {
-            None => None,
-            Some(path) => {
-                let mut fabric = Fabric::load(path, &spec, &kinds)?;
-                fabric.bind_apps(&config.auth.apps)?;
-                Some(Arc::new(fabric))
-            }
-        };
-        let Loaded { store, reader, mut desired, targets, epoch, fabric } =
-            load(&config, &spec, &spec_text, fabric.as_ref(), &kinds).await?;
+        let inputs = Inputs::load(Arc::new(config), kinds)?;
+        Core::start_prepared(inputs, None).await
+    }
+
+    /// [`Core::start`], from what a standby prepared (`warm`) if the store
+    /// has not changed since.
+    pub(crate) async fn start_prepared(inputs: Inputs, warm: Option<&Warm>) -> Result<Arc<Core>, Error> {
+        let Loaded { store, reader, mut desired, targets, epoch, fabric } = load(&inputs, warm).await?;
+        let Inputs { config, spec, spec_text, kinds, .. } = inputs;
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
 
         let metrics = Arc::new(Metrics::new());

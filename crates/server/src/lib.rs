@@ -35,6 +35,7 @@ mod desired;
 mod metrics;
 mod names;
 mod network;
+mod prepare;
 mod restore;
 mod server;
 mod standby;

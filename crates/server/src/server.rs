@@ -111,6 +111,9 @@ pub async fn start(config: Config) -> Result<Running, Error> {
 /// [`start`], with kinds of targets beyond the built-in ones: registered
 /// over the API as `custom` targets of these kinds.
 pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> {
+    config.validate()?;
+    let inputs = crate::prepare::Inputs::load(Arc::new(config), kinds)?;
+    let config = inputs.config.clone();
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_open() {
         tracing::warn!(listen = %config.listen, "no tokens configured: every caller is the administrator");
@@ -134,14 +137,14 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
     // busy port fails fast.
     let (early, standby) = match config.store_location()? {
         crate::config::StoreLocation::Etcd(at) => {
-            (None, Some(crate::standby::Standby::start(&config, tls.clone(), auth.clone(), &at).await?))
+            (None, Some(crate::standby::Standby::start(&inputs, tls.clone(), auth.clone(), &at).await?))
         }
         crate::config::StoreLocation::Sqlite(_) => (Some(bind().await?), None),
     };
     let metrics_listen = config.metrics_listen;
     let limits = crate::transport::limits(&config.transport);
     let max_bytes = config.limits.max_request_bytes;
-    let core = Core::start(config, kinds).await?;
+    let core = Core::start_prepared(inputs, standby.as_ref().map(|s| s.warm())).await?;
     if let Some(s) = standby {
         s.stop().await;
     }

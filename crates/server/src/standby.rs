@@ -20,7 +20,8 @@
 
 use crate::api::{addressed_app, list_query};
 use crate::auth::{principal, Authenticator};
-use crate::config::{Config, EtcdLocation, Limits};
+use crate::config::{EtcdLocation, Limits};
+use crate::prepare::{Inputs, Warm};
 use crate::desired::SubIndex;
 use crate::proto::{self, events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
 use crate::store::{EtcdStore, Followed, SubChange};
@@ -248,17 +249,20 @@ pub(crate) struct Standby {
     polling: Arc<AtomicBool>,
     follower: Follower,
     closing: tokio::sync::watch::Sender<bool>,
+    warm: Warm,
 }
 
 impl Standby {
-    /// Listens on `config.listen` (TLS and tokens as the API's) and answers
-    /// as a standby; the writer is read from etcd every half second.
+    /// Listens on `listen` (TLS and tokens as the API's) and answers as a
+    /// standby; the writer is read from etcd every half second. Unless
+    /// `etcd.warm` is off, compiles the store whenever it is quiet.
     pub(crate) async fn start(
-        config: &Config,
+        inputs: &Inputs,
         tls: Option<ServerTlsConfig>,
         auth: Authenticator,
         at: &EtcdLocation,
     ) -> Result<Standby, Error> {
+        let config = &inputs.config;
         let listen = config.listen;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -283,6 +287,10 @@ impl Standby {
         }
         let store = Arc::new(EtcdStore::open_reader(at)?);
         let follower = Follower::start(store.clone())?;
+        let warm = Warm::default();
+        if at.config.warm {
+            warm.start(store.clone(), inputs.clone(), follower.revisions.clone())?;
+        }
         let (closing, closed) = tokio::sync::watch::channel(false);
         let (health, health_svc) = tonic_health::server::health_reporter();
         health.set_not_serving::<SubscriptionsServer<crate::api::Api>>().await;
@@ -320,7 +328,12 @@ impl Standby {
                 .await;
         });
         tracing::info!(%listen, "standing by: serving reads, and naming the writer for writes, until elected");
-        Ok(Standby { stop, join, polling, follower, closing })
+        Ok(Standby { stop, join, polling, follower, closing, warm })
+    }
+
+    /// What this standby prepared, for startup once it is elected.
+    pub(crate) fn warm(&self) -> &Warm {
+        &self.warm
     }
 
     /// Closes the listener (and its connections, ending Watch streams), so

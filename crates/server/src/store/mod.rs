@@ -140,6 +140,14 @@ impl Store {
         }
     }
 
+    /// The revision of the last commit (etcd; SQLite: 0).
+    pub(crate) fn data_revision(&self) -> Result<i64, Error> {
+        match self {
+            Store::Sqlite(_) => Ok(0),
+            Store::Etcd(e) => e.data_revision(),
+        }
+    }
+
     /// Every record, as of one committed state.
     pub(crate) fn dump(&self) -> Result<Dump, Error> {
         either!(self, s => s.dump())

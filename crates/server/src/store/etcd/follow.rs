@@ -37,16 +37,30 @@ pub(crate) struct Followed {
 const STOP_POLL: Duration = Duration::from_millis(250);
 
 impl Store {
-    /// The store's latest revision, and its subscriptions as of it.
-    pub(crate) fn subs_now(&self) -> Result<(i64, Vec<StoredSub>), Error> {
+    /// A reader of the store as it is now: every read at its latest revision.
+    pub(crate) fn pinned_latest(&self) -> Result<Store, Error> {
         let key = self.conn.key("rev");
         let head = self.conn.read("reading the revision", move |mut c| {
             let key = key.clone();
             async move { c.get(key, None).await }
         })?;
         let at = head.header().map(|h| h.revision()).ok_or_else(|| store_err("reading the revision", "no header"))?;
-        let pinned = Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at, published: Arc::default() };
-        Ok((at, pinned.load_subs()?))
+        Ok(Store { conn: self.conn.clone(), lease: None, rev: 0, index: Index::default(), at, published: Arc::default() })
+    }
+
+    /// The store's latest revision, and its subscriptions as of it.
+    pub(crate) fn subs_now(&self) -> Result<(i64, Vec<StoredSub>), Error> {
+        let pinned = self.pinned_latest()?;
+        Ok((pinned.at, pinned.load_subs()?))
+    }
+
+    /// The revision of the last commit (as of this reader's revision, or
+    /// for the writer, its own last).
+    pub(crate) fn data_revision(&self) -> Result<i64, Error> {
+        if self.lease.is_some() {
+            return Ok(self.rev);
+        }
+        Ok(self.conn.get_at(self.conn.key("rev"), self.at)?.map(|kv| kv.mod_revision()).unwrap_or(0))
     }
 
     /// Calls `f` with every commit after revision `from`, in order, until
