@@ -162,7 +162,7 @@ impl Plane {
             Ok(()) => {
                 self.digest = r.pipelines.as_ref().map(|p| p.sha256.clone());
                 self.held = Some(pipes);
-                tracing::info!(generation = self.generation, "installed");
+                tracing::info!(generation = self.generation, epoch = self.fence.epoch, controller = %self.fence.controller, "installed");
                 Ok(proto::Held { held: self.version() })
             }
             Err(e) => Err(self.failed(e)),
@@ -186,7 +186,13 @@ impl Plane {
                     held[i] = p;
                 }
                 self.digest = None;
-                tracing::debug!(generation = self.generation, pipelines = diff.diffs.len(), "applied");
+                tracing::debug!(
+                    generation = self.generation,
+                    epoch = self.fence.epoch,
+                    controller = %self.fence.controller,
+                    pipelines = diff.diffs.len(),
+                    "applied"
+                );
                 Ok(proto::Held { held: self.version() })
             }
             Err(e) => Err(self.failed(e)),
@@ -202,7 +208,7 @@ impl Plane {
         self.held = None;
         self.digest = None;
         self.files.set_layout(None).map_err(PlaneError::State)?;
-        tracing::info!(generation = self.generation, "uninstalled");
+        tracing::info!(generation = self.generation, epoch = self.fence.epoch, controller = %self.fence.controller, "uninstalled");
         Ok(proto::Held { held: None })
     }
 

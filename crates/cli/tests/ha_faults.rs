@@ -1,10 +1,12 @@
 //! Replicas under faults, with real processes (#31): a 3-member etcd
 //! cluster, 3 `subc serve` replicas (each reaching every member through a
-//! proxy this test controls), a `sim` target, an `ebpf` target on veth pairs
-//! and a P4Runtime switch (in this process). Eight clients add and remove
-//! with request ids and record every acknowledgement, while the test
-//! injects, in a random order, each of these `SUBC_HA_FAULTS` times
-//! (default 5):
+//! proxy this test controls), a `sim` target, an `ebpf` target on veth pairs,
+//! a P4Runtime switch (in this process) and a `subc agent` target (a host in
+//! a namespace of its own, which every replica reaches over a management
+//! veth with mutual TLS, with the certificates of its registration). Eight
+//! clients add and remove with request ids and record every
+//! acknowledgement, while the test injects, in a random order, each of
+//! these `SUBC_HA_FAULTS` times (default 5):
 //!
 //! - SIGKILL of the writer;
 //! - SIGSTOP of the writer for longer than its lease, then SIGCONT;
@@ -12,21 +14,26 @@
 //! - the writer cut off from etcd (its proxies shut), then healed.
 //!
 //! A replica that exits is started again, as systemd would. Checked:
-//! - after every fault, with the clients paused, the eBPF target delivers
-//!   exactly what the interpreter says of the committed set;
+//! - after every fault, with the clients paused, the eBPF target and the
+//!   agent's host each deliver exactly what the interpreter says of the
+//!   committed set;
 //! - at the end, every acknowledged add is held exactly once, every
 //!   acknowledged remove is gone, and nothing is held that no client sent;
 //!   and the history of every subscription (every add, remove and the final
 //!   List, with their outcomes, unknown ones included) is linearizable;
 //! - a watcher that follows the writer from replica to replica, resuming
 //!   with the last sequence number it saw, sees every event once, in order;
-//! - the switch never accepted a write with a lower election id than one
-//!   it accepted before (a deposed writer's late write is refused by the
-//!   switch itself);
+//! - no device accepted a write from a deposed writer: the switch never
+//!   accepted a write with a lower election id than one it accepted before,
+//!   and the epochs of the writes the agent's log says it accepted never go
+//!   back (and there are several: the writer changed); a call it refused
+//!   for its fence was of a lower epoch (a deposed writer's late write is
+//!   refused by the device itself);
 //! - failover times (fault to the first acknowledged write): p50 and max.
 
 mod common;
 
+use common::agents::{self, management, AgentProc, Certs};
 use common::delivery::Plane;
 use common::etcd::{etcd_available, wait_writer, Etcd};
 use common::linearizable::{History, Op, Outcome};
@@ -364,6 +371,15 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     let eb = format!("{t}eb");
     let mut net = Cleanup::default();
     let mut plane = Plane::build(&mut net, &t, None);
+    // The agent's host: its data plane in a namespace of its own, its
+    // management link from this namespace, where the replicas run (a
+    // subnet above those of agent.rs and agent_fabric.rs).
+    let ag = format!("{t}a");
+    let agent_ns = format!("{ag}h");
+    net.netns(&agent_ns);
+    let mut agent_plane = Plane::build(&mut net, &ag, Some(&agent_ns));
+    let agent_ip = management(&mut net, &format!("{ag}m"), &agent_ns, 9704 + std::process::id() % 280);
+    let agent = AgentProc::start(&ag, &agent_ns, &agent_ip, dir.path(), &Certs::make(dir.path()));
 
     // Three replicas; each reaches the members through proxies of its own,
     // and all share one bpffs directory (one host's eBPF target).
@@ -404,6 +420,9 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
                 manual: false,
             },
             sw1,
+            // The certificates' files are named in the registration: every
+            // replica (on this machine) reaches the agent with them.
+            agent.target(&ag, agent_plane.program.clone()),
         ];
         for reg in regs {
             let name = reg.name.clone();
@@ -522,14 +541,15 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
         }
         restart_exited(&mut replicas);
 
-        // With the clients paused: the eBPF target delivers what the
-        // interpreter says of what the writer holds.
+        // With the clients paused: the eBPF target and the agent's host
+        // deliver what the interpreter says of what the writer holds.
         paused.store(true, Ordering::SeqCst);
         while busy.load(Ordering::SeqCst) > 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let texts = rt.block_on(settled(&replicas, &[eb.as_str(), "sim1", "sw1"]));
+        let texts = rt.block_on(settled(&replicas, &[eb.as_str(), "sim1", "sw1", ag.as_str()]));
         plane.check(&texts, &format!("after fault {k} ({fault:?})"));
+        agent_plane.check(&texts, &format!("the agent's host, after fault {k} ({fault:?})"));
         paused.store(false, Ordering::SeqCst);
     }
     stop.store(true, Ordering::SeqCst);
@@ -588,19 +608,56 @@ fn replicas_keep_every_acknowledged_change_through_faults() {
     let seen = seen.lock().unwrap();
     assert!(seen.len() > 50, "the watcher saw {} events", seen.len());
 
-    // The switch never went back to a deposed writer.
+    // No device went back to a deposed writer: neither the switch nor the agent.
     let st = switch.lock();
     assert!(st.accepted.windows(2).all(|w| w[0] <= w[1]), "the switch accepted a lower election id after a higher one: {:?}", st.accepted);
+    let log = agent.log();
+    let epochs = agents::accepted_epochs(&log);
+    if let Err(e) = agents::epochs_never_go_back(&epochs) {
+        panic!("the agent accepted a write of a deposed writer: {e}\n{log}");
+    }
+    let writers: BTreeSet<u64> = epochs.iter().copied().collect();
+    assert!(writers.len() > 1, "the agent's writes were all of epochs {writers:?}, through {} failovers:\n{log}", failovers.len());
+    let refused = agents::fence_refusals(&log);
+    assert!(refused.iter().all(|(given, highest)| given < highest), "the agent refused a fence not lower than its own: {refused:?}\n{log}");
 
     failovers.sort();
     eprintln!(
-        "{} faults, {} acknowledged adds and {} removes ({} uncertain); failover p50 {} ms, max {} ms; {} events watched",
+        "{} faults, {} acknowledged adds and {} removes ({} uncertain); failover p50 {} ms, max {} ms; {} events watched; \
+         the agent: {} writes of {} epochs, {} refused for their fence",
         faults.len(),
         l.acked_adds,
         l.acked_removes,
         l.uncertain.len(),
         failovers[failovers.len() / 2].as_millis(),
         failovers.last().unwrap().as_millis(),
-        seen.len()
+        seen.len(),
+        epochs.len(),
+        writers.len(),
+        refused.len()
     );
+}
+
+/// The check of the agent's epochs fails on a log that goes back.
+#[test]
+fn the_agent_epoch_check_finds_a_write_of_a_deposed_writer() {
+    assert_eq!(agents::epochs_never_go_back(&[]), Ok(()));
+    assert_eq!(agents::epochs_never_go_back(&[3, 3, 7, 7, 9]), Ok(()));
+    let e = agents::epochs_never_go_back(&[3, 7, 5, 9]).unwrap_err();
+    assert!(e.contains("epoch 5 after epoch 7"), "{e}");
+
+    let line = |msg: &str| format!("2025-01-01T00:00:00.000000Z  INFO subc_agent::plane: {msg}\n");
+    let mut log = line("installed generation=1 epoch=3 controller=h:/r0");
+    log += &line("applied generation=2 epoch=3 controller=h:/r0 pipelines=1");
+    log += &line("a new controller epoch epoch=7 controller=h:/r1 previous=3");
+    log += &line("applied generation=3 epoch=7 controller=h:/r1 pipelines=2");
+    log += "2025-01-01T00:00:00.000000Z  INFO subc_agent::service: refused error=epoch 3 of controller \"h:/r0\" is lower than epoch 7 already accepted from controller \"h:/r1\"\n";
+    log += "2025-01-01T00:00:00.000000Z  INFO subc_agent::service: refused error=the diff is against generation 2, but the agent holds 3\n";
+    assert_eq!(agents::accepted_epochs(&log), [3, 3, 7]);
+    assert_eq!(agents::fence_refusals(&log), [(3, 7)]);
+    // A deposed writer's write accepted after its successor's: found.
+    log += &line("applied generation=4 epoch=3 controller=h:/r0 pipelines=1");
+    log += "2025-01-01T00:00:00.000000Z  INFO subc_agent::service: refused error=epoch 7 is held by controller \"h:/r1\", not \"h:/r2\"; a controller taking over needs a higher epoch\n";
+    assert!(agents::epochs_never_go_back(&agents::accepted_epochs(&log)).is_err());
+    assert_eq!(agents::fence_refusals(&log), [(3, 7), (7, 7)]);
 }

@@ -1,6 +1,9 @@
 //! `subc agent` processes for tests: each runs inside a network namespace
 //! (`nsenter --net`), reached from this namespace over a management veth
 //! with mutual TLS; killed (SIGKILL) on drop, its pins and state removed.
+//! Its log names the epoch of every write it accepted, and what its logs
+//! say of its fence can be checked ([`accepted_epochs`], [`fence_refusals`],
+//! [`epochs_never_go_back`]).
 
 use super::{ip, Cleanup};
 use std::path::{Path, PathBuf};
@@ -128,7 +131,8 @@ impl AgentProc {
             .arg(self.dir.join("state"))
             .arg("--bpffs-root")
             .arg(&self.bpffs_root)
-            .env("RUST_LOG", "info")
+            // Debug for the agent: every diff applied, with its epoch.
+            .env("RUST_LOG", "info,subc_agent=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -238,5 +242,44 @@ impl Drop for AgentProc {
         self.kill9();
         let _ = std::fs::remove_dir_all(&self.bpffs_root);
         let _ = std::fs::remove_dir_all(subc_ebpf_loader::state_dir(&format!("agent-{}", self.name)).unwrap());
+    }
+}
+
+/// The epoch of every write an agent's log says it accepted (installed,
+/// applied, uninstalled), in the order it accepted them.
+pub fn accepted_epochs(log: &str) -> Vec<u64> {
+    let writes = ["plane: installed ", "plane: applied ", "plane: uninstalled "];
+    log.lines().filter(|l| writes.iter().any(|w| l.contains(w))).map(|l| number_after(l, " epoch=").expect("a write's epoch")).collect()
+}
+
+/// The calls an agent's log says it refused for their fence: (the epoch
+/// given, the highest it had accepted), in order. A refusal of an epoch
+/// not lower than the highest (another controller's same epoch, or no
+/// fence) is given as it is: `(given, given)`, or `(0, 0)`.
+pub fn fence_refusals(log: &str) -> Vec<(u64, u64)> {
+    log.lines()
+        .filter(|l| l.contains(": refused ") && l.contains("epoch"))
+        .map(|l| {
+            if let (Some(given), Some(highest)) = (number_after(l, "epoch "), number_after(l, "is lower than epoch ")) {
+                (given, highest)
+            } else {
+                let e = number_after(l, "epoch ").unwrap_or(0);
+                (e, e)
+            }
+        })
+        .collect()
+}
+
+/// The number just after the first `key` in `line`.
+fn number_after(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    rest[..rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len())].parse().ok()
+}
+
+/// Whether `epochs` never go down; if they do, where.
+pub fn epochs_never_go_back(epochs: &[u64]) -> Result<(), String> {
+    match epochs.windows(2).position(|w| w[1] < w[0]) {
+        Some(i) => Err(format!("epoch {} after epoch {} (write {} of {}: {epochs:?})", epochs[i + 1], epochs[i], i + 1, epochs.len())),
+        None => Ok(()),
     }
 }
