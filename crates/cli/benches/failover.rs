@@ -11,10 +11,10 @@
 //! logged a compile of the quiet store; cold: it answers reads, plus the
 //! same wait) the writer is killed (SIGKILL) or stopped (SIGTERM, which
 //! gives its lease back). Measured: from the signal to the first write the
-//! new writer acknowledges, and the new writer's own time from its
-//! election to serving (its log's "compiled the stored set" `ms`, and
-//! whether it was warm; a warm start's `ms` is the standby's compile, done before the signal). The lease is 2 s: a SIGKILL costs the lease's TTL
-//! first, a SIGTERM does not.
+//! new writer acknowledges, and its log's "compiled the stored set" `ms`
+//! and whether it started warm (a warm start's `ms` is the standby's
+//! compile, done before the signal). The lease is 2 s: a SIGKILL costs
+//! the lease's TTL first, a SIGTERM does not.
 //!
 //! `cargo bench -p subc-cli --bench failover` prints a JSON object.
 //! Skips without etcd (fails under `CI=true`).
