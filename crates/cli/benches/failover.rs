@@ -33,8 +33,7 @@ use subc_server::proto;
 fn replica(dir: &Path, store: &str, warm: bool) -> ServerProc {
     std::fs::create_dir_all(dir).unwrap();
     let limits = "[limits]\nmax_subscriptions_per_app = 10000000\nmax_subscriptions = 10000000\n";
-    let extra =
-        format!("data_dir = {:?}\n{limits}[etcd]\nlease_ttl_s = 2\ntimeout_ms = 5000\nwarm = {warm}\n", dir.display().to_string());
+    let extra = format!("data_dir = {:?}\n{limits}[etcd]\nlease_ttl_s = 2\ntimeout_ms = 5000\nwarm = {warm}\n", dir.display().to_string());
     ServerProc::configure(dir, &itch_spec(), &format!("{store:?}"), &extra, &[])
 }
 

@@ -14,7 +14,7 @@
 mod common;
 
 use common::etcd::{etcd_available, wait_writer, Etcd};
-use common::{itch_spec, ServerProc, ADMIN, APPS};
+use common::{free_port, itch_spec, ServerProc, ADMIN, APPS};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use subc_server::proto;
@@ -210,7 +210,15 @@ fn a_standby_serves_what_the_writer_serves_at_the_revision_it_reports() {
     let dir = tempfile::Builder::new().prefix("subc-ha-reads").tempdir().unwrap();
     let etcd = Etcd::start(dir.path(), 1);
     let url = etcd.url("reads");
-    let (mut a, mut b) = (replica(&dir.path().join("a"), &url, 30), replica(&dir.path().join("b"), &url, 30));
+    let metrics_port = free_port();
+    let b_dir = dir.path().join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let b_extra = format!(
+        "metrics_listen = \"127.0.0.1:{metrics_port}\"\ndata_dir = {:?}\n[etcd]\nlease_ttl_s = 30\ntimeout_ms = 2000\n",
+        b_dir.display().to_string()
+    );
+    let mut a = replica(&dir.path().join("a"), &url, 30);
+    let mut b = ServerProc::configure(&b_dir, &itch_spec(), &format!("{url:?}"), &b_extra, &[]);
     let rt = runtime();
     a.spawn();
     rt.block_on(wait_writer(&a, Duration::from_secs(30)));

@@ -128,7 +128,14 @@ pub struct EtcdConfig {
 
 impl Default for EtcdConfig {
     fn default() -> Self {
-        EtcdConfig { lease_ttl_s: default_lease_ttl_s(), timeout_ms: default_etcd_timeout_ms(), ca: None, cert: None, key: None, warm: true }
+        EtcdConfig {
+            lease_ttl_s: default_lease_ttl_s(),
+            timeout_ms: default_etcd_timeout_ms(),
+            ca: None,
+            cert: None,
+            key: None,
+            warm: true,
+        }
     }
 }
 

@@ -74,6 +74,12 @@ pub struct Metrics {
     pub sampled_deliveries: Family<Labels, Gauge>,
     pub extra_deliveries: Family<Labels, Gauge>,
     pub refits: Family<Labels, Gauge>,
+    /// Replicas on etcd: 1 on the writer, 0 on a standby; the store's
+    /// revision (the writer's last commit, or what a standby has followed);
+    /// a standby's warm compile: the revision it compiled (0: none yet).
+    pub writer: Gauge,
+    pub store_revision: Gauge,
+    pub warm_revision: Gauge,
     /// The API's methods (`/subc.v1.Subscriptions/Add`, ...): the only
     /// values of the `method` label besides `unknown`.
     known_methods: std::collections::HashSet<String>,
@@ -177,7 +183,24 @@ impl Metrics {
         );
         let refits = Family::<Labels, Gauge>::default();
         registry.register("target_refits", "Times a budgeted target's set was fitted anew since startup", refits.clone());
+        let writer = Gauge::default();
+        registry.register("writer", "1 on the replica that writes the store, 0 on a standby (etcd stores)", writer.clone());
+        let store_revision = Gauge::default();
+        registry.register(
+            "store_revision",
+            "The etcd revision of the writer's last commit, or of the last commit a standby has followed",
+            store_revision.clone(),
+        );
+        let warm_revision = Gauge::default();
+        registry.register(
+            "warm_revision",
+            "A standby's compile of the quiet store: the revision of the commit it compiled (0: none yet)",
+            warm_revision.clone(),
+        );
         Metrics {
+            writer,
+            store_revision,
+            warm_revision,
             budget_entries,
             relaxed_fields,
             sampled_deliveries,
@@ -289,6 +312,16 @@ pub(crate) async fn serve(
     metrics: Arc<Metrics>,
     refresh: Refresh,
 ) -> std::io::Result<SocketAddr> {
+    Ok(serve_task(addr, limits, metrics, refresh).await?.0)
+}
+
+/// [`serve`], and its task: aborting it closes the endpoint.
+pub(crate) async fn serve_task(
+    addr: SocketAddr,
+    limits: crate::transport::ConnectionLimits,
+    metrics: Arc<Metrics>,
+    refresh: Refresh,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -304,12 +337,12 @@ pub(crate) async fn serve(
             }
         }),
     );
-    tokio::spawn(async move {
+    let join = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     });
-    Ok(local)
+    Ok((local, join))
 }
 
 #[cfg(test)]

@@ -120,7 +120,21 @@ pub(crate) fn prepare(store: &Store, inputs: &Inputs) -> Result<Prepared, Error>
         }
     };
     let index = crate::core::index_of(subs);
-    Ok(Prepared { data_revision, fabric, targets, index, generation, next_id, apps, stored_order, set, placed, nfs, net, took: t.elapsed() })
+    Ok(Prepared {
+        data_revision,
+        fabric,
+        targets,
+        index,
+        generation,
+        next_id,
+        apps,
+        stored_order,
+        set,
+        placed,
+        nfs,
+        net,
+        took: t.elapsed(),
+    })
 }
 
 /// Network mode: the topology to run. A topology changed at runtime is
@@ -153,6 +167,11 @@ pub(crate) struct Warm {
 }
 
 impl Warm {
+    /// The revision of the commit the prepared compile is at (0: none).
+    pub(crate) fn revision(&self) -> i64 {
+        self.slot.lock().expect("warm").as_ref().map(|p| p.data_revision).unwrap_or(0)
+    }
+
     /// Stops preparing and takes what was prepared, if it is at
     /// `data_revision` (what the store is at now).
     pub(crate) fn take_at(&self, data_revision: i64) -> Option<Prepared> {

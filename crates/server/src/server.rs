@@ -159,8 +159,13 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
                 let core = core.clone();
                 Arc::new(move || {
                     let core = core.clone();
-                    Box::pin(async move { core.read_port_counters().await })
-                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+                    Box::pin(async move {
+                        if let Some(revision) = core.store_revision() {
+                            core.metrics().writer.set(1);
+                            core.metrics().store_revision.set(revision);
+                        }
+                        core.read_port_counters().await
+                    }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
                 })
             })
             .await

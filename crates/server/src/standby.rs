@@ -21,8 +21,8 @@
 use crate::api::{addressed_app, list_query};
 use crate::auth::{principal, Authenticator};
 use crate::config::{EtcdLocation, Limits};
-use crate::prepare::{Inputs, Warm};
 use crate::desired::SubIndex;
+use crate::prepare::{Inputs, Warm};
 use crate::proto::{self, events_server::EventsServer, subscriptions_server::SubscriptionsServer, targets_server::TargetsServer};
 use crate::store::{EtcdStore, Followed, SubChange};
 use crate::watch::{Slot, Slots};
@@ -250,6 +250,31 @@ pub(crate) struct Standby {
     follower: Follower,
     closing: tokio::sync::watch::Sender<bool>,
     warm: Warm,
+    /// The metrics endpoint, until the writer's takes its address.
+    metrics: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A standby's `/metrics`: `subc_writer 0`, the revision it has followed,
+/// its warm compile's, and its listener's connections.
+async fn serve_metrics(
+    at: std::net::SocketAddr,
+    config: &crate::config::Config,
+    follower: &Follower,
+    warm: &Warm,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let (view, warm) = (follower.view.clone(), warm.clone());
+    let m = metrics.clone();
+    let refresh: crate::metrics::Refresh = Arc::new(move || {
+        m.store_revision.set(view.read().expect("view").revision);
+        m.warm_revision.set(warm.revision());
+        Box::pin(async {})
+    });
+    let limits = crate::transport::limits(&config.transport);
+    let (_, join) = crate::metrics::serve_task(at, limits, metrics, refresh)
+        .await
+        .map_err(|e| Error::Io { context: format!("cannot listen on {at}"), source: e })?;
+    Ok(join)
 }
 
 impl Standby {
@@ -318,6 +343,10 @@ impl Standby {
             }))
             .add_service(RefusedTargets(known))
             .add_service(InterceptedService::new(EventsServer::new(events).max_decoding_message_size(max), move |r| a2.intercept(r)));
+        let metrics = match config.metrics_listen {
+            Some(a) => Some(serve_metrics(a, config, &follower, &warm).await?),
+            None => None,
+        };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let join = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -328,7 +357,7 @@ impl Standby {
                 .await;
         });
         tracing::info!(%listen, "standing by: serving reads, and naming the writer for writes, until elected");
-        Ok(Standby { stop, join, polling, follower, closing, warm })
+        Ok(Standby { stop, join, polling, follower, closing, warm, metrics })
     }
 
     /// What this standby prepared, for startup once it is elected.
@@ -343,6 +372,11 @@ impl Standby {
         self.follower.stop.store(true, Ordering::SeqCst);
         let _ = self.closing.send(true);
         let _ = self.stop.send(());
+        // At once, scrapes in flight too: the writer's endpoint takes the address.
+        if let Some(join) = self.metrics {
+            join.abort();
+            let _ = join.await;
+        }
         let mut join = self.join;
         if tokio::time::timeout(std::time::Duration::from_secs(5), &mut join).await.is_err() {
             join.abort();
