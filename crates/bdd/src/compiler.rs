@@ -214,6 +214,7 @@ struct PendingRule<'a> {
 }
 
 /// A compiled subscription set.
+#[derive(Clone)]
 pub struct CompiledSet {
     spec_fields: Vec<FieldInfo>,
     base_order: Vec<QueryFieldId>,

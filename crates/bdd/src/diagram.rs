@@ -72,6 +72,7 @@ struct Inner {
 }
 
 /// Owns every node and leaf, and the unique tables that hash-cons them.
+#[derive(Clone)]
 pub struct Manager {
     widths: Vec<u32>,
     nodes: Vec<Inner>,

@@ -85,6 +85,11 @@ pub enum SubCommand {
         /// An idempotency key: retrying with the same key adds only once.
         #[arg(long, value_name = "KEY")]
         request_id: Option<String>,
+        /// Check and compile, apply every limit and budget, and print what
+        /// each target would be written (the admin's view), without adding
+        /// anything.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -96,6 +101,9 @@ pub enum SubCommand {
         /// admin's own, `admin`). Each application numbers its own.
         #[arg(long)]
         app: Option<String>,
+        /// Print what each target would be written, without removing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         conn: Conn,
     },
@@ -345,6 +353,22 @@ fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
 }
 
+/// A dry run's per-target preview, one line per target.
+fn print_previews(previews: &[proto::TargetPreview]) -> Result<()> {
+    let mut o = out();
+    for p in previews {
+        let what = if p.budgeted {
+            "fits its own set to its budget when it deploys (not previewed)".to_string()
+        } else if p.full_install {
+            "a whole install (the set's shape changes)".to_string()
+        } else {
+            format!("{} insert(s), {} modify(ies), {} delete(s), {} group change(s)", p.inserts, p.modifies, p.deletes, p.groups_changed)
+        };
+        writeln!(o, "  {}: {what}", p.target)?;
+    }
+    Ok(())
+}
+
 /// Prints an API message as pretty canonical JSON.
 fn print_json<M: prost::Message + prost::Name>(m: &M) -> Result<()> {
     writeln!(out(), "{}", serde_json::to_string_pretty(&subc_client::to_json(m))?)?;
@@ -354,7 +378,7 @@ fn print_json<M: prost::Message + prost::Name>(m: &M) -> Result<()> {
 pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
     runtime()?.block_on(async {
         match cmd {
-            SubCommand::Add { files, rules, request_id, conn } => {
+            SubCommand::Add { files, rules, request_id, dry_run, conn } => {
                 stdin_at_most_once(files.iter().map(PathBuf::as_path))?;
                 let mut lines = vec![];
                 let mut name = String::new();
@@ -369,7 +393,12 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                     // Several sources become one: line numbers count from the first.
                     name = "<request>".into();
                 }
-                let req = proto::AddRequest { lines, source_name: name, request_id: request_id.clone().unwrap_or_default() };
+                let req = proto::AddRequest {
+                    lines,
+                    source_name: name,
+                    request_id: request_id.clone().unwrap_or_default(),
+                    validate_only: *dry_run,
+                };
                 let r = match c.subs.add(req.clone()).await {
                     Ok(r) => r.into_inner(),
                     // A status carries the first diagnostics; Check has every one.
@@ -387,6 +416,9 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 }
                 if conn.json {
                     print_json(&r)?;
+                } else if r.validated_only {
+                    writeln!(out(), "a dry run: {} subscription(s) would be added at generation {}", r.subscriptions.len(), r.generation)?;
+                    print_previews(&r.would_write)?;
                 } else {
                     let ids: Vec<String> = r.subscriptions.iter().map(|s| s.id.to_string()).collect();
                     let again = if r.replayed { " (a retry: nothing new was added)" } else { "" };
@@ -394,10 +426,20 @@ pub fn sub(cmd: &SubCommand) -> Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SubCommand::Rm { ids, app, conn } => {
+            SubCommand::Rm { ids, app, dry_run, conn } => {
                 let mut c = conn.clients()?;
-                match c.subs.remove(proto::RemoveRequest { ids: ids.clone(), app: app.clone().unwrap_or_default() }).await {
+                let req = proto::RemoveRequest { ids: ids.clone(), app: app.clone().unwrap_or_default(), validate_only: *dry_run };
+                match c.subs.remove(req).await {
                     Ok(r) if conn.json => print_json(r.get_ref())?,
+                    Ok(r) if r.get_ref().validated_only => {
+                        writeln!(
+                            out(),
+                            "a dry run: {} subscription(s) would be removed at generation {}",
+                            ids.len(),
+                            r.get_ref().generation
+                        )?;
+                        print_previews(&r.get_ref().would_write)?;
+                    }
                     Ok(r) => writeln!(out(), "removed {} subscription(s) at generation {}", ids.len(), r.into_inner().generation)?,
                     Err(s) => return Ok(report(s)),
                 }

@@ -147,7 +147,7 @@ impl Subscriptions for Api {
         let req = request.into_inner();
         self.check_add_limits(&req)?;
         let fingerprint = crate::writer::request_fingerprint(&req.source_name, &req.lines);
-        let proto::AddRequest { lines, source_name, request_id } = req;
+        let proto::AddRequest { lines, source_name, request_id, validate_only } = req;
         let checked_in = self.core.fabric();
         let batch = match self.check(&who, checked_in.clone(), source_name, lines).await? {
             Ok(b) => b,
@@ -163,9 +163,16 @@ impl Subscriptions for Api {
         }
         let resp = self
             .core
-            .submit(|reply| WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply })
+            .submit(|reply| {
+                let op = WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply };
+                if validate_only {
+                    WriteOp::DryRun(Box::new(op))
+                } else {
+                    op
+                }
+            })
             .await?;
-        Ok(self.committed(resp))
+        Ok(if validate_only { Response::new(resp) } else { self.committed(resp) })
     }
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
@@ -175,9 +182,19 @@ impl Subscriptions for Api {
         if req.ids.len() > max {
             return Err(self.limit("lines_per_request", format!("{} ids, over the limit of {max}", req.ids.len())));
         }
-        let (app, ids) = (addressed_app(&who, &req.app)?, req.ids);
-        let resp = self.core.submit(|reply| WriteOp::Remove { who, app, ids, reply }).await?;
-        Ok(self.committed(resp))
+        let (app, ids, validate_only) = (addressed_app(&who, &req.app)?, req.ids, req.validate_only);
+        let resp = self
+            .core
+            .submit(|reply| {
+                let op = WriteOp::Remove { who, app, ids, reply };
+                if validate_only {
+                    WriteOp::DryRun(Box::new(op))
+                } else {
+                    op
+                }
+            })
+            .await?;
+        Ok(if validate_only { Response::new(resp) } else { self.committed(resp) })
     }
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Subscription>, Status> {

@@ -100,6 +100,7 @@ impl From<FollowError> for TargetError {
 
 /// Packets sampled from a set's rules (query values, by query field id),
 /// with the rules each one matches exactly, kept up to date rule by rule.
+#[derive(Clone)]
 pub(crate) struct Sample {
     values: Vec<Vec<u64>>,
     matched: Vec<Vec<SubId>>,

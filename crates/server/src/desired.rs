@@ -286,6 +286,11 @@ impl Committed {
         view.and_then(|v| self.views.get(v)).unwrap_or(&self.set)
     }
 
+    /// The pipelines of `view`, as a slice.
+    pub fn pipeline_slice(&self, view: Option<usize>) -> &[Pipeline] {
+        &self.view(view).pipelines
+    }
+
     /// The pipelines of `view`: the set's (`None`) or a device's.
     pub fn pipelines_of(&self, view: Option<usize>) -> Vec<&Pipeline> {
         self.view(view).pipelines.iter().collect()

@@ -448,6 +448,7 @@ impl NetError {
 }
 
 /// One device's compiled projection.
+#[derive(Clone)]
 struct DeviceSet {
     set: CompiledSet,
     /// The projected rules the set holds, by id.
@@ -457,6 +458,7 @@ struct DeviceSet {
 }
 
 /// How a budgeted device's rules were placed (`subc_fabric::place_rules`).
+#[derive(Clone)]
 struct Placement {
     budget: u64,
     /// The fields the transit part lost (empty: the set is exact).
@@ -577,6 +579,7 @@ impl DeviceSet {
 }
 
 /// Every device's compiled projection: the writer's, like the network set.
+#[derive(Clone)]
 pub struct Devices {
     fabric: std::sync::Arc<Fabric>,
     routes: Routes,

@@ -105,6 +105,9 @@ pub(crate) enum WriteOp {
         reply: Reply<proto::ChangeTopologyResponse>,
     },
     Report(TargetReport),
+    /// An Add or Remove to check, compile and undo (`validate_only`):
+    /// staged alone after its batch's commit, never committed.
+    DryRun(Box<WriteOp>),
 }
 
 /// A fingerprint of an Add request's content (its lines and source name):
@@ -280,6 +283,7 @@ impl WriteOp {
     pub(crate) fn caller(&self) -> Option<&str> {
         match self {
             WriteOp::Add { who, .. } | WriteOp::Remove { who, .. } => Some(&who.app),
+            WriteOp::DryRun(op) => op.caller(),
             _ => None,
         }
     }
@@ -354,6 +358,10 @@ pub(crate) struct Writer {
     queue_has_more: bool,
     /// Commits, and bytes of replies and events written, since the last prune.
     unpruned: (u64, u64),
+    /// An undo changed the set's tables (the same rules, other entries and
+    /// state ids): the committed view no longer matches the writer's copy
+    /// entry for entry, so the set's next update is published whole.
+    set_stale: bool,
 }
 
 /// What staging a change came to.
@@ -366,7 +374,7 @@ enum Outcome {
 
 impl Writer {
     pub(crate) fn new(core: Arc<Core>, store: Store, d: Desired) -> Writer {
-        Writer { core, store, d, deferred: VecDeque::new(), others_wait: false, queue_has_more: false, unpruned: (0, 0) }
+        Writer { core, store, d, deferred: VecDeque::new(), others_wait: false, queue_has_more: false, unpruned: (0, 0), set_stale: false }
     }
 
     /// Takes queued changes in batches until every sender is gone and no
@@ -391,8 +399,15 @@ impl Writer {
                 }
             }
             self.queue_has_more = !rx.is_empty() || !self.deferred.is_empty();
-            let (commits, bytes) = self.unpruned;
-            self.process(batch, &rx, commits + 1 >= PRUNE_EVERY_COMMITS || bytes >= PRUNE_EVERY_BYTES);
+            let (dry, batch): (Vec<WriteOp>, Vec<WriteOp>) = batch.into_iter().partition(|op| matches!(op, WriteOp::DryRun(_)));
+            if !batch.is_empty() {
+                let (commits, bytes) = self.unpruned;
+                self.process(batch, &rx, commits + 1 >= PRUNE_EVERY_COMMITS || bytes >= PRUNE_EVERY_BYTES);
+            }
+            for op in dry {
+                self.others_wait = !rx.is_empty();
+                self.dry_run(op);
+            }
         }
         tracing::debug!("writer stopped");
     }
@@ -438,6 +453,109 @@ impl Writer {
             Ok(seqs) => self.publish_and_reply(staged, seqs, claims.duplicates, gen0),
         }
         crate::trim::release_free_memory();
+    }
+
+    /// A dry run: stages the change as an Add or Remove would be (every
+    /// check, limit and budget), says per target what it would write,
+    /// undoes it, and replies. Nothing is committed, published or sent.
+    fn dry_run(&mut self, op: WriteOp) {
+        let WriteOp::DryRun(op) = op else { return };
+        let admin = matches!(&*op, WriteOp::Add { who, .. } | WriteOp::Remove { who, .. } if who.admin);
+        // Its idempotency key is neither replayed nor recorded.
+        let op = match *op {
+            WriteOp::Add { who, batch, checked_in, fingerprint, spent, reply, .. } => {
+                WriteOp::Add { who, batch, checked_in, request_id: String::new(), fingerprint, spent, reply }
+            }
+            op => op,
+        };
+        let before = Counters { generation: self.d.generation, next_id: self.d.next_id, apps: self.d.apps.clone() };
+        // The compiled sets as they are: an undo gives back the same rules,
+        // not the same tables (state ids, entries), and the committed views
+        // must keep matching the writer's copy entry for entry.
+        let (set, net, set_stale) = (self.d.set.clone(), self.d.net.clone(), self.set_stale);
+        self.core.yield_flag().store(false, std::sync::atomic::Ordering::SeqCst);
+        let staged = self.stage(op, &mut BTreeSet::new());
+        let mut st = match staged {
+            Outcome::Staged(st) => *st,
+            Outcome::Refused(finish, status) => {
+                (self.d.set, self.d.net, self.set_stale) = (set, net, set_stale);
+                return finish.fail(status);
+            }
+            Outcome::Yielded(op) => {
+                (self.d.set, self.d.net, self.set_stale) = (set, net, set_stale);
+                return self.deferred.push_back(WriteOp::DryRun(op));
+            }
+        };
+        let would_write = if admin { self.preview(&st.publish) } else { vec![] };
+        if let Some(u) = st.undo.take() {
+            self.undo(u);
+        }
+        (self.d.set, self.d.net, self.set_stale) = (set, net, set_stale);
+        self.d.generation = before.generation;
+        self.d.next_id = before.next_id;
+        self.d.apps = before.apps;
+        match st.finish {
+            Finish::Add(reply, mut resp) => {
+                resp.subscriptions.iter_mut().for_each(|s| s.id = 0);
+                resp.validated_only = true;
+                resp.would_write = would_write;
+                let _ = reply.send(Ok(resp));
+            }
+            Finish::Remove(reply, mut resp) => {
+                resp.validated_only = true;
+                resp.would_write = would_write;
+                let _ = reply.send(Ok(resp));
+            }
+            other => other.fail(Status::internal("a dry run of a change other than an Add or Remove")),
+        }
+    }
+
+    /// Per target, what a staged change would write to it, were it in sync
+    /// with the committed state: the plan a deployer would make (`plan` in
+    /// `deploy/mod.rs`) from the committed pipelines to the staged ones,
+    /// over the keys the change's update touched, in full after a full
+    /// recompile, or a whole install when the shape or the group's
+    /// capacity changes.
+    fn preview(&self, p: &crate::desired::Publish) -> Vec<proto::TargetPreview> {
+        let Some((_, update)) = &p.update else { return vec![] };
+        let c = self.core.committed();
+        let mut out = vec![];
+        for h in self.core.targets() {
+            let mut plan = proto::PlanResponse::default();
+            let budgeted = h.budgeted();
+            if !budgeted {
+                let update = match h.view {
+                    // After an undo the set is published whole.
+                    None if self.set_stale => None,
+                    None => update.as_ref(),
+                    Some(d) => p.devices.get(d).and_then(Option::as_ref),
+                };
+                let old = c.pipeline_slice(h.view);
+                let staged = self.d.view_pipelines(h.view);
+                let new: Vec<&subc_bdd::Pipeline> = staged.iter().collect();
+                let (old_bits, new_bits) = (c.bits_of(h.view).map(|b| b.capacity()), self.d.view_bits(h.view).map(|b| b.capacity()));
+                let reshaped = crate::desired::shape_of(old.iter()) != crate::desired::shape_of(new.iter().copied());
+                match update {
+                    _ if reshaped || old_bits != new_bits => plan.full_install = true,
+                    None if old_bits.is_some() => plan.full_install = true,
+                    None => old.iter().zip(&new).for_each(|(o, n)| crate::deploy::tally(&mut plan, &subc_bdd::diff_pipelines(o, n))),
+                    Some(u) => {
+                        subc_bdd::diff_touched(old, &new, &[u]).iter().for_each(|d| crate::deploy::tally(&mut plan, d));
+                        plan.modifies += u.bits.as_ref().map_or(0, |b| b.len() as u64);
+                    }
+                }
+            }
+            out.push(proto::TargetPreview {
+                target: h.registration.name.clone(),
+                full_install: plan.full_install,
+                inserts: plan.inserts,
+                modifies: plan.modifies,
+                deletes: plan.deletes,
+                groups_changed: plan.groups_changed,
+                budgeted,
+            });
+        }
+        out
     }
 
     /// Replays or refuses an Add whose idempotency key was seen before (in
@@ -562,7 +680,15 @@ impl Writer {
         let mut publishes = vec![];
         let mut events = vec![];
         for (s, ss) in staged.into_iter().zip(seqs) {
-            publishes.push(s.publish);
+            let mut publish = s.publish;
+            if self.set_stale {
+                if let Some((_, update)) = &mut publish.update {
+                    // After an undo: the set whole (targets diff it in full).
+                    *update = None;
+                    self.set_stale = false;
+                }
+            }
+            publishes.push(publish);
             finishes.push(s.finish);
             events.extend(s.events.into_iter().zip(ss).map(|(mut e, seq)| {
                 e.event.seq = seq;
@@ -631,6 +757,9 @@ impl Writer {
     }
 
     fn undo(&mut self, u: Undo) {
+        if matches!(u, Undo::Added(_) | Undo::Removed(_)) {
+            self.set_stale = true;
+        }
         match u {
             Undo::Added(ids) => {
                 if let Err(e) = self.d.set.remove(&ids) {
@@ -721,6 +850,7 @@ impl Writer {
     fn stage_other(&mut self, op: WriteOp, names: &mut BTreeSet<String>) -> Result<Staged, (Finish, Status)> {
         match op {
             WriteOp::Add { .. } => unreachable!("Adds are staged by stage_add"),
+            WriteOp::DryRun(_) => unreachable!("dry runs are staged by dry_run, never in a batch"),
             WriteOp::Remove { who, app, ids, reply } => match self.stage_remove(&who, &app, ids) {
                 Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
                 Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
@@ -1190,7 +1320,7 @@ impl Writer {
         self.app_gauge(app).dec_by(ids.len() as i64);
         let e =
             proto::Event { app: app.to_string(), subscription_ids: app_ids, ..event(proto::EventKind::SubscriptionsRemoved, generation) };
-        let resp = proto::RemoveResponse { generation: seen_generation(who, generation, of_app.generation) };
+        let resp = proto::RemoveResponse { generation: seen_generation(who, generation, of_app.generation), ..Default::default() };
         let staged = Staged {
             sql: ids.iter().map(|id| SqlWrite::DeleteSub(*id)).collect(),
             undo: Some(Undo::Removed(removed)),

@@ -58,7 +58,7 @@ async fn add_get_list_remove() {
         assert_eq!(bob.subs.get(proto::GetRequest { id: 2, ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
         let e = bob.subs.get(proto::GetRequest { id: 1, app: "alice".into() }).await.unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied);
-        let e = bob.subs.remove(proto::RemoveRequest { ids: vec![1], app: "alice".into() }).await.unwrap_err();
+        let e = bob.subs.remove(proto::RemoveRequest { ids: vec![1], app: "alice".into(), ..Default::default() }).await.unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied);
         assert_eq!(bob.subs.remove(proto::RemoveRequest { ids: vec![2], ..Default::default() }).await.unwrap_err().code(), Code::NotFound);
         // The admin names (app, id); its own app is `admin`.
@@ -76,7 +76,11 @@ async fn add_get_list_remove() {
         alice.subs.remove(proto::RemoveRequest { ids: vec![ids[0], ids[2]], ..Default::default() }).await.unwrap();
         assert_eq!(list_all(alice, 10).await.iter().map(|s| s.id).collect::<Vec<_>>(), vec![ids[1]]);
         // The admin may remove anyone's, named by (app, id).
-        admin.subs.remove(proto::RemoveRequest { ids: vec![b.subscriptions[0].id], app: "bob".into() }).await.unwrap();
+        admin
+            .subs
+            .remove(proto::RemoveRequest { ids: vec![b.subscriptions[0].id], app: "bob".into(), ..Default::default() })
+            .await
+            .unwrap();
         assert!(list_all(bob, 10).await.is_empty());
         env.stop().await;
     })

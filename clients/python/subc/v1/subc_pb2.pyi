@@ -99,42 +99,72 @@ class Subscription(_message.Message):
     def __init__(self, id: _Optional[int] = ..., app: _Optional[str] = ..., text: _Optional[str] = ..., generation: _Optional[int] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AddRequest(_message.Message):
-    __slots__ = ("lines", "source_name", "request_id")
+    __slots__ = ("lines", "source_name", "request_id", "validate_only")
     LINES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     lines: _containers.RepeatedScalarFieldContainer[str]
     source_name: str
     request_id: str
-    def __init__(self, lines: _Optional[_Iterable[str]] = ..., source_name: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    validate_only: bool
+    def __init__(self, lines: _Optional[_Iterable[str]] = ..., source_name: _Optional[str] = ..., request_id: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class TargetPreview(_message.Message):
+    __slots__ = ("target", "full_install", "inserts", "modifies", "deletes", "groups_changed", "budgeted")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    FULL_INSTALL_FIELD_NUMBER: _ClassVar[int]
+    INSERTS_FIELD_NUMBER: _ClassVar[int]
+    MODIFIES_FIELD_NUMBER: _ClassVar[int]
+    DELETES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    BUDGETED_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    full_install: bool
+    inserts: int
+    modifies: int
+    deletes: int
+    groups_changed: int
+    budgeted: bool
+    def __init__(self, target: _Optional[str] = ..., full_install: _Optional[bool] = ..., inserts: _Optional[int] = ..., modifies: _Optional[int] = ..., deletes: _Optional[int] = ..., groups_changed: _Optional[int] = ..., budgeted: _Optional[bool] = ...) -> None: ...
 
 class AddResponse(_message.Message):
-    __slots__ = ("subscriptions", "lines", "warnings", "generation", "replayed")
+    __slots__ = ("subscriptions", "lines", "warnings", "generation", "replayed", "validated_only", "would_write")
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     LINES_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    VALIDATED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WOULD_WRITE_FIELD_NUMBER: _ClassVar[int]
     subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
     lines: _containers.RepeatedScalarFieldContainer[int]
     warnings: _containers.RepeatedCompositeFieldContainer[Diagnostic]
     generation: int
     replayed: bool
-    def __init__(self, subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., lines: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., generation: _Optional[int] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    validated_only: bool
+    would_write: _containers.RepeatedCompositeFieldContainer[TargetPreview]
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., lines: _Optional[_Iterable[int]] = ..., warnings: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., generation: _Optional[int] = ..., replayed: _Optional[bool] = ..., validated_only: _Optional[bool] = ..., would_write: _Optional[_Iterable[_Union[TargetPreview, _Mapping]]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("ids", "app")
+    __slots__ = ("ids", "app", "validate_only")
     IDS_FIELD_NUMBER: _ClassVar[int]
     APP_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     app: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., app: _Optional[str] = ...) -> None: ...
+    validate_only: bool
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., app: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
-    __slots__ = ("generation",)
+    __slots__ = ("generation", "validated_only", "would_write")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    VALIDATED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    WOULD_WRITE_FIELD_NUMBER: _ClassVar[int]
     generation: int
-    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+    validated_only: bool
+    would_write: _containers.RepeatedCompositeFieldContainer[TargetPreview]
+    def __init__(self, generation: _Optional[int] = ..., validated_only: _Optional[bool] = ..., would_write: _Optional[_Iterable[_Union[TargetPreview, _Mapping]]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("id", "app")

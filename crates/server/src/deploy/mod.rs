@@ -830,7 +830,7 @@ pub(crate) fn custom_options(c: &proto::CustomTarget) -> subc_target::Options {
     c.options.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::PipelineDiff) {
+pub(crate) fn tally(r: &mut proto::PlanResponse, d: &subc_bdd::PipelineDiff) {
     for t in &d.tables {
         r.inserts += t.inserts.len() as u64;
         r.modifies += t.modifies.len() as u64;
