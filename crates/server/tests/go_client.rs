@@ -31,7 +31,7 @@ async fn go_client_module_against_a_live_server() {
     // The module cache and build cache under the target directory, as
     // clients/go/generate.sh keeps them.
     let tools = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("the target directory").join("tools/go");
-    bounded(600, async {
+    bounded(300, async {
         let certs = tempfile::tempdir().unwrap();
         make_certs(certs.path());
         let c = certs.path();
