@@ -258,6 +258,11 @@ func SourceName(name string) AddOption { return func(r *subcv1.AddRequest) { r.S
 // returns the first reply (Replayed) instead of adding again.
 func RequestID(id string) AddOption { return func(r *subcv1.AddRequest) { r.RequestId = id } }
 
+// DryRun checks and compiles the lines as an add would, and commits
+// nothing: the reply has ValidatedOnly set and, for the administrator,
+// WouldWrite per target.
+func DryRun() AddOption { return func(r *subcv1.AddRequest) { r.ValidateOnly = true } }
+
 func addRequest(lines []string, opts []AddOption) *subcv1.AddRequest {
 	r := &subcv1.AddRequest{Lines: lines}
 	for _, o := range opts {
@@ -298,6 +303,12 @@ func appOf(opts []AppOption) string {
 // Remove removes subscriptions atomically, by id.
 func (c *Client) Remove(ctx context.Context, ids []uint64, opts ...AppOption) (*subcv1.RemoveResponse, error) {
 	return unary(c, ctx, 0, c.subs.Remove, &subcv1.RemoveRequest{Ids: ids, App: appOf(opts)})
+}
+
+// RemoveDryRun is Remove as a dry run: checked, nothing removed; WouldWrite
+// per target for the administrator.
+func (c *Client) RemoveDryRun(ctx context.Context, ids []uint64, opts ...AppOption) (*subcv1.RemoveResponse, error) {
+	return unary(c, ctx, 0, c.subs.Remove, &subcv1.RemoveRequest{Ids: ids, App: appOf(opts), ValidateOnly: true})
 }
 
 // Get returns one subscription.

@@ -112,6 +112,11 @@ func TestAddListWatchResumeRemove(t *testing.T) {
 	ctx := context60(t)
 	c := dial(t, s.target, subc.WithToken(s.token))
 
+	// A dry run adds nothing: its subscriptions have id 0.
+	dry := must(c.Add(ctx, []string{"stock == DRY : fwd(1)"}, subc.DryRun()))(t)
+	if !dry.ValidatedOnly || len(dry.Subscriptions) != 1 || dry.Subscriptions[0].Id != 0 {
+		t.Fatalf("dry run %v", dry)
+	}
 	first := must(c.Add(ctx, []string{"stock == GOOGL && price > 100 : fwd(1)", "", "# a comment", "stock == MSFT : fwd(2)"}))(t)
 	if !slices.Equal(first.Lines, []uint32{1, 4}) || first.Subscriptions[1].Text != "stock == MSFT : fwd(2)" {
 		t.Fatalf("added %v", first)

@@ -503,7 +503,12 @@ type AddRequest struct {
 	// Optional idempotency key: a retry with the same key (and the same
 	// application) and the same lines returns the first reply instead of
 	// adding again; the same key with other lines is ALREADY_EXISTS.
-	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// A dry run: the lines are checked and compiled, and every limit and
+	// budget applied, exactly as for an add, but nothing is committed or
+	// written to a target; the reply says what would be (`would_write`).
+	// `request_id` is neither recorded nor replayed.
+	ValidateOnly  bool `protobuf:"varint,4,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -559,6 +564,111 @@ func (x *AddRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *AddRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+// What a change would write to one target in sync with the service
+// (a dry run: `validate_only`).
+type TargetPreview struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Target string                 `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// As a plan: counts of table entries and multicast groups, or a whole
+	// install when the change recompiles the set into another shape.
+	FullInstall   bool   `protobuf:"varint,2,opt,name=full_install,json=fullInstall,proto3" json:"full_install,omitempty"`
+	Inserts       uint64 `protobuf:"varint,3,opt,name=inserts,proto3" json:"inserts,omitempty"`
+	Modifies      uint64 `protobuf:"varint,4,opt,name=modifies,proto3" json:"modifies,omitempty"`
+	Deletes       uint64 `protobuf:"varint,5,opt,name=deletes,proto3" json:"deletes,omitempty"`
+	GroupsChanged uint64 `protobuf:"varint,6,opt,name=groups_changed,json=groupsChanged,proto3" json:"groups_changed,omitempty"`
+	// The target fits its own set to a table budget when it deploys: what
+	// it would write is not previewed.
+	Budgeted      bool `protobuf:"varint,7,opt,name=budgeted,proto3" json:"budgeted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetPreview) Reset() {
+	*x = TargetPreview{}
+	mi := &file_subc_v1_subc_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetPreview) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetPreview) ProtoMessage() {}
+
+func (x *TargetPreview) ProtoReflect() protoreflect.Message {
+	mi := &file_subc_v1_subc_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetPreview.ProtoReflect.Descriptor instead.
+func (*TargetPreview) Descriptor() ([]byte, []int) {
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TargetPreview) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *TargetPreview) GetFullInstall() bool {
+	if x != nil {
+		return x.FullInstall
+	}
+	return false
+}
+
+func (x *TargetPreview) GetInserts() uint64 {
+	if x != nil {
+		return x.Inserts
+	}
+	return 0
+}
+
+func (x *TargetPreview) GetModifies() uint64 {
+	if x != nil {
+		return x.Modifies
+	}
+	return 0
+}
+
+func (x *TargetPreview) GetDeletes() uint64 {
+	if x != nil {
+		return x.Deletes
+	}
+	return 0
+}
+
+func (x *TargetPreview) GetGroupsChanged() uint64 {
+	if x != nil {
+		return x.GroupsChanged
+	}
+	return 0
+}
+
+func (x *TargetPreview) GetBudgeted() bool {
+	if x != nil {
+		return x.Budgeted
+	}
+	return false
+}
+
 type AddResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The new subscriptions, in line order.
@@ -571,14 +681,19 @@ type AddResponse struct {
 	// service's to the administrator).
 	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
 	// True when `request_id` matched an earlier request and nothing was added now.
-	Replayed      bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,5,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// A dry run (`validate_only`): nothing was added; `subscriptions` have
+	// id 0 and `generation` is the one the add would create now. Per target
+	// (in the administrator's replies only), what the add would write.
+	ValidatedOnly bool             `protobuf:"varint,6,opt,name=validated_only,json=validatedOnly,proto3" json:"validated_only,omitempty"`
+	WouldWrite    []*TargetPreview `protobuf:"bytes,7,rep,name=would_write,json=wouldWrite,proto3" json:"would_write,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddResponse) Reset() {
 	*x = AddResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[3]
+	mi := &file_subc_v1_subc_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +705,7 @@ func (x *AddResponse) String() string {
 func (*AddResponse) ProtoMessage() {}
 
 func (x *AddResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[3]
+	mi := &file_subc_v1_subc_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +718,7 @@ func (x *AddResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddResponse.ProtoReflect.Descriptor instead.
 func (*AddResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{3}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AddResponse) GetSubscriptions() []*Subscription {
@@ -641,6 +756,20 @@ func (x *AddResponse) GetReplayed() bool {
 	return false
 }
 
+func (x *AddResponse) GetValidatedOnly() bool {
+	if x != nil {
+		return x.ValidatedOnly
+	}
+	return false
+}
+
+func (x *AddResponse) GetWouldWrite() []*TargetPreview {
+	if x != nil {
+		return x.WouldWrite
+	}
+	return nil
+}
+
 type RemoveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Ids in `app`'s numbering. An id `app` does not have is NOT_FOUND.
@@ -648,14 +777,16 @@ type RemoveRequest struct {
 	// The application whose subscriptions these are. An application may
 	// name only itself (or leave it empty); the administrator any (empty:
 	// its own, `admin`). Another application's is PERMISSION_DENIED.
-	App           string `protobuf:"bytes,2,opt,name=app,proto3" json:"app,omitempty"`
+	App string `protobuf:"bytes,2,opt,name=app,proto3" json:"app,omitempty"`
+	// A dry run, as AddRequest's: checked, nothing removed.
+	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[4]
+	mi := &file_subc_v1_subc_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +798,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[4]
+	mi := &file_subc_v1_subc_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +811,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{4}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RemoveRequest) GetIds() []uint64 {
@@ -697,18 +828,28 @@ func (x *RemoveRequest) GetApp() string {
 	return ""
 }
 
+func (x *RemoveRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
 type RemoveResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The generation this change created (the application's own; the
 	// service's to the administrator).
-	Generation    uint64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	// A dry run, as AddResponse's.
+	ValidatedOnly bool             `protobuf:"varint,2,opt,name=validated_only,json=validatedOnly,proto3" json:"validated_only,omitempty"`
+	WouldWrite    []*TargetPreview `protobuf:"bytes,3,rep,name=would_write,json=wouldWrite,proto3" json:"would_write,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[5]
+	mi := &file_subc_v1_subc_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +861,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[5]
+	mi := &file_subc_v1_subc_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +874,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{5}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RemoveResponse) GetGeneration() uint64 {
@@ -741,6 +882,20 @@ func (x *RemoveResponse) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *RemoveResponse) GetValidatedOnly() bool {
+	if x != nil {
+		return x.ValidatedOnly
+	}
+	return false
+}
+
+func (x *RemoveResponse) GetWouldWrite() []*TargetPreview {
+	if x != nil {
+		return x.WouldWrite
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -755,7 +910,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[6]
+	mi := &file_subc_v1_subc_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +922,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[6]
+	mi := &file_subc_v1_subc_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +935,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{6}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRequest) GetId() uint64 {
@@ -812,7 +967,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[7]
+	mi := &file_subc_v1_subc_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +979,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[7]
+	mi := &file_subc_v1_subc_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +992,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{7}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRequest) GetPageSize() uint32 {
@@ -875,7 +1030,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[8]
+	mi := &file_subc_v1_subc_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1042,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[8]
+	mi := &file_subc_v1_subc_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1055,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{8}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetSubscriptions() []*Subscription {
@@ -945,7 +1100,7 @@ type Diagnostic struct {
 
 func (x *Diagnostic) Reset() {
 	*x = Diagnostic{}
-	mi := &file_subc_v1_subc_proto_msgTypes[9]
+	mi := &file_subc_v1_subc_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -957,7 +1112,7 @@ func (x *Diagnostic) String() string {
 func (*Diagnostic) ProtoMessage() {}
 
 func (x *Diagnostic) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[9]
+	mi := &file_subc_v1_subc_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -970,7 +1125,7 @@ func (x *Diagnostic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Diagnostic.ProtoReflect.Descriptor instead.
 func (*Diagnostic) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{9}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Diagnostic) GetSeverity() Severity {
@@ -1072,7 +1227,7 @@ type Diagnostics struct {
 
 func (x *Diagnostics) Reset() {
 	*x = Diagnostics{}
-	mi := &file_subc_v1_subc_proto_msgTypes[10]
+	mi := &file_subc_v1_subc_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1239,7 @@ func (x *Diagnostics) String() string {
 func (*Diagnostics) ProtoMessage() {}
 
 func (x *Diagnostics) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[10]
+	mi := &file_subc_v1_subc_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1252,7 @@ func (x *Diagnostics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Diagnostics.ProtoReflect.Descriptor instead.
 func (*Diagnostics) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{10}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Diagnostics) GetDiagnostics() []*Diagnostic {
@@ -1138,7 +1293,7 @@ type ChangeTopologyRequest struct {
 
 func (x *ChangeTopologyRequest) Reset() {
 	*x = ChangeTopologyRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[11]
+	mi := &file_subc_v1_subc_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1305,7 @@ func (x *ChangeTopologyRequest) String() string {
 func (*ChangeTopologyRequest) ProtoMessage() {}
 
 func (x *ChangeTopologyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[11]
+	mi := &file_subc_v1_subc_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1318,7 @@ func (x *ChangeTopologyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeTopologyRequest.ProtoReflect.Descriptor instead.
 func (*ChangeTopologyRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{11}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ChangeTopologyRequest) GetAdd() string {
@@ -1218,7 +1373,7 @@ type ChangeTopologyResponse struct {
 
 func (x *ChangeTopologyResponse) Reset() {
 	*x = ChangeTopologyResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	mi := &file_subc_v1_subc_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1385,7 @@ func (x *ChangeTopologyResponse) String() string {
 func (*ChangeTopologyResponse) ProtoMessage() {}
 
 func (x *ChangeTopologyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	mi := &file_subc_v1_subc_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1398,7 @@ func (x *ChangeTopologyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeTopologyResponse.ProtoReflect.Descriptor instead.
 func (*ChangeTopologyResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{12}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ChangeTopologyResponse) GetAdded() []string {
@@ -1289,7 +1444,7 @@ type GetTopologyRequest struct {
 
 func (x *GetTopologyRequest) Reset() {
 	*x = GetTopologyRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	mi := &file_subc_v1_subc_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1456,7 @@ func (x *GetTopologyRequest) String() string {
 func (*GetTopologyRequest) ProtoMessage() {}
 
 func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	mi := &file_subc_v1_subc_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1469,7 @@ func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyRequest.ProtoReflect.Descriptor instead.
 func (*GetTopologyRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{13}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{14}
 }
 
 type GetTopologyResponse struct {
@@ -1332,7 +1487,7 @@ type GetTopologyResponse struct {
 
 func (x *GetTopologyResponse) Reset() {
 	*x = GetTopologyResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	mi := &file_subc_v1_subc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1499,7 @@ func (x *GetTopologyResponse) String() string {
 func (*GetTopologyResponse) ProtoMessage() {}
 
 func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	mi := &file_subc_v1_subc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1512,7 @@ func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyResponse.ProtoReflect.Descriptor instead.
 func (*GetTopologyResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{14}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetTopologyResponse) GetTopology() string {
@@ -1397,7 +1552,7 @@ type SetDownRequest struct {
 
 func (x *SetDownRequest) Reset() {
 	*x = SetDownRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[15]
+	mi := &file_subc_v1_subc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1564,7 @@ func (x *SetDownRequest) String() string {
 func (*SetDownRequest) ProtoMessage() {}
 
 func (x *SetDownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[15]
+	mi := &file_subc_v1_subc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1577,7 @@ func (x *SetDownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDownRequest.ProtoReflect.Descriptor instead.
 func (*SetDownRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{15}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetDownRequest) GetLinks() []string {
@@ -1461,7 +1616,7 @@ type SetDownResponse struct {
 
 func (x *SetDownResponse) Reset() {
 	*x = SetDownResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[16]
+	mi := &file_subc_v1_subc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1628,7 @@ func (x *SetDownResponse) String() string {
 func (*SetDownResponse) ProtoMessage() {}
 
 func (x *SetDownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[16]
+	mi := &file_subc_v1_subc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1641,7 @@ func (x *SetDownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDownResponse.ProtoReflect.Descriptor instead.
 func (*SetDownResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{16}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetDownResponse) GetLinksDown() []uint32 {
@@ -1536,7 +1691,7 @@ type EbpfTarget struct {
 
 func (x *EbpfTarget) Reset() {
 	*x = EbpfTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[17]
+	mi := &file_subc_v1_subc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1703,7 @@ func (x *EbpfTarget) String() string {
 func (*EbpfTarget) ProtoMessage() {}
 
 func (x *EbpfTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[17]
+	mi := &file_subc_v1_subc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1716,7 @@ func (x *EbpfTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EbpfTarget.ProtoReflect.Descriptor instead.
 func (*EbpfTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{17}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EbpfTarget) GetInterface() string {
@@ -1615,7 +1770,7 @@ type EbpfEgress struct {
 
 func (x *EbpfEgress) Reset() {
 	*x = EbpfEgress{}
-	mi := &file_subc_v1_subc_proto_msgTypes[18]
+	mi := &file_subc_v1_subc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1782,7 @@ func (x *EbpfEgress) String() string {
 func (*EbpfEgress) ProtoMessage() {}
 
 func (x *EbpfEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[18]
+	mi := &file_subc_v1_subc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1795,7 @@ func (x *EbpfEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EbpfEgress.ProtoReflect.Descriptor instead.
 func (*EbpfEgress) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{18}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EbpfEgress) GetInterface() string {
@@ -1711,7 +1866,7 @@ type P4RuntimeTarget struct {
 
 func (x *P4RuntimeTarget) Reset() {
 	*x = P4RuntimeTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[19]
+	mi := &file_subc_v1_subc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +1878,7 @@ func (x *P4RuntimeTarget) String() string {
 func (*P4RuntimeTarget) ProtoMessage() {}
 
 func (x *P4RuntimeTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[19]
+	mi := &file_subc_v1_subc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +1891,7 @@ func (x *P4RuntimeTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use P4RuntimeTarget.ProtoReflect.Descriptor instead.
 func (*P4RuntimeTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{19}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *P4RuntimeTarget) GetAddress() string {
@@ -1821,7 +1976,7 @@ type P4RuntimeTls struct {
 
 func (x *P4RuntimeTls) Reset() {
 	*x = P4RuntimeTls{}
-	mi := &file_subc_v1_subc_proto_msgTypes[20]
+	mi := &file_subc_v1_subc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1988,7 @@ func (x *P4RuntimeTls) String() string {
 func (*P4RuntimeTls) ProtoMessage() {}
 
 func (x *P4RuntimeTls) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[20]
+	mi := &file_subc_v1_subc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2001,7 @@ func (x *P4RuntimeTls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use P4RuntimeTls.ProtoReflect.Descriptor instead.
 func (*P4RuntimeTls) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{20}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *P4RuntimeTls) GetCaCertFile() string {
@@ -1891,7 +2046,7 @@ type SimTarget struct {
 
 func (x *SimTarget) Reset() {
 	*x = SimTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[21]
+	mi := &file_subc_v1_subc_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2058,7 @@ func (x *SimTarget) String() string {
 func (*SimTarget) ProtoMessage() {}
 
 func (x *SimTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[21]
+	mi := &file_subc_v1_subc_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2071,7 @@ func (x *SimTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SimTarget.ProtoReflect.Descriptor instead.
 func (*SimTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{21}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SimTarget) GetPath() string {
@@ -1948,7 +2103,7 @@ type AgentTarget struct {
 
 func (x *AgentTarget) Reset() {
 	*x = AgentTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[22]
+	mi := &file_subc_v1_subc_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2115,7 @@ func (x *AgentTarget) String() string {
 func (*AgentTarget) ProtoMessage() {}
 
 func (x *AgentTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[22]
+	mi := &file_subc_v1_subc_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2128,7 @@ func (x *AgentTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTarget.ProtoReflect.Descriptor instead.
 func (*AgentTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{22}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AgentTarget) GetAddress() string {
@@ -2017,7 +2172,7 @@ type CustomTarget struct {
 
 func (x *CustomTarget) Reset() {
 	*x = CustomTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[23]
+	mi := &file_subc_v1_subc_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2184,7 @@ func (x *CustomTarget) String() string {
 func (*CustomTarget) ProtoMessage() {}
 
 func (x *CustomTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[23]
+	mi := &file_subc_v1_subc_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2197,7 @@ func (x *CustomTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustomTarget.ProtoReflect.Descriptor instead.
 func (*CustomTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{23}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CustomTarget) GetKind() string {
@@ -2081,7 +2236,7 @@ type RegisterTargetRequest struct {
 
 func (x *RegisterTargetRequest) Reset() {
 	*x = RegisterTargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[24]
+	mi := &file_subc_v1_subc_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2248,7 @@ func (x *RegisterTargetRequest) String() string {
 func (*RegisterTargetRequest) ProtoMessage() {}
 
 func (x *RegisterTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[24]
+	mi := &file_subc_v1_subc_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2261,7 @@ func (x *RegisterTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterTargetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterTargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{24}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RegisterTargetRequest) GetName() string {
@@ -2228,7 +2383,7 @@ type Target struct {
 
 func (x *Target) Reset() {
 	*x = Target{}
-	mi := &file_subc_v1_subc_proto_msgTypes[25]
+	mi := &file_subc_v1_subc_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2395,7 @@ func (x *Target) String() string {
 func (*Target) ProtoMessage() {}
 
 func (x *Target) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[25]
+	mi := &file_subc_v1_subc_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2408,7 @@ func (x *Target) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Target.ProtoReflect.Descriptor instead.
 func (*Target) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{25}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Target) GetName() string {
@@ -2371,7 +2526,7 @@ type ListTargetsRequest struct {
 
 func (x *ListTargetsRequest) Reset() {
 	*x = ListTargetsRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[26]
+	mi := &file_subc_v1_subc_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2538,7 @@ func (x *ListTargetsRequest) String() string {
 func (*ListTargetsRequest) ProtoMessage() {}
 
 func (x *ListTargetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[26]
+	mi := &file_subc_v1_subc_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2551,7 @@ func (x *ListTargetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTargetsRequest.ProtoReflect.Descriptor instead.
 func (*ListTargetsRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{26}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{27}
 }
 
 type ListTargetsResponse struct {
@@ -2408,7 +2563,7 @@ type ListTargetsResponse struct {
 
 func (x *ListTargetsResponse) Reset() {
 	*x = ListTargetsResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[27]
+	mi := &file_subc_v1_subc_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2575,7 @@ func (x *ListTargetsResponse) String() string {
 func (*ListTargetsResponse) ProtoMessage() {}
 
 func (x *ListTargetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[27]
+	mi := &file_subc_v1_subc_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2588,7 @@ func (x *ListTargetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTargetsResponse.ProtoReflect.Descriptor instead.
 func (*ListTargetsResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{27}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListTargetsResponse) GetTargets() []*Target {
@@ -2455,7 +2610,7 @@ type RemoveTargetRequest struct {
 
 func (x *RemoveTargetRequest) Reset() {
 	*x = RemoveTargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[28]
+	mi := &file_subc_v1_subc_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2622,7 @@ func (x *RemoveTargetRequest) String() string {
 func (*RemoveTargetRequest) ProtoMessage() {}
 
 func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[28]
+	mi := &file_subc_v1_subc_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2635,7 @@ func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
 func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{28}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveTargetRequest) GetName() string {
@@ -2505,7 +2660,7 @@ type RemoveTargetResponse struct {
 
 func (x *RemoveTargetResponse) Reset() {
 	*x = RemoveTargetResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[29]
+	mi := &file_subc_v1_subc_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +2672,7 @@ func (x *RemoveTargetResponse) String() string {
 func (*RemoveTargetResponse) ProtoMessage() {}
 
 func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[29]
+	mi := &file_subc_v1_subc_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +2685,7 @@ func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
 func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{29}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{30}
 }
 
 type TargetRequest struct {
@@ -2542,7 +2697,7 @@ type TargetRequest struct {
 
 func (x *TargetRequest) Reset() {
 	*x = TargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[30]
+	mi := &file_subc_v1_subc_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2709,7 @@ func (x *TargetRequest) String() string {
 func (*TargetRequest) ProtoMessage() {}
 
 func (x *TargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[30]
+	mi := &file_subc_v1_subc_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2722,7 @@ func (x *TargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetRequest.ProtoReflect.Descriptor instead.
 func (*TargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{30}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TargetRequest) GetName() string {
@@ -2588,7 +2743,7 @@ type DeployRequest struct {
 
 func (x *DeployRequest) Reset() {
 	*x = DeployRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[31]
+	mi := &file_subc_v1_subc_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2755,7 @@ func (x *DeployRequest) String() string {
 func (*DeployRequest) ProtoMessage() {}
 
 func (x *DeployRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[31]
+	mi := &file_subc_v1_subc_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +2768,7 @@ func (x *DeployRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployRequest.ProtoReflect.Descriptor instead.
 func (*DeployRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{31}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DeployRequest) GetName() string {
@@ -2639,7 +2794,7 @@ type DeployResponse struct {
 
 func (x *DeployResponse) Reset() {
 	*x = DeployResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[32]
+	mi := &file_subc_v1_subc_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2806,7 @@ func (x *DeployResponse) String() string {
 func (*DeployResponse) ProtoMessage() {}
 
 func (x *DeployResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[32]
+	mi := &file_subc_v1_subc_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2819,7 @@ func (x *DeployResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployResponse.ProtoReflect.Descriptor instead.
 func (*DeployResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{32}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeployResponse) GetStatus() *TargetStatus {
@@ -2706,7 +2861,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_subc_v1_subc_proto_msgTypes[33]
+	mi := &file_subc_v1_subc_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2718,7 +2873,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[33]
+	mi := &file_subc_v1_subc_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2731,7 +2886,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{33}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TargetStatus) GetName() string {
@@ -2845,7 +3000,7 @@ type Approximation struct {
 
 func (x *Approximation) Reset() {
 	*x = Approximation{}
-	mi := &file_subc_v1_subc_proto_msgTypes[34]
+	mi := &file_subc_v1_subc_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +3012,7 @@ func (x *Approximation) String() string {
 func (*Approximation) ProtoMessage() {}
 
 func (x *Approximation) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[34]
+	mi := &file_subc_v1_subc_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +3025,7 @@ func (x *Approximation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approximation.ProtoReflect.Descriptor instead.
 func (*Approximation) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{34}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Approximation) GetBudget() uint64 {
@@ -2948,7 +3103,7 @@ type PortCounter struct {
 
 func (x *PortCounter) Reset() {
 	*x = PortCounter{}
-	mi := &file_subc_v1_subc_proto_msgTypes[35]
+	mi := &file_subc_v1_subc_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3115,7 @@ func (x *PortCounter) String() string {
 func (*PortCounter) ProtoMessage() {}
 
 func (x *PortCounter) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[35]
+	mi := &file_subc_v1_subc_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3128,7 @@ func (x *PortCounter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortCounter.ProtoReflect.Descriptor instead.
 func (*PortCounter) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{35}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PortCounter) GetPort() uint32 {
@@ -3020,7 +3175,7 @@ type PlanResponse struct {
 
 func (x *PlanResponse) Reset() {
 	*x = PlanResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[36]
+	mi := &file_subc_v1_subc_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3032,7 +3187,7 @@ func (x *PlanResponse) String() string {
 func (*PlanResponse) ProtoMessage() {}
 
 func (x *PlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[36]
+	mi := &file_subc_v1_subc_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3045,7 +3200,7 @@ func (x *PlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
 func (*PlanResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{36}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PlanResponse) GetFromGeneration() uint64 {
@@ -3121,7 +3276,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[37]
+	mi := &file_subc_v1_subc_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3288,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[37]
+	mi := &file_subc_v1_subc_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3301,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{37}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchRequest) GetReplay() bool {
@@ -3186,7 +3341,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_subc_v1_subc_proto_msgTypes[38]
+	mi := &file_subc_v1_subc_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3198,7 +3353,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[38]
+	mi := &file_subc_v1_subc_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3211,7 +3366,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{38}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -3295,14 +3450,23 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12;\n" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTimeJ\x04\b\x05\x10\x06R\x0fcreated_unix_ms\"b\n" +
+	"createTimeJ\x04\b\x05\x10\x06R\x0fcreated_unix_ms\"\x87\x01\n" +
 	"\n" +
 	"AddRequest\x12\x14\n" +
 	"\x05lines\x18\x01 \x03(\tR\x05lines\x12\x1f\n" +
 	"\vsource_name\x18\x02 \x01(\tR\n" +
 	"sourceName\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xcd\x01\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12#\n" +
+	"\rvalidate_only\x18\x04 \x01(\bR\fvalidateOnly\"\xdd\x01\n" +
+	"\rTargetPreview\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12!\n" +
+	"\ffull_install\x18\x02 \x01(\bR\vfullInstall\x12\x18\n" +
+	"\ainserts\x18\x03 \x01(\x04R\ainserts\x12\x1a\n" +
+	"\bmodifies\x18\x04 \x01(\x04R\bmodifies\x12\x18\n" +
+	"\adeletes\x18\x05 \x01(\x04R\adeletes\x12%\n" +
+	"\x0egroups_changed\x18\x06 \x01(\x04R\rgroupsChanged\x12\x1a\n" +
+	"\bbudgeted\x18\a \x01(\bR\bbudgeted\"\xad\x02\n" +
 	"\vAddResponse\x12;\n" +
 	"\rsubscriptions\x18\x01 \x03(\v2\x15.subc.v1.SubscriptionR\rsubscriptions\x12\x14\n" +
 	"\x05lines\x18\x02 \x03(\rR\x05lines\x12/\n" +
@@ -3310,14 +3474,21 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12\x1a\n" +
-	"\breplayed\x18\x05 \x01(\bR\breplayed\"3\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\x12%\n" +
+	"\x0evalidated_only\x18\x06 \x01(\bR\rvalidatedOnly\x127\n" +
+	"\vwould_write\x18\a \x03(\v2\x16.subc.v1.TargetPreviewR\n" +
+	"wouldWrite\"X\n" +
 	"\rRemoveRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x10\n" +
-	"\x03app\x18\x02 \x01(\tR\x03app\"0\n" +
+	"\x03app\x18\x02 \x01(\tR\x03app\x12#\n" +
+	"\rvalidate_only\x18\x03 \x01(\bR\fvalidateOnly\"\x90\x01\n" +
 	"\x0eRemoveResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
-	"generation\".\n" +
+	"generation\x12%\n" +
+	"\x0evalidated_only\x18\x02 \x01(\bR\rvalidatedOnly\x127\n" +
+	"\vwould_write\x18\x03 \x03(\v2\x16.subc.v1.TargetPreviewR\n" +
+	"wouldWrite\".\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x10\n" +
@@ -3588,7 +3759,7 @@ func file_subc_v1_subc_proto_rawDescGZIP() []byte {
 }
 
 var file_subc_v1_subc_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_subc_v1_subc_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_subc_v1_subc_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_subc_v1_subc_proto_goTypes = []any{
 	(Severity)(0),                  // 0: subc.v1.Severity
 	(Hook)(0),                      // 1: subc.v1.Hook
@@ -3598,120 +3769,123 @@ var file_subc_v1_subc_proto_goTypes = []any{
 	(*CheckResponse)(nil),          // 5: subc.v1.CheckResponse
 	(*Subscription)(nil),           // 6: subc.v1.Subscription
 	(*AddRequest)(nil),             // 7: subc.v1.AddRequest
-	(*AddResponse)(nil),            // 8: subc.v1.AddResponse
-	(*RemoveRequest)(nil),          // 9: subc.v1.RemoveRequest
-	(*RemoveResponse)(nil),         // 10: subc.v1.RemoveResponse
-	(*GetRequest)(nil),             // 11: subc.v1.GetRequest
-	(*ListRequest)(nil),            // 12: subc.v1.ListRequest
-	(*ListResponse)(nil),           // 13: subc.v1.ListResponse
-	(*Diagnostic)(nil),             // 14: subc.v1.Diagnostic
-	(*Diagnostics)(nil),            // 15: subc.v1.Diagnostics
-	(*ChangeTopologyRequest)(nil),  // 16: subc.v1.ChangeTopologyRequest
-	(*ChangeTopologyResponse)(nil), // 17: subc.v1.ChangeTopologyResponse
-	(*GetTopologyRequest)(nil),     // 18: subc.v1.GetTopologyRequest
-	(*GetTopologyResponse)(nil),    // 19: subc.v1.GetTopologyResponse
-	(*SetDownRequest)(nil),         // 20: subc.v1.SetDownRequest
-	(*SetDownResponse)(nil),        // 21: subc.v1.SetDownResponse
-	(*EbpfTarget)(nil),             // 22: subc.v1.EbpfTarget
-	(*EbpfEgress)(nil),             // 23: subc.v1.EbpfEgress
-	(*P4RuntimeTarget)(nil),        // 24: subc.v1.P4RuntimeTarget
-	(*P4RuntimeTls)(nil),           // 25: subc.v1.P4RuntimeTls
-	(*SimTarget)(nil),              // 26: subc.v1.SimTarget
-	(*AgentTarget)(nil),            // 27: subc.v1.AgentTarget
-	(*CustomTarget)(nil),           // 28: subc.v1.CustomTarget
-	(*RegisterTargetRequest)(nil),  // 29: subc.v1.RegisterTargetRequest
-	(*Target)(nil),                 // 30: subc.v1.Target
-	(*ListTargetsRequest)(nil),     // 31: subc.v1.ListTargetsRequest
-	(*ListTargetsResponse)(nil),    // 32: subc.v1.ListTargetsResponse
-	(*RemoveTargetRequest)(nil),    // 33: subc.v1.RemoveTargetRequest
-	(*RemoveTargetResponse)(nil),   // 34: subc.v1.RemoveTargetResponse
-	(*TargetRequest)(nil),          // 35: subc.v1.TargetRequest
-	(*DeployRequest)(nil),          // 36: subc.v1.DeployRequest
-	(*DeployResponse)(nil),         // 37: subc.v1.DeployResponse
-	(*TargetStatus)(nil),           // 38: subc.v1.TargetStatus
-	(*Approximation)(nil),          // 39: subc.v1.Approximation
-	(*PortCounter)(nil),            // 40: subc.v1.PortCounter
-	(*PlanResponse)(nil),           // 41: subc.v1.PlanResponse
-	(*WatchRequest)(nil),           // 42: subc.v1.WatchRequest
-	(*Event)(nil),                  // 43: subc.v1.Event
-	nil,                            // 44: subc.v1.EbpfTarget.PortsEntry
-	nil,                            // 45: subc.v1.P4RuntimeTarget.PortsEntry
-	nil,                            // 46: subc.v1.CustomTarget.OptionsEntry
-	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),        // 48: google.protobuf.Struct
+	(*TargetPreview)(nil),          // 8: subc.v1.TargetPreview
+	(*AddResponse)(nil),            // 9: subc.v1.AddResponse
+	(*RemoveRequest)(nil),          // 10: subc.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 11: subc.v1.RemoveResponse
+	(*GetRequest)(nil),             // 12: subc.v1.GetRequest
+	(*ListRequest)(nil),            // 13: subc.v1.ListRequest
+	(*ListResponse)(nil),           // 14: subc.v1.ListResponse
+	(*Diagnostic)(nil),             // 15: subc.v1.Diagnostic
+	(*Diagnostics)(nil),            // 16: subc.v1.Diagnostics
+	(*ChangeTopologyRequest)(nil),  // 17: subc.v1.ChangeTopologyRequest
+	(*ChangeTopologyResponse)(nil), // 18: subc.v1.ChangeTopologyResponse
+	(*GetTopologyRequest)(nil),     // 19: subc.v1.GetTopologyRequest
+	(*GetTopologyResponse)(nil),    // 20: subc.v1.GetTopologyResponse
+	(*SetDownRequest)(nil),         // 21: subc.v1.SetDownRequest
+	(*SetDownResponse)(nil),        // 22: subc.v1.SetDownResponse
+	(*EbpfTarget)(nil),             // 23: subc.v1.EbpfTarget
+	(*EbpfEgress)(nil),             // 24: subc.v1.EbpfEgress
+	(*P4RuntimeTarget)(nil),        // 25: subc.v1.P4RuntimeTarget
+	(*P4RuntimeTls)(nil),           // 26: subc.v1.P4RuntimeTls
+	(*SimTarget)(nil),              // 27: subc.v1.SimTarget
+	(*AgentTarget)(nil),            // 28: subc.v1.AgentTarget
+	(*CustomTarget)(nil),           // 29: subc.v1.CustomTarget
+	(*RegisterTargetRequest)(nil),  // 30: subc.v1.RegisterTargetRequest
+	(*Target)(nil),                 // 31: subc.v1.Target
+	(*ListTargetsRequest)(nil),     // 32: subc.v1.ListTargetsRequest
+	(*ListTargetsResponse)(nil),    // 33: subc.v1.ListTargetsResponse
+	(*RemoveTargetRequest)(nil),    // 34: subc.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),   // 35: subc.v1.RemoveTargetResponse
+	(*TargetRequest)(nil),          // 36: subc.v1.TargetRequest
+	(*DeployRequest)(nil),          // 37: subc.v1.DeployRequest
+	(*DeployResponse)(nil),         // 38: subc.v1.DeployResponse
+	(*TargetStatus)(nil),           // 39: subc.v1.TargetStatus
+	(*Approximation)(nil),          // 40: subc.v1.Approximation
+	(*PortCounter)(nil),            // 41: subc.v1.PortCounter
+	(*PlanResponse)(nil),           // 42: subc.v1.PlanResponse
+	(*WatchRequest)(nil),           // 43: subc.v1.WatchRequest
+	(*Event)(nil),                  // 44: subc.v1.Event
+	nil,                            // 45: subc.v1.EbpfTarget.PortsEntry
+	nil,                            // 46: subc.v1.P4RuntimeTarget.PortsEntry
+	nil,                            // 47: subc.v1.CustomTarget.OptionsEntry
+	(*timestamppb.Timestamp)(nil),  // 48: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),        // 49: google.protobuf.Struct
 }
 var file_subc_v1_subc_proto_depIdxs = []int32{
-	14, // 0: subc.v1.CheckResponse.diagnostics:type_name -> subc.v1.Diagnostic
-	47, // 1: subc.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
+	15, // 0: subc.v1.CheckResponse.diagnostics:type_name -> subc.v1.Diagnostic
+	48, // 1: subc.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
 	6,  // 2: subc.v1.AddResponse.subscriptions:type_name -> subc.v1.Subscription
-	14, // 3: subc.v1.AddResponse.warnings:type_name -> subc.v1.Diagnostic
-	6,  // 4: subc.v1.ListResponse.subscriptions:type_name -> subc.v1.Subscription
-	0,  // 5: subc.v1.Diagnostic.severity:type_name -> subc.v1.Severity
-	14, // 6: subc.v1.Diagnostics.diagnostics:type_name -> subc.v1.Diagnostic
-	1,  // 7: subc.v1.EbpfTarget.hook:type_name -> subc.v1.Hook
-	44, // 8: subc.v1.EbpfTarget.ports:type_name -> subc.v1.EbpfTarget.PortsEntry
-	2,  // 9: subc.v1.EbpfTarget.xdp_mode:type_name -> subc.v1.XdpMode
-	45, // 10: subc.v1.P4RuntimeTarget.ports:type_name -> subc.v1.P4RuntimeTarget.PortsEntry
-	25, // 11: subc.v1.P4RuntimeTarget.tls:type_name -> subc.v1.P4RuntimeTls
-	22, // 12: subc.v1.AgentTarget.program:type_name -> subc.v1.EbpfTarget
-	25, // 13: subc.v1.AgentTarget.tls:type_name -> subc.v1.P4RuntimeTls
-	46, // 14: subc.v1.CustomTarget.options:type_name -> subc.v1.CustomTarget.OptionsEntry
-	22, // 15: subc.v1.RegisterTargetRequest.ebpf:type_name -> subc.v1.EbpfTarget
-	24, // 16: subc.v1.RegisterTargetRequest.p4runtime:type_name -> subc.v1.P4RuntimeTarget
-	26, // 17: subc.v1.RegisterTargetRequest.sim:type_name -> subc.v1.SimTarget
-	28, // 18: subc.v1.RegisterTargetRequest.custom:type_name -> subc.v1.CustomTarget
-	27, // 19: subc.v1.RegisterTargetRequest.agent:type_name -> subc.v1.AgentTarget
-	22, // 20: subc.v1.Target.ebpf:type_name -> subc.v1.EbpfTarget
-	24, // 21: subc.v1.Target.p4runtime:type_name -> subc.v1.P4RuntimeTarget
-	26, // 22: subc.v1.Target.sim:type_name -> subc.v1.SimTarget
-	28, // 23: subc.v1.Target.custom:type_name -> subc.v1.CustomTarget
-	27, // 24: subc.v1.Target.agent:type_name -> subc.v1.AgentTarget
-	38, // 25: subc.v1.Target.status:type_name -> subc.v1.TargetStatus
-	30, // 26: subc.v1.ListTargetsResponse.targets:type_name -> subc.v1.Target
-	38, // 27: subc.v1.DeployResponse.status:type_name -> subc.v1.TargetStatus
-	3,  // 28: subc.v1.TargetStatus.state:type_name -> subc.v1.TargetState
-	47, // 29: subc.v1.TargetStatus.last_deploy_time:type_name -> google.protobuf.Timestamp
-	40, // 30: subc.v1.TargetStatus.port_counters:type_name -> subc.v1.PortCounter
-	39, // 31: subc.v1.TargetStatus.approximation:type_name -> subc.v1.Approximation
-	48, // 32: subc.v1.PlanResponse.ops:type_name -> google.protobuf.Struct
-	47, // 33: subc.v1.Event.time:type_name -> google.protobuf.Timestamp
-	4,  // 34: subc.v1.Event.kind:type_name -> subc.v1.EventKind
-	23, // 35: subc.v1.EbpfTarget.PortsEntry.value:type_name -> subc.v1.EbpfEgress
-	7,  // 36: subc.v1.Subscriptions.Add:input_type -> subc.v1.AddRequest
-	9,  // 37: subc.v1.Subscriptions.Remove:input_type -> subc.v1.RemoveRequest
-	11, // 38: subc.v1.Subscriptions.Get:input_type -> subc.v1.GetRequest
-	12, // 39: subc.v1.Subscriptions.List:input_type -> subc.v1.ListRequest
-	7,  // 40: subc.v1.Subscriptions.Check:input_type -> subc.v1.AddRequest
-	29, // 41: subc.v1.Targets.Register:input_type -> subc.v1.RegisterTargetRequest
-	31, // 42: subc.v1.Targets.List:input_type -> subc.v1.ListTargetsRequest
-	33, // 43: subc.v1.Targets.Remove:input_type -> subc.v1.RemoveTargetRequest
-	36, // 44: subc.v1.Targets.Deploy:input_type -> subc.v1.DeployRequest
-	35, // 45: subc.v1.Targets.Status:input_type -> subc.v1.TargetRequest
-	35, // 46: subc.v1.Targets.Plan:input_type -> subc.v1.TargetRequest
-	20, // 47: subc.v1.Targets.SetDown:input_type -> subc.v1.SetDownRequest
-	16, // 48: subc.v1.Targets.ChangeTopology:input_type -> subc.v1.ChangeTopologyRequest
-	18, // 49: subc.v1.Targets.GetTopology:input_type -> subc.v1.GetTopologyRequest
-	42, // 50: subc.v1.Events.Watch:input_type -> subc.v1.WatchRequest
-	8,  // 51: subc.v1.Subscriptions.Add:output_type -> subc.v1.AddResponse
-	10, // 52: subc.v1.Subscriptions.Remove:output_type -> subc.v1.RemoveResponse
-	6,  // 53: subc.v1.Subscriptions.Get:output_type -> subc.v1.Subscription
-	13, // 54: subc.v1.Subscriptions.List:output_type -> subc.v1.ListResponse
-	5,  // 55: subc.v1.Subscriptions.Check:output_type -> subc.v1.CheckResponse
-	30, // 56: subc.v1.Targets.Register:output_type -> subc.v1.Target
-	32, // 57: subc.v1.Targets.List:output_type -> subc.v1.ListTargetsResponse
-	34, // 58: subc.v1.Targets.Remove:output_type -> subc.v1.RemoveTargetResponse
-	37, // 59: subc.v1.Targets.Deploy:output_type -> subc.v1.DeployResponse
-	38, // 60: subc.v1.Targets.Status:output_type -> subc.v1.TargetStatus
-	41, // 61: subc.v1.Targets.Plan:output_type -> subc.v1.PlanResponse
-	21, // 62: subc.v1.Targets.SetDown:output_type -> subc.v1.SetDownResponse
-	17, // 63: subc.v1.Targets.ChangeTopology:output_type -> subc.v1.ChangeTopologyResponse
-	19, // 64: subc.v1.Targets.GetTopology:output_type -> subc.v1.GetTopologyResponse
-	43, // 65: subc.v1.Events.Watch:output_type -> subc.v1.Event
-	51, // [51:66] is the sub-list for method output_type
-	36, // [36:51] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	15, // 3: subc.v1.AddResponse.warnings:type_name -> subc.v1.Diagnostic
+	8,  // 4: subc.v1.AddResponse.would_write:type_name -> subc.v1.TargetPreview
+	8,  // 5: subc.v1.RemoveResponse.would_write:type_name -> subc.v1.TargetPreview
+	6,  // 6: subc.v1.ListResponse.subscriptions:type_name -> subc.v1.Subscription
+	0,  // 7: subc.v1.Diagnostic.severity:type_name -> subc.v1.Severity
+	15, // 8: subc.v1.Diagnostics.diagnostics:type_name -> subc.v1.Diagnostic
+	1,  // 9: subc.v1.EbpfTarget.hook:type_name -> subc.v1.Hook
+	45, // 10: subc.v1.EbpfTarget.ports:type_name -> subc.v1.EbpfTarget.PortsEntry
+	2,  // 11: subc.v1.EbpfTarget.xdp_mode:type_name -> subc.v1.XdpMode
+	46, // 12: subc.v1.P4RuntimeTarget.ports:type_name -> subc.v1.P4RuntimeTarget.PortsEntry
+	26, // 13: subc.v1.P4RuntimeTarget.tls:type_name -> subc.v1.P4RuntimeTls
+	23, // 14: subc.v1.AgentTarget.program:type_name -> subc.v1.EbpfTarget
+	26, // 15: subc.v1.AgentTarget.tls:type_name -> subc.v1.P4RuntimeTls
+	47, // 16: subc.v1.CustomTarget.options:type_name -> subc.v1.CustomTarget.OptionsEntry
+	23, // 17: subc.v1.RegisterTargetRequest.ebpf:type_name -> subc.v1.EbpfTarget
+	25, // 18: subc.v1.RegisterTargetRequest.p4runtime:type_name -> subc.v1.P4RuntimeTarget
+	27, // 19: subc.v1.RegisterTargetRequest.sim:type_name -> subc.v1.SimTarget
+	29, // 20: subc.v1.RegisterTargetRequest.custom:type_name -> subc.v1.CustomTarget
+	28, // 21: subc.v1.RegisterTargetRequest.agent:type_name -> subc.v1.AgentTarget
+	23, // 22: subc.v1.Target.ebpf:type_name -> subc.v1.EbpfTarget
+	25, // 23: subc.v1.Target.p4runtime:type_name -> subc.v1.P4RuntimeTarget
+	27, // 24: subc.v1.Target.sim:type_name -> subc.v1.SimTarget
+	29, // 25: subc.v1.Target.custom:type_name -> subc.v1.CustomTarget
+	28, // 26: subc.v1.Target.agent:type_name -> subc.v1.AgentTarget
+	39, // 27: subc.v1.Target.status:type_name -> subc.v1.TargetStatus
+	31, // 28: subc.v1.ListTargetsResponse.targets:type_name -> subc.v1.Target
+	39, // 29: subc.v1.DeployResponse.status:type_name -> subc.v1.TargetStatus
+	3,  // 30: subc.v1.TargetStatus.state:type_name -> subc.v1.TargetState
+	48, // 31: subc.v1.TargetStatus.last_deploy_time:type_name -> google.protobuf.Timestamp
+	41, // 32: subc.v1.TargetStatus.port_counters:type_name -> subc.v1.PortCounter
+	40, // 33: subc.v1.TargetStatus.approximation:type_name -> subc.v1.Approximation
+	49, // 34: subc.v1.PlanResponse.ops:type_name -> google.protobuf.Struct
+	48, // 35: subc.v1.Event.time:type_name -> google.protobuf.Timestamp
+	4,  // 36: subc.v1.Event.kind:type_name -> subc.v1.EventKind
+	24, // 37: subc.v1.EbpfTarget.PortsEntry.value:type_name -> subc.v1.EbpfEgress
+	7,  // 38: subc.v1.Subscriptions.Add:input_type -> subc.v1.AddRequest
+	10, // 39: subc.v1.Subscriptions.Remove:input_type -> subc.v1.RemoveRequest
+	12, // 40: subc.v1.Subscriptions.Get:input_type -> subc.v1.GetRequest
+	13, // 41: subc.v1.Subscriptions.List:input_type -> subc.v1.ListRequest
+	7,  // 42: subc.v1.Subscriptions.Check:input_type -> subc.v1.AddRequest
+	30, // 43: subc.v1.Targets.Register:input_type -> subc.v1.RegisterTargetRequest
+	32, // 44: subc.v1.Targets.List:input_type -> subc.v1.ListTargetsRequest
+	34, // 45: subc.v1.Targets.Remove:input_type -> subc.v1.RemoveTargetRequest
+	37, // 46: subc.v1.Targets.Deploy:input_type -> subc.v1.DeployRequest
+	36, // 47: subc.v1.Targets.Status:input_type -> subc.v1.TargetRequest
+	36, // 48: subc.v1.Targets.Plan:input_type -> subc.v1.TargetRequest
+	21, // 49: subc.v1.Targets.SetDown:input_type -> subc.v1.SetDownRequest
+	17, // 50: subc.v1.Targets.ChangeTopology:input_type -> subc.v1.ChangeTopologyRequest
+	19, // 51: subc.v1.Targets.GetTopology:input_type -> subc.v1.GetTopologyRequest
+	43, // 52: subc.v1.Events.Watch:input_type -> subc.v1.WatchRequest
+	9,  // 53: subc.v1.Subscriptions.Add:output_type -> subc.v1.AddResponse
+	11, // 54: subc.v1.Subscriptions.Remove:output_type -> subc.v1.RemoveResponse
+	6,  // 55: subc.v1.Subscriptions.Get:output_type -> subc.v1.Subscription
+	14, // 56: subc.v1.Subscriptions.List:output_type -> subc.v1.ListResponse
+	5,  // 57: subc.v1.Subscriptions.Check:output_type -> subc.v1.CheckResponse
+	31, // 58: subc.v1.Targets.Register:output_type -> subc.v1.Target
+	33, // 59: subc.v1.Targets.List:output_type -> subc.v1.ListTargetsResponse
+	35, // 60: subc.v1.Targets.Remove:output_type -> subc.v1.RemoveTargetResponse
+	38, // 61: subc.v1.Targets.Deploy:output_type -> subc.v1.DeployResponse
+	39, // 62: subc.v1.Targets.Status:output_type -> subc.v1.TargetStatus
+	42, // 63: subc.v1.Targets.Plan:output_type -> subc.v1.PlanResponse
+	22, // 64: subc.v1.Targets.SetDown:output_type -> subc.v1.SetDownResponse
+	18, // 65: subc.v1.Targets.ChangeTopology:output_type -> subc.v1.ChangeTopologyResponse
+	20, // 66: subc.v1.Targets.GetTopology:output_type -> subc.v1.GetTopologyResponse
+	44, // 67: subc.v1.Events.Watch:output_type -> subc.v1.Event
+	53, // [53:68] is the sub-list for method output_type
+	38, // [38:53] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_subc_v1_subc_proto_init() }
@@ -3719,15 +3893,15 @@ func file_subc_v1_subc_proto_init() {
 	if File_subc_v1_subc_proto != nil {
 		return
 	}
-	file_subc_v1_subc_proto_msgTypes[19].OneofWrappers = []any{}
-	file_subc_v1_subc_proto_msgTypes[24].OneofWrappers = []any{
+	file_subc_v1_subc_proto_msgTypes[20].OneofWrappers = []any{}
+	file_subc_v1_subc_proto_msgTypes[25].OneofWrappers = []any{
 		(*RegisterTargetRequest_Ebpf)(nil),
 		(*RegisterTargetRequest_P4Runtime)(nil),
 		(*RegisterTargetRequest_Sim)(nil),
 		(*RegisterTargetRequest_Custom)(nil),
 		(*RegisterTargetRequest_Agent)(nil),
 	}
-	file_subc_v1_subc_proto_msgTypes[25].OneofWrappers = []any{
+	file_subc_v1_subc_proto_msgTypes[26].OneofWrappers = []any{
 		(*Target_Ebpf)(nil),
 		(*Target_P4Runtime)(nil),
 		(*Target_Sim)(nil),
@@ -3740,7 +3914,7 @@ func file_subc_v1_subc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_subc_v1_subc_proto_rawDesc), len(file_subc_v1_subc_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
