@@ -585,7 +585,9 @@ type TargetPreview struct {
 	GroupsChanged uint64 `protobuf:"varint,6,opt,name=groups_changed,json=groupsChanged,proto3" json:"groups_changed,omitempty"`
 	// The target fits its own set to a table budget when it deploys: what
 	// it would write is not previewed.
-	Budgeted      bool `protobuf:"varint,7,opt,name=budgeted,proto3" json:"budgeted,omitempty"`
+	Budgeted bool `protobuf:"varint,7,opt,name=budgeted,proto3" json:"budgeted,omitempty"`
+	// Pipelines whose root (where a packet starts) moves: one write each.
+	RootsChanged  uint64 `protobuf:"varint,8,opt,name=roots_changed,json=rootsChanged,proto3" json:"roots_changed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -667,6 +669,13 @@ func (x *TargetPreview) GetBudgeted() bool {
 		return x.Budgeted
 	}
 	return false
+}
+
+func (x *TargetPreview) GetRootsChanged() uint64 {
+	if x != nil {
+		return x.RootsChanged
+	}
+	return 0
 }
 
 type AddResponse struct {
@@ -3458,7 +3467,7 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"sourceName\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12#\n" +
-	"\rvalidate_only\x18\x04 \x01(\bR\fvalidateOnly\"\xdd\x01\n" +
+	"\rvalidate_only\x18\x04 \x01(\bR\fvalidateOnly\"\x82\x02\n" +
 	"\rTargetPreview\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12!\n" +
 	"\ffull_install\x18\x02 \x01(\bR\vfullInstall\x12\x18\n" +
@@ -3466,7 +3475,8 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\bmodifies\x18\x04 \x01(\x04R\bmodifies\x12\x18\n" +
 	"\adeletes\x18\x05 \x01(\x04R\adeletes\x12%\n" +
 	"\x0egroups_changed\x18\x06 \x01(\x04R\rgroupsChanged\x12\x1a\n" +
-	"\bbudgeted\x18\a \x01(\bR\bbudgeted\"\xad\x02\n" +
+	"\bbudgeted\x18\a \x01(\bR\bbudgeted\x12#\n" +
+	"\rroots_changed\x18\b \x01(\x04R\frootsChanged\"\xad\x02\n" +
 	"\vAddResponse\x12;\n" +
 	"\rsubscriptions\x18\x01 \x03(\v2\x15.subc.v1.SubscriptionR\rsubscriptions\x12\x14\n" +
 	"\x05lines\x18\x02 \x03(\rR\x05lines\x12/\n" +

@@ -362,7 +362,10 @@ fn print_previews(previews: &[proto::TargetPreview]) -> Result<()> {
         } else if p.full_install {
             "a whole install (the set's shape changes)".to_string()
         } else {
-            format!("{} insert(s), {} modify(ies), {} delete(s), {} group change(s)", p.inserts, p.modifies, p.deletes, p.groups_changed)
+            format!(
+                "{} insert(s), {} modify(ies), {} delete(s), {} group change(s), {} root change(s)",
+                p.inserts, p.modifies, p.deletes, p.groups_changed, p.roots_changed
+            )
         };
         writeln!(o, "  {}: {what}", p.target)?;
     }

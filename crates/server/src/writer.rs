@@ -522,6 +522,7 @@ impl Writer {
         let mut out = vec![];
         for h in self.core.targets() {
             let mut plan = proto::PlanResponse::default();
+            let mut roots = 0u64;
             let budgeted = h.budgeted();
             if !budgeted {
                 let update = match h.view {
@@ -538,9 +539,16 @@ impl Writer {
                 match update {
                     _ if reshaped || old_bits != new_bits => plan.full_install = true,
                     None if old_bits.is_some() => plan.full_install = true,
-                    None => old.iter().zip(&new).for_each(|(o, n)| crate::deploy::tally(&mut plan, &subc_bdd::diff_pipelines(o, n))),
+                    None => old.iter().zip(&new).for_each(|(o, n)| {
+                        let d = subc_bdd::diff_pipelines(o, n);
+                        roots += u64::from(d.root.is_some());
+                        crate::deploy::tally(&mut plan, &d)
+                    }),
                     Some(u) => {
-                        subc_bdd::diff_touched(old, &new, &[u]).iter().for_each(|d| crate::deploy::tally(&mut plan, d));
+                        subc_bdd::diff_touched(old, &new, &[u]).iter().for_each(|d| {
+                            roots += u64::from(d.root.is_some());
+                            crate::deploy::tally(&mut plan, d)
+                        });
                         plan.modifies += u.bits.as_ref().map_or(0, |b| b.len() as u64);
                     }
                 }
@@ -553,6 +561,7 @@ impl Writer {
                 deletes: plan.deletes,
                 groups_changed: plan.groups_changed,
                 budgeted,
+                roots_changed: roots,
             });
         }
         out

@@ -37,6 +37,18 @@ async fn state(admin: &mut subc_server::Clients, core: &subc_server::Core) -> (V
     (list_all(admin, 1000).await, core.generation(), events.into_iter().filter(|e| subs_events.contains(&e.kind)).collect())
 }
 
+/// What a following target holds, and what it was last written.
+/// (its generation, its entries, the entries and groups written to it so far).
+async fn live(admin: &mut subc_server::Clients, core: &subc_server::Core) -> (u64, u64, u64) {
+    let s = admin.targets.status(proto::TargetRequest { name: "live".into() }).await.unwrap().into_inner();
+    let text = core.metrics().render();
+    let written = text
+        .lines()
+        .find_map(|l| l.strip_prefix("subc_diff_entries_total{target=\"live\"} "))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64);
+    (s.deployed_generation, s.entries, written)
+}
+
 fn random_lines(rng: &mut Rng) -> Vec<String> {
     (0..1 + rng.below(4))
         .map(|_| match rng.below(3) {
@@ -57,11 +69,20 @@ async fn a_dry_run_previews_what_the_change_writes_and_changes_nothing() {
             manual: true,
         };
         env.admin.targets.register(reg).await.unwrap();
+        // And one that follows every change.
+        let reg = proto::RegisterTargetRequest {
+            name: "live".into(),
+            kind: Some(proto::register_target_request::Kind::Sim(proto::SimTarget { path: "live.json".into() })),
+            manual: false,
+        };
+        env.admin.targets.register(reg).await.unwrap();
         let core = env.r.core.clone();
         let mut rng = Rng::new(0x000d_270f_5eed);
         let (mut previewed, mut nonempty) = (0, 0);
         for step in 0..60 {
             env.admin.targets.deploy(proto::DeployRequest { name: "probe".into(), timeout_ms: 30_000 }).await.unwrap();
+            env.admin.targets.deploy(proto::DeployRequest { name: "live".into(), timeout_ms: 30_000 }).await.unwrap();
+            let live_before = live(&mut env.admin, &core).await;
             let before = state(&mut env.admin, &core).await;
             let ids: Vec<u64> = before.0.iter().filter(|s| s.app == "admin").map(|s| s.id).collect();
             let remove = !ids.is_empty() && rng.below(3) == 0;
@@ -72,6 +93,7 @@ async fn a_dry_run_previews_what_the_change_writes_and_changes_nothing() {
                 let r = env.admin.subs.remove(dry).await.unwrap().into_inner();
                 assert!(r.validated_only);
                 assert_eq!(state(&mut env.admin, &core).await, before, "step {step}: a dry run of a remove changed the state");
+                assert_eq!(live(&mut env.admin, &core).await, live_before, "step {step}: a dry run wrote to a target");
                 env.admin.subs.remove(proto::RemoveRequest { ids: pick, ..Default::default() }).await.unwrap();
                 r.would_write
             } else {
@@ -84,17 +106,29 @@ async fn a_dry_run_previews_what_the_change_writes_and_changes_nothing() {
                 assert!(r.validated_only && r.subscriptions.iter().all(|s| s.id == 0), "{r:?}");
                 assert_eq!(r.subscriptions.len(), lines.len());
                 assert_eq!(state(&mut env.admin, &core).await, before, "step {step}: a dry run of an add changed the state");
+                assert_eq!(live(&mut env.admin, &core).await, live_before, "step {step}: a dry run wrote to a target");
                 // Its request id was not recorded: the real add adds.
                 let real = proto::AddRequest { lines, request_id: format!("k{step}"), ..Default::default() };
                 let added = env.admin.subs.add(real).await.unwrap().into_inner();
                 assert!(!added.replayed && added.subscriptions.iter().all(|s| s.id != 0));
                 r.would_write
             };
-            assert_eq!(preview.len(), 1, "step {step}: one target, one preview: {preview:?}");
-            assert_eq!(preview[0].target, "probe");
+            let names: Vec<&str> = preview.iter().map(|p| p.target.as_str()).collect();
+            assert_eq!(names, ["live", "probe"], "step {step}: a preview per target");
             let plan = env.admin.targets.plan(proto::TargetRequest { name: "probe".into() }).await.unwrap().into_inner();
+            // What the following target then wrote is what was previewed.
+            let generation = core.generation();
+            env.admin.targets.deploy(proto::DeployRequest { name: "live".into(), timeout_ms: 30_000 }).await.unwrap();
+            let after = live(&mut env.admin, &core).await;
+            let p = &preview[0];
+            assert_eq!(after.0, generation);
+            if !p.full_install {
+                let previewed = p.inserts + p.modifies + p.deletes + p.groups_changed + p.roots_changed;
+                assert_eq!(after.2 - live_before.2, previewed, "step {step}: written to the following target, and previewed: {p:?}");
+            }
+            assert_eq!(counts_of_preview(&preview[0]), counts_of_preview(&preview[1]));
             assert_eq!(
-                counts_of_preview(&preview[0]),
+                counts_of_preview(&preview[1]),
                 counts_of_plan(&plan),
                 "step {step} ({}): the dry run's preview and the plan after the change differ",
                 if remove { "remove" } else { "add" }

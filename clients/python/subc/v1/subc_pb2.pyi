@@ -111,7 +111,7 @@ class AddRequest(_message.Message):
     def __init__(self, lines: _Optional[_Iterable[str]] = ..., source_name: _Optional[str] = ..., request_id: _Optional[str] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class TargetPreview(_message.Message):
-    __slots__ = ("target", "full_install", "inserts", "modifies", "deletes", "groups_changed", "budgeted")
+    __slots__ = ("target", "full_install", "inserts", "modifies", "deletes", "groups_changed", "budgeted", "roots_changed")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     FULL_INSTALL_FIELD_NUMBER: _ClassVar[int]
     INSERTS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class TargetPreview(_message.Message):
     DELETES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     BUDGETED_FIELD_NUMBER: _ClassVar[int]
+    ROOTS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     target: str
     full_install: bool
     inserts: int
@@ -126,7 +127,8 @@ class TargetPreview(_message.Message):
     deletes: int
     groups_changed: int
     budgeted: bool
-    def __init__(self, target: _Optional[str] = ..., full_install: _Optional[bool] = ..., inserts: _Optional[int] = ..., modifies: _Optional[int] = ..., deletes: _Optional[int] = ..., groups_changed: _Optional[int] = ..., budgeted: _Optional[bool] = ...) -> None: ...
+    roots_changed: int
+    def __init__(self, target: _Optional[str] = ..., full_install: _Optional[bool] = ..., inserts: _Optional[int] = ..., modifies: _Optional[int] = ..., deletes: _Optional[int] = ..., groups_changed: _Optional[int] = ..., budgeted: _Optional[bool] = ..., roots_changed: _Optional[int] = ...) -> None: ...
 
 class AddResponse(_message.Message):
     __slots__ = ("subscriptions", "lines", "warnings", "generation", "replayed", "validated_only", "would_write")
