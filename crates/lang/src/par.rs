@@ -118,3 +118,68 @@ fn piece(spec: &Spec, f: &SourceFile, file: FileId, lines: Range<usize>, limits:
     };
     Piece { subs, nfs, ids, diags, spent: budget - checker.suggest_budget(), budget }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{check_rules_file_until, check_rules_file_with, check_spec_file, Diagnostics, NfLimits, SourceMap, SubId};
+
+    /// A spec of one header with 100 long field names, so that every
+    /// did-you-mean search is dear.
+    fn spec_text() -> String {
+        let fields: String = (0..100).map(|i| format!("    field_aaaaaaaaaaaaaaaaaaaaaa_{i:03}: 16;\n")).collect();
+        let queries: String = (0..100).map(|i| format!("query h.field_aaaaaaaaaaaaaaaaaaaaaa_{i:03};\n")).collect();
+        format!("header h {{\n{fields}}}\nparser {{ start -> h; h -> accept; }}\n{queries}")
+    }
+
+    /// The check on pieces against the check on one thread, from id 7.
+    fn same_as_one_thread(rules: &str) -> Diagnostics {
+        let mut sources = SourceMap::new();
+        let spec_file = sources.add("t.spec", spec_text());
+        let mut diags = Diagnostics::default();
+        let spec = check_spec_file(&sources, spec_file, &mut diags).unwrap_or_else(|| panic!("{diags:?}"));
+        let file = sources.add("t.subs", rules);
+        let limits = NfLimits::default();
+        let (mut one_next, mut par_next): (SubId, SubId) = (7, 7);
+        let (mut one_diags, mut par_diags) = (Diagnostics::default(), Diagnostics::default());
+        let one = check_rules_file_until(&spec, &sources, file, &mut one_next, limits, None, &|| false, &mut one_diags).unwrap();
+        let par = check_rules_file_with(&spec, &sources, file, &mut par_next, limits, None, &mut par_diags);
+        assert_eq!(one_next, par_next);
+        assert_eq!(format!("{one:?}"), format!("{par:?}"));
+        assert_eq!(format!("{one_diags:?}"), format!("{par_diags:?}"));
+        par_diags
+    }
+
+    fn line(i: usize) -> String {
+        format!("field_aaaaaaaaaaaaaaaaaaaaaa_{:03} > {} : fwd({})\n", i % 100, i % 1000, i % 7)
+    }
+
+    #[test]
+    fn pieces_join_to_the_one_thread_check() {
+        // Blank lines, comments, syntax errors, typos and empty conditions
+        // scattered over enough lines for several pieces.
+        let rules: String = (0..70_000)
+            .map(|i| match i % 997 {
+                0 => "\n".to_string(),
+                1 => "# a comment\n".to_string(),
+                2 => "field_aaaaaaaaaaaaaaaaaaaaaa_001 > && : fwd(1)\n".to_string(),
+                3 => "field_aaaaaaaaaaaaaaaaaaaaaa_01 == 1 : fwd(1)\n".to_string(),
+                4 => "field_aaaaaaaaaaaaaaaaaaaaaa_001 > 5 && field_aaaaaaaaaaaaaaaaaaaaaa_001 < 3 : fwd(1)\n".to_string(),
+                _ => line(i),
+            })
+            .collect();
+        let diags = same_as_one_thread(&rules);
+        assert!(diags.0.iter().any(|d| format!("{d:?}").contains("did you mean")));
+    }
+
+    #[test]
+    fn pieces_that_spend_the_budget_are_checked_again_on_one_thread() {
+        // Every other line an unknown name close to all 100 fields: the
+        // budget runs out early, and later diagnostics have no suggestion.
+        let rules: String = (0..70_000)
+            .map(|i| if i % 2 == 0 { "field_aaaaaaaaaaaaaaaaaaaaab_999 == 1 : fwd(1)\n".to_string() } else { line(i) })
+            .collect();
+        let diags = same_as_one_thread(&rules);
+        let last = diags.0.last().unwrap();
+        assert!(!format!("{last:?}").contains("did you mean"), "{last:?}");
+    }
+}
