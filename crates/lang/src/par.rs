@@ -86,19 +86,24 @@ pub(crate) fn check_rules_file(
     if pieces.iter().map(|p| p.spent).fold(0u64, u64::saturating_add) >= budget {
         return None;
     }
-    let total = pieces.iter().map(|p| p.subs.len()).sum();
-    let mut subs = Vec::with_capacity(total);
-    let mut nfs = Vec::with_capacity(total);
+    // The first piece's vectors grow to take the rest (a large one is moved
+    // by the allocator, not copied), so its rules are not copied.
+    let rest: usize = pieces[1..].iter().map(|p| p.subs.len()).sum();
+    let mut subs = Vec::new();
+    let mut nfs = Vec::new();
     let mut first_id = *next_id;
-    for p in pieces {
-        subs.extend(p.subs.into_iter().map(|mut s| {
-            s.id += first_id;
-            s
-        }));
-        nfs.extend(p.nfs.into_iter().map(|mut n| {
-            n.id += first_id;
-            n
-        }));
+    for (k, p) in pieces.into_iter().enumerate() {
+        let (s0, n0) = (subs.len(), nfs.len());
+        if k == 0 {
+            (subs, nfs) = (p.subs, p.nfs);
+            subs.reserve(rest);
+            nfs.reserve(rest);
+        } else {
+            subs.extend(p.subs);
+            nfs.extend(p.nfs);
+        }
+        subs[s0..].iter_mut().for_each(|s| s.id += first_id);
+        nfs[n0..].iter_mut().for_each(|n| n.id += first_id);
         diags.0.extend(p.diags.0);
         first_id += p.ids;
     }
