@@ -99,6 +99,11 @@ impl<'a> RuleChecker<'a> {
         self
     }
 
+    /// The did-you-mean work left in this checker's budget.
+    pub(crate) fn suggest_budget(&self) -> u64 {
+        self.suggest.budget()
+    }
+
     /// [`check_rule`], with this checker's index and budget.
     /// `base` is the offset of `text` in its file (spans are file offsets).
     pub(crate) fn check(&mut self, rule: &ast::Rule, id: SubId, text: &str, base: usize, diags: &mut Diagnostics) -> Option<Subscription> {

@@ -692,6 +692,11 @@ impl Suggester {
         Suggester { budget: Self::BASE.saturating_add(Self::PER_BYTE.saturating_mul(bytes as u64)) }
     }
 
+    /// The work left.
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
+    }
+
     /// [`did_you_mean`], or `None` once the budget is spent.
     pub(crate) fn did_you_mean<'a>(&mut self, name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
         closest(name, candidates, &mut self.budget)

@@ -27,6 +27,7 @@ mod lexer;
 mod link;
 mod namer;
 mod nf;
+mod par;
 mod parse;
 mod pcap;
 mod print;
@@ -102,6 +103,11 @@ pub fn check_rules_file(
 
 /// [`check_rules_file`] where `fwd(...)` may also name the endpoints of a
 /// network (`docs/network.md`); each becomes its number in `endpoints`.
+///
+/// A large file is checked in as many pieces as there are cores, each on
+/// its own thread, and the pieces are joined in order: ids, rules and
+/// diagnostics are those of a check of the whole file on one thread (see
+/// [`par`]).
 pub fn check_rules_file_with(
     spec: &Spec,
     sources: &SourceMap,
@@ -111,6 +117,9 @@ pub fn check_rules_file_with(
     endpoints: Option<&Endpoints>,
     diags: &mut Diagnostics,
 ) -> (Vec<Subscription>, Vec<NfSubscription>) {
+    if let Some(checked) = par::check_rules_file(spec, sources, file, next_id, limits, endpoints, diags) {
+        return checked;
+    }
     match check_rules_file_until(spec, sources, file, next_id, limits, endpoints, &|| false, diags) {
         Ok(checked) => checked,
         Err(Stopped) => unreachable!("a check that is never asked to stop"),
@@ -122,7 +131,7 @@ pub fn check_rules_file_with(
 pub struct Stopped;
 
 /// [`check_rules_file_with`] that stops, with [`Stopped`], as soon as
-/// `stop` says so; it asks before each line.
+/// `stop` says so; it asks before each line. It runs on the calling thread.
 #[allow(clippy::too_many_arguments)]
 pub fn check_rules_file_until(
     spec: &Spec,
@@ -135,14 +144,31 @@ pub fn check_rules_file_until(
     diags: &mut Diagnostics,
 ) -> Result<(Vec<Subscription>, Vec<NfSubscription>), Stopped> {
     let f = sources.file(file);
-    // One line at a time, as `parse::parse_rules` does, but each syntax tree
-    // is checked and dropped before the next line is parsed.
-    let mut subs = Vec::with_capacity(f.line_count());
-    let mut nfs = Vec::with_capacity(f.line_count());
     // One checker for the file: it indexes the spec once, and its
     // did-you-mean budget is the file's.
     let mut checker = check_subs::RuleChecker::new(spec, f.text.len()).with_endpoints(endpoints);
-    for line in 1..=f.line_count() {
+    check_lines(spec, f, file, 1..f.line_count() + 1, next_id, limits, &mut checker, stop, diags)
+}
+
+/// Parses, checks and normalizes lines `lines` (1-based) of `f`, numbering
+/// the rules that parse from `*next_id` on.
+#[allow(clippy::too_many_arguments)]
+fn check_lines(
+    spec: &Spec,
+    f: &SourceFile,
+    file: FileId,
+    lines: std::ops::Range<usize>,
+    next_id: &mut SubId,
+    limits: NfLimits,
+    checker: &mut check_subs::RuleChecker,
+    stop: &dyn Fn() -> bool,
+    diags: &mut Diagnostics,
+) -> Result<(Vec<Subscription>, Vec<NfSubscription>), Stopped> {
+    // One line at a time, as `parse::parse_rules` does, but each syntax tree
+    // is checked and dropped before the next line is parsed.
+    let mut subs = Vec::with_capacity(lines.len());
+    let mut nfs = Vec::with_capacity(lines.len());
+    for line in lines {
         if stop() {
             return Err(Stopped);
         }
