@@ -389,6 +389,18 @@ fn a_standby_takes_over_and_a_deposed_writer_writes_nothing() {
         acked.push(text);
     }
     etcd.restart(0);
+    // B has written to the switch (under its epoch) before it is paused.
+    let until = Instant::now() + Duration::from_secs(60);
+    while rt.block_on(async {
+        let deploy = proto::DeployRequest { name: "sw1".into(), timeout_ms: 10_000 };
+        b.client(ADMIN).targets.deploy(deploy).await.is_err()
+    }) {
+        assert!(Instant::now() < until, "B did not bring the switch in sync:\n{}", b.log());
+        if b.exited() {
+            b.spawn();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // 3. The writer is paused past its lease: A (restarted, standing by)
     // takes over; B's write sent while it was paused is refused when it
