@@ -21,7 +21,6 @@ mod common;
 use common::tools::{output, shown, tool_from_env};
 use common::*;
 use std::path::Path;
-use subc_server::TlsConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_client_module_against_a_live_server() {
@@ -32,14 +31,8 @@ async fn go_client_module_against_a_live_server() {
     // clients/go/generate.sh keeps them.
     let tools = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("the target directory").join("tools/go");
     bounded(300, async {
-        let certs = tempfile::tempdir().unwrap();
-        make_certs(certs.path());
+        let (certs, env, tls) = plain_and_mtls().await;
         let c = certs.path();
-        let env = Env::new().await;
-        let tls = Env::with(|cfg| {
-            cfg.tls = Some(TlsConfig { cert: c.join("server.pem"), key: c.join("server.pk8"), client_ca: Some(c.join("ca.pem")) });
-        })
-        .await;
         let out = output(
             tokio::process::Command::new(&go)
                 .current_dir(repo().join("clients/go"))

@@ -16,7 +16,6 @@ mod common;
 
 use common::tools::{output, shown, tool_from_env};
 use common::*;
-use subc_server::TlsConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_package_against_a_live_server() {
@@ -24,14 +23,8 @@ async fn python_client_package_against_a_live_server() {
         return;
     };
     bounded(300, async {
-        let certs = tempfile::tempdir().unwrap();
-        make_certs(certs.path());
+        let (certs, env, tls) = plain_and_mtls().await;
         let c = certs.path();
-        let env = Env::new().await;
-        let tls = Env::with(|cfg| {
-            cfg.tls = Some(TlsConfig { cert: c.join("server.pem"), key: c.join("server.pk8"), client_ca: Some(c.join("ca.pem")) });
-        })
-        .await;
         let out = output(
             tokio::process::Command::new(&python)
                 // Not the source tree: the tests import the installed package.

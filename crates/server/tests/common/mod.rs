@@ -171,6 +171,20 @@ pub fn openssl(dir: &Path, args: &[&str]) {
     assert!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
+/// Two servers for a client's tests: one plaintext, and one with mutual
+/// TLS whose certificates ([`make_certs`]) are in the returned directory.
+pub async fn plain_and_mtls() -> (tempfile::TempDir, Env, Env) {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let c = certs.path().to_path_buf();
+    let plain = Env::new().await;
+    let tls = Env::with(|cfg| {
+        cfg.tls = Some(subc_server::TlsConfig { cert: c.join("server.pem"), key: c.join("server.pk8"), client_ca: Some(c.join("ca.pem")) });
+    })
+    .await;
+    (certs, plain, tls)
+}
+
 /// A CA, a server certificate for localhost and 127.0.0.1, a client certificate.
 pub fn make_certs(dir: &Path) {
     let key = |name: &str| openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
