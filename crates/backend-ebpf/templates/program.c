@@ -217,9 +217,10 @@ static __always_inline void subc_advance(struct subc_cursor *c, const struct sub
 }
 
 /* The ranged lookup of the cursor's state: the {% if ranges_sorted %}sorted value{% else %}LPM trie{% endif %}, which also
- * holds the default entry. A global function, so the verifier checks the
- * searches once rather than once per table of every pipeline. */
-__attribute__((noinline)) int subc_ranged(struct subc_cursor *c, __u64 v{% if !ranges_sorted %}, __u32 shift{% endif %})
+ * holds the default entry. {% if inline_ranged %}Inlined: the set has few tables, and a call costs
+ * more than the verifier's walks of a few copies.{% else %}A global function, so the verifier checks the
+ * searches once rather than once per table of every pipeline.{% endif %} */
+{% if inline_ranged %}static __always_inline{% else %}__attribute__((noinline)){% endif %} int subc_ranged(struct subc_cursor *c, __u64 v{% if !ranges_sorted %}, __u32 shift{% endif %})
 {
     if (!c)
         return 0;
@@ -484,11 +485,15 @@ static __always_inline __u32 subc_first_port(const __u64 *ports)
 {% endfor %}    return 0;
 }
 
-static __always_inline __u32 subc_port_count(const __u64 *ports)
+/* Exactly one port: one word that is not zero, with one bit set (BPF has
+ * no popcount; clang's is a dozen instructions a word). */
+static __always_inline int subc_one_port(const __u64 *ports)
 {
-    __u32 n = 0;
-{% for w in port_word_list %}    n += __builtin_popcountll(ports[{{ w }}]);
-{% endfor %}    return n;
+    __u64 any = 0;
+    __u32 words = 0;
+{% for w in port_word_list %}    any |= ports[{{ w }}];
+    words += ports[{{ w }}] != 0;
+{% endfor %}    return words == 1 && !(any & (any - 1));
 }
 
 /* Counts one copy of `bytes` bytes handed to the egress of `port` (a
@@ -564,7 +569,7 @@ int subc_xdp(struct xdp_md *ctx)
     subc_run((void *)(long)ctx->data, (void *)(long)ctx->data_end, &r);
     subc_record_result(&r);
     if (r.decision == SUBC_FORWARD) {
-        if (subc_port_count(r.ports) == 1) {
+        if (subc_one_port(r.ports)) {
             __u32 port = subc_first_port(r.ports);
             struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
             if (!e || !e->ifindex || e->ifindex == subc_pruned_ifindex(ctx->ingress_ifindex))
@@ -595,10 +600,12 @@ int subc_xdp(struct xdp_md *ctx)
     return subc_no_match_drops() ? XDP_DROP : XDP_PASS;
 }
 
-{% endif %}/* What the packet holds now, so that each copy rewrites only what differs. */
+{% endif %}/* What the packet holds now, so that each copy rewrites only what differs.
+ * Read from the packet only when the first copy to rewrite anything needs
+ * it (`loaded`): a set whose egresses rewrite nothing reads nothing. */
 struct subc_pkt {
     __u8 dmac[6], smac[6];
-    __u8 ip_ok, udp_ok, macs_dirty;
+    __u8 ip_ok, udp_ok, macs_dirty, loaded;
     __u32 ip, cur_ip;
     __u16 port, cur_port;
 };
@@ -607,11 +614,18 @@ static __always_inline void subc_tc_load(struct __sk_buff *skb, struct subc_pkt 
 {
     __u8 b[42];
     __builtin_memset(k, 0, sizeof(*k));
-    if (bpf_skb_load_bytes(skb, 0, b, 14))
+    k->loaded = 1;
+    if (bpf_skb_load_bytes(skb, 0, b, 42)) {
+        /* Shorter than Ethernet, IPv4 and UDP: its MACs, if it has them. */
+        if (bpf_skb_load_bytes(skb, 0, b, 14) == 0) {
+            __builtin_memcpy(k->dmac, b, 6);
+            __builtin_memcpy(k->smac, b + 6, 6);
+        }
         return;
+    }
     __builtin_memcpy(k->dmac, b, 6);
     __builtin_memcpy(k->smac, b + 6, 6);
-    if (bpf_skb_load_bytes(skb, 0, b, 42) || b[12] != 0x08 || b[13] != 0x00 || b[14] != 0x45)
+    if (b[12] != 0x08 || b[13] != 0x00 || b[14] != 0x45)
         return;
     k->ip_ok = 1;
     __builtin_memcpy(&k->ip, b + 30, 4);
@@ -624,9 +638,16 @@ static __always_inline void subc_tc_load(struct __sk_buff *skb, struct subc_pkt 
 }
 
 /* Makes the packet what egress e wants, from what it holds now; checksums
- * through the kernel's helpers, which also handle CHECKSUM_PARTIAL. */
+ * through the kernel's helpers, which also handle CHECKSUM_PARTIAL. Until
+ * a copy rewrites something the packet is as it came, so a copy that
+ * rewrites nothing has nothing to undo. */
 static __always_inline void subc_tc_rewrite(struct __sk_buff *skb, const struct subc_egress *e, struct subc_pkt *k)
 {
+    if (!k->loaded) {
+        if (!e->flags)
+            return;
+        subc_tc_load(skb, k);
+    }
     if ((e->flags & (SUBC_RW_DMAC | SUBC_RW_SMAC)) || k->macs_dirty) {
         __u8 mac[12];
         __builtin_memcpy(mac, (e->flags & SUBC_RW_DMAC) ? e->dmac : k->dmac, 6);
@@ -671,10 +692,9 @@ __attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, st
 /* One port: bpf_redirect. Several: a clone per port, then drop the original. */
 static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *ports)
 {
-    struct subc_pkt k;
+    struct subc_pkt k = {};
     __u32 pruned = subc_pruned_ifindex(skb->ingress_ifindex);
-    subc_tc_load(skb, &k);
-    if (subc_port_count(ports) == 1) {
+    if (subc_one_port(ports)) {
         __u32 port = subc_first_port(ports);
         struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
         if (!e || !e->ifindex || e->ifindex == pruned)

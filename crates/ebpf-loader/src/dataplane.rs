@@ -82,6 +82,8 @@ pub struct LoadStats {
     pub load_ms: f64,
     /// Bytes the kernel charged for all maps (`memlock` in fdinfo).
     pub map_bytes: u64,
+    /// Maps created.
+    pub maps: usize,
 }
 
 /// What an update did.
@@ -151,8 +153,22 @@ pub fn grace_period() {
     }
 }
 
+/// What the kernel says a loaded program costs, for any program (the
+/// benches set hand-written programs beside generated ones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ProgramCosts {
+    /// Instructions the verifier processed.
+    pub verified_insns: u32,
+    /// Instructions after the kernel's translation: what runs.
+    pub translated_insns: u32,
+}
+
+pub fn program_costs(prog: BorrowedFd<'_>) -> ProgramCosts {
+    ProgramCosts { verified_insns: sys::prog_verified_insns(prog), translated_insns: sys::prog_translated_insns(prog) }
+}
+
 /// `memlock` of a BPF object, from `/proc/self/fdinfo`.
-pub(crate) fn memlock(fd: BorrowedFd<'_>) -> u64 {
+pub fn memlock(fd: BorrowedFd<'_>) -> u64 {
     use std::os::fd::AsRawFd;
     std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
         .ok()
@@ -318,7 +334,8 @@ impl Dataplane {
             insns.push((name, p.insn_cnt()));
         }
         let map_bytes = self.maps.iter().flatten().map(|m| memlock(m.as_fd())).sum();
-        LoadStats { verified_insns: verified, insns, load_ms: self.load_time.as_secs_f64() * 1e3, map_bytes }
+        let maps = self.maps.iter().flatten().count();
+        LoadStats { verified_insns: verified, insns, load_ms: self.load_time.as_secs_f64() * 1e3, map_bytes, maps }
     }
 
     /// Pins every map and program under `dir` (created if needed).

@@ -48,7 +48,7 @@ pub mod testnet;
 
 pub use attach::{attach, attach_program, ifindex, link_xdp, AttachKind, AttachMode, Attachment, XdpMode};
 pub use counters::PortCounter;
-pub use dataplane::{grace_period, Dataplane, LoadStats, Record, Runner, TestRun, UpdateReport};
+pub use dataplane::{grace_period, memlock, program_costs, Dataplane, LoadStats, ProgramCosts, Record, Runner, TestRun, UpdateReport};
 pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};
 pub use driver::{saved_image, saved_pipelines, EbpfSettings, EbpfTarget, SavedImageError};
 pub use error::{LoaderError, NoImage};
@@ -57,4 +57,4 @@ pub use log::log_libbpf_through_tracing;
 pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
 pub use privileges::can_load_bpf;
 pub use probe::{probe, KernelFeatures};
-pub use sys::{in_netns, ProgRun};
+pub use sys::{in_netns, prog_test_run, ProgRun};

@@ -62,15 +62,22 @@ pub(crate) fn geteuid() -> u32 {
 /// The instructions the verifier processed for a loaded program (0 if the
 /// kernel does not say).
 pub(crate) fn prog_verified_insns(prog: BorrowedFd<'_>) -> u32 {
+    prog_info(prog).map_or(0, |i| i.verified_insns)
+}
+
+/// The instructions of a loaded program after the kernel's translation
+/// (0 if the kernel does not say).
+pub(crate) fn prog_translated_insns(prog: BorrowedFd<'_>) -> u32 {
+    prog_info(prog).map_or(0, |i| i.xlated_prog_len / std::mem::size_of::<libbpf_sys::bpf_insn>() as u32)
+}
+
+fn prog_info(prog: BorrowedFd<'_>) -> Option<libbpf_sys::bpf_prog_info> {
     let mut info = libbpf_sys::bpf_prog_info::default();
     let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
     // SAFETY: `info` is a writable `bpf_prog_info` of `len` bytes, both
     // outlive the call, and the kernel writes at most `len` bytes.
     let r = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(prog.as_raw_fd(), &mut info, &mut len) };
-    if r != 0 {
-        return 0;
-    }
-    info.verified_insns
+    (r == 0).then_some(info)
 }
 
 /// Pins a BPF object (map, program or link) at `path` under bpffs.
@@ -115,7 +122,7 @@ pub struct ProgRun {
 }
 
 /// `BPF_PROG_TEST_RUN` of `prog` on `packet`, `repeat` times.
-pub(crate) fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8], repeat: u32) -> io::Result<ProgRun> {
+pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8], repeat: u32) -> io::Result<ProgRun> {
     // Room for a program that grows the packet (headers pushed in front).
     let mut out = vec![0u8; packet.len() + 256];
     let mut opts = libbpf_sys::bpf_test_run_opts {

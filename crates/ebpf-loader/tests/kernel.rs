@@ -533,6 +533,47 @@ fn single_port_rewrites_and_verdicts() {
 }
 
 #[test]
+fn a_fan_out_rewrites_each_copy_from_the_packet_as_it_came() {
+    if !kernel_available("a_fan_out_rewrites_each_copy_from_the_packet_as_it_came") {
+        return;
+    }
+    // Three copies in port order, through the loopback device; what the
+    // original holds after the last copy is what that copy was sent with.
+    // The packet is read only once a copy rewrites something (`subc_tc_load`
+    // is lazy), so both orders matter: a rewriting copy after plain ones
+    // must start from the packet as it came, and a plain copy after a
+    // rewriting one must undo the rewrite.
+    let p = program(ITCH_SPEC, "shares > 0 : fwd(1)\nshares > 0 : fwd(2)\nshares > 0 : fwd(3)\n");
+    let set = compile(&p);
+    let dp = load(&p, &set, &EbpfOptions { hook: Hook::Tc, ..Default::default() });
+    let frame = subc_workload::itch_add_orders(1, 5).remove(0);
+    let plain = || Egress { interface: "lo".into(), ..Default::default() };
+    let rewriting = || Egress {
+        interface: "lo".into(),
+        dst_mac: Some("02:00:00:00:00:44".into()),
+        src_mac: Some("02:00:00:00:00:55".into()),
+        dst_ip: Some("10.44.0.4".parse().unwrap()),
+        dst_port: Some(7004),
+    };
+    for (last_rewrites, ports) in [(false, [plain(), rewriting(), plain()]), (true, [plain(), plain(), rewriting()])] {
+        let cfg = TargetConfig { ports: ports.into_iter().enumerate().map(|(i, e)| (i as u32 + 1, e)).collect(), ..Default::default() };
+        dp.configure(&cfg).unwrap();
+        let r = dp.test_run(&frame, 0, NoMatch::Pass, 1).unwrap();
+        assert_eq!(r.record.as_ref().unwrap().ports, vec![1, 2, 3]);
+        let f = &r.data;
+        assert!(checksums_ok(f), "last copy rewrites: {last_rewrites}: checksums");
+        if last_rewrites {
+            assert_eq!(f[..12], [2, 0, 0, 0, 0, 0x44, 2, 0, 0, 0, 0, 0x55], "MACs of the last copy");
+            assert_eq!(f[30..34], [10, 44, 0, 4], "destination IPv4 of the last copy");
+            assert_eq!(u16::from_be_bytes([f[36], f[37]]), 7004, "UDP port of the last copy");
+            assert_eq!(f[42..], frame[42..], "payload");
+        } else {
+            assert_eq!(*f, frame, "a plain copy after a rewriting one leaves with the packet as it came");
+        }
+    }
+}
+
+#[test]
 fn large_sorted_values_agree() {
     if !kernel_available("large_sorted_values_agree") {
         return;
