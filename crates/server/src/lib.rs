@@ -52,7 +52,7 @@ pub use subc_client::proto;
 pub use api::Api;
 pub use auth::Principal;
 pub use check::{check_stored, check_stored_with, StoredCheckError};
-pub use config::{Config, EtcdConfig, EtcdLocation, LogConfig, LogFormat, Retention, StoreLocation, TlsConfig};
+pub use config::{Config, EtcdConfig, EtcdLocation, LogConfig, LogFormat, Retention, StoreLocation, TlsConfig, TracingConfig};
 pub use core::{load_spec, Core};
 pub use desired::{compile_options, distance_to_fresh_compile};
 pub use restore::{restore_store, RestoreReport};
