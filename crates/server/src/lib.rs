@@ -35,6 +35,7 @@ mod desired;
 mod metrics;
 mod names;
 mod network;
+mod otel;
 mod prepare;
 mod restore;
 mod server;
