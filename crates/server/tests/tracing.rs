@@ -3,7 +3,7 @@
 //! the Add's RPC span as the root, its check, compile and commit, and a
 //! deploy per target, all in one trace; and a deploy that carries two Adds
 //! (a manual target deployed once) the child of the newer, linked to the
-//! older.
+//! older. Spans reach the receiver by the shutdown's flush.
 
 mod common;
 
@@ -105,7 +105,8 @@ async fn one_add_is_traced_from_its_rpc_to_every_target() {
         let mut env = Env::with(|c| {
             c.tracing.otlp_endpoint = Some(format!("http://{otlp}"));
             c.tracing.service_name = "subc-test".into();
-            c.tracing.export_interval_ms = 50;
+            // Longer than the test: only the shutdown's flush sends them.
+            c.tracing.export_interval_ms = 600_000;
         })
         .await;
         let Env { alice, admin, .. } = &mut env;
@@ -127,6 +128,11 @@ async fn one_add_is_traced_from_its_rpc_to_every_target() {
             wait_deployed(admin, name, second).await;
         }
         admin.targets.deploy(proto::DeployRequest { name: "m".into(), timeout_ms: 10_000 }).await.unwrap();
+        // A caller's own trace is continued.
+        let mut list = tonic::Request::new(proto::ListRequest::default());
+        list.metadata_mut().insert("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01").parse().unwrap());
+        alice.subs.list(list).await.unwrap();
+        assert!(received.0.lock().unwrap().is_empty(), "nothing sent before the shutdown");
         // The shutdown exports what is left.
         env.stop().await;
         let _ = stop.send(());
@@ -176,6 +182,41 @@ async fn one_add_is_traced_from_its_rpc_to_every_target() {
         assert_eq!(int_attr(m[0], "subc.changes_carried"), Some(2));
         assert_eq!(m[0].links.len(), 1);
         assert_eq!((&m[0].links[0].trace_id, &m[0].links[0].span_id), (&add.trace_id, &add.span_id), "linked to the older Add");
+
+        let list = spans.iter().map(|(_, s)| s).find(|s| s.name == "subc.v1.Subscriptions/List").expect("the List's span");
+        assert_eq!(hex(&list.trace_id), CALLER_TRACE, "in the caller's trace");
+        assert_eq!(hex(&list.parent_span_id), CALLER_SPAN, "the child of the caller's span");
+    })
+    .await;
+}
+
+/// A caller's span, sent as `traceparent`.
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_stops_nothing() {
+    bounded(30, async {
+        // A port nothing listens on.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let mut env = Env::with(|c| {
+            c.tracing.otlp_endpoint = Some(format!("http://{closed}"));
+            c.tracing.export_interval_ms = 50;
+            c.tracing.export_timeout_ms = 500;
+        })
+        .await;
+        env.admin.targets.register(sim("t1", false)).await.unwrap();
+        env.admin.targets.deploy(proto::DeployRequest { name: "t1".into(), timeout_ms: 10_000 }).await.unwrap();
+        env.alice.subs.add(add_req(&["stock == GOOGL : fwd(1)"])).await.unwrap();
+        let g = generation(&mut env.admin).await;
+        wait_deployed(&mut env.admin, "t1", g).await;
+        let t = std::time::Instant::now();
+        env.stop().await;
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "the shutdown took {:?}", t.elapsed());
     })
     .await;
 }
