@@ -57,6 +57,11 @@ struct On {
 #[derive(Clone, Default)]
 pub(crate) struct Trace(Option<Context>);
 
+/// An RPC's span, ended with the call's status, or as CANCELLED when the
+/// call is dropped first (the caller went): not when the last copy of its
+/// context goes, which a committed change keeps for its deploys.
+pub(crate) struct RpcSpan(Option<Trace>);
+
 /// A span of ours, ended when dropped; nothing when untraced.
 pub(crate) struct Span(Option<opentelemetry_sdk::trace::Span>);
 
@@ -178,8 +183,7 @@ impl Trace {
         }
     }
 
-    /// Ends the RPC's span with the call's status.
-    pub(crate) fn end_rpc(&self, code: tonic::Code) {
+    fn end_rpc(&self, code: tonic::Code) {
         if let Some(cx) = &self.0 {
             let span = cx.span();
             span.set_attribute(KeyValue::new("rpc.grpc.status_code", code as i64));
@@ -187,6 +191,27 @@ impl Trace {
                 span.set_status(Status::error(format!("{code:?}")));
             }
             span.end();
+        }
+    }
+}
+
+impl RpcSpan {
+    pub(crate) fn of(trace: Trace) -> RpcSpan {
+        RpcSpan(trace.is_traced().then_some(trace))
+    }
+
+    /// Ends the span with the call's status.
+    pub(crate) fn end(mut self, code: tonic::Code) {
+        if let Some(t) = self.0.take() {
+            t.end_rpc(code);
+        }
+    }
+}
+
+impl Drop for RpcSpan {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.end_rpc(tonic::Code::Cancelled);
         }
     }
 }

@@ -375,6 +375,7 @@ where
         if trace.is_traced() {
             request.extensions_mut().insert(trace.clone());
         }
+        let span = crate::otel::RpcSpan::of(trace);
         let response = self.inner.call(request);
         let refusal = self.refusal.clone();
         let call = refusal.calls.enter();
@@ -393,7 +394,7 @@ where
             // OK for every unary call of ours that gets that far.
             let code = Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code());
             refusal.metrics.rpc(&method, code, started.elapsed().as_secs_f64());
-            trace.end_rpc(code);
+            span.end(code);
             Ok(response)
         })
     }
