@@ -187,6 +187,7 @@ impl Subscriptions for Api {
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
         let who = principal(&request)?;
+        let trace = request.extensions().get::<crate::otel::Trace>().cloned().unwrap_or_default();
         let req = request.into_inner();
         let max = self.core.config().limits.max_lines_per_request;
         if req.ids.len() > max {
@@ -196,7 +197,7 @@ impl Subscriptions for Api {
         let resp = self
             .core
             .submit(|reply| {
-                let op = WriteOp::Remove { who, app, ids, reply };
+                let op = WriteOp::Remove { who, app, ids, reply, trace };
                 if validate_only {
                     WriteOp::DryRun(Box::new(op))
                 } else {

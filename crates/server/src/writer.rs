@@ -84,6 +84,7 @@ pub(crate) enum WriteOp {
         app: Arc<str>,
         ids: Vec<u64>,
         reply: Reply<proto::RemoveResponse>,
+        trace: crate::otel::Trace,
     },
     Register {
         reg: proto::RegisterTargetRequest,
@@ -303,7 +304,7 @@ impl WriteOp {
     /// The change's place in a trace (nothing when untraced).
     fn trace(&self) -> Trace {
         match self {
-            WriteOp::Add { trace, .. } => trace.clone(),
+            WriteOp::Add { trace, .. } | WriteOp::Remove { trace, .. } => trace.clone(),
             _ => Trace::default(),
         }
     }
@@ -904,10 +905,23 @@ impl Writer {
         match op {
             WriteOp::Add { .. } => unreachable!("Adds are staged by stage_add"),
             WriteOp::DryRun(_) => unreachable!("dry runs are staged by dry_run, never in a batch"),
-            WriteOp::Remove { who, app, ids, reply } => match self.stage_remove(&who, &app, ids) {
-                Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
-                Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
-            },
+            WriteOp::Remove { who, app, ids, reply, trace } => {
+                let mut span = self.core.tracer().child(
+                    &trace,
+                    "compile",
+                    vec![KeyValue::new("subc.application", app.to_string()), KeyValue::new("subc.removed", ids.len() as i64)],
+                );
+                match self.stage_remove(&who, &app, ids) {
+                    Ok((staged, resp)) => {
+                        span.set(KeyValue::new("subc.generation", self.d.generation as i64));
+                        Ok(Staged { finish: Finish::Remove(reply, resp), ..staged })
+                    }
+                    Err(s) => {
+                        span.fail(s.message());
+                        Err((Finish::Remove(reply, Default::default()), s))
+                    }
+                }
+            }
             WriteOp::Register { reg, reply } => {
                 if self.core.has_target(&reg.name) || names.contains(&reg.name) {
                     let s = Status::already_exists(format!("a target named {:?} is registered", reg.name));

@@ -1,5 +1,5 @@
 //! Traces (`[tracing]`): a server exporting to an OTLP receiver run by the
-//! test, and the spans one Add makes on its way to live on every target:
+//! test, and the spans one Add (and a Remove) makes on its way to live on every target:
 //! the Add's RPC span as the root, its check, compile and commit, and a
 //! deploy per target, all in one trace; and a deploy that carries two Adds
 //! (a manual target deployed once) the child of the newer, linked to the
@@ -122,12 +122,17 @@ async fn one_add_is_traced_from_its_rpc_to_every_target() {
         for name in ["t1", "t2"] {
             wait_deployed(admin, name, first).await;
         }
-        alice.subs.add(add_req(&["stock == MSFT : fwd(3)"])).await.unwrap();
+        let msft = alice.subs.add(add_req(&["stock == MSFT : fwd(3)"])).await.unwrap().into_inner();
         let second = generation(admin).await;
         for name in ["t1", "t2"] {
             wait_deployed(admin, name, second).await;
         }
         admin.targets.deploy(proto::DeployRequest { name: "m".into(), timeout_ms: 10_000 }).await.unwrap();
+        alice.subs.remove(proto::RemoveRequest { ids: vec![msft.subscriptions[0].id], ..Default::default() }).await.unwrap();
+        let third = generation(admin).await;
+        for name in ["t1", "t2"] {
+            wait_deployed(admin, name, third).await;
+        }
         // A caller's own trace is continued.
         let mut list = tonic::Request::new(proto::ListRequest::default());
         list.metadata_mut().insert("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01").parse().unwrap());
@@ -182,6 +187,19 @@ async fn one_add_is_traced_from_its_rpc_to_every_target() {
         assert_eq!(int_attr(m[0], "subc.changes_carried"), Some(2));
         assert_eq!(m[0].links.len(), 1);
         assert_eq!((&m[0].links[0].trace_id, &m[0].links[0].span_id), (&add.trace_id, &add.span_id), "linked to the older Add");
+
+        // A Remove: compiled, committed, and deployed to the two that follow.
+        let remove = spans.iter().map(|(_, s)| s).find(|s| s.name == "subc.v1.Subscriptions/Remove").expect("the Remove's span");
+        for phase in ["compile", "commit"] {
+            let found = in_trace(&spans, &remove.trace_id, phase);
+            assert_eq!(found.len(), 1, "one {phase} span in the Remove's trace: {:?}", names(&spans));
+            assert_eq!(found[0].parent_span_id, remove.span_id);
+            assert_eq!(int_attr(found[0], "subc.generation"), Some(third as i64));
+        }
+        let mut targets: Vec<String> =
+            in_trace(&spans, &remove.trace_id, "deploy").iter().filter_map(|s| string_attr(&s.attributes, "subc.target")).collect();
+        targets.sort();
+        assert_eq!(targets, ["t1", "t2"]);
 
         let list = spans.iter().map(|(_, s)| s).find(|s| s.name == "subc.v1.Subscriptions/List").expect("the List's span");
         assert_eq!(hex(&list.trace_id), CALLER_TRACE, "in the caller's trace");
