@@ -11,6 +11,7 @@ use crate::core::Core;
 use crate::metrics::Metrics;
 use crate::proto::{self, events_server::Events, subscriptions_server::Subscriptions, targets_server::Targets};
 use crate::writer::WriteOp;
+use opentelemetry::KeyValue;
 use prost::Message;
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,12 +145,21 @@ impl Api {
 impl Subscriptions for Api {
     async fn add(&self, request: Request<proto::AddRequest>) -> Result<Response<proto::AddResponse>, Status> {
         let who = principal(&request)?;
+        let trace = request.extensions().get::<crate::otel::Trace>().cloned().unwrap_or_default();
         let req = request.into_inner();
         self.check_add_limits(&req)?;
         let fingerprint = crate::writer::request_fingerprint(&req.source_name, &req.lines);
         let proto::AddRequest { lines, source_name, request_id, validate_only } = req;
         let checked_in = self.core.fabric();
-        let batch = match self.check(&who, checked_in.clone(), source_name, lines).await? {
+        let mut span = self.core.tracer().child(&trace, "check", vec![KeyValue::new("subc.lines", lines.len() as i64)]);
+        let checked = self.check(&who, checked_in.clone(), source_name, lines).await;
+        match &checked {
+            Ok(Ok(b)) => span.set(KeyValue::new("subc.rules", b.rules.len() as i64)),
+            Ok(Err(_)) => span.fail("the text has errors"),
+            Err(s) => span.fail(s.message()),
+        }
+        drop(span);
+        let batch = match checked? {
             Ok(b) => b,
             Err(r) => {
                 if r.only_limits {
@@ -164,7 +174,7 @@ impl Subscriptions for Api {
         let resp = self
             .core
             .submit(|reply| {
-                let op = WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply };
+                let op = WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent: Duration::ZERO, reply, trace };
                 if validate_only {
                     WriteOp::DryRun(Box::new(op))
                 } else {
@@ -177,6 +187,7 @@ impl Subscriptions for Api {
 
     async fn remove(&self, request: Request<proto::RemoveRequest>) -> Result<Response<proto::RemoveResponse>, Status> {
         let who = principal(&request)?;
+        let trace = request.extensions().get::<crate::otel::Trace>().cloned().unwrap_or_default();
         let req = request.into_inner();
         let max = self.core.config().limits.max_lines_per_request;
         if req.ids.len() > max {
@@ -186,7 +197,7 @@ impl Subscriptions for Api {
         let resp = self
             .core
             .submit(|reply| {
-                let op = WriteOp::Remove { who, app, ids, reply };
+                let op = WriteOp::Remove { who, app, ids, reply, trace };
                 if validate_only {
                     WriteOp::DryRun(Box::new(op))
                 } else {

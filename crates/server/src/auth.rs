@@ -109,6 +109,9 @@ impl Authenticator {
                 .ok_or_else(|| Status::unauthenticated("the authorization metadata must be `Bearer <token>`"))?;
             self.principal(token).ok_or_else(|| Status::unauthenticated("unknown token"))?
         };
+        if let Some(trace) = req.extensions().get::<crate::otel::Trace>() {
+            trace.set(opentelemetry::KeyValue::new("subc.application", principal.app.to_string()));
+        }
         req.extensions_mut().insert(principal);
         Ok(req)
     }

@@ -80,6 +80,9 @@ pub struct Config {
     pub events_keep: u64,
     #[serde(default)]
     pub retention: Retention,
+    /// Traces exported by OTLP (`otel.rs`); off unless an endpoint is set.
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// Where the store is: a SQLite file, or an etcd cluster.
@@ -465,6 +468,81 @@ impl Default for Retention {
     }
 }
 
+/// `[tracing]`: OpenTelemetry traces of every RPC and of the changes' way to
+/// the targets, exported by OTLP over gRPC. Off unless `otlp_endpoint` is set.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/gRPC address, `http://host:port` (`https://`:
+    /// TLS with the system's roots). Absent: no traces, at no cost.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the exported resource.
+    pub service_name: String,
+    /// The share of new traces recorded, 0 to 1 (a caller's sampled
+    /// `traceparent` is followed whatever this is).
+    pub sampling_ratio: f64,
+    /// How often finished spans are sent, in milliseconds (and always at shutdown).
+    pub export_interval_ms: u64,
+    /// How long one export may take, in milliseconds.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            service_name: "subc".into(),
+            sampling_ratio: 1.0,
+            export_interval_ms: 5_000,
+            export_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TracingConfig {
+    /// Refuses an endpoint that is not `http(s)://host:port`, a ratio
+    /// outside 0..=1, an empty service name and zero intervals.
+    fn validate(&self) -> Result<(), Error> {
+        if let Some(e) = &self.otlp_endpoint {
+            check_otlp_endpoint(e)?;
+        }
+        if !(0.0..=1.0).contains(&self.sampling_ratio) {
+            return Err(Error::Config(format!("tracing.sampling_ratio = {}: it must be between 0 and 1", self.sampling_ratio)));
+        }
+        if self.service_name.trim().is_empty() {
+            return Err(Error::Config("tracing.service_name is empty".into()));
+        }
+        for (key, value) in [("tracing.export_interval_ms", self.export_interval_ms), ("tracing.export_timeout_ms", self.export_timeout_ms)]
+        {
+            if value == 0 {
+                return Err(Error::Config(format!("{key} = 0: it must be at least 1")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An OTLP/gRPC endpoint: `http://` or `https://`, a host, and nothing
+/// after the port (gRPC has its own path).
+fn check_otlp_endpoint(e: &str) -> Result<(), Error> {
+    let bad =
+        |why: &str| Error::Config(format!("tracing.otlp_endpoint = {e:?}: {why} (expected http://host:port, e.g. http://127.0.0.1:4317)"));
+    let uri: tonic::codegen::http::Uri = e.parse().map_err(|_| bad("not a URL"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        Some(s) => return Err(bad(&format!("`{s}://` is not OTLP over gRPC; use http:// or https://"))),
+        None => return Err(bad("no scheme")),
+    }
+    match uri.authority() {
+        Some(a) if !a.host().is_empty() => {}
+        _ => return Err(bad("no host")),
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err(bad("a path or query (OTLP over gRPC has none)"));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
@@ -639,6 +717,7 @@ impl Config {
                 self.listen
             )));
         }
+        self.tracing.validate()?;
         self.validate_ranges()
     }
 
@@ -755,6 +834,33 @@ mod tests {
             c.store = PathBuf::from(bad);
             assert!(c.validate().is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_a_bad_endpoint_is_named() {
+        let mut c = Config::with_spec("x.spec");
+        assert_eq!(c.tracing.otlp_endpoint, None);
+        for good in ["http://127.0.0.1:4317", "https://collector.example:4317/", "http://[::1]:4317"] {
+            c.tracing.otlp_endpoint = Some(good.into());
+            c.validate().unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for (bad, why) in [
+            ("127.0.0.1:4317", "no scheme"),
+            ("grpc://127.0.0.1:4317", "`grpc://` is not OTLP over gRPC"),
+            ("http://127.0.0.1:4317/v1/traces", "a path or query"),
+            ("http://", "not a URL"),
+            ("not a url", "not a URL"),
+        ] {
+            c.tracing.otlp_endpoint = Some(bad.into());
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("tracing.otlp_endpoint") && e.contains(why), "{bad}: {e}");
+        }
+        c.tracing.otlp_endpoint = None;
+        c.tracing.sampling_ratio = 1.5;
+        assert!(c.validate().unwrap_err().to_string().contains("tracing.sampling_ratio"));
+        c.tracing.sampling_ratio = 0.25;
+        c.tracing.export_interval_ms = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("tracing.export_interval_ms"));
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct Core {
     text_gate: crate::admission::TextGate,
     /// The runtime the writer thread starts target tasks on.
     runtime: tokio::runtime::Handle,
+    /// Traces (`[tracing]`; off by default).
+    tracer: crate::otel::Tracer,
 }
 
 /// This server's name to the devices it fences: its host and its store,
@@ -224,11 +226,13 @@ impl Core {
                 tokio::spawn(async move { tx.send(op).await });
             }
         });
+        let tracer = crate::otel::Tracer::from_config(&config.tracing)?;
         let controller = crate::deploy::Controller { epoch, name: controller_name(&config), spec_text: Arc::from(spec_text.as_str()) };
         tracing::info!(epoch, controller = %controller.name, "this run's epoch");
         let deploy = Arc::new(
             DeployCtx::new(spec.clone(), config.clone(), kinds, committed.clone(), desired.generation, metrics.clone(), report)
-                .fenced_as(controller),
+                .fenced_as(controller)
+                .traced_by(tracer.clone()),
         );
         let text_gate = crate::admission::TextGate::new(&config.limits, metrics.clone());
         let core = Arc::new(Core {
@@ -251,6 +255,7 @@ impl Core {
             reader: Mutex::new(reader),
             text_gate,
             runtime: tokio::runtime::Handle::current(),
+            tracer,
         });
 
         let handles = core.read_back_targets(targets, devices).await;
@@ -398,6 +403,9 @@ impl Core {
     }
     pub(crate) fn deploy_ctx(&self) -> &Arc<DeployCtx> {
         &self.deploy
+    }
+    pub(crate) fn tracer(&self) -> &crate::otel::Tracer {
+        &self.tracer
     }
 
     /// The last committed generation.

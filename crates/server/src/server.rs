@@ -45,8 +45,16 @@ const AFTER_CUT: Duration = Duration::from_millis(1500);
 
 impl Running {
     /// Stops accepting calls, lets running ones finish (for at most
-    /// [`SHUTDOWN_GRACE`]), cuts the connections still open, and returns.
-    pub async fn shutdown(mut self) -> Result<(), Error> {
+    /// [`SHUTDOWN_GRACE`]), cuts the connections still open, exports the
+    /// last traces, and returns.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        let core = self.core.clone();
+        let stopped = self.stop_serving().await;
+        core.tracer().shutdown().await;
+        stopped
+    }
+
+    async fn stop_serving(mut self) -> Result<(), Error> {
         self.core.begin_shutdown();
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
@@ -73,7 +81,9 @@ impl Running {
 
     /// Serves until the transport fails.
     pub async fn wait(self) -> Result<(), Error> {
-        self.join.await.map_err(|e| Error::Internal(e.to_string()))?
+        let stopped = self.join.await.map_err(|e| Error::Internal(e.to_string()));
+        self.core.tracer().shutdown().await;
+        stopped?
     }
 
     /// A handle to request a graceful shutdown from elsewhere.
@@ -182,7 +192,13 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
     // status every other limit has.
     let hard_cap = max_bytes.saturating_mul(4);
     let calls = Arc::new(Calls::default());
-    let refusal = |limit: usize, name: &'static str| SizeRefusal { limit, name, metrics: core.metrics().clone(), calls: calls.clone() };
+    let refusal = |limit: usize, name: &'static str| SizeRefusal {
+        limit,
+        name,
+        metrics: core.metrics().clone(),
+        calls: calls.clone(),
+        tracer: core.tracer().clone(),
+    };
     let a1 = auth.clone();
     let subs = refusal(max_bytes, "limits.max_request_bytes")
         .wrap(InterceptedService::new(SubscriptionsServer::new(api.clone()).max_decoding_message_size(max_bytes), move |r| {
@@ -278,6 +294,8 @@ struct SizeRefusal {
     name: &'static str,
     metrics: Arc<Metrics>,
     calls: Arc<Calls>,
+    /// Starts each call's span (`otel.rs`).
+    tracer: crate::otel::Tracer,
 }
 
 impl SizeRefusal {
@@ -327,7 +345,8 @@ impl SizeRefusal {
 }
 
 /// A gRPC service whose transport-level size refusals are RESOURCE_EXHAUSTED,
-/// and whose calls are counted (`subc_rpc_calls`, `subc_rpc_seconds`).
+/// whose calls are counted (`subc_rpc_calls`, `subc_rpc_seconds`), and
+/// traced: each call's span is in the request's extensions (`otel::Trace`).
 #[derive(Clone)]
 struct SizeRefused<S> {
     inner: S,
@@ -349,9 +368,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
         let method = request.uri().path().to_string();
         let started = std::time::Instant::now();
+        let trace = self.refusal.tracer.rpc(&method, request.headers());
+        if trace.is_traced() {
+            request.extensions_mut().insert(trace.clone());
+        }
+        let span = crate::otel::RpcSpan::of(trace);
         let response = self.inner.call(request);
         let refusal = self.refusal.clone();
         let call = refusal.calls.enter();
@@ -370,6 +394,7 @@ where
             // OK for every unary call of ours that gets that far.
             let code = Status::from_header_map(response.headers()).map_or(Code::Ok, |s| s.code());
             refusal.metrics.rpc(&method, code, started.elapsed().as_secs_f64());
+            span.end(code);
             Ok(response)
         })
     }

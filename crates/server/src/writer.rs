@@ -36,10 +36,12 @@ use crate::deploy::{TargetHandle, TargetReport};
 use crate::desired::{compile_options, layout_json, order_names, placement_json, AppNumbering, Desired, Publish, SubRecord};
 use crate::metrics::Metrics;
 use crate::network::Fabric;
+use crate::otel::Trace;
 use crate::proto;
 use crate::store::{now_ms, AppEvent, EventRetention, Store, StoredSub};
 use crate::watch::LiveEvent;
 use crate::Error;
+use opentelemetry::KeyValue;
 use prost::Message;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -72,6 +74,8 @@ pub(crate) enum WriteOp {
         /// yielded to other changes: the compile limit counts it.
         spent: Duration,
         reply: Reply<proto::AddResponse>,
+        /// Its place in a trace (`otel.rs`; nothing when untraced).
+        trace: crate::otel::Trace,
     },
     /// Removes subscriptions of `app` by its own ids (the caller may
     /// address `app`: `api.rs` checked).
@@ -80,6 +84,7 @@ pub(crate) enum WriteOp {
         app: Arc<str>,
         ids: Vec<u64>,
         reply: Reply<proto::RemoveResponse>,
+        trace: crate::otel::Trace,
     },
     Register {
         reg: proto::RegisterTargetRequest,
@@ -295,6 +300,14 @@ impl WriteOp {
             _ => None,
         }
     }
+
+    /// The change's place in a trace (nothing when untraced).
+    fn trace(&self) -> Trace {
+        match self {
+            WriteOp::Add { trace, .. } | WriteOp::Remove { trace, .. } => trace.clone(),
+            _ => Trace::default(),
+        }
+    }
 }
 
 /// Idempotency keys and target names claimed earlier in one batch.
@@ -419,16 +432,24 @@ impl Writer {
         let gen0 = before.generation;
         let mut claims = Claims::default();
         let mut staged: Vec<Staged> = Vec::with_capacity(n);
+        // The staged changes' traces, with the generation each made.
+        let mut traced: Vec<(u64, Trace)> = vec![];
         let mut waiting_after = others_after(&batch);
         for op in batch {
             let key = op.request_key();
             let after = waiting_after.pop_front().unwrap_or(false);
             let Some(op) = self.claim_request_id(op, &mut claims, staged.len()) else { continue };
+            let trace = op.trace();
             // Lowered before reading the queue: what arrives later raises it.
             self.core.yield_flag().store(false, std::sync::atomic::Ordering::SeqCst);
             self.others_wait = after || self.queue_has_more || !rx.is_empty();
             match self.stage(op, &mut claims.names) {
-                Outcome::Staged(st) => staged.push(*st),
+                Outcome::Staged(st) => {
+                    if trace.is_traced() {
+                        traced.push((self.d.generation, trace));
+                    }
+                    staged.push(*st)
+                }
                 Outcome::Refused(finish, status) => {
                     finish.fail(status);
                     staged.push(Staged::only(vec![], vec![], Finish::Nothing));
@@ -444,13 +465,26 @@ impl Writer {
             }
         }
         let t = Instant::now();
+        let tracer = self.core.tracer().clone();
+        let spans: Vec<_> =
+            traced.iter().map(|(_, trace)| tracer.child(trace, "commit", vec![KeyValue::new("subc.changes", n as i64)])).collect();
         let result = self.commit(&staged, &before, prune);
         let metrics = self.core.metrics();
         metrics.commit_seconds.observe(t.elapsed().as_secs_f64());
         metrics.batch_size.observe(n as f64);
+        for ((generation, _), mut span) in traced.iter().zip(spans) {
+            match &result {
+                Ok(_) => span.set(KeyValue::new("subc.generation", *generation as i64)),
+                Err(e) => span.fail(e),
+            }
+        }
         match result {
             Err(e) => self.roll_back(staged, claims.duplicates, before, e),
-            Ok(seqs) => self.publish_and_reply(staged, seqs, claims.duplicates, gen0),
+            Ok(seqs) => {
+                // Before the deployers hear of the generations.
+                tracer.committed(traced);
+                self.publish_and_reply(staged, seqs, claims.duplicates, gen0)
+            }
         }
         crate::trim::release_free_memory();
     }
@@ -463,8 +497,8 @@ impl Writer {
         let admin = matches!(&*op, WriteOp::Add { who, .. } | WriteOp::Remove { who, .. } if who.admin);
         // Its idempotency key is neither replayed nor recorded.
         let op = match *op {
-            WriteOp::Add { who, batch, checked_in, fingerprint, spent, reply, .. } => {
-                WriteOp::Add { who, batch, checked_in, request_id: String::new(), fingerprint, spent, reply }
+            WriteOp::Add { who, batch, checked_in, fingerprint, spent, reply, trace, .. } => {
+                WriteOp::Add { who, batch, checked_in, request_id: String::new(), fingerprint, spent, reply, trace }
             }
             op => op,
         };
@@ -571,9 +605,9 @@ impl Writer {
     /// the store or earlier in this batch); otherwise claims its key and
     /// gives the change back.
     fn claim_request_id(&self, op: WriteOp, claims: &mut Claims, index: usize) -> Option<WriteOp> {
-        let WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } = op else { return Some(op) };
+        let WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply, trace } = op else { return Some(op) };
         if request_id.is_empty() {
-            return Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply });
+            return Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply, trace });
         }
         let key = (who.app.clone(), request_id.clone());
         if let Some((i, first)) = claims.keys.get(&key) {
@@ -597,7 +631,7 @@ impl Writer {
             }
             Ok(None) => {
                 claims.keys.insert(key, (index, fingerprint.clone()));
-                Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply })
+                Some(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply, trace })
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::unavailable(e.to_string())));
@@ -840,17 +874,28 @@ impl Writer {
                 Finish::Add(reply, Default::default()),
                 Status::aborted("the topology's endpoints changed while the rules were checked: send them again"),
             ),
-            WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply } => match self.compile_batch(&who, &batch, spent)
-            {
-                Ok((nfs, compiled)) => {
-                    let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
-                    Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))
+            WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply, trace } => {
+                let mut span = self.core.tracer().child(
+                    &trace,
+                    "compile",
+                    vec![KeyValue::new("subc.application", who.app.to_string()), KeyValue::new("subc.rules", batch.rules.len() as i64)],
+                );
+                match self.compile_batch(&who, &batch, spent) {
+                    Ok((nfs, compiled)) => {
+                        span.set(KeyValue::new("subc.generation", self.d.generation as i64));
+                        let (staged, resp) = self.record_add(who, batch, &nfs, compiled, request_id, fingerprint);
+                        Outcome::Staged(Box::new(Staged { finish: Finish::Add(reply, resp), ..staged }))
+                    }
+                    Err(AddRefusal::Yielded(spent)) => {
+                        span.set(KeyValue::new("subc.yielded", true));
+                        Outcome::Yielded(Box::new(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply, trace }))
+                    }
+                    Err(AddRefusal::Refused(s)) => {
+                        span.fail(s.message());
+                        Outcome::Refused(Finish::Add(reply, Default::default()), s)
+                    }
                 }
-                Err(AddRefusal::Yielded(spent)) => {
-                    Outcome::Yielded(Box::new(WriteOp::Add { who, batch, checked_in, request_id, fingerprint, spent, reply }))
-                }
-                Err(AddRefusal::Refused(s)) => Outcome::Refused(Finish::Add(reply, Default::default()), s),
-            },
+            }
             op => self.stage_other(op, names).map_or_else(|(f, s)| Outcome::Refused(f, s), |st| Outcome::Staged(Box::new(st))),
         }
     }
@@ -860,10 +905,23 @@ impl Writer {
         match op {
             WriteOp::Add { .. } => unreachable!("Adds are staged by stage_add"),
             WriteOp::DryRun(_) => unreachable!("dry runs are staged by dry_run, never in a batch"),
-            WriteOp::Remove { who, app, ids, reply } => match self.stage_remove(&who, &app, ids) {
-                Ok((staged, resp)) => Ok(Staged { finish: Finish::Remove(reply, resp), ..staged }),
-                Err(s) => Err((Finish::Remove(reply, Default::default()), s)),
-            },
+            WriteOp::Remove { who, app, ids, reply, trace } => {
+                let mut span = self.core.tracer().child(
+                    &trace,
+                    "compile",
+                    vec![KeyValue::new("subc.application", app.to_string()), KeyValue::new("subc.removed", ids.len() as i64)],
+                );
+                match self.stage_remove(&who, &app, ids) {
+                    Ok((staged, resp)) => {
+                        span.set(KeyValue::new("subc.generation", self.d.generation as i64));
+                        Ok(Staged { finish: Finish::Remove(reply, resp), ..staged })
+                    }
+                    Err(s) => {
+                        span.fail(s.message());
+                        Err((Finish::Remove(reply, Default::default()), s))
+                    }
+                }
+            }
             WriteOp::Register { reg, reply } => {
                 if self.core.has_target(&reg.name) || names.contains(&reg.name) {
                     let s = Status::already_exists(format!("a target named {:?} is registered", reg.name));

@@ -97,6 +97,8 @@ pub struct DeployCtx {
     /// Who this server is to the devices that fence their writers (agents):
     /// its epoch, one higher at every start, and its name.
     pub controller: Controller,
+    /// Traces of deploys (`otel.rs`; off by default).
+    pub(crate) tracer: crate::otel::Tracer,
 }
 
 /// This server as a fenced writer of devices (docs/agent.md, "Fencing").
@@ -128,7 +130,14 @@ impl DeployCtx {
             metrics,
             report,
             floors: Mutex::new(BTreeMap::new()),
+            tracer: Default::default(),
         }
+    }
+
+    /// The context of a server that traces its deploys with `tracer`.
+    pub(crate) fn traced_by(mut self, tracer: crate::otel::Tracer) -> DeployCtx {
+        self.tracer = tracer;
+        self
     }
 
     /// The context of a server that fences its devices' writers as `controller`.
@@ -631,6 +640,8 @@ impl TargetHandle {
         };
         ctx.metrics.diff_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
         let written = plan.entries();
+        let mut span = ctx.tracer.deploy(&self.name, from, generation);
+        span.set(opentelemetry::KeyValue::new("subc.full_install", matches!(plan, Plan::Install(..))));
         let t = Instant::now();
         let result = match plan {
             Plan::Nothing => Ok(Held::Unknown),
@@ -638,6 +649,11 @@ impl TargetHandle {
             Plan::Update(update) => self.apply_update(ctx, update, extent, generation).await,
         };
         ctx.metrics.apply_seconds.get_or_create(&Metrics::label("target", &self.name)).observe(t.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => span.set(opentelemetry::KeyValue::new("subc.entries_written", written as i64)),
+            Err(e) => span.fail(e),
+        }
+        drop(span);
         match result {
             Ok(new_held) => self.succeeded(ctx, new_held, generation, from, written),
             Err(e) => self.failed(ctx, e, generation),
