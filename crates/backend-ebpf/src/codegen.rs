@@ -29,6 +29,9 @@ struct ProgramView {
     ranges_sorted: bool,
     /// `subc_ranged` is inlined rather than a global function (small sets).
     inline_ranged: bool,
+    /// The spec has an EWMA (its slots are words changed by compare-and-swap).
+    has_ewma: bool,
+    ewma_average_bits: u32,
     classes: Vec<ClassView>,
     port_words: u32,
     port_word_list: Vec<u32>,
@@ -237,6 +240,8 @@ pub(crate) fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) ->
         naive: naive.is_some(),
         ranges_sorted: model.ranges == RangeLookup::Sorted,
         inline_ranged: inline_ranged(model),
+        ewma_average_bits: crate::model::EWMA_AVERAGE_BITS,
+        has_ewma: spec.states.iter().any(|s| matches!(s.kind, StateKind::Ewma { .. })),
         classes: g.class_views(),
         port_words: model.port_words,
         port_word_list: (0..model.port_words).collect(),

@@ -49,7 +49,7 @@ pub use bits::{BitMapIds, BitTables, BitsShape};
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
 pub use layout::{read_field, CField, CFieldType, CStruct, MapDef, MapRole, MapType, Scalar, KV};
-pub use model::{Model, MAX_PIPELINES, XDP_MAX_PORTS};
+pub use model::{Model, EWMA_AVERAGE_BITS, MAX_PIPELINES, XDP_MAX_PORTS};
 pub use naive::write_naive;
 pub use target::{config_op, parse_mac, Egress, NoMatch, TargetConfig};
 

@@ -303,7 +303,52 @@ __attribute__((noinline)) int subc_accumulate(__u32 id, struct subc_acc *acc)
 }
 
 {% endif %}{% if naive %}{% include "naive_match.c" %}
-{% endif %}/* One packet: parse, stream state, lookups, decision, variable updates
+{% endif %}{% if has_ewma %}/* An EWMA update by compare-and-swap: the slot's word, what was seen in
+ * it, the sample (<< 8), and what the update gives. */
+struct subc_ewma_try {
+    __u64 *word;
+    __u64 seen, x, average;
+    __u64 spike;
+};
+
+#define SUBC_EWMA_AVERAGE ((1ULL << {{ ewma_average_bits }}) - 1)
+/* Attempts after the first fails: each failure is another CPU's success on
+ * the same slot, so the last would take that many samples of one channel
+ * during one packet. Should they all fail, the sample is not counted. */
+#define SUBC_CAS_RETRIES (1 << 20)
+
+{% endif %}{% for s in states %}{% if s.kind == "ewma" %}/* {{ s.comment }}: one word per slot, count << {{ ewma_average_bits }} | average, changed by
+ * compare-and-swap from what was seen (no lock). 0 when another CPU changed
+ * the word first (`seen` is then what it holds now), 1 when done. */
+static __always_inline long {{ s.slot }}_cas(struct subc_ewma_try *t)
+{
+    __u64 subc_old = t->seen & SUBC_EWMA_AVERAGE;
+    __u64 subc_count = t->seen >> {{ ewma_average_bits }};
+    __u64 subc_new;
+    if (subc_count == 0)
+        subc_new = t->x;
+    else if (t->x >= subc_old)
+        subc_new = subc_old + ((t->x - subc_old) >> {{ s.shift }});
+    else
+        subc_new = subc_old - ((subc_old - t->x) >> {{ s.shift }});
+    __u64 subc_word = subc_new | ((subc_count < 255 ? subc_count + 1 : 255) << {{ ewma_average_bits }});
+    __u64 subc_was = __sync_val_compare_and_swap(t->word, t->seen, subc_word);
+    if (subc_was != t->seen) {
+        t->seen = subc_was;
+        return 0;
+    }
+    __u64 subc_d = subc_new > subc_old ? subc_new - subc_old : subc_old - subc_new;
+    t->spike = subc_count >= {{ s.warmup }} && subc_d > (subc_old >> {{ s.spike_shift }});
+    t->average = subc_new;
+    return 1;
+}
+
+static long {{ s.slot }}_retry(__u64 i, void *t)
+{
+    return {{ s.slot }}_cas(t);
+}
+
+{% endif %}{% endfor %}/* One packet: parse, stream state, lookups, decision, variable updates
  * (docs/semantics.md, steps 1 to 5). */
 static __always_inline void subc_run(void *subc_data, void *subc_data_end, struct subc_result *subc_r)
 {
@@ -338,7 +383,8 @@ subc_accept:;
     /* Query values of packet fields (signed fields with the sign bit flipped). */
 {% for q in queries %}{% if let Some(e) = q.packet %}    {{ q.var }} = {{ e }}; /* {{ q.comment }} */
 {% endif %}{% endfor %}
-    /* 2. Stream state, in declaration order, each slot under its lock. */
+    /* 2. Stream state, in declaration order, each slot under its lock (an
+     * EWMA's by compare-and-swap). */
 {% if has_clock %}    __u64 subc_now = subc_clock();
 {% endif %}{% for s in states %}    { /* {{ s.comment }} */
         __u32 subc_k = {{ s.key }};
@@ -369,27 +415,15 @@ subc_accept:;
             bpf_spin_unlock(&subc_s->lock);
         }
 {% else if s.kind == "ewma" %}        if ({{ s.valid }}) {
-            __u64 subc_x = {{ s.source }} << 8;
-            bpf_spin_lock(&subc_s->lock);
-            __u64 subc_old = subc_s->ewma;
-            __u64 subc_new;
-            if (subc_s->count == 0)
-                subc_new = subc_x;
-            else if (subc_x >= subc_old)
-                subc_new = subc_old + ((subc_x - subc_old) >> {{ s.shift }});
-            else
-                subc_new = subc_old - ((subc_old - subc_x) >> {{ s.shift }});
-            __u64 subc_d = subc_new > subc_old ? subc_new - subc_old : subc_old - subc_new;
-            {{ s.spike }} = subc_s->count >= {{ s.warmup }} && subc_d > (subc_old >> {{ s.spike_shift }});
-            subc_s->ewma = subc_new;
-            if (subc_s->count < 255)
-                subc_s->count += 1;
-            {{ s.value }} = (subc_new >> 8) & {{ s.value_mask }}ULL;
-            bpf_spin_unlock(&subc_s->lock);
+            struct subc_ewma_try subc_t = { .word = &subc_s->word, .x = {{ s.source }} << 8 };
+            subc_t.seen = *(volatile __u64 *)&subc_s->word;
+            subc_t.average = subc_t.seen & SUBC_EWMA_AVERAGE;
+            if (!{{ s.slot }}_cas(&subc_t))
+                bpf_loop(SUBC_CAS_RETRIES, {{ s.slot }}_retry, &subc_t, 0);
+            {{ s.spike }} = subc_t.spike;
+            {{ s.value }} = (subc_t.average >> 8) & {{ s.value_mask }}ULL;
         } else {
-            bpf_spin_lock(&subc_s->lock);
-            {{ s.value }} = (subc_s->ewma >> 8) & {{ s.value_mask }}ULL;
-            bpf_spin_unlock(&subc_s->lock);
+            {{ s.value }} = ((*(volatile __u64 *)&subc_s->word & SUBC_EWMA_AVERAGE) >> 8) & {{ s.value_mask }}ULL;
         }
 {% else %}        {{ s.ptr }} = subc_s;
         bpf_spin_lock(&subc_s->lock);

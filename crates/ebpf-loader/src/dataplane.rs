@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
-use subc_backend_ebpf::{read_field, CStruct};
+use subc_backend_ebpf::{read_field, CStruct, EWMA_AVERAGE_BITS};
 use subc_backend_ebpf::{Hook, Model};
 use subc_backend_ebpf::{MapOp, TableImage};
 use subc_bdd::PortSet;
@@ -316,7 +316,10 @@ impl Dataplane {
                     StateKind::Avg { samples, .. } => {
                         Slot::Avg { ring: (0..*samples).map(|j| f("ring", j)).collect(), next: f("next", 0) as u32, sum: f("sum", 0) }
                     }
-                    StateKind::Ewma { .. } => Slot::Ewma { ewma: f("ewma", 0), count: f("count", 0) as u32 },
+                    StateKind::Ewma { .. } => {
+                        let word = f("word", 0);
+                        Slot::Ewma { ewma: word & ((1 << EWMA_AVERAGE_BITS) - 1), count: (word >> EWMA_AVERAGE_BITS) as u32 }
+                    }
                     StateKind::Var { .. } => Slot::Var { value: f("value", 0) },
                 };
             }

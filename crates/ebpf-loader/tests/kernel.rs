@@ -236,6 +236,43 @@ fn ewma_spike_triggers_and_clears() {
 }
 
 #[test]
+fn ewma_samples_from_every_cpu_all_count() {
+    if !kernel_available("ewma_samples_from_every_cpu_all_count") {
+        return;
+    }
+    // Two threads run samples of the same channel at once, 120 each (the
+    // count stops at 255); a lost update leaves the count below 240. One
+    // channel per trial, so that each starts at zero.
+    const EACH: u32 = 120;
+    let p = example("ewma-channels");
+    let set = compile(&p);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 2);
+    for hook in [Hook::Xdp, Hook::Tc] {
+        let dp = load(&p, &set, &EbpfOptions { hook, ..Default::default() });
+        for channel in 0..64u8 {
+            let mut payload = vec![channel];
+            payload.extend_from_slice(&(1_000 + channel as u32).to_be_bytes());
+            let frame =
+                subc_workload::udp_packet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [10, 0, 0, 1], [10, 0, 0, 2], 4000, 9000, &payload);
+            let start = std::sync::Barrier::new(threads);
+            std::thread::scope(|sc| {
+                for _ in 0..threads {
+                    let runner = dp.runner().unwrap();
+                    let (start, frame) = (&start, &frame);
+                    sc.spawn(move || {
+                        start.wait();
+                        runner.run(frame, EACH).unwrap();
+                    });
+                }
+            });
+            let state = dp.read_state(&p.spec).unwrap();
+            let subc_lang::Slot::Ewma { count, .. } = &state.vars[0][channel as usize] else { panic!("an EWMA slot") };
+            assert_eq!(*count, EACH * threads as u32, "{hook:?} channel {channel}: every sample counted");
+        }
+    }
+}
+
+#[test]
 fn random_sets_from_both_generators_verify_and_agree() {
     if !kernel_available("random_sets_from_both_generators_verify_and_agree") {
         return;
