@@ -338,6 +338,9 @@ pub enum MapRole {
     Devmap,
     /// Packets and bytes handed to each logical port's egress, per CPU.
     PortStats,
+    /// Runs of the program that entered and left the tables, per CPU: what
+    /// an updater polls instead of waiting for a grace period.
+    Runs,
     Record,
     State,
     /// The naive benchmark program's rule list.

@@ -144,6 +144,9 @@ pub struct MapIds {
     /// The per-port counters (absent from the `maps.json` of programs
     /// generated before they existed).
     pub port_stats: Option<usize>,
+    /// Runs in the tables per CPU (absent from the `maps.json` of programs
+    /// generated before it existed: their updaters wait a grace period).
+    pub runs: Option<usize>,
     pub record: usize,
     /// Per state variable of the spec, its map.
     pub states: Vec<usize>,
@@ -393,6 +396,7 @@ struct Structs {
     update: CStruct,
     egress: CStruct,
     port_stats: CStruct,
+    runs: CStruct,
     config: CStruct,
     record: CStruct,
 }
@@ -427,6 +431,7 @@ impl Structs {
                 .scalar("port", Scalar::U16)
                 .finish(),
             port_stats: CStruct::builder("subc_port_stats").scalar("packets", Scalar::U64).scalar("bytes", Scalar::U64).finish(),
+            runs: CStruct::builder("subc_runs").scalar("entered", Scalar::U64).scalar("left", Scalar::U64).finish(),
             config: CStruct::builder("subc_config")
                 .scalar("no_match", Scalar::U32)
                 .scalar("prune_ingress", Scalar::U32)
@@ -453,7 +458,7 @@ impl Structs {
         if sizes.update_words > 0 {
             out.push(self.update.clone());
         }
-        out.extend([self.egress.clone(), self.port_stats.clone(), self.config.clone(), self.record.clone()]);
+        out.extend([self.egress.clone(), self.port_stats.clone(), self.runs.clone(), self.config.clone(), self.record.clone()]);
         out
     }
 }
@@ -485,6 +490,7 @@ impl MapList {
         let cap = &opts.capacity;
         let next = || KV::Struct(st.next.clone());
         self.ids.gen = self.add(plain_map("subc_gen", MapRole::Generation, MapType::Array, U32, U32, 1));
+        self.ids.runs = Some(self.add(plain_map("subc_runs", MapRole::Runs, MapType::PercpuArray, U32, KV::Struct(st.runs.clone()), 1)));
         self.ids.config = self.add(plain_map("subc_config", MapRole::Config, MapType::Array, U32, KV::Struct(st.config.clone()), 1));
         self.ids.roots = self.add(plain_map("subc_roots", MapRole::Roots, MapType::Array, U32, next(), 2 * pipelines.max(1) as u32));
         let exact = plain_map("subc_exact", MapRole::Exact, MapType::Hash, KV::Struct(st.exact_key.clone()), next(), cap.entries(c.exact));
@@ -677,6 +683,7 @@ impl MapIds {
             egress: need(MapRole::Egress)?,
             devmap: one(MapRole::Devmap),
             port_stats: one(MapRole::PortStats),
+            runs: one(MapRole::Runs),
             record: need(MapRole::Record)?,
             states: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::State).map(|(i, _)| i).collect(),
             bits: match (one(MapRole::BitIntervals), one(MapRole::BitRows), one(MapRole::BitOrder), one(MapRole::BitLeaves)) {

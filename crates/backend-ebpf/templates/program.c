@@ -348,7 +348,16 @@ static long {{ s.slot }}_retry(__u64 i, void *t)
     return {{ s.slot }}_cas(t);
 }
 
-{% endif %}{% endfor %}/* One packet: parse, stream state, lookups, decision, variable updates
+{% endif %}{% endfor %}/* Counts a run in or out of the tables: an atomic add that fetches, the
+ * form BPF orders fully with the loads around it (the form without fetch
+ * orders nothing on some architectures). */
+static __always_inline void subc_count_run(__u64 *counter)
+{
+    __u64 subc_before = __sync_fetch_and_add(counter, 1);
+    barrier_var(subc_before);
+}
+
+/* One packet: parse, stream state, lookups, decision, variable updates
  * (docs/semantics.md, steps 1 to 5). */
 static __always_inline void subc_run(void *subc_data, void *subc_data_end, struct subc_result *subc_r)
 {
@@ -435,7 +444,13 @@ subc_accept:;
     subc_naive(subc_r{% for q in queries %}, {{ q.var }}{% endfor %});
 {% else %}    /* 3. Lookups: one generation for the whole packet. */
 {% if update_words > 0 %}    __u64 subc_upd[SUBC_UPDATE_WORDS] = {};
-{% endif %}    __u32 *subc_genp = bpf_map_lookup_elem(&subc_gen, &subc_zero);
+{% endif %}    /* This CPU's runs in the tables: entered here, left at the end. An
+     * updater that flipped the generation waits until every run that had
+     * entered has left before it writes the old one (encode.rs). */
+    struct subc_runs *subc_runs_here = bpf_map_lookup_elem(&subc_runs, &subc_zero);
+    if (subc_runs_here)
+        subc_count_run(&subc_runs_here->entered);
+    __u32 *subc_genp = bpf_map_lookup_elem(&subc_gen, &subc_zero);
     __u32 subc_g = subc_genp ? (*(volatile __u32 *)subc_genp & 1) : 0;
     __u32 subc_gbit = subc_g << 31;
 {% for p in pipelines %}
@@ -495,7 +510,11 @@ subc_bv_done:;
         {{ v.ptr }}->value = (subc_base + subc_acc.add[{{ v.index }}]) & {{ v.mask }}ULL;
         bpf_spin_unlock(&{{ v.ptr }}->lock);
     }
-{% endfor %}{% endif %}}
+{% endfor %}{% endif %}{% if !naive %}
+    /* Done with the tables: after every read of them (atomic). */
+    if (subc_runs_here)
+        subc_count_run(&subc_runs_here->left);
+{% endif %}}
 
 static __always_inline int subc_no_match_drops(void)
 {

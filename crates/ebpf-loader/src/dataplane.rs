@@ -7,10 +7,14 @@
 //! `BPF_PROG_TEST_RUN`, reads state back and reports what the verifier and
 //! the maps cost. [`Runner`] runs packets from another thread.
 //!
-//! The grace period is an RCU grace period: XDP and TC programs run inside
-//! RCU read-side sections, and `membarrier(MEMBARRIER_CMD_GLOBAL)` waits
-//! for `synchronize_rcu()`, so when it returns every packet that read the
-//! old generation has finished.
+//! After the flip, the updater waits until no packet can still be reading
+//! the old generation before it writes that generation: it polls the
+//! program's per-CPU run counters (`subc_runs`, microseconds), and falls
+//! back to an RCU grace period, for programs without them or counters that
+//! do not settle: XDP and TC programs run inside RCU read-side sections,
+//! and `membarrier(MEMBARRIER_CMD_GLOBAL)` waits for `synchronize_rcu()`
+//! (about 10 ms), so when it returns every packet that read the old
+//! generation has finished.
 
 use crate::attach::ifindex;
 use crate::sys;
@@ -90,7 +94,10 @@ pub struct LoadStats {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct UpdateReport {
     pub ops: usize,
+    /// The wait after the flip for packets that may read the old generation.
     pub grace_us: u64,
+    /// That wait was an RCU grace period, not the program's run counters.
+    pub grace_period: bool,
     pub total_us: u64,
 }
 
@@ -122,7 +129,7 @@ pub(crate) fn update_maps(
 ) -> Result<UpdateReport, LoaderError> {
     let t = Instant::now();
     let (plan, undo) = image.plan_in_place(model, update)?;
-    let write = || -> Result<u64, LoaderError> {
+    let write = || -> Result<(u64, bool), LoaderError> {
         apply_ops(maps, model, &plan.prepare)?;
         if let Err(e) = apply_ops(maps, model, &plan.inactive) {
             let _ = apply_ops(maps, model, &plan.undo_inactive);
@@ -130,16 +137,65 @@ pub(crate) fn update_maps(
         }
         apply_ops(maps, model, &plan.flip)?;
         let g = Instant::now();
-        grace_period();
+        let grace_period = wait_for_old_runs(maps, model);
         let grace_us = g.elapsed().as_micros() as u64;
         apply_ops(maps, model, &plan.live)?;
-        Ok(grace_us)
+        Ok((grace_us, grace_period))
     };
     match write() {
-        Ok(grace_us) => Ok(UpdateReport { ops: plan.op_count(), grace_us, total_us: t.elapsed().as_micros() as u64 }),
+        Ok((grace_us, grace_period)) => {
+            Ok(UpdateReport { ops: plan.op_count(), grace_us, grace_period, total_us: t.elapsed().as_micros() as u64 })
+        }
         Err(e) => {
             image.rollback(undo);
             Err(e)
+        }
+    }
+}
+
+/// How long an updater polls the program's run counters before it falls
+/// back to a grace period. A run takes microseconds; counters still apart
+/// after this belong to a run that was preempted (kernels that preempt BPF
+/// programs), which the grace period waits for at less cost than polling.
+const RUNS_POLL_LIMIT: Duration = Duration::from_millis(2);
+
+/// Waits until no run of the program can still be reading the generation
+/// the last flip retired: every run counted as entered on some CPU when
+/// the flip was done has left. The program counts runs per CPU in
+/// `subc_runs` (entered before it reads the generation, left after its
+/// last table read, both atomic adds, so each is ordered with those
+/// reads); a fence here orders the flip before this read of the counters,
+/// so a run that read the old generation was counted as entered. A
+/// program without the counters (generated before them), or counters that
+/// do not settle within [`RUNS_POLL_LIMIT`], get a grace period instead
+/// (and the answer is true).
+fn wait_for_old_runs(maps: &[Option<MapHandle>], model: &Model) -> bool {
+    let grace = || {
+        grace_period();
+        true
+    };
+    let Some(id) = model.ids.runs else { return grace() };
+    let Some(m) = maps[id].as_ref() else { return grace() };
+    let st = model.maps[id].value_struct();
+    let read = || -> Option<Vec<(u64, u64)>> {
+        let per_cpu = m.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).ok()??;
+        Some(per_cpu.iter().map(|v| (read_field(st, v, "entered", 0), read_field(st, v, "left", 0))).collect())
+    };
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    let Some(at_flip) = read() else { return grace() };
+    let deadline = Instant::now() + RUNS_POLL_LIMIT;
+    let mut now = at_flip.clone();
+    loop {
+        if now.iter().zip(&at_flip).all(|((_, left), (entered, _))| left >= entered) {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            return grace();
+        }
+        std::hint::spin_loop();
+        match read() {
+            Some(r) if r.len() == at_flip.len() => now = r,
+            _ => return grace(),
         }
     }
 }

@@ -506,6 +506,99 @@ fn updates_are_atomic() {
 }
 
 #[test]
+fn an_update_waits_for_runs_that_entered_before_its_flip() {
+    if !kernel_available("an_update_waits_for_runs_that_entered_before_its_flip") {
+        return;
+    }
+    // The program counts its runs in and out of the tables per CPU
+    // (`subc_runs`); after the flip, the updater waits until every run
+    // counted in has left before it writes the old generation. Runs last
+    // microseconds, so one is made up here: CPU 0's counters say a run
+    // entered and has not left.
+    let rules = itch(&ItchParams { subscriptions: 60, symbols: 4, hosts: 20, seed: 3, ..Default::default() });
+    let p = program(ITCH_SPEC, &rules);
+    let mut set = CompiledSet::compile(&p.spec, &p.normal_forms[..30], CompileOptions::default()).unwrap();
+    let mut dp = load(&p, &set, &EbpfOptions::default());
+    let dir = std::path::PathBuf::from("/sys/fs/bpf").join(format!("subc-test-runs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dp.pin(&dir).unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        use libbpf_rs::{MapCore, MapFlags, MapHandle};
+        let runs = MapHandle::from_pinned_path(dir.join("subc_runs")).unwrap();
+        let gen = MapHandle::from_pinned_path(dir.join("subc_gen")).unwrap();
+        let cpus = libbpf_rs::num_possible_cpus().unwrap();
+        let set_cpu0 = |entered: u64, left: u64| {
+            let mut values = vec![vec![0u8; 16]; cpus];
+            values[0][..8].copy_from_slice(&entered.to_ne_bytes());
+            values[0][8..].copy_from_slice(&left.to_ne_bytes());
+            runs.update_percpu(&0u32.to_ne_bytes(), &values, MapFlags::ANY).unwrap();
+        };
+        let generation = || gen.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap().unwrap()[0];
+        let mut toggle = |set: &mut CompiledSet, k: usize| {
+            let ids: Vec<u64> = p.normal_forms[30..].iter().map(|n| n.id).collect();
+            if k % 2 == 0 {
+                set.add(&p.normal_forms[30..]).unwrap()
+            } else {
+                set.remove(&ids).unwrap()
+            }
+        };
+
+        // The program counts each run in and out.
+        let totals = || {
+            let v = runs.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap().unwrap();
+            v.iter().fold((0u64, 0u64), |(e, l), c| {
+                (e + u64::from_ne_bytes(c[..8].try_into().unwrap()), l + u64::from_ne_bytes(c[8..16].try_into().unwrap()))
+            })
+        };
+        let packets = random_packets(&p, 5, 2);
+        let mut first = Interpreter::new(&p.spec, &p.subscriptions[..30]);
+        for (t, pkt) in &packets {
+            first.run(pkt, *t);
+            dp.test_run(pkt, *t, NoMatch::Pass, 1).unwrap();
+        }
+        let (entered, left) = totals();
+        assert!(entered == left && entered >= packets.len() as u64, "runs counted in and out: {entered}, {left}");
+
+        // Counters in balance: no wait to speak of, and no grace period.
+        let r = dp.update(&toggle(&mut set, 0)).unwrap();
+        assert!(!r.grace_period, "balanced counters need no grace period: {r:?}");
+
+        // A run that leaves 300 us after the flip: the update waits for it.
+        set_cpu0(1, 0);
+        let before = generation();
+        let u = toggle(&mut set, 1);
+        let r = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while generation() == before && std::time::Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                set_cpu0(1, 1);
+            });
+            dp.update(&u).unwrap()
+        });
+        assert!(r.grace_us >= 300, "the update wrote the old generation before the run left: {r:?}");
+
+        // A run that never leaves: the updater falls back to a grace period.
+        set_cpu0(2, 1);
+        let r = dp.update(&toggle(&mut set, 2)).unwrap();
+        assert!(r.grace_period && r.grace_us >= 2_000, "counters that stay apart end in a grace period: {r:?}");
+        set_cpu0(2, 2);
+
+        // After all that, the tables are the set's.
+        let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+        interp.state = first.state;
+        let later = random_packets(&p, 100, 4).into_iter().map(|(t, d)| (t + packets[4].0, d)).collect::<Vec<_>>();
+        differential(&p, &dp, &mut interp, &later, 0, "after the waits");
+    }));
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
 fn an_update_that_overflows_a_map_changes_nothing() {
     if !kernel_available("an_update_that_overflows_a_map_changes_nothing") {
         return;
