@@ -80,6 +80,9 @@ pub struct Config {
     pub events_keep: u64,
     #[serde(default)]
     pub retention: Retention,
+    /// The web dashboard on the metrics listener (`dashboard.rs`).
+    #[serde(default)]
+    pub dashboard: crate::dashboard::DashboardConfig,
 }
 
 /// Where the store is: a SQLite file, or an etcd cluster.
@@ -639,6 +642,7 @@ impl Config {
                 self.listen
             )));
         }
+        crate::dashboard::validate(self)?;
         self.validate_ranges()
     }
 

@@ -271,7 +271,8 @@ async fn serve_metrics(
         Box::pin(async {})
     });
     let limits = crate::transport::limits(&config.transport);
-    let (_, join) = crate::metrics::serve_task(at, limits, metrics, refresh)
+    // A standby has no targets to show: the dashboard is the writer's.
+    let (_, join) = crate::metrics::serve_task(at, limits, metrics, axum::Router::new(), refresh)
         .await
         .map_err(|e| Error::Io { context: format!("cannot listen on {at}"), source: e })?;
     Ok(join)
