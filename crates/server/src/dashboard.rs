@@ -5,8 +5,9 @@
 //! events.
 //!
 //! Paths, all under `/dashboard`:
-//! - `GET /dashboard`: the page; `GET /dashboard/app.js`, `/style.css`: its
-//!   static files (public: the same for everyone, in the binary).
+//! - `GET /dashboard`: the page; `GET /dashboard/app.js`, `/style.css`,
+//!   `/favicon.svg`: its static files (public: the same for everyone, in
+//!   the binary).
 //! - `GET /dashboard/login` and `POST /dashboard/login` (a form with
 //!   `token`): signs in; `POST /dashboard/logout` signs out.
 //! - `GET /dashboard/api/state`: a [`Snapshot`] as JSON.
@@ -75,6 +76,7 @@ const PAGE: &str = include_str!("dashboard/index.html");
 const LOGIN: &str = include_str!("dashboard/login.html");
 const SCRIPT: &str = include_str!("dashboard/app.js");
 const STYLE: &str = include_str!("dashboard/style.css");
+const ICON: &str = include_str!("dashboard/favicon.svg");
 
 /// The page's own files and nothing else; no framing.
 const SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; \
@@ -127,6 +129,7 @@ pub(crate) fn routes(core: Arc<Core>, auth: Authenticator) -> axum::Router {
         .route("/dashboard/logout", post(logout))
         .route("/dashboard/app.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
         .route("/dashboard/style.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route("/dashboard/favicon.svg", get(|| async { asset("image/svg+xml", ICON) }))
         .route("/dashboard/api/state", get(state))
         .route("/dashboard/api/events", get(stream))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))

@@ -273,6 +273,9 @@ async fn the_dashboard_shows_a_network_live_and_only_to_the_administrator() {
         assert!(reloaded.as_u64() > updates.as_u64(), "the same page got the updates, not a reload ({updates} then {reloaded})");
 
         screenshot(&browser).await;
+        // The login page's 401 is the only error the console saw.
+        let errors: Vec<String> = browser.console_errors().await.into_iter().filter(|e| !e.contains("401")).collect();
+        assert!(errors.is_empty(), "the page ran without errors: {errors:?}");
         browser.close().await;
         r.shutdown().await.unwrap();
     })
@@ -350,6 +353,8 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
         }
         let moved = format!("return (() => {{ {} }})() >= 30", counter_script(&target, 1));
         browser.wait_for("the target's port 1 counter in the page", &moved, LIVE * 2).await;
+        let errors = browser.console_errors().await;
+        assert!(errors.is_empty(), "the page ran without errors: {errors:?}");
         browser.close().await;
         r.shutdown().await.unwrap();
     })

@@ -63,6 +63,7 @@ impl Browser {
         let caps = serde_json::json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": chromium, "args": CHROMIUM_ARGS},
+            "goog:loggingPrefs": {"browser": "ALL"},
         }}});
         let created = b.call("POST", "/session", Some(caps)).await;
         b.session = created["sessionId"].as_str().unwrap_or_else(|| panic!("a WebDriver session: {created}")).to_string();
@@ -119,6 +120,14 @@ impl Browser {
             assert!(Instant::now() < until, "{what}: not within {within:?} (the script returned {v})");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The page's console messages of level SEVERE since the last call
+    /// (script errors, refused resources, Content-Security-Policy violations).
+    pub async fn console_errors(&self) -> Vec<String> {
+        let log = self.call("POST", &self.path("/se/log"), Some(serde_json::json!({"type": "browser"}))).await;
+        let entries = log.as_array().cloned().unwrap_or_default();
+        entries.iter().filter(|e| e["level"] == "SEVERE").map(|e| e["message"].as_str().unwrap_or_default().to_string()).collect()
     }
 
     /// A PNG of the window.
