@@ -25,7 +25,8 @@
 //!
 //! One sampler per server builds the snapshots, and only while a stream is
 //! open: every `interval_ms`, and soon after each event; targets' counters
-//! are read each time within `deploy.counter_timeout_ms`.
+//! are read each time within `deploy.counter_timeout_ms`. The events shown
+//! are the store's last ones at startup, then each one published.
 
 use crate::auth::{Authenticator, Principal};
 use crate::config::Config;
@@ -110,7 +111,8 @@ struct Dashboard {
     auth: Authenticator,
     /// The last snapshot sent, as JSON; its receivers are the open streams.
     snapshots: watch::Sender<Arc<str>>,
-    /// The last [`EVENTS_KEPT`] events since the server started.
+    /// The last [`EVENTS_KEPT`] events: the store's at startup, then each
+    /// one published.
     events: Mutex<VecDeque<EventView>>,
 }
 
@@ -119,8 +121,13 @@ struct Dashboard {
 pub(crate) fn routes(core: Arc<Core>, auth: Authenticator) -> axum::Router {
     use axum::routing::{get, post};
     let interval = Duration::from_millis(core.config().dashboard.interval_ms);
+    // Subscribed before the store is read: an event in between comes twice, and is kept once.
     let live = core.subscribe_events();
     let d = Arc::new(Dashboard { core, auth, snapshots: watch::Sender::new(Arc::from("")), events: Mutex::default() });
+    match d.core.last_events(EVENTS_KEPT) {
+        Ok(events) => events.iter().for_each(|e| d.record(e)),
+        Err(e) => tracing::warn!(error = %e, "the dashboard cannot read the last events; it shows those from now on"),
+    }
     tokio::spawn(sample(d.clone(), live, interval));
     axum::Router::new()
         .route("/dashboard", get(page))
@@ -430,8 +437,12 @@ impl Dashboard {
         });
     }
 
+    /// Keeps `e`, unless it is one already kept.
     fn record(&self, e: &proto::Event) {
         let mut events = self.events.lock().expect("dashboard events");
+        if events.back().is_some_and(|last| last.seq >= e.seq) {
+            return;
+        }
         if events.len() == EVENTS_KEPT {
             events.pop_front();
         }

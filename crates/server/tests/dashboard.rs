@@ -7,9 +7,10 @@
 //! the page is refused without the admin token (401, an application's
 //! token 403: the page, the snapshot and the event stream), signs in
 //! through the login form, and that the graph shows every device, link and
-//! endpoint; that a `SetDown` of a link and then of a device marks them in
-//! the page within 2 s without a reload; and that the leaf's counters in
-//! the page move when a host sends it frames. With
+//! endpoint (and the events the add); that a `SetDown` of a link and then
+//! of a device marks them in the page within 2 s without a reload; and
+//! that the leaf's counters in the page move when a host sends it frames,
+//! with no console error on the way. With
 //! `SUBC_DASHBOARD_SCREENSHOT=path`, it writes a screenshot of the page
 //! there (docs/dashboard.png).
 //!
@@ -237,7 +238,8 @@ async fn the_dashboard_shows_a_network_live_and_only_to_the_administrator() {
                           links: all('#graph [data-link]', e => e.dataset.ends), \
                           endpoints: all('#graph [data-endpoint]', e => e.dataset.endpoint), \
                           tree: document.querySelectorAll('#graph .link.tree').length, \
-                          down: document.querySelectorAll('#graph .down').length };",
+                          down: document.querySelectorAll('#graph .down').length, \
+                          added: document.querySelectorAll('#events li.subscriptions_added').length };",
             )
             .await;
         assert_eq!(shown["devices"], serde_json::json!(fabric.devices()), "every device: {shown}");
@@ -245,6 +247,7 @@ async fn the_dashboard_shows_a_network_live_and_only_to_the_administrator() {
         assert_eq!(shown["endpoints"], serde_json::json!(["h0", "h1", "h2", "h3"]), "every endpoint: {shown}");
         assert_eq!(shown["tree"], 4, "the tree spans the five devices: {shown}");
         assert_eq!(shown["down"], 0, "nothing is down yet: {shown}");
+        assert_eq!(shown["added"], 1, "the events show the add: {shown}");
 
         // A link, then a device: each marked in the page within 2 s of the call.
         let link = format!("{DOWN_LINK}");
