@@ -317,6 +317,9 @@ fn set(r: &mut Response, name: header::HeaderName, value: &'static str) {
 #[derive(Serialize, PartialEq)]
 struct Snapshot {
     generation: u64,
+    /// How often the counters are read while a page is open: a page that
+    /// hears nothing for longer knows that nothing moved.
+    interval_ms: u64,
     network: Option<NetworkView>,
     targets: Vec<TargetView>,
     events: Vec<EventView>,
@@ -401,6 +404,7 @@ impl Dashboard {
     async fn snapshot_json(&self) -> Arc<str> {
         let snapshot = Snapshot {
             generation: self.core.generation(),
+            interval_ms: self.core.config().dashboard.interval_ms,
             network: self.core.network().map(|(f, down)| network_view(&f.topology, &down)),
             targets: self.target_views().await,
             events: self.events.lock().expect("dashboard events").iter().cloned().collect(),

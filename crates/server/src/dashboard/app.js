@@ -167,12 +167,20 @@ function renderPorts(s) {
       rows.push(el('tr', {}, el('td', {}, t.name), el('td', { class: 'num' }, String(p.port)),
         el('td', { class: 'num', 'data-counter': `${key}:packets` }, number(p.packets)),
         el('td', { class: 'num', 'data-counter': `${key}:bytes` }, number(p.bytes)),
-        el('td', { class: 'num' }, rate)));
+        el('td', { class: 'num rate' }, rate)));
     }
   }
   if (rows.length === 0) rows.push(el('tr', {}, el('td', { colspan: 5, class: 'none' }, 'no packets delivered yet')));
-  previous = { at: now, packets };
+  previous = { at: now, packets, interval: s.interval_ms };
   document.querySelector('#ports tbody').replaceChildren(...rows);
+}
+
+// The server sends a state only when something changed, and reads the
+// counters every interval: after two intervals without one, nothing moved.
+function settleRates() {
+  if (previous && Date.now() - previous.at > 2 * previous.interval) {
+    for (const cell of document.querySelectorAll('#ports td.rate')) if (cell.textContent !== '') cell.textContent = '0.0';
+  }
 }
 
 function renderEvents(s) {
@@ -221,3 +229,4 @@ function connect() {
 }
 
 connect();
+setInterval(settleRates, 1000);
