@@ -364,3 +364,18 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
     .await;
     remove_deployment(&target);
 }
+
+/// Without `dashboard.enabled`, the metrics listener serves no dashboard.
+#[tokio::test]
+async fn the_dashboard_is_off_unless_enabled() {
+    bounded(30, async {
+        let env = Env::with(|cfg| cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+        let at = env.r.metrics_addr.expect("the metrics listener");
+        for path in ["/dashboard", "/dashboard/api/state", "/dashboard/api/events", "/dashboard/app.js"] {
+            assert_eq!(status_of(at, path, &[("Authorization", &format!("Bearer {ADMIN}"))]).await, 404, "{path}");
+        }
+        assert_eq!(status_of(at, "/metrics", &[]).await, 200);
+        env.stop().await;
+    })
+    .await;
+}
