@@ -23,6 +23,10 @@
 //! administrator, as on the API; `config.rs` allows that only where the
 //! metrics listener is on loopback or `auth.allow_anonymous` is set.
 //!
+//! A standby replica (etcd) serves the same paths, but its page names the
+//! writer and reloads itself until this replica is elected
+//! ([`standby_routes`]).
+//!
 //! One sampler per server builds the snapshots, and only while a stream is
 //! open: every `interval_ms`, and soon after each event; targets' counters
 //! are read each time within `deploy.counter_timeout_ms`. The events shown
@@ -78,6 +82,7 @@ const LOGIN: &str = include_str!("dashboard/login.html");
 const SCRIPT: &str = include_str!("dashboard/app.js");
 const STYLE: &str = include_str!("dashboard/style.css");
 const ICON: &str = include_str!("dashboard/favicon.svg");
+const STANDBY: &str = include_str!("dashboard/standby.html");
 
 /// The page's own files and nothing else; no framing.
 const SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; \
@@ -119,28 +124,53 @@ struct Dashboard {
 /// The dashboard's routes, to merge into the metrics listener's; starts
 /// the sampler, which ends when the server shuts down.
 pub(crate) fn routes(core: Arc<Core>, auth: Authenticator) -> axum::Router {
-    use axum::routing::{get, post};
+    use axum::routing::get;
     let interval = Duration::from_millis(core.config().dashboard.interval_ms);
     // Subscribed before the store is read: an event in between comes twice, and is kept once.
     let live = core.subscribe_events();
-    let d = Arc::new(Dashboard { core, auth, snapshots: watch::Sender::new(Arc::from("")), events: Mutex::default() });
+    let d = Arc::new(Dashboard { core, auth: auth.clone(), snapshots: watch::Sender::new(Arc::from("")), events: Mutex::default() });
     match d.core.last_events(EVENTS_KEPT) {
         Ok(events) => events.iter().for_each(|e| d.record(e)),
         Err(e) => tracing::warn!(error = %e, "the dashboard cannot read the last events; it shows those from now on"),
     }
     tokio::spawn(sample(d.clone(), live, interval));
-    axum::Router::new()
+    let pages = axum::Router::new()
         .route("/dashboard", get(page))
         .route("/dashboard/", get(page))
+        .route("/dashboard/api/state", get(state))
+        .route("/dashboard/api/events", get(stream))
+        .with_state(d);
+    sign_in_routes(auth).merge(pages)
+}
+
+/// A standby replica's dashboard routes (etcd, `standby.rs`): the page
+/// says that this replica stands by and names the writer (`writer()`: its
+/// name and address, empty while unknown), and reloads itself every few
+/// seconds, so that it becomes the dashboard once this replica is elected;
+/// the state and the stream answer 503.
+pub(crate) fn standby_routes(auth: Authenticator, writer: Arc<dyn Fn() -> String + Send + Sync>) -> axum::Router {
+    use axum::routing::get;
+    let pages = axum::Router::new()
+        .route("/dashboard", get(standby_page))
+        .route("/dashboard/", get(standby_page))
+        .route("/dashboard/api/state", get(standby_data))
+        .route("/dashboard/api/events", get(standby_data))
+        .with_state(Arc::new(StandbyDashboard { auth: auth.clone(), writer }));
+    sign_in_routes(auth).merge(pages)
+}
+
+/// What a writer's and a standby's dashboards share: signing in and out,
+/// and the static files.
+fn sign_in_routes(auth: Authenticator) -> axum::Router {
+    use axum::routing::{get, post};
+    axum::Router::new()
         .route("/dashboard/login", get(login_page).post(login))
         .route("/dashboard/logout", post(logout))
         .route("/dashboard/app.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
         .route("/dashboard/style.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
         .route("/dashboard/favicon.svg", get(|| async { asset("image/svg+xml", ICON) }))
-        .route("/dashboard/api/state", get(state))
-        .route("/dashboard/api/events", get(stream))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
-        .with_state(d)
+        .with_state(auth)
 }
 
 // ------------------------------------------------------------------ access
@@ -202,10 +232,18 @@ fn login_form(status: StatusCode, message: &str) -> Response {
 async fn page(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response {
     match access(&d.auth, &headers) {
         Access::Allowed => html(PAGE.to_string()),
+        a => login_refusal(a),
+    }
+}
+
+/// The page for a request without the admin's token: the login form, with
+/// 401 or 403.
+fn login_refusal(a: Access) -> Response {
+    match a {
         Access::Forbidden => {
             login_form(StatusCode::FORBIDDEN, "Signed in with an application's token: the dashboard needs the admin token.")
         }
-        Access::Unauthenticated => login_form(StatusCode::UNAUTHORIZED, ""),
+        _ => login_form(StatusCode::UNAUTHORIZED, ""),
     }
 }
 
@@ -215,13 +253,13 @@ async fn login_page() -> Response {
 
 /// Checks the form's token; the administrator's is set as an HttpOnly,
 /// SameSite=Strict cookie for the dashboard's paths.
-async fn login(State(d): State<Arc<Dashboard>>, body: Bytes) -> Response {
+async fn login(State(auth): State<Authenticator>, body: Bytes) -> Response {
     const NOT_ADMIN: &str = "That token is an application's: the dashboard needs the admin token.";
-    if d.auth.is_open() {
+    if auth.is_open() {
         return redirect("/dashboard", None);
     }
     let token = form_value(&body, "token").unwrap_or_default();
-    match d.auth.principal(&token) {
+    match auth.principal(&token) {
         None => login_form(StatusCode::UNAUTHORIZED, "Unknown token."),
         Some(p) if !p.admin => login_form(StatusCode::FORBIDDEN, NOT_ADMIN),
         Some(_) => {
@@ -278,6 +316,50 @@ async fn stream(State(d): State<Arc<Dashboard>>, headers: HeaderMap) -> Response
     let mut r = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
     set(&mut r, header::CACHE_CONTROL, "no-store");
     r
+}
+
+/// What a standby's routes share.
+struct StandbyDashboard {
+    auth: Authenticator,
+    writer: Arc<dyn Fn() -> String + Send + Sync>,
+}
+
+async fn standby_page(State(d): State<Arc<StandbyDashboard>>, headers: HeaderMap) -> Response {
+    match access(&d.auth, &headers) {
+        Access::Allowed => {
+            let writer = match (d.writer)() {
+                w if w.is_empty() => "another replica (or one is being elected)".to_string(),
+                w => w,
+            };
+            let mut r = html(STANDBY.replace("<!--writer-->", &html_escape(&writer)));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r
+        }
+        a => login_refusal(a),
+    }
+}
+
+async fn standby_data(State(d): State<Arc<StandbyDashboard>>, headers: HeaderMap) -> Response {
+    match access(&d.auth, &headers) {
+        Access::Allowed => (StatusCode::SERVICE_UNAVAILABLE, "this replica stands by: the dashboard is the writer's\n").into_response(),
+        a => refusal(a),
+    }
+}
+
+/// `text` safe in HTML text and attributes.
+fn html_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -608,6 +690,47 @@ fn percent_encode(s: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// `GET path` with `headers`: the status and the body.
+    async fn get(at: std::net::SocketAddr, path: &str, headers: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(at).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, out)
+    }
+
+    #[tokio::test]
+    async fn a_standby_names_the_writer_to_the_administrator_only() {
+        let config = crate::config::AuthConfig {
+            admin_token: Some("admin-secret".into()),
+            apps: vec![crate::config::AppConfig {
+                name: "a".into(),
+                token: Some("app-a-secret".into()),
+                token_file: None,
+                token_env: None,
+                endpoint: None,
+            }],
+            ..Default::default()
+        };
+        let auth = Authenticator::from_config(&config).unwrap();
+        let routes = standby_routes(auth, Arc::new(|| "<b>one</b> at 10.0.0.1:50051".to_string()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, routes).await });
+        let (admin, app) = ("Authorization: Bearer admin-secret\r\n", "Cookie: subc_dashboard=app-a-secret\r\n");
+        for path in ["/dashboard", "/dashboard/api/state", "/dashboard/api/events"] {
+            assert_eq!(get(at, path, "").await.0, 401, "{path}");
+            assert_eq!(get(at, path, app).await.0, 403, "{path}");
+            assert_eq!(get(at, path, admin).await.0, 503, "{path}");
+        }
+        let (_, page) = get(at, "/dashboard", admin).await;
+        assert!(page.contains("the writer is &lt;b&gt;one&lt;/b&gt; at 10.0.0.1:50051"), "{page}");
+        assert_eq!(get(at, "/dashboard/login", "").await.0, 200);
+        server.abort();
+    }
 
     #[test]
     fn the_dashboard_needs_the_metrics_listener_and_tokens_off_loopback() {

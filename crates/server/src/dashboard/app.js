@@ -217,10 +217,12 @@ function connect() {
   });
   events.onerror = () => {
     // The browser reconnects by itself, unless the server refused the
-    // stream (signed out): then the page goes back to the login.
+    // stream: signed out (the page is then the login form), or a replica
+    // that stands by (the page then names the writer). Reloading shows which.
     if (events.readyState === EventSource.CLOSED) {
-      live.textContent = 'signed out';
-      window.location.assign('/dashboard/login');
+      live.textContent = 'disconnected';
+      live.className = 'live';
+      setTimeout(() => window.location.reload(), 2000);
     } else {
       live.textContent = 'reconnecting…';
       live.className = 'live';
