@@ -285,26 +285,29 @@ async fn the_dashboard_shows_a_network_live_and_only_to_the_administrator() {
     .await;
 }
 
-/// A veth pair in the test's namespace: the target's interface and the
-/// peer frames are sent from; removed when dropped.
-struct Veth {
+/// A lone eBPF target's name and its veth pair in the test's namespace:
+/// the target's interface and the peer frames are sent from. The pair and
+/// the deployment are removed when dropped, also when the test fails.
+struct Single {
+    target: String,
     iface: String,
     peer: String,
 }
 
-impl Veth {
-    fn new() -> Veth {
+impl Single {
+    fn new() -> Single {
         let iface = format!("dsh{}", tag());
         let peer = format!("{iface}p");
         ip(&["link", "add", &iface, "type", "veth", "peer", "name", &peer]).unwrap();
         ip(&["link", "set", &iface, "up"]).unwrap();
         ip(&["link", "set", &peer, "up"]).unwrap();
-        Veth { iface, peer }
+        Single { target: format!("single-{}", tag()), iface, peer }
     }
 }
 
-impl Drop for Veth {
+impl Drop for Single {
     fn drop(&mut self) {
+        remove_deployment(&self.target);
         let _ = ip(&["link", "del", &self.iface]);
     }
 }
@@ -316,8 +319,8 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let veth = Veth::new();
-    let target = format!("single-{}", tag());
+    let single = Single::new();
+    let target = single.target.clone();
     let mut cfg = dashboard_config(dir.path());
     // Open: no tokens, on loopback; everyone is the administrator.
     cfg.auth = Default::default();
@@ -326,9 +329,9 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
         let r = start(cfg).await;
         let at = r.metrics_addr.expect("the metrics listener");
         let mut admin = client(&r, None);
-        let egress = proto::EbpfEgress { interface: veth.iface.clone(), ..Default::default() };
+        let egress = proto::EbpfEgress { interface: single.iface.clone(), ..Default::default() };
         let ebpf = proto::EbpfTarget {
-            interface: veth.iface.clone(),
+            interface: single.iface.clone(),
             hook: proto::Hook::Tc as i32,
             ports: [(1, egress)].into_iter().collect(),
             ..Default::default()
@@ -350,7 +353,7 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
         let node = format!("return document.querySelectorAll('#graph [data-device=\"{target}\"]').length");
         assert_eq!(browser.eval(&node).await, 1, "the target is a node");
 
-        let socket = packet_socket(&veth.peer).unwrap();
+        let socket = packet_socket(&single.peer).unwrap();
         for i in 0..30 {
             send_frame(&socket, &itch_frame(i, "GOOGL")).unwrap();
         }
@@ -362,7 +365,6 @@ async fn the_dashboard_of_a_single_target_shows_its_counters_move() {
         r.shutdown().await.unwrap();
     })
     .await;
-    remove_deployment(&target);
 }
 
 /// Without `dashboard.enabled`, the metrics listener serves no dashboard.
