@@ -28,6 +28,8 @@ if [ "${SUBC_SKIP_INSTALL:-0}" != 1 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends protobuf-compiler libprotobuf-dev etcd-server >/dev/null
     # Real captures for crates/cli/tests/capture.rs: tcpdump, and dumpcap from tshark.
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends tcpdump tshark >/dev/null
+    # A headless browser and its WebDriver for the dashboard's test (crates/server/tests/dashboard.rs).
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
     install_rust
     # The minimal profile has no rustfmt; the format check below needs it.
     if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null; then

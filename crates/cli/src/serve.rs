@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Where the Prometheus endpoint listens (overrides `metrics_listen`).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
+    /// Serves the web dashboard at /dashboard on the metrics listener
+    /// (sets `dashboard.enabled`; docs/server.md, "Dashboard").
+    #[arg(long)]
+    dashboard: bool,
     /// Logs as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -60,6 +64,9 @@ pub fn serve(a: &ServeArgs) -> Result<ExitCode> {
     }
     if a.metrics.is_some() {
         config.metrics_listen = a.metrics;
+    }
+    if a.dashboard {
+        config.dashboard.enabled = true;
     }
     if a.log_json {
         config.log.format = LogFormat::Json;

@@ -534,9 +534,9 @@ fn an_update_waits_for_runs_that_entered_before_its_flip() {
             runs.update_percpu(&0u32.to_ne_bytes(), &values, MapFlags::ANY).unwrap();
         };
         let generation = || gen.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).unwrap().unwrap()[0];
-        let mut toggle = |set: &mut CompiledSet, k: usize| {
+        let toggle = |set: &mut CompiledSet, k: usize| {
             let ids: Vec<u64> = p.normal_forms[30..].iter().map(|n| n.id).collect();
-            if k % 2 == 0 {
+            if k.is_multiple_of(2) {
                 set.add(&p.normal_forms[30..]).unwrap()
             } else {
                 set.remove(&ids).unwrap()

@@ -83,6 +83,9 @@ pub struct Config {
     /// Traces exported by OTLP (`otel.rs`); off unless an endpoint is set.
     #[serde(default)]
     pub tracing: TracingConfig,
+    /// The web dashboard on the metrics listener (`dashboard.rs`).
+    #[serde(default)]
+    pub dashboard: crate::dashboard::DashboardConfig,
 }
 
 /// Where the store is: a SQLite file, or an etcd cluster.
@@ -718,6 +721,7 @@ impl Config {
             )));
         }
         self.tracing.validate()?;
+        crate::dashboard::validate(self)?;
         self.validate_ranges()
     }
 

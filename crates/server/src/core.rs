@@ -510,6 +510,11 @@ impl Core {
         self.read_events_as(&Principal::admin(), after, limit)
     }
 
+    /// The last `limit` stored events, as the administrator sees them.
+    pub(crate) fn last_events(&self, limit: usize) -> Result<Vec<proto::Event>, Status> {
+        self.reader.lock().expect("reader").last_events(limit).map_err(|e| Status::internal(e.to_string()))
+    }
+
     /// Up to `limit` stored events after `after` as `who` sees them: all of
     /// them in the service's numbering (the administrator), or only its own
     /// in its application's numbering.

@@ -305,14 +305,16 @@ fn build_labels() -> Labels {
 /// each read bounded by `deploy.counter_timeout_ms`).
 pub(crate) type Refresh = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
-/// Serves `GET /metrics` on `addr` until the process ends.
+/// Serves `GET /metrics`, and the routes of `more` (the dashboard's), on
+/// `addr` until the process ends.
 pub(crate) async fn serve(
     addr: SocketAddr,
     limits: crate::transport::ConnectionLimits,
     metrics: Arc<Metrics>,
+    more: axum::Router,
     refresh: Refresh,
 ) -> std::io::Result<SocketAddr> {
-    Ok(serve_task(addr, limits, metrics, refresh).await?.0)
+    Ok(serve_task(addr, limits, metrics, more, refresh).await?.0)
 }
 
 /// [`serve`], and its task: aborting it closes the endpoint.
@@ -320,23 +322,26 @@ pub(crate) async fn serve_task(
     addr: SocketAddr,
     limits: crate::transport::ConnectionLimits,
     metrics: Arc<Metrics>,
+    more: axum::Router,
     refresh: Refresh,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let listener = crate::transport::GatedListener::new(listener, limits, metrics.clone() as Arc<dyn subc_listen::Observer>, "metrics");
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let m = metrics.clone();
-            let refresh = refresh.clone();
-            async move {
-                refresh().await;
-                ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render())
-            }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                let refresh = refresh.clone();
+                async move {
+                    refresh().await;
+                    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.render())
+                }
+            }),
+        )
+        .merge(more);
     let join = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics endpoint failed");

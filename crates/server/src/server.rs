@@ -163,9 +163,13 @@ pub async fn start_with(config: Config, kinds: Kinds) -> Result<Running, Error> 
         None => bind().await?,
     };
     let addr = listener.local_addr().map_err(|e| Error::Io { context: "local address".into(), source: e })?;
+    let dashboard = match config.dashboard.enabled {
+        true => crate::dashboard::routes(core.clone(), auth.clone()),
+        false => axum::Router::new(),
+    };
     let metrics_addr = match metrics_listen {
         Some(a) => Some(
-            crate::metrics::serve(a, limits, core.metrics().clone(), {
+            crate::metrics::serve(a, limits, core.metrics().clone(), dashboard, {
                 let core = core.clone();
                 Arc::new(move || {
                     let core = core.clone();

@@ -49,6 +49,15 @@ pub(crate) struct WriterInfo {
 /// The writer as last read from etcd.
 type Known = Arc<Mutex<Option<WriterInfo>>>;
 
+/// The writer as a person reads it: its name and address (empty while unknown).
+fn writer_of(known: Known) -> Arc<dyn Fn() -> String + Send + Sync> {
+    Arc::new(move || match known.lock().expect("writer").clone() {
+        Some(w) if !w.address.is_empty() => format!("{} at {}", w.name, w.address),
+        Some(w) => w.name,
+        None => String::new(),
+    })
+}
+
 fn not_writer(known: &Known) -> tonic::Status {
     let writer = known.lock().expect("writer").clone();
     let (name, address) = writer.map(|w| (w.name, w.address)).unwrap_or_default();
@@ -261,6 +270,7 @@ async fn serve_metrics(
     config: &crate::config::Config,
     follower: &Follower,
     warm: &Warm,
+    dashboard: axum::Router,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let (view, warm) = (follower.view.clone(), warm.clone());
@@ -271,7 +281,7 @@ async fn serve_metrics(
         Box::pin(async {})
     });
     let limits = crate::transport::limits(&config.transport);
-    let (_, join) = crate::metrics::serve_task(at, limits, metrics, refresh)
+    let (_, join) = crate::metrics::serve_task(at, limits, metrics, dashboard, refresh)
         .await
         .map_err(|e| Error::Io { context: format!("cannot listen on {at}"), source: e })?;
     Ok(join)
@@ -335,6 +345,11 @@ impl Standby {
             limits: Arc::new(config.limits.clone()),
         };
         let max = config.limits.max_request_bytes;
+        // A standby has no targets to show: its dashboard names the writer's.
+        let dashboard = match config.dashboard.enabled {
+            true => crate::dashboard::standby_routes(auth.clone(), writer_of(known.clone())),
+            false => axum::Router::new(),
+        };
         let (a1, a2) = (auth.clone(), auth);
         let router = builder
             .add_service(health_svc)
@@ -344,7 +359,7 @@ impl Standby {
             .add_service(RefusedTargets(known))
             .add_service(InterceptedService::new(EventsServer::new(events).max_decoding_message_size(max), move |r| a2.intercept(r)));
         let metrics = match config.metrics_listen {
-            Some(a) => Some(serve_metrics(a, config, &follower, &warm).await?),
+            Some(a) => Some(serve_metrics(a, config, &follower, &warm, dashboard).await?),
             None => None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -590,6 +590,26 @@ impl Store {
         let from = self.conn.key(&format!("events/{}", number(after.saturating_add(1))));
         let end = prefix_end(self.conn.key("events/").as_bytes());
         let opts = GetOptions::new().with_range(end).with_limit(limit.min(i64::MAX as usize) as i64);
+        self.events_in(from, opts)
+    }
+
+    /// The last `limit` events, oldest first (their keys' numbers sort as
+    /// the numbers do: `number`).
+    pub(crate) fn last_events(&self, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        use etcd_client::{SortOrder, SortTarget};
+        let from = self.conn.key("events/");
+        let end = prefix_end(from.as_bytes());
+        let opts = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Key, SortOrder::Descend)
+            .with_limit(limit.min(i64::MAX as usize) as i64);
+        let mut events = self.events_in(from, opts)?;
+        events.reverse();
+        Ok(events)
+    }
+
+    /// The events of a range read.
+    fn events_in(&self, from: String, opts: GetOptions) -> Result<Vec<proto::Event>, Error> {
         let mut r = self
             .conn
             .call("reading events", |c| async move { c.kv_client().max_decoding_message_size(MAX_MESSAGE).get(from, Some(opts)).await })?;

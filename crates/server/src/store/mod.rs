@@ -201,6 +201,11 @@ impl Store {
         either!(self, s => s.events_after(after, limit))
     }
 
+    /// The last `limit` stored events, oldest first.
+    pub(crate) fn last_events(&self, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        either!(self, s => s.last_events(limit))
+    }
+
     /// The stored reply of an earlier `Add` with this idempotency key.
     pub(crate) fn request_reply(&self, app: &str, request_id: &str) -> Result<Option<StoredReply>, Error> {
         either!(self, s => s.request_reply(app, request_id))

@@ -497,6 +497,15 @@ impl Store {
         decode_events(rows)
     }
 
+    /// The last `limit` events, oldest first.
+    pub(crate) fn last_events(&self, limit: usize) -> Result<Vec<proto::Event>, Error> {
+        let mut st = self.conn.prepare_cached("SELECT seq, body, NULL FROM events ORDER BY seq DESC LIMIT ?1").map_err(sql)?;
+        let rows = st.query_map(params![limit as i64], event_row).map_err(sql)?;
+        let mut events = decode_events(rows)?;
+        events.reverse();
+        Ok(events)
+    }
+
     /// Up to `limit` of `app`'s own events with an application event number
     /// above `after`, oldest first, as the application sees them: its
     /// numbers and generations (read through the `events_by_app` index).
@@ -903,6 +912,9 @@ mod tests {
         let ev = r.events_after(0, 100).unwrap();
         assert_eq!(ev.iter().map(|e| (e.seq, e.generation)).collect::<Vec<_>>(), vec![(3, 3), (4, 4), (5, 5)]);
         assert_eq!(r.events_after(4, 100).unwrap().len(), 1);
+        let last = r.last_events(2).unwrap();
+        assert_eq!(last.iter().map(|e| (e.seq, e.generation)).collect::<Vec<_>>(), vec![(4, 4), (5, 5)]);
+        assert_eq!(r.last_events(100).unwrap().len(), 3);
     }
 
     fn count(s: &Store, table: &str) -> i64 {

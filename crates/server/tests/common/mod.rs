@@ -2,6 +2,7 @@
 //! with a fresh store, clients with each token, and a time bound.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod held;
 pub mod tools;
 #[allow(unused_imports)]
