@@ -14,8 +14,9 @@
 //!    (hash keys carry the generation bit; array slots are `2 * i + g`);
 //! 3. `flip`: the generation word switches; every packet reads it once, so
 //!    it sees the old tables or the new ones, never a mix;
-//! 4. after a grace period in which every packet that read the old
-//!    generation has finished, `live`: the same changes to the other copy.
+//! 4. once every packet that read the old generation has finished (the
+//!    loader polls the program's per-CPU run counters, `subc_runs`, or
+//!    waits a grace period), `live`: the same changes to the other copy.
 //!
 //! A plan is only made if every map has room for the new entries next to
 //! the old ones (`new + max(old, new)` per hash map, free slots per array);
