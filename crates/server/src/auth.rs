@@ -124,11 +124,12 @@ pub(crate) fn principal<T>(req: &Request<T>) -> Result<Principal, Status> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::AppConfig;
 
-    fn auth() -> Authenticator {
+    /// An admin token and one application's (`a`), for this crate's tests.
+    pub(crate) fn auth() -> Authenticator {
         let c = AuthConfig {
             admin_token: Some("admin-secret".into()),
             apps: vec![AppConfig {

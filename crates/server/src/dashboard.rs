@@ -704,18 +704,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_standby_names_the_writer_to_the_administrator_only() {
-        let config = crate::config::AuthConfig {
-            admin_token: Some("admin-secret".into()),
-            apps: vec![crate::config::AppConfig {
-                name: "a".into(),
-                token: Some("app-a-secret".into()),
-                token_file: None,
-                token_env: None,
-                endpoint: None,
-            }],
-            ..Default::default()
-        };
-        let auth = Authenticator::from_config(&config).unwrap();
+        let auth = crate::auth::tests::auth();
         let routes = standby_routes(auth, Arc::new(|| "<b>one</b> at 10.0.0.1:50051".to_string()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let at = listener.local_addr().unwrap();
