@@ -578,3 +578,91 @@ async fn a_removal_no_placement_fits_is_refused() {
     })
     .await;
 }
+
+/// Rules for the topology's endpoints, one to three per request.
+fn random_network_lines(rng: &mut subc_workload::Rng) -> Vec<String> {
+    let hosts = ["h1", "h2", "h3"];
+    let host = |rng: &mut subc_workload::Rng| hosts[rng.below(3) as usize];
+    (0..1 + rng.below(3))
+        .map(|_| match rng.below(3) {
+            0 => format!("stock == S{:02} : fwd({})", rng.below(12), host(rng)),
+            1 => format!("shares > {} : fwd({}, {})", rng.below(900), host(rng), host(rng)),
+            _ => format!("stock == S{:02} && price > {} : fwd({})", rng.below(12), rng.below(500), host(rng)),
+        })
+        .collect()
+}
+
+/// What a dry run must not move on a device.
+async fn device_states(c: &mut Clients) -> Vec<(u64, u64, u64)> {
+    let mut out = vec![];
+    for name in DEVICES {
+        let s = c.targets.status(proto::TargetRequest { name: name.into() }).await.unwrap().into_inner();
+        out.push((s.deployed_generation, s.entries, s.last_diff_entries));
+    }
+    out
+}
+
+/// Along random adds and removes in network mode, an administrator's dry
+/// run previews each device's diff (its projection's), changes nothing,
+/// and the real change then writes each device exactly what was previewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_previews_what_each_device_then_writes() {
+    bounded(180, async {
+        let dir = tempfile::tempdir().unwrap();
+        let r = start_in(dir.path()).await;
+        let mut admin = client(&r, Some(ADMIN));
+        for name in DEVICES {
+            wait_in_sync(&mut admin, name, 0).await;
+        }
+        let mut rng = subc_workload::Rng::new(0x0d27_0f5e_ed42);
+        let (mut ids, mut written, mut untouched) = (vec![], 0, 0);
+        for step in 0..30 {
+            let (before, generation_before) = (device_states(&mut admin).await, r.core.generation());
+            let remove = !ids.is_empty() && rng.below(3) == 0;
+            let (preview, generation) = if remove {
+                let pick = vec![ids.swap_remove(rng.below(ids.len() as u64) as usize)];
+                let dry = proto::RemoveRequest { ids: pick.clone(), validate_only: true, ..Default::default() };
+                let d = admin.subs.remove(dry).await.unwrap().into_inner();
+                assert!(d.validated_only, "{d:?}");
+                assert_eq!(
+                    (device_states(&mut admin).await, r.core.generation()),
+                    (before, generation_before),
+                    "step {step}: a dry run moved"
+                );
+                let real = admin.subs.remove(proto::RemoveRequest { ids: pick, ..Default::default() }).await.unwrap().into_inner();
+                (d.would_write, real.generation)
+            } else {
+                let lines = random_network_lines(&mut rng);
+                let dry = proto::AddRequest { lines: lines.clone(), validate_only: true, ..Default::default() };
+                let d = admin.subs.add(dry).await.unwrap().into_inner();
+                assert!(d.validated_only, "{d:?}");
+                assert_eq!(
+                    (device_states(&mut admin).await, r.core.generation()),
+                    (before, generation_before),
+                    "step {step}: a dry run moved"
+                );
+                let real = admin.subs.add(proto::AddRequest { lines, ..Default::default() }).await.unwrap().into_inner();
+                ids.extend(real.subscriptions.iter().map(|s| s.id));
+                (d.would_write, real.generation)
+            };
+            let mut names: Vec<&str> = preview.iter().map(|p| p.target.as_str()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["leaf1", "leaf2", "leaf3", "spine"], "step {step}: a preview per device");
+            for p in &preview {
+                let s = wait_in_sync(&mut admin, &p.target, generation).await;
+                assert!(!p.full_install, "step {step}: {p:?}");
+                let previewed = p.inserts + p.modifies + p.deletes + p.groups_changed + p.roots_changed;
+                assert_eq!(s.last_diff_entries, previewed, "step {step} ({}): written, and previewed: {p:?}", p.target);
+                if previewed > 0 {
+                    written += 1;
+                } else {
+                    untouched += 1;
+                }
+            }
+        }
+        // Both kinds of device were seen: written to, and left alone.
+        assert!(written > 20 && untouched > 10, "{written} previews wrote, {untouched} did not");
+        r.shutdown().await.unwrap();
+    })
+    .await;
+}
