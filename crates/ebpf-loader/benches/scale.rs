@@ -178,6 +178,7 @@ fn events(count: usize, seed: u64) -> (Vec<Vec<u8>>, String) {
 }
 
 /// p50 and p99 of latencies in microseconds.
+/// p50, p99 and max of `us` (microseconds, or for `map_ops` a count).
 fn percentiles(mut us: Vec<f64>) -> serde_json::Value {
     if us.is_empty() {
         return serde_json::Value::Null;
@@ -194,12 +195,18 @@ fn percentiles(mut us: Vec<f64>) -> serde_json::Value {
 fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) -> serde_json::Value {
     let (mut adds, mut removes, mut refused) = (vec![], vec![], 0);
     let (mut ir_adds, mut ir_removes) = (vec![], vec![]);
+    let (mut ops, mut waits, mut grace_periods) = (vec![], vec![], 0);
+    let mut note = |r: &subc_ebpf_loader::UpdateReport| {
+        ops.push(r.ops as f64);
+        waits.push(r.grace_us as f64);
+        grace_periods += usize::from(r.grace_period);
+    };
     for nf in &p.normal_forms[n..] {
         let t = Instant::now();
         let applied = match set.add(std::slice::from_ref(nf)) {
             Ok(u) => {
                 ir_adds.push(t.elapsed().as_secs_f64() * 1e6);
-                dp.update(&u).is_ok()
+                dp.update(&u).map(|r| note(&r)).is_ok()
             }
             Err(_) => false,
         };
@@ -216,7 +223,10 @@ fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) 
         let u = set.remove(&[id]).expect("removes");
         ir_removes.push(t.elapsed().as_secs_f64() * 1e6);
         match dp.update(&u) {
-            Ok(_) => removes.push(t.elapsed().as_secs_f64() * 1e6),
+            Ok(r) => {
+                removes.push(t.elapsed().as_secs_f64() * 1e6);
+                note(&r);
+            }
             Err(_) => {
                 refused += 1;
                 *dp = reload(p, set);
@@ -229,6 +239,9 @@ fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) 
         "ir_add": percentiles(ir_adds),
         "ir_remove": percentiles(ir_removes),
         "refused_changes": refused,
+        "map_ops": percentiles(ops),
+        "wait_us": percentiles(waits),
+        "grace_periods": grace_periods,
     })
 }
 

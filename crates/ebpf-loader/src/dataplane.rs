@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
 use subc_backend_ebpf::{read_field, CStruct, EWMA_AVERAGE_BITS};
 use subc_backend_ebpf::{Hook, Model};
-use subc_backend_ebpf::{MapOp, TableImage};
+use subc_backend_ebpf::{MapOp, MapType, TableImage};
 use subc_bdd::PortSet;
 use subc_lang::spec::{Spec, StateKind};
 use subc_lang::{Slot, StateStore};
@@ -102,20 +102,49 @@ pub struct UpdateReport {
 }
 
 /// Applies map operations in order to `maps` (indexed like `model.maps`).
+/// A run of writes (or of deletes) to one array or hash map goes down in one
+/// `BPF_MAP_*_BATCH` call, in the run's order, which saves a system call
+/// per entry (a bit-vector group's add writes hundreds of rows). A run the
+/// kernel refuses as a batch is applied entry by entry: each operation sets
+/// or removes one key, so applying again what the batch did changes
+/// nothing, and the entry that fails names the error.
 pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]) -> Result<(), LoaderError> {
-    for op in ops {
-        let m = maps[op.map].as_ref().ok_or_else(|| LoaderError::MapNotBuilt { map: model.maps[op.map].name.clone() })?;
-        let r = match &op.value {
-            Some(v) => m.update(&op.key, v, MapFlags::ANY),
-            None => match m.delete(&op.key) {
-                // Deleting what is not there is what we wanted.
-                Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
-                r => r,
-            },
-        };
-        r.map_err(|source| LoaderError::Map { map: model.maps[op.map].name.clone(), source })?;
+    let mut rest = ops;
+    while let Some(first) = rest.first() {
+        let run = rest.iter().take_while(|op| op.map == first.map && op.value.is_some() == first.value.is_some()).count();
+        let (now, later) = rest.split_at(run);
+        let m = maps[first.map].as_ref().ok_or_else(|| LoaderError::MapNotBuilt { map: model.maps[first.map].name.clone() })?;
+        let batchable = now.len() > 1 && matches!(model.maps[first.map].map_type, MapType::Array | MapType::Hash);
+        if !(batchable && apply_batch(m, now).is_ok()) {
+            for op in now {
+                apply_one(m, op).map_err(|source| LoaderError::Map { map: model.maps[op.map].name.clone(), source })?;
+            }
+        }
+        rest = later;
     }
     Ok(())
+}
+
+/// Writes or deletes `ops` (one map, all of one kind) in one batch.
+fn apply_batch(m: &MapHandle, ops: &[MapOp]) -> libbpf_rs::Result<()> {
+    let keys: Vec<u8> = ops.iter().flat_map(|op| op.key.iter().copied()).collect();
+    let count = ops.len() as u32;
+    if ops[0].value.is_none() {
+        return m.delete_batch(&keys, count, MapFlags::ANY, MapFlags::ANY);
+    }
+    let values: Vec<u8> = ops.iter().flat_map(|op| op.value.iter().flatten().copied()).collect();
+    m.update_batch(&keys, &values, count, MapFlags::ANY, MapFlags::ANY)
+}
+
+fn apply_one(m: &MapHandle, op: &MapOp) -> libbpf_rs::Result<()> {
+    match &op.value {
+        Some(v) => m.update(&op.key, v, MapFlags::ANY),
+        None => match m.delete(&op.key) {
+            // Deleting what is not there is what we wanted.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            r => r,
+        },
+    }
 }
 
 /// The update protocol of [`subc_backend_ebpf::encode`] on `maps`, which hold `image`:
