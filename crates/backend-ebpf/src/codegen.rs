@@ -35,6 +35,13 @@ struct ProgramView {
     classes: Vec<ClassView>,
     port_words: u32,
     port_word_list: Vec<u32>,
+    /// Receiver groups (more than 512 ports; `audience.rs`).
+    wide: bool,
+    audience_slots: u32,
+    audience_list: Vec<u32>,
+    member_summary: u32,
+    member_top: u32,
+    summary_words: u32,
     update_words: u32,
     update_word_list: Vec<u32>,
     max_parse_bytes: u32,
@@ -245,6 +252,12 @@ pub(crate) fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) ->
         classes: g.class_views(),
         port_words: model.port_words,
         port_word_list: (0..model.port_words).collect(),
+        wide: model.audience_slots > 0,
+        audience_slots: model.audience_slots,
+        audience_list: (0..model.audience_slots).collect(),
+        member_summary: crate::audience::SUMMARY,
+        member_top: crate::audience::TOP,
+        summary_words: model.ports.div_ceil(64 * 64).min(crate::audience::SUMMARY_WORDS),
         update_words: g.update_words(naive.as_ref()),
         update_word_list: (0..g.update_words(naive.as_ref())).collect(),
         max_parse_bytes: max_parse_bytes(spec),
@@ -546,7 +559,10 @@ impl<'a> Generator<'a> {
         let headers = spec.parser.topo_order.iter().filter(|h| self.reach.contains(h)).map(|h| comment_safe(&spec.header(*h).name));
         vec![
             format!("headers: {}", headers.collect::<Vec<_>>().join(" -> ")),
-            format!("ports: {} (bitmap of {} words)", self.model.ports, self.model.port_words),
+            match self.model.audience_slots {
+                0 => format!("ports: {} (bitmap of {} words)", self.model.ports, self.model.port_words),
+                k => format!("ports: {} (receiver groups, {k} audience word(s) per packet)", self.model.ports),
+            },
         ]
     }
 

@@ -46,6 +46,7 @@
 //! checks that both give the same plans, images and errors, and
 //! `benches/plan.rs` measures one against the other.
 
+use crate::audience;
 use crate::bits::{BitTables, BitUndo};
 use crate::layout::MapType;
 use crate::model::{
@@ -57,7 +58,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use subc_bdd::Op;
 use subc_bdd::SetDiff;
-use subc_bdd::{LeafEntry, Match, Pipeline, PortSet, StateId, DEAD};
+use subc_bdd::{GroupId, LeafEntry, Match, Pipeline, PortSet, StateId, DEAD};
 use subc_lang::{UpdateOp, VarUpdate};
 
 /// Set `key` to `value` in map `map` (an index into `Model::maps`), or
@@ -146,6 +147,11 @@ enum Item {
     Leaf {
         p: usize,
         state: StateId,
+    },
+    /// A receiver group's member words (more than 512 ports).
+    Group {
+        p: usize,
+        group: GroupId,
     },
 }
 
@@ -357,6 +363,8 @@ struct Applied {
     changed_pipes: BTreeSet<usize>,
     /// Whether a state id too large for a key's state word may have come in.
     big: bool,
+    /// The change in stored member words (receiver groups).
+    member_words: isize,
 }
 
 /// The net changes of a logged update: for each entry and leaf it
@@ -674,7 +682,7 @@ impl TableImage {
             ops.extend(self.root_ops(model, gen));
         }
         if let (Some(bits), Some(ids)) = (&self.bits, model.ids.bits) {
-            let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, &LeafEntry::from_leaf(l, None));
+            let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, 0, &LeafEntry::from_leaf(l, None));
             let (iv, order) = (model.maps[ids.intervals].value_struct(), model.maps[ids.order].value_struct());
             ops.extend(bits.initial_ops(ids, &leaf, iv, order));
         }
@@ -778,17 +786,32 @@ impl TableImage {
             Item::Leaf { p, state } => {
                 let Some(leaf) = self.pipes[*p].leaves.get(state) else { return };
                 let d = self.desc(*p, *state);
-                out.insert((model.ids.leaves, (2 * d.idx + gen).to_ne_bytes().to_vec()), self.leaf_value(model, leaf));
+                out.insert((model.ids.leaves, (2 * d.idx + gen).to_ne_bytes().to_vec()), self.leaf_value(model, *p, leaf));
+            }
+            Item::Group { p, group } => {
+                let (Some(map), Some(ports)) = (model.ids.members, self.pipes[*p].groups.get(group)) else { return };
+                let gg = audience::group_key(gen, *p, *group);
+                let s = model.maps[map].key_struct();
+                for (w, word) in audience::member_words(ports) {
+                    let mut k = s.zeroed();
+                    k.u32("gg", gg).u32("w", w);
+                    out.insert((map, k.into_bytes()), word.to_ne_bytes().to_vec());
+                }
             }
         }
     }
 
-    fn leaf_value(&self, model: &Model, leaf: &LeafEntry) -> Vec<u8> {
+    /// A leaf of pipeline `p`, as `subc_leaves` holds it.
+    fn leaf_value(&self, model: &Model, p: usize, leaf: &LeafEntry) -> Vec<u8> {
         let s = model.maps[model.ids.leaves].value_struct();
         let mut v = s.zeroed();
-        let ports = PortSet::from_ports(leaf.ports.iter().copied());
-        for (i, w) in ports.words(model.port_words as usize).iter().enumerate() {
-            v.u64_at("ports", i as u32, *w);
+        if model.audience_slots > 0 {
+            v.u32("aud", audience::audience_word(p, leaf));
+        } else {
+            let ports = PortSet::from_ports(leaf.ports.iter().copied());
+            for (i, w) in ports.words(model.port_words as usize).enumerate() {
+                v.u64_at("ports", i as u32, w);
+            }
         }
         if model.update_words > 0 {
             let mut upd = vec![0u64; model.update_words as usize];
@@ -821,6 +844,9 @@ impl TableImage {
                 }
             }
             items.extend(pipe.leaves.keys().map(|state| Item::Leaf { p, state: *state }));
+            if model.ids.members.is_some() {
+                items.extend(pipe.groups.keys().map(|group| Item::Group { p, group: *group }));
+            }
         }
         items
     }
@@ -867,6 +893,9 @@ impl TableImage {
         check(model.ids.exact, old.exact, new.exact)?;
         if let Some(lpm) = model.ids.lpm {
             check(lpm, old.lpm, new.lpm)?;
+        }
+        if let Some(members) = model.ids.members {
+            check(members, old.member_words, new.member_words)?;
         }
         if new.updates > model.max_updates as usize {
             return Err(EbpfError::Capacity(CapacityError::UpdateBitmap { updates: new.updates, max: model.max_updates }));
@@ -919,7 +948,7 @@ impl TableImage {
         let (Some(ids), Some(mut bits)) = (model.ids.bits, self.bits.take()) else {
             return Err(EbpfError::Diff(DiffError::BitGroup { what: "a bit-vector group (the program has none)".into() }));
         };
-        let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, &LeafEntry::from_leaf(l, None));
+        let leaf = |l: &subc_bdd::Leaf| self.leaf_value(model, 0, &LeafEntry::from_leaf(l, None));
         let structs = (model.maps[ids.intervals].value_struct(), model.maps[ids.order].value_struct());
         let planned = bits.plan(ids, structs, &leaf, d, u.live_gen);
         self.bits = Some(bits);
@@ -1080,9 +1109,10 @@ impl TableImage {
     /// The phases of [`TableImage::plan_in_place`], each logged in `u`.
     fn plan_steps(&mut self, model: &Model, update: &SetDiff, u: &mut Undo) -> Result<UpdatePlan, EbpfError> {
         self.slots.recycle_logged(&mut u.slots);
-        let Applied { mut touched, changed_pipes, big } = self.apply_diffs(model, update, &mut u.log)?;
+        let Applied { mut touched, changed_pipes, big, member_words } = self.apply_diffs(model, update, &mut u.log)?;
         let net = NetChanges::of(&u.log, &changed_pipes);
         let mut counts = self.counts.clone();
+        counts.member_words = counts.member_words.saturating_add_signed(member_words);
         let mut count_again = self.recount_sorted(model, &net.dirty_tables, &mut counts, u);
         let changed = self.describe_dirty_states(model, &net.dirty, u)?;
         self.touch_moved(model, &changed, &mut touched);
@@ -1097,7 +1127,7 @@ impl TableImage {
     /// name, the pipelines they change, and whether a state id too large
     /// for a key's state word may have come in.
     fn apply_diffs(&mut self, model: &Model, update: &SetDiff, log: &mut Vec<Change>) -> Result<Applied, EbpfError> {
-        let mut applied = Applied { touched: BTreeSet::new(), changed_pipes: BTreeSet::new(), big: false };
+        let mut applied = Applied { touched: BTreeSet::new(), changed_pipes: BTreeSet::new(), big: false, member_words: 0 };
         for d in &update.diffs {
             let p = d.pipeline;
             if p >= self.pipes.len() {
@@ -1112,6 +1142,18 @@ impl TableImage {
                     }
                     Op::InsertLeaf { state, .. } | Op::ModifyLeaf { state, .. } | Op::DeleteLeaf { state } => {
                         applied.touched.insert(Item::Leaf { p, state: *state });
+                    }
+                    Op::CreateGroup { group, ports } | Op::ChangeGroup { group, ports } => {
+                        if model.ids.members.is_some() {
+                            applied.touched.insert(Item::Group { p, group: *group });
+                        }
+                        applied.member_words += audience::member_words(ports).len() as isize - self.group_words(p, *group);
+                    }
+                    Op::RemoveGroup { group } => {
+                        if model.ids.members.is_some() {
+                            applied.touched.insert(Item::Group { p, group: *group });
+                        }
+                        applied.member_words -= self.group_words(p, *group);
                     }
                     _ => {}
                 }
@@ -1383,6 +1425,11 @@ impl TableImage {
             live,
             new_gen: inactive_gen,
         }
+    }
+
+    /// The member words group `g` of pipeline `p` stores now (0 if none).
+    fn group_words(&self, p: usize, g: GroupId) -> isize {
+        self.pipes[p].groups.get(&g).map_or(0, |ports| audience::member_words(ports).len() as isize)
     }
 
     fn alloc_slot(&mut self, model: &Model, pool: Pool, undo: &mut Vec<SlotUndo>) -> Result<u32, EbpfError> {

@@ -63,6 +63,17 @@ pub enum UnsupportedError {
     TooManyMaps { maps: usize },
     #[error("field {field} is {width} bits; the program reads at most 64")]
     WideField { field: String, width: u32 },
+    #[error(
+        "the set compiles to {pipelines} pipelines; with more than 512 ports (receiver groups) a program holds at most {max} \
+         (a packet collects one audience per pipeline)"
+    )]
+    AudiencePipelines { pipelines: usize, max: usize },
+    #[error("bit-vector groups carry port bitmaps; with more than 512 ports (receiver groups) compile without them")]
+    AudienceBits,
+    #[error("receiver group {group} is past the 2^24 groups an audience word names")]
+    AudienceGroups { group: u32 },
+    #[error("the naive baseline carries port bitmaps, so at most 512 ports; the spec has {ports}")]
+    NaivePorts { ports: u32 },
     #[error("the naive baseline applies no variable updates, and subscription {subscription} has some")]
     NaiveUpdates { subscription: SubId },
 }

@@ -350,6 +350,8 @@ pub enum MapRole {
     BitRows,
     BitOrder,
     BitLeaves,
+    /// Receiver groups' member words (more than 512 ports; `audience.rs`).
+    Members,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

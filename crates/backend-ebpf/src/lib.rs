@@ -8,7 +8,7 @@
 //! `codegen` (C through askama templates), `parse` (the parse graph
 //! as the program walks it), `names` (every user-derived C identifier), `encode` (pipelines and diffs to map
 //! operations, with double-buffered generations), `target` (logical
-//! ports to egresses), `naive` (the one-rule-at-a-time baseline for
+//! ports to egresses), `audience` (receiver groups past 512 ports), `naive` (the one-rule-at-a-time baseline for
 //! benchmarks), and [`clang`] (C to a BPF object: a compiler process, no
 //! kernel). The kernel half, which loads, pins, attaches, updates and
 //! test-runs what this crate produces, is `subc-ebpf-loader`.
@@ -25,6 +25,7 @@
 
 #![warn(unreachable_pub)]
 
+mod audience;
 mod bits;
 pub mod clang;
 mod codegen;
@@ -45,6 +46,7 @@ use subc_bdd::Pipeline;
 use subc_bdd::{BitImage, CompiledSet, Headroom};
 use subc_lang::spec::Spec;
 
+pub use audience::{BITMAP_MAX_PORTS, MAX_AUDIENCE_SLOTS, SUMMARY as MEMBER_SUMMARY, TOP as MEMBER_TOP};
 pub use bits::{BitMapIds, BitTables, BitsShape};
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};

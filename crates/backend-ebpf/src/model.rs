@@ -19,8 +19,9 @@
 //!   - [`RangeLookup::Lpm`]: one LPM trie keyed `{prefix length, state word,
 //!     value}` (ranges expanded into prefixes, the default as the empty
 //!     prefix, so the longest match is [`subc_bdd::Table::lookup`]);
-//! - `subc_leaves` (array): the leaf state's ports bitmap, drop flag and
-//!   update bitmap.
+//! - `subc_leaves` (array): the leaf state's ports bitmap (up to 512 ports;
+//!   past that an audience word naming a receiver group in `subc_members`,
+//!   see [`crate::audience`]), drop flag and update bitmap.
 //!
 //! Where packets go, per logical port: `subc_egress` (interface and
 //! rewrites, written from the target config), `subc_devmap` (XDP), and
@@ -38,6 +39,7 @@
 //! skips lookups that cannot hit, reaches sorted values and leaves with
 //! inlined array lookups, and stops at the first leaf or dead state.
 
+use crate::audience::uses_groups;
 use crate::bits::{BitMapIds, BitsShape};
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::names::CNames;
@@ -96,7 +98,12 @@ pub struct Model {
     pub pipelines: Vec<Vec<TableShape>>,
     /// Logical ports `0..ports`.
     pub ports: u32,
+    /// Words of the leaves' port bitmaps (0 with receiver groups).
     pub port_words: u32,
+    /// With receiver groups (more than 512 ports), the audience words a
+    /// packet collects, one per pipeline; 0 with port bitmaps.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub audience_slots: u32,
     /// Distinct variable updates the update bitmap can name (0 without variables).
     pub max_updates: u32,
     pub update_words: u32,
@@ -148,6 +155,8 @@ pub struct MapIds {
     /// generated before it existed: their updaters wait a grace period).
     pub runs: Option<usize>,
     pub record: usize,
+    /// The receiver groups' member words (more than 512 ports).
+    pub members: Option<usize>,
     /// Per state variable of the spec, its map.
     pub states: Vec<usize>,
     /// The bit-vector group's maps.
@@ -166,6 +175,9 @@ pub struct Counts {
     /// Most intervals of one sorted state.
     pub max_intervals: usize,
     pub updates: usize,
+    /// Receiver groups' stored member words (more than 512 ports).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub member_words: usize,
 }
 
 /// Where an entry of a table lives.
@@ -322,6 +334,7 @@ pub(crate) fn count(pipes: &[&Pipeline], ranges: RangeLookup) -> Result<Counts, 
         }
     }
     c.updates = updates.len();
+    c.member_words = crate::audience::count_member_words(pipes);
     Ok(c)
 }
 
@@ -356,9 +369,15 @@ pub(crate) fn sorted_struct(c: usize, next: &CStruct) -> CStruct {
         .finish()
 }
 
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
+}
+
 /// What a program's structs and maps are sized by, beyond the entry counts.
 struct Sizes {
     port_words: u32,
+    /// Audience words per packet (receiver groups), or 0.
+    audience_slots: u32,
     /// Distinct variable updates the bitmap can name, and its words.
     max_updates: u32,
     update_words: u32,
@@ -367,7 +386,7 @@ struct Sizes {
 }
 
 impl Sizes {
-    fn new(spec: &Spec, c: &Counts, opts: &EbpfOptions) -> Sizes {
+    fn new(spec: &Spec, c: &Counts, pipelines: usize, opts: &EbpfOptions) -> Sizes {
         let has_vars = spec.states.iter().any(|s| matches!(s.kind, StateKind::Var { .. }));
         let (max_updates, update_words) = if has_vars {
             let n = u32::try_from(opts.capacity.headroom.room_for(c.updates as u64)).unwrap_or(u32::MAX).max(64);
@@ -382,7 +401,9 @@ impl Sizes {
             RangeLookup::Sorted => SORTED_CLASSES[..=top].to_vec(),
             RangeLookup::Lpm => vec![],
         };
-        Sizes { port_words: spec.ports.div_ceil(64), max_updates, update_words, sorted_classes }
+        let (port_words, audience_slots) =
+            if uses_groups(spec.ports) { (0, pipelines.max(1) as u32) } else { (spec.ports.div_ceil(64), 0) };
+        Sizes { port_words, audience_slots, max_updates, update_words, sorted_classes }
     }
 }
 
@@ -399,12 +420,16 @@ struct Structs {
     runs: CStruct,
     config: CStruct,
     record: CStruct,
+    member_key: CStruct,
 }
 
 impl Structs {
     fn new(sizes: &Sizes) -> Structs {
         let next = next_struct();
-        let mut leaf = CStruct::builder("subc_leaf").array("ports", Scalar::U64, sizes.port_words);
+        let mut leaf = match sizes.audience_slots {
+            0 => CStruct::builder("subc_leaf").array("ports", Scalar::U64, sizes.port_words),
+            _ => CStruct::builder("subc_leaf").scalar("aud", Scalar::U32),
+        };
         if sizes.update_words > 0 {
             leaf = leaf.array("upd", Scalar::U64, sizes.update_words);
         }
@@ -437,11 +462,20 @@ impl Structs {
                 .scalar("prune_ingress", Scalar::U32)
                 .scalar("now_ns", Scalar::U64)
                 .finish(),
-            record: CStruct::builder("subc_record")
-                .scalar("decision", Scalar::U32)
-                .scalar("drop", Scalar::U32)
-                .array("ports", Scalar::U64, sizes.port_words)
-                .finish(),
+            record: match sizes.audience_slots {
+                0 => CStruct::builder("subc_record").scalar("decision", Scalar::U32).scalar("drop", Scalar::U32).array(
+                    "ports",
+                    Scalar::U64,
+                    sizes.port_words,
+                ),
+                k => CStruct::builder("subc_record")
+                    .scalar("decision", Scalar::U32)
+                    .scalar("drop", Scalar::U32)
+                    .scalar("gbit", Scalar::U32)
+                    .array("aud", Scalar::U32, k),
+            }
+            .finish(),
+            member_key: CStruct::builder("subc_member_key").scalar("gg", Scalar::U32).scalar("w", Scalar::U32).finish(),
             next,
         }
     }
@@ -459,6 +493,9 @@ impl Structs {
             out.push(self.update.clone());
         }
         out.extend([self.egress.clone(), self.port_stats.clone(), self.runs.clone(), self.config.clone(), self.record.clone()]);
+        if sizes.audience_slots > 0 {
+            out.push(self.member_key.clone());
+        }
         out
     }
 }
@@ -532,6 +569,20 @@ impl MapList {
         self.ids.record = self.add(rec);
     }
 
+    /// The receiver groups' member words, sized like a table map.
+    fn add_members(&mut self, st: &Structs, c: &Counts, opts: &EbpfOptions) {
+        let key = KV::Struct(st.member_key.clone());
+        let m = plain_map(
+            "subc_members",
+            MapRole::Members,
+            MapType::Hash,
+            key,
+            KV::Scalar { scalar: Scalar::U64 },
+            opts.capacity.entries(c.member_words),
+        );
+        self.ids.members = Some(self.add(m));
+    }
+
     /// The bit-vector group's maps and structs.
     fn add_bits(&mut self, shape: &BitsShape, st: &Structs, structs: &mut Vec<CStruct>) {
         structs.extend(shape.structs());
@@ -555,12 +606,15 @@ impl MapList {
 }
 
 /// What a program cannot hold, whatever its sizes.
-fn check_limits(spec: &Spec, pipes: &[&Pipeline], opts: &EbpfOptions) -> Result<(), EbpfError> {
+fn check_limits(spec: &Spec, pipes: &[&Pipeline], has_bits: bool, opts: &EbpfOptions) -> Result<(), EbpfError> {
     if pipes.len() > MAX_PIPELINES {
         return Err(EbpfError::Unsupported(UnsupportedError::TooManyPipelines { pipelines: pipes.len() }));
     }
     if opts.hook == Hook::Xdp && spec.ports > XDP_MAX_PORTS {
         return Err(EbpfError::Unsupported(UnsupportedError::XdpPorts { ports: spec.ports }));
+    }
+    if uses_groups(spec.ports) {
+        crate::audience::check(pipes, has_bits)?;
     }
     Ok(())
 }
@@ -587,15 +641,18 @@ impl Model {
 
     /// [`Model::new`] for pipelines and a bit-vector group of this shape.
     pub fn with_bits(spec: &Spec, pipes: &[&Pipeline], bits: Option<BitsShape>, opts: &EbpfOptions) -> Result<Model, EbpfError> {
-        check_limits(spec, pipes, opts)?;
+        check_limits(spec, pipes, bits.is_some(), opts)?;
         let c = count(pipes, opts.ranges)?;
-        let sizes = Sizes::new(spec, &c, opts);
+        let sizes = Sizes::new(spec, &c, pipes.len(), opts);
         let st = Structs::new(&sizes);
         let mut structs = st.declared(opts.ranges, &sizes);
         let mut maps = MapList::default();
         maps.add_tables(&st, &sizes, &c, pipes.len(), opts);
         maps.add_egress(&st, spec.ports, opts.hook);
         maps.add_states(spec, &mut structs);
+        if sizes.audience_slots > 0 {
+            maps.add_members(&st, &c, opts);
+        }
         if let Some(shape) = &bits {
             maps.add_bits(shape, &st, &mut structs);
         }
@@ -609,6 +666,7 @@ impl Model {
             pipelines: table_shapes(pipes),
             ports: spec.ports,
             port_words: sizes.port_words,
+            audience_slots: sizes.audience_slots,
             max_updates: sizes.max_updates,
             update_words: sizes.update_words,
             vars,
@@ -685,6 +743,7 @@ impl MapIds {
             port_stats: one(MapRole::PortStats),
             runs: one(MapRole::Runs),
             record: need(MapRole::Record)?,
+            members: one(MapRole::Members),
             states: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::State).map(|(i, _)| i).collect(),
             bits: match (one(MapRole::BitIntervals), one(MapRole::BitRows), one(MapRole::BitOrder), one(MapRole::BitLeaves)) {
                 (Some(intervals), Some(rows), Some(order), Some(leaves)) => Some(BitMapIds { intervals, rows, order, leaves }),

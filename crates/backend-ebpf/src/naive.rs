@@ -60,6 +60,9 @@ pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> 
     if let Some(s) = subs.iter().find(|s| !s.actions.updates.is_empty()) {
         return Err(EbpfError::Unsupported(UnsupportedError::NaiveUpdates { subscription: s.id }));
     }
+    if spec.ports > crate::BITMAP_MAX_PORTS {
+        return Err(EbpfError::Unsupported(UnsupportedError::NaivePorts { ports: spec.ports }));
+    }
     let mut model = Model::new(spec, &[], opts)?;
     let rules = boxes(spec, subs);
     let q = spec.query_fields.len() as u32;
@@ -91,8 +94,8 @@ pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> 
                 v.u64_at("lo", k, r.lo[k as usize]).u64_at("hi", k, r.hi[k as usize]);
             }
             let ports = PortSet::from_ports(r.ports.iter().copied());
-            for (w, x) in ports.words(model.port_words as usize).iter().enumerate() {
-                v.u64_at("ports", w as u32, *x);
+            for (w, x) in ports.words(model.port_words as usize).enumerate() {
+                v.u64_at("ports", w as u32, x);
             }
             v.u32("drop", r.drop as u32);
             MapOp { map, key: (i as u32).to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }

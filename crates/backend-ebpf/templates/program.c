@@ -18,7 +18,14 @@
 #define SUBC_F_EXACT {{ f_exact }}
 #define SUBC_F_RANGED {{ f_ranged }}
 #define SUBC_F_LEAF {{ f_leaf }}
-
+{% if wide %}/* Receiver groups (more than 512 ports; audience.rs): a leaf's audience
+ * word is 0, port + 1, or SUBC_AUD_GROUP | pipeline << 24 | group. */
+#define SUBC_AUD_SLOTS {{ audience_slots }}
+#define SUBC_AUD_GROUP 0x80000000u
+#define SUBC_MEMBER_SUMMARY {{ member_summary }}
+#define SUBC_MEMBER_TOP {{ member_top }}
+#define SUBC_SUMMARY_WORDS {{ summary_words }}
+{% endif %}
 /* Decisions (docs/semantics.md, step 4). */
 #define SUBC_FORWARD 1
 #define SUBC_DROP 2
@@ -257,8 +264,10 @@ static __always_inline void subc_step(struct subc_cursor *c, __u64 v{% if !range
 }
 
 struct subc_result {
-    __u64 ports[SUBC_PORT_WORDS];
-    __u32 decision;
+{% if wide %}    __u32 aud[SUBC_AUD_SLOTS];
+    __u32 gbit;
+{% else %}    __u64 ports[SUBC_PORT_WORDS];
+{% endif %}    __u32 decision;
     __u32 drop;
 };
 
@@ -271,6 +280,8 @@ static __always_inline void subc_record_result(const struct subc_result *r)
         rec->decision = r->decision;
         rec->drop = r->drop;
 {% for w in port_word_list %}        rec->ports[{{ w }}] = r->ports[{{ w }}];
+{% endfor %}{% if wide %}        rec->gbit = r->gbit;
+{% endif %}{% for s in audience_list %}        rec->aud[{{ s }}] = r->aud[{{ s }}];
 {% endfor %}    }
 #endif
 }
@@ -453,7 +464,8 @@ subc_accept:;
     __u32 *subc_genp = bpf_map_lookup_elem(&subc_gen, &subc_zero);
     __u32 subc_g = subc_genp ? (*(volatile __u32 *)subc_genp & 1) : 0;
     __u32 subc_gbit = subc_g << 31;
-{% for p in pipelines %}
+{% if wide %}    subc_r->gbit = subc_gbit;
+{% endif %}{% for p in pipelines %}
     { /* pipeline {{ p.index }}: {{ p.comment }} */
         __u32 subc_rk = subc_g * SUBC_PIPELINES + {{ p.index }};
         struct subc_next *subc_n = bpf_map_lookup_elem(&subc_roots, &subc_rk);
@@ -470,7 +482,8 @@ subc_accept:;
             struct subc_leaf *subc_l = bpf_map_lookup_elem(&subc_leaves, &subc_c.slot);
             if (subc_l) {
 {% for w in port_word_list %}                subc_r->ports[{{ w }}] |= subc_l->ports[{{ w }}];
-{% endfor %}{% for w in update_word_list %}                subc_upd[{{ w }}] |= subc_l->upd[{{ w }}];
+{% endfor %}{% if wide %}                subc_r->aud[{{ p.index }}] = subc_l->aud;
+{% endif %}{% for w in update_word_list %}                subc_upd[{{ w }}] |= subc_l->upd[{{ w }}];
 {% endfor %}                subc_r->drop |= subc_l->drop;
             }
         }
@@ -492,6 +505,7 @@ subc_bv_done:;
     /* 4. Decision: forwarding wins over dropping. */
     __u64 subc_any = 0;
 {% for w in port_word_list %}    subc_any |= subc_r->ports[{{ w }}];
+{% endfor %}{% for s in audience_list %}    subc_any |= subc_r->aud[{{ s }}];
 {% endfor %}    subc_r->decision = subc_any ? SUBC_FORWARD : subc_r->drop ? SUBC_DROP : SUBC_NO_MATCH;
 {% if update_words > 0 %}
     /* 5. Variable updates: per variable, the largest `=` then every
@@ -510,7 +524,7 @@ subc_bv_done:;
         {{ v.ptr }}->value = (subc_base + subc_acc.add[{{ v.index }}]) & {{ v.mask }}ULL;
         bpf_spin_unlock(&{{ v.ptr }}->lock);
     }
-{% endfor %}{% endif %}{% if !naive %}
+{% endfor %}{% endif %}{% if !naive && !wide %}
     /* Done with the tables: after every read of them (atomic). */
     if (subc_runs_here)
         subc_count_run(&subc_runs_here->left);
@@ -530,7 +544,7 @@ static __always_inline __u32 subc_pruned_ifindex(__u32 ingress)
     return c && c->prune_ingress ? ingress : 0;
 }
 
-/* Single port: the port's index. */
+{% if !wide %}/* Single port: the port's index. */
 static __always_inline __u32 subc_first_port(const __u64 *ports)
 {
 {% for w in port_word_list %}    if (ports[{{ w }}])
@@ -548,7 +562,7 @@ static __always_inline int subc_one_port(const __u64 *ports)
     words += ports[{{ w }}] != 0;
 {% endfor %}    return words == 1 && !(any & (any - 1));
 }
-
+{% endif %}
 /* Counts one copy of `bytes` bytes handed to the egress of `port` (a
  * redirect, XDP_TX, a clone that succeeded). The map is per CPU: no other
  * CPU writes this copy, so plain adds suffice. */
@@ -742,7 +756,135 @@ __attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, st
     return 1;
 }
 
-/* One port: bpf_redirect. Several: a clone per port, then drop the original. */
+{% if wide %}/* Whether audience word a (of generation gbit) holds port m. */
+static __always_inline int subc_aud_has(__u32 a, __u32 gbit, __u32 m)
+{
+    if (!a)
+        return 0;
+    if (!(a & SUBC_AUD_GROUP))
+        return a - 1 == m;
+    struct subc_member_key key = { .gg = gbit | (a & ~SUBC_AUD_GROUP), .w = m / 64 };
+    __u64 *w = bpf_map_lookup_elem(&subc_members, &key);
+    return w && ((*w >> (m % 64)) & 1);
+}
+
+/* Whether an audience before slot s holds port m: its copy went there.
+ * Global functions from here down: each is verified once, whatever the
+ * loops around it (and takes at most 5 arguments); their loops are not
+ * unrolled, so the verifier walks one iteration's paths at a time. */
+__attribute__((noinline)) int subc_seen_before(const struct subc_result *r, __u32 s, __u32 m)
+{
+    if (!r)
+        return 0;
+#pragma clang loop unroll(disable)
+    for (__u32 j = 0; j < SUBC_AUD_SLOTS && j < s; j++)
+        if (subc_aud_has(r->aud[j], r->gbit, m))
+            return 1;
+    return 0;
+}
+
+/* The members in word w of slot s's group (sw = s << 16 | w): a copy
+ * each. */
+__attribute__((noinline)) int subc_tc_word(struct __sk_buff *skb, struct subc_pkt *k, const struct subc_result *r, __u32 sw, __u32 pruned)
+{
+    __u32 s = sw >> 16, w = sw & 0xffff;
+    /* Checked apart, so that clang does not fold both checks into one on
+     * sw that the verifier cannot carry over to s. */
+    barrier_var(s);
+    barrier_var(w);
+    if (!skb || !k || !r || s >= SUBC_AUD_SLOTS || w >= SUBC_MEMBER_SUMMARY)
+        return 0;
+    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = w };
+    __u64 *wp = bpf_map_lookup_elem(&subc_members, &key);
+    if (!wp)
+        return 0;
+    __u64 bits = *wp;
+#pragma clang loop unroll(disable)
+    for (__u32 j = 0; j < 64 && bits; j++) {
+        __u32 m = w * 64 + subc_lowbit(bits);
+        bits &= bits - 1;
+        if (s == 0 || !subc_seen_before(r, s, m))
+            subc_tc_copy(skb, m, k, pruned);
+    }
+    return 0;
+}
+
+/* The words of summary word j of slot s's group (sj = s << 16 | j). */
+__attribute__((noinline)) int subc_tc_summary(struct __sk_buff *skb, struct subc_pkt *k, const struct subc_result *r, __u32 sj, __u32 pruned)
+{
+    __u32 s = sj >> 16, j = sj & 0xffff;
+    barrier_var(s);
+    barrier_var(j);
+    if (!r || s >= SUBC_AUD_SLOTS || j >= SUBC_SUMMARY_WORDS)
+        return 0;
+    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = SUBC_MEMBER_SUMMARY + j };
+    __u64 *sp = bpf_map_lookup_elem(&subc_members, &key);
+    if (!sp)
+        return 0;
+    __u64 bits = *sp;
+#pragma clang loop unroll(disable)
+    for (__u32 i = 0; i < 64 && bits; i++) {
+        subc_tc_word(skb, k, r, s << 16 | (j * 64 + subc_lowbit(bits)), pruned);
+        bits &= bits - 1;
+    }
+    return 0;
+}
+
+/* Every member of slot s's group: the top word marks the summary words
+ * that are not zero, each marks the member words that are not zero. */
+__attribute__((noinline)) int subc_tc_group(struct __sk_buff *skb, struct subc_pkt *k, const struct subc_result *r, __u32 s, __u32 pruned)
+{
+    if (!r || s >= SUBC_AUD_SLOTS)
+        return 0;
+    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = SUBC_MEMBER_TOP };
+    __u64 *tp = bpf_map_lookup_elem(&subc_members, &key);
+    if (!tp)
+        return 0;
+    __u64 bits = *tp;
+#pragma clang loop unroll(disable)
+    for (__u32 i = 0; i < SUBC_SUMMARY_WORDS && bits; i++) {
+        subc_tc_summary(skb, k, r, s << 16 | subc_lowbit(bits), pruned);
+        bits &= bits - 1;
+    }
+    return 0;
+}
+
+/* One audience of one port: bpf_redirect. Otherwise a clone per member of
+ * each audience that no earlier audience holds, then drop the original. */
+__attribute__((noinline)) int subc_tc_forward(struct __sk_buff *skb, const struct subc_result *r)
+{
+    struct subc_pkt k = {};
+    if (!skb || !r)
+        return SUBC_TC_ACT_SHOT;
+    __u32 pruned = subc_pruned_ifindex(skb->ingress_ifindex);
+    __u32 n = 0, only = 0;
+#pragma clang loop unroll(disable)
+    for (__u32 s = 0; s < SUBC_AUD_SLOTS; s++) {
+        if (r->aud[s]) {
+            n += 1;
+            only = r->aud[s];
+        }
+    }
+    if (n == 1 && !(only & SUBC_AUD_GROUP)) {
+        __u32 port = only - 1;
+        struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
+        if (!e || !e->ifindex || e->ifindex == pruned)
+            return SUBC_TC_ACT_SHOT;
+        subc_count(port, skb->len);
+        subc_tc_rewrite(skb, e, &k);
+        return bpf_redirect(e->ifindex, 0);
+    }
+#pragma clang loop unroll(disable)
+    for (__u32 s = 0; s < SUBC_AUD_SLOTS; s++) {
+        __u32 a = r->aud[s];
+        if (a & SUBC_AUD_GROUP)
+            subc_tc_group(skb, &k, r, s, pruned);
+        else if (a && !subc_seen_before(r, s, a - 1))
+            subc_tc_copy(skb, a - 1, &k, pruned);
+    }
+    return SUBC_TC_ACT_SHOT;
+}
+{% else %}/* One port: bpf_redirect. Several: a clone per port, then drop the original. */
 static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *ports)
 {
     struct subc_pkt k = {};
@@ -765,7 +907,7 @@ static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *p
     }
 {% endfor %}    return SUBC_TC_ACT_SHOT;
 }
-
+{% endif %}
 {% if is_xdp %}/* Second half of the XDP hook: fans out packets subc_xdp passed with a port
  * bitmap in their metadata; everything else goes on to the stack. */
 SEC("tc")
@@ -791,11 +933,20 @@ int subc_tc(struct __sk_buff *skb)
         bpf_skb_pull_data(skb, skb->len < SUBC_MAX_PARSE_BYTES ? skb->len : SUBC_MAX_PARSE_BYTES);
     subc_run((void *)(long)skb->data, (void *)(long)skb->data_end, &r);
     subc_record_result(&r);
-    if (r.decision == SUBC_FORWARD)
+{% if wide %}    /* The fan-out reads the groups of the packet's generation: the run
+     * leaves the tables only once it is done (encode.rs). */
+    int subc_act = r.decision == SUBC_FORWARD ? subc_tc_forward(skb, &r)
+                 : r.decision == SUBC_DROP || subc_no_match_drops() ? SUBC_TC_ACT_SHOT : SUBC_TC_ACT_OK;
+    __u32 subc_zero = 0;
+    struct subc_runs *subc_runs_here = bpf_map_lookup_elem(&subc_runs, &subc_zero);
+    if (subc_runs_here)
+        subc_count_run(&subc_runs_here->left);
+    return subc_act;
+{% else %}    if (r.decision == SUBC_FORWARD)
         return subc_tc_forward(skb, r.ports);
     if (r.decision == SUBC_DROP)
         return SUBC_TC_ACT_SHOT;
     return subc_no_match_drops() ? SUBC_TC_ACT_SHOT : SUBC_TC_ACT_OK;
-}
+{% endif %}}
 {% endif %}
 char _license[] SEC("license") = "GPL";

@@ -145,7 +145,17 @@ pub enum Error {
     PortOutOfRange { port: u32, ports: u32 },
     #[error("port map: {0}")]
     PortMap(String),
+    /// Ports are the switch's egress ports: 9 bits, 511 the drop port.
+    #[error(
+        "the spec declares {ports} ports; a switch forwards to its egress ports 0 to 510 (receiver groups of more \
+         ports run on eBPF; docs/semantics.md, \"Audiences\")"
+    )]
+    TooManyPorts { ports: u32 },
 }
+
+/// Most ports a P4 program's spec may declare: v1model's `egress_spec` is 9
+/// bits, and port 511 drops.
+pub const MAX_PORTS: u32 = 511;
 
 /// What `subc compile --target p4` writes.
 pub struct Artifacts {
@@ -190,6 +200,9 @@ impl P4Target {
     /// earlier ([`P4Target::levels`]), which the pipelines may have outgrown
     /// (an entry of a level left out is [`Error::LevelLeftOut`]).
     pub fn with_levels(spec: &Spec, pipes: &[&Pipeline], levels: &[Vec<usize>], opts: &P4Options) -> Result<P4Target, Error> {
+        if spec.ports > MAX_PORTS {
+            return Err(Error::TooManyPorts { ports: spec.ports });
+        }
         let fields = pipes
             .iter()
             .enumerate()

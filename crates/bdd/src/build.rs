@@ -220,6 +220,9 @@ pub(crate) fn build(m: &mut Manager, rules: &[Rule], active: &[u32], node_limit:
     b.go(active.to_vec(), 0, key)
 }
 
+/// Ports counted before any leaf asks for more: a spec's default.
+const PORTS_AT_FIRST: usize = 512;
+
 /// Per-action counts for the last-level sweep.
 #[derive(Default)]
 struct Acc {
@@ -231,8 +234,9 @@ struct Acc {
 
 impl Acc {
     fn add(&mut self, l: &Leaf, sign: i32) {
-        if self.port_count.is_empty() {
-            self.port_count = vec![0; PortSet::MAX_PORTS as usize];
+        let bound = l.ports.bound() as usize;
+        if self.port_count.len() < bound {
+            self.port_count.resize(bound.max(PORTS_AT_FIRST), 0);
         }
         for p in l.ports.iter() {
             let c = &mut self.port_count[p as usize];
@@ -255,7 +259,7 @@ impl Acc {
         }
     }
     fn leaf(&self) -> Leaf {
-        Leaf { ports: self.ports, drop: self.drop > 0, updates: self.updates.keys().copied().collect() }
+        Leaf { ports: self.ports.clone(), drop: self.drop > 0, updates: self.updates.keys().copied().collect() }
     }
 }
 

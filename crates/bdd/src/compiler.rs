@@ -81,7 +81,23 @@ impl Default for CompileOptions {
     }
 }
 
+/// Most ports a bit-vector group's leaves carry: they are port bitmaps in
+/// every back end that runs groups (a spec with more ports is an audience
+/// of receiver groups, issue 33).
+pub const BIT_VECTOR_MAX_PORTS: u32 = 512;
+
 impl CompileOptions {
+    /// These options for a set over `spec`: [`Lowering::Auto`] runs
+    /// diagrams only when the spec has more than [`BIT_VECTOR_MAX_PORTS`]
+    /// ports. An explicit [`Lowering::BitVectors`] is kept (a back end
+    /// refuses what it cannot run).
+    pub fn for_spec(mut self, spec: &Spec) -> CompileOptions {
+        if self.lowering == Lowering::Auto && spec.ports > BIT_VECTOR_MAX_PORTS {
+            self.lowering = Lowering::Diagrams;
+        }
+        self
+    }
+
     /// Whether rules may go to a bit-vector group.
     fn bit_vectors(&self) -> bool {
         self.lowering != Lowering::Diagrams
@@ -304,6 +320,7 @@ impl CompiledSet {
     }
 
     fn compile_cubes(spec: &Spec, subs: &[NfSubscription], opts: CompileOptions, deadline: Deadline) -> Result<CompiledSet, CompileError> {
+        let opts = opts.for_spec(spec);
         let base_order = if opts.order.is_none() && spec.order.is_none() {
             let (order, compiled) = crate::order::measure_orders(spec, subs, &opts, deadline)?;
             if let Some(mut set) = compiled {

@@ -10,42 +10,142 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 use subc_lang::{Actions, VarUpdate};
 
-/// Ports `0..512` as a bit set (v1model's `egress_spec` is 9 bits): the
-/// one port bitmap, whatever writes it (the IR's leaves, the eBPF maps'
-/// 64-bit words, P4's `bit<W>` action data).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct PortSet([u64; 8]);
+/// Ports `0..65536` as a bit set: the one port bitmap, whatever writes it
+/// (the IR's leaves, the eBPF maps' 64-bit words, P4's `bit<W>` action
+/// data).
+///
+/// A set whose ports are all below 512 (every set of a spec with at most
+/// 512 ports, v1model's 9-bit `egress_spec`) is eight words inline and
+/// costs no allocation; a set with a port at or above 512 shares its words
+/// (trimmed of trailing zero words) behind an `Arc`, so cloning a leaf of a
+/// large audience copies a pointer. The representation is canonical, so
+/// equality, hashing and order are those of the sets.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortSet(Words);
+
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Words {
+    /// Ports below 512.
+    Small([u64; SMALL_WORDS]),
+    /// More than [`SMALL_WORDS`] words, the last one not zero.
+    Large(Arc<Vec<u64>>),
+}
+
+/// Words held inline.
+const SMALL_WORDS: usize = 8;
+
+impl Default for PortSet {
+    fn default() -> PortSet {
+        PortSet(Words::Small([0; SMALL_WORDS]))
+    }
+}
 
 impl PortSet {
-    pub const MAX_PORTS: u32 = 512;
+    /// One more than the largest port (`ports 65536;` is the most a spec
+    /// declares).
+    pub const MAX_PORTS: u32 = 65_536;
 
+    fn slice(&self) -> &[u64] {
+        match &self.0 {
+            Words::Small(w) => w,
+            Words::Large(w) => w,
+        }
+    }
+
+    /// The words as a vector at least `n` long, for a change that may not
+    /// fit the inline form.
+    fn to_vec(&self, n: usize) -> Vec<u64> {
+        let mut v = self.slice().to_vec();
+        if v.len() < n {
+            v.resize(n, 0);
+        }
+        v
+    }
+
+    /// The canonical set of `words`: inline if every port is below 512.
+    fn from_vec(mut words: Vec<u64>) -> PortSet {
+        while words.last() == Some(&0) {
+            words.pop();
+        }
+        if words.len() <= SMALL_WORDS {
+            let mut w = [0; SMALL_WORDS];
+            w[..words.len()].copy_from_slice(&words);
+            PortSet(Words::Small(w))
+        } else {
+            PortSet(Words::Large(Arc::new(words)))
+        }
+    }
+
+    /// Adds port `p` (below [`PortSet::MAX_PORTS`]).
     pub fn insert(&mut self, p: u32) {
-        self.0[(p / 64) as usize] |= 1 << (p % 64);
+        let (i, bit) = ((p / 64) as usize, 1u64 << (p % 64));
+        match &mut self.0 {
+            Words::Small(w) if i < SMALL_WORDS => w[i] |= bit,
+            Words::Large(w) if i < w.len() => Arc::make_mut(w)[i] |= bit,
+            _ => {
+                let mut v = self.to_vec(i + 1);
+                v[i] |= bit;
+                *self = PortSet::from_vec(v);
+            }
+        }
     }
     pub fn remove(&mut self, p: u32) {
-        self.0[(p / 64) as usize] &= !(1 << (p % 64));
+        let (i, bit) = ((p / 64) as usize, 1u64 << (p % 64));
+        if !self.contains(p) {
+            return;
+        }
+        match &mut self.0 {
+            Words::Small(w) => w[i] &= !bit,
+            Words::Large(w) if i + 1 < w.len() => Arc::make_mut(w)[i] &= !bit,
+            Words::Large(_) => {
+                let mut v = self.to_vec(0);
+                v[i] &= !bit;
+                *self = PortSet::from_vec(v);
+            }
+        }
     }
     pub fn contains(&self, p: u32) -> bool {
-        p < Self::MAX_PORTS && self.0[(p / 64) as usize] & (1 << (p % 64)) != 0
+        self.slice().get((p / 64) as usize).is_some_and(|w| w & (1 << (p % 64)) != 0)
     }
     pub fn len(&self) -> usize {
-        self.0.iter().map(|w| w.count_ones() as usize).sum()
+        self.slice().iter().map(|w| w.count_ones() as usize).sum()
     }
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|w| *w == 0)
+        self.slice().iter().all(|w| *w == 0)
+    }
+    /// One more than the largest port in the set (0 if empty).
+    pub fn bound(&self) -> u32 {
+        let w = self.slice();
+        match w.iter().rposition(|x| *x != 0) {
+            Some(i) => i as u32 * 64 + 64 - w[i].leading_zeros(),
+            None => 0,
+        }
     }
     pub fn union(&self, other: &PortSet) -> PortSet {
-        let mut out = *self;
-        for (a, b) in out.0.iter_mut().zip(other.0.iter()) {
-            *a |= b;
+        match (&self.0, &other.0) {
+            (Words::Small(a), Words::Small(b)) => {
+                let mut out = *a;
+                for (x, y) in out.iter_mut().zip(b) {
+                    *x |= y;
+                }
+                PortSet(Words::Small(out))
+            }
+            _ => {
+                let (long, short) = if self.slice().len() >= other.slice().len() { (self, other) } else { (other, self) };
+                let mut v = long.to_vec(0);
+                for (x, y) in v.iter_mut().zip(short.slice()) {
+                    *x |= y;
+                }
+                PortSet::from_vec(v)
+            }
         }
-        out
     }
     /// The ports in increasing order (scans set bits only).
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().enumerate().flat_map(|(k, w)| {
+        self.slice().iter().enumerate().flat_map(|(k, w)| {
             let mut w = *w;
             std::iter::from_fn(move || {
                 if w == 0 {
@@ -64,19 +164,20 @@ impl PortSet {
         }
         s
     }
-    /// As 64-bit words, port `p` bit `p % 64` of word `p / 64`: the first
-    /// `n` words (at most 8), as the eBPF maps hold them.
-    pub fn words(&self, n: usize) -> &[u64] {
-        &self.0[..n]
+    /// As 64-bit words, port `p` bit `p % 64` of word `p / 64`: exactly the
+    /// first `n` words (zeros past the set's last port), as the eBPF maps
+    /// hold them.
+    pub fn words(&self, n: usize) -> impl Iterator<Item = u64> + '_ {
+        self.slice().iter().copied().chain(std::iter::repeat(0)).take(n)
     }
-    /// The set whose [`PortSet::words`] are `words` (words past the 8th,
-    /// ports 512 and up, are left out).
+    /// The words that are not zero, with their index: what a receiver
+    /// group's member words are written from.
+    pub fn nonzero_words(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.slice().iter().enumerate().filter(|(_, w)| **w != 0).map(|(i, w)| (i as u32, *w))
+    }
+    /// The set whose [`PortSet::words`] are `words`.
     pub fn from_words(words: &[u64]) -> PortSet {
-        let mut s = PortSet::default();
-        for (a, b) in s.0.iter_mut().zip(words) {
-            *a = *b;
-        }
-        s
+        PortSet::from_vec(words.to_vec())
     }
     /// As a `width`-bit big-endian bit string (port `p` is bit `p`), as
     /// P4Runtime writes a `bit<width>` value: `width.div_ceil(8)` bytes,
@@ -183,13 +284,36 @@ mod tests {
     #[test]
     fn a_port_set_in_words_and_bytes() {
         let mut s = PortSet::from_ports([0, 9, 64, 511]);
-        assert_eq!(s.words(2), [1 << 9 | 1, 1]);
-        assert_eq!(PortSet::from_words(s.words(8)), s);
+        assert_eq!(s.words(2).collect::<Vec<_>>(), [1 << 9 | 1, 1]);
+        assert_eq!(PortSet::from_words(&s.words(8).collect::<Vec<_>>()), s);
         assert_eq!(PortSet::from_words(&[1 << 9 | 1]).iter().collect::<Vec<_>>(), [0, 9]);
         s.remove(511);
         s.remove(64);
         assert_eq!(s.to_be_bytes(16), [2, 1]);
         assert_eq!(PortSet::default().to_be_bytes(0), [0]);
         assert_eq!(s.to_be_bytes(256).len(), 32);
+    }
+
+    /// Sets past port 511 go behind a pointer and come back inline when
+    /// they lose their last such port, so equal sets are equal values.
+    #[test]
+    fn a_large_set_is_canonical() {
+        let mut big = PortSet::from_ports([3, 70_000 % 65_536, 65_535]);
+        assert_eq!(big.len(), 3);
+        assert_eq!(big.bound(), 65_536);
+        assert!(big.contains(65_535) && big.contains(4_464) && !big.contains(4_465));
+        assert_eq!(big.iter().collect::<Vec<_>>(), [3, 4_464, 65_535]);
+        let small = PortSet::from_ports([3]);
+        assert_eq!(small.union(&big), big);
+        assert_eq!(big.union(&small), big);
+        big.remove(65_535);
+        assert_eq!(big.bound(), 4_465);
+        big.remove(4_464);
+        assert_eq!(big, small);
+        assert_eq!(big.bound(), 4);
+        let words: Vec<u64> = PortSet::from_ports([600]).words(12).collect();
+        assert_eq!(words.len(), 12);
+        assert_eq!(PortSet::from_words(&words), PortSet::from_ports([600]));
+        assert_eq!(PortSet::from_ports([600]).nonzero_words().collect::<Vec<_>>(), [(9, 1 << 24)]);
     }
 }

@@ -44,7 +44,7 @@ pub use bitgroup::{
     RowId, Slot, WordOf,
 };
 pub use build::Deadline;
-pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout};
+pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout, BIT_VECTOR_MAX_PORTS};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
 pub use headroom::{BadHeadroom, Headroom};
 pub use leaf::{Leaf, PortSet};

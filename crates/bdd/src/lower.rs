@@ -386,22 +386,22 @@ impl Lowerer {
         let fan_out = |n: &&NodeId| n.is_leaf() && m.leaf_value(**n).ports.len() >= 2;
         let mut group_delta: BTreeMap<PortSet, i64> = BTreeMap::new();
         for o in changed.dead.iter().filter(fan_out) {
-            *group_delta.entry(m.leaf_value(*o).ports).or_insert(0) -= 1;
+            *group_delta.entry(m.leaf_value(*o).ports.clone()).or_insert(0) -= 1;
         }
         for n in changed.new_nodes.iter().filter(fan_out) {
-            *group_delta.entry(m.leaf_value(*n).ports).or_insert(0) += 1;
+            *group_delta.entry(m.leaf_value(*n).ports.clone()).or_insert(0) += 1;
         }
         let mut freed: FxHashMap<PortSet, GroupId> = FxHashMap::default();
         for (ports, d) in group_delta.iter().filter(|(_, d)| **d < 0) {
             let e = self.groups.get_mut(ports).expect("a used port set has a group");
             e.1 = (e.1 as i64 + d) as u32;
             if e.1 == 0 {
-                freed.insert(*ports, e.0);
+                freed.insert(ports.clone(), e.0);
                 self.groups.remove(ports);
             }
         }
         for n in changed.new_nodes.iter().filter(fan_out) {
-            let ports = m.leaf_value(*n).ports;
+            let ports = m.leaf_value(*n).ports.clone();
             if self.groups.contains_key(&ports) {
                 continue;
             }

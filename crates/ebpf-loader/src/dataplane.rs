@@ -351,7 +351,8 @@ impl Dataplane {
             None => None,
             Some(m) => {
                 let v = m.lookup(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| LoaderError::bpf("subc_record", e))?.unwrap_or_default();
-                Some(decode_record(self.model.maps[self.model.ids.record].value_struct(), self.model.port_words, &v))
+                let members = self.model.ids.members.and_then(|i| self.maps[i].as_ref()).map(|m| m.as_fd());
+                Some(self.record_decoder().decode(&v, members)?)
             }
         };
         Ok(TestRun { verdict, data, ns, record })
@@ -366,8 +367,19 @@ impl Dataplane {
             Some(m) => Some(dup(m.as_fd())?),
             None => None,
         };
-        let s = self.model.maps[self.model.ids.record].value_struct().clone();
-        Ok(Runner { prog, record, record_struct: s, port_words: self.model.port_words })
+        let members = match self.model.ids.members.and_then(|i| self.maps[i].as_ref()) {
+            Some(m) => Some(dup(m.as_fd())?),
+            None => None,
+        };
+        Ok(Runner { prog, record, members, decoder: self.record_decoder() })
+    }
+
+    fn record_decoder(&self) -> RecordDecoder {
+        RecordDecoder {
+            record: self.model.maps[self.model.ids.record].value_struct().clone(),
+            port_words: self.model.port_words,
+            audience_slots: self.model.audience_slots,
+        }
     }
 
     /// Clears `subc_record` (so a run that records nothing is visible).
@@ -459,10 +471,70 @@ pub(crate) fn pin_fd(fd: BorrowedFd<'_>, path: &Path) -> Result<(), LoaderError>
     sys::obj_pin(fd, &c).map_err(|e| LoaderError::io(format!("cannot pin {}", path.display()), e))
 }
 
-fn decode_record(s: &CStruct, port_words: u32, v: &[u8]) -> Record {
-    let words: Vec<u64> = (0..port_words).map(|w| read_field(s, v, "ports", w)).collect();
-    let ports = PortSet::from_words(&words).iter().collect();
-    Record { decision: read_field(s, v, "decision", 0) as u32, drop: read_field(s, v, "drop", 0) != 0, ports }
+/// Reads `subc_record`: a port bitmap, or (receiver groups) audience words
+/// resolved through the kernel's own `subc_members` in the generation the
+/// packet read.
+#[derive(Clone)]
+struct RecordDecoder {
+    record: CStruct,
+    port_words: u32,
+    audience_slots: u32,
+}
+
+impl RecordDecoder {
+    fn decode(&self, v: &[u8], members: Option<BorrowedFd<'_>>) -> Result<Record, LoaderError> {
+        let s = &self.record;
+        let ports = if self.audience_slots == 0 {
+            let words: Vec<u64> = (0..self.port_words).map(|w| read_field(s, v, "ports", w)).collect();
+            PortSet::from_words(&words)
+        } else {
+            let gbit = read_field(s, v, "gbit", 0) as u32;
+            let mut set = PortSet::default();
+            for slot in 0..self.audience_slots {
+                match read_field(s, v, "aud", slot) as u32 {
+                    0 => {}
+                    a if a & AUD_GROUP == 0 => set.insert(a - 1),
+                    a => set = set.union(&group_members(members, gbit | (a & !AUD_GROUP))?),
+                }
+            }
+            set
+        };
+        Ok(Record {
+            decision: read_field(s, v, "decision", 0) as u32,
+            drop: read_field(s, v, "drop", 0) != 0,
+            ports: ports.iter().collect(),
+        })
+    }
+}
+
+/// The audience word of a group (`subc_backend_ebpf` `audience.rs`).
+const AUD_GROUP: u32 = 1 << 31;
+
+/// The members of group key `gg` as the kernel's map holds them: the top
+/// word, the summary words it marks, the member words they mark.
+fn group_members(members: Option<BorrowedFd<'_>>, gg: u32) -> Result<PortSet, LoaderError> {
+    let Some(fd) = members else { return Ok(PortSet::default()) };
+    let word = |w: u32| -> Result<u64, LoaderError> {
+        let mut key = gg.to_ne_bytes().to_vec();
+        key.extend_from_slice(&w.to_ne_bytes());
+        let mut value = [0u8; 8];
+        match sys::map_lookup(fd, &key, &mut value) {
+            Ok(()) => Ok(u64::from_ne_bytes(value)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(0),
+            Err(e) => Err(LoaderError::io("subc_members", e)),
+        }
+    };
+    let bits = |x: u64| (0..64).filter(move |b| x >> b & 1 != 0);
+    let (summary, top) = (subc_backend_ebpf::MEMBER_SUMMARY, subc_backend_ebpf::MEMBER_TOP);
+    let mut words = vec![];
+    for j in bits(word(top)?) {
+        for i in bits(word(summary + j)?) {
+            let w = j * 64 + i;
+            words.resize(words.len().max(w as usize + 1), 0);
+            words[w as usize] = word(w)?;
+        }
+    }
+    Ok(PortSet::from_words(&words))
 }
 
 /// Runs packets through a loaded program from any thread (owns duplicates
@@ -470,8 +542,8 @@ fn decode_record(s: &CStruct, port_words: u32, v: &[u8]) -> Record {
 pub struct Runner {
     prog: OwnedFd,
     record: Option<OwnedFd>,
-    record_struct: CStruct,
-    port_words: u32,
+    members: Option<OwnedFd>,
+    decoder: RecordDecoder,
 }
 
 impl Runner {
@@ -482,9 +554,9 @@ impl Runner {
         let record = match &self.record {
             None => None,
             Some(fd) => {
-                let mut v = vec![0u8; self.record_struct.size as usize];
+                let mut v = vec![0u8; self.decoder.record.size as usize];
                 sys::map_lookup(fd.as_fd(), &0u32.to_ne_bytes(), &mut v).map_err(|e| LoaderError::io("subc_record", e))?;
-                Some(decode_record(&self.record_struct, self.port_words, &v))
+                Some(self.decoder.decode(&v, self.members.as_ref().map(|m| m.as_fd()))?)
             }
         };
         Ok((run.retval, run.ns, record))

@@ -20,8 +20,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Default number of logical ports when the spec has no `ports` declaration.
 pub const DEFAULT_PORTS: u32 = 256;
-/// Largest port count: v1model's `egress_spec` is 9 bits and BMv2 uses 511 to drop.
-pub const MAX_PORTS: u32 = 511;
+/// Largest port count: a port is a receiver (an eBPF egress entry, or a
+/// P4 multicast replica), up to 65,536 per set. Back ends state their own
+/// lower limits where they have them (v1model's `egress_spec` is 9 bits).
+pub const MAX_PORTS: u32 = 65_536;
 /// Longest counter window in microseconds (about 12.7 days). Engines compute
 /// the window number as `ts_ns / (window_us * 1000)`, which must not overflow.
 pub const MAX_WINDOW_US: u64 = 1 << 40;

@@ -493,7 +493,7 @@ impl Target for SwitchTarget {
     /// has no variables (`subc_backend_p4::Error::Unsupported` says why).
     fn capabilities(&self) -> Capabilities {
         let state_functions = StateFunction::ALL.into_iter().filter(|f| self.arch != Arch::Tna || *f != StateFunction::Var).collect();
-        Capabilities { state_functions, bit_vector_groups: false, ..Capabilities::default() }
+        Capabilities { state_functions, bit_vector_groups: false, ports: Some(subc_backend_p4::MAX_PORTS), ..Capabilities::default() }
     }
 
     /// Over the connection deploys opened (a status request never waits to
