@@ -265,14 +265,9 @@ impl Acc {
 
 impl Builder<'_> {
     fn union_leaf(&mut self, active: &[u32]) -> NodeId {
-        let mut acc = Leaf::default();
         let mut seen = crate::hash::FxHashSet::default();
-        for r in active {
-            let l = self.rules[*r as usize].leaf;
-            if seen.insert(l) {
-                acc = acc.union(self.m.leaf_value(l));
-            }
-        }
+        let leaves: Vec<NodeId> = active.iter().map(|r| self.rules[*r as usize].leaf).filter(|l| seen.insert(*l)).collect();
+        let acc = Leaf::union_all(leaves.iter().map(|l| self.m.leaf_value(*l)));
         self.m.leaf(acc)
     }
 

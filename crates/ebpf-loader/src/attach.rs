@@ -72,6 +72,12 @@ pub fn link_xdp(prog: BorrowedFd<'_>, ifindex: u32, mode: XdpMode) -> std::io::R
     sys::link_create(prog, ifindex, libbpf_sys::BPF_XDP, flags)
 }
 
+/// Links `prog` (a TC program) to the ingress of interface `ifindex`
+/// through tcx; attached while the returned link is open (or pinned).
+pub fn link_tcx_ingress(prog: BorrowedFd<'_>, ifindex: u32) -> std::io::Result<OwnedFd> {
+    sys::link_create(prog, ifindex, libbpf_sys::BPF_TCX_INGRESS, 0)
+}
+
 /// One program attached to one interface.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Attachment {

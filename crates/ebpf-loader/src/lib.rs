@@ -46,7 +46,7 @@ mod sys;
 #[cfg(feature = "testing")]
 pub mod testnet;
 
-pub use attach::{attach, attach_program, ifindex, link_xdp, AttachKind, AttachMode, Attachment, XdpMode};
+pub use attach::{attach, attach_program, ifindex, link_tcx_ingress, link_xdp, AttachKind, AttachMode, Attachment, XdpMode};
 pub use counters::PortCounter;
 pub use dataplane::{grace_period, memlock, program_costs, Dataplane, LoadStats, ProgramCosts, Record, Runner, TestRun, UpdateReport};
 pub use deployment::{default_pin_dir, state_dir, status, Deployment, MapStatus, Status};

@@ -94,11 +94,7 @@ fn frames(sizes: &[usize]) -> Vec<Vec<u8>> {
 
 /// TC (XDP hands at most 256 ports to TC), with room to grow.
 fn options(ranges: RangeLookup) -> EbpfOptions {
-    EbpfOptions {
-        hook: Hook::Tc,
-        ranges,
-        capacity: Capacity { headroom: Headroom::new(4.0).unwrap(), min_entries: 64 },
-    }
+    EbpfOptions { hook: Hook::Tc, ranges, capacity: Capacity { headroom: Headroom::new(4.0).unwrap(), min_entries: 64 } }
 }
 
 fn load(p: &Program, set: &CompiledSet, opts: &EbpfOptions) -> Dataplane {
