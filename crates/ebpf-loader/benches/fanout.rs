@@ -297,7 +297,7 @@ fn group_costs(n: usize, updates: usize) -> serde_json::Value {
 fn cpu_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let name = "cpu ";
-    let Some(line) = stat.lines().find(|l| l.starts_with(&name)) else { return 0 };
+    let Some(line) = stat.lines().find(|l| l.starts_with(name)) else { return 0 };
     let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
     f[0] + f[1] + f[2] + f[5] + f[6]
 }
@@ -522,7 +522,7 @@ fn main() {
             println!("{}", group_costs(n, updates));
             continue;
         }
-        let modes: &[Mode] = if n <= subc_backend_ebpf::XDP_MAX_PORTS as usize - 1 {
+        let modes: &[Mode] = if n < subc_backend_ebpf::XDP_MAX_PORTS as usize {
             &[Mode::Relay, Mode::Tc, Mode::XdpPass, Mode::XdpBroadcast]
         } else {
             &[Mode::Relay, Mode::Tc]
