@@ -26,7 +26,7 @@ use std::time::Instant;
 use subc_bdd::{sample_values, CompileOptions, CompiledSet, SetDiff};
 use subc_fabric::{check_topology, place, project_all, project_rule, FabricError, Routes, Topology};
 use subc_lang::{check_program_with, Diagnostics, NfLimits, NfSubscription, Program, SourceMap, SubId};
-use subc_workload::topologies::fat_tree_toml;
+use subc_workload::topologies::fat_tree_toml_with;
 use subc_workload::{itch, ItchParams, Rng};
 
 /// The command line.
@@ -37,11 +37,13 @@ struct Args {
     updates: usize,
     /// Every device's budget; half the largest device's exact entries if unset.
     budget: Option<u64>,
+    /// Hosts per edge switch (k/2 if unset; 32 with k = 8 is 4,096 hosts).
+    hosts: Option<usize>,
 }
 
 impl Args {
     fn parse() -> Args {
-        let mut a = Args { subs: 100_000, k: 8, publishers: 4, updates: 200, budget: None };
+        let mut a = Args { subs: 100_000, k: 8, publishers: 4, updates: 200, budget: None, hosts: None };
         let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
         for pair in args.chunks(2) {
             let value = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{} needs a number", pair[0]));
@@ -51,7 +53,8 @@ impl Args {
                 "--publishers" => a.publishers = value(),
                 "--updates" => a.updates = value(),
                 "--budget" => a.budget = Some(value() as u64),
-                other => panic!("unknown argument `{other}` (--subs N, --k K, --publishers P, --updates U, --budget B)"),
+                "--hosts" => a.hosts = Some(value()),
+                other => panic!("unknown argument `{other}` (--subs N, --k K, --publishers P, --updates U, --budget B, --hosts H)"),
             }
         }
         a
@@ -59,9 +62,9 @@ impl Args {
 }
 
 /// The fat-tree, checked.
-fn fat_tree(k: usize, publishers: usize) -> Topology {
+fn fat_tree(k: usize, hosts: Option<usize>, publishers: usize) -> Topology {
     let mut sources = SourceMap::new();
-    let file = sources.add("fat_tree.toml", fat_tree_toml(k, publishers));
+    let file = sources.add("fat_tree.toml", fat_tree_toml_with(k, hosts.unwrap_or(k / 2), publishers));
     let mut diags = Diagnostics::default();
     check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)))
 }
@@ -69,7 +72,11 @@ fn fat_tree(k: usize, publishers: usize) -> Topology {
 /// `n` ITCH rules, each forwarding to one random host by name, checked with
 /// the topology's endpoint table; and the seconds checking took.
 fn network(t: &Topology, n: usize) -> (Program, f64) {
-    let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    let mut spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    if t.endpoints.len() > 256 {
+        // A port per endpoint (the spec's default is 256).
+        spec.push_str(&format!("\nports {};\n", t.endpoints.len()));
+    }
     let rules = itch(&ItchParams { subscriptions: n, hosts: t.endpoints.len() as u32, ..Default::default() }).replace("fwd(", "fwd(h");
     let mut sources = SourceMap::new();
     let spec = sources.add("itch.spec", spec);
@@ -232,7 +239,7 @@ fn budgets(t: &mut Topology, routes: &Routes, network: &Program, exact: &[usize]
 
 fn main() {
     let args = Args::parse();
-    let mut t = fat_tree(args.k, args.publishers);
+    let mut t = fat_tree(args.k, args.hosts, args.publishers);
     let (all, check_s) = network(&t, args.subs + args.updates);
     let (initial, pool) = all.normal_forms.split_at(args.subs);
     let network =

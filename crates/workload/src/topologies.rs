@@ -15,7 +15,16 @@ use std::fmt::Write;
 /// `publishers` hosts, each the first host of a different pod (spread
 /// evenly over the pods), are declared `publishes = true`.
 pub fn fat_tree_toml(k: usize, publishers: usize) -> String {
+    fat_tree_toml_with(k, k / 2, publishers)
+}
+
+/// [`fat_tree_toml`] with `hosts` hosts per edge switch instead of `k/2`
+/// (an oversubscribed fat-tree: the edge switch's uplinks are its ports
+/// `hosts..hosts + k/2`): `k = 8` with 32 hosts per edge switch has 4,096
+/// hosts on the same 80 switches.
+pub fn fat_tree_toml_with(k: usize, hosts: usize, publishers: usize) -> String {
     assert!(k >= 2 && k.is_multiple_of(2), "a fat-tree has an even k, not {k}");
+    assert!(hosts >= 1, "an edge switch has at least one host");
     let half = k / 2;
     let mut out = String::new();
     let mut device = |name: String| writeln!(out, "[[device]]\nname = \"{name}\"\nkind = \"sim\"\n").unwrap();
@@ -44,15 +53,15 @@ pub fn fat_tree_toml(k: usize, publishers: usize) -> String {
     for pod in 0..k {
         for e in 0..half {
             for a in 0..half {
-                link(&mut out, format!("e{pod}_{e}:{}", half + a), format!("a{pod}_{a}:{e}"));
+                link(&mut out, format!("e{pod}_{e}:{}", hosts + a), format!("a{pod}_{a}:{e}"));
             }
         }
     }
-    let publishing: Vec<usize> = (0..publishers.min(k)).map(|p| p * k / publishers.min(k) * half * half).collect();
+    let publishing: Vec<usize> = (0..publishers.min(k)).map(|p| p * k / publishers.min(k) * half * hosts).collect();
     for pod in 0..k {
         for e in 0..half {
-            for port in 0..half {
-                let h = (pod * half + e) * half + port;
+            for port in 0..hosts {
+                let h = (pod * half + e) * hosts + port;
                 let publishes = if publishing.contains(&h) { "\npublishes = true" } else { "" };
                 writeln!(out, "[[endpoint]]\nname = \"h{h}\"\nat = \"e{pod}_{e}:{port}\"{publishes}\n").unwrap();
             }
