@@ -24,7 +24,7 @@ pub struct Down {
 }
 
 impl Down {
-    fn device_up(&self, d: DeviceId) -> bool {
+    pub(crate) fn device_up(&self, d: DeviceId) -> bool {
         !self.devices.contains(&d)
     }
 
@@ -99,7 +99,7 @@ impl Routes {
 }
 
 /// Each device's surviving links, in file order: (link index, neighbour).
-fn surviving_links(t: &Topology, down: &Down) -> Vec<Vec<(usize, DeviceId)>> {
+pub(crate) fn surviving_links(t: &Topology, down: &Down) -> Vec<Vec<(usize, DeviceId)>> {
     let mut adj = vec![vec![]; t.devices.len()];
     for (i, l) in t.links.iter().enumerate().filter(|&(i, _)| down.link_up(t, i)) {
         adj[l.a.device].push((i, l.b.device));
@@ -122,7 +122,7 @@ fn root_of(t: &Topology, down: &Down, adj: &[Vec<(usize, DeviceId)>]) -> Option<
     up.into_iter().filter(|&d| reach[d]).min_by(by_name)
 }
 
-fn reachable(adj: &[Vec<(usize, DeviceId)>], from: DeviceId) -> Vec<bool> {
+pub(crate) fn reachable(adj: &[Vec<(usize, DeviceId)>], from: DeviceId) -> Vec<bool> {
     let mut seen = vec![false; adj.len()];
     seen[from] = true;
     let mut stack = vec![from];
@@ -180,7 +180,7 @@ fn check_connected(t: &Topology, down: &Down, tree: &[usize], root: Option<Devic
 fn tree_neighbours(t: &Topology, tree: &[usize]) -> Vec<Vec<(u32, DeviceId, u32)>> {
     let mut adj = vec![vec![]; t.devices.len()];
     for &i in tree {
-        let Link { a, b } = t.links[i];
+        let Link { a, b, .. } = t.links[i];
         adj[a.device].push((a.port, b.device, b.port));
         adj[b.device].push((b.port, a.device, a.port));
     }
