@@ -161,6 +161,12 @@ impl<'a> LabelSimulator<'a> {
         LabelSimulator { topology, sent: vec![0; topology.devices.len()], tables, ingress, wires }
     }
 
+    /// Forwards by `tables` from now on (routes moved), keeping every
+    /// ingress device's state and plane rotation.
+    pub fn set_tables(&mut self, tables: LabelTables) {
+        self.tables = tables;
+    }
+
     /// Sends `bytes` from endpoint `publisher` at time `ts_ns`: its device
     /// decides the endpoints (never the publisher itself), labels the
     /// packet in its next plane, and the copies hop by label.

@@ -1,0 +1,108 @@
+//! Label routing on the k = 4 fat-tree (`subc_workload::topologies`): the
+//! planes spread over every core switch, loads measured by the simulator
+//! match the expected ones, and a measured latency moves routes off a link,
+//! damped, changing only the devices whose shortest paths changed.
+
+use subc_fabric::{check_topology, Damping, LabelRoutes, LabelSimulator, Topology, Traffic};
+use subc_lang::{check_program_with, Diagnostics, NfLimits, SourceMap};
+
+/// The k = 4 fat-tree routed by labels, `publishers` hosts publishing.
+fn fat_tree(publishers: usize) -> Topology {
+    let text = subc_workload::topologies::fat_tree_toml(4, publishers) + "[routing]\nmode = \"labels\"\n";
+    let mut sources = SourceMap::new();
+    let file = sources.add("fat_tree.toml", text);
+    let mut diags = Diagnostics::default();
+    check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)))
+}
+
+fn device_named(t: &Topology, name: &str) -> usize {
+    t.device(name).unwrap()
+}
+
+/// The link between two devices.
+fn link_between(t: &Topology, a: &str, b: &str) -> usize {
+    let (a, b) = (device_named(t, a), device_named(t, b));
+    t.links.iter().position(|l| [l.a.device, l.b.device] == [a, b] || [l.a.device, l.b.device] == [b, a]).unwrap()
+}
+
+/// Whether a link has a core switch (`cN`) at an end.
+fn at_core(t: &Topology, link: usize) -> Option<usize> {
+    let l = &t.links[link];
+    [l.a.device, l.b.device].into_iter().find(|&d| t.devices[d].name.starts_with('c'))
+}
+
+#[test]
+fn planes_spread_over_every_core_switch() {
+    let t = fat_tree(1);
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    assert_eq!(routes.planes(), 4, "(k/2)^2 equal-cost paths between pods");
+    let loads = routes.loads(&t, &traffic);
+    let mut core_load = vec![0.0; 4];
+    for (link, load) in loads.iter().enumerate() {
+        if let Some(c) = at_core(&t, link) {
+            core_load[c] += load;
+        }
+    }
+    assert!(core_load.iter().all(|&l| l > 0.0), "a core switch carries nothing: {core_load:?}");
+    let (lo, hi) = (core_load.iter().copied().fold(f64::MAX, f64::min), core_load.iter().copied().fold(0.0, f64::max));
+    assert_eq!(lo, hi, "core switches unevenly loaded: {core_load:?}");
+}
+
+/// Packets sent to every endpoint, one per plane from each publisher: the
+/// copies the simulator counts on each link are the expected loads.
+#[test]
+fn measured_loads_are_the_expected_loads() {
+    let t = fat_tree(2);
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    let mut sources = SourceMap::new();
+    let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    let spec = sources.add("itch.spec", spec);
+    let everyone: Vec<String> = t.endpoints.iter().map(|e| e.name.clone()).collect();
+    let rules = sources.add("rules.subs", format!("true : fwd({})\n", everyone.join(", ")));
+    let table = t.endpoint_table();
+    let (network, diags) = check_program_with(&sources, spec, &[rules], NfLimits::default(), Some(&table));
+    let network = network.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let mut fabric = LabelSimulator::new(&t, routes.tables(&t), &network);
+    let packet = subc_workload::itch_add_orders(1, 3).remove(0);
+    let mut measured = vec![0u32; t.links.len()];
+    for p in t.publishers() {
+        for plane in 0..routes.planes() {
+            let d = fabric.send(p, &packet, plane as u64);
+            assert_eq!(d.copies.iter().sum::<u32>() as usize, t.endpoints.len() - 1);
+            for (m, l) in measured.iter_mut().zip(&d.links) {
+                *m += l;
+            }
+        }
+    }
+    let expected = routes.loads(&t, &traffic);
+    for (link, (m, e)) in measured.iter().zip(&expected).enumerate() {
+        assert!((f64::from(*m) / routes.planes() as f64 - e).abs() < 1e-9, "link {link}: measured {m}, expected {e}");
+    }
+}
+
+/// The case of the issue: one link's latency rises. Routes move off it;
+/// only the devices whose shortest paths used it get new tables; a small
+/// rise is damped and moves nothing.
+#[test]
+fn a_slow_link_loses_its_routes_and_only_affected_devices_change() {
+    let t = fat_tree(2);
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    let slow = link_between(&t, "a0_0", "c0");
+    assert!(routes.loads(&t, &traffic)[slow] > 0.0, "the link carried nothing to begin with");
+    let mut measured = vec![None; t.links.len()];
+    measured[slow] = Some(50.0);
+    let damping = Damping { threshold: 0.2 };
+    let moved = routes.reroute(&t, &measured, damping);
+    assert_eq!(moved.routes.loads(&t, &traffic)[slow], 0.0, "routes stayed on the slow link");
+    let names: Vec<&str> = moved.changed.iter().map(|&d| t.devices[d].name.as_str()).collect();
+    assert!(!names.is_empty(), "nothing moved");
+    assert!(names.iter().all(|n| ["c0", "a0_0", "a1_0", "a2_0", "a3_0"].contains(n)), "unaffected devices changed: {names:?}");
+    measured[slow] = Some(1.1);
+    let damped = routes.reroute(&t, &measured, damping);
+    assert!(damped.changed.is_empty() && damped.routes == routes, "a 10 % rise moved routes past a 20 % threshold");
+    let back = moved.routes.reroute(&t, &vec![Some(1.0); t.links.len()], damping);
+    assert_eq!(back.routes, routes, "the latency back down gives the first routes again");
+}
