@@ -57,16 +57,18 @@ use crate::FabricError;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 
-/// A set of endpoints, one bit each (bit `e` is endpoint `e`).
+/// A set of endpoints, one bit each (bit `e` is endpoint `e`), over a
+/// network of `width` endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Label {
+    width: usize,
     words: Vec<u64>,
 }
 
 impl Label {
     /// The empty label over `endpoints` endpoints.
     pub fn empty(endpoints: usize) -> Label {
-        Label { words: vec![0; endpoints.div_ceil(64)] }
+        Label { width: endpoints, words: vec![0; endpoints.div_ceil(64)] }
     }
 
     /// The label of `members`, over `endpoints` endpoints (members beyond
@@ -93,7 +95,16 @@ impl Label {
 
     /// The endpoints in both.
     pub fn and(&self, other: &Label) -> Label {
-        Label { words: self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect() }
+        Label { width: self.width, words: self.words.iter().zip(&other.words).map(|(a, b)| a & b).collect() }
+    }
+
+    /// The header a packet in `plane` carries (`docs/network.md`, "The
+    /// label and its cost"): one byte of plane, then the bit string,
+    /// endpoint `8j + b` in bit `b` (least significant first) of byte `j`,
+    /// rounded up to whole bytes; [`LabelTables::header_bytes`] long.
+    pub fn header(&self, plane: u8) -> Vec<u8> {
+        let bits = (0..self.width.div_ceil(8)).map(|j| (self.words[j / 8] >> (8 * (j % 8))) as u8);
+        std::iter::once(plane).chain(bits).collect()
     }
 
     /// The members, in order.

@@ -3,7 +3,7 @@
 //! match the expected ones, and a measured latency moves routes off a link,
 //! damped, changing only the devices whose shortest paths changed.
 
-use subc_fabric::{check_topology, Damping, LabelRoutes, LabelSimulator, Topology, Traffic};
+use subc_fabric::{check_topology, Damping, Label, LabelRoutes, LabelSimulator, Topology, Traffic};
 use subc_lang::{check_program_with, Diagnostics, NfLimits, SourceMap};
 
 /// The k = 4 fat-tree routed by labels, `publishers` hosts publishing.
@@ -105,4 +105,18 @@ fn a_slow_link_loses_its_routes_and_only_affected_devices_change() {
     assert!(damped.changed.is_empty() && damped.routes == routes, "a 10 % rise moved routes past a 20 % threshold");
     let back = moved.routes.reroute(&t, &vec![Some(1.0); t.links.len()], damping);
     assert_eq!(back.routes, routes, "the latency back down gives the first routes again");
+}
+
+/// The header: plane byte, then endpoint bits least significant first,
+/// as long as `header_bytes` says.
+#[test]
+fn the_label_header_is_a_plane_byte_and_the_endpoint_bits() {
+    let t = fat_tree(1);
+    let tables = LabelRoutes::new(&t, &Traffic::declared(&t)).tables(&t);
+    let header = Label::of(t.endpoints.len(), [0, 9, 15]).header(3);
+    assert_eq!(header.len(), tables.header_bytes());
+    assert_eq!(header, [3, 0b1, 0b1000_0010]);
+    assert_eq!(Label::of(12, [11]).header(0), [0, 0, 0b1000]);
+    let wide = Label::of(128, [64, 127]).header(7);
+    assert_eq!((wide.len(), wide[9], wide[16]), (17, 1, 0b1000_0000));
 }
