@@ -52,7 +52,7 @@
 //! shortest paths changed get new tables ([`Rerouted::changed`]).
 
 use crate::routing::{reachable, surviving_links, Down};
-use crate::topology::{DeviceId, EndpointId, Link, PortRef, Topology, MAX_PLANES};
+use crate::topology::{latency_ns, DeviceId, EndpointId, Link, PortRef, Topology, MAX_PLANES};
 use crate::FabricError;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
@@ -317,8 +317,8 @@ impl LabelRoutes {
     /// once: the paths from one ingress form a tree).
     fn tree(&self, t: &Topology, plane: usize, flow: &Flow) -> (BTreeSet<DeviceId>, BTreeSet<usize>) {
         let (mut devices, mut links) = (BTreeSet::new(), BTreeSet::new());
-        let from = t.endpoints[flow.publisher].at.device;
-        for &e in flow.endpoints.iter().filter(|&&e| e != flow.publisher) {
+        let Some(from) = t.endpoints.get(flow.publisher).map(|p| p.at.device) else { return (devices, links) };
+        for &e in flow.endpoints.iter().filter(|&&e| e != flow.publisher && e < t.endpoints.len()) {
             let Some(path) = self.path(t, plane, from, e) else { continue };
             for w in path.windows(2) {
                 links.extend(self.next[plane][w[0]][e]);
@@ -383,8 +383,8 @@ impl LabelTables {
 
 /// A link's weight after a measurement, damped.
 fn damped(current: u64, measured_us: Option<f64>, damping: Damping) -> u64 {
-    let Some(us) = measured_us.filter(|us| us.is_finite() && *us > 0.0) else { return current };
-    let measured = ((us * 1_000.0).round() as u64).max(1);
+    let Some(us) = measured_us.filter(|us| us.is_finite()) else { return current };
+    let measured = latency_ns(us);
     let moved = (measured as f64 - current as f64).abs() > damping.threshold * current as f64;
     if moved {
         measured

@@ -79,9 +79,9 @@ impl Link {
     /// The link's routing weight, in whole nanoseconds: its latency, or one
     /// microsecond if none is declared. Always at least 1 (a checked
     /// latency is at least a nanosecond), so every path has a positive
-    /// length.
+    /// length; at most a second.
     pub fn weight_ns(&self) -> u64 {
-        self.latency_us.map_or(1_000, |us| ((us * 1_000.0).round() as u64).max(1))
+        self.latency_us.map_or(1_000, latency_ns)
     }
 
     /// The link's capacity, 1 if none is declared.
@@ -131,6 +131,17 @@ pub struct Routing {
     /// Label mode's planes (1 to [`MAX_PLANES`]), if declared; see
     /// [`crate::LabelRoutes`] for the default.
     pub planes: Option<u32>,
+}
+
+/// The latencies a link may declare or measure, in µs: from a nanosecond
+/// (so every weight is positive) to a second (so no sum of weights over a
+/// path can overflow).
+pub(crate) const LATENCY_US: (f64, f64) = (0.001, 1_000_000.0);
+
+/// A latency in µs as a weight in whole nanoseconds, clamped to
+/// [`LATENCY_US`].
+pub(crate) fn latency_ns(us: f64) -> u64 {
+    (us.clamp(LATENCY_US.0, LATENCY_US.1) * 1_000.0).round() as u64
 }
 
 /// The most planes label routing may use: the plane is one byte of the label.
@@ -376,17 +387,19 @@ impl Checker<'_> {
             );
             return None;
         }
-        let latency_us = self.at_least(l.latency_us.as_ref(), "latency_us", 0.001, "a latency in microseconds, at least 0.001 (1 ns)");
-        let capacity_gbps = self.at_least(l.capacity_gbps.as_ref(), "capacity_gbps", f64::MIN_POSITIVE, "a capacity in Gbit/s above 0");
+        let latency_us =
+            self.in_range(l.latency_us.as_ref(), "latency_us", LATENCY_US, "a latency in microseconds, 0.001 (1 ns) to 1000000 (1 s)");
+        let capacity_gbps =
+            self.in_range(l.capacity_gbps.as_ref(), "capacity_gbps", (f64::MIN_POSITIVE, f64::MAX), "a capacity in Gbit/s above 0");
         Some(Link { a, b, latency_us, capacity_gbps })
     }
 
-    /// A declared quantity, if it is a finite number of at least `least`
-    /// (else reported, and taken as undeclared).
-    fn at_least(&mut self, v: Option<&Spanned<f64>>, name: &str, least: f64, expected: &str) -> Option<f64> {
+    /// A declared quantity, if it is a finite number within `(least,
+    /// most)` inclusive (else reported, and taken as undeclared).
+    fn in_range(&mut self, v: Option<&Spanned<f64>>, name: &str, (least, most): (f64, f64), expected: &str) -> Option<f64> {
         let v = v?;
         let x = *v.get_ref();
-        if x.is_finite() && x >= least {
+        if x.is_finite() && (least..=most).contains(&x) {
             return Some(x);
         }
         self.diags.push(
@@ -444,7 +457,7 @@ impl Checker<'_> {
                         .note("`and`, `or`, `not`, `in`, `true` and `false` are taken"),
                 );
             }
-            let rate = self.at_least(e.rate.as_ref(), "rate", 0.0, "packets per second, 0 or more");
+            let rate = self.in_range(e.rate.as_ref(), "rate", (0.0, f64::MAX), "packets per second, 0 or more");
             if let Some(at) = self.port(devices, &e.at, "this endpoint") {
                 out.push(Endpoint { name: e.name.get_ref().clone(), at, publishes: e.publishes, rate });
             }

@@ -214,6 +214,43 @@ proptest! {
     ) {
         run(devices, endpoints, extra, seed, mode).map(drop)?;
     }
+
+    /// Trees, meshes and fat-trees, stateless and stateful.
+    #[test]
+    fn labels_deliver_what_the_ingress_interpreter_says(
+        devices in 2..=8usize,
+        endpoints in 1..=6usize,
+        extra in 0..5usize,
+        fat_tree in prop::bool::weighted(0.2),
+        stateful in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let shape = if fat_tree { Shape::FatTree } else { Shape::Random { devices, endpoints, extra } };
+        run_labels(LabelCase { shape, seed, stateful }).map(drop)?;
+    }
+
+    /// Failures give the same label routes whatever order they happen in:
+    /// the routes depend on the set that is down alone.
+    #[test]
+    fn label_routes_after_failures_do_not_depend_on_their_order(seed in any::<u64>()) {
+        let mut rng = Rng::new(seed);
+        let mut sources = SourceMap::new();
+        let file = sources.add("fabric.toml", label_topology(Shape::Random { devices: 7, endpoints: 5, extra: 6 }, &mut rng));
+        let topo = check_topology(&sources, file, &mut Diagnostics::default()).unwrap();
+        let traffic = Traffic::declared(&topo);
+        let failed: Vec<usize> = (0..3).map(|_| rng.below(topo.links.len() as u64) as usize).collect();
+        let mut results = vec![];
+        for order in [[0, 1, 2], [2, 0, 1], [1, 2, 0]] {
+            let mut down = Down::default();
+            let mut last = None;
+            for &k in &order {
+                down.links.insert(failed[k]);
+                last = Some(LabelRoutes::avoiding(&topo, &down, &traffic).map(|r| r.tables(&topo)));
+            }
+            results.push(last);
+        }
+        prop_assert!(results.windows(2).all(|w| w[0] == w[1]), "failures in different orders gave different routes");
+    }
 }
 
 /// Meshes of five devices and six endpoints, with a floor on deliveries,
@@ -379,47 +416,6 @@ fn run_labels(case: LabelCase) -> Result<Shown, TestCaseError> {
         shown.delivered += got.copies.iter().sum::<u32>();
     }
     Ok(shown)
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
-
-    /// Trees, meshes and fat-trees, stateless and stateful.
-    #[test]
-    fn labels_deliver_what_the_ingress_interpreter_says(
-        devices in 2..=8usize,
-        endpoints in 1..=6usize,
-        extra in 0..5usize,
-        fat_tree in prop::bool::weighted(0.2),
-        stateful in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        let shape = if fat_tree { Shape::FatTree } else { Shape::Random { devices, endpoints, extra } };
-        run_labels(LabelCase { shape, seed, stateful }).map(drop)?;
-    }
-
-    /// Failures give the same label routes whatever order they happen in:
-    /// the routes depend on the set that is down alone.
-    #[test]
-    fn label_routes_after_failures_do_not_depend_on_their_order(seed in any::<u64>()) {
-        let mut rng = Rng::new(seed);
-        let mut sources = SourceMap::new();
-        let file = sources.add("fabric.toml", label_topology(Shape::Random { devices: 7, endpoints: 5, extra: 6 }, &mut rng));
-        let topo = check_topology(&sources, file, &mut Diagnostics::default()).unwrap();
-        let traffic = Traffic::declared(&topo);
-        let failed: Vec<usize> = (0..3).map(|_| rng.below(topo.links.len() as u64) as usize).collect();
-        let mut results = vec![];
-        for order in [[0, 1, 2], [2, 0, 1], [1, 2, 0]] {
-            let mut down = Down::default();
-            let mut last = None;
-            for &k in &order {
-                down.links.insert(failed[k]);
-                last = Some(LabelRoutes::avoiding(&topo, &down, &traffic).map(|r| r.tables(&topo)));
-            }
-            results.push(last);
-        }
-        prop_assert!(results.windows(2).all(|w| w[0] == w[1]), "failures in different orders gave different routes");
-    }
 }
 
 /// Fixed cases of every shape, with floors on what they show: copies

@@ -120,3 +120,32 @@ fn the_label_header_is_a_plane_byte_and_the_endpoint_bits() {
     let wide = Label::of(128, [64, 127]).header(7);
     assert_eq!((wide.len(), wide[9], wide[16]), (17, 1, 0b1000_0000));
 }
+
+/// A topology's file (`Topology::to_toml`) keeps latencies, capacities,
+/// rates and the routing table, and writes none of them where none was
+/// declared.
+#[test]
+fn the_file_keeps_what_label_routing_reads() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/topologies/labels.toml")).unwrap();
+    let check = |text: String| {
+        let mut sources = SourceMap::new();
+        let file = sources.add("t.toml", text);
+        let mut diags = Diagnostics::default();
+        check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)))
+    };
+    let t = check(text);
+    let again = check(t.to_toml());
+    assert_eq!(again.links, t.links);
+    assert_eq!(again.routing, t.routing);
+    assert_eq!(again.endpoints.iter().map(|e| e.rate).collect::<Vec<_>>(), [Some(1000.0), None, Some(500.0), None, None]);
+    let plain = t.to_toml().replace("[routing]\nmode = \"labels\"\n", "");
+    let plain = check(
+        plain
+            .lines()
+            .filter(|l| !l.starts_with("latency_us") && !l.starts_with("capacity") && !l.starts_with("rate"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    let file = plain.to_toml();
+    assert!(!file.contains("routing") && !file.contains("latency") && !file.contains("rate"), "{file}");
+}
