@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 use subc_bdd::{sample_values, CompileOptions, CompiledSet, SetDiff};
 use subc_fabric::{check_topology, place, project_all, project_rule, FabricError, Routes, Topology};
-use subc_fabric::{LabelRoutes, LabelSimulator, RoutingMode, Traffic};
+use subc_fabric::{Flow, LabelRoutes, LabelSimulator, RoutingMode, Traffic};
 use subc_lang::{check_program_with, Diagnostics, NfLimits, NfSubscription, Program, SourceMap, SubId};
 use subc_workload::topologies::fat_tree_toml;
 use subc_workload::{itch, itch_add_orders, ItchParams, Rng};
@@ -310,20 +310,6 @@ fn core_switch(t: &Topology, l: usize) -> Option<usize> {
     [link.a.device, link.b.device].into_iter().find(|&d| t.devices[d].name.starts_with('c'))
 }
 
-/// The shared tree's links from device `from` to endpoint `to`.
-fn tree_path(t: &Topology, routes: &Routes, from: usize, to: usize) -> Vec<usize> {
-    let mut path = vec![];
-    let mut at = from;
-    while at != t.endpoints[to].at.device {
-        let port = routes.port_toward(at, to);
-        let link = t.link_at(subc_fabric::PortRef { device: at, port }).expect("the tree joins every device");
-        path.push(link);
-        let l = &t.links[link];
-        at = if l.a.device == at { l.b.device } else { l.a.device };
-    }
-    path
-}
-
 /// The label section (see the module doc).
 fn labels(t: &Topology, tree: &Routes, network: &Program, pool: &[NfSubscription], args: &Args, tree_entries: usize) {
     let mut t = t.clone();
@@ -349,15 +335,13 @@ fn labels(t: &Topology, tree: &Routes, network: &Program, pool: &[NfSubscription
         let to: Vec<usize> = (0..t.endpoints.len()).filter(|&e| d.copies[e] > 0).collect();
         let from = t.endpoints[p].at.device;
         let plane = i / publishers.len() % routes.planes();
-        let mut crossed = std::collections::BTreeSet::new();
         for &e in &to {
             labelled.hops += routes.path(&t, plane, from, e).map_or(0, |p| p.len() - 1);
-            let path = tree_path(&t, tree, from, e);
-            shared.hops += path.len();
-            crossed.extend(path);
+            shared.hops += tree.path(&t, from, e).map_or(0, |p| p.len());
         }
-        for l in crossed {
-            shared.per_link[l] += 1.0;
+        let one = Traffic { flows: vec![Flow { publisher: p, endpoints: to.clone(), rate: 1.0 }] };
+        for (c, n) in shared.per_link.iter_mut().zip(tree.loads(&t, &one)) {
+            *c += n;
         }
         labelled.pairs += to.len();
         shared.pairs += to.len();

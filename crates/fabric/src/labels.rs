@@ -235,6 +235,10 @@ impl LabelRoutes {
         while let Some(&at) = path.last().filter(|&&d| d != home) {
             let link = self.next[plane][at][to]?;
             path.push(far_end(&t.links[link], at).device);
+            // Next hops only go downhill, so this holds for routes made for `t`.
+            if path.len() > t.devices.len() {
+                return None;
+            }
         }
         Some(path)
     }

@@ -12,7 +12,8 @@
 //! failure depend only on the file and the set, not on the order in which
 //! things went down.
 
-use crate::topology::{DeviceId, EndpointId, Link, Topology};
+use crate::labels::Traffic;
+use crate::topology::{DeviceId, EndpointId, Link, PortRef, Topology};
 use crate::FabricError;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -95,6 +96,36 @@ impl Routes {
     /// Whether `device` forwards toward `endpoint` at all ([`Routes::carries`]).
     pub fn carries(&self, device: DeviceId, endpoint: EndpointId) -> bool {
         self.carries[device][endpoint]
+    }
+
+    /// The tree links (indices into [`Topology::links`]) from `from` to
+    /// `to`'s device, in order; `None` if the tree does not join them.
+    pub fn path(&self, t: &Topology, from: DeviceId, to: EndpointId) -> Option<Vec<usize>> {
+        let home = t.endpoints.get(to)?.at.device;
+        let (mut at, mut path) = (from, vec![]);
+        while at != home && path.len() < t.devices.len() {
+            let link = t.link_at(PortRef { device: at, port: self.toward[at][to] }).filter(|l| self.tree.contains(l))?;
+            path.push(link);
+            let Link { a, b, .. } = t.links[link];
+            at = if a.device == at { b.device } else { a.device };
+        }
+        (at == home).then_some(path)
+    }
+
+    /// Expected packets per second on each tree link (both directions
+    /// summed), each of `traffic`'s packets crossing the union of its tree
+    /// paths once: what [`crate::LabelRoutes::loads`] gives in label mode.
+    pub fn loads(&self, t: &Topology, traffic: &Traffic) -> Vec<f64> {
+        let mut load = vec![0.0; t.links.len()];
+        for f in traffic.flows.iter().filter(|f| f.publisher < t.endpoints.len()) {
+            let from = t.endpoints[f.publisher].at.device;
+            let crossed: BTreeSet<usize> =
+                f.endpoints.iter().filter(|&&e| e != f.publisher).filter_map(|&e| self.path(t, from, e)).flatten().collect();
+            for l in crossed {
+                load[l] += f.rate;
+            }
+        }
+        load
     }
 }
 

@@ -169,12 +169,15 @@ impl<'a> LabelSimulator<'a> {
 
     /// Sends `bytes` from endpoint `publisher` at time `ts_ns`: its device
     /// decides the endpoints (never the publisher itself), labels the
-    /// packet in its next plane, and the copies hop by label.
+    /// packet in its next plane, and the copies hop by label. Only ingress
+    /// devices ([`LabelTables::ingress`]) hold the network program, so a
+    /// packet from an endpoint elsewhere (not a publisher, or on a device
+    /// down) goes nowhere.
     pub fn send(&mut self, publisher: EndpointId, bytes: &[u8], ts_ns: u64) -> Delivery {
         let mut out = Delivery::none(self.topology);
         let device = self.topology.endpoints[publisher].at.device;
         let planes = self.tables.forward.len() as u64;
-        if planes == 0 {
+        if planes == 0 || !self.tables.ingress[device] {
             return out;
         }
         let wanted = self.ingress[device].run(bytes, ts_ns).ports.into_iter().map(|p| p as usize).filter(|&e| e != publisher);

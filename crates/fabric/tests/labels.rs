@@ -1,9 +1,9 @@
 //! Label routing on the k = 4 fat-tree (`subc_workload::topologies`): the
 //! planes spread over every core switch, loads measured by the simulator
-//! match the expected ones, and a measured latency moves routes off a link,
+//! match the expected ones (and the shared tree's too), and a measured latency moves routes off a link,
 //! damped, changing only the devices whose shortest paths changed.
 
-use subc_fabric::{check_topology, Damping, Label, LabelRoutes, LabelSimulator, Topology, Traffic};
+use subc_fabric::{check_topology, project_all, Damping, Label, LabelRoutes, LabelSimulator, Routes, Simulator, Topology, Traffic};
 use subc_lang::{check_program_with, Diagnostics, NfLimits, SourceMap};
 
 /// The k = 4 fat-tree routed by labels, `publishers` hosts publishing.
@@ -80,6 +80,19 @@ fn measured_loads_are_the_expected_loads() {
     for (link, (m, e)) in measured.iter().zip(&expected).enumerate() {
         assert!((f64::from(*m) / routes.planes() as f64 - e).abs() < 1e-9, "link {link}: measured {m}, expected {e}");
     }
+    // The shared tree, the same way: one packet from each publisher.
+    let tree = Routes::new(&t);
+    let programs = project_all(&t, &tree, &network).unwrap();
+    let mut fabric = Simulator::new(&t, &tree, &programs);
+    let mut measured = vec![0u32; t.links.len()];
+    for p in t.publishers() {
+        for (m, l) in measured.iter_mut().zip(fabric.send(p, &packet, 0).links) {
+            *m += l;
+        }
+    }
+    let expected = tree.loads(&t, &traffic);
+    assert!(measured.iter().zip(&expected).all(|(m, e)| f64::from(*m) == *e), "tree: measured {measured:?}, expected {expected:?}");
+    assert!(tree.spare.iter().all(|&l| expected[l] == 0.0), "a spare link carries");
 }
 
 /// The case of the issue: one link's latency rises. Routes move off it;
