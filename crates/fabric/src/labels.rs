@@ -219,11 +219,6 @@ impl LabelRoutes {
         self.weights[link]
     }
 
-    /// The link `device` forwards `endpoint`'s bit on, in `plane`.
-    pub fn next_link(&self, plane: usize, device: DeviceId, endpoint: EndpointId) -> Option<usize> {
-        self.next[plane][device][endpoint]
-    }
-
     /// The devices a packet from `from` passes toward `to` in `plane`,
     /// both ends included; `None` if it cannot get there.
     pub fn path(&self, t: &Topology, plane: usize, from: DeviceId, to: EndpointId) -> Option<Vec<DeviceId>> {
