@@ -18,7 +18,8 @@
 //!
 //! **Balance.** Planes are built one after another. Plane `i` ranks the
 //! devices by the expected load that planes `0..i` put on them (packets per
-//! second, from [`Traffic`]), least loaded first, ties by name. So a plane
+//! second, from [`Traffic`]) over the capacity of their links
+//! ([`Link::capacity`]), least utilized first, ties by name. So a plane
 //! steers through what earlier planes left idle: on a fat-tree, successive
 //! planes take successive aggregation and core switches. The default number
 //! of planes is the largest number of equal-cost shortest paths from a
@@ -196,9 +197,11 @@ impl LabelRoutes {
         let graph = Graph::new(t, &weights);
         let planes = t.routing.planes.map_or_else(|| default_planes(t, down, &graph), |p| p as usize);
         let mut routes = LabelRoutes { weights, ranks: vec![], next: vec![], down: down.devices.clone() };
+        let capacity = link_capacity(t, &routes.weights);
         let mut load = vec![0.0; t.devices.len()];
         for _ in 0..planes {
-            let rank = ranking(t, &load);
+            let utilization: Vec<f64> = load.iter().zip(&capacity).map(|(l, c)| l / c).collect();
+            let rank = ranking(t, &utilization);
             let next = graph.next_hops(t, &rank);
             routes.ranks.push(rank);
             routes.next.push(next);
@@ -424,6 +427,17 @@ fn check_connected(t: &Topology, down: &Down) -> Result<(), FabricError> {
         return Ok(());
     }
     Err(FabricError::Partitioned { devices: cut, root: t.devices[first].name.clone() })
+}
+
+/// Per device, the capacity of its links up (at least the smallest
+/// positive number, so that a device with none ranks by load alone).
+fn link_capacity(t: &Topology, weights: &[Option<u64>]) -> Vec<f64> {
+    let mut capacity = vec![f64::MIN_POSITIVE; t.devices.len()];
+    for (l, _) in t.links.iter().zip(weights).filter(|(_, w)| w.is_some()) {
+        capacity[l.a.device] += l.capacity();
+        capacity[l.b.device] += l.capacity();
+    }
+    capacity
 }
 
 /// Devices ranked by load, least first, ties by name: `rank[device]`.

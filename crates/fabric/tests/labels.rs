@@ -162,3 +162,28 @@ fn the_file_keeps_what_label_routing_reads() {
     let file = plain.to_toml();
     assert!(!file.contains("routing") && !file.contains("latency") && !file.contains("rate"), "{file}");
 }
+
+/// Two leaves joined through two spines at equal latency, `spine2`'s links
+/// ten times `spine1`'s capacity: planes prefer the spine less utilized,
+/// so most of the traffic goes through `spine2`.
+#[test]
+fn planes_follow_capacity() {
+    let mut text = String::new();
+    for d in ["leaf1", "leaf2", "spine1", "spine2"] {
+        text += &format!("[[device]]\nname = \"{d}\"\nkind = \"sim\"\n\n");
+    }
+    for (leaf, spine, port, capacity) in [(1, 1, 1, 1), (1, 2, 2, 10), (2, 1, 1, 1), (2, 2, 2, 10)] {
+        text += &format!("[[link]]\na = \"leaf{leaf}:{port}\"\nb = \"spine{spine}:{leaf}\"\ncapacity_gbps = {capacity}.0\n\n");
+    }
+    text += "[[endpoint]]\nname = \"h1\"\nat = \"leaf1:3\"\n\n[[endpoint]]\nname = \"h2\"\nat = \"leaf2:3\"\n\n";
+    text += "[routing]\nmode = \"labels\"\nplanes = 8\n";
+    let mut sources = SourceMap::new();
+    let file = sources.add("t.toml", text);
+    let mut diags = Diagnostics::default();
+    let t = check_topology(&sources, file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
+    let traffic = Traffic::declared(&t);
+    let loads = LabelRoutes::new(&t, &traffic).loads(&t, &traffic);
+    let through = |spine: &str| link_between(&t, "leaf1", spine);
+    let (thin, thick) = (loads[through("spine1")], loads[through("spine2")]);
+    assert!(thin > 0.0 && thick > 4.0 * thin, "spine1 {thin}, spine2 {thick}");
+}
