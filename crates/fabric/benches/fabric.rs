@@ -2,7 +2,8 @@
 //! per measurement.
 //!
 //! `cargo bench -p subc-fabric --bench fabric -- [--subs N] [--k K]
-//! [--publishers P] [--updates U] [--budget B]`: a k-ary fat-tree
+//! [--publishers P] [--updates U] [--budget B] [--routing labels]
+//! [--packets S]`: a k-ary fat-tree
 //! (`subc_workload::topologies`, k = 8: 80 switches, 128 hosts) with P
 //! publishing hosts in different pods, and N ITCH subscriptions each
 //! forwarding to one random host. Measured:
@@ -20,14 +21,26 @@
 //!   device and the extra deliveries its relaxation makes on sampled
 //!   packets; devices whose own endpoints alone exceed the budget are
 //!   listed (the error placement gives) and compiled without one.
+//!
+//! With `--routing labels`, `budgets` gives way to `labels`:
+//! the fabric routed by labels (`subc_fabric::LabelRoutes`, balanced for
+//! the declared traffic), S ITCH packets (default 1,000) sent round-robin
+//! from the publishers through the label simulator, and the same delivery
+//! sets walked along the shared tree. Printed for both: copies per link
+//! (the maximum over core links and over all links, the core's lower bound
+//! = copies crossing the core / core links' capacity, and their ratio), the
+//! core switches that carry anything, the mean path length against the
+//! mean shortest path; for labels also the transit entries, header bytes
+//! per packet, and the update cost when only ingress devices hold rules.
 
 use std::collections::HashMap;
 use std::time::Instant;
 use subc_bdd::{sample_values, CompileOptions, CompiledSet, SetDiff};
 use subc_fabric::{check_topology, place, project_all, project_rule, FabricError, Routes, Topology};
+use subc_fabric::{Flow, LabelRoutes, LabelSimulator, RoutingMode, Traffic};
 use subc_lang::{check_program_with, Diagnostics, NfLimits, NfSubscription, Program, SourceMap, SubId};
 use subc_workload::topologies::fat_tree_toml_with;
-use subc_workload::{itch, ItchParams, Rng};
+use subc_workload::{itch, itch_add_orders, ItchParams, Rng};
 
 /// The command line.
 struct Args {
@@ -39,11 +52,23 @@ struct Args {
     budget: Option<u64>,
     /// Hosts per edge switch (k/2 if unset; 32 with k = 8 is 4,096 hosts).
     hosts: Option<usize>,
+    routing: RoutingMode,
+    /// Packets sent through the label simulator.
+    packets: usize,
 }
 
 impl Args {
     fn parse() -> Args {
-        let mut a = Args { subs: 100_000, k: 8, publishers: 4, updates: 200, budget: None, hosts: None };
+        let mut a = Args {
+            subs: 100_000,
+            k: 8,
+            publishers: 4,
+            updates: 200,
+            budget: None,
+            hosts: None,
+            routing: RoutingMode::Tree,
+            packets: 1_000,
+        };
         let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
         for pair in args.chunks(2) {
             let value = || pair.get(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{} needs a number", pair[0]));
@@ -54,7 +79,17 @@ impl Args {
                 "--updates" => a.updates = value(),
                 "--budget" => a.budget = Some(value() as u64),
                 "--hosts" => a.hosts = Some(value()),
-                other => panic!("unknown argument `{other}` (--subs N, --k K, --publishers P, --updates U, --budget B, --hosts H)"),
+                "--packets" => a.packets = value(),
+                "--routing" => {
+                    a.routing = match pair.get(1).map(String::as_str) {
+                        Some("tree") => RoutingMode::Tree,
+                        Some("labels") => RoutingMode::Labels,
+                        _ => panic!("--routing takes `tree` or `labels`"),
+                    }
+                }
+                other => panic!(
+                    "unknown argument `{other}` (--subs N, --k K, --publishers P, --updates U, --budget B, --hosts H, --routing tree|labels, --packets S)"
+                ),
             }
         }
         a
@@ -147,8 +182,8 @@ fn plan(t: &Topology, routes: &Routes, network: &Program, sets: &mut [CompiledSe
 }
 
 /// `count` alternating adds (from `pool`) and removes (of a random rule
-/// present).
-fn updates(t: &Topology, routes: &Routes, network: &Program, sets: &mut [CompiledSet], pool: &[NfSubscription], count: usize) {
+/// present), each planned by `plan(rule, add)`; printed as `bench`.
+fn updates(bench: &str, network: &Program, pool: &[NfSubscription], count: usize, plan: &mut dyn FnMut(&NfSubscription, bool) -> Update) {
     let mut present: Vec<SubId> = network.normal_forms.iter().map(|n| n.id).collect();
     let by_id: HashMap<SubId, &NfSubscription> = network.normal_forms.iter().chain(pool).map(|n| (n.id, n)).collect();
     let mut pending = pool.iter();
@@ -157,12 +192,12 @@ fn updates(t: &Topology, routes: &Routes, network: &Program, sets: &mut [Compile
     for i in 0..count {
         match pending.next().filter(|_| i % 2 == 0) {
             Some(rule) => {
-                adds.push(plan(t, routes, network, sets, rule, true));
+                adds.push(plan(rule, true));
                 present.push(rule.id);
             }
             None => {
                 let id = present.swap_remove(rng.below(present.len() as u64) as usize);
-                removes.push(plan(t, routes, network, sets, by_id[&id], false));
+                removes.push(plan(by_id[&id], false));
             }
         }
     }
@@ -178,7 +213,7 @@ fn updates(t: &Topology, routes: &Routes, network: &Program, sets: &mut [Compile
         println!(
             "{}",
             serde_json::json!({
-                "bench": "fabric_update", "kind": what, "count": u.len(),
+                "bench": bench, "kind": what, "count": u.len(),
                 "devices_touched_p50": pct(&touched, 0.5), "devices_touched_p99": pct(&touched, 0.99),
                 "entries_written_p50": pct(&written, 0.5), "entries_written_p99": pct(&written, 0.99),
                 "plan_ms_p50": pct(&ms, 0.5), "plan_ms_p99": pct(&ms, 0.99),
@@ -248,6 +283,128 @@ fn main() {
     let routes = Routes::new(&t);
     let mut sets = compile_devices(&t, &routes, &network);
     let exact: Vec<usize> = sets.iter().map(CompiledSet::entry_count).collect();
-    updates(&t, &routes, &network, &mut sets, pool, args.updates);
-    budgets(&mut t, &routes, &network, &exact, args.budget);
+    updates("fabric_update", &network, pool, args.updates, &mut |rule, add| plan(&t, &routes, &network, &mut sets, rule, add));
+    match args.routing {
+        RoutingMode::Tree => budgets(&mut t, &routes, &network, &exact, args.budget),
+        RoutingMode::Labels => labels(&t, &routes, &network, pool, &args, exact.iter().sum()),
+    }
+}
+
+/// One routing's copies per link over the sampled packets, and its paths.
+struct Carried {
+    per_link: Vec<f64>,
+    /// Hops over every (packet, endpoint delivered) pair.
+    hops: usize,
+    pairs: usize,
+}
+
+impl Carried {
+    /// The JSON of what it carried, against the core's lower bound.
+    fn report(&self, t: &Topology, shortest_hops: f64) -> serde_json::Value {
+        let core: Vec<usize> = (0..t.links.len()).filter(|&l| core_switch(t, l).is_some()).collect();
+        let core_copies: f64 = core.iter().map(|&l| self.per_link[l]).sum();
+        let core_capacity: f64 = core.iter().map(|&l| t.links[l].capacity()).sum();
+        let lower_bound = core_copies / core_capacity;
+        let max_core = core.iter().map(|&l| self.per_link[l] / t.links[l].capacity()).fold(0.0, f64::max);
+        let mut carrying: Vec<usize> = core.iter().filter(|&&l| self.per_link[l] > 0.0).filter_map(|&l| core_switch(t, l)).collect();
+        carrying.sort_unstable();
+        carrying.dedup();
+        let cores = t.devices.iter().filter(|d| d.name.starts_with('c')).count();
+        serde_json::json!({
+            "max_link_load": self.per_link.iter().copied().fold(0.0, f64::max),
+            "max_core_link_load": max_core, "core_copies": core_copies, "core_lower_bound": lower_bound,
+            "max_core_over_lower_bound": max_core / lower_bound,
+            "core_switches_carrying": carrying.len(), "core_switches": cores,
+            "mean_path_hops": self.hops as f64 / self.pairs.max(1) as f64, "mean_shortest_hops": shortest_hops,
+        })
+    }
+}
+
+/// The core switch at an end of link `l`, if any (fat-tree names: `cN`).
+fn core_switch(t: &Topology, l: usize) -> Option<usize> {
+    let link = &t.links[l];
+    [link.a.device, link.b.device].into_iter().find(|&d| t.devices[d].name.starts_with('c'))
+}
+
+/// The label section (see the module doc).
+fn labels(t: &Topology, tree: &Routes, network: &Program, pool: &[NfSubscription], args: &Args, tree_entries: usize) {
+    let mut t = t.clone();
+    t.routing.mode = RoutingMode::Labels;
+    let start = Instant::now();
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    let tables = routes.tables(&t);
+    let route_s = start.elapsed().as_secs_f64();
+    let publishers = t.publishers();
+    let packets = itch_add_orders(args.packets, 11);
+    let mut fabric = LabelSimulator::new(&t, tables.clone(), network);
+    let mut labelled = Carried { per_link: vec![0.0; t.links.len()], hops: 0, pairs: 0 };
+    let mut shared = Carried { per_link: vec![0.0; t.links.len()], hops: 0, pairs: 0 };
+    let mut samples = vec![];
+    let start = Instant::now();
+    for (i, bytes) in packets.iter().enumerate() {
+        let p = publishers[i % publishers.len()];
+        let d = fabric.send(p, bytes, i as u64 * 1000);
+        for (c, n) in labelled.per_link.iter_mut().zip(&d.links) {
+            *c += f64::from(*n);
+        }
+        let to: Vec<usize> = (0..t.endpoints.len()).filter(|&e| d.copies[e] > 0).collect();
+        let from = t.endpoints[p].at.device;
+        let plane = i / publishers.len() % routes.planes();
+        for &e in &to {
+            labelled.hops += routes.path(&t, plane, from, e).map_or(0, |p| p.len() - 1);
+            shared.hops += tree.path(&t, from, e).map_or(0, |p| p.len());
+        }
+        let one = Traffic { flows: vec![Flow { publisher: p, endpoints: to.clone(), rate: 1.0 }] };
+        for (c, n) in shared.per_link.iter_mut().zip(tree.loads(&t, &one)) {
+            *c += n;
+        }
+        labelled.pairs += to.len();
+        shared.pairs += to.len();
+        samples.push((p, to));
+    }
+    let send_s = start.elapsed().as_secs_f64();
+    let shortest = mean_shortest_hops(&t, &routes, &samples);
+    let expected = routes.loads(&t, &Traffic::sampled(&t, &samples));
+    let scale = args.packets as f64 / publishers.iter().map(|&p| t.rate(p)).sum::<f64>();
+    let expected_max = expected.iter().map(|e| e * scale).fold(0.0, f64::max);
+    let whole = CompiledSet::compile(&network.spec, &network.normal_forms, CompileOptions::default()).unwrap();
+    let ingress = tables.ingress.iter().filter(|&&i| i).count();
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "fabric_labels", "devices": t.devices.len(), "endpoints": t.endpoints.len(), "publishers": publishers.len(),
+            "planes": routes.planes(), "route_seconds": route_s, "packets": args.packets, "send_seconds": send_s,
+            "copies": labelled.pairs, "labels": labelled.report(&t, shortest), "tree": shared.report(&t, shortest),
+            "expected_max_link_load": expected_max,
+            "transit_entries": tables.transit_entries(), "egress_entries": tables.deliver.iter().map(Vec::len).sum::<usize>(),
+            "header_bytes": tables.header_bytes(), "ingress_devices": ingress,
+            "ingress_entries": whole.entry_count() * ingress, "tree_entries": tree_entries,
+        })
+    );
+    label_updates(whole, network, pool, args.updates, ingress);
+}
+
+/// The mean shortest-path hops over the sampled (publisher, endpoint) pairs.
+fn mean_shortest_hops(t: &Topology, routes: &LabelRoutes, samples: &[(usize, Vec<usize>)]) -> f64 {
+    let (mut hops, mut pairs) = (0u64, 0u64);
+    for (p, to) in samples {
+        for &e in to {
+            // Unit weights (1 µs each) on the bench's fat-tree.
+            hops += routes.distance(t, t.endpoints[*p].at.device, e).unwrap_or(0) / 1_000;
+            pairs += 1;
+        }
+    }
+    hops as f64 / pairs.max(1) as f64
+}
+
+/// Label mode's update cost: the same updates as tree mode's, each made
+/// to the whole set once and written to every ingress device, and nowhere
+/// else.
+fn label_updates(mut whole: CompiledSet, network: &Program, pool: &[NfSubscription], count: usize, ingress: usize) {
+    updates("fabric_labels_update", network, pool, count, &mut |rule, add| {
+        let start = Instant::now();
+        let diff = if add { whole.add(std::slice::from_ref(rule)) } else { whole.remove(&[rule.id]) }.unwrap();
+        Update { touched: ingress, written: diff.len() * ingress, seconds: start.elapsed().as_secs_f64() }
+    });
 }

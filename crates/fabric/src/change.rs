@@ -9,7 +9,7 @@
 //! same checks, the same routing (file order), the same endpoint numbers
 //! (an endpoint's position).
 
-use crate::topology::{check_topology_with, DeviceKind, Topology};
+use crate::topology::{check_topology_with, DeviceKind, Routing, Topology};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use subc_lang::{Code, Diagnostics, SourceMap};
@@ -61,6 +61,16 @@ struct FileOut {
     link: Vec<LinkOut>,
     #[serde(default)]
     endpoint: Vec<EndpointOut>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    routing: Option<RoutingOut>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutingOut {
+    mode: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    planes: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,6 +89,10 @@ struct DeviceOut {
 struct LinkOut {
     a: String,
     b: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capacity_gbps: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -88,6 +102,8 @@ struct EndpointOut {
     at: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     publishes: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<f64>,
 }
 
 impl Topology {
@@ -111,8 +127,18 @@ impl FileOut {
                 .iter()
                 .map(|d| DeviceOut { name: d.name.clone(), kind: kind(d), budget: d.budget, options: d.options.clone() })
                 .collect(),
-            link: t.links.iter().map(|l| LinkOut { a: end(l.a), b: end(l.b) }).collect(),
-            endpoint: t.endpoints.iter().map(|e| EndpointOut { name: e.name.clone(), at: end(e.at), publishes: e.publishes }).collect(),
+            link: t
+                .links
+                .iter()
+                .map(|l| LinkOut { a: end(l.a), b: end(l.b), latency_us: l.latency_us, capacity_gbps: l.capacity_gbps })
+                .collect(),
+            endpoint: t
+                .endpoints
+                .iter()
+                .map(|e| EndpointOut { name: e.name.clone(), at: end(e.at), publishes: e.publishes, rate: e.rate })
+                .collect(),
+            routing: (t.routing != Routing::default())
+                .then(|| RoutingOut { mode: t.routing.mode.as_str().to_string(), planes: t.routing.planes }),
         }
     }
 
@@ -161,6 +187,9 @@ impl FileOut {
         self.device.extend(added.device);
         self.link.extend(added.link);
         self.endpoint.extend(added.endpoint);
+        if added.routing.is_some() {
+            self.routing = added.routing;
+        }
         Ok(())
     }
 }

@@ -10,6 +10,8 @@
 //! per-device Programs ──Simulator──▶ copies per endpoint (the reference every fabric is checked against)
 //! network Program ──place(device, budget)──▶ Placed (compiled set; transit part relaxed to fit)
 //! Topology + TopologyChange ──change_topology──▶ Topology (checked as its file, Topology::to_toml, would be)
+//! Topology + Traffic ──LabelRoutes::avoiding(Down)──▶ LabelRoutes (per-endpoint next hops, planes) ──tables──▶ LabelTables
+//! network Program + LabelTables ──LabelSimulator──▶ copies per endpoint (ingress evaluates once, transit forwards by label)
 //! ```
 //!
 //! Each projected program is an ordinary `subc_lang::Program`, so a device
@@ -19,6 +21,7 @@
 
 mod budget;
 mod change;
+mod labels;
 mod project;
 mod routing;
 mod sim;
@@ -26,10 +29,14 @@ mod topology;
 
 pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID};
 pub use change::{change_topology, ChangeError, TopologyChange};
+pub use labels::{Damping, Flow, Label, LabelRoutes, LabelTables, Rerouted, Rows, Traffic};
 pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
-pub use sim::{Delivery, Simulator};
-pub use topology::{check_topology, check_topology_with, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Topology};
+pub use sim::{Delivery, LabelSimulator, Simulator};
+pub use topology::{
+    check_topology, check_topology_with, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Routing, RoutingMode, Topology,
+    MAX_PLANES,
+};
 
 /// Why a network program cannot be put on a device, or routed at all.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

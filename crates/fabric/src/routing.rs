@@ -12,7 +12,8 @@
 //! failure depend only on the file and the set, not on the order in which
 //! things went down.
 
-use crate::topology::{DeviceId, EndpointId, Link, Topology};
+use crate::labels::Traffic;
+use crate::topology::{DeviceId, EndpointId, Link, PortRef, Topology};
 use crate::FabricError;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -24,7 +25,7 @@ pub struct Down {
 }
 
 impl Down {
-    fn device_up(&self, d: DeviceId) -> bool {
+    pub(crate) fn device_up(&self, d: DeviceId) -> bool {
         !self.devices.contains(&d)
     }
 
@@ -96,10 +97,40 @@ impl Routes {
     pub fn carries(&self, device: DeviceId, endpoint: EndpointId) -> bool {
         self.carries[device][endpoint]
     }
+
+    /// The tree links (indices into [`Topology::links`]) from `from` to
+    /// `to`'s device, in order; `None` if the tree does not join them.
+    pub fn path(&self, t: &Topology, from: DeviceId, to: EndpointId) -> Option<Vec<usize>> {
+        let home = t.endpoints.get(to)?.at.device;
+        let (mut at, mut path) = (from, vec![]);
+        while at != home && path.len() < t.devices.len() {
+            let link = t.link_at(PortRef { device: at, port: self.toward[at][to] }).filter(|l| self.tree.contains(l))?;
+            path.push(link);
+            let Link { a, b, .. } = t.links[link];
+            at = if a.device == at { b.device } else { a.device };
+        }
+        (at == home).then_some(path)
+    }
+
+    /// Expected packets per second on each tree link (both directions
+    /// summed), each of `traffic`'s packets crossing the union of its tree
+    /// paths once: what [`crate::LabelRoutes::loads`] gives in label mode.
+    pub fn loads(&self, t: &Topology, traffic: &Traffic) -> Vec<f64> {
+        let mut load = vec![0.0; t.links.len()];
+        for f in traffic.flows.iter().filter(|f| f.publisher < t.endpoints.len()) {
+            let from = t.endpoints[f.publisher].at.device;
+            let crossed: BTreeSet<usize> =
+                f.endpoints.iter().filter(|&&e| e != f.publisher).filter_map(|&e| self.path(t, from, e)).flatten().collect();
+            for l in crossed {
+                load[l] += f.rate;
+            }
+        }
+        load
+    }
 }
 
 /// Each device's surviving links, in file order: (link index, neighbour).
-fn surviving_links(t: &Topology, down: &Down) -> Vec<Vec<(usize, DeviceId)>> {
+pub(crate) fn surviving_links(t: &Topology, down: &Down) -> Vec<Vec<(usize, DeviceId)>> {
     let mut adj = vec![vec![]; t.devices.len()];
     for (i, l) in t.links.iter().enumerate().filter(|&(i, _)| down.link_up(t, i)) {
         adj[l.a.device].push((i, l.b.device));
@@ -122,7 +153,7 @@ fn root_of(t: &Topology, down: &Down, adj: &[Vec<(usize, DeviceId)>]) -> Option<
     up.into_iter().filter(|&d| reach[d]).min_by(by_name)
 }
 
-fn reachable(adj: &[Vec<(usize, DeviceId)>], from: DeviceId) -> Vec<bool> {
+pub(crate) fn reachable(adj: &[Vec<(usize, DeviceId)>], from: DeviceId) -> Vec<bool> {
     let mut seen = vec![false; adj.len()];
     seen[from] = true;
     let mut stack = vec![from];
@@ -180,7 +211,7 @@ fn check_connected(t: &Topology, down: &Down, tree: &[usize], root: Option<Devic
 fn tree_neighbours(t: &Topology, tree: &[usize]) -> Vec<Vec<(u32, DeviceId, u32)>> {
     let mut adj = vec![vec![]; t.devices.len()];
     for &i in tree {
-        let Link { a, b } = t.links[i];
+        let Link { a, b, .. } = t.links[i];
         adj[a.device].push((a.port, b.device, b.port));
         adj[b.device].push((b.port, a.device, a.port));
     }

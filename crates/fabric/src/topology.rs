@@ -63,10 +63,31 @@ pub struct PortRef {
 }
 
 /// A link between two ports of two different devices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Link {
     pub a: PortRef,
     pub b: PortRef,
+    /// Declared one-way latency in microseconds (`latency_us`): the link's
+    /// weight in label routing ([`Link::weight_ns`]).
+    pub latency_us: Option<f64>,
+    /// Declared capacity in gigabits per second (`capacity_gbps`): what
+    /// link loads are measured against.
+    pub capacity_gbps: Option<f64>,
+}
+
+impl Link {
+    /// The link's routing weight, in whole nanoseconds: its latency, or one
+    /// microsecond if none is declared. Always at least 1 (a checked
+    /// latency is at least a nanosecond), so every path has a positive
+    /// length; at most a second.
+    pub fn weight_ns(&self) -> u64 {
+        self.latency_us.map_or(1_000, latency_ns)
+    }
+
+    /// The link's capacity, 1 if none is declared.
+    pub fn capacity(&self) -> f64 {
+        self.capacity_gbps.unwrap_or(1.0)
+    }
 }
 
 /// A host or application attached to a device port.
@@ -77,7 +98,54 @@ pub struct Endpoint {
     /// Declared a publisher (`publishes = true`). See
     /// [`Topology::publishers`] for what an undeclared fabric means.
     pub publishes: bool,
+    /// Declared packets per second it sends (`rate`), for expected link
+    /// loads.
+    pub rate: Option<f64>,
 }
+
+/// How the fabric routes (`[routing]`, `docs/network.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RoutingMode {
+    /// One spanning tree shared by all publishers; every device evaluates
+    /// its projection of the network program.
+    #[default]
+    Tree,
+    /// The ingress device evaluates the network program and pushes a label
+    /// of endpoints; transit devices forward on the label alone
+    /// ([`crate::LabelRoutes`]).
+    Labels,
+}
+
+impl RoutingMode {
+    const NAMES: [(&'static str, RoutingMode); 2] = [("tree", RoutingMode::Tree), ("labels", RoutingMode::Labels)];
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, m)| *m == self).map_or("tree", |(n, _)| *n)
+    }
+}
+
+/// The `[routing]` table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Routing {
+    pub mode: RoutingMode,
+    /// Label mode's planes (1 to [`MAX_PLANES`]), if declared; see
+    /// [`crate::LabelRoutes`] for the default.
+    pub planes: Option<u32>,
+}
+
+/// The latencies a link may declare or measure, in µs: from a nanosecond
+/// (so every weight is positive) to a second (so no sum of weights over a
+/// path can overflow).
+pub(crate) const LATENCY_US: (f64, f64) = (0.001, 1_000_000.0);
+
+/// A latency in µs as a weight in whole nanoseconds, clamped to
+/// [`LATENCY_US`].
+pub(crate) fn latency_ns(us: f64) -> u64 {
+    (us.clamp(LATENCY_US.0, LATENCY_US.1) * 1_000.0).round() as u64
+}
+
+/// The most planes label routing may use: the plane is one byte of the label.
+pub const MAX_PLANES: u32 = 256;
 
 /// A checked topology: names unique, every port used once, no link from a
 /// device to itself, and every device reachable from every other.
@@ -86,6 +154,7 @@ pub struct Topology {
     pub devices: Vec<Device>,
     pub links: Vec<Link>,
     pub endpoints: Vec<Endpoint>,
+    pub routing: Routing,
 }
 
 impl Topology {
@@ -118,6 +187,16 @@ impl Topology {
             declared
         }
     }
+
+    /// What endpoint `e` sends, in packets per second: its declared rate,
+    /// 1 for an undeclared publisher, 0 for an endpoint that does not publish.
+    pub fn rate(&self, e: EndpointId) -> f64 {
+        match self.endpoints[e].rate {
+            Some(r) => r,
+            None if self.publishers().contains(&e) => 1.0,
+            None => 0.0,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -129,6 +208,14 @@ struct RawFile {
     link: Vec<RawLink>,
     #[serde(default)]
     endpoint: Vec<RawEndpoint>,
+    routing: Option<RawRouting>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    mode: Option<Spanned<String>>,
+    planes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +233,8 @@ struct RawDevice {
 struct RawLink {
     a: Spanned<String>,
     b: Spanned<String>,
+    latency_us: Option<Spanned<f64>>,
+    capacity_gbps: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +244,7 @@ struct RawEndpoint {
     at: Spanned<String>,
     #[serde(default)]
     publishes: bool,
+    rate: Option<Spanned<f64>>,
 }
 
 /// Parses and checks the topology in `file`. `None` if anything has an
@@ -184,7 +274,8 @@ pub fn check_topology_with(sources: &SourceMap, file: FileId, custom_kinds: &[&s
     let devices = c.devices(raw.device);
     let links: Vec<Link> = raw.link.iter().filter_map(|l| c.link(&devices, l)).collect();
     let endpoints = c.endpoints(&devices, &raw.endpoint);
-    let topology = Topology { devices, links, endpoints };
+    let routing = raw.routing.map(|r| c.routing(r)).unwrap_or_default();
+    let topology = Topology { devices, links, endpoints, routing };
     if !c.diags.has_errors_since(before) {
         c.connected(&topology);
     }
@@ -296,7 +387,53 @@ impl Checker<'_> {
             );
             return None;
         }
-        Some(Link { a, b })
+        let latency_us =
+            self.in_range(l.latency_us.as_ref(), "latency_us", LATENCY_US, "a latency in microseconds, 0.001 (1 ns) to 1000000 (1 s)");
+        let capacity_gbps =
+            self.in_range(l.capacity_gbps.as_ref(), "capacity_gbps", (f64::MIN_POSITIVE, f64::MAX), "a capacity in Gbit/s above 0");
+        Some(Link { a, b, latency_us, capacity_gbps })
+    }
+
+    /// A declared quantity, if it is a finite number within `(least,
+    /// most)` inclusive (else reported, and taken as undeclared).
+    fn in_range(&mut self, v: Option<&Spanned<f64>>, name: &str, (least, most): (f64, f64), expected: &str) -> Option<f64> {
+        let v = v?;
+        let x = *v.get_ref();
+        if x.is_finite() && (least..=most).contains(&x) {
+            return Some(x);
+        }
+        self.diags.push(
+            Diagnostic::error(Code::TopologyBadValue, format!("`{name} = {x}` is out of range"))
+                .primary(self.span(v), format!("expected {expected}")),
+        );
+        None
+    }
+
+    fn routing(&mut self, r: RawRouting) -> Routing {
+        let mut routing = Routing::default();
+        if let Some(mode) = &r.mode {
+            match RoutingMode::NAMES.iter().find(|(n, _)| n == mode.get_ref()) {
+                Some((_, m)) => routing.mode = *m,
+                None => {
+                    let mut d = Diagnostic::error(Code::TopologySyntax, format!("unknown routing mode `{}`", mode.get_ref()))
+                        .primary(self.span(mode), "expected `tree` or `labels`");
+                    if let Some(s) = did_you_mean(mode.get_ref(), RoutingMode::NAMES.iter().map(|(n, _)| *n)) {
+                        d = d.help(format!("did you mean `{s}`?"));
+                    }
+                    self.diags.push(d);
+                }
+            }
+        }
+        if let Some(planes) = &r.planes {
+            match u32::try_from(*planes.get_ref()) {
+                Ok(p) if (1..=MAX_PLANES).contains(&p) => routing.planes = Some(p),
+                _ => self.diags.push(
+                    Diagnostic::error(Code::TopologyBadValue, format!("`planes = {}` is out of range", planes.get_ref()))
+                        .primary(self.span(planes), format!("expected 1 to {MAX_PLANES}: the plane is one byte of the label")),
+                ),
+            }
+        }
+        routing
     }
 
     fn endpoints(&mut self, devices: &[Device], raw: &[RawEndpoint]) -> Vec<Endpoint> {
@@ -320,8 +457,9 @@ impl Checker<'_> {
                         .note("`and`, `or`, `not`, `in`, `true` and `false` are taken"),
                 );
             }
+            let rate = self.in_range(e.rate.as_ref(), "rate", (0.0, f64::MAX), "packets per second, 0 or more");
             if let Some(at) = self.port(devices, &e.at, "this endpoint") {
-                out.push(Endpoint { name: e.name.get_ref().clone(), at, publishes: e.publishes });
+                out.push(Endpoint { name: e.name.get_ref().clone(), at, publishes: e.publishes, rate });
             }
         }
         out

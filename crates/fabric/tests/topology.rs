@@ -2,12 +2,13 @@
 //! checking it gives snapshotted under `tests/snapshots/`: the rendered
 //! diagnostics, or for a good topology its spanning tree, its declared
 //! publishers, and the port toward every endpoint from every device (`·`
-//! where the device lies on no publisher's path to it). A file's `# expect: CODE ...`
+//! where the device lies on no publisher's path to it); in label mode, also
+//! each plane's label tables and the expected link loads. A file's `# expect: CODE ...`
 //! line is the exact set of codes it must produce (none for a good one).
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use subc_fabric::{check_topology, Routes, Topology};
+use subc_fabric::{check_topology, LabelRoutes, Routes, RoutingMode, Topology, Traffic};
 use subc_lang::{Diagnostics, SourceMap};
 
 fn expected(text: &str) -> BTreeSet<String> {
@@ -37,7 +38,39 @@ fn describe(t: &Topology) -> String {
         let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}→{}", ep.name, port(e))).collect();
         writeln!(out, "{} ({}): {}", dev.name, dev.kind.as_str(), ports.join(" ")).unwrap();
     }
+    if t.routing.mode == RoutingMode::Labels {
+        describe_labels(t, &mut out);
+    }
     out
+}
+
+/// Label mode: each plane's F-BM rows per device, and the expected load
+/// on each link for the declared traffic.
+fn describe_labels(t: &Topology, out: &mut String) {
+    let traffic = Traffic::declared(t);
+    let routes = LabelRoutes::new(t, &traffic);
+    let tables = routes.tables(t);
+    writeln!(
+        out,
+        "labels: {} planes, {} header bytes, {} transit entries",
+        routes.planes(),
+        tables.header_bytes(),
+        tables.transit_entries()
+    )
+    .unwrap();
+    for (plane, devices) in tables.forward.iter().enumerate() {
+        for (d, rows) in devices.iter().enumerate() {
+            let rows: Vec<String> = rows
+                .iter()
+                .map(|(port, fbm)| format!("{port}→{{{}}}", fbm.iter().map(|e| t.endpoints[e].name.as_str()).collect::<Vec<_>>().join(",")))
+                .collect();
+            writeln!(out, "plane {plane} {}: {}", t.devices[d].name, rows.join(" ")).unwrap();
+        }
+    }
+    let end = |p: subc_fabric::PortRef| format!("{}:{}", t.devices[p.device].name, p.port);
+    for (l, load) in t.links.iter().zip(routes.loads(t, &traffic)) {
+        writeln!(out, "load {} -- {}: {load} packets/s", end(l.a), end(l.b)).unwrap();
+    }
 }
 
 #[test]

@@ -147,6 +147,7 @@ codes! {
     TopologySelfLink = "E0705", "a link from a device to itself";
     TopologyDisconnected = "E0706", "devices that no path of links joins to the rest";
     TopologyBadPort = "E0707", "a port reference that is not `device:port`";
+    TopologyBadValue = "E0708", "a latency, capacity, rate or plane count out of range";
 }
 
 /// A code that [`Code::from_str`](std::str::FromStr) does not know, with the
