@@ -67,10 +67,23 @@ fn topology(devices: usize, endpoints: usize, extra: usize, rng: &mut Rng) -> St
     out
 }
 
-/// ITCH subscriptions whose `fwd(N)` name endpoints: `fwd(eN)`.
+/// ITCH subscriptions whose `fwd(N)` name endpoints: `fwd(eN)`; 12 over 4
+/// symbols, or past 256 endpoints one per endpoint, all on one symbol (so
+/// that a packet's audience is hundreds of endpoints).
 fn rules(endpoints: usize, seed: u64) -> String {
-    let text = itch(&ItchParams { subscriptions: 12, symbols: 4, max_shares: 1000, hosts: endpoints as u32, seed });
+    let (subscriptions, symbols) = if endpoints > 256 { (endpoints, 1) } else { (12, 4) };
+    let text = itch(&ItchParams { subscriptions, symbols, max_shares: 1000, hosts: endpoints as u32, seed });
     text.replace("fwd(", "fwd(e")
+}
+
+/// The ITCH spec, with a port per endpoint past its default 256.
+fn itch_spec(endpoints: usize) -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    if endpoints > 256 {
+        format!("{text}\nports {endpoints};\n")
+    } else {
+        text
+    }
 }
 
 /// `topology` text routed by labels, each link with a random latency of
@@ -154,8 +167,7 @@ fn run(devices: usize, endpoints: usize, extra: usize, seed: u64, mode: Mode) ->
     let topo_file = sources.add("fabric.toml", topology(devices, endpoints, extra, &mut rng));
     let mut diags = Diagnostics::default();
     let mut topo = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let spec_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
-    let spec = sources.add("itch.spec", spec_text);
+    let spec = sources.add("itch.spec", itch_spec(endpoints));
     let rule_file = sources.add("rules.subs", rules(endpoints, seed));
     let table = topo.endpoint_table();
     let (network, diags) = check_program_with(&sources, spec, &[rule_file], NfLimits::default(), Some(&table));
@@ -250,6 +262,17 @@ proptest! {
             results.push(last);
         }
         prop_assert!(results.windows(2).all(|w| w[0] == w[1]), "failures in different orders gave different routes");
+    }
+}
+
+/// A mesh of 12 devices and 1,200 endpoints (a rule per endpoint, so a
+/// packet's audience is hundreds of endpoints, past the 512 a port bitmap
+/// held), in every mode: exactly once, as on small fabrics.
+#[test]
+fn a_thousand_endpoints() {
+    for (k, mode) in [Mode::Whole, Mode::LinkDown, Mode::DeviceDown, Mode::Budgets].into_iter().enumerate() {
+        let (delivered, _) = run(12, 1_200, 8, 40 + k as u64, mode).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert!(delivered > 1_000, "{mode:?}: packets reach many endpoints ({delivered} copies)");
     }
 }
 
