@@ -50,7 +50,7 @@ struct Args {
     updates: usize,
     /// Every device's budget; half the largest device's exact entries if unset.
     budget: Option<u64>,
-    /// Hosts per edge switch (k/2 if unset; 32 with k = 8 is 4,096 hosts).
+    /// Hosts per edge switch (k/2 if unset; 128 with k = 8 is 4,096 hosts).
     hosts: Option<usize>,
     routing: RoutingMode,
     /// Packets sent through the label simulator.

@@ -20,7 +20,7 @@ pub fn fat_tree_toml(k: usize, publishers: usize) -> String {
 
 /// [`fat_tree_toml`] with `hosts` hosts per edge switch instead of `k/2`
 /// (an oversubscribed fat-tree: the edge switch's uplinks are its ports
-/// `hosts..hosts + k/2`): `k = 8` with 32 hosts per edge switch has 4,096
+/// `hosts..hosts + k/2`): `k = 8` with 128 hosts per edge switch has 4,096
 /// hosts on the same 80 switches.
 pub fn fat_tree_toml_with(k: usize, hosts: usize, publishers: usize) -> String {
     assert!(k >= 2 && k.is_multiple_of(2), "a fat-tree has an even k, not {k}");
