@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{artifacts, compile, example};
+use common::{artifacts, compile, example, examples_dir, program};
 use subc_backend_ebpf::{EbpfOptions, Hook, RangeLookup};
 
 fn check(ex: &str, hook: Hook, ranges: RangeLookup) {
@@ -25,4 +25,22 @@ fn examples() {
         }
     }
     check("ip-forwarding", Hook::Tc, RangeLookup::Lpm);
+}
+
+/// The topic broker with 65,536 ports: receiver groups (`audience.rs`), the
+/// TC fan-out over their member words, and `subc_members`. Rules give one
+/// topic a group, one a single port past 512, and one nothing but a drop.
+#[test]
+fn receiver_groups() {
+    let spec = std::fs::read_to_string(examples_dir().join("topic-broker/broker.spec")).unwrap() + "\nports 65536;\n";
+    let rules = "verb == PUBLISH && topic == news : fwd(1, 700, 65535)\n\
+                 verb == PUBLISH && topic == alerts : fwd(4000)\n\
+                 verb != PUBLISH : drop\n";
+    let p = program(&spec, rules);
+    let set = compile(&p);
+    let a = artifacts(&p, &set, &EbpfOptions { hook: Hook::Tc, ranges: RangeLookup::Sorted, ..Default::default() });
+    assert_eq!(a.model.audience_slots, 1);
+    insta::assert_snapshot!("topic-broker-65536_tc_sorted.c", a.source);
+    insta::assert_snapshot!("topic-broker-65536_tc_sorted.maps.json", a.maps_json());
+    insta::assert_snapshot!("topic-broker-65536_tc_sorted.entries.json", a.entries_json());
 }
