@@ -756,6 +756,17 @@ __attribute__((noinline)) int subc_tc_copy(struct __sk_buff *skb, __u32 port, st
     return 1;
 }
 
+/* The packet itself to `port`, the only one it goes to: no clone. */
+static __always_inline int subc_tc_redirect(struct __sk_buff *skb, __u32 port, struct subc_pkt *k, __u32 pruned)
+{
+    struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
+    if (!e || !e->ifindex || e->ifindex == pruned)
+        return SUBC_TC_ACT_SHOT;
+    subc_count(port, skb->len);
+    subc_tc_rewrite(skb, e, k);
+    return bpf_redirect(e->ifindex, 0);
+}
+
 {% if wide %}/* Whether audience word a (of generation gbit) holds port m. */
 static __always_inline int subc_aud_has(__u32 a, __u32 gbit, __u32 m)
 {
@@ -783,6 +794,14 @@ __attribute__((noinline)) int subc_seen_before(const struct subc_result *r, __u3
     return 0;
 }
 
+/* Word w of slot s's group (s checked by the caller), 0 if not stored. */
+static __always_inline __u64 subc_group_word(const struct subc_result *r, __u32 s, __u32 w)
+{
+    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = w };
+    __u64 *wp = bpf_map_lookup_elem(&subc_members, &key);
+    return wp ? *wp : 0;
+}
+
 /* The members in word w of slot s's group (sw = s << 16 | w): a copy
  * each. */
 __attribute__((noinline)) int subc_tc_word(struct __sk_buff *skb, struct subc_pkt *k, const struct subc_result *r, __u32 sw, __u32 pruned)
@@ -794,11 +813,7 @@ __attribute__((noinline)) int subc_tc_word(struct __sk_buff *skb, struct subc_pk
     barrier_var(w);
     if (!skb || !k || !r || s >= SUBC_AUD_SLOTS || w >= SUBC_MEMBER_SUMMARY)
         return 0;
-    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = w };
-    __u64 *wp = bpf_map_lookup_elem(&subc_members, &key);
-    if (!wp)
-        return 0;
-    __u64 bits = *wp;
+    __u64 bits = subc_group_word(r, s, w);
 #pragma clang loop unroll(disable)
     for (__u32 j = 0; j < 64 && bits; j++) {
         __u32 m = w * 64 + subc_lowbit(bits);
@@ -817,11 +832,7 @@ __attribute__((noinline)) int subc_tc_summary(struct __sk_buff *skb, struct subc
     barrier_var(j);
     if (!r || s >= SUBC_AUD_SLOTS || j >= SUBC_SUMMARY_WORDS)
         return 0;
-    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = SUBC_MEMBER_SUMMARY + j };
-    __u64 *sp = bpf_map_lookup_elem(&subc_members, &key);
-    if (!sp)
-        return 0;
-    __u64 bits = *sp;
+    __u64 bits = subc_group_word(r, s, SUBC_MEMBER_SUMMARY + j);
 #pragma clang loop unroll(disable)
     for (__u32 i = 0; i < 64 && bits; i++) {
         subc_tc_word(skb, k, r, s << 16 | (j * 64 + subc_lowbit(bits)), pruned);
@@ -836,11 +847,7 @@ __attribute__((noinline)) int subc_tc_group(struct __sk_buff *skb, struct subc_p
 {
     if (!r || s >= SUBC_AUD_SLOTS)
         return 0;
-    struct subc_member_key key = { .gg = r->gbit | (r->aud[s] & ~SUBC_AUD_GROUP), .w = SUBC_MEMBER_TOP };
-    __u64 *tp = bpf_map_lookup_elem(&subc_members, &key);
-    if (!tp)
-        return 0;
-    __u64 bits = *tp;
+    __u64 bits = subc_group_word(r, s, SUBC_MEMBER_TOP);
 #pragma clang loop unroll(disable)
     for (__u32 i = 0; i < SUBC_SUMMARY_WORDS && bits; i++) {
         subc_tc_summary(skb, k, r, s << 16 | subc_lowbit(bits), pruned);
@@ -866,13 +873,7 @@ __attribute__((noinline)) int subc_tc_forward(struct __sk_buff *skb, const struc
         }
     }
     if (n == 1 && !(only & SUBC_AUD_GROUP)) {
-        __u32 port = only - 1;
-        struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
-        if (!e || !e->ifindex || e->ifindex == pruned)
-            return SUBC_TC_ACT_SHOT;
-        subc_count(port, skb->len);
-        subc_tc_rewrite(skb, e, &k);
-        return bpf_redirect(e->ifindex, 0);
+        return subc_tc_redirect(skb, only - 1, &k, pruned);
     }
 #pragma clang loop unroll(disable)
     for (__u32 s = 0; s < SUBC_AUD_SLOTS; s++) {
@@ -890,13 +891,7 @@ static __always_inline int subc_tc_forward(struct __sk_buff *skb, const __u64 *p
     struct subc_pkt k = {};
     __u32 pruned = subc_pruned_ifindex(skb->ingress_ifindex);
     if (subc_one_port(ports)) {
-        __u32 port = subc_first_port(ports);
-        struct subc_egress *e = bpf_map_lookup_elem(&subc_egress, &port);
-        if (!e || !e->ifindex || e->ifindex == pruned)
-            return SUBC_TC_ACT_SHOT;
-        subc_count(port, skb->len);
-        subc_tc_rewrite(skb, e, &k);
-        return bpf_redirect(e->ifindex, 0);
+        return subc_tc_redirect(skb, subc_first_port(ports), &k, pruned);
     }
 {% for w in port_word_list %}    {
         __u64 bits = ports[{{ w }}];
