@@ -23,7 +23,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use subc_bdd::CompileOptions;
-use subc_fabric::{check_topology, place, project_all, Down, EndpointId, PortRef, Routes, Simulator, Topology};
+use subc_fabric::{
+    check_topology, place, project_all, Down, EndpointId, LabelRoutes, PortRef, Routes, RoutingMode, Simulator, Topology, Traffic,
+};
 use subc_lang::{Diagnostics, PcapPacket, SourceMap};
 
 #[derive(Subcommand)]
@@ -34,7 +36,7 @@ pub enum TopoCommand {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
-    /// Print a topology: devices, the spanning tree, each device's port toward every endpoint.
+    /// Print a topology: devices, the spanning tree, each link's expected load, each device's port toward every endpoint.
     ///
     /// With `--spec` and `--rules`, also what each device would hold: the rules its
     /// projection keeps, their table entries, and, over a device's `budget`, the fields
@@ -44,7 +46,8 @@ pub enum TopoCommand {
         /// The topology: devices, links and endpoints (TOML, docs/network.md).
         #[arg(value_name = "FILE")]
         file: PathBuf,
-        /// `text`, or `dot` for Graphviz (`subc topo show F --emit dot | dot -Tsvg`).
+        /// `text`, or `dot` for Graphviz (`subc topo show F --emit dot | dot -Tsvg`): links
+        /// labelled with their expected load and drawn wider the busier they are.
         #[arg(long, value_enum, default_value_t = Emit::Text)]
         emit: Emit,
         /// Mark a device (`spine1`) or the link at a device port (`leaf2:1`) down and
@@ -204,7 +207,9 @@ fn check(file: &Path) -> Result<ExitCode> {
 
 fn show(file: &Path, emit: Emit, down: &[String], spec: Option<&Path>, rules: &[PathBuf]) -> Result<ExitCode> {
     let Some(t) = load_topology(file)? else { return Ok(ExitCode::from(1)) };
-    let routes = if down.is_empty() { Routes::new(&t) } else { Routes::avoiding(&t, &parse_down(&t, down)?)? };
+    let down = parse_down(&t, down)?;
+    let routes = Routes::avoiding(&t, &down)?;
+    let loads = Loads::of(&t, &routes, &down)?;
     let text = match (emit, spec) {
         (Emit::Text, Some(spec)) => {
             let input = InputArgs { spec: Some(spec.to_path_buf()), rules: rules.to_vec(), max_cubes: 4096, deny_warnings: false };
@@ -212,10 +217,10 @@ fn show(file: &Path, emit: Emit, down: &[String], spec: Option<&Path>, rules: &[
                 Ok(x) => x,
                 Err(code) => return Ok(code),
             };
-            show_text(&t, &routes) + &show_placement(&t, &routes, &network)?
+            show_text(&t, &routes, &loads) + &show_placement(&t, &routes, &network)?
         }
-        (Emit::Text, None) => show_text(&t, &routes),
-        (Emit::Dot, _) => show_dot(&t, &routes),
+        (Emit::Text, None) => show_text(&t, &routes, &loads),
+        (Emit::Dot, _) => show_dot(&t, &routes, &loads),
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(ExitCode::SUCCESS)
@@ -284,7 +289,34 @@ fn end(t: &Topology, p: PortRef) -> String {
     format!("{}:{}", t.devices[p.device].name, p.port)
 }
 
-fn show_text(t: &Topology, r: &Routes) -> String {
+/// Expected packets per second on each link under the topology's routing
+/// mode, with the declared traffic (each publisher to every other endpoint
+/// at its `rate`, 1 if undeclared): what `show` prints and draws.
+struct Loads {
+    /// How the routes were made, for the heading.
+    routing: String,
+    per_link: Vec<f64>,
+}
+
+impl Loads {
+    fn of(t: &Topology, routes: &Routes, down: &Down) -> Result<Loads> {
+        let traffic = Traffic::declared(t);
+        Ok(match t.routing.mode {
+            RoutingMode::Tree => Loads { routing: "the shared tree".into(), per_link: routes.loads(t, &traffic) },
+            RoutingMode::Labels => {
+                let labels = LabelRoutes::avoiding(t, down, &traffic)?;
+                Loads { routing: format!("labels, {} plane(s)", labels.planes()), per_link: labels.loads(t, &traffic) }
+            }
+        })
+    }
+
+    /// The busiest link's load (1 if every link is idle, to scale by).
+    fn max(&self) -> f64 {
+        self.per_link.iter().copied().fold(0.0, f64::max).max(1.0)
+    }
+}
+
+fn show_text(t: &Topology, r: &Routes, loads: &Loads) -> String {
     let mut out = String::new();
     for d in &t.devices {
         let budget = d.budget.map(|b| format!(", budget {b} entries")).unwrap_or_default();
@@ -297,7 +329,11 @@ fn show_text(t: &Topology, r: &Routes) -> String {
     for e in &t.endpoints {
         let _ = writeln!(out, "endpoint {} at {}", e.name, end(t, e.at));
     }
-    let _ = writeln!(out, "\nport toward each endpoint:");
+    let _ = writeln!(out, "\nexpected load per link (each publisher to every other endpoint at its rate; {}):", loads.routing);
+    for (l, load) in t.links.iter().zip(&loads.per_link) {
+        let _ = writeln!(out, "  {} -- {}: {load} packets/s (capacity {} Gb/s)", end(t, l.a), end(t, l.b), l.capacity());
+    }
+    let _ = writeln!(out, "\nport toward each endpoint (the shared tree):");
     for (d, dev) in t.devices.iter().enumerate() {
         let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}={}", ep.name, r.toward[d][e])).collect();
         let _ = writeln!(out, "  {}: {}", dev.name, ports.join(" "));
@@ -306,7 +342,7 @@ fn show_text(t: &Topology, r: &Routes) -> String {
 }
 
 /// DOT with every name quoted (DOT's quoted IDs escape only `"` and `\`).
-fn show_dot(t: &Topology, r: &Routes) -> String {
+fn show_dot(t: &Topology, r: &Routes, loads: &Loads) -> String {
     let q = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
     let mut out = String::from("graph fabric {\n  node [shape=box];\n");
     for d in &t.devices {
@@ -326,11 +362,13 @@ fn show_dot(t: &Topology, r: &Routes) -> String {
         let style = if r.tree.contains(&i) { "solid" } else { "dashed" };
         let _ = writeln!(
             out,
-            "  {} -- {} [taillabel={}, headlabel={}, style={style}];",
+            "  {} -- {} [taillabel={}, headlabel={}, style={style}, label={}, penwidth={:.1}];",
             q(&format!("d:{}", t.devices[l.a.device].name)),
             q(&format!("d:{}", t.devices[l.b.device].name)),
             l.a.port,
-            l.b.port
+            l.b.port,
+            q(&format!("{}/s", loads.per_link[i])),
+            1.0 + 4.0 * loads.per_link[i] / loads.max()
         );
     }
     out.push_str("}\n");

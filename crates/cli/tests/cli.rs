@@ -833,6 +833,10 @@ fn topo_check_and_show() {
     let out = subc(&["topo", "show", LEAF_SPINE, "--emit", "dot"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     insta::assert_snapshot!("topo_show_dot", String::from_utf8_lossy(&out.stdout));
+    // Routed by labels: loads spread over the planes.
+    let out = subc(&["topo", "show", "crates/fabric/tests/topologies/labels.toml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("topo_show_labels", String::from_utf8_lossy(&out.stdout));
 }
 
 /// `show` with a link down (the routes around it) and a rule set (each
