@@ -409,6 +409,111 @@ pub(crate) fn splice(
     s.go(m, outside, inside, 0)
 }
 
+/// Box constraint `bi` at `level` as `(hi, inside)` runs covering the
+/// domain `0..=max`, and the constraint to look at below; a level the box
+/// does not constrain is one inside run.
+fn box_runs(bx: &[(u32, IntervalSet)], bi: usize, level: u32, max: u64) -> (Vec<(u64, bool)>, usize) {
+    if bx[bi].0 != level {
+        return (vec![(max, true)], bi);
+    }
+    let mut v = vec![];
+    let mut at = 0u64;
+    for iv in bx[bi].1.intervals() {
+        if iv.lo > at {
+            v.push((iv.lo - 1, false));
+        }
+        v.push((iv.hi, true));
+        at = iv.hi.wrapping_add(1);
+    }
+    if v.last().map(|x| x.0) != Some(max) {
+        v.push((max, false));
+    }
+    (v, bi + 1)
+}
+
+/// The diagram that equals `root` with `leaf` united into each of its
+/// leaves inside the box `bx`, and `root` elsewhere: the diagram after
+/// adding a rule whose constraints are `bx` and whose actions are `leaf`.
+/// Its cost is the diagram's nodes inside the box, whatever the number of
+/// rules that meet the box, where [`build`] of those rules then [`splice`]
+/// costs a step per rule (a group of 10,000 receivers on one topic is
+/// 10,000 rules on one path). Stops when `deadline` passes.
+pub(crate) fn unite_in_box(
+    m: &mut Manager,
+    root: NodeId,
+    leaf: NodeId,
+    bx: &[(u32, IntervalSet)],
+    deadline: Deadline,
+) -> Result<NodeId, BuildStop> {
+    let mut u = Uniter { bx, leaf, memo: FxHashMap::default(), united: FxHashMap::default(), deadline: DeadlineCheck::new(deadline) };
+    u.go(m, root, 0)
+}
+
+struct Uniter<'a> {
+    bx: &'a [(u32, IntervalSet)],
+    leaf: NodeId,
+    memo: FxHashMap<(NodeId, usize), NodeId>,
+    /// Nodes wholly inside the box, with `leaf` united into their leaves.
+    united: FxHashMap<NodeId, NodeId>,
+    deadline: DeadlineCheck,
+}
+
+impl Uniter<'_> {
+    fn go(&mut self, m: &mut Manager, d: NodeId, bi: usize) -> Result<NodeId, BuildStop> {
+        let bx = self.bx;
+        if bi == bx.len() {
+            return self.unite(m, d);
+        }
+        if let Some(&n) = self.memo.get(&(d, bi)) {
+            return Ok(n);
+        }
+        self.deadline.spend(m.edges(d).len())?;
+        let level = m.level(d).min(bx[bi].0);
+        let max = m.max_value(level);
+        let de = if m.level(d) == level { m.edges(d).to_vec() } else { vec![Edge { hi: max, child: d }] };
+        let (se, next_bi) = box_runs(bx, bi, level, max);
+        let (mut i, mut k) = (0, 0);
+        let mut edges = vec![];
+        loop {
+            let hi = de[i].hi.min(se[k].0);
+            let child = if se[k].1 { self.go(m, de[i].child, next_bi)? } else { de[i].child };
+            edges.push(Edge { hi, child });
+            if hi == max {
+                break;
+            }
+            if de[i].hi == hi {
+                i += 1;
+            }
+            if se[k].0 == hi {
+                k += 1;
+            }
+        }
+        let n = m.mk(level, &mut edges);
+        self.memo.insert((d, bi), n);
+        Ok(n)
+    }
+
+    /// `d` with `leaf` united into every leaf.
+    fn unite(&mut self, m: &mut Manager, d: NodeId) -> Result<NodeId, BuildStop> {
+        if let Some(&n) = self.united.get(&d) {
+            return Ok(n);
+        }
+        let n = if d.is_leaf() {
+            let l = m.leaf_value(d).union(m.leaf_value(self.leaf));
+            m.leaf(l)
+        } else {
+            self.deadline.spend(m.edges(d).len())?;
+            let mut edges = m.edges(d).to_vec();
+            for e in edges.iter_mut() {
+                e.child = self.unite(m, e.child)?;
+            }
+            m.mk(m.level(d), &mut edges)
+        };
+        self.united.insert(d, n);
+        Ok(n)
+    }
+}
+
 struct Splicer<'a> {
     bx: &'a [(u32, IntervalSet)],
     memo: FxHashMap<(NodeId, NodeId, usize), NodeId>,
@@ -436,24 +541,7 @@ impl Splicer<'_> {
         };
         let de = part(m, d);
         let re = part(m, r);
-        // The box at this level, as (hi, inside) runs covering the domain.
-        let (se, next_bi): (Vec<(u64, bool)>, usize) = if bx[bi].0 == level {
-            let mut v = vec![];
-            let mut at = 0u64;
-            for iv in bx[bi].1.intervals() {
-                if iv.lo > at {
-                    v.push((iv.lo - 1, false));
-                }
-                v.push((iv.hi, true));
-                at = iv.hi.wrapping_add(1);
-            }
-            if v.last().map(|x| x.0) != Some(max) {
-                v.push((max, false));
-            }
-            (v, bi + 1)
-        } else {
-            (vec![(max, true)], bi)
-        };
+        let (se, next_bi) = box_runs(bx, bi, level, max);
         let (mut i, mut j, mut k) = (0, 0, 0);
         let mut edges = vec![];
         loop {

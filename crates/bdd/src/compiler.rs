@@ -40,7 +40,7 @@
 //! pipeline is an error that asks for a full recompile.
 
 use crate::bitgroup::{BitDiff, BitDiffs, BitGroup, BitRule, GroupFull};
-use crate::build::{build, splice, BuildStop, Deadline, Rule};
+use crate::build::{build, splice, unite_in_box, BuildStop, Deadline, Rule};
 use crate::diagram::{Manager, NodeId, EMPTY};
 use crate::diff::PipelineDiff;
 use crate::index::RuleIndex;
@@ -736,15 +736,28 @@ impl CompiledSet {
         pipe.index.intersecting(&pipe.rules, &self.constraints(p, cube)).len()
     }
 
+    /// Rules meeting an added rule's box past which the add unites the
+    /// rule's leaf into the box rather than rebuilding it from those rules.
+    const UNITE_ABOVE: usize = 32;
+
     /// Splices rule `r` (already indexed) into pipeline `p`'s diagram; fails
     /// when the manager passes `limit` nodes, or at the deadline.
+    ///
+    /// When many rules meet its box, the rule's leaf is united into the
+    /// diagram's leaves inside the box instead ([`unite_in_box`]: the same
+    /// diagram, at the cost of the box's nodes rather than of those rules).
     fn splice_rule(&mut self, p: usize, root: NodeId, r: u32, limit: usize) -> Result<NodeId, BuildStop> {
         let pipe = &self.pipes[p];
-        let bx = pipe.rules[r as usize].constraints.clone();
+        let rule = &pipe.rules[r as usize];
+        let (bx, leaf) = (rule.constraints.clone(), rule.leaf);
         let cands = pipe.index.intersecting(&pipe.rules, &bx);
         let m = &mut self.managers[p];
-        let region = build(m, &self.pipes[p].rules, &cands, limit, self.deadline)?;
-        let root = splice(m, root, region, &bx, self.deadline)?;
+        let root = if cands.len() > Self::UNITE_ABOVE {
+            unite_in_box(m, root, leaf, &bx, self.deadline)?
+        } else {
+            let region = build(m, &self.pipes[p].rules, &cands, limit, self.deadline)?;
+            splice(m, root, region, &bx, self.deadline)?
+        };
         if m.inner_count() > limit {
             return Err(BuildStop::Budget { nodes: m.inner_count() });
         }

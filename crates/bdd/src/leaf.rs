@@ -143,29 +143,6 @@ impl PortSet {
             }
         }
     }
-    /// Adds `other`'s ports to this set in place: no copy when this set's
-    /// words are its own (what a union of many sets costs: their words,
-    /// not a copy of the result per set).
-    pub fn union_with(&mut self, other: &PortSet) {
-        match (&mut self.0, &other.0) {
-            (Words::Small(a), Words::Small(b)) => {
-                for (x, y) in a.iter_mut().zip(b) {
-                    *x |= y;
-                }
-            }
-            (Words::Large(a), b) if a.len() >= other.slice().len() => {
-                let a = Arc::make_mut(a);
-                let b: &[u64] = match b {
-                    Words::Small(w) => w,
-                    Words::Large(w) => w,
-                };
-                for (x, y) in a.iter_mut().zip(b) {
-                    *x |= y;
-                }
-            }
-            _ => *self = self.union(other),
-        }
-    }
     /// The ports in increasing order (scans set bits only).
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.slice().iter().enumerate().flat_map(|(k, w)| {
@@ -265,28 +242,26 @@ impl Leaf {
         Leaf { ports: self.ports.union(&other.ports), drop: self.drop || other.drop, updates }.canonical()
     }
 
-    /// Unites `other` into this leaf in place (see [`PortSet::union_with`]);
-    /// the result is [`Leaf::canonical`] and its updates sorted once
-    /// [`Leaf::settle`] is called.
-    fn absorb(&mut self, other: &Leaf) {
-        self.ports.union_with(&other.ports);
-        self.drop |= other.drop;
-        self.updates.extend_from_slice(&other.updates);
-    }
-
-    fn settle(mut self) -> Leaf {
-        self.updates.sort_unstable();
-        self.updates.dedup();
-        self.canonical()
-    }
-
-    /// The union of many leaves, at the cost of their words.
+    /// The union of many leaves, at the cost of their words: the ports
+    /// ORed into one buffer, the updates sorted once.
     pub fn union_all<'a>(leaves: impl IntoIterator<Item = &'a Leaf>) -> Leaf {
+        let mut words: Vec<u64> = vec![];
         let mut acc = Leaf::default();
         for l in leaves {
-            acc.absorb(l);
+            let w = l.ports.slice();
+            if words.len() < w.len() {
+                words.resize(w.len(), 0);
+            }
+            for (x, y) in words.iter_mut().zip(w) {
+                *x |= y;
+            }
+            acc.drop |= l.drop;
+            acc.updates.extend_from_slice(&l.updates);
         }
-        acc.settle()
+        acc.ports = PortSet::from_vec(words);
+        acc.updates.sort_unstable();
+        acc.updates.dedup();
+        acc.canonical()
     }
 
     /// The empty action set: the packet matched nothing.
