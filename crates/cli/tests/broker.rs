@@ -211,6 +211,46 @@ fn publish_and_check(
     assert_eq!(received, sent_copies);
 }
 
+/// The network, removed with `net`: a publisher namespace behind the
+/// broker's interface `<t>i`, and four subscriber namespaces behind `<t>o0`
+/// .. `<t>o3`, each with 2,500 sockets. Returns the broker's interface,
+/// the publisher's packet socket, each logical port's egress (its
+/// namespace's veth, its socket's address) and the sockets.
+fn network(net: &mut Cleanup, t: &str) -> (String, OwnedFd, Vec<(u32, proto::EbpfEgress)>, Subscribers) {
+    let broker_if = format!("{t}i");
+    let fd = in_netns(&net.publisher(t, &broker_if), || packet_socket("pp")).join().unwrap();
+    let (mut egress, mut sockets) = (Vec::with_capacity(SUBSCRIBERS as usize), Vec::with_capacity(SUBSCRIBERS as usize));
+    for k in 0..NAMESPACES {
+        let (ns, out_if, addr) = (format!("{t}s{k}"), format!("{t}o{k}"), format!("10.0.{}.2", k + 1));
+        let mac = net.subscriber(&ns, &out_if, &addr);
+        for p in (1..=SUBSCRIBERS).filter(|p| place(*p).0 == k) {
+            let e = proto::EbpfEgress {
+                interface: out_if.clone(),
+                dst_mac: mac.clone(),
+                src_mac: String::new(),
+                dst_ip: addr.clone(),
+                dst_port: place(p).1 as u32,
+            };
+            egress.push((p, e));
+        }
+        let bound = in_netns(&ns, move || {
+            (1..=SUBSCRIBERS)
+                .filter(|p| place(*p).0 == k)
+                .map(|p| {
+                    let s = UdpSocket::bind(("0.0.0.0", place(p).1)).unwrap();
+                    s.set_nonblocking(true).unwrap();
+                    (p, s)
+                })
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+        sockets.extend(bound);
+    }
+    assert_eq!(sockets.len(), SUBSCRIBERS as usize);
+    (broker_if, fd, egress, Subscribers { sockets })
+}
+
 /// Waits until target `t` holds the current generation; on a timeout,
 /// fails with its last status and the end of the server's log.
 async fn in_sync(server: &ServerProc, t: &str, limit: Duration) -> proto::TargetStatus {
@@ -242,55 +282,9 @@ fn ten_thousand_subscribers_through_the_service() {
     let spec_path = dir.path().join("broker.spec");
     std::fs::write(&spec_path, &spec).unwrap();
 
-    // The network: a publisher namespace behind the broker's interface
-    // `<t>i`, and four subscriber namespaces behind `<t>o0` .. `<t>o3`, each
-    // with 2,500 sockets.
     let t = tag("bk");
     let mut net = Cleanup::default();
-    let publisher = format!("{t}p");
-    net.netns(&publisher);
-    let broker_if = format!("{t}i");
-    net.veth(&broker_if, "pp", Some(&publisher));
-    let mut egress = vec![];
-    let mut sockets = vec![];
-    for k in 0..NAMESPACES {
-        let ns = format!("{t}s{k}");
-        net.netns(&ns);
-        let out_if = format!("{t}o{k}");
-        net.veth(&out_if, "sub", Some(&ns));
-        let addr = format!("10.0.{}.2", k + 1);
-        ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", "sub"]);
-        for key in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
-            sysctl(&ns, key, "0");
-        }
-        let mac = mac_of(Some(&ns), "sub");
-        for p in (1..=SUBSCRIBERS).filter(|p| place(*p).0 == k) {
-            let e = proto::EbpfEgress {
-                interface: out_if.clone(),
-                dst_mac: mac.clone(),
-                src_mac: String::new(),
-                dst_ip: addr.clone(),
-                dst_port: place(p).1 as u32,
-            };
-            egress.push((p, e));
-        }
-        let bound = in_netns(&ns, move || {
-            (1..=SUBSCRIBERS)
-                .filter(|p| place(*p).0 == k)
-                .map(|p| {
-                    let s = UdpSocket::bind(("0.0.0.0", place(p).1)).unwrap();
-                    s.set_nonblocking(true).unwrap();
-                    (p, s)
-                })
-                .collect::<Vec<_>>()
-        })
-        .join()
-        .unwrap();
-        sockets.extend(bound);
-    }
-    let subs = Subscribers { sockets };
-    assert_eq!(subs.sockets.len(), SUBSCRIBERS as usize);
-    let fd = in_netns(&publisher, || packet_socket("pp")).join().unwrap();
+    let (broker_if, fd, egress, subs) = network(&mut net, &t);
     let broker_mac = subc_backend_ebpf::parse_mac(&mac_of(None, &broker_if)).unwrap();
 
     // A change's compile may take 10 s by default; an unoptimized `subc`
