@@ -287,13 +287,7 @@ fn ten_thousand_subscribers_through_the_service() {
     let (broker_if, fd, egress, subs) = network(&mut net, &t);
     let broker_mac = subc_backend_ebpf::parse_mac(&mac_of(None, &broker_if)).unwrap();
 
-    // A change's compile may take 10 s by default; an unoptimized `subc`
-    // (what `cargo test` builds) takes about that for a request of 1,000
-    // once the set holds 6,000 of these wide-audience rules (each request
-    // recompiles the topics' whole subtrees: every rule of a topic meets
-    // every other), so the limit is raised here.
-    let limits = "[limits]\ncompile_timeout_ms = 120000\n";
-    let server = ServerProc::start_with_spec(dir.path(), &spec_path, limits);
+    let server = ServerProc::start_with_spec(dir.path(), &spec_path, "");
     net.deployment(&t, &server.bpffs_root);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let all = subscriptions(33);
