@@ -772,11 +772,32 @@ impl CompiledSet {
     /// per rule. A set like `price == i` (one node with an edge per
     /// constant) is quadratic one at a time and linear rebuilt; Camus's ITCH
     /// shape (a root of a hundred stocks over small subtrees) is the other
-    /// way round.
-    fn rebuild_is_cheaper(&self, p: usize, changed: usize, new_root_boundaries: usize) -> bool {
-        let root_edges = self.managers[p].edges(self.pipes[p].root).len().max(1) + new_root_boundaries;
-        let rules = self.pipes[p].index.len();
-        changed.saturating_mul(root_edges) > REBUILD_FACTOR * (rules + changed)
+    /// way round. A splice also builds its box's region from every rule
+    /// whose box meets it: when the changed rules' `boxes` (at `p`'s
+    /// levels) meet many rules each, as a topic's thousands of subscribers
+    /// each meet every other (issue 33), one at a time is quadratic in
+    /// those too, and the rebuild wins.
+    fn rebuild_is_cheaper(
+        &self,
+        p: usize,
+        new_root_boundaries: usize,
+        boxes: impl ExactSizeIterator<Item = Vec<(u32, subc_lang::IntervalSet)>>,
+    ) -> bool {
+        let changed = boxes.len();
+        let pipe = &self.pipes[p];
+        let root_edges = self.managers[p].edges(pipe.root).len().max(1) + new_root_boundaries;
+        let rebuild = REBUILD_FACTOR * (pipe.index.len() + changed);
+        if changed.saturating_mul(root_edges) > rebuild {
+            return true;
+        }
+        let mut regions = 0usize;
+        for bx in boxes {
+            regions += pipe.index.intersecting(&pipe.rules, &bx).len();
+            if regions > rebuild {
+                return true;
+            }
+        }
+        false
     }
 
     /// How many distinct interval boundaries `rules` would add to pipeline
@@ -920,7 +941,8 @@ impl CompiledSet {
         for (p, rules) in by_pipe {
             let batch: Vec<&PendingRule> = rules.iter().map(|i| &pending[*i]).collect();
             let boundaries = self.new_root_boundaries(p, &batch);
-            if self.rebuild_is_cheaper(p, rules.len(), boundaries) && self.try_rebuild_adding(p, &batch, placed)? {
+            let boxes = batch.iter().map(|r| self.constraints(p, r.cube));
+            if self.rebuild_is_cheaper(p, boundaries, boxes) && self.try_rebuild_adding(p, &batch, placed)? {
                 continue;
             }
             one_at_a_time.extend(rules);
@@ -1023,7 +1045,7 @@ impl CompiledSet {
             }
         }
         for (p, slots) in by_pipe {
-            let rebuild = self.rebuild_is_cheaper(p, slots.len(), 0);
+            let rebuild = self.rebuild_is_cheaper(p, 0, slots.iter().map(|r| self.pipes[p].rules[*r as usize].constraints.clone()));
             for r in &slots {
                 let pipe = &mut self.pipes[p];
                 pipe.index.remove(*r, &pipe.rules[*r as usize]);

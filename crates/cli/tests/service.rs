@@ -115,22 +115,13 @@ fn the_data_plane_outlives_the_control_plane() {
     let dir = tempfile::Builder::new().prefix("subc-dp").tempdir().unwrap();
     let t = tag("dp");
     let mut net = Cleanup::default();
-    let publisher = format!("{t}p");
-    net.netns(&publisher);
     let broker_if = format!("{t}b");
-    net.veth(&broker_if, "pp", Some(&publisher));
+    let publisher = net.publisher(&t, &broker_if);
     let mut ports = vec![];
     let mut sockets = vec![];
     for port in [1u32, 2] {
-        let ns = format!("{t}s{port}");
-        net.netns(&ns);
-        let out_if = format!("{t}o{port}");
-        net.veth(&out_if, "sub", Some(&ns));
-        ip(&["-n", &ns, "addr", "add", &format!("10.0.{port}.2/24"), "dev", "sub"]);
-        for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
-            sysctl(&ns, k, "0");
-        }
-        let mac = mac_of(Some(&ns), "sub");
+        let (ns, out_if) = (format!("{t}s{port}"), format!("{t}o{port}"));
+        let mac = net.subscriber(&ns, &out_if, &format!("10.0.{port}.2"));
         ports.push((
             port,
             proto::EbpfEgress { interface: out_if, dst_mac: mac, src_mac: String::new(), dst_ip: format!("10.0.{port}.2"), dst_port: 7000 },

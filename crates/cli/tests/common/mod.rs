@@ -357,6 +357,29 @@ impl Cleanup {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{host}/disable_ipv6"), "1");
     }
 
+    /// A publisher namespace `<t>p` behind `broker_if` (in this namespace),
+    /// its end named `pp`; returns the namespace's name.
+    pub fn publisher(&mut self, t: &str, broker_if: &str) -> String {
+        let ns = format!("{t}p");
+        self.netns(&ns);
+        self.veth(broker_if, "pp", Some(&ns));
+        ns
+    }
+
+    /// A subscriber namespace `ns` behind `host_if` (in this namespace), its
+    /// end `sub` holding `addr`/24, with the reverse-path filter off (the
+    /// copies a data plane sends there keep the publisher's source
+    /// address); returns the MAC address of `sub`.
+    pub fn subscriber(&mut self, ns: &str, host_if: &str, addr: &str) -> String {
+        self.netns(ns);
+        self.veth(host_if, "sub", Some(ns));
+        ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "sub"]);
+        for k in ["net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter", "net.ipv4.conf.sub.rp_filter"] {
+            sysctl(ns, k, "0");
+        }
+        mac_of(Some(ns), "sub")
+    }
+
     /// Removes a target's eBPF deployment on drop.
     pub fn deployment(&mut self, name: &str, pin_root: &Path) {
         self.deployments.push((name.to_string(), pin_root.to_path_buf()));
