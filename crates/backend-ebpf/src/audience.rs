@@ -39,17 +39,17 @@ use subc_bdd::{GroupId, LeafEntry, Pipeline, PortSet};
 /// Most ports a leaf carries as a bitmap; a spec with more uses groups.
 pub const BITMAP_MAX_PORTS: u32 = 512;
 /// The audience word of a group (its low bits: pipeline << 24 | group).
-pub(crate) const AUD_GROUP: u32 = 1 << 31;
+const AUD_GROUP: u32 = 1 << 31;
 /// Group ids fit the 24 low bits of an audience word.
 pub(crate) const MAX_GROUP: GroupId = (1 << 24) - 1;
 /// The first summary word's index in a group key.
-pub const SUMMARY: u32 = 1024;
+pub(crate) const SUMMARY: u32 = 1024;
 /// Ports per summary word (one bit per member word).
 const PORTS_PER_SUMMARY: u32 = 64 * 64;
 /// Summary words of the largest group.
 pub(crate) const SUMMARY_WORDS: u32 = PortSet::MAX_PORTS / PORTS_PER_SUMMARY;
 /// The top word's index: bit `j` set when summary word `j` is not zero.
-pub const TOP: u32 = SUMMARY + SUMMARY_WORDS;
+pub(crate) const TOP: u32 = SUMMARY + SUMMARY_WORDS;
 /// Most pipelines (audience words per packet) a program with groups has:
 /// each is a slot of the packet's result on the stack.
 pub const MAX_AUDIENCE_SLOTS: usize = 32;
@@ -106,6 +106,28 @@ pub(crate) fn member_words(ports: &[u32]) -> Vec<(u32, u64)> {
     out
 }
 
+/// The ports audience word `aud` names in generation `gen`, reading the
+/// group's stored words through `word(group key, w)` (0 where none is
+/// stored): top word, then the summary words it marks, then the member
+/// words they mark, as the program's fan-out walks them. What a recorded
+/// decision is decoded with, from the kernel's own maps.
+pub fn audience_ports<E>(aud: u32, gen: u32, mut word: impl FnMut(u32, u32) -> Result<u64, E>) -> Result<PortSet, E> {
+    if aud & AUD_GROUP == 0 {
+        return Ok(if aud == 0 { PortSet::default() } else { PortSet::from_ports([aud - 1]) });
+    }
+    let gg = gen << 31 | (aud & !AUD_GROUP);
+    let bits = |x: u64| (0..64u32).filter(move |b| x >> b & 1 != 0);
+    let mut words = vec![];
+    for j in bits(word(gg, TOP)?) {
+        for i in bits(word(gg, SUMMARY + j)?) {
+            let w = (j * 64 + i) as usize;
+            words.resize(words.len().max(w + 1), 0);
+            words[w] = word(gg, w as u32)?;
+        }
+    }
+    Ok(PortSet::from_words(&words))
+}
+
 /// Member map entries one generation of `pipes` holds.
 pub(crate) fn count_member_words(pipes: &[&Pipeline]) -> usize {
     pipes.iter().flat_map(|p| p.groups.values()).map(|ports| member_words(ports).len()).sum()
@@ -125,5 +147,19 @@ mod tests {
         assert_eq!(audience_word(3, &leaf(vec![], None)), 0);
         assert_eq!(audience_word(3, &leaf(vec![700], None)), 701);
         assert_eq!(audience_word(3, &leaf(vec![1, 700], Some(9))), AUD_GROUP | 3 << 24 | 9);
+    }
+
+    /// Reading a group's stored words back gives its ports.
+    #[test]
+    fn audience_ports_walk_the_stored_words() {
+        let ports = vec![0, 1, 64, 4_096, 65_535];
+        let stored: std::collections::HashMap<(u32, u32), u64> =
+            member_words(&ports).into_iter().map(|(w, x)| ((group_key(1, 3, 9), w), x)).collect();
+        let read = |gg: u32, w: u32| Ok::<u64, ()>(stored.get(&(gg, w)).copied().unwrap_or(0));
+        let aud = AUD_GROUP | 3 << 24 | 9;
+        assert_eq!(audience_ports(aud, 1, read).unwrap().iter().collect::<Vec<_>>(), ports);
+        assert!(audience_ports(aud, 0, read).unwrap().is_empty(), "the other generation holds nothing");
+        assert_eq!(audience_ports(701, 1, read).unwrap().iter().collect::<Vec<_>>(), [700]);
+        assert!(audience_ports(0, 1, read).unwrap().is_empty());
     }
 }

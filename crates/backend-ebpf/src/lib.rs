@@ -46,7 +46,7 @@ use subc_bdd::Pipeline;
 use subc_bdd::{BitImage, CompiledSet, Headroom};
 use subc_lang::spec::Spec;
 
-pub use audience::{BITMAP_MAX_PORTS, MAX_AUDIENCE_SLOTS, SUMMARY as MEMBER_SUMMARY, TOP as MEMBER_TOP};
+pub use audience::{audience_ports, BITMAP_MAX_PORTS, MAX_AUDIENCE_SLOTS};
 pub use bits::{BitMapIds, BitTables, BitsShape};
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};

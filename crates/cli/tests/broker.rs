@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::UdpSocket;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
+use subc_ebpf_loader::testnet::Backlog;
 use subc_server::proto;
 
 const SUBSCRIBERS: u32 = 10_000;
@@ -27,35 +28,6 @@ const PER_NAMESPACE: u32 = SUBSCRIBERS / NAMESPACES;
 const BASE_PORT: u16 = 20_000;
 const BATCH: usize = 1_000;
 const TOPICS: [&str; 6] = ["sensors", "metrics", "alerts", "logs", "trades", "news"];
-
-/// The kernel's per-CPU receive backlog (`net.core.netdev_max_backlog`,
-/// 1,000 by default) bounds the copies one publication can clone to the
-/// veths: the TC program clones each member's copy before it returns, and
-/// every copy waits in that backlog until it does. A topic here has about
-/// 2,500 subscribers, so the backlog is raised for the test (never lowered)
-/// and put back on drop, also when the test fails.
-struct Backlog(Option<String>);
-
-const BACKLOG_PATH: &str = "/proc/sys/net/core/netdev_max_backlog";
-
-impl Backlog {
-    fn raise(to: u32) -> Backlog {
-        let old = std::fs::read_to_string(BACKLOG_PATH).unwrap();
-        if old.trim().parse::<u32>().is_ok_and(|n| n >= to) {
-            return Backlog(None);
-        }
-        std::fs::write(BACKLOG_PATH, to.to_string()).unwrap();
-        Backlog(Some(old))
-    }
-}
-
-impl Drop for Backlog {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            let _ = std::fs::write(BACKLOG_PATH, old);
-        }
-    }
-}
 
 /// Raises the soft limit on open descriptors to the hard one, and checks
 /// that it holds the subscriber sockets with room to spare.
@@ -275,7 +247,9 @@ fn ten_thousand_subscribers_through_the_service() {
         return;
     }
     raise_descriptor_limit(SUBSCRIBERS as u64 + 1_000);
-    let _backlog = Backlog::raise(4 * SUBSCRIBERS);
+    // A topic has about 2,500 subscribers, whose copies all wait in the
+    // backlog until the program returns.
+    let _backlog = Backlog::raise(4 * SUBSCRIBERS).unwrap();
     let dir = tempfile::Builder::new().prefix("subc-broker").tempdir().unwrap();
     let spec =
         format!("{}\nports {};\n", std::fs::read_to_string(repo().join("examples/topic-broker/broker.spec")).unwrap(), SUBSCRIBERS + 1);

@@ -56,7 +56,7 @@ use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Hook};
 use subc_backend_ebpf::{Egress, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, pin_to_cpu, sysctl, Namespaces};
+use subc_ebpf_loader::testnet::{in_netns, ip, mac_of, pin_to_cpu, sysctl, Backlog, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Dataplane, XdpMode};
 use subc_lang::NfLimits;
 use subc_lang::SourceMap;
@@ -310,29 +310,6 @@ fn ticks_per_s() -> f64 {
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
-/// Raises the kernel's per-CPU backlog for the run; puts it back on drop.
-struct Backlog(Option<String>);
-
-impl Backlog {
-    const PATH: &str = "/proc/sys/net/core/netdev_max_backlog";
-    fn raise(to: usize) -> Backlog {
-        let old = std::fs::read_to_string(Self::PATH).ok();
-        if old.as_deref().and_then(|o| o.trim().parse::<usize>().ok()).is_some_and(|o| o < to) {
-            let _ = std::fs::write(Self::PATH, to.to_string());
-            return Backlog(old);
-        }
-        Backlog(None)
-    }
-}
-
-impl Drop for Backlog {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            let _ = std::fs::write(Self::PATH, old);
-        }
-    }
-}
-
 /// Starts the broker of `mode` in its namespace; returns when it is ready,
 /// with the flag that stops it.
 fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
@@ -517,7 +494,7 @@ fn main() {
     let sizes: Vec<usize> = arg("--subscribers").map(|s| s.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 8, 32]);
     let updates: usize = arg("--updates").map(|s| s.parse().unwrap()).unwrap_or(200);
     let offered: f64 = arg("--offered").map(|s| s.parse().unwrap()).unwrap_or(8e6);
-    let _backlog = Backlog::raise(64 * sizes.iter().max().copied().unwrap_or(0));
+    let _backlog = Backlog::raise(64 * sizes.iter().max().copied().unwrap_or(0) as u32).expect("raise net.core.netdev_max_backlog");
     let costs_only = std::env::args().any(|a| a == "--costs-only");
     for n in sizes {
         if costs_only {

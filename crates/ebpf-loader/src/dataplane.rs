@@ -24,8 +24,8 @@ use serde::Serialize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use subc_backend_ebpf::{audience_ports, read_field, CStruct, EWMA_AVERAGE_BITS};
 use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
-use subc_backend_ebpf::{read_field, CStruct, EWMA_AVERAGE_BITS};
 use subc_backend_ebpf::{Hook, Model};
 use subc_backend_ebpf::{MapOp, MapType, TableImage};
 use subc_bdd::PortSet;
@@ -491,11 +491,7 @@ impl RecordDecoder {
             let gbit = read_field(s, v, "gbit", 0) as u32;
             let mut set = PortSet::default();
             for slot in 0..self.audience_slots {
-                match read_field(s, v, "aud", slot) as u32 {
-                    0 => {}
-                    a if a & AUD_GROUP == 0 => set.insert(a - 1),
-                    a => set = set.union(&group_members(members, gbit | (a & !AUD_GROUP))?),
-                }
+                set = set.union(&audience_members(members, read_field(s, v, "aud", slot) as u32, gbit)?);
             }
             set
         };
@@ -507,14 +503,11 @@ impl RecordDecoder {
     }
 }
 
-/// The audience word of a group (`subc_backend_ebpf` `audience.rs`).
-const AUD_GROUP: u32 = 1 << 31;
-
-/// The members of group key `gg` as the kernel's map holds them: the top
-/// word, the summary words it marks, the member words they mark.
-fn group_members(members: Option<BorrowedFd<'_>>, gg: u32) -> Result<PortSet, LoaderError> {
-    let Some(fd) = members else { return Ok(PortSet::default()) };
-    let word = |w: u32| -> Result<u64, LoaderError> {
+/// The ports of audience word `aud` (generation `gbit`), from the kernel's
+/// own `subc_members`.
+fn audience_members(members: Option<BorrowedFd<'_>>, aud: u32, gbit: u32) -> Result<PortSet, LoaderError> {
+    audience_ports(aud, gbit >> 31, |gg, w| {
+        let Some(fd) = members else { return Ok(0) };
         let mut key = gg.to_ne_bytes().to_vec();
         key.extend_from_slice(&w.to_ne_bytes());
         let mut value = [0u8; 8];
@@ -523,18 +516,7 @@ fn group_members(members: Option<BorrowedFd<'_>>, gg: u32) -> Result<PortSet, Lo
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(0),
             Err(e) => Err(LoaderError::io("subc_members", e)),
         }
-    };
-    let bits = |x: u64| (0..64).filter(move |b| x >> b & 1 != 0);
-    let (summary, top) = (subc_backend_ebpf::MEMBER_SUMMARY, subc_backend_ebpf::MEMBER_TOP);
-    let mut words = vec![];
-    for j in bits(word(top)?) {
-        for i in bits(word(summary + j)?) {
-            let w = j * 64 + i;
-            words.resize(words.len().max(w as usize + 1), 0);
-            words[w as usize] = word(w)?;
-        }
-    }
-    Ok(PortSet::from_words(&words))
+    })
 }
 
 /// Runs packets through a loaded program from any thread (owns duplicates

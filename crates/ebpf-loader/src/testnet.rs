@@ -33,6 +33,45 @@ pub fn sysctl(ns: &str, key: &str, value: &str) {
     let _ = in_netns(ns, move || std::fs::write(path, value)).join();
 }
 
+/// The kernel's per-CPU receive backlog (`net.core.netdev_max_backlog`,
+/// 1,000 by default), raised while a guard lives: a TC program clones every
+/// copy of a packet before it returns, and each waits in that backlog until
+/// it does, so a fan-out to more receivers than the backlog holds loses the
+/// rest (`docs/semantics.md`, "Audiences"). The value before the first
+/// guard is put back when the last one drops, also when a test fails.
+pub struct Backlog(());
+
+static BACKLOG: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
+const BACKLOG_PATH: &str = "/proc/sys/net/core/netdev_max_backlog";
+
+impl Backlog {
+    /// Raises the backlog to at least `to` until the guard drops.
+    pub fn raise(to: u32) -> std::io::Result<Backlog> {
+        let mut b = BACKLOG.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::fs::read_to_string(BACKLOG_PATH)?;
+        if now.trim().parse::<u32>().map_or(true, |n| n < to) {
+            std::fs::write(BACKLOG_PATH, to.to_string())?;
+            if b.0 == 0 {
+                b.1 = Some(now);
+            }
+        }
+        b.0 += 1;
+        Ok(Backlog(()))
+    }
+}
+
+impl Drop for Backlog {
+    fn drop(&mut self) {
+        let mut b = BACKLOG.lock().unwrap_or_else(|e| e.into_inner());
+        b.0 -= 1;
+        if b.0 == 0 {
+            if let Some(old) = b.1.take() {
+                let _ = std::fs::write(BACKLOG_PATH, old);
+            }
+        }
+    }
+}
+
 /// Network namespaces removed on drop.
 #[derive(Default)]
 pub struct Namespaces(Vec<String>);

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{Capacity, EbpfOptions, Egress, Hook, NoMatch, RangeLookup, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet, Headroom};
-use subc_ebpf_loader::testnet::{in_netns, Namespaces};
+use subc_ebpf_loader::testnet::{in_netns, Backlog, Namespaces};
 use subc_ebpf_loader::{Dataplane, PortCounter};
 use subc_lang::{Interpreter, NfSubscription, Program};
 use subc_workload::{siena, siena_spec, PacketGen, Rng, SienaParams};
@@ -226,45 +226,11 @@ fn spread(rule: &str) -> String {
     format!("{head}fwd({}){tail}", ports.join(", "))
 }
 
-/// The kernel's per-CPU receive backlog (`net.core.netdev_max_backlog`,
-/// 1,000 by default) bounds the copies one packet can clone to veths: each
-/// waits there until the program returns. Raised for these tests to hold a
-/// whole audience (`docs/semantics.md`, "Audiences"), and put back by the
-/// last test that needed it.
-struct Backlog;
-
-static BACKLOG: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
-const BACKLOG_PATH: &str = "/proc/sys/net/core/netdev_max_backlog";
-
-impl Backlog {
-    fn raise() -> Backlog {
-        let mut b = BACKLOG.lock().unwrap_or_else(|e| e.into_inner());
-        if b.0 == 0 {
-            let old = std::fs::read_to_string(BACKLOG_PATH).unwrap();
-            std::fs::write(BACKLOG_PATH, format!("{}", 2 * PORTS)).unwrap();
-            b.1 = Some(old);
-        }
-        b.0 += 1;
-        Backlog
-    }
-}
-
-impl Drop for Backlog {
-    fn drop(&mut self) {
-        let mut b = BACKLOG.lock().unwrap_or_else(|e| e.into_inner());
-        b.0 -= 1;
-        if b.0 == 0 {
-            if let Some(old) = b.1.take() {
-                let _ = std::fs::write(BACKLOG_PATH, old);
-            }
-        }
-    }
-}
-
 /// Runs `f` on a thread in a new network namespace with a veth pair
 /// (`ca`, `cb`), removed after, with the backlog raised.
 fn in_veth_netns(f: impl FnOnce() + Send + 'static) {
-    let _backlog = Backlog::raise();
+    // Every copy of a packet waits in the backlog until the program returns.
+    let _backlog = Backlog::raise(2 * PORTS).unwrap();
     let mut nss = Namespaces::default();
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
