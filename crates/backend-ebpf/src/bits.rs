@@ -35,7 +35,7 @@ use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::{CapacityError, DiffError, EbpfError};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use subc_bdd::Leaf;
 use subc_bdd::{BitDiff, BitImage, LeafId, RowId, WordOf};
 
@@ -103,22 +103,23 @@ impl BitsShape {
     /// The group's maps; `leaf` is the program's leaf struct.
     pub fn maps(&self, leaf: &CStruct) -> Vec<MapDef> {
         let [iv, row, order] = self.structs();
-        let map = |name: &str, role: MapRole, value: CStruct, max_entries: u32| MapDef {
+        let map = |name: &str, role: MapRole, value: CStruct, max_entries: u32, flags: Option<&str>| MapDef {
             name: name.into(),
             role,
             map_type: MapType::Array,
             key: KV::Scalar { scalar: Scalar::U32 },
             value: KV::Struct(value),
             max_entries,
-            flags: None,
+            flags: flags.map(String::from),
             only_if: None,
             state: None,
         };
         vec![
-            map("subc_bv_iv", MapRole::BitIntervals, iv, 2 * self.fields.len() as u32),
-            map("subc_bv_rows", MapRole::BitRows, row, self.live_key() + 1),
-            map("subc_bv_order", MapRole::BitOrder, order, 2),
-            map("subc_bv_leaves", MapRole::BitLeaves, leaf.clone(), self.leaves),
+            map("subc_bv_iv", MapRole::BitIntervals, iv, 2 * self.fields.len() as u32, None),
+            // Memory-mapped: an update writes the words it changes, not whole rows.
+            map("subc_bv_rows", MapRole::BitRows, row, self.live_key() + 1, Some("BPF_F_MMAPABLE")),
+            map("subc_bv_order", MapRole::BitOrder, order, 2, None),
+            map("subc_bv_leaves", MapRole::BitLeaves, leaf.clone(), self.leaves, None),
         ]
     }
 }
@@ -148,7 +149,8 @@ pub struct BitTables {
 #[derive(Clone, Debug)]
 pub struct BitUndo {
     intervals: Vec<(usize, Vec<(u64, RowId)>)>,
-    rows: Vec<(u32, Vec<u64>)>,
+    /// Row words as they were: (index into `BitTables::rows`, word).
+    rows: Vec<(usize, u64)>,
     word_leaf: Vec<(u32, Option<LeafId>)>,
     leaves: usize,
 }
@@ -192,7 +194,7 @@ impl BitTables {
     pub fn initial_ops(&self, ids: BitMapIds, leaf_value: &dyn Fn(&Leaf) -> Vec<u8>, iv: &CStruct, order: &CStruct) -> Vec<MapOp> {
         let mut ops: Vec<MapOp> = (0..=self.shape.live_key()).map(|k| self.row_op(ids, k)).collect();
         for (id, leaf) in self.leaves.iter().enumerate() {
-            ops.push(MapOp { map: ids.leaves, key: (id as u32).to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)) });
+            ops.push(MapOp { map: ids.leaves, key: (id as u32).to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)), offset: None });
         }
         for g in [0, 1] {
             for f in 0..self.intervals.len() {
@@ -204,8 +206,8 @@ impl BitTables {
     }
 
     fn row_op(&self, ids: BitMapIds, key: u32) -> MapOp {
-        let value: Vec<u8> = self.row(key).iter().flat_map(|w| w.to_ne_bytes()).collect();
-        MapOp { map: ids.rows, key: key.to_ne_bytes().to_vec(), value: Some(value) }
+        let value = words_to_bytes(self.row(key));
+        MapOp { map: ids.rows, key: key.to_ne_bytes().to_vec(), value: Some(value), offset: None }
     }
 
     fn interval_op(&self, ids: BitMapIds, s: &CStruct, gen: u32, f: usize) -> MapOp {
@@ -217,7 +219,7 @@ impl BitTables {
             v.u32_at("row", i as u32, *row);
         }
         let key = gen * self.intervals.len() as u32 + f as u32;
-        MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+        MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
     }
 
     /// The words with a leaf, sorted by leaf then word, each with its leaf
@@ -245,7 +247,7 @@ impl BitTables {
             v.u32_at("skip", i as u32, *skip);
             v.u32_at("leaf", i as u32, *leaf);
         }
-        MapOp { map: ids.order, key: gen.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+        MapOp { map: ids.order, key: gen.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
     }
 
     /// Applies `d` to these tables and returns the writes that take the
@@ -269,29 +271,27 @@ impl BitTables {
                 self.leaves.resize(*id as usize + 1, Leaf::default());
             }
             self.leaves[*id as usize] = leaf.clone();
-            plan.prepare.push(MapOp { map: ids.leaves, key: id.to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)) });
+            plan.prepare.push(MapOp { map: ids.leaves, key: id.to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)), offset: None });
         }
         let freed = self.freed_rows(d);
         let live_key = self.shape.live_key();
-        let old_live = self.row(live_key).to_vec();
-        let mut touched: BTreeSet<u32> = BTreeSet::new();
+        // The words each row changes in, and their old values.
+        let mut touched: BTreeMap<u32, BTreeMap<u32, u64>> = BTreeMap::new();
         let words = self.shape.words as usize;
         for (at, w, v) in &d.words {
             let key = self.shape.row_key(*at);
-            if touched.insert(key) {
-                undo.rows.push((key, self.row(key).to_vec()));
-            }
-            self.rows[key as usize * words + *w as usize] = *v;
+            let i = key as usize * words + *w as usize;
+            touched.entry(key).or_default().entry(*w).or_insert(self.rows[i]);
+            undo.rows.push((i, self.rows[i]));
+            self.rows[i] = *v;
         }
         // Live slots: clears first, sets last.
-        if touched.contains(&live_key) {
-            let new_live = self.row(live_key).to_vec();
-            let cleared: Vec<u64> = old_live.iter().zip(&new_live).map(|(o, n)| o & n).collect();
-            let value: Vec<u8> = cleared.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            plan.prepare.push(MapOp { map: ids.rows, key: live_key.to_ne_bytes().to_vec(), value: Some(value) });
+        if let Some(live) = touched.get(&live_key) {
+            let cleared = live.iter().map(|(w, old)| (*w, old & self.row(live_key)[*w as usize]));
+            plan.prepare.extend(word_ops(ids.rows, live_key, cleared));
         }
-        for key in touched.iter().filter(|k| **k != live_key && !freed.contains(k)) {
-            plan.prepare.push(self.row_op(ids, *key));
+        for (key, changed) in touched.iter().filter(|(k, _)| **k != live_key && !freed.contains(k)) {
+            plan.prepare.extend(self.row_word_ops(ids, *key, changed.keys()));
         }
         for (f, table) in &d.intervals {
             undo.intervals.push((*f as usize, std::mem::replace(&mut self.intervals[*f as usize], table.clone())));
@@ -311,13 +311,19 @@ impl BitTables {
                 phase.push(self.order_op(ids, order_struct, g));
             }
         }
-        for key in touched.iter().filter(|k| freed.contains(k)) {
-            plan.live.push(self.row_op(ids, *key));
+        for (key, changed) in touched.iter().filter(|(k, _)| freed.contains(k)) {
+            plan.live.extend(self.row_word_ops(ids, *key, changed.keys()));
         }
-        if touched.contains(&live_key) {
-            plan.live.push(self.row_op(ids, live_key));
+        if let Some(live) = touched.get(&live_key) {
+            plan.live.extend(self.row_word_ops(ids, live_key, live.keys()));
         }
         Ok((plan, undo))
+    }
+
+    /// Partial writes of row `key`'s `changed` words as these tables hold them.
+    fn row_word_ops<'a>(&self, ids: BitMapIds, key: u32, changed: impl Iterator<Item = &'a u32>) -> Vec<MapOp> {
+        let row = self.row(key);
+        word_ops(ids.rows, key, changed.map(|w| (*w, row[*w as usize])))
     }
 
     /// Refuses a diff that names words, rows, fields or leaves the maps do
@@ -367,9 +373,8 @@ impl BitTables {
 
     /// Restores the tables [`BitTables::plan`] started from.
     pub fn rollback(&mut self, undo: BitUndo) {
-        let words = self.shape.words as usize;
-        for (key, old) in undo.rows.into_iter().rev() {
-            self.rows[key as usize * words..(key as usize + 1) * words].copy_from_slice(&old);
+        for (i, old) in undo.rows.into_iter().rev() {
+            self.rows[i] = old;
         }
         for (f, old) in undo.intervals.into_iter().rev() {
             self.intervals[f] = old;
@@ -411,4 +416,28 @@ impl BitTables {
         }
         out
     }
+}
+
+/// Words as the bytes of a map value (native order).
+fn words_to_bytes(words: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        out.extend_from_slice(&w.to_ne_bytes());
+    }
+    out
+}
+
+/// Partial writes of words `(index, value)` (ascending) of element `key`
+/// of `map`: one op per run of consecutive words.
+fn word_ops(map: usize, key: u32, words: impl Iterator<Item = (u32, u64)>) -> Vec<MapOp> {
+    let mut ops: Vec<MapOp> = vec![];
+    let mut next = None;
+    for (w, v) in words {
+        match ops.last_mut() {
+            Some(op) if next == Some(w) => op.value.as_mut().expect("a write").extend_from_slice(&v.to_ne_bytes()),
+            _ => ops.push(MapOp { map, key: key.to_ne_bytes().to_vec(), value: Some(v.to_ne_bytes().to_vec()), offset: Some(w * 8) }),
+        }
+        next = Some(w + 1);
+    }
+    ops
 }

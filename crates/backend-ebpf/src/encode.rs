@@ -63,6 +63,13 @@ use subc_lang::{UpdateOp, VarUpdate};
 
 /// Set `key` to `value` in map `map` (an index into `Model::maps`), or
 /// delete it when `value` is `None`.
+///
+/// With `offset`, the write is partial: `value` holds whole 64-bit words
+/// that replace the value's bytes from `offset` (a multiple of 8) on, and
+/// the rest of the value stays as it is. Only maps that are memory-mapped
+/// get partial writes ([`MapDef::mmapable`](crate::MapDef)); a loader
+/// stores each word with one aligned 64-bit store, so a packet reads every
+/// word either before or after the write.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MapOp {
     pub map: usize,
@@ -70,6 +77,8 @@ pub struct MapOp {
     pub key: Vec<u8>,
     #[serde(serialize_with = "hex_opt")]
     pub value: Option<Vec<u8>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u32>,
 }
 
 fn hex<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
@@ -677,7 +686,7 @@ impl TableImage {
         ops.extend(self.update_table_ops(model, self.update_ids.iter().map(|(u, id)| (*u, *id))));
         for gen in [0, 1] {
             for ((map, key), value) in self.encode_all(model, gen) {
-                ops.push(MapOp { map, key, value: Some(value) });
+                ops.push(MapOp { map, key, value: Some(value), offset: None });
             }
             ops.extend(self.root_ops(model, gen));
         }
@@ -698,7 +707,7 @@ impl TableImage {
             v.u32("var", model.var_index(u.var).expect("updates name variables"));
             v.u32("op", if u.op == UpdateOp::Set { 0 } else { 1 });
             v.u64("value", u.value);
-            MapOp { map, key: id.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+            MapOp { map, key: id.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
         })
         .collect()
     }
@@ -710,7 +719,7 @@ impl TableImage {
             .enumerate()
             .map(|(p, pipe)| {
                 let key = (gen * n as u32 + p as u32).to_ne_bytes().to_vec();
-                MapOp { map: model.ids.roots, key, value: Some(self.next_value(p, pipe.root, gen)) }
+                MapOp { map: model.ids.roots, key, value: Some(self.next_value(p, pipe.root, gen)), offset: None }
             })
             .collect()
     }
@@ -1495,16 +1504,16 @@ fn ops_between(model: &Model, old: &Encoded, new: &Encoded, old_roots: &[MapOp],
     for ((map, key), old_v) in old {
         // Array slots are never deleted: nothing points to them any more.
         if !new.contains_key(&(*map, key.clone())) && !is_array(*map) {
-            ops.push(MapOp { map: *map, key: key.clone(), value: None });
-            undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()) });
+            ops.push(MapOp { map: *map, key: key.clone(), value: None, offset: None });
+            undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()), offset: None });
         }
     }
     for ((map, key), v) in new {
         let before = old.get(&(*map, key.clone()));
         if before != Some(v) {
-            ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()) });
+            ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()), offset: None });
             if before.is_some() || !is_array(*map) {
-                undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned() });
+                undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned(), offset: None });
             }
         }
     }
@@ -1528,5 +1537,5 @@ mod reference;
 mod tests;
 
 fn gen_op(model: &Model, gen: u32) -> MapOp {
-    MapOp { map: model.ids.gen, key: 0u32.to_ne_bytes().to_vec(), value: Some(gen.to_ne_bytes().to_vec()) }
+    MapOp { map: model.ids.gen, key: 0u32.to_ne_bytes().to_vec(), value: Some(gen.to_ne_bytes().to_vec()), offset: None }
 }

@@ -182,9 +182,13 @@ fn plans_in_place_equal_the_reference() {
 /// Map contents after `ops`, as the kernel would hold them.
 fn write(maps: &mut BTreeMap<(usize, Vec<u8>), Vec<u8>>, ops: &[MapOp]) {
     for o in ops {
-        match &o.value {
-            Some(v) => maps.insert((o.map, o.key.clone()), v.clone()),
-            None => maps.remove(&(o.map, o.key.clone())),
+        match (&o.value, o.offset) {
+            (Some(v), Some(at)) => {
+                let value = maps.get_mut(&(o.map, o.key.clone())).expect("a partial write to a written array slot");
+                value[at as usize..at as usize + v.len()].copy_from_slice(v);
+            }
+            (Some(v), None) => drop(maps.insert((o.map, o.key.clone()), v.clone())),
+            (None, _) => drop(maps.remove(&(o.map, o.key.clone()))),
         };
     }
 }

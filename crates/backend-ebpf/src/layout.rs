@@ -379,6 +379,12 @@ impl MapDef {
     pub fn value_struct(&self) -> &CStruct {
         self.value.as_struct()
     }
+    /// Whether the map is created `BPF_F_MMAPABLE` (an array whose values a
+    /// loader may write word by word through a memory mapping: the
+    /// partial writes of [`MapOp`](crate::MapOp)).
+    pub fn mmapable(&self) -> bool {
+        self.map_type == MapType::Array && self.flags.as_deref().is_some_and(|f| f.split('|').any(|f| f.trim() == "BPF_F_MMAPABLE"))
+    }
     /// Bytes of memory this map needs at most (an estimate for the report,
     /// one CPU's copy of a per-CPU map: the kernel's own figure is in
     /// `/proc/<pid>/fdinfo`).

@@ -98,7 +98,7 @@ pub fn write_naive(spec: &Spec, subs: &[NfSubscription], opts: &EbpfOptions) -> 
                 v.u64_at("ports", w as u32, x);
             }
             v.u32("drop", r.drop as u32);
-            MapOp { map, key: (i as u32).to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+            MapOp { map, key: (i as u32).to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
         })
         .collect();
     let source = crate::codegen::generate(spec, &model, Some(crate::codegen::NaiveRules { count: rules.len() }))?;

@@ -113,9 +113,9 @@ impl TargetConfig {
                 flags |= 8;
             }
             v.u32("flags", flags);
-            ops.push(MapOp { map: model.ids.egress, key: port.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) });
+            ops.push(MapOp { map: model.ids.egress, key: port.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None });
             if let Some(dm) = model.ids.devmap {
-                ops.push(MapOp { map: dm, key: port.to_ne_bytes().to_vec(), value: Some(idx.to_ne_bytes().to_vec()) });
+                ops.push(MapOp { map: dm, key: port.to_ne_bytes().to_vec(), value: Some(idx.to_ne_bytes().to_vec()), offset: None });
             }
         }
         ops.push(config_op(model, self.no_match, self.prune_ingress, 0));
@@ -129,7 +129,7 @@ pub fn config_op(model: &Model, no_match: NoMatch, prune_ingress: bool, now_ns: 
     let s = model.maps[model.ids.config].value_struct();
     let mut v = s.zeroed();
     v.u32("no_match", (no_match == NoMatch::Drop) as u32).u32("prune_ingress", prune_ingress as u32).u64("now_ns", now_ns);
-    MapOp { map: model.ids.config, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+    MapOp { map: model.ids.config, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
 }
 
 #[cfg(test)]

@@ -377,7 +377,7 @@ fn load_artifacts(dir: &Path) -> Result<(Vec<u8>, Model, Vec<MapOp>)> {
             Some(v) => Some(unhex(v)?),
             None => None,
         };
-        ops.push(MapOp { map, key, value });
+        ops.push(MapOp { map, key, value, offset: None });
     }
     Ok((object, model, ops))
 }

@@ -17,7 +17,7 @@
 //! generation has finished.
 
 use crate::attach::ifindex;
-use crate::sys;
+use crate::sys::{self, MapMemory};
 use crate::{LoaderError, NoImage, PortCounter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 use serde::Serialize;
@@ -51,6 +51,8 @@ pub struct Dataplane {
     progs: Vec<(String, OwnedFd)>,
     pub model: Model,
     maps: Vec<Option<MapHandle>>,
+    /// The memory of maps created `BPF_F_MMAPABLE`, for partial writes.
+    memory: Vec<Option<MapMemory>>,
     image: Option<TableImage>,
     load_time: Duration,
 }
@@ -108,12 +110,23 @@ pub struct UpdateReport {
 /// kernel refuses as a batch is applied entry by entry: each operation sets
 /// or removes one key, so applying again what the batch did changes
 /// nothing, and the entry that fails names the error.
-pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]) -> Result<(), LoaderError> {
+///
+/// Partial writes (`MapOp::offset`) go through the map's memory mapping
+/// (`memory`, indexed like `maps`), one store per word and no system call;
+/// a fence then orders them before the next write the kernel makes.
+pub(crate) fn apply_ops(maps: &[Option<MapHandle>], memory: &[Option<MapMemory>], model: &Model, ops: &[MapOp]) -> Result<(), LoaderError> {
     let mut rest = ops;
+    let kind = |op: &MapOp| (op.map, op.value.is_some(), op.offset.is_some());
     while let Some(first) = rest.first() {
-        let run = rest.iter().take_while(|op| op.map == first.map && op.value.is_some() == first.value.is_some()).count();
+        let run = rest.iter().take_while(|op| kind(op) == kind(first)).count();
         let (now, later) = rest.split_at(run);
         let m = maps[first.map].as_ref().ok_or_else(|| LoaderError::MapNotBuilt { map: model.maps[first.map].name.clone() })?;
+        if first.offset.is_some() {
+            write_partial(m, memory.get(first.map).and_then(Option::as_ref), model, now)?;
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            rest = later;
+            continue;
+        }
         let batchable = now.len() > 1 && matches!(model.maps[first.map].map_type, MapType::Array | MapType::Hash);
         if !(batchable && apply_batch(m, now).is_ok()) {
             for op in now {
@@ -125,6 +138,49 @@ pub(crate) fn apply_ops(maps: &[Option<MapHandle>], model: &Model, ops: &[MapOp]
     Ok(())
 }
 
+/// Partial writes to one array map: through its memory mapping when there
+/// is one, else by reading each element, patching it and writing it back.
+fn write_partial(m: &MapHandle, memory: Option<&MapMemory>, model: &Model, ops: &[MapOp]) -> Result<(), LoaderError> {
+    let def = &model.maps[ops[0].map];
+    let size = def.value.size() as usize;
+    let refused = |what: &str| LoaderError::Map {
+        map: def.name.clone(),
+        source: libbpf_rs::Error::from(std::io::Error::new(std::io::ErrorKind::InvalidInput, what.to_string())),
+    };
+    for op in ops {
+        let (Some(value), Some(at)) = (op.value.as_deref(), op.offset.map(|o| o as usize)) else { continue };
+        let index = op.key.get(..4).map(|k| u32::from_ne_bytes(k.try_into().expect("4 bytes")) as usize);
+        let (Some(index), true) = (index, def.map_type == MapType::Array && at + value.len() <= size) else {
+            return Err(refused("a partial write outside an array element"));
+        };
+        match memory {
+            Some(mem) => {
+                mem.write_words(index * size.next_multiple_of(8) + at, value).ok_or_else(|| refused("a partial write outside the map"))?
+            }
+            None => {
+                let mut whole = m
+                    .lookup(&op.key, MapFlags::ANY)
+                    .map_err(|source| LoaderError::Map { map: def.name.clone(), source })?
+                    .ok_or_else(|| refused("a partial write to a missing element"))?;
+                whole[at..at + value.len()].copy_from_slice(value);
+                m.update(&op.key, &whole, MapFlags::ANY).map_err(|source| LoaderError::Map { map: def.name.clone(), source })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Maps the values of `model`'s `BPF_F_MMAPABLE` maps into this process.
+/// A map the kernel will not map (pinned by an older subc without the
+/// flag) gets `None`, and its partial writes are read, patched and written.
+pub(crate) fn map_memories(maps: &[Option<MapHandle>], model: &Model) -> Vec<Option<MapMemory>> {
+    let mapped = |def: &subc_backend_ebpf::MapDef, m: &MapHandle| {
+        let len = def.max_entries as usize * (def.value.size() as usize).next_multiple_of(8);
+        MapMemory::map(m.as_fd(), len).ok()
+    };
+    model.maps.iter().zip(maps).map(|(def, m)| m.as_ref().filter(|_| def.mmapable()).and_then(|m| mapped(def, m))).collect()
+}
+
 /// Writes or deletes `ops` (one map, all of one kind) in one batch.
 fn apply_batch(m: &MapHandle, ops: &[MapOp]) -> libbpf_rs::Result<()> {
     let keys: Vec<u8> = ops.iter().flat_map(|op| op.key.iter().copied()).collect();
@@ -132,7 +188,10 @@ fn apply_batch(m: &MapHandle, ops: &[MapOp]) -> libbpf_rs::Result<()> {
     if ops[0].value.is_none() {
         return m.delete_batch(&keys, count, MapFlags::ANY, MapFlags::ANY);
     }
-    let values: Vec<u8> = ops.iter().flat_map(|op| op.value.iter().flatten().copied()).collect();
+    let mut values: Vec<u8> = Vec::with_capacity(ops.iter().map(|op| op.value.as_ref().map_or(0, Vec::len)).sum());
+    for v in ops.iter().filter_map(|op| op.value.as_deref()) {
+        values.extend_from_slice(v);
+    }
     m.update_batch(&keys, &values, count, MapFlags::ANY, MapFlags::ANY)
 }
 
@@ -152,6 +211,7 @@ fn apply_one(m: &MapHandle, op: &MapOp) -> libbpf_rs::Result<()> {
 /// `image` becomes the image after it; on any error it stays the one before.
 pub(crate) fn update_maps(
     maps: &[Option<MapHandle>],
+    memory: &[Option<MapMemory>],
     model: &Model,
     image: &mut TableImage,
     update: &subc_bdd::SetDiff,
@@ -159,16 +219,16 @@ pub(crate) fn update_maps(
     let t = Instant::now();
     let (plan, undo) = image.plan_in_place(model, update)?;
     let write = || -> Result<(u64, bool), LoaderError> {
-        apply_ops(maps, model, &plan.prepare)?;
-        if let Err(e) = apply_ops(maps, model, &plan.inactive) {
-            let _ = apply_ops(maps, model, &plan.undo_inactive);
+        apply_ops(maps, memory, model, &plan.prepare)?;
+        if let Err(e) = apply_ops(maps, memory, model, &plan.inactive) {
+            let _ = apply_ops(maps, memory, model, &plan.undo_inactive);
             return Err(e);
         }
-        apply_ops(maps, model, &plan.flip)?;
+        apply_ops(maps, memory, model, &plan.flip)?;
         let g = Instant::now();
         let grace_period = wait_for_old_runs(maps, model);
         let grace_us = g.elapsed().as_micros() as u64;
-        apply_ops(maps, model, &plan.live)?;
+        apply_ops(maps, memory, model, &plan.live)?;
         Ok((grace_us, grace_period))
     };
     match write() {
@@ -282,7 +342,8 @@ impl Dataplane {
             let fd = p.as_fd().try_clone_to_owned().map_err(|e| LoaderError::io("cannot duplicate a BPF fd", e))?;
             progs.push((p.name().to_string_lossy().into_owned(), fd));
         }
-        Ok(Dataplane { obj, progs, model, maps, image: None, load_time })
+        let memory = map_memories(&maps, &model);
+        Ok(Dataplane { obj, progs, model, maps, memory, image: None, load_time })
     }
 
     /// Loads an object and fills its maps with `image` (generation 0 live).
@@ -295,6 +356,12 @@ impl Dataplane {
         Ok(dp)
     }
 
+    /// The maps whose values are mapped into this process: their partial
+    /// writes are plain stores ([`MapOp::offset`]).
+    pub fn memory_mapped(&self) -> Vec<&str> {
+        self.model.maps.iter().zip(&self.memory).filter(|(_, m)| m.is_some()).map(|(d, _)| d.name.as_str()).collect()
+    }
+
     pub fn image(&self) -> Option<&TableImage> {
         self.image.as_ref()
     }
@@ -305,7 +372,7 @@ impl Dataplane {
 
     /// Applies operations in order.
     pub fn apply(&self, ops: &[MapOp]) -> Result<(), LoaderError> {
-        apply_ops(&self.maps, &self.model, ops)
+        apply_ops(&self.maps, &self.memory, &self.model, ops)
     }
 
     /// Applies an IR update atomically (see [`subc_backend_ebpf::encode`]). On a
@@ -313,7 +380,7 @@ impl Dataplane {
     /// the inactive generation, it is restored and the old tables stay live.
     pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Loaded))?;
-        update_maps(&self.maps, &self.model, image, update)
+        update_maps(&self.maps, &self.memory, &self.model, image, update)
     }
 
     /// Writes the egress of every port and the no-match action.

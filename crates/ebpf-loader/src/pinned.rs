@@ -20,8 +20,9 @@
 //! a restart of the process that reads them changes nothing.
 
 use crate::attach::{attach_program, AttachMode};
-use crate::dataplane::{apply_ops, update_maps, Dataplane, UpdateReport};
+use crate::dataplane::{apply_ops, map_memories, update_maps, Dataplane, UpdateReport};
 use crate::deployment::Deployment;
+use crate::sys::MapMemory;
 use crate::sys::{self, ProgRun};
 use crate::{LoaderError, NoImage, PortCounter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
@@ -55,6 +56,8 @@ fn is_table_map(role: MapRole) -> bool {
 pub struct PinnedTables {
     pub model: Model,
     maps: Vec<Option<MapHandle>>,
+    /// The memory of maps created `BPF_F_MMAPABLE`, for partial writes.
+    memory: Vec<Option<MapMemory>>,
     image: Option<TableImage>,
 }
 
@@ -70,7 +73,8 @@ impl PinnedTables {
                 Err(_) => maps.push(None),
             }
         }
-        Ok(PinnedTables { model, maps, image: None })
+        let memory = map_memories(&maps, &model);
+        Ok(PinnedTables { model, maps, memory, image: None })
     }
 
     /// The generation packets read now.
@@ -152,7 +156,7 @@ impl PinnedTables {
     /// Applies an IR update atomically, as [`Dataplane::update`] does.
     pub fn update(&mut self, update: &subc_bdd::SetDiff) -> Result<UpdateReport, LoaderError> {
         let image = self.image.as_mut().ok_or(LoaderError::NoImage(NoImage::Unchecked))?;
-        update_maps(&self.maps, &self.model, image, update)
+        update_maps(&self.maps, &self.memory, &self.model, image, update)
     }
 
     /// Packets and bytes the pinned program handed to each logical port
@@ -167,7 +171,7 @@ impl PinnedTables {
 
     /// Applies map operations (e.g. a changed target config).
     pub fn apply(&self, ops: &[MapOp]) -> Result<(), LoaderError> {
-        apply_ops(&self.maps, &self.model, ops)
+        apply_ops(&self.maps, &self.memory, &self.model, ops)
     }
 }
 

@@ -192,3 +192,60 @@ pub(crate) fn enter_netns(file: &std::fs::File) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// An array map's values mapped into this process (a map created
+/// `BPF_F_MMAPABLE`): element `i` starts at `i * stride`, where `stride`
+/// is the value size rounded up to 8 bytes, as the kernel lays them out.
+pub(crate) struct MapMemory {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; writes go
+// through atomic 64-bit stores (`MapMemory::write_words`), so sharing it
+// between threads cannot tear a word.
+unsafe impl Send for MapMemory {}
+// SAFETY: as above.
+unsafe impl Sync for MapMemory {}
+
+impl MapMemory {
+    /// Maps the first `len` bytes of `map`'s values, read and write.
+    pub(crate) fn map(map: BorrowedFd<'_>, len: usize) -> io::Result<MapMemory> {
+        // SAFETY: a new shared mapping of an open BPF map descriptor, at an
+        // address the kernel chooses; the kernel refuses a `len` past the
+        // map's values, and `Drop` unmaps exactly this range.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, map.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))?;
+        Ok(MapMemory { ptr, len })
+    }
+
+    /// Stores `bytes` (whole 64-bit words) at byte `at` (a multiple of 8),
+    /// one aligned atomic store per word, so that a program reading a word
+    /// sees it before or after, never torn. `None` if out of range or
+    /// unaligned (nothing is written then).
+    pub(crate) fn write_words(&self, at: usize, bytes: &[u8]) -> Option<()> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        if !at.is_multiple_of(8) || !bytes.len().is_multiple_of(8) || at.checked_add(bytes.len())? > self.len {
+            return None;
+        }
+        for (i, w) in bytes.chunks_exact(8).enumerate() {
+            let w = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+            // SAFETY: `at + 8 * i + 8 <= len` and the mapping starts page
+            // aligned, so the address is in range and 8-byte aligned; the
+            // memory is only accessed atomically from this process.
+            let word = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at + 8 * i).cast()) };
+            word.store(w, Ordering::Relaxed);
+        }
+        Some(())
+    }
+}
+
+impl Drop for MapMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the range `map` mapped, once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

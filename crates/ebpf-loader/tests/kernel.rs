@@ -875,6 +875,7 @@ fn bit_vector_diff_run(p: &Program, name: &str, start: usize, opts: &EbpfOptions
     let mut set = CompiledSet::compile(&p.spec, &nfs(&live), bit_vector_options()).unwrap();
     assert!(set.bits().is_some(), "{name}: the set should use a bit-vector group");
     let mut dp = load(p, &set, opts);
+    assert_eq!(dp.memory_mapped(), ["subc_bv_rows"], "{name}: an update writes the rows' words in place");
     let (mut updates, mut relayouts) = (0, 0);
     for step in 0..steps {
         let (mut add, mut remove) = (vec![], vec![]);
