@@ -780,6 +780,27 @@ impl Switch {
     }
 }
 
+/// Writes the low `width` bits of `value` at bit `offset` (MSB first) of
+/// `bytes`, as `subc_lang::read_bits` reads them.
+fn write_bits(bytes: &mut [u8], offset: u32, width: u32, value: u64) {
+    for i in 0..width {
+        let bit = (value >> (width - 1 - i)) & 1;
+        let at = offset + i;
+        let (byte, shift) = ((at / 8) as usize, 7 - at % 8);
+        bytes[byte] = (bytes[byte] & !(1 << shift)) | ((bit as u8) << shift);
+    }
+}
+
+/// The IPv4 header checksum of `header` (its checksum field zero): the
+/// ones' complement of the ones' complement sum of its 16-bit words.
+fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header.chunks(2).map(|w| u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0))).sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// Whether bit `p` (0 = least significant) of a big-endian byte string is set.
 fn bit_set(b: &[u8], p: u32) -> bool {
     let byte = (p / 8) as usize;
@@ -867,6 +888,10 @@ pub struct Delivery {
     /// MAC, IPv4 destination, UDP port: the rewrite).
     pub receiver: Option<u32>,
     pub rewrite: Vec<u64>,
+    /// The copy's bytes as they leave: past 511 ports, rewritten as v1model's
+    /// `deliver` and checksum update write them (TNA's egress rewrites
+    /// nothing); otherwise the frame as it came.
+    pub frame: Vec<u8>,
 }
 
 /// Runs packets through the program with the entries a [`Switch`] holds,
@@ -939,6 +964,8 @@ const DROP_PORT: u64 = 511;
 struct Packet {
     /// Per header instance: its fields' raw values, if extracted.
     headers: HashMap<String, Vec<u64>>,
+    /// Per header instance extracted: its byte offset in the frame.
+    offsets: HashMap<String, usize>,
 }
 
 impl Packet {
@@ -993,7 +1020,7 @@ impl<'a> Simulator<'a> {
     }
 
     fn parse(&self, bytes: &[u8]) -> Option<Packet> {
-        let mut pkt = Packet { headers: HashMap::new() };
+        let mut pkt = Packet { headers: HashMap::new(), offsets: HashMap::new() };
         let mut cursor = 0usize;
         let mut at = self.layout.start.clone();
         loop {
@@ -1013,6 +1040,7 @@ impl<'a> Simulator<'a> {
             let slice = &bytes[cursor..end];
             let values: Vec<u64> =
                 header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
+            pkt.offsets.insert(state.header.clone(), cursor);
             cursor = end;
             pkt.headers.insert(state.header.clone(), values);
             at = match &state.next {
@@ -1240,6 +1268,49 @@ impl<'a> Simulator<'a> {
         Ok(())
     }
 
+    /// A copy's bytes after v1model's `deliver` with `args` (which parts,
+    /// then their values) and the IPv4 checksum update, on the fields the
+    /// layout found ([`crate::layout::RewriteTargets`]) of the headers the
+    /// packet has. TNA's egress leaves the frame as it is.
+    fn deliver(&self, pkt: &Packet, frame: &[u8], args: &[u64]) -> Vec<u8> {
+        let mut out = frame.to_vec();
+        let Some(t) = self.layout.rewrites.as_ref().filter(|_| self.layout.arch == crate::Arch::V1Model) else { return out };
+        let which = args.first().copied().unwrap_or(0);
+        let parts = [(&t.dst_mac, 0), (&t.src_mac, 1), (&t.dst_ip, 2), (&t.dst_port, 3)];
+        for (target, bit) in parts {
+            if let Some((h, f)) = target.as_ref().filter(|_| which & 1 << bit != 0) {
+                self.write_field(pkt, &mut out, h, f, args.get(bit + 1).copied().unwrap_or(0));
+            }
+        }
+        if let Some((h, f)) = t.udp_checksum.as_ref().filter(|_| which & 0b1100 != 0) {
+            self.write_field(pkt, &mut out, h, f, 0);
+        }
+        if let Some((h, sum, _)) = &t.ip_checksum {
+            if let Some(&at) = pkt.offsets.get(h) {
+                self.write_field(pkt, &mut out, h, sum, 0);
+                let header = self.header_bytes(h);
+                let sum_value = ipv4_checksum(&out[at..at + header]);
+                self.write_field(pkt, &mut out, h, sum, sum_value as u64);
+            }
+        }
+        out
+    }
+
+    /// The size in bytes of the header of instance `h`.
+    fn header_bytes(&self, h: &str) -> usize {
+        let k = self.layout.headers.iter().position(|x| x.instance == h).expect("a header of the layout");
+        self.spec.headers[k].bytes as usize
+    }
+
+    /// Writes field `f` of header instance `h`, if the packet has it.
+    fn write_field(&self, pkt: &Packet, out: &mut [u8], h: &str, f: &str, value: u64) {
+        let Some(&at) = pkt.offsets.get(h) else { return };
+        let k = self.layout.headers.iter().position(|x| x.instance == h).expect("a header of the layout");
+        let Some(j) = self.layout.headers[k].fields.iter().position(|x| x.name == f) else { return };
+        let field = &self.spec.headers[k].fields[j];
+        write_bits(&mut out[at..], field.offset, field.width, value);
+    }
+
     /// Runs one packet that arrived at `ts_ns` (nanoseconds), from no
     /// device port (nothing to prune).
     pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
@@ -1292,7 +1363,7 @@ impl<'a> Simulator<'a> {
             self.apply_table("fanout", &mut meta)?;
         }
         let replicas = self.replicate(&meta)?;
-        let copies = self.egress(replicas, &meta, ingress, bytes.len() as u64)?;
+        let copies = self.egress(replicas, &meta, ingress, &pkt, bytes)?;
         let mut ports: Vec<u32> = copies.iter().map(|c| c.receiver.unwrap_or(c.port)).collect();
         ports.sort_unstable();
         let decision = if !ports.is_empty() {
@@ -1324,7 +1395,14 @@ impl<'a> Simulator<'a> {
     /// receiver (its instance, or `forward`'s) has an entry, rewritten as it
     /// says; a pruning program sends nothing back out of the ingress port;
     /// every copy that leaves counts on its port.
-    fn egress(&mut self, replicas: Vec<(u32, u32)>, meta: &Meta, ingress: Option<u32>, bytes: u64) -> Result<Vec<Delivery>, SimError> {
+    fn egress(
+        &mut self,
+        replicas: Vec<(u32, u32)>,
+        meta: &Meta,
+        ingress: Option<u32>,
+        pkt: &Packet,
+        frame: &[u8],
+    ) -> Result<Vec<Delivery>, SimError> {
         let bitmap = matches!(self.layout.fanout, Fanout::Bitmap { .. });
         let mut copies = vec![];
         for (port, instance) in replicas {
@@ -1332,20 +1410,22 @@ impl<'a> Simulator<'a> {
                 continue;
             }
             let copy = match self.ids.receivers {
-                None => Delivery { port, receiver: None, rewrite: vec![] },
+                None => Delivery { port, receiver: None, rewrite: vec![], frame: frame.to_vec() },
                 Some(table) => {
                     let receiver = if meta.replicated { instance } else { meta.receiver };
                     let (call, hit) = self.switch.lookup(table, &[KeyValue::Int(receiver as u64)])?;
                     if !hit {
                         continue;
                     }
-                    Delivery { port, receiver: Some(receiver), rewrite: call.args.iter().map(|a| bytes_to_u64(a)).collect() }
+                    let rewrite: Vec<u64> = call.args.iter().map(|a| bytes_to_u64(a)).collect();
+                    let frame = self.deliver(pkt, frame, &rewrite);
+                    Delivery { port, receiver: Some(receiver), rewrite, frame }
                 }
             };
             if self.layout.prune_ingress && Some(port) == ingress {
                 continue;
             }
-            self.switch.count(self.ids.port_counter, port as u64, bytes);
+            self.switch.count(self.ids.port_counter, port as u64, frame.len() as u64);
             copies.push(copy);
         }
         Ok(copies)

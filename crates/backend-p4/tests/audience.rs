@@ -6,7 +6,8 @@
 //! 100, 10,000 and 65,536 members, also after random member adds and
 //! removes applied as P4Runtime updates. Every receiver gets exactly the
 //! interpreter's copies, once each, on its own egress port with its own
-//! rewrite; and one member's add is a handful of updates, not one per member.
+//! rewrite (the copy's bytes, checked at the offsets the eBPF egress writes);
+//! and one member's add is a handful of updates, not one per member.
 
 mod common;
 
@@ -124,6 +125,25 @@ fn expected(receivers: &Receivers, p: u32) -> (u32, Vec<u64>) {
     }
 }
 
+/// The bytes a copy of `frame` to receiver `p` must leave with, written at
+/// the Ethernet, IPv4 and UDP offsets as the eBPF egress writes them: its
+/// destination MAC, address and UDP port, the UDP checksum cleared, the
+/// IPv4 checksum made again; a plain receiver's copy is the frame.
+fn expected_frame(receivers: &Receivers, p: u32, frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    let Receivers::Listed(m) = receivers else { return f };
+    let r = &m[&p];
+    f[0..6].copy_from_slice(&r.dst_mac.unwrap());
+    f[30..34].copy_from_slice(&r.dst_ip.unwrap().octets());
+    f[36..38].copy_from_slice(&r.dst_port.unwrap().to_be_bytes());
+    f[40..42].copy_from_slice(&[0, 0]);
+    f[24..26].copy_from_slice(&[0, 0]);
+    let sum = f[14..34].chunks(2).fold(0u32, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])));
+    let sum = (sum & 0xffff) + (sum >> 16);
+    f[24..26].copy_from_slice(&(!((sum & 0xffff) + (sum >> 16)) as u16).to_be_bytes());
+    f
+}
+
 /// A switch running the set's program, installed through P4Runtime.
 struct Run<'a> {
     target: P4Target,
@@ -144,6 +164,7 @@ fn check_frames(p: &Program, live: &[bool], run: &mut Run, receivers: &Receivers
         for c in &got.copies {
             let r = c.receiver.unwrap_or_else(|| panic!("{ctx}, frame {i}: a copy without a receiver"));
             assert_eq!((c.port, c.rewrite.clone()), expected(receivers, r), "{ctx}, frame {i}: receiver {r}'s copy");
+            assert!(c.frame == expected_frame(receivers, r, f), "{ctx}, frame {i}: receiver {r}'s bytes {:02x?}", c.frame);
         }
     }
 }
