@@ -158,7 +158,55 @@ impl Receiver {
     }
 }
 
+/// A receiver as a receivers file writes it (`Receivers::from_json`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReceiverText {
+    #[serde(default)]
+    port: Option<u32>,
+    #[serde(default)]
+    dst_mac: Option<String>,
+    #[serde(default)]
+    src_mac: Option<String>,
+    #[serde(default)]
+    dst_ip: Option<std::net::Ipv4Addr>,
+    #[serde(default)]
+    dst_port: Option<u16>,
+}
+
+/// `02:00:00:00:00:0a` as bytes.
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let mut out = [0u8; 6];
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
+        return None;
+    }
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(out)
+}
+
 impl Receivers {
+    /// The receivers a JSON file lists, by number, each as the eBPF target
+    /// config writes a port's rewrites: `{"600": {"port": 89, "dst_mac":
+    /// "02:00:00:00:00:03", "src_mac": ..., "dst_ip": "10.0.0.3",
+    /// "dst_port": 7000}}`, every member optional.
+    pub fn from_json(text: &str) -> Result<Receivers, Error> {
+        let listed: BTreeMap<u32, ReceiverText> = serde_json::from_str(text).map_err(|e| Error::ReceiversFile(e.to_string()))?;
+        let mut out = BTreeMap::new();
+        for (p, r) in listed {
+            let mac = |m: Option<String>| -> Result<Option<[u8; 6]>, Error> {
+                m.map(|m| parse_mac(&m).ok_or_else(|| Error::Receiver { receiver: p, why: format!("`{m}` is not a MAC address") }))
+                    .transpose()
+            };
+            let receiver =
+                Receiver { port: r.port, dst_mac: mac(r.dst_mac)?, src_mac: mac(r.src_mac)?, dst_ip: r.dst_ip, dst_port: r.dst_port };
+            out.insert(p, receiver);
+        }
+        Ok(Receivers::Listed(out))
+    }
+
     /// Receiver `p`'s egress port.
     pub fn port(&self, p: u32) -> u32 {
         let listed = match self {
@@ -991,5 +1039,18 @@ mod tests {
         assert_eq!(port_bitmap(&[0], 256), vec![1]);
         assert_eq!(port_bitmap(&[1, 9], 16), vec![2, 2]);
         assert_eq!(port_bitmap(&[255], 256).len(), 32);
+    }
+
+    #[test]
+    fn receivers_files_are_read_and_mistakes_refused() {
+        let text = r#"{"600": {"port": 89, "dst_mac": "02:00:00:00:00:0a", "dst_ip": "10.0.0.3", "dst_port": 7000}, "7": {}}"#;
+        let Receivers::Listed(m) = Receivers::from_json(text).unwrap() else { panic!("a list") };
+        assert_eq!(m[&600].dst_mac, Some([2, 0, 0, 0, 0, 10]));
+        assert_eq!(m[&600].rewrite_values(), vec![0b1101, 0x0200_0000_000a, 0, 0x0a00_0003, 7000]);
+        assert_eq!(m[&7], Receiver::default());
+        let e = Receivers::from_json(r#"{"1": {"dst_mac": "02:00:00:00:00"}}"#).unwrap_err();
+        assert!(e.to_string().contains("receiver 1: `02:00:00:00:00` is not a MAC address"), "{e}");
+        let e = Receivers::from_json(r#"{"1": {"interface": "eth0"}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `interface`"), "{e}");
     }
 }

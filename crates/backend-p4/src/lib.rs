@@ -172,6 +172,9 @@ pub enum Error {
     /// A receiver's settings that the program cannot hold.
     #[error("receiver {receiver}: {why}")]
     Receiver { receiver: u32, why: String },
+    /// A receivers file that is not what `Receivers::from_json` reads.
+    #[error("receivers file: {0}")]
+    ReceiversFile(String),
 }
 
 /// Most ports a spec may declare whose ports are the switch's egress ports:
