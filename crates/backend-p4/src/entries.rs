@@ -17,7 +17,7 @@
 //! order (P4Runtime does not promise one); batches must be written one after
 //! the other.
 
-use crate::layout::{ActionKind, Fanout, P4Layout, ParamRole, Stage, TableRole, MERGED_DEFAULT, MERGED_RANGED};
+use crate::layout::{ActionKind, Audience, Fanout, P4Layout, ParamRole, Rewrite, Stage, TableRole, MERGED_DEFAULT, MERGED_RANGED};
 use crate::p4info::Ids;
 use crate::proto::p4::v1 as p4v1;
 use crate::Error;
@@ -111,6 +111,116 @@ impl PortMap {
     }
 }
 
+/// Past 511 ports ([`Audience::Receivers`]): what each receiver is, the
+/// entries of the egress's receivers table. A receiver `p` is the replica
+/// `(egress port, instance p)`; its egress port is its entry's, or by
+/// default `p mod 511` (so that receivers below 511 keep their port's
+/// number).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Receivers {
+    /// Every receiver of the spec, on its default egress port, leaving
+    /// unchanged: one entry per receiver.
+    #[default]
+    Plain,
+    /// Only these receivers: a copy to any other is dropped in the egress.
+    Listed(BTreeMap<u32, Receiver>),
+}
+
+/// One receiver: its egress port, and what its copies' headers are
+/// rewritten to (the eBPF egress's rewrites, `subc_backend_ebpf::Egress`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Receiver {
+    /// The device port (0 to 510); `None`: `p mod 511`.
+    pub port: Option<u32>,
+    pub dst_mac: Option<[u8; 6]>,
+    pub src_mac: Option<[u8; 6]>,
+    pub dst_ip: Option<std::net::Ipv4Addr>,
+    pub dst_port: Option<u16>,
+}
+
+impl Receiver {
+    /// `deliver`'s arguments, in [`Rewrite::PARAMS`] order.
+    pub(crate) fn rewrite_values(&self) -> Vec<u64> {
+        let mac = |m: &Option<[u8; 6]>| m.map(|m| m.iter().fold(0u64, |a, b| (a << 8) | *b as u64));
+        let parts = [mac(&self.dst_mac), mac(&self.src_mac), self.dst_ip.map(|ip| u32::from(ip) as u64), self.dst_port.map(u64::from)];
+        let which = parts.iter().enumerate().filter(|(_, v)| v.is_some()).fold(0u64, |a, (i, _)| a | 1 << i);
+        Rewrite::PARAMS
+            .iter()
+            .map(|(r, _, _)| match r {
+                Rewrite::Which => which,
+                Rewrite::DstMac => parts[0].unwrap_or(0),
+                Rewrite::SrcMac => parts[1].unwrap_or(0),
+                Rewrite::DstIp => parts[2].unwrap_or(0),
+                Rewrite::DstPort => parts[3].unwrap_or(0),
+            })
+            .collect()
+    }
+}
+
+/// A receiver as a receivers file writes it (`Receivers::from_json`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReceiverText {
+    #[serde(default)]
+    port: Option<u32>,
+    #[serde(default)]
+    dst_mac: Option<String>,
+    #[serde(default)]
+    src_mac: Option<String>,
+    #[serde(default)]
+    dst_ip: Option<std::net::Ipv4Addr>,
+    #[serde(default)]
+    dst_port: Option<u16>,
+}
+
+/// `02:00:00:00:00:0a` as bytes.
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let mut out = [0u8; 6];
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
+        return None;
+    }
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl Receivers {
+    /// The receivers a JSON file lists, by number, each as the eBPF target
+    /// config writes a port's rewrites: `{"600": {"port": 89, "dst_mac":
+    /// "02:00:00:00:00:03", "src_mac": ..., "dst_ip": "10.0.0.3",
+    /// "dst_port": 7000}}`, every member optional.
+    pub fn from_json(text: &str) -> Result<Receivers, Error> {
+        let listed: BTreeMap<u32, ReceiverText> = serde_json::from_str(text).map_err(|e| Error::ReceiversFile(e.to_string()))?;
+        let mut out = BTreeMap::new();
+        for (p, r) in listed {
+            let mac = |m: Option<String>| -> Result<Option<[u8; 6]>, Error> {
+                m.map(|m| parse_mac(&m).ok_or_else(|| Error::Receiver { receiver: p, why: format!("`{m}` is not a MAC address") }))
+                    .transpose()
+            };
+            let receiver =
+                Receiver { port: r.port, dst_mac: mac(r.dst_mac)?, src_mac: mac(r.src_mac)?, dst_ip: r.dst_ip, dst_port: r.dst_port };
+            out.insert(p, receiver);
+        }
+        Ok(Receivers::Listed(out))
+    }
+
+    /// Receiver `p`'s egress port.
+    pub fn port(&self, p: u32) -> u32 {
+        let listed = match self {
+            Receivers::Listed(m) => m.get(&p).and_then(|r| r.port),
+            Receivers::Plain => None,
+        };
+        listed.unwrap_or(p % DROP_PORT)
+    }
+}
+
+/// The most multicast group id: v1model's `mcast_grp` and Tofino's
+/// `mcast_grp_a` are 16 bits, and 0 is no group.
+pub(crate) const MAX_GROUP: u32 = (1 << crate::layout::GROUP_WIDTH) - 1;
+
 /// One write: updates that do not depend on each other.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
@@ -131,7 +241,11 @@ pub struct Encoder<'a> {
     ids: &'a Ids,
     table_ids: Vec<u32>,
     ports: PortMap,
+    receivers: &'a Receivers,
 }
+
+/// The receivers of an encoder not given any.
+static PLAIN: Receivers = Receivers::Plain;
 
 fn update(kind: p4v1::update::Type, entity: p4v1::entity::Entity) -> p4v1::Update {
     p4v1::Update { r#type: kind as i32, entity: Some(p4v1::Entity { entity: Some(entity) }) }
@@ -160,12 +274,28 @@ impl<'a> Encoder<'a> {
     /// An encoder that writes device ports through `ports`.
     pub fn with_ports(layout: &'a P4Layout, ids: &'a Ids, ports: PortMap) -> Encoder<'a> {
         let table_ids = layout.tables.iter().map(|t| ids.tables[&layout.table_name(t)]).collect();
-        Encoder { layout, ids, table_ids, ports }
+        Encoder { layout, ids, table_ids, ports, receivers: &PLAIN }
+    }
+
+    /// The encoder with these receivers (past 511 ports).
+    pub fn with_receivers(mut self, receivers: &'a Receivers) -> Encoder<'a> {
+        self.receivers = receivers;
+        self
     }
 
     /// The device ports of subscription ports, in their order.
     fn device_ports(&self, ports: &[u32]) -> Result<Vec<u32>, Error> {
         ports.iter().map(|p| self.ports.device(*p)).collect()
+    }
+
+    /// The replicas `(egress port, instance)` of a group of subscription
+    /// ports: device ports of instance 0, or past 511 ports each receiver's
+    /// replica.
+    fn replicas(&self, ports: &[u32]) -> Result<Vec<(u32, u32)>, Error> {
+        match self.layout.audience {
+            Audience::Ports => Ok(self.device_ports(ports)?.into_iter().map(|d| (d, 0)).collect()),
+            Audience::Receivers => Ok(ports.iter().map(|p| (self.receivers.port(*p), *p)).collect()),
+        }
     }
 
     pub fn layout(&self) -> &P4Layout {
@@ -354,10 +484,18 @@ impl<'a> Encoder<'a> {
         }
         let (name, mut params): (&str, Vec<p4v1::action::Param>) = match self.layout.fanout {
             Fanout::Direct => match (leaf.ports.as_slice(), leaf.group) {
+                ([port], _) if self.layout.audience == Audience::Receivers => (
+                    "forward",
+                    vec![
+                        p4v1::action::Param { param_id: 1, value: canonical(self.receivers.port(*port) as u64) },
+                        p4v1::action::Param { param_id: 2, value: canonical(*port as u64) },
+                    ],
+                ),
                 ([port], _) => ("forward", vec![p4v1::action::Param { param_id: 1, value: canonical(self.ports.device(*port)? as u64) }]),
                 ([], _) if leaf.drop => ("drop", vec![]),
                 ([], _) if !leaf.updates.is_empty() => ("update", vec![]),
                 ([], _) => return Err(Error::EmptyLeaf(state)),
+                (_, Some(g)) if g > MAX_GROUP => return Err(Error::GroupOutOfRange { group: g }),
                 (_, Some(g)) => ("multicast", vec![p4v1::action::Param { param_id: 1, value: canonical(g as u64) }]),
                 (_, None) => return Err(Error::NoGroup(state)),
             },
@@ -421,13 +559,18 @@ impl<'a> Encoder<'a> {
         })
     }
 
-    /// A multicast group of the packet replication engine; `ports` are
-    /// device ports.
-    pub fn group(&self, group: u32, ports: &[u32]) -> p4v1::PacketReplicationEngineEntry {
+    /// A multicast group of the packet replication engine; `replicas` are
+    /// `(device port, instance)` pairs. P4Runtime has no change of one
+    /// replica: a MODIFY carries the group's whole list.
+    pub fn group(&self, group: u32, replicas: &[(u32, u32)]) -> p4v1::PacketReplicationEngineEntry {
         #[allow(deprecated)] // `port` (bytes) is newer; BMv2 and PI take `egress_port`.
-        let replicas = ports
+        let replicas = replicas
             .iter()
-            .map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), instance: 0, backup_replicas: vec![] })
+            .map(|&(p, instance)| p4v1::Replica {
+                port_kind: Some(p4v1::replica::PortKind::EgressPort(p)),
+                instance,
+                backup_replicas: vec![],
+            })
             .collect();
         p4v1::PacketReplicationEngineEntry {
             r#type: Some(p4v1::packet_replication_engine_entry::Type::MulticastGroupEntry(p4v1::MulticastGroupEntry {
@@ -448,7 +591,9 @@ impl<'a> Encoder<'a> {
         let ports = self.ports.devices_below(self.layout.ports);
         let group = update(
             p4v1::update::Type::Insert,
-            p4v1::entity::Entity::PacketReplicationEngineEntry(self.group(Self::ALL_PORTS_GROUP, &ports)),
+            p4v1::entity::Entity::PacketReplicationEngineEntry(
+                self.group(Self::ALL_PORTS_GROUP, &ports.iter().map(|d| (*d, 0)).collect::<Vec<_>>()),
+            ),
         );
         let fanout = p4v1::TableEntry {
             table_id: self.table_id(TableRole::Fanout)?,
@@ -498,6 +643,68 @@ impl<'a> Encoder<'a> {
         Ok(entries.map(|e| update(p4v1::update::Type::Insert, p4v1::entity::Entity::TableEntry(e))).collect())
     }
 
+    /// Whether the program can write what receiver `p` rewrites: TNA's
+    /// egress does not parse the packet; v1model's writes the fields the
+    /// spec's parse graph has ([`crate::layout::RewriteTargets`]).
+    fn check_rewrite(&self, p: u32, r: &Receiver) -> Result<(), Error> {
+        let which = r.rewrite_values()[0];
+        if which == 0 {
+            return Ok(());
+        }
+        if self.layout.arch == crate::Arch::Tna {
+            return Err(Error::Unsupported {
+                arch: crate::Arch::Tna.name(),
+                what: format!("receiver {p}'s rewrite"),
+                why: "its egress does not parse the packet (a receiver there is its egress port and rid only)",
+            });
+        }
+        let targets = self.layout.rewrites.clone().unwrap_or_default();
+        let missing = Rewrite::PARAMS.iter().skip(1).enumerate().find(|(bit, (part, _, _))| which & 1 << bit != 0 && !targets.has(*part));
+        match missing {
+            Some((_, (_, name, _))) => Err(Error::Receiver {
+                receiver: p,
+                why: format!("the spec has no {name} to rewrite (Ethernet first, IPv4 after ethertype 0x0800, UDP after protocol 17)"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Past 511 ports: the receivers table's entries, in batches of at most
+    /// `max` (every receiver of the spec, or those listed).
+    pub fn receivers_install(&self, max: usize) -> Result<Vec<Batch>, Error> {
+        let table_id = self.table_id(TableRole::Receivers)?;
+        let action_id = self.action_id(crate::layout::DELIVER);
+        let plain = Receiver::default();
+        let listed: Vec<(u32, &Receiver)> = match self.receivers {
+            Receivers::Plain => (0..self.layout.ports).map(|p| (p, &plain)).collect(),
+            Receivers::Listed(m) => m.iter().map(|(p, r)| (*p, r)).collect(),
+        };
+        let mut updates = vec![];
+        for (p, r) in listed {
+            if p >= self.layout.ports {
+                return Err(Error::Receiver { receiver: p, why: format!("the spec has {} ports", self.layout.ports) });
+            }
+            if let Some(d) = r.port.filter(|d| *d >= DROP_PORT) {
+                return Err(Error::Receiver { receiver: p, why: format!("device port {d}; device ports are 0 to {}", DROP_PORT - 1) });
+            }
+            self.check_rewrite(p, r)?;
+            let params = r
+                .rewrite_values()
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| p4v1::action::Param { param_id: i as u32 + 1, value: canonical(v) })
+                .collect();
+            let entry = p4v1::TableEntry {
+                table_id,
+                r#match: vec![exact(1, canonical(p as u64))],
+                action: Some(p4v1::TableAction { r#type: Some(p4v1::table_action::Type::Action(p4v1::Action { action_id, params })) }),
+                ..Default::default()
+            };
+            updates.push(update(p4v1::update::Type::Insert, p4v1::entity::Entity::TableEntry(entry)));
+        }
+        Ok(updates.chunks(max.max(1)).map(|c| Batch { label: "deliver to the receivers, rewritten".into(), updates: c.to_vec() }).collect())
+    }
+
     /// One IR op of pipeline `pipe` (as it is after the op's diff) as
     /// P4Runtime updates: one, except that a range written as prefixes
     /// (TNA) is one update per prefix, and that with folded leaves, leaf ops
@@ -513,11 +720,14 @@ impl<'a> Encoder<'a> {
             // With several pipelines, leaves carry port bitmaps, not the IR's
             // per-pipeline groups.
             Op::CreateGroup { .. } | Op::ChangeGroup { .. } | Op::RemoveGroup { .. } if !direct => vec![],
+            Op::CreateGroup { group, .. } | Op::ChangeGroup { group, .. } if *group > MAX_GROUP => {
+                return Err(Error::GroupOutOfRange { group: *group })
+            }
             Op::CreateGroup { group, ports } => {
-                vec![update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))]
+                vec![update(T::Insert, E::PacketReplicationEngineEntry(self.group(*group, &self.replicas(ports)?)))]
             }
             Op::ChangeGroup { group, ports } => {
-                vec![update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.device_ports(ports)?)))]
+                vec![update(T::Modify, E::PacketReplicationEngineEntry(self.group(*group, &self.replicas(ports)?)))]
             }
             Op::RemoveGroup { group } => vec![update(T::Delete, E::PacketReplicationEngineEntry(self.group(*group, &[])))],
             Op::InsertLeaf { state, leaf } => vec![update(T::Insert, E::TableEntry(self.leaf_entry(pipeline, *state, leaf)?))],
@@ -794,6 +1004,11 @@ pub fn describe(u: &p4v1::Update, info: &crate::proto::p4::config::v1::P4Info) -
                         None => "?".into(),
                     })
                     .collect();
+                if g.replicas.iter().any(|r| r.instance != 0) {
+                    // Receivers: each replica's instance is its receiver.
+                    let receivers: Vec<String> = g.replicas.iter().zip(&ports).map(|(r, p)| format!("{} on {p}", r.instance)).collect();
+                    return format!("{kind} multicast group {}: receivers {}", g.multicast_group_id, receivers.join(", "));
+                }
                 format!("{kind} multicast group {}: ports {}", g.multicast_group_id, ports.join(", "))
             }
             _ => format!("{kind} replication entry"),
@@ -824,5 +1039,18 @@ mod tests {
         assert_eq!(port_bitmap(&[0], 256), vec![1]);
         assert_eq!(port_bitmap(&[1, 9], 16), vec![2, 2]);
         assert_eq!(port_bitmap(&[255], 256).len(), 32);
+    }
+
+    #[test]
+    fn receivers_files_are_read_and_mistakes_refused() {
+        let text = r#"{"600": {"port": 89, "dst_mac": "02:00:00:00:00:0a", "dst_ip": "10.0.0.3", "dst_port": 7000}, "7": {}}"#;
+        let Receivers::Listed(m) = Receivers::from_json(text).unwrap() else { panic!("a list") };
+        assert_eq!(m[&600].dst_mac, Some([2, 0, 0, 0, 0, 10]));
+        assert_eq!(m[&600].rewrite_values(), vec![0b1101, 0x0200_0000_000a, 0, 0x0a00_0003, 7000]);
+        assert_eq!(m[&7], Receiver::default());
+        let e = Receivers::from_json(r#"{"1": {"dst_mac": "02:00:00:00:00"}}"#).unwrap_err();
+        assert!(e.to_string().contains("receiver 1: `02:00:00:00:00` is not a MAC address"), "{e}");
+        let e = Receivers::from_json(r#"{"1": {"interface": "eth0"}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field `interface`"), "{e}");
     }
 }

@@ -32,6 +32,11 @@
 //!   §3.1: generic update code linked to subscriptions by parameters): per
 //!   variable `<v>_set`, `<v>_to`, `<v>_add`, meaning
 //!   `v = (set ? to : v) + add`;
+//! - past 511 ports ([`Audience::Receivers`]) a port is a receiver: a
+//!   leaf forwards to one (its number in `meta.receiver`) or multicasts to
+//!   the IR's group of them (each replica's instance is its receiver), and
+//!   the egress's [`TableRole::Receivers`] table delivers each copy,
+//!   rewritten for its receiver, or drops it;
 //! - the egress counts packets and bytes per device port in the indirect
 //!   counter [`PORT_COUNTER`], indexed by `egress_port`, for every copy
 //!   that leaves (after replication, and after the bitmap's pruning). It
@@ -55,6 +60,9 @@ pub(crate) const STATE_WIDTH: u32 = 32;
 pub(crate) const PORT_WIDTH: u32 = 9;
 /// Width of v1model's `mcast_grp`.
 pub(crate) const GROUP_WIDTH: u32 = 16;
+/// Width of a replica's instance (v1model's `egress_rid`, TNA's `rid`): a
+/// receiver's number past 511 ports.
+pub(crate) const RID_WIDTH: u32 = 16;
 /// The architecture a program is written for. Everything but the program
 /// text and the names P4Info qualifies objects with is shared: the tables,
 /// their keys and actions, and so every entry, are the same on both.
@@ -120,19 +128,24 @@ impl Arch {
     }
 
     /// The P4Info name of an action: `NoAction` is declared by `core.p4` at
-    /// top level, the others in the ingress control.
+    /// top level, `deliver` in the egress control, the others in the
+    /// ingress control.
     pub(crate) fn action_name(self, name: &str) -> String {
         if name == "NoAction" {
             name.to_string()
+        } else if name == DELIVER {
+            self.egress_qualified(name)
         } else {
             self.qualified(name)
         }
     }
 
-    /// The ingress control's own name for a P4Info name it qualified
-    /// (`MyIngress.leaf` -> `leaf`); `None` for any other name.
+    /// A control's own name for a P4Info name it qualified
+    /// (`MyIngress.leaf` -> `leaf`, `MyEgress.deliver` -> `deliver`); `None`
+    /// for any other name.
     pub(crate) fn unqualified(self, name: &str) -> Option<&str> {
-        name.strip_prefix(self.ingress())?.strip_prefix('.')
+        let local = |control: &str| name.strip_prefix(control)?.strip_prefix('.');
+        local(self.ingress()).or_else(|| local(self.egress()))
     }
 
     /// The interpreter's profile that computes what this architecture's
@@ -149,6 +162,106 @@ impl Arch {
 pub(crate) const PORT_COUNTER: &str = "port_counter";
 /// TNA's egress table of kept ports (reserved in TNA programs).
 pub(crate) const PORT_FILTER: &str = "port_filter";
+/// Past 511 ports: the egress's table of receivers, and its action (both
+/// reserved in such programs only, so that smaller programs keep their
+/// names).
+pub(crate) const RECEIVERS: &str = "receivers";
+pub(crate) const DELIVER: &str = "deliver";
+
+/// What a spec's ports are on the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Audience {
+    /// Up to 511 ports: port `p` is an egress port (through the port map),
+    /// a multicast group lists egress ports, and every copy leaves as it is.
+    Ports,
+    /// More (up to 65,536): port `p` is a *receiver*, the replica
+    /// `(egress port, instance p)` of the replication engine. A multicast
+    /// group lists its members' replicas; a single receiver is forwarded to
+    /// with its number in `meta.receiver`. The egress looks the copy's
+    /// receiver (the replica's `egress_rid`, or `meta.receiver`) up in the
+    /// [`TableRole::Receivers`] table, whose action rewrites the copy for
+    /// its receiver; a copy whose receiver has no entry is dropped.
+    Receivers,
+}
+
+impl Audience {
+    /// The audience of a spec of `ports` ports.
+    pub fn of(ports: u32) -> Audience {
+        if ports > crate::MAX_DEVICE_PORTS {
+            Audience::Receivers
+        } else {
+            Audience::Ports
+        }
+    }
+}
+
+/// The header fields a receiver's rewrite writes, found in the spec's
+/// parse graph as the eBPF egress finds them in the frame: Ethernet at the
+/// start; IPv4 (20 bytes) after the ethertype 0x0800; UDP after the IPv4
+/// protocol 17. Each is `(instance, field)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RewriteTargets {
+    pub dst_mac: Option<(String, String)>,
+    pub src_mac: Option<(String, String)>,
+    pub dst_ip: Option<(String, String)>,
+    /// The IPv4 header's checksum, and the fields it covers (in order).
+    pub ip_checksum: Option<(String, String, Vec<String>)>,
+    pub dst_port: Option<(String, String)>,
+    /// The UDP checksum: zeroed (no checksum, which IPv4 allows) when the
+    /// address or the port changes.
+    pub udp_checksum: Option<(String, String)>,
+}
+
+impl RewriteTargets {
+    /// What the spec's parse graph offers, with the layout's names.
+    fn find(spec: &Spec, headers: &[HeaderView]) -> RewriteTargets {
+        use subc_lang::spec::HeaderId;
+        let field_at = |h: HeaderId, offset: u32, width: u32| {
+            let fields = &spec.headers[h.0 as usize].fields;
+            let k = fields.iter().position(|f| f.offset == offset && f.width == width)?;
+            Some((headers[h.0 as usize].instance.clone(), headers[h.0 as usize].fields[k].name.clone()))
+        };
+        // The header a select on `field` (offset, width) of `h` leads to
+        // for `value`.
+        let after = |h: HeaderId, offset: u32, width: u32, value: u64| -> Option<HeaderId> {
+            let Some(ParseNext::Select { fields, cases, .. }) = &spec.parser.next[h.0 as usize] else { return None };
+            let k = fields.iter().position(|f| f.header == h && spec.field(*f).offset == offset && spec.field(*f).width == width)?;
+            cases.iter().find(|c| c.values[k] == Some(value)).and_then(|c| match c.target {
+                ParseTarget::Header(n) => Some(n),
+                _ => None,
+            })
+        };
+        let mut out = RewriteTargets::default();
+        let ParseTarget::Header(eth) = spec.parser.start else { return out };
+        if spec.headers[eth.0 as usize].bytes < 14 {
+            return out;
+        }
+        out.dst_mac = field_at(eth, 0, 48);
+        out.src_mac = field_at(eth, 48, 48);
+        let Some(ip) = after(eth, 96, 16, 0x0800).filter(|h| spec.headers[h.0 as usize].bytes == 20) else { return out };
+        out.dst_ip = field_at(ip, 128, 32);
+        if let Some((instance, checksum)) = field_at(ip, 80, 16) {
+            let covered = headers[ip.0 as usize].fields.iter().map(|f| f.name.clone()).filter(|f| *f != checksum).collect();
+            out.ip_checksum = Some((instance, checksum, covered));
+        }
+        let Some(udp) = after(ip, 72, 8, 17).filter(|h| spec.headers[h.0 as usize].bytes == 8) else { return out };
+        out.dst_port = field_at(udp, 16, 16);
+        out.udp_checksum = field_at(udp, 48, 16);
+        out
+    }
+
+    /// Whether rewrite part `r` has a field to write.
+    pub(crate) fn has(&self, r: Rewrite) -> bool {
+        match r {
+            Rewrite::Which => true,
+            Rewrite::DstMac => self.dst_mac.is_some(),
+            Rewrite::SrcMac => self.src_mac.is_some(),
+            Rewrite::DstIp => self.dst_ip.is_some(),
+            Rewrite::DstPort => self.dst_port.is_some(),
+        }
+    }
+}
 
 /// How the action sets of the pipelines reach the packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -409,6 +522,9 @@ pub enum ActionKind {
     Update,
     /// `meta.ports = meta.ports | ports`.
     AddPorts,
+    /// The egress's receiver action: the copy leaves, rewritten with the
+    /// receiver's destination (see [`Audience::Receivers`]).
+    Deliver,
 }
 
 /// What an action parameter means.
@@ -418,6 +534,10 @@ pub enum ParamRole {
     Port,
     Group,
     Ports,
+    /// `forward`'s receiver number (past 511 ports).
+    Receiver,
+    /// The receiver's rewrite (`deliver`): which parts, and their values.
+    Rewrite(Rewrite),
     /// Index into [`P4Layout::vars`].
     VarSet(usize),
     VarTo(usize),
@@ -438,6 +558,31 @@ pub struct ActionDecl {
     pub name: String,
     pub kind: ActionKind,
     pub params: Vec<ParamDecl>,
+}
+
+/// A part of `deliver`'s rewrite: the eBPF egress's (`subc_backend_ebpf`
+/// `Egress`), as action data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Rewrite {
+    /// Which of the others apply: bit 0 the destination MAC, 1 the source
+    /// MAC, 2 the IPv4 destination, 3 the UDP destination port (the eBPF
+    /// egress's `flags`).
+    Which,
+    DstMac,
+    SrcMac,
+    DstIp,
+    DstPort,
+}
+
+impl Rewrite {
+    /// The parameters of `deliver`, in order, with their names and widths.
+    pub(crate) const PARAMS: [(Rewrite, &'static str, u32); 5] = [
+        (Rewrite::Which, "which", 4),
+        (Rewrite::DstMac, "dst_mac", 48),
+        (Rewrite::SrcMac, "src_mac", 48),
+        (Rewrite::DstIp, "dst_ip", 32),
+        (Rewrite::DstPort, "dst_port", 16),
+    ];
 }
 
 /// Which lookup of the IR's chain a physical table implements.
@@ -493,6 +638,9 @@ pub enum TableRole {
     /// ternary entry per device port, testing that port's bit). Tofino
     /// cannot shift by a run-time amount, which v1model's egress does.
     PortFilter,
+    /// Past 511 ports: the egress's table of receivers, keyed on the
+    /// copy's receiver; a hit delivers (rewritten), a miss drops.
+    Receivers,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -598,6 +746,10 @@ pub struct P4Layout {
     pub prune_ingress: bool,
     /// Logical ports `0..ports`.
     pub ports: u32,
+    /// What those ports are on the switch.
+    pub audience: Audience,
+    /// Past 511 ports: the headers `deliver` rewrites.
+    pub rewrites: Option<RewriteTargets>,
     /// Whether a counter needs the ingress timestamp.
     pub uses_time: bool,
 }
@@ -684,6 +836,9 @@ impl P4Layout {
         // order decides the program's identifiers.
         let mut b = Builder::new(spec, opts, orders.len());
         b.declare_headers();
+        if b.layout.audience == Audience::Receivers {
+            b.layout.rewrites = Some(RewriteTargets::find(spec, &b.layout.headers));
+        }
         b.declare_parser();
         b.declare_query_metadata();
         b.declare_states()?;
@@ -697,7 +852,7 @@ impl P4Layout {
     /// The table's P4Info name: qualified by the control it is declared in.
     pub(crate) fn table_name(&self, t: &TableDecl) -> String {
         match t.role {
-            TableRole::PortFilter => self.arch.egress_qualified(&t.name),
+            TableRole::PortFilter | TableRole::Receivers => self.arch.egress_qualified(&t.name),
             _ => self.arch.qualified(&t.name),
         }
     }
@@ -741,7 +896,7 @@ impl P4Layout {
     /// power of two, so that updates have room.
     pub fn size_tables(&mut self, counts: &[usize], opts: &P4Options) {
         for (t, n) in self.tables.iter_mut().zip(counts) {
-            if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter) {
+            if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter | TableRole::Receivers) {
                 continue;
             }
             let want = opts.headroom.room_for(*n as u64).next_power_of_two();
@@ -834,13 +989,19 @@ impl<'a> Builder<'a> {
             fold_leaves: opts.fold_leaves,
             prune_ingress: opts.prune_ingress,
             ports: spec.ports,
+            audience: Audience::of(spec.ports),
+            rewrites: None,
             uses_time: false,
         };
         // TNA's counters compare the packet's time, `meta.now`.
-        let reserved: &[&str] =
-            if opts.arch == Arch::Tna { &["parsed", "state", "ports", "now", "forwarding"] } else { &["parsed", "state", "ports"] };
-        let meta_namer = P4Namer::struct_fields(reserved);
-        let global = if opts.arch == Arch::Tna { P4Namer::global_tna() } else { P4Namer::global() };
+        let mut reserved: Vec<&str> =
+            if opts.arch == Arch::Tna { vec!["parsed", "state", "ports", "now", "forwarding"] } else { vec!["parsed", "state", "ports"] };
+        let mut global = if opts.arch == Arch::Tna { P4Namer::global_tna() } else { P4Namer::global() };
+        if layout.audience == Audience::Receivers {
+            reserved.extend(["receiver", "replicated"]);
+            global.reserve_all(&[RECEIVERS, DELIVER, "receiver"]);
+        }
+        let meta_namer = P4Namer::struct_fields(&reserved);
         Builder { spec, opts, global, meta_namer, window_cell: None, pipeline_state: vec![], pipelines, layout }
     }
 
@@ -1165,6 +1326,19 @@ impl<'a> Builder<'a> {
             self.layout.meta.push(MetaField { name: "state".into(), width: STATE_WIDTH, comment: "the decision diagram's state".into() });
             self.pipeline_state = vec![("state".into(), String::new()); self.pipelines];
         }
+        // TNA carries them to the egress in the bridged header.
+        if self.layout.audience == Audience::Receivers && self.opts.arch == Arch::V1Model {
+            self.layout.meta.push(MetaField {
+                name: "receiver".into(),
+                width: RID_WIDTH,
+                comment: "the receiver a forwarded packet goes to (a replica's is its instance)".into(),
+            });
+            self.layout.meta.push(MetaField {
+                name: "replicated".into(),
+                width: 1,
+                comment: "multicast: each copy's receiver is its replica's instance".into(),
+            });
+        }
         if let Fanout::Bitmap { width } = self.layout.fanout {
             self.layout.meta.push(MetaField {
                 name: "ports".into(),
@@ -1222,7 +1396,12 @@ impl<'a> Builder<'a> {
             }
             self.pipeline_state[p].1 = name;
         }
-        if direct {
+        if direct && self.layout.audience == Audience::Receivers {
+            let receiver = ParamDecl { name: "receiver".into(), ty: "bit<16>".into(), width: RID_WIDTH, role: ParamRole::Receiver };
+            let mut forward = leaf("forward", ActionKind::Forward, Some(port));
+            forward.params.insert(1, receiver);
+            actions.push(forward);
+        } else if direct {
             actions.push(leaf("forward", ActionKind::Forward, Some(port)));
         }
         actions.push(leaf("multicast", ActionKind::Multicast, Some(group)));
@@ -1233,6 +1412,18 @@ impl<'a> Builder<'a> {
         if let Fanout::Bitmap { width } = self.layout.fanout {
             let ports = ParamDecl { name: "ports".into(), ty: "ports_t".into(), width, role: ParamRole::Ports };
             actions.push(ActionDecl { name: "add_ports".into(), kind: ActionKind::AddPorts, params: vec![ports] });
+        }
+        if self.layout.audience == Audience::Receivers {
+            let params = Rewrite::PARAMS
+                .iter()
+                .map(|(r, name, width)| ParamDecl {
+                    name: (*name).into(),
+                    ty: format!("bit<{width}>"),
+                    width: *width,
+                    role: ParamRole::Rewrite(*r),
+                })
+                .collect();
+            actions.push(ActionDecl { name: DELIVER.into(), kind: ActionKind::Deliver, params });
         }
         self.layout.actions = actions;
     }
@@ -1262,6 +1453,25 @@ impl<'a> Builder<'a> {
                 self.declare_port_filter();
             }
         }
+        if self.layout.audience == Audience::Receivers {
+            self.declare_receivers();
+        }
+    }
+
+    /// Past 511 ports: the egress's [`TableRole::Receivers`], keyed on the
+    /// copy's receiver (TNA: bridged to the egress), with room for every
+    /// receiver.
+    fn declare_receivers(&mut self) {
+        let expr = if self.opts.arch == Arch::Tna { "hdr.bridge.receiver" } else { "meta.receiver" };
+        self.layout.tables.push(TableDecl {
+            name: RECEIVERS.into(),
+            role: TableRole::Receivers,
+            keys: vec![KeyDecl { expr: expr.into(), width: RID_WIDTH, kind: MatchKind::Exact }],
+            actions: vec![DELIVER.into(), "NoAction".into()],
+            default_action: "NoAction".into(),
+            default_args: String::new(),
+            size: self.layout.ports as u64,
+        });
     }
 
     /// TNA, several pipelines: the egress's [`TableRole::PortFilter`].

@@ -7,7 +7,9 @@
 //!   egress counts packets and bytes per device port;
 //! - `p4info`: the P4Info, with the names and ids p4c gives;
 //! - `entries`: table entries and multicast groups as P4Runtime updates,
-//!   and IR diffs as ordered batches of updates;
+//!   and IR diffs as ordered batches of updates; past 511 ports, a port is
+//!   a receiver, the replica `(egress port, instance)` of a group, and the
+//!   egress's receivers table rewrites each copy ([`Audience`]);
 //! - `resources`: entries, TCAM and SRAM per table;
 //! - `simulator`: a P4-semantics simulator that runs on decoded P4Runtime
 //!   messages only, and counts as the program does;
@@ -41,11 +43,11 @@ mod simulator;
 pub mod testing;
 mod tofino;
 
-pub use entries::{describe, entries_text, initial_defaults, write_request, Batch, PortMap};
-pub use layout::{Arch, P4Layout, TableRole};
+pub use entries::{describe, entries_text, initial_defaults, write_request, Batch, PortMap, Receiver, Receivers};
+pub use layout::{Arch, Audience, P4Layout, TableRole};
 pub use p4info::{difference, program_cookie};
 pub use program::write_program;
-pub use simulator::{Outcome, SimError, Simulator, Switch};
+pub use simulator::{Delivery, Outcome, SimError, Simulator, Switch};
 pub use tofino::{TableEstimate, TofinoEstimate};
 
 use entries::{batches_of_ops, install_ops, Encoder};
@@ -86,6 +88,9 @@ pub struct P4Options {
     /// costs a Tofino stage; such a program cannot take entries for those
     /// fields later (an update that needs one is refused).
     pub skip_empty_levels: bool,
+    /// Past 511 ports: what each receiver is (its egress port and rewrite),
+    /// the entries of the egress's receivers table.
+    pub receivers: Receivers,
 }
 
 impl Default for P4Options {
@@ -99,6 +104,7 @@ impl Default for P4Options {
             prune_ingress: false,
             arch: Arch::V1Model,
             skip_empty_levels: false,
+            receivers: Receivers::default(),
         }
     }
 }
@@ -145,17 +151,42 @@ pub enum Error {
     PortOutOfRange { port: u32, ports: u32 },
     #[error("port map: {0}")]
     PortMap(String),
-    /// Ports are the switch's egress ports: 9 bits, 511 the drop port.
+    /// Past 511 ports a port is a replica's 16-bit instance.
     #[error(
-        "the spec declares {ports} ports; a switch forwards to its egress ports 0 to 510 (receiver groups of more \
-         ports run on eBPF; docs/semantics.md, \"Audiences\")"
+        "the spec declares {ports} ports; a switch's receivers are its replication engine's replicas, numbered by \
+         their 16-bit instance: at most {max} (docs/semantics.md, \"Audiences\")",
+        max = MAX_PORTS
     )]
     TooManyPorts { ports: u32 },
+    /// Past 511 ports a packet's receivers are one multicast group.
+    #[error(
+        "the set is spread over {pipelines} pipelines, but past {max} ports a packet goes to one multicast group of \
+         receivers, which cannot be the union of several pipelines' leaves: compile into one pipeline (a larger \
+         --node-budget) or deploy to eBPF hosts",
+        max = MAX_DEVICE_PORTS
+    )]
+    AudiencePipelines { pipelines: usize },
+    /// A group id past the replication engine's 16 bits.
+    #[error("multicast group {group} does not fit the replication engine's 16-bit group ids (1 to 65535)")]
+    GroupOutOfRange { group: u32 },
+    /// A receiver's settings that the program cannot hold.
+    #[error("receiver {receiver}: {why}")]
+    Receiver { receiver: u32, why: String },
+    /// A receivers file that is not what `Receivers::from_json` reads.
+    #[error("receivers file: {0}")]
+    ReceiversFile(String),
 }
 
-/// Most ports a P4 program's spec may declare: v1model's `egress_spec` is 9
-/// bits, and port 511 drops.
-pub const MAX_PORTS: u32 = 511;
+/// Most ports a spec may declare whose ports are the switch's egress ports:
+/// v1model's `egress_spec` is 9 bits, and port 511 drops. A spec with more
+/// has receivers ([`Audience::Receivers`]).
+pub const MAX_DEVICE_PORTS: u32 = 511;
+
+/// Most ports a P4 program's spec may declare: past [`MAX_DEVICE_PORTS`]
+/// each is a replica, numbered by its instance (v1model's 16-bit
+/// `egress_rid`, TNA's `rid`), and `ports 65536;` is the most a spec
+/// declares.
+pub const MAX_PORTS: u32 = 1 << layout::RID_WIDTH;
 
 /// What `subc compile --target p4` writes.
 pub struct Artifacts {
@@ -202,6 +233,17 @@ impl P4Target {
     pub fn with_levels(spec: &Spec, pipes: &[&Pipeline], levels: &[Vec<usize>], opts: &P4Options) -> Result<P4Target, Error> {
         if spec.ports > MAX_PORTS {
             return Err(Error::TooManyPorts { ports: spec.ports });
+        }
+        if Audience::of(spec.ports) == Audience::Receivers {
+            if pipes.len() > 1 {
+                return Err(Error::AudiencePipelines { pipelines: pipes.len() });
+            }
+            if !opts.ports.is_identity() {
+                return Err(Error::PortMap(format!(
+                    "past {MAX_DEVICE_PORTS} ports a port is a receiver, whose egress port is its receiver entry's \
+                     (P4Options::receivers), not the port map's"
+                )));
+            }
         }
         let fields = pipes
             .iter()
@@ -251,7 +293,7 @@ impl P4Target {
     }
     /// The encoder of the program's entries, through the options' port map.
     pub fn encoder(&self) -> Encoder<'_> {
-        Encoder::with_ports(&self.layout, &self.ids, self.opts.ports.clone())
+        Encoder::with_ports(&self.layout, &self.ids, self.opts.ports.clone()).with_receivers(&self.opts.receivers)
     }
     pub fn program(&self, spec: &Spec) -> String {
         program::write_program(spec, &self.layout)
@@ -284,6 +326,9 @@ impl P4Target {
         let mut out = vec![];
         if let Fanout::Bitmap { .. } = self.layout.fanout {
             out.extend(enc.fanout_install()?);
+        }
+        if self.layout.audience == Audience::Receivers {
+            out.extend(enc.receivers_install(self.opts.batch_size)?);
         }
         for (i, p) in pipes.iter().enumerate() {
             out.extend(batches_of_ops(&enc, i, &install_ops(p), p, self.opts.batch_size)?);

@@ -314,6 +314,14 @@ impl P4Namer {
         n
     }
 
+    /// Reserves names the program declares only in some shapes (past 511
+    /// ports, the receivers' table and action).
+    pub(crate) fn reserve_all(&mut self, names: &[&str]) {
+        for r in names {
+            self.namer.reserve(r);
+        }
+    }
+
     /// The namer of one header type's fields.
     pub(crate) fn header_fields() -> P4Namer {
         P4Namer::new(HEADER_METHODS)

@@ -5,7 +5,8 @@
 //! templates only loop and pick snippets.
 
 use crate::layout::{
-    Arch, Fanout, P4Layout, ParseStateView, QueryValue, Stage, StateLogic, StateView, TableDecl, TableRole, Transition, STATE_WIDTH,
+    Arch, Fanout, P4Layout, ParseStateView, QueryValue, Rewrite, RewriteTargets, Stage, StateLogic, StateView, TableDecl, TableRole,
+    Transition, STATE_WIDTH,
 };
 use askama::Template;
 use subc_lang::spec::{MatchKind, Spec};
@@ -49,6 +50,19 @@ pub(crate) struct TableRow {
     pub size: u64,
 }
 
+/// Past 511 ports: the egress's receivers table, the signature of its
+/// `deliver` action, and what `deliver` writes (v1model).
+pub(crate) struct ReceiversView {
+    pub table: TableRow,
+    pub sig_deliver: String,
+    /// One assignment per rewritten field, each taking the receiver's value
+    /// when its bit of `which` is set.
+    pub rewrites: Vec<String>,
+    /// The IPv4 header's checksum, recomputed: (instance, checksum field,
+    /// the fields it covers).
+    pub ip_checksum: Option<(String, String, Vec<String>)>,
+}
+
 pub(crate) struct CopyRow {
     pub header: String,
     pub assigns: Vec<(String, String)>,
@@ -82,6 +96,7 @@ pub(crate) struct ProgramTemplate<'a> {
     pub states: &'a [StateView],
     pub uses_time: bool,
     pub emit_order: Vec<String>,
+    pub receivers: Option<ReceiversView>,
 }
 
 /// The TNA program: the same view model, and the struct type of counters'
@@ -131,20 +146,61 @@ impl<'a> ProgramTemplate<'a> {
             port_counter: &l.port_counter,
             prune_ingress: l.prune_ingress,
             direct: l.fanout == Fanout::Direct,
-            sig_forward: action_signature(l, "forward", Some("bit<9> port")),
+            sig_forward: match l.audience {
+                crate::Audience::Ports => action_signature(l, "forward", Some("bit<9> port")),
+                crate::Audience::Receivers => action_signature(l, "forward", Some("bit<9> port, bit<16> receiver")),
+            },
             sig_multicast: action_signature(l, "multicast", Some("bit<16> group")),
             sig_drop: action_signature(l, "drop", None),
             sig_update: action_signature(l, "update", None),
             updates: variable_updates(l),
             // The ingress's tables; the egress's are the architecture's own.
-            tables: l.tables.iter().filter(|t| t.role != TableRole::PortFilter).map(|t| table_row(l, t)).collect(),
+            tables: l
+                .tables
+                .iter()
+                .filter(|t| !matches!(t.role, TableRole::PortFilter | TableRole::Receivers))
+                .map(|t| table_row(l, t))
+                .collect(),
             copies,
             flips,
             states: &l.states,
             uses_time: l.uses_time,
             emit_order: spec.parser.topo_order.iter().map(|h| l.headers[h.0 as usize].instance.clone()).collect(),
+            receivers: receivers_view(l),
         }
     }
+}
+
+/// Past 511 ports: the egress's receivers table and its action.
+fn receivers_view(l: &P4Layout) -> Option<ReceiversView> {
+    let t = l.tables.iter().find(|t| t.role == TableRole::Receivers)?;
+    let targets = l.rewrites.clone().unwrap_or_default();
+    let params: Vec<String> = Rewrite::PARAMS.iter().map(|(_, name, width)| format!("bit<{width}> {name}")).collect();
+    Some(ReceiversView {
+        table: table_row(l, t),
+        sig_deliver: format!("{}({})", crate::layout::DELIVER, params.join(", ")),
+        rewrites: rewrite_statements(&targets),
+        ip_checksum: targets.ip_checksum.clone(),
+    })
+}
+
+/// `deliver`'s assignments: each part its bit of `which` selects (bit 0
+/// the destination MAC, 1 the source MAC, 2 the IPv4 destination, 3 the
+/// UDP port), and the UDP checksum cleared when the address or the port
+/// changes (IPv4 allows a UDP datagram without one).
+fn rewrite_statements(t: &RewriteTargets) -> Vec<String> {
+    let parts = [(&t.dst_mac, 0, "dst_mac"), (&t.src_mac, 1, "src_mac"), (&t.dst_ip, 2, "dst_ip"), (&t.dst_port, 3, "dst_port")];
+    let mut out: Vec<String> = parts
+        .iter()
+        .filter_map(|(target, bit, param)| {
+            let (h, f) = target.as_ref()?;
+            Some(format!("hdr.{h}.{f} = which[{bit}:{bit}] == 1 ? {param} : hdr.{h}.{f};"))
+        })
+        .collect();
+    if let Some((h, f)) = &t.udp_checksum {
+        out.push(format!("hdr.{h}.{f} = which[3:2] != 0 ? 16w0 : hdr.{h}.{f};"));
+    }
+    out
 }
 
 /// Each pipeline's tables, and its field order for the comment above them.
@@ -264,6 +320,7 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
         TableRole::Leaf { pipeline } => Some(format!("Pipeline {pipeline}: the actions of the subscriptions that match.")),
         TableRole::Fanout => Some("Several pipelines: the group of all ports, which the egress prunes to the bitmap.".into()),
         TableRole::PortFilter => Some("A copy leaves only if its port's bit is set: one entry per port, testing that bit.".into()),
+        TableRole::Receivers => Some("One entry per receiver; a copy to a receiver without one is dropped.".into()),
         TableRole::Field { level, stage: Stage::All, pipeline } => Some(format!(
             "Pipeline {pipeline}, {}: one table; by priority its exact entries, then its ranged ones, then its default.",
             l.level(pipeline, level).expect("a level of the layout").source

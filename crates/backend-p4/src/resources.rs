@@ -86,6 +86,8 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
             TableRole::Fanout => 1,
             // One entry per device port, which the port map decides.
             TableRole::PortFilter => layout.ports as usize,
+            // At most one entry per receiver (every one, by default).
+            TableRole::Receivers => layout.ports as usize,
         })
         .collect()
 }
@@ -153,6 +155,7 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
             TableRole::Leaf { pipeline } => (Some(pipeline), None, "leaf".to_string()),
             TableRole::Fanout => (None, None, "fanout".to_string()),
             TableRole::PortFilter => (None, None, "port_filter".to_string()),
+            TableRole::Receivers => (None, None, "receivers".to_string()),
         };
         let is_tcam = t.keys.iter().any(|k| k.kind != MatchKind::Exact);
         tables.push(TableResources {

@@ -26,7 +26,7 @@
 //! length, as BMv2 counts it).
 
 use crate::layout::{
-    ActionKind, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, TableRole, Transition, PARSED_STATE, UNPARSED_EXIT,
+    ActionKind, Audience, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, TableRole, Transition, PARSED_STATE, UNPARSED_EXIT,
 };
 use crate::proto::p4::config::v1 as cfg;
 use crate::proto::p4::v1 as p4v1;
@@ -201,7 +201,8 @@ pub struct Switch {
     tables: BTreeMap<u32, TableInfo>,
     actions: BTreeMap<u32, ActionInfo>,
     state: BTreeMap<u32, TableState>,
-    groups: BTreeMap<u32, Vec<u32>>,
+    /// Multicast groups: their replicas `(egress port, instance)`, sorted.
+    groups: BTreeMap<u32, Vec<(u32, u32)>>,
     /// Register cells by register id (zero at first, as in BMv2).
     registers: BTreeMap<u32, (String, Vec<u128>)>,
     counters: BTreeMap<u32, CounterCells>,
@@ -351,7 +352,7 @@ impl Switch {
     pub fn action_name(&self, id: u32) -> Option<&str> {
         self.actions.get(&id).map(|a| a.name.as_str())
     }
-    pub fn groups(&self) -> &BTreeMap<u32, Vec<u32>> {
+    pub fn groups(&self) -> &BTreeMap<u32, Vec<(u32, u32)>> {
         &self.groups
     }
     /// Entries of all tables and multicast groups.
@@ -526,7 +527,7 @@ impl Switch {
         if g.multicast_group_id == 0 {
             return Err(invalid("multicast group 0 is reserved"));
         }
-        let mut ports = vec![];
+        let mut replicas = vec![];
         for r in &g.replicas {
             #[allow(deprecated)]
             let port = match &r.port_kind {
@@ -537,12 +538,12 @@ impl Switch {
                 }
                 None => return Err(invalid("a replica without a port")),
             };
-            if ports.contains(&port) {
-                return Err(invalid(format!("group {}: port {port} twice", g.multicast_group_id)));
-            }
-            ports.push(port);
+            replicas.push((port, r.instance));
         }
-        ports.sort_unstable();
+        replicas.sort_unstable();
+        if let Some(w) = replicas.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid(format!("group {}: replica ({}, {}) twice", g.multicast_group_id, w[0].0, w[0].1)));
+        }
         let exists = self.groups.contains_key(&g.multicast_group_id);
         match kind {
             T::Insert if exists => {
@@ -552,7 +553,7 @@ impl Switch {
                 return Err(WriteError { code: Code::NotFound, message: format!("no group {}", g.multicast_group_id) })
             }
             T::Insert | T::Modify => {
-                self.groups.insert(g.multicast_group_id, ports);
+                self.groups.insert(g.multicast_group_id, replicas);
             }
             T::Delete => {
                 self.groups.remove(&g.multicast_group_id);
@@ -575,11 +576,15 @@ impl Switch {
     /// entries that were set.
     pub fn read(&self) -> Vec<p4v1::Entity> {
         let mut out = vec![];
-        for (g, ports) in &self.groups {
+        for (g, replicas) in &self.groups {
             #[allow(deprecated)]
-            let replicas = ports
+            let replicas = replicas
                 .iter()
-                .map(|p| p4v1::Replica { port_kind: Some(p4v1::replica::PortKind::EgressPort(*p)), ..Default::default() })
+                .map(|&(p, instance)| p4v1::Replica {
+                    port_kind: Some(p4v1::replica::PortKind::EgressPort(p)),
+                    instance,
+                    ..Default::default()
+                })
                 .collect();
             out.push(p4v1::Entity {
                 entity: Some(p4v1::entity::Entity::PacketReplicationEngineEntry(p4v1::PacketReplicationEngineEntry {
@@ -609,6 +614,9 @@ impl Switch {
     pub fn lookup(&self, table: u32, values: &[KeyValue]) -> Result<(ActionCall, bool), SimError> {
         let t = &self.tables[&table];
         let st = &self.state[&table];
+        if t.fields.iter().all(|f| f.kind == MatchKind::Exact) {
+            return Ok(self.lookup_exact(t, st, values));
+        }
         let mut best: Option<(&Entry, (u32, i32))> = None;
         let mut tie = false;
         for e in st.entries.values() {
@@ -646,6 +654,23 @@ impl Switch {
             Some((e, _)) => (e.action.clone(), true),
             None => (st.default.clone().unwrap_or_else(|| t.initial_default.clone()), false),
         })
+    }
+
+    /// A lookup in a table whose fields are all exact: the one entry keyed
+    /// by the values (as canonical bytes), found without a scan (a table of
+    /// 65,536 receivers is looked up once per copy).
+    fn lookup_exact(&self, t: &TableInfo, st: &TableState, values: &[KeyValue]) -> (ActionCall, bool) {
+        let key: Vec<FieldValue> = values
+            .iter()
+            .map(|v| match v {
+                KeyValue::Int(x) => FieldValue::Exact(crate::entries::canonical(*x)),
+                KeyValue::Bytes(b) => FieldValue::Exact(crate::entries::canonical_bytes(b)),
+            })
+            .collect();
+        match st.entries.get(&(key, 0)) {
+            Some(e) => (e.action.clone(), true),
+            None => (st.default.clone().unwrap_or_else(|| t.initial_default.clone()), false),
+        }
     }
 
     /// Checks the references the program's entries make (see the module doc).
@@ -716,7 +741,7 @@ impl Switch {
             // The fanout multicasts to a group that holds every port a leaf names.
             let fanout = id_of("fanout")?;
             let all: Vec<u32> = match self.state[&fanout].default.as_ref().and_then(group_of) {
-                Some(g) => self.groups.get(&(g as u32)).cloned().ok_or(ReferenceError::NoFanoutGroup { group: g })?,
+                Some(g) => self.groups.get(&(g as u32)).ok_or(ReferenceError::NoFanoutGroup { group: g })?.iter().map(|r| r.0).collect(),
                 None => vec![],
             };
             for pv in &layout.pipelines {
@@ -753,6 +778,27 @@ impl Switch {
         let st = &self.state[&table];
         st.entries.values().map(|e| e.action.clone()).chain(st.default.clone()).collect()
     }
+}
+
+/// Writes the low `width` bits of `value` at bit `offset` (MSB first) of
+/// `bytes`, as `subc_lang::read_bits` reads them.
+fn write_bits(bytes: &mut [u8], offset: u32, width: u32, value: u64) {
+    for i in 0..width {
+        let bit = (value >> (width - 1 - i)) & 1;
+        let at = offset + i;
+        let (byte, shift) = ((at / 8) as usize, 7 - at % 8);
+        bytes[byte] = (bytes[byte] & !(1 << shift)) | ((bit as u8) << shift);
+    }
+}
+
+/// The IPv4 header checksum of `header` (its checksum field zero): the
+/// ones' complement of the ones' complement sum of its 16-bit words.
+fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = header.chunks(2).map(|w| u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0))).sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 /// Whether bit `p` (0 = least significant) of a big-endian byte string is set.
@@ -823,8 +869,29 @@ pub enum KeyValue<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
     pub parsed: bool,
+    /// Where its copies went, sorted: device ports, or past 511 ports
+    /// ([`Audience::Receivers`]) receivers (a receiver twice if two copies
+    /// reached it).
     pub ports: Vec<u32>,
     pub decision: Decision,
+    /// Each copy that left, in the replication engine's order.
+    pub copies: Vec<Delivery>,
+}
+
+/// One copy of a packet that left the switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The device port it left on.
+    pub port: u32,
+    /// Past 511 ports: its receiver, and the arguments of the `deliver`
+    /// its receiver's entry holds (which parts, destination MAC, source
+    /// MAC, IPv4 destination, UDP port: the rewrite).
+    pub receiver: Option<u32>,
+    pub rewrite: Vec<u64>,
+    /// The copy's bytes as they leave: past 511 ports, rewritten as v1model's
+    /// `deliver` and checksum update write them (TNA's egress rewrites
+    /// nothing); otherwise the frame as it came.
+    pub frame: Vec<u8>,
 }
 
 /// Runs packets through the program with the entries a [`Switch`] holds,
@@ -845,6 +912,8 @@ struct Bindings {
     state_fields: HashMap<u32, String>,
     /// TNA with several pipelines: the egress's port filter.
     port_filter: Option<u32>,
+    /// Past 511 ports: the egress's receivers table.
+    receivers: Option<u32>,
     action_kinds: HashMap<u32, ActionKind>,
     register_ids: HashMap<String, u32>,
     port_counter: u32,
@@ -876,6 +945,7 @@ impl Bindings {
             action_kinds.insert(*id, kind);
         }
         let port_filter = layout.table_index(TableRole::PortFilter).map(|i| table_ids[&layout.tables[i].name]);
+        let receivers = layout.table_index(TableRole::Receivers).map(|i| table_ids[&layout.tables[i].name]);
         let mut register_ids = HashMap::new();
         for r in &layout.registers {
             let name = layout.arch.qualified(&r.name);
@@ -884,7 +954,7 @@ impl Bindings {
         }
         let name = layout.arch.egress_qualified(&layout.port_counter.name);
         let port_counter = switch.counter_id(&name).ok_or(SimError::NoCounter { name })?;
-        Ok(Bindings { table_ids, state_fields, port_filter, action_kinds, register_ids, port_counter })
+        Ok(Bindings { table_ids, state_fields, port_filter, receivers, action_kinds, register_ids, port_counter })
     }
 }
 
@@ -894,6 +964,8 @@ const DROP_PORT: u64 = 511;
 struct Packet {
     /// Per header instance: its fields' raw values, if extracted.
     headers: HashMap<String, Vec<u64>>,
+    /// Per header instance extracted: its byte offset in the frame.
+    offsets: HashMap<String, usize>,
 }
 
 impl Packet {
@@ -912,6 +984,10 @@ struct Meta {
     egress_spec: u64,
     mcast_grp: u64,
     dropped: bool,
+    /// Past 511 ports: the receiver `forward` chose, and whether the
+    /// packet was multicast (each copy's receiver is then its instance).
+    receiver: u32,
+    replicated: bool,
 }
 
 impl<'a> Simulator<'a> {
@@ -944,7 +1020,7 @@ impl<'a> Simulator<'a> {
     }
 
     fn parse(&self, bytes: &[u8]) -> Option<Packet> {
-        let mut pkt = Packet { headers: HashMap::new() };
+        let mut pkt = Packet { headers: HashMap::new(), offsets: HashMap::new() };
         let mut cursor = 0usize;
         let mut at = self.layout.start.clone();
         loop {
@@ -964,6 +1040,7 @@ impl<'a> Simulator<'a> {
             let slice = &bytes[cursor..end];
             let values: Vec<u64> =
                 header.fields.iter().map(|f| if f.width <= 64 { read_bits(slice, f.offset, f.width) } else { 0 }).collect();
+            pkt.offsets.insert(state.header.clone(), cursor);
             cursor = end;
             pkt.headers.insert(state.header.clone(), values);
             at = match &state.next {
@@ -1153,8 +1230,16 @@ impl<'a> Simulator<'a> {
                     }
                 }
             }
-            ActionKind::Forward => meta.egress_spec = arg(0),
-            ActionKind::Multicast => meta.mcast_grp = arg(0),
+            ActionKind::Forward => {
+                meta.egress_spec = arg(0);
+                if self.layout.audience == Audience::Receivers {
+                    meta.receiver = arg(1) as u32;
+                }
+            }
+            ActionKind::Multicast => {
+                meta.mcast_grp = arg(0);
+                meta.replicated = true;
+            }
             ActionKind::Drop => {
                 meta.egress_spec = DROP_PORT;
                 meta.mcast_grp = 0;
@@ -1162,6 +1247,8 @@ impl<'a> Simulator<'a> {
             }
             ActionKind::Update => {}
             ActionKind::AddPorts => meta.ports = or_bytes(&meta.ports, &call.args[0]),
+            // The egress's, run by `egress`.
+            ActionKind::Deliver => {}
         }
         // Variable updates: `v = (set ? to : v) + add`, modulo the width.
         let layout = self.layout;
@@ -1181,6 +1268,49 @@ impl<'a> Simulator<'a> {
         Ok(())
     }
 
+    /// A copy's bytes after v1model's `deliver` with `args` (which parts,
+    /// then their values) and the IPv4 checksum update, on the fields the
+    /// layout found ([`crate::layout::RewriteTargets`]) of the headers the
+    /// packet has. TNA's egress leaves the frame as it is.
+    fn deliver(&self, pkt: &Packet, frame: &[u8], args: &[u64]) -> Vec<u8> {
+        let mut out = frame.to_vec();
+        let Some(t) = self.layout.rewrites.as_ref().filter(|_| self.layout.arch == crate::Arch::V1Model) else { return out };
+        let which = args.first().copied().unwrap_or(0);
+        let parts = [(&t.dst_mac, 0), (&t.src_mac, 1), (&t.dst_ip, 2), (&t.dst_port, 3)];
+        for (target, bit) in parts {
+            if let Some((h, f)) = target.as_ref().filter(|_| which & 1 << bit != 0) {
+                self.write_field(pkt, &mut out, h, f, args.get(bit + 1).copied().unwrap_or(0));
+            }
+        }
+        if let Some((h, f)) = t.udp_checksum.as_ref().filter(|_| which & 0b1100 != 0) {
+            self.write_field(pkt, &mut out, h, f, 0);
+        }
+        if let Some((h, sum, _)) = &t.ip_checksum {
+            if let Some(&at) = pkt.offsets.get(h) {
+                self.write_field(pkt, &mut out, h, sum, 0);
+                let header = self.header_bytes(h);
+                let sum_value = ipv4_checksum(&out[at..at + header]);
+                self.write_field(pkt, &mut out, h, sum, sum_value as u64);
+            }
+        }
+        out
+    }
+
+    /// The size in bytes of the header of instance `h`.
+    fn header_bytes(&self, h: &str) -> usize {
+        let k = self.layout.headers.iter().position(|x| x.instance == h).expect("a header of the layout");
+        self.spec.headers[k].bytes as usize
+    }
+
+    /// Writes field `f` of header instance `h`, if the packet has it.
+    fn write_field(&self, pkt: &Packet, out: &mut [u8], h: &str, f: &str, value: u64) {
+        let Some(&at) = pkt.offsets.get(h) else { return };
+        let k = self.layout.headers.iter().position(|x| x.instance == h).expect("a header of the layout");
+        let Some(j) = self.layout.headers[k].fields.iter().position(|x| x.name == f) else { return };
+        let field = &self.spec.headers[k].fields[j];
+        write_bits(&mut out[at..], field.offset, field.width, value);
+    }
+
     /// Runs one packet that arrived at `ts_ns` (nanoseconds), from no
     /// device port (nothing to prune).
     pub fn run(&mut self, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
@@ -1191,10 +1321,18 @@ impl<'a> Simulator<'a> {
     /// that prunes the ingress port sends no copy back out of it.
     pub fn run_from(&mut self, ingress: Option<u32>, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
         let Some(pkt) = self.parse(bytes) else {
-            return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch });
+            return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch, copies: vec![] });
         };
         let layout = self.layout;
-        let mut meta = Meta { fields: HashMap::new(), ports: vec![0], egress_spec: DROP_PORT, mcast_grp: 0, dropped: false };
+        let mut meta = Meta {
+            fields: HashMap::new(),
+            ports: vec![0],
+            egress_spec: DROP_PORT,
+            mcast_grp: 0,
+            dropped: false,
+            receiver: 0,
+            replicated: false,
+        };
         for q in &layout.queries {
             if let QueryValue::Packet { header, field, flip } = &q.value {
                 let raw = pkt.field(layout, header, field).unwrap_or(0);
@@ -1224,29 +1362,10 @@ impl<'a> Simulator<'a> {
         if bitmap && meta.ports != [0] {
             self.apply_table("fanout", &mut meta)?;
         }
-        let mut ports: Vec<u32> = if meta.mcast_grp != 0 {
-            let group = self.switch.groups.get(&(meta.mcast_grp as u32)).cloned().ok_or(SimError::NoGroup { group: meta.mcast_grp })?;
-            // Several pipelines: the egress drops the copies outside the bitmap.
-            let mut kept = vec![];
-            for p in group {
-                if !bitmap || self.port_in_bitmap(p, &meta.ports)? {
-                    kept.push(p);
-                }
-            }
-            kept
-        } else if meta.egress_spec != DROP_PORT {
-            vec![meta.egress_spec as u32]
-        } else {
-            vec![]
-        };
-        // The egress: no copy back out of the ingress port, where pruned;
-        // every copy that leaves counts on its port.
-        if layout.prune_ingress {
-            ports.retain(|p| Some(*p) != ingress);
-        }
-        for p in &ports {
-            self.switch.count(self.ids.port_counter, *p as u64, bytes.len() as u64);
-        }
+        let replicas = self.replicate(&meta)?;
+        let copies = self.egress(replicas, &meta, ingress, &pkt, bytes)?;
+        let mut ports: Vec<u32> = copies.iter().map(|c| c.receiver.unwrap_or(c.port)).collect();
+        ports.sort_unstable();
         let decision = if !ports.is_empty() {
             Decision::Forward
         } else if meta.dropped {
@@ -1254,6 +1373,61 @@ impl<'a> Simulator<'a> {
         } else {
             Decision::NoMatch
         };
-        Ok(Outcome { parsed: true, ports, decision })
+        Ok(Outcome { parsed: true, ports, decision, copies })
+    }
+
+    /// The copies the traffic manager makes: a multicast group's replicas
+    /// `(egress port, instance)`, or the one egress port (instance 0), or
+    /// none.
+    fn replicate(&self, meta: &Meta) -> Result<Vec<(u32, u32)>, SimError> {
+        if meta.mcast_grp != 0 {
+            let group = self.switch.groups.get(&(meta.mcast_grp as u32)).ok_or(SimError::NoGroup { group: meta.mcast_grp })?;
+            return Ok(group.clone());
+        }
+        if meta.egress_spec != DROP_PORT {
+            return Ok(vec![(meta.egress_spec as u32, 0)]);
+        }
+        Ok(vec![])
+    }
+
+    /// The egress, per copy: with several pipelines, the bitmap keeps the
+    /// copies to its ports; past 511 ports, a copy leaves only if its
+    /// receiver (its instance, or `forward`'s) has an entry, rewritten as it
+    /// says; a pruning program sends nothing back out of the ingress port;
+    /// every copy that leaves counts on its port.
+    fn egress(
+        &mut self,
+        replicas: Vec<(u32, u32)>,
+        meta: &Meta,
+        ingress: Option<u32>,
+        pkt: &Packet,
+        frame: &[u8],
+    ) -> Result<Vec<Delivery>, SimError> {
+        let bitmap = matches!(self.layout.fanout, Fanout::Bitmap { .. });
+        let mut copies = vec![];
+        for (port, instance) in replicas {
+            if bitmap && !self.port_in_bitmap(port, &meta.ports)? {
+                continue;
+            }
+            let copy = match self.ids.receivers {
+                None => Delivery { port, receiver: None, rewrite: vec![], frame: frame.to_vec() },
+                Some(table) => {
+                    let receiver = if meta.replicated { instance } else { meta.receiver };
+                    let (call, hit) = self.switch.lookup(table, &[KeyValue::Int(receiver as u64)])?;
+                    if !hit {
+                        continue;
+                    }
+                    let rewrite: Vec<u64> = call.args.iter().map(|a| bytes_to_u64(a)).collect();
+                    let frame = self.deliver(pkt, frame, &rewrite);
+                    Delivery { port, receiver: Some(receiver), rewrite, frame }
+                }
+            };
+            if self.layout.prune_ingress && Some(port) == ingress {
+                continue;
+            }
+            self.switch.count(self.ids.port_counter, port as u64, frame.len() as u64);
+            copies.push(copy);
+        }
+        Ok(copies)
     }
 }

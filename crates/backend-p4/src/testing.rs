@@ -60,8 +60,8 @@ pub fn recover_layout(spec: &Spec, info: &P4Info) -> Result<P4Layout, RecoverErr
                 |f| matches!(f.r#match, Some(crate::proto::p4::config::v1::match_field::Match::MatchType(m)) if m == want as i32),
             )
         };
-        if arch.unqualified(name).is_none() {
-            // The egress's tables (TNA: `port_filter`).
+        if !name.strip_prefix(arch.ingress()).is_some_and(|n| n.starts_with('.')) {
+            // The egress's tables (TNA: `port_filter`; `receivers`).
         } else if t.match_fields.is_empty() && !name.ends_with(".fanout") {
             orders.push(vec![]);
         } else if t.match_fields.len() == 2 && kind(0, MatchType::Exact) && kind(1, level_match) {

@@ -110,6 +110,9 @@ control MyIngress(inout headers_t hdr,
 
     action {{ sig_forward }} {
         standard_metadata.egress_spec = port;
+{%- if receivers.is_some() %}
+        meta.receiver = receiver;
+{%- endif %}
 {%- for u in updates %}
         {{ u }}
 {%- endfor %}
@@ -117,6 +120,9 @@ control MyIngress(inout headers_t hdr,
 
     action {{ sig_multicast }} {
         standard_metadata.mcast_grp = group;
+{%- if receivers.is_some() %}
+        meta.replicated = 1;
+{%- endif %}
 {%- for u in updates %}
         {{ u }}
 {%- endfor %}
@@ -317,7 +323,11 @@ control MyIngress(inout headers_t hdr,
     }
 }
 
+{% if receivers.is_some() -%}
+/* Egress: each copy to its receiver, rewritten; count what leaves */
+{%- else -%}
 /* Egress: count what leaves; checksums, deparser: packets leave unchanged */
+{%- endif %}
 
 control MyEgress(inout headers_t hdr,
                  inout metadata_t meta,
@@ -326,7 +336,51 @@ control MyEgress(inout headers_t hdr,
     // on its own port. A cell for every 9-bit port, whatever the port map.
     counter({{ port_counter.size }}, CounterType.packets_and_bytes) {{ port_counter.name }};
 
-{%- if ports_width.is_some() %}
+{%- if let Some(r) = receivers %}
+
+    // The copy's receiver: its destination, written as the receiver's
+    // entry says (`which`: bit 0 the destination MAC, 1 the source MAC, 2
+    // the IPv4 destination, 3 the UDP port).
+    action {{ r.sig_deliver }} {
+{%- for w in r.rewrites %}
+        {{ w }}
+{%- endfor %}
+    }
+
+    // One entry per receiver; a copy to a receiver without one is dropped.
+    table {{ r.table.name }} {
+        key = {
+{%- for k in r.table.keys %}
+            {{ k.0 }}: {{ k.1 }};
+{%- endfor %}
+        }
+        actions = {
+{%- for a in r.table.actions %}
+            {{ a }};
+{%- endfor %}
+        }
+        default_action = {{ r.table.default_action }};
+        size = {{ r.table.size }};
+    }
+
+    apply {
+        // A replica's receiver is its instance; a forwarded packet's, the
+        // ingress's choice.
+        if (meta.replicated == 1) {
+            meta.receiver = standard_metadata.egress_rid;
+        }
+        if (!{{ r.table.name }}.apply().hit) {
+            mark_to_drop(standard_metadata);
+{%- if prune_ingress %}
+        } else if (standard_metadata.egress_port == standard_metadata.ingress_port) {
+            // Never back out of the port the packet came in on.
+            mark_to_drop(standard_metadata);
+{%- endif %}
+        } else {
+            {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
+        }
+    }
+{%- else if ports_width.is_some() %}
 
     apply {
         // Keep the copy only if its port is in the pipelines' union. BMv2
@@ -364,7 +418,20 @@ control MyEgress(inout headers_t hdr,
 }
 
 control MyComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+{%- if let Some(r) = receivers %}
+{%- if let Some((h, sum, fields)) = r.ip_checksum %}
+    // A receiver's IPv4 destination changes the header's checksum.
+    apply {
+        update_checksum(hdr.{{ h }}.isValid(),
+            { {% for f in fields %}{% if !loop.first %}, {% endif %}hdr.{{ h }}.{{ f }}{% endfor %} },
+            hdr.{{ h }}.{{ sum }}, HashAlgorithm.csum16);
+    }
+{%- else %}
     apply { }
+{%- endif %}
+{%- else %}
+    apply { }
+{%- endif %}
 }
 
 control MyDeparser(packet_out packet, in headers_t hdr) {

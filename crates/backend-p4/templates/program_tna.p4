@@ -40,6 +40,11 @@ typedef bit<{{ w }}> ports_t;
 header bridge_t {
     bit<7> pad;
     PortId_t ingress_port;
+{%- if t.receivers.is_some() %}
+    bit<16> receiver;      // a forwarded packet's receiver (a replica's: its rid)
+    bit<7> receiver_pad;
+    bit<1> replicated;     // multicast: each copy's receiver is its rid
+{%- endif %}
 {%- if t.ports_width.is_some() %}
 {%- if ports_pad > 0 %}
     bit<{{ ports_pad }}> ports_pad;
@@ -305,11 +310,17 @@ control Ingress(inout headers_t hdr,
 
     action {{ t.sig_forward }} {
         ig_tm_md.ucast_egress_port = port;
+{%- if t.receivers.is_some() %}
+        hdr.bridge.receiver = receiver;
+{%- endif %}
         ig_dprsr_md.drop_ctl = 0;
     }
 
     action {{ t.sig_multicast }} {
         ig_tm_md.mcast_grp_a = group;
+{%- if t.receivers.is_some() %}
+        hdr.bridge.replicated = 1;
+{%- endif %}
         ig_dprsr_md.drop_ctl = 0;
     }
 
@@ -359,6 +370,11 @@ control Ingress(inout headers_t hdr,
         hdr.bridge.setValid();
         hdr.bridge.pad = 0;
         hdr.bridge.ingress_port = ig_intr_md.ingress_port;
+{%- if t.receivers.is_some() %}
+        hdr.bridge.receiver = 0;
+        hdr.bridge.receiver_pad = 0;
+        hdr.bridge.replicated = 0;
+{%- endif %}
         if (meta.parsed == 1) {
             // Packet fields the subscriptions test (absent headers read 0).
 {%- for c in t.copies %}
@@ -531,7 +547,47 @@ control Egress(inout egress_headers_t hdr,
     // Packets and bytes per egress port: every copy that leaves, counted
     // on its own port. A cell for every 9-bit port, whatever the port map.
     Counter<bit<64>, PortId_t>({{ t.port_counter.size }}, CounterType_t.PACKETS_AND_BYTES) {{ t.port_counter.name }};
-{%- if let Some(tb) = port_filter %}
+{%- if let Some(r) = t.receivers %}
+
+    // The copy's receiver. The egress does not parse the packet, so the
+    // entries rewrite nothing (the control plane refuses rewrites on TNA).
+    action {{ r.sig_deliver }} {
+    }
+
+    // One entry per receiver; a copy to a receiver without one is dropped.
+    table {{ r.table.name }} {
+        key = {
+{%- for k in r.table.keys %}
+            {{ k.0 }}: {{ k.1 }};
+{%- endfor %}
+        }
+        actions = {
+{%- for a in r.table.actions %}
+            {{ a }};
+{%- endfor %}
+        }
+        default_action = {{ r.table.default_action }};
+        size = {{ r.table.size }};
+    }
+
+    apply {
+        // A replica's receiver is its rid; a forwarded packet's, the
+        // ingress's choice.
+        if (hdr.bridge.replicated == 1) {
+            hdr.bridge.receiver = eg_intr_md.egress_rid;
+        }
+        if (!{{ r.table.name }}.apply().hit) {
+            eg_dprsr_md.drop_ctl = 1;
+{%- if t.prune_ingress %}
+        } else if (eg_intr_md.egress_port == hdr.bridge.ingress_port) {
+            // Never back out of the port the packet came in on.
+            eg_dprsr_md.drop_ctl = 1;
+{%- endif %}
+        } else {
+            {{ t.port_counter.name }}.count(eg_intr_md.egress_port);
+        }
+    }
+{%- else if let Some(tb) = port_filter %}
 {%- if let Some(c) = tb.comment %}
 
     // {{ c }}

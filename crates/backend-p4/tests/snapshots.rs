@@ -64,3 +64,40 @@ fn every_example_for_tna() {
         }
     }
 }
+
+/// The topic broker with 65,536 ports (`docs/semantics.md`, "Audiences"),
+/// as the eBPF back end's `receiver_groups` snapshot has it: one topic's
+/// receivers are a group of replicas, one topic has one receiver past 511,
+/// and one nothing but a drop. Three receivers are listed, each with its
+/// own egress port and rewrite; v1model rewrites them, TNA (which cannot)
+/// takes only their ports.
+#[test]
+fn receivers_past_511_ports() {
+    use std::collections::BTreeMap;
+    use subc_backend_p4::{Receiver, Receivers};
+    let spec = std::fs::read_to_string(repo().join("examples/topic-broker/broker.spec")).unwrap() + "\nports 65536;\n";
+    let rules = "verb == PUBLISH && topic == news : fwd(1, 700, 65535)\n\
+                 verb == PUBLISH && topic == alerts : fwd(4000)\n\
+                 verb != PUBLISH : drop\n";
+    let p = program(&spec, &[rules]);
+    let set = subc_bdd::CompiledSet::compile(&p.spec, &p.normal_forms, Default::default()).unwrap();
+    let socket = |port: u32, host: u8, udp: u16| Receiver {
+        port: Some(port),
+        dst_mac: Some([2, 0, 0, 0, 0, host]),
+        src_mac: Some([2, 0, 0, 0, 0, 1]),
+        dst_ip: Some(std::net::Ipv4Addr::new(10, 0, 0, host)),
+        dst_port: Some(udp),
+    };
+    let listed: BTreeMap<u32, Receiver> = [(1, socket(1, 2, 7001)), (700, socket(2, 3, 7700)), (4000, socket(2, 3, 8000))].into();
+    let opts = P4Options { receivers: Receivers::Listed(listed.clone()), ..Default::default() };
+    let (_, art) = compile(&p.spec, &set, &opts).unwrap();
+    insta::assert_snapshot!("topic-broker-65536_program", art.program);
+    insta::assert_snapshot!("topic-broker-65536_p4info", to_text(&art.p4info));
+    insta::assert_snapshot!("topic-broker-65536_entries", entries_text(&art.install, &art.p4info));
+    let ports_only = listed.into_iter().map(|(r, x)| (r, Receiver { port: x.port, ..Default::default() })).collect();
+    let tna = P4Options { arch: Arch::Tna, receivers: Receivers::Listed(ports_only), ..Default::default() };
+    let (_, art) = compile(&p.spec, &set, &tna).unwrap();
+    insta::assert_snapshot!("topic-broker-65536_tna_program", art.program);
+    insta::assert_snapshot!("topic-broker-65536_tna_p4info", to_text(&art.p4info));
+    insta::assert_snapshot!("topic-broker-65536_tna_entries", entries_text(&art.install, &art.p4info));
+}

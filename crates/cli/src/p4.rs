@@ -11,7 +11,7 @@ use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::proto::{to_text, write_request_text};
 use subc_backend_p4::Simulator;
-use subc_backend_p4::{compile as p4_compile, Arch, P4Options};
+use subc_backend_p4::{compile as p4_compile, Arch, P4Options, Receivers};
 use subc_backend_p4::{entries_text, write_request, Batch};
 use subc_bdd::Headroom;
 use subc_lang::PcapPacket;
@@ -54,6 +54,19 @@ pub struct P4Args {
     /// `ref` and `tables` compute state as a Tofino does.
     #[arg(long, value_enum, default_value = "v1model")]
     pub arch: ArchArg,
+    /// P4, a spec of more than 511 ports: the receivers (JSON), each a port's egress port and
+    /// rewrites, as the eBPF target config writes them: `{"600": {"port": 89, "dst_mac":
+    /// "02:00:00:00:00:03", "dst_ip": "10.0.0.3", "dst_port": 7000}}`. A copy to a receiver
+    /// not listed is dropped. Without it, every receiver `p` leaves unchanged on egress port
+    /// `p mod 511` (docs/semantics.md, "Audiences").
+    #[arg(long, value_name = "FILE", value_parser = read_receivers)]
+    pub p4_receivers: Option<Receivers>,
+}
+
+/// `--p4-receivers FILE`, read and checked when the arguments are parsed.
+fn read_receivers(path: &str) -> Result<Receivers, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    Receivers::from_json(&text).map_err(|e| e.to_string())
 }
 
 /// `--arch`.
@@ -74,6 +87,7 @@ impl P4Args {
             // Levels of untested fields would only cost stages (the
             // service installs a program with the level when one is needed).
             skip_empty_levels: true,
+            receivers: self.p4_receivers.clone().unwrap_or_default(),
             ..P4Options::default()
         }
     }

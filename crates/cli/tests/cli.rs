@@ -146,6 +146,44 @@ fn sim_engines_agree_under_the_tna_profile() {
     }
 }
 
+/// Past 511 ports (docs/semantics.md, "Audiences"): every receiver by
+/// default, so the P4 engine agrees with the reference; with
+/// `--p4-receivers`, only the listed receivers get their copies; a file
+/// with a mistake is refused when the arguments are read.
+#[test]
+fn receivers_past_511_ports_come_from_a_file() {
+    let dir = tempfile::Builder::new().prefix("subc-cli-receivers").tempdir().unwrap();
+    let broker = std::fs::read_to_string(repo().join("examples/topic-broker/broker.spec")).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let spec = write("broker.spec", &format!("{broker}\nports 65536;\n"));
+    let rules = write(
+        "rules.subs",
+        "verb == PUBLISH && topic == sensors : fwd(1, 600, 65535)\nverb == PUBLISH && topic == metrics : fwd(40000)\nverb != PUBLISH : drop\n",
+    );
+    let listed = write("receivers.json", r#"{"1": {"port": 1, "dst_ip": "10.0.0.2", "dst_port": 7001}, "600": {"port": 2}, "40000": {}}"#);
+    let bad = write("bad.json", r#"{"1": {"dst_mac": "zz"}}"#);
+    let pcap = repo().join("examples/topic-broker/packets.pcap").to_str().unwrap().to_string();
+    let more = ["--spec", spec.as_str(), "--pcap", pcap.as_str()];
+    let outcome = |rows: &[Value]| -> Vec<(Value, Value)> { rows.iter().map(|r| (r["ports"].clone(), r["decision"].clone())).collect() };
+    let reference = sim_json_with(&rules, "ref", &more);
+    assert_eq!(outcome(&sim_json_with(&rules, "p4", &more)), outcome(&reference), "every receiver, by default");
+    let some = sim_json_with(&rules, "p4", &[&more[..], &["--p4-receivers", listed.as_str()]].concat());
+    let kept = |r: &Value| -> Vec<u64> {
+        r["ports"].as_array().unwrap().iter().filter_map(Value::as_u64).filter(|p| [1, 600, 40000].contains(p)).collect()
+    };
+    for (r, s) in reference.iter().zip(&some) {
+        assert_eq!(s["ports"], serde_json::json!(kept(r)), "{r} against {s}");
+    }
+    assert!(some.iter().any(|s| s["ports"].as_array().unwrap().len() == 2), "a publication reaches two listed receivers");
+    let run = subc(&["sim", &rules, "--spec", &spec, "--pcap", &pcap, "--engine", "p4", "--p4-receivers", &bad]);
+    assert!(!run.status.success(), "a bad receivers file is refused");
+    assert!(stderr_of(&run).contains("receiver 1: `zz` is not a MAC address"), "{}", stderr_of(&run));
+}
+
 // ---------------------------------------------------------------------------
 // compile
 

@@ -270,4 +270,34 @@ mod tests {
         assert!(r.deletes > 0 && r.modifies == 1, "the root's default is reset: {r:?}");
         assert_eq!(sw.total_entries(), 0);
     }
+
+    /// Past 511 ports: the receivers' entries and the groups of replicas
+    /// (with their instances) read back as written, and a group whose
+    /// members changed is repaired by one MODIFY.
+    #[test]
+    fn receivers_and_their_groups_are_repaired() {
+        use subc_backend_p4::{Receiver, Receivers};
+        let spec = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/topic-broker/broker.spec")).unwrap();
+        let spec = spec + "\nports 1000;\n";
+        let rules = "topic == news : fwd(1, 600)\ntopic == news : fwd(999)\ntopic == news : fwd(700)";
+        let p = subc_workload::programs::check(&spec, &[rules]).unwrap();
+        let mut s = CompiledSet::compile(&p.spec, &p.normal_forms[..2], CompileOptions::default()).unwrap();
+        let listed = [1, 600, 700, 999].map(|r| (r, Receiver { dst_port: Some(7000 + r as u16), ..Default::default() }));
+        let opts = P4Options { batch_size: 3, receivers: Receivers::Listed(listed.into()), ..Default::default() };
+        let target = P4Target::new(&p.spec, &s, &opts).unwrap();
+        let info = target.p4info();
+        let mut sw = Switch::new(&info).unwrap();
+        let before = target.entities(&s.pipelines()).unwrap();
+        let r = run(&target, &mut sw, &before, &info);
+        assert!(r.inserts > 0 && r.deletes == 0, "{r:?}");
+        assert!(run(&target, &mut sw, &before, &info).is_empty());
+        assert_eq!(sw.groups().values().next().map(Vec::len), Some(3), "receivers 1, 600 and 999");
+        // A member more, read back: the group's whole list in one MODIFY.
+        s.add(&p.normal_forms[2..]).unwrap();
+        let after = target.entities(&s.pipelines()).unwrap();
+        let r = run(&target, &mut sw, &after, &info);
+        assert!(r.modifies >= 1 && r.deletes + r.inserts <= 2, "{r:?}");
+        assert!(run(&target, &mut sw, &after, &info).is_empty());
+        assert_eq!(sw.groups().values().next().map(Vec::len), Some(4), "receiver 700 joined");
+    }
 }
