@@ -324,21 +324,22 @@ fn range_entries(intervals: &[(u64, u64, StateId)], width: u32) -> Vec<(Match, S
             (range_to_prefixes(lo, hi, width).len(), 0)
         }
     };
-    let mut candidates: Vec<StateId> = intervals.iter().map(|x| x.2).collect();
-    candidates.push(DEAD);
-    candidates.sort_unstable();
-    candidates.dedup();
-    let total = |d: StateId| -> (usize, usize) {
-        let mut t = (0usize, if d == DEAD { 0 } else { 1 });
-        for &(lo, hi, next) in intervals {
-            if next != d {
-                let c = cost(lo, hi);
-                t = (t.0 + c.0, t.1 + c.1);
-            }
-        }
-        t
+    // Each interval's cost once; a candidate default saves the cost of the
+    // intervals it covers (linear in the intervals, not in their product
+    // with the candidates: a node of a thousand thresholds lowers often).
+    let mut all = (0usize, 0usize);
+    let mut covered: BTreeMap<StateId, (usize, usize)> = BTreeMap::from([(DEAD, (0, 0))]);
+    for &(lo, hi, next) in intervals {
+        let c = cost(lo, hi);
+        all = (all.0 + c.0, all.1 + c.1);
+        let e = covered.entry(next).or_default();
+        *e = (e.0 + c.0, e.1 + c.1);
+    }
+    let total = |d: StateId, saved: (usize, usize)| -> (usize, usize) {
+        (all.0 - saved.0, all.1 - saved.1 + usize::from(d != DEAD))
     };
-    let default = candidates.iter().copied().min_by_key(|d| (total(*d), *d)).unwrap_or(DEAD);
+    let candidates: Vec<((usize, usize), StateId)> = covered.iter().map(|(d, saved)| (total(*d, *saved), *d)).collect();
+    let default = candidates.iter().min().map_or(DEAD, |(_, d)| *d);
     let mut out = vec![];
     for &(lo, hi, next) in intervals {
         if next == default {
