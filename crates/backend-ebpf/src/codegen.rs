@@ -61,6 +61,36 @@ struct ProgramView {
     vars: Vec<VarView>,
     pipelines: Vec<PipeView>,
     bits: Option<BitsView>,
+    /// Label mode (`templates/labels.c`): `subc_tc` pushes, forwards by
+    /// and pops labels.
+    labels: Option<LabelView>,
+}
+
+/// Label mode's constants (`labels.rs`).
+struct LabelView {
+    ethertype: String,
+    header: u32,
+    push: u32,
+    words: u32,
+    word_list: Vec<u32>,
+    planes: u32,
+    rows: u32,
+    hosts: u32,
+}
+
+impl LabelView {
+    fn of(shape: &crate::LabelShape) -> LabelView {
+        LabelView {
+            ethertype: format!("{:#06x}", crate::LABEL_ETHERTYPE),
+            header: shape.header_bytes(),
+            push: shape.push_bytes(),
+            words: shape.words(),
+            word_list: (0..shape.words()).collect(),
+            planes: shape.planes,
+            rows: shape.rows,
+            hosts: shape.hosts,
+        }
+    }
 }
 
 /// The bit-vector group: its fields (query variable, row key base), the
@@ -277,6 +307,7 @@ pub(crate) fn generate(spec: &Spec, model: &Model, naive: Option<NaiveRules>) ->
         vars,
         pipelines: g.pipeline_views(),
         bits: g.bits_view(),
+        labels: model.labels.as_ref().map(LabelView::of),
     };
     view.render().map_err(EbpfError::Template)
 }

@@ -76,6 +76,19 @@ pub enum UnsupportedError {
     NaivePorts { ports: u32 },
     #[error("the naive baseline applies no variable updates, and subscription {subscription} has some")]
     NaiveUpdates { subscription: SubId },
+    /// Label mode on the XDP hook.
+    #[error(
+        "labels need the TC hook: XDP cannot clone a frame, and forwarding by label sends each neighbour port its own copy \
+         with its own label (`bpf_clone_redirect`)"
+    )]
+    LabelsOnXdp,
+    /// A label wider than the network program's ports (its endpoints), or
+    /// than the 512 ports a port bitmap holds.
+    #[error("a label names {endpoints} endpoints; the network program has {ports} ports, and labels hold at most 512")]
+    LabelEndpoints { endpoints: u32, ports: u32 },
+    /// A label shape with no plane, row or endpoint slot, or too many planes.
+    #[error("a label shape needs 1 to 256 planes and at least one forwarding row and one endpoint slot: {planes} planes, {rows} rows, {hosts} slots")]
+    LabelShape { planes: u32, rows: u32, hosts: u32 },
 }
 
 /// What does not fit the loaded program's maps; a recompile (with more
@@ -129,6 +142,12 @@ pub enum TargetError {
     MapsJson(serde_json::Error),
     #[error("maps.json has no {role:?} map")]
     MissingMap { role: MapRole },
+    /// Label tables for a program compiled without labels.
+    #[error("the program was compiled without labels (`write_labels`)")]
+    NoLabels,
+    /// Label tables larger than the program's label maps.
+    #[error("label tables: {what} is {got}, the program was compiled for at most {max}; recompile with a larger `LabelShape`")]
+    LabelTable { what: &'static str, got: usize, max: usize },
 }
 
 #[cfg(test)]

@@ -352,6 +352,12 @@ pub enum MapRole {
     BitLeaves,
     /// Receiver groups' member words (more than 512 ports; `audience.rs`).
     Members,
+    /// Label mode (`labels.rs`): planes and ingress, the plane counter,
+    /// the F-BM rows, the device's own endpoints.
+    LabelConfig,
+    LabelSent,
+    LabelRows,
+    LabelHosts,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

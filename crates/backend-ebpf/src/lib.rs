@@ -8,7 +8,7 @@
 //! `codegen` (C through askama templates), `parse` (the parse graph
 //! as the program walks it), `names` (every user-derived C identifier), `encode` (pipelines and diffs to map
 //! operations, with double-buffered generations), `target` (logical
-//! ports to egresses), `audience` (receiver groups past 512 ports), `naive` (the one-rule-at-a-time baseline for
+//! ports to egresses), `labels` (label mode's maps and their entries), `audience` (receiver groups past 512 ports), `naive` (the one-rule-at-a-time baseline for
 //! benchmarks), and [`clang`] (C to a BPF object: a compiler process, no
 //! kernel). The kernel half, which loads, pins, attaches, updates and
 //! test-runs what this crate produces, is `subc-ebpf-loader`.
@@ -32,6 +32,7 @@ mod codegen;
 mod encode;
 mod error;
 mod fieldread;
+mod labels;
 mod layout;
 mod model;
 mod naive;
@@ -50,6 +51,7 @@ pub use audience::{audience_ports, BITMAP_MAX_PORTS, MAX_AUDIENCE_SLOTS};
 pub use bits::{BitMapIds, BitTables, BitsShape};
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
+pub use labels::{LabelMapIds, LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_ENDPOINTS, MAX_LABEL_PLANES};
 pub use layout::{read_field, CField, CFieldType, CStruct, MapDef, MapRole, MapType, Scalar, KV};
 pub use model::{Model, EWMA_AVERAGE_BITS, MAX_PIPELINES, XDP_MAX_PORTS};
 pub use naive::write_naive;
@@ -166,6 +168,19 @@ pub fn write_image(spec: &Spec, pipes: &[&Pipeline], bits: Option<&BitImage>, op
     if let (Some(g), Some(shape)) = (bits, shape) {
         image = image.with_bits(BitTables::of(g, shape));
     }
+    let source = codegen::generate(spec, &model, None)?;
+    Ok(Artifacts { source, model, image })
+}
+
+/// Generates a label-mode program (`docs/network.md`, "Routing by labels";
+/// `labels.rs`): `pipes` are the whole network program's, its ports the
+/// network's endpoints, and `subc_tc` pushes a label where the device is
+/// an ingress, forwards by label, and pops to the device's own endpoints.
+/// TC only ([`UnsupportedError::LabelsOnXdp`]).
+pub fn write_labels(spec: &Spec, pipes: &[&Pipeline], shape: LabelShape, opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
+    shape.check(spec, opts.hook)?;
+    let model = Model::new(spec, pipes, opts)?.with_labels(spec, shape)?;
+    let image = TableImage::new(&model, pipes)?;
     let source = codegen::generate(spec, &model, None)?;
     Ok(Artifacts { source, model, image })
 }

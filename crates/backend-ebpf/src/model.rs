@@ -41,6 +41,7 @@
 
 use crate::audience::uses_groups;
 use crate::bits::{BitMapIds, BitsShape};
+use crate::labels::{add_label_maps, label_structs, LabelMapIds, LabelShape};
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::names::CNames;
 use crate::{Capacity, EbpfError, EbpfOptions, Hook, RangeLookup, TargetError, UnsupportedError};
@@ -115,6 +116,10 @@ pub struct Model {
     /// The bit-vector group's shape, when the set has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bits: Option<BitsShape>,
+    /// Label mode's shape (`labels.rs`), when the program pushes, forwards
+    /// by and pops labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<LabelShape>,
     pub structs: Vec<CStruct>,
     pub maps: Vec<MapDef>,
     #[serde(skip)]
@@ -161,6 +166,8 @@ pub struct MapIds {
     pub states: Vec<usize>,
     /// The bit-vector group's maps.
     pub bits: Option<BitMapIds>,
+    /// Label mode's maps.
+    pub labels: Option<LabelMapIds>,
 }
 
 /// Entry counts of one generation, per table map.
@@ -672,10 +679,28 @@ impl Model {
             vars,
             sorted_classes: sizes.sorted_classes,
             bits,
+            labels: None,
             structs,
             maps: maps.maps,
             ids: maps.ids,
         })
+    }
+
+    /// This model with label mode's structs and maps (`labels.rs`), for a
+    /// TC program whose ports are the network's endpoints.
+    pub fn with_labels(mut self, spec: &Spec, shape: LabelShape) -> Result<Model, EbpfError> {
+        shape.check(spec, self.hook)?;
+        if self.audience_slots > 0 {
+            return Err(EbpfError::Unsupported(UnsupportedError::LabelEndpoints { endpoints: shape.endpoints, ports: spec.ports }));
+        }
+        let structs = label_structs(&shape);
+        self.ids.labels = Some(add_label_maps(&shape, &structs, &mut self.maps));
+        self.structs.extend(structs);
+        if self.maps.len() > MAX_MAPS {
+            return Err(EbpfError::Unsupported(UnsupportedError::TooManyMaps { maps: self.maps.len() }));
+        }
+        self.labels = Some(shape);
+        Ok(self)
     }
 
     /// The identifier of every state map, by state index (from
@@ -747,6 +772,10 @@ impl MapIds {
             states: maps.iter().enumerate().filter(|(_, m)| m.role == MapRole::State).map(|(i, _)| i).collect(),
             bits: match (one(MapRole::BitIntervals), one(MapRole::BitRows), one(MapRole::BitOrder), one(MapRole::BitLeaves)) {
                 (Some(intervals), Some(rows), Some(order), Some(leaves)) => Some(BitMapIds { intervals, rows, order, leaves }),
+                _ => None,
+            },
+            labels: match (one(MapRole::LabelConfig), one(MapRole::LabelSent), one(MapRole::LabelRows), one(MapRole::LabelHosts)) {
+                (Some(cfg), Some(sent), Some(rows), Some(hosts)) => Some(LabelMapIds { cfg, sent, rows, hosts }),
                 _ => None,
             },
         })

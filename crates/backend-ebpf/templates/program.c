@@ -920,7 +920,7 @@ int subc_tc_fanout(struct __sk_buff *skb)
 {% for w in port_word_list %}    ports[{{ w }}] = meta[{{ w }}];
 {% endfor %}    return subc_tc_forward(skb, ports);
 }
-{% else %}SEC("tc")
+{% else %}{% if let Some(l) = labels %}{% include "labels.c" %}{% else %}SEC("tc")
 int subc_tc(struct __sk_buff *skb)
 {
     struct subc_result r = {};
@@ -943,5 +943,5 @@ int subc_tc(struct __sk_buff *skb)
         return SUBC_TC_ACT_SHOT;
     return subc_no_match_drops() ? SUBC_TC_ACT_SHOT : SUBC_TC_ACT_OK;
 {% endif %}}
-{% endif %}
+{% endif %}{% endif %}
 char _license[] SEC("license") = "GPL";

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{artifacts, compile, example, examples_dir, program};
-use subc_backend_ebpf::{EbpfOptions, Hook, RangeLookup};
+use subc_backend_ebpf::{write_labels, EbpfError, EbpfOptions, Hook, LabelShape, RangeLookup, UnsupportedError};
 
 fn check(ex: &str, hook: Hook, ranges: RangeLookup) {
     let p = example(ex);
@@ -43,4 +43,24 @@ fn receiver_groups() {
     insta::assert_snapshot!("topic-broker-65536_tc_sorted.c", a.source);
     insta::assert_snapshot!("topic-broker-65536_tc_sorted.maps.json", a.maps_json());
     insta::assert_snapshot!("topic-broker-65536_tc_sorted.entries.json", a.entries_json());
+}
+
+/// Label mode (`labels.rs`, `templates/labels.c`) on the ITCH example:
+/// 12 endpoints, 2 planes, 3 rows and 2 endpoint slots per device; and the
+/// refusal on XDP.
+#[test]
+fn labels() {
+    let p = example("itch");
+    let set = compile(&p);
+    let shape = LabelShape { endpoints: 12, planes: 2, rows: 3, hosts: 2 };
+    let a = write_labels(&p.spec, &set.pipelines(), shape, &EbpfOptions::default()).unwrap();
+    insta::assert_snapshot!("itch_labels_tc_sorted.c", a.source);
+    insta::assert_snapshot!("itch_labels_tc_sorted.maps.json", a.maps_json());
+    let xdp = write_labels(&p.spec, &set.pipelines(), shape, &EbpfOptions { hook: Hook::Xdp, ..Default::default() });
+    assert!(matches!(xdp, Err(EbpfError::Unsupported(UnsupportedError::LabelsOnXdp))));
+    let wide = LabelShape { endpoints: p.spec.ports + 1, ..shape };
+    assert!(matches!(
+        write_labels(&p.spec, &set.pipelines(), wide, &EbpfOptions::default()),
+        Err(EbpfError::Unsupported(UnsupportedError::LabelEndpoints { .. }))
+    ));
 }

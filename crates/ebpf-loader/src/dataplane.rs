@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::{audience_ports, read_field, CStruct, EWMA_AVERAGE_BITS};
-use subc_backend_ebpf::{config_op, NoMatch, TargetConfig};
+use subc_backend_ebpf::{config_op, LabelTable, NoMatch, TargetConfig};
 use subc_backend_ebpf::{Hook, Model};
 use subc_backend_ebpf::{MapOp, MapType, TableImage};
 use subc_bdd::PortSet;
@@ -387,6 +387,19 @@ impl Dataplane {
     pub fn configure(&self, cfg: &TargetConfig) -> Result<(), LoaderError> {
         let ops = cfg.ops(&self.model, &ifindex)?;
         self.apply(&ops)
+    }
+
+    /// Writes a label-mode device's tables (`subc_backend_ebpf::write_labels`):
+    /// all of them when `from` is `None`, else only the entries that differ
+    /// from `from`, the tables the maps hold now, so that a reroute writes
+    /// nothing to a device whose tables did not change. The entries written.
+    pub fn write_labels(&self, from: Option<&LabelTable>, to: &LabelTable) -> Result<usize, LoaderError> {
+        let ops = match from {
+            Some(from) => from.diff(to, &self.model)?,
+            None => to.ops(&self.model)?,
+        };
+        self.apply(&ops)?;
+        Ok(ops.len())
     }
 
     /// The program that decides packets: `subc_xdp` or `subc_tc`.

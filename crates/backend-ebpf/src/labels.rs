@@ -1,0 +1,274 @@
+//! Label mode (`docs/network.md`, "Routing by labels"): the TC program of a
+//! fabric device that pushes, forwards by and pops BIER-style labels.
+//!
+//! **Encapsulation.** A labelled frame is the publisher's frame with
+//! `2 + header_bytes` bytes inserted after the MAC addresses:
+//! [`LABEL_ETHERTYPE`], then the label header (one byte of plane, then the
+//! bit string, endpoint `e` in bit `e % 8` of byte `e / 8`), then the
+//! frame's own EtherType and payload, untouched:
+//!
+//! ```text
+//! dst MAC | src MAC | 0x88b5 | plane | bits (⌈endpoints/8⌉) | EtherType | payload
+//! ```
+//!
+//! **Push** (an ingress device, a frame from one of its own endpoints): the
+//! whole network program decides the endpoint set (endpoints numbered as
+//! ports), less the publisher (the endpoint whose port the frame came in
+//! on); the plane is the device's packet count modulo the planes, one
+//! atomic add on a counter shared by the device's CPUs (so packet `n` takes
+//! plane `n mod planes`, as `LabelSimulator` does). The header is pushed
+//! (`bpf_skb_change_head`, then the MACs moved to the front) only when a
+//! neighbour gets a copy.
+//!
+//! **Forward** (every device): per row of the packet's plane, the copy to
+//! the row's port carries `label & F-BM`, sent with `bpf_clone_redirect` if
+//! that is not empty. Rows are data (`subc_label_rows`), so a reroute is a
+//! map update ([`LabelTable::diff`]).
+//!
+//! **Pop** (the device's own endpoints whose bits are set): the header is
+//! removed once, after every forwarded copy left (the payload moves back by
+//! `2 + header_bytes` bytes and the tail is trimmed: the kernel's
+//! `bpf_skb_adjust_room` refuses frames whose outer protocol is not IP),
+//! and each endpoint gets the publisher's frame through its egress, with
+//! the egress's rewrites.
+//!
+//! The maps, sized by a [`LabelShape`]: `subc_label_cfg` (planes, and
+//! whether the device is an ingress), `subc_label_sent` (the plane
+//! counter), `subc_label_rows` (`planes × rows` F-BM rows: port and bits)
+//! and `subc_label_hosts` (the device's own endpoints: port and endpoint).
+
+use crate::encode::MapOp;
+use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
+use crate::model::{MapIds, Model};
+use crate::{EbpfError, Hook, TargetError, UnsupportedError};
+use serde::{Deserialize, Serialize};
+use subc_lang::spec::Spec;
+
+/// The label's EtherType: IEEE 802's local experimental EtherType 1.
+pub const LABEL_ETHERTYPE: u16 = 0x88b5;
+/// Most endpoints a label holds: a port bitmap's 512 ports.
+pub const MAX_LABEL_ENDPOINTS: u32 = 512;
+/// Most planes (the plane is one byte).
+pub const MAX_LABEL_PLANES: u32 = 256;
+
+/// What a label-mode program's maps are sized for. One object serves every
+/// device of a fabric when sized for the largest of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelShape {
+    /// Endpoints in the network: the label's width in bits.
+    pub endpoints: u32,
+    pub planes: u32,
+    /// Forwarding rows per plane: a device's neighbour ports.
+    pub rows: u32,
+    /// Endpoint slots: a device's own endpoints.
+    pub hosts: u32,
+}
+
+impl LabelShape {
+    /// The label header's bytes: the plane byte and the bit string
+    /// (`LabelTables::header_bytes` in `subc-fabric`).
+    pub fn header_bytes(&self) -> u32 {
+        1 + self.endpoints.div_ceil(8)
+    }
+
+    /// Bytes a labelled frame carries beyond the publisher's: the
+    /// EtherType and the header.
+    pub fn push_bytes(&self) -> u32 {
+        2 + self.header_bytes()
+    }
+
+    /// 64-bit words of the bit string in the program.
+    pub fn words(&self) -> u32 {
+        self.endpoints.div_ceil(64)
+    }
+
+    /// Refuses what no label program can be: XDP, a label wider than the
+    /// program's ports, an empty or oversized shape.
+    pub(crate) fn check(&self, spec: &Spec, hook: Hook) -> Result<(), EbpfError> {
+        let refuse = |e| Err(EbpfError::Unsupported(e));
+        if hook == Hook::Xdp {
+            return refuse(UnsupportedError::LabelsOnXdp);
+        }
+        if self.endpoints == 0 || self.endpoints > spec.ports || self.endpoints > MAX_LABEL_ENDPOINTS {
+            return refuse(UnsupportedError::LabelEndpoints { endpoints: self.endpoints, ports: spec.ports });
+        }
+        if self.planes == 0 || self.planes > MAX_LABEL_PLANES || self.rows == 0 || self.hosts == 0 {
+            return refuse(UnsupportedError::LabelShape { planes: self.planes, rows: self.rows, hosts: self.hosts });
+        }
+        Ok(())
+    }
+}
+
+/// Indices of the label maps in [`Model::maps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabelMapIds {
+    pub cfg: usize,
+    pub sent: usize,
+    pub rows: usize,
+    pub hosts: usize,
+}
+
+/// The label maps' structs, in declaration order.
+pub(crate) fn label_structs(shape: &LabelShape) -> [CStruct; 3] {
+    [
+        CStruct::builder("subc_label_cfg").scalar("planes", Scalar::U32).scalar("ingress", Scalar::U32).finish(),
+        CStruct::builder("subc_label_row")
+            .scalar("port", Scalar::U32)
+            .scalar("used", Scalar::U32)
+            .array("fbm", Scalar::U64, shape.words())
+            .finish(),
+        CStruct::builder("subc_label_host")
+            .scalar("used", Scalar::U32)
+            .scalar("port", Scalar::U32)
+            .scalar("endpoint", Scalar::U32)
+            .finish(),
+    ]
+}
+
+/// The label maps, appended to `maps`; their indices.
+pub(crate) fn add_label_maps(shape: &LabelShape, structs: &[CStruct; 3], maps: &mut Vec<MapDef>) -> LabelMapIds {
+    let u32_key = KV::Scalar { scalar: Scalar::U32 };
+    let mut add = |name: &str, role: MapRole, value: KV, max_entries: u32| {
+        maps.push(MapDef {
+            name: name.to_string(),
+            role,
+            map_type: MapType::Array,
+            key: u32_key.clone(),
+            value,
+            max_entries,
+            flags: None,
+            only_if: None,
+            state: None,
+        });
+        maps.len() - 1
+    };
+    let [cfg, row, host] = structs;
+    LabelMapIds {
+        cfg: add("subc_label_cfg", MapRole::LabelConfig, KV::Struct(cfg.clone()), 1),
+        sent: add("subc_label_sent", MapRole::LabelSent, KV::Scalar { scalar: Scalar::U64 }, 1),
+        rows: add("subc_label_rows", MapRole::LabelRows, KV::Struct(row.clone()), shape.planes * shape.rows),
+        hosts: add("subc_label_hosts", MapRole::LabelHosts, KV::Struct(host.clone()), shape.hosts),
+    }
+}
+
+/// One device's label forwarding, as data: what `subc-fabric`'s
+/// `LabelTables` says of one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelTable {
+    /// A publisher is attached: the device evaluates and pushes.
+    pub ingress: bool,
+    /// Per plane, per neighbour port, the F-BM as the header's bit string
+    /// (`Label::header` without its plane byte).
+    pub planes: Vec<Vec<(u32, Vec<u8>)>>,
+    /// Its own endpoints: (port, endpoint).
+    pub deliver: Vec<(u32, u32)>,
+}
+
+impl LabelTable {
+    /// Every label map entry of the device, empty slots included, so that
+    /// writing them replaces whatever the maps held (the plane counter
+    /// aside).
+    pub fn ops(&self, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
+        let (shape, ids) = labels_of(model)?;
+        self.check(&shape)?;
+        let mut ops = vec![self.cfg_op(model, ids)];
+        for plane in 0..shape.planes {
+            let rows = self.planes.get(plane as usize).map_or(&[][..], Vec::as_slice);
+            for slot in 0..shape.rows {
+                let value = row_value(model, ids, rows.get(slot as usize));
+                ops.push(MapOp { map: ids.rows, key: (plane * shape.rows + slot).to_ne_bytes().to_vec(), value: Some(value) });
+            }
+        }
+        for slot in 0..shape.hosts {
+            let value = host_value(model, ids, self.deliver.get(slot as usize));
+            ops.push(MapOp { map: ids.hosts, key: slot.to_ne_bytes().to_vec(), value: Some(value) });
+        }
+        Ok(ops)
+    }
+
+    /// The entries that change from `self` to `next`: none for a device
+    /// whose tables did not change.
+    pub fn diff(&self, next: &LabelTable, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
+        let before = self.ops(model)?;
+        let after = next.ops(model)?;
+        Ok(after.into_iter().zip(before).filter(|(a, b)| a != b).map(|(a, _)| a).collect())
+    }
+
+    /// Whether the tables fit the program's maps.
+    fn check(&self, shape: &LabelShape) -> Result<(), EbpfError> {
+        let too_big = |what, got: usize, max: u32| {
+            (got > max as usize).then_some(EbpfError::Target(TargetError::LabelTable { what, got, max: max as usize }))
+        };
+        let widest = self.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
+        let last_endpoint = self.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
+        let errors = [
+            too_big("the number of planes", self.planes.len(), shape.planes),
+            too_big("the most rows in a plane", self.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
+            too_big("the number of own endpoints", self.deliver.len(), shape.hosts),
+            too_big("an F-BM's bytes", widest, shape.endpoints.div_ceil(8)),
+            too_big("the endpoints delivered to", last_endpoint, shape.endpoints),
+        ];
+        errors.into_iter().flatten().next().map_or(Ok(()), Err)
+    }
+
+    fn cfg_op(&self, model: &Model, ids: LabelMapIds) -> MapOp {
+        let mut v = model.maps[ids.cfg].value_struct().zeroed();
+        v.u32("planes", self.planes.len() as u32).u32("ingress", u32::from(self.ingress));
+        MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+    }
+}
+
+fn row_value(model: &Model, ids: LabelMapIds, row: Option<&(u32, Vec<u8>)>) -> Vec<u8> {
+    let mut v = model.maps[ids.rows].value_struct().zeroed();
+    if let Some((port, bits)) = row {
+        // The bit string's bytes, least significant first, are the words
+        // of a little-endian port bitmap.
+        v.u32("port", *port).u32("used", 1).bytes("fbm", bits);
+    }
+    v.into_bytes()
+}
+
+fn host_value(model: &Model, ids: LabelMapIds, host: Option<&(u32, u32)>) -> Vec<u8> {
+    let mut v = model.maps[ids.hosts].value_struct().zeroed();
+    if let Some(&(port, endpoint)) = host {
+        v.u32("used", 1).u32("port", port).u32("endpoint", endpoint);
+    }
+    v.into_bytes()
+}
+
+fn labels_of(model: &Model) -> Result<(LabelShape, LabelMapIds), EbpfError> {
+    match (model.labels, &model.ids) {
+        (Some(shape), MapIds { labels: Some(ids), .. }) => Ok((shape, *ids)),
+        _ => Err(EbpfError::Target(TargetError::NoLabels)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> LabelShape {
+        LabelShape { endpoints: 12, planes: 2, rows: 2, hosts: 2 }
+    }
+
+    #[test]
+    fn header_bytes_are_the_plane_byte_and_the_bits() {
+        assert_eq!(shape().header_bytes(), 3);
+        assert_eq!(shape().push_bytes(), 5);
+        assert_eq!(LabelShape { endpoints: 128, ..shape() }.header_bytes(), 17);
+    }
+
+    #[test]
+    fn tables_too_big_for_the_shape_are_refused() {
+        let wide = LabelTable { planes: vec![vec![(1, vec![0, 0, 1])]], ..Default::default() };
+        assert!(matches!(
+            wide.check(&shape()),
+            Err(EbpfError::Target(TargetError::LabelTable { what: "an F-BM's bytes", got: 3, max: 2 }))
+        ));
+        let planes = LabelTable { planes: vec![vec![]; 3], ..Default::default() };
+        assert!(planes.check(&shape()).is_err());
+        let far = LabelTable { deliver: vec![(3, 12)], ..Default::default() };
+        assert!(far.check(&shape()).is_err());
+        assert!(LabelTable { deliver: vec![(3, 11)], ..Default::default() }.check(&shape()).is_ok());
+    }
+}
