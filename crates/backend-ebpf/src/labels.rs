@@ -176,12 +176,12 @@ impl LabelTable {
             let rows = self.planes.get(plane as usize).map_or(&[][..], Vec::as_slice);
             for slot in 0..shape.rows {
                 let value = row_value(model, ids, rows.get(slot as usize));
-                ops.push(MapOp { map: ids.rows, key: (plane * shape.rows + slot).to_ne_bytes().to_vec(), value: Some(value) });
+                ops.push(MapOp { map: ids.rows, key: (plane * shape.rows + slot).to_ne_bytes().to_vec(), value: Some(value), offset: None });
             }
         }
         for slot in 0..shape.hosts {
             let value = host_value(model, ids, self.deliver.get(slot as usize));
-            ops.push(MapOp { map: ids.hosts, key: slot.to_ne_bytes().to_vec(), value: Some(value) });
+            ops.push(MapOp { map: ids.hosts, key: slot.to_ne_bytes().to_vec(), value: Some(value), offset: None });
         }
         Ok(ops)
     }
@@ -214,7 +214,7 @@ impl LabelTable {
     fn cfg_op(&self, model: &Model, ids: LabelMapIds) -> MapOp {
         let mut v = model.maps[ids.cfg].value_struct().zeroed();
         v.u32("planes", self.planes.len() as u32).u32("ingress", u32::from(self.ingress));
-        MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()) }
+        MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
     }
 }
 
