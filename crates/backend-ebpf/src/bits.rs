@@ -17,8 +17,11 @@
 //! - `subc_bv_leaves`: the group's action sets, by leaf id (append-only).
 //!
 //! Only the interval tables and the order are double-buffered; rows are
-//! written in place, in an order that never shows a packet a wrong
-//! answer ([`BitTables::plan`]):
+//! written in place, word by word (the rows map is `BPF_F_MMAPABLE`: an
+//! update writes the words it changes, partial [`MapOp`]s that a loader
+//! stores through the map's memory, instead of whole rows of a bit per
+//! rule), in an order that never shows a packet a wrong answer
+//! ([`BitTables::plan`]):
 //! 1. (prepare) new leaves; live slots that are cleared (removed rules stop
 //!    matching first); every changed row except rows the update frees (a
 //!    changed row either is new, referenced by no live interval table yet,

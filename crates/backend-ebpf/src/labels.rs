@@ -176,7 +176,12 @@ impl LabelTable {
             let rows = self.planes.get(plane as usize).map_or(&[][..], Vec::as_slice);
             for slot in 0..shape.rows {
                 let value = row_value(model, ids, rows.get(slot as usize));
-                ops.push(MapOp { map: ids.rows, key: (plane * shape.rows + slot).to_ne_bytes().to_vec(), value: Some(value), offset: None });
+                ops.push(MapOp {
+                    map: ids.rows,
+                    key: (plane * shape.rows + slot).to_ne_bytes().to_vec(),
+                    value: Some(value),
+                    offset: None,
+                });
             }
         }
         for slot in 0..shape.hosts {

@@ -335,9 +335,7 @@ fn range_entries(intervals: &[(u64, u64, StateId)], width: u32) -> Vec<(Match, S
         let e = covered.entry(next).or_default();
         *e = (e.0 + c.0, e.1 + c.1);
     }
-    let total = |d: StateId, saved: (usize, usize)| -> (usize, usize) {
-        (all.0 - saved.0, all.1 - saved.1 + usize::from(d != DEAD))
-    };
+    let total = |d: StateId, saved: (usize, usize)| -> (usize, usize) { (all.0 - saved.0, all.1 - saved.1 + usize::from(d != DEAD)) };
     let candidates: Vec<((usize, usize), StateId)> = covered.iter().map(|(d, saved)| (total(*d, *saved), *d)).collect();
     let default = candidates.iter().min().map_or(DEAD, |(_, d)| *d);
     let mut out = vec![];

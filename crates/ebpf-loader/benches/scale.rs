@@ -23,8 +23,9 @@
 //!   of three rounds; `floor_ns` is an empty XDP program's;
 //! - add and remove latency, p50 and p99: 200 more filters added one at a
 //!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`,
-//!   whose grace period after the generation flip is most of it), then
-//!   removed one at a time; and the IR's part alone (`ir_add`, `ir_remove`);
+//!   with its wait after the generation flip), then
+//!   removed one at a time; the IR's part alone (`ir_add`, `ir_remove`),
+//!   and `Dataplane::update`'s alone (`dataplane_us`: plan, writes, wait);
 //! - with `--rcu-expedited`, add and remove again with
 //!   `/sys/kernel/rcu_expedited` set to 1 (restored after): the grace
 //!   period (`membarrier`, which waits for `synchronize_rcu()`) then takes
@@ -195,10 +196,11 @@ fn percentiles(mut us: Vec<f64>) -> serde_json::Value {
 fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) -> serde_json::Value {
     let (mut adds, mut removes, mut refused) = (vec![], vec![], 0);
     let (mut ir_adds, mut ir_removes) = (vec![], vec![]);
-    let (mut ops, mut waits, mut grace_periods) = (vec![], vec![], 0);
+    let (mut ops, mut waits, mut writes, mut grace_periods) = (vec![], vec![], vec![], 0);
     let mut note = |r: &subc_ebpf_loader::UpdateReport| {
         ops.push(r.ops as f64);
         waits.push(r.grace_us as f64);
+        writes.push(r.total_us as f64);
         grace_periods += usize::from(r.grace_period);
     };
     for nf in &p.normal_forms[n..] {
@@ -241,6 +243,7 @@ fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) 
         "refused_changes": refused,
         "map_ops": percentiles(ops),
         "wait_us": percentiles(waits),
+        "dataplane_us": percentiles(writes),
         "grace_periods": grace_periods,
     })
 }
