@@ -37,63 +37,7 @@ use subc_workload::{itch, ItchParams, PacketGen, Rng};
 
 /// Two spines, three leaves, two hosts per leaf; `h0` and `h4` publish. The links
 /// from spine2 to leaf2 and leaf3 are spare until a spine1 link goes down.
-const TOPOLOGY: &str = r#"
-[[device]]
-name = "spine1"
-kind = "ebpf"
-[[device]]
-name = "spine2"
-kind = "ebpf"
-[[device]]
-name = "leaf1"
-kind = "ebpf"
-[[device]]
-name = "leaf2"
-kind = "ebpf"
-[[device]]
-name = "leaf3"
-kind = "ebpf"
-
-[[link]]
-a = "leaf1:1"
-b = "spine1:1"
-[[link]]
-a = "leaf1:2"
-b = "spine2:1"
-[[link]]
-a = "leaf2:1"
-b = "spine1:2"
-[[link]]
-a = "leaf2:2"
-b = "spine2:2"
-[[link]]
-a = "leaf3:1"
-b = "spine1:3"
-[[link]]
-a = "leaf3:2"
-b = "spine2:3"
-
-[[endpoint]]
-name = "h0"
-at = "leaf1:3"
-publishes = true
-[[endpoint]]
-name = "h1"
-at = "leaf1:4"
-[[endpoint]]
-name = "h2"
-at = "leaf2:3"
-[[endpoint]]
-name = "h3"
-at = "leaf2:4"
-[[endpoint]]
-name = "h4"
-at = "leaf3:3"
-publishes = true
-[[endpoint]]
-name = "h5"
-at = "leaf3:4"
-"#;
+const TOPOLOGY: &str = include_str!("common/leaf_spine.toml");
 
 /// The publishing hosts. With two, spine1 holds rules toward leaf1's hosts
 /// (for h4) that h0's packets also match: only ingress pruning keeps them

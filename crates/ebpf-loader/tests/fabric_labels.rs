@@ -39,68 +39,8 @@ use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelSim
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap};
 use subc_workload::{PacketGen, Rng};
 
-/// `fabric.rs`'s leaf-spine, routed by labels in two planes (one per spine).
-const TOPOLOGY: &str = r#"
-[[device]]
-name = "spine1"
-kind = "ebpf"
-[[device]]
-name = "spine2"
-kind = "ebpf"
-[[device]]
-name = "leaf1"
-kind = "ebpf"
-[[device]]
-name = "leaf2"
-kind = "ebpf"
-[[device]]
-name = "leaf3"
-kind = "ebpf"
-
-[[link]]
-a = "leaf1:1"
-b = "spine1:1"
-[[link]]
-a = "leaf1:2"
-b = "spine2:1"
-[[link]]
-a = "leaf2:1"
-b = "spine1:2"
-[[link]]
-a = "leaf2:2"
-b = "spine2:2"
-[[link]]
-a = "leaf3:1"
-b = "spine1:3"
-[[link]]
-a = "leaf3:2"
-b = "spine2:3"
-
-[[endpoint]]
-name = "h0"
-at = "leaf1:3"
-publishes = true
-[[endpoint]]
-name = "h1"
-at = "leaf1:4"
-[[endpoint]]
-name = "h2"
-at = "leaf2:3"
-[[endpoint]]
-name = "h3"
-at = "leaf2:4"
-[[endpoint]]
-name = "h4"
-at = "leaf3:3"
-publishes = true
-[[endpoint]]
-name = "h5"
-at = "leaf3:4"
-
-[routing]
-mode = "labels"
-planes = 2
-"#;
+/// `fabric.rs`'s leaf-spine; `network` routes it by labels in two planes (one per spine).
+const LEAF_SPINE: &str = include_str!("common/leaf_spine.toml");
 
 const PUBLISHERS: [usize; 2] = [0, 4];
 /// The link that fails: leaf2 to spine1.
@@ -145,7 +85,7 @@ fn stateful_rules(rng: &mut Rng) -> String {
 /// The topology and the network program over it.
 fn network() -> (Topology, Program) {
     let mut sources = SourceMap::new();
-    let topo_file = sources.add("fabric.toml", TOPOLOGY.to_string());
+    let topo_file = sources.add("fabric.toml", format!("{LEAF_SPINE}\n[routing]\nmode = \"labels\"\nplanes = 2\n"));
     let mut diags = Diagnostics::default();
     let topology = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
     let spec = sources.add("labels.spec", stateful_spec());
