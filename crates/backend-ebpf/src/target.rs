@@ -65,16 +65,7 @@ pub struct TargetConfig {
 }
 
 pub fn parse_mac(s: &str) -> Result<[u8; 6], EbpfError> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let bad = || EbpfError::Target(TargetError::BadMac { text: s.to_string() });
-    if parts.len() != 6 {
-        return Err(bad());
-    }
-    let mut out = [0u8; 6];
-    for (o, p) in out.iter_mut().zip(parts) {
-        *o = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-    }
-    Ok(out)
+    subc_lang::parse_mac(s).ok_or_else(|| EbpfError::Target(TargetError::BadMac { text: s.to_string() }))
 }
 
 impl TargetConfig {

@@ -174,19 +174,6 @@ struct ReceiverText {
     dst_port: Option<u16>,
 }
 
-/// `02:00:00:00:00:0a` as bytes.
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = text.split(':').collect();
-    let mut out = [0u8; 6];
-    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
-        return None;
-    }
-    for (o, p) in out.iter_mut().zip(parts) {
-        *o = u8::from_str_radix(p, 16).ok()?;
-    }
-    Some(out)
-}
-
 impl Receivers {
     /// The receivers a JSON file lists, by number, each as the eBPF target
     /// config writes a port's rewrites: `{"600": {"port": 89, "dst_mac":
@@ -197,8 +184,10 @@ impl Receivers {
         let mut out = BTreeMap::new();
         for (p, r) in listed {
             let mac = |m: Option<String>| -> Result<Option<[u8; 6]>, Error> {
-                m.map(|m| parse_mac(&m).ok_or_else(|| Error::Receiver { receiver: p, why: format!("`{m}` is not a MAC address") }))
-                    .transpose()
+                m.map(|m| {
+                    subc_lang::parse_mac(&m).ok_or_else(|| Error::Receiver { receiver: p, why: format!("`{m}` is not a MAC address") })
+                })
+                .transpose()
             };
             let receiver =
                 Receiver { port: r.port, dst_mac: mac(r.dst_mac)?, src_mac: mac(r.src_mac)?, dst_ip: r.dst_ip, dst_port: r.dst_port };

@@ -780,27 +780,6 @@ impl Switch {
     }
 }
 
-/// Writes the low `width` bits of `value` at bit `offset` (MSB first) of
-/// `bytes`, as `subc_lang::read_bits` reads them.
-fn write_bits(bytes: &mut [u8], offset: u32, width: u32, value: u64) {
-    for i in 0..width {
-        let bit = (value >> (width - 1 - i)) & 1;
-        let at = offset + i;
-        let (byte, shift) = ((at / 8) as usize, 7 - at % 8);
-        bytes[byte] = (bytes[byte] & !(1 << shift)) | ((bit as u8) << shift);
-    }
-}
-
-/// The IPv4 header checksum of `header` (its checksum field zero): the
-/// ones' complement of the ones' complement sum of its 16-bit words.
-fn ipv4_checksum(header: &[u8]) -> u16 {
-    let mut sum: u32 = header.chunks(2).map(|w| u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0))).sum();
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 /// Whether bit `p` (0 = least significant) of a big-endian byte string is set.
 fn bit_set(b: &[u8], p: u32) -> bool {
     let byte = (p / 8) as usize;
@@ -1289,7 +1268,7 @@ impl<'a> Simulator<'a> {
             if let Some(&at) = pkt.offsets.get(h) {
                 self.write_field(pkt, &mut out, h, sum, 0);
                 let header = self.header_bytes(h);
-                let sum_value = ipv4_checksum(&out[at..at + header]);
+                let sum_value = subc_lang::inet_checksum(&out[at..at + header]);
                 self.write_field(pkt, &mut out, h, sum, sum_value as u64);
             }
         }
@@ -1308,7 +1287,7 @@ impl<'a> Simulator<'a> {
         let k = self.layout.headers.iter().position(|x| x.instance == h).expect("a header of the layout");
         let Some(j) = self.layout.headers[k].fields.iter().position(|x| x.name == f) else { return };
         let field = &self.spec.headers[k].fields[j];
-        write_bits(&mut out[at..], field.offset, field.width, value);
+        subc_lang::write_bits(&mut out[at..], field.offset, field.width, value);
     }
 
     /// Runs one packet that arrived at `ts_ns` (nanoseconds), from no

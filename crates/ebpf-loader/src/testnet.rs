@@ -10,7 +10,7 @@
 use crate::LoaderError;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Runs `ip` with `args`; an error carries its stderr.
 pub fn ip(args: &[&str]) -> Result<(), LoaderError> {
@@ -194,6 +194,37 @@ pub fn recv_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
 /// the socket's own host sent (`PACKET_OUTGOING`).
 pub fn recv_incoming_frames(socket: impl AsFd, until: Instant) -> Vec<Vec<u8>> {
     recv_until(socket.as_fd(), until, false)
+}
+
+/// Frames that arrive on a packet socket (not sent by its host) and that
+/// `keep` accepts, until `quiet` passes without such a frame, or `deadline`.
+pub fn recv_until_quiet(socket: impl AsFd, keep: impl Fn(&[u8]) -> bool, quiet: Duration, deadline: Instant) -> Vec<Vec<u8>> {
+    let mut got = vec![];
+    let mut last = Instant::now();
+    while Instant::now() < deadline && last.elapsed() < quiet {
+        let n = got.len();
+        got.extend(recv_incoming_frames(&socket, Instant::now() + Duration::from_millis(50)).into_iter().filter(|f| keep(f)));
+        if got.len() > n {
+            last = Instant::now();
+        }
+    }
+    got
+}
+
+/// Sends `frames` on a packet socket from namespace `ns`, `gap` apart, and
+/// returns once they are sent; a frame sent short is an error.
+pub fn send_paced(ns: &str, socket: &OwnedFd, frames: Vec<Vec<u8>>, gap: Duration) -> std::io::Result<()> {
+    let socket = socket.try_clone()?;
+    let sent = in_netns(ns, move || -> std::io::Result<()> {
+        for f in &frames {
+            if send_frame(&socket, f)? != f.len() {
+                return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "a frame sent short"));
+            }
+            std::thread::sleep(gap);
+        }
+        Ok(())
+    });
+    sent.join().map_err(|_| std::io::Error::other("the sending thread panicked"))?
 }
 
 fn recv_until(socket: std::os::fd::BorrowedFd<'_>, until: Instant, outgoing: bool) -> Vec<Vec<u8>> {

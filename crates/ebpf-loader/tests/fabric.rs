@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_program, EbpfOptions, Egress, Hook, NoMatch, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::testnet::{
-    in_netns, ip, packet_socket, recv_incoming_frames, send_frame, xdp_on, Namespaces, XdpAttachment, XDP_PASS_C,
-};
+use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_until_quiet, send_paced, xdp_on, Namespaces, XdpAttachment, XDP_PASS_C};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
 use subc_fabric::{check_topology, project, rule_changes, DeviceId, Routes, Simulator, Topology};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap, SubId};
@@ -251,32 +249,14 @@ impl Fabric {
             copies += u64::from(d.copies.iter().sum::<u32>() + visits.saturating_sub(1));
         }
 
-        let out = frames.to_vec();
         let (publisher_ns, publisher_socket) = &self.hosts[publisher];
-        let socket = publisher_socket.try_clone().unwrap();
-        in_netns(publisher_ns, move || {
-            for f in &out {
-                assert_eq!(send_frame(&socket, f).unwrap(), f.len());
-                std::thread::sleep(Duration::from_micros(300));
-            }
-        })
-        .join()
-        .unwrap();
+        send_paced(publisher_ns, publisher_socket, frames.to_vec(), Duration::from_micros(300)).unwrap();
 
         let sent: BTreeSet<&Vec<u8>> = frames.iter().collect();
         let mut delivered = 0;
         for (e, (ns, socket)) in self.hosts.iter().enumerate() {
             // Until 300 ms pass without a frame of the test's, or the deadline.
-            let mut got: Vec<Vec<u8>> = vec![];
-            let mut last = Instant::now();
-            while Instant::now() < deadline && last.elapsed() < Duration::from_millis(300) {
-                let more = recv_incoming_frames(socket, Instant::now() + Duration::from_millis(50));
-                let before = got.len();
-                got.extend(more.into_iter().filter(|f| sent.contains(f)));
-                if got.len() > before {
-                    last = Instant::now();
-                }
-            }
+            let mut got = recv_until_quiet(socket, |f| sent.contains(&f.to_vec()), Duration::from_millis(300), deadline);
             got.sort();
             want[e].sort();
             assert_eq!(

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::{write_labels, Artifacts, EbpfOptions, Egress, LabelShape, LabelTable, NoMatch, TargetConfig};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_incoming_frames, send_frame, Namespaces};
+use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_until_quiet, send_paced, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
 use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelSimulator, LabelTables, Topology, Traffic};
 use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap};
@@ -276,30 +276,13 @@ fn check(phase: &str, fabric: &Fabric, oracle: &mut Oracle, sent: &[(usize, Vec<
     let before = fabric.counters();
     for (p, fs) in sent {
         let (ns, socket) = &fabric.hosts[*p];
-        let (socket, fs) = (socket.try_clone().unwrap(), fs.clone());
-        in_netns(ns, move || {
-            for f in &fs {
-                assert_eq!(send_frame(&socket, f).unwrap(), f.len());
-                std::thread::sleep(Duration::from_micros(300));
-            }
-        })
-        .join()
-        .unwrap();
+        send_paced(ns, socket, fs.clone(), Duration::from_micros(300)).unwrap();
     }
     let ours: BTreeSet<&Vec<u8>> = sent.iter().flat_map(|(_, fs)| fs).collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut delivered = 0;
     for (e, (ns, socket)) in fabric.hosts.iter().enumerate() {
-        let mut got: Vec<Vec<u8>> = vec![];
-        let mut last = Instant::now();
-        while Instant::now() < deadline && last.elapsed() < Duration::from_millis(200) {
-            let more = recv_incoming_frames(socket, Instant::now() + Duration::from_millis(50));
-            let n = got.len();
-            got.extend(more.into_iter().filter(|f| ours.contains(f)));
-            if got.len() > n {
-                last = Instant::now();
-            }
-        }
+        let mut got = recv_until_quiet(socket, |f| ours.contains(&f.to_vec()), Duration::from_millis(200), deadline);
         got.sort();
         let want = &expected.frames[e];
         assert_eq!(

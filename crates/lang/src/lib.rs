@@ -55,7 +55,9 @@ pub use pcap::{read_pcap, write_pcap, write_pcapng, PcapError, PcapPacket};
 pub use profile::Profile;
 pub use program::{Actions, Atom, Cond, SubId, Subscription, Test, UpdateOp, VarUpdate};
 pub use source::{FileId, SourceFile, SourceMap, Span, CHAR_MARK_BYTES};
-pub use value::{ascii_domain, domain_of_raw, format_value, mask, raw_of_domain, read_bits, signed_domain};
+pub use value::{
+    ascii_domain, domain_of_raw, format_value, inet_checksum, mask, parse_mac, raw_of_domain, read_bits, signed_domain, write_bits,
+};
 
 /// Internals that this crate's tests and benches exercise directly: the
 /// lexer and the printer. Not a stable interface.

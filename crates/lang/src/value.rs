@@ -97,6 +97,44 @@ pub fn read_bits(bytes: &[u8], offset: u32, width: u32) -> u64 {
     ((v >> shift) & ((1u128 << width) - 1)) as u64
 }
 
+/// Writes the low `width` bits of `value` at bit `offset` (MSB first) of
+/// `bytes`: the inverse of [`read_bits`].
+pub fn write_bits(bytes: &mut [u8], offset: u32, width: u32, value: u64) {
+    for k in 0..width {
+        let bit = (value >> (width - 1 - k)) & 1;
+        let pos = offset + k;
+        let byte = &mut bytes[(pos / 8) as usize];
+        let shift = 7 - (pos % 8);
+        *byte = (*byte & !(1 << shift)) | ((bit as u8) << shift);
+    }
+}
+
+/// The Internet checksum of `data` (RFC 1071): the ones' complement of the
+/// ones' complement sum of its 16-bit words, an odd last byte padded.
+pub fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for chunk in data.chunks(2) {
+        sum += u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]) as u32;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// `02:00:00:00:00:0a` as bytes: six hex groups joined by `:`.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = text.split(':').collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut out = [0u8; 6];
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,18 +9,7 @@
 use crate::rng::Rng;
 use subc_lang::spec::{FieldRef, ParseNext, ParseTarget, QuerySource, Spec};
 use subc_lang::NfSubscription;
-use subc_lang::{mask, raw_of_domain};
-
-/// Writes `value` into `width` bits at bit `offset` (MSB first) of `buf`.
-pub fn write_bits(buf: &mut [u8], offset: u32, width: u32, value: u64) {
-    for k in 0..width {
-        let bit = (value >> (width - 1 - k)) & 1;
-        let pos = offset + k;
-        let byte = &mut buf[(pos / 8) as usize];
-        let shift = 7 - (pos % 8);
-        *byte = (*byte & !(1 << shift)) | ((bit as u8) << shift);
-    }
-}
+use subc_lang::{inet_checksum, mask, raw_of_domain, write_bits};
 
 /// Generates random packets for one spec.
 pub struct PacketGen<'a> {
@@ -123,19 +112,6 @@ impl<'a> PacketGen<'a> {
         }
         out
     }
-}
-
-/// The Internet checksum of `data`.
-pub fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    for chunk in data.chunks(2) {
-        let w = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from_be_bytes([chunk[0], 0]) };
-        sum += w as u32;
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Ethernet + IPv4 + UDP around `payload`, with correct IPv4 and UDP checksums.
