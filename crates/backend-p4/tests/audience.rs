@@ -12,13 +12,12 @@
 mod common;
 
 use common::{apply_checked, program, repo, roundtrip_batches, roundtrip_p4info};
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use subc_backend_p4::proto::p4::v1 as p4v1;
 use subc_backend_p4::{compile as p4_compile, Arch, Error, P4Options, P4Target, Receiver, Receivers, Simulator};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_lang::{Interpreter, NfSubscription, Program};
-use subc_workload::Rng;
+use subc_workload::{broker_frame, Rng};
 
 const PORTS: u32 = 65_536;
 /// The audiences' sizes, a topic each.
@@ -42,7 +41,7 @@ fn topic(n: usize) -> String {
 fn rules(rng: &mut Rng, sizes: &[usize]) -> String {
     let mut text = String::from("verb != PUBLISH : drop\n");
     for &n in sizes {
-        let members: Vec<u32> = sample(rng, n).into_iter().collect();
+        let members: Vec<u32> = rng.distinct_below(n, PORTS).into_iter().collect();
         let per_rule = if n == PORTS as usize { BLOCK } else { 1 };
         for block in members.chunks(per_rule) {
             let ports: Vec<String> = block.iter().map(u32::to_string).collect();
@@ -55,45 +54,12 @@ fn rules(rng: &mut Rng, sizes: &[usize]) -> String {
 /// Ports per rule of the topic that every port follows.
 const BLOCK: usize = 256;
 
-/// `n` distinct ports below [`PORTS`].
-fn sample(rng: &mut Rng, n: usize) -> BTreeSet<u32> {
-    if n == PORTS as usize {
-        return (0..PORTS).collect();
-    }
-    let mut s = BTreeSet::new();
-    while s.len() < n {
-        s.insert(rng.below(PORTS as u64) as u32);
-    }
-    s
-}
-
-/// An Ethernet, IPv4, UDP (to the broker's port 5000) frame with the
-/// broker's two 8-byte fields.
-fn frame(verb: &str, topic: &str) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 8 + 16];
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    f[14] = 0x45;
-    let ip_len = (f.len() - 14) as u16;
-    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
-    f[22] = 64;
-    f[23] = 17;
-    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
-    f[34..36].copy_from_slice(&4000u16.to_be_bytes());
-    f[36..38].copy_from_slice(&5000u16.to_be_bytes());
-    f[38..40].copy_from_slice(&24u16.to_be_bytes());
-    let field = |s: &str| format!("{s:<8}").into_bytes();
-    f[42..50].copy_from_slice(&field(verb));
-    f[50..58].copy_from_slice(&field(topic));
-    f
-}
-
 /// A publication to each topic, one to a topic nobody follows, and a
 /// frame that is not a publication.
 fn frames(sizes: &[usize]) -> Vec<Vec<u8>> {
-    let mut out: Vec<Vec<u8>> = sizes.iter().map(|n| frame("PUBLISH", &topic(*n))).collect();
-    out.push(frame("PUBLISH", "nobody"));
-    out.push(frame("SUBSCRIB", &topic(sizes[0])));
+    let mut out: Vec<Vec<u8>> = sizes.iter().map(|n| broker_frame("PUBLISH", &topic(*n))).collect();
+    out.push(broker_frame("PUBLISH", "nobody"));
+    out.push(broker_frame("SUBSCRIB", &topic(sizes[0])));
     out
 }
 

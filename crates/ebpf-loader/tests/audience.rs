@@ -15,7 +15,7 @@ use subc_bdd::{CompileOptions, CompiledSet, Headroom};
 use subc_ebpf_loader::testnet::{in_netns, Backlog, Namespaces};
 use subc_ebpf_loader::{Dataplane, PortCounter};
 use subc_lang::{Interpreter, NfSubscription, Program};
-use subc_workload::{siena, siena_spec, PacketGen, Rng, SienaParams};
+use subc_workload::{broker_frame, siena, siena_spec, PacketGen, Rng, SienaParams};
 
 const BROKER: &str = include_str!("../../../examples/topic-broker/broker.spec");
 const PORTS: u32 = 65_536;
@@ -38,57 +38,24 @@ fn rules(rng: &mut Rng, sizes: &[usize], overlap: usize) -> (String, BTreeMap<us
     let mut text = String::from("verb != PUBLISH : drop\n");
     let mut members = BTreeMap::new();
     for &n in sizes {
-        let set = sample(rng, n);
+        let set = rng.distinct_below(n, PORTS);
         for p in &set {
             text.push_str(&format!("verb == PUBLISH && topic == {} : fwd({p})\n", topic(n)));
         }
         members.insert(n, set);
     }
-    for p in sample(rng, overlap) {
+    for p in rng.distinct_below(overlap, PORTS) {
         text.push_str(&format!("verb == PUBLISH : fwd({p})\n"));
     }
     (text, members)
 }
 
-/// `n` distinct ports below [`PORTS`].
-fn sample(rng: &mut Rng, n: usize) -> BTreeSet<u32> {
-    if n == PORTS as usize {
-        return (0..PORTS).collect();
-    }
-    let mut s = BTreeSet::new();
-    while s.len() < n {
-        s.insert(rng.below(PORTS as u64) as u32);
-    }
-    s
-}
-
-/// An Ethernet, IPv4, UDP (to the broker's port 5000) frame with the
-/// broker's two 8-byte fields.
-fn frame(verb: &str, topic: &str) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 8 + 16];
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    f[14] = 0x45;
-    let ip_len = (f.len() - 14) as u16;
-    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
-    f[22] = 64;
-    f[23] = 17;
-    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
-    f[34..36].copy_from_slice(&4000u16.to_be_bytes());
-    f[36..38].copy_from_slice(&5000u16.to_be_bytes());
-    f[38..40].copy_from_slice(&24u16.to_be_bytes());
-    let field = |s: &str| format!("{s:<8}").into_bytes();
-    f[42..50].copy_from_slice(&field(verb));
-    f[50..58].copy_from_slice(&field(topic));
-    f
-}
-
 /// A publication to each topic, one to a topic nobody follows, and a
 /// frame that is not a publication.
 fn frames(sizes: &[usize]) -> Vec<Vec<u8>> {
-    let mut out: Vec<Vec<u8>> = sizes.iter().map(|n| frame("PUBLISH", &topic(*n))).collect();
-    out.push(frame("PUBLISH", "nobody"));
-    out.push(frame("SUBSCRIB", &topic(sizes[0])));
+    let mut out: Vec<Vec<u8>> = sizes.iter().map(|n| broker_frame("PUBLISH", &topic(*n))).collect();
+    out.push(broker_frame("PUBLISH", "nobody"));
+    out.push(broker_frame("SUBSCRIB", &topic(sizes[0])));
     out
 }
 

@@ -12,7 +12,7 @@ mod subscriptions;
 pub mod topologies;
 
 pub use examples::{example_packets, EXAMPLES};
-pub use packets::{itch_add_orders, moldudp_add_order, siena_event, udp_packet, PacketGen};
+pub use packets::{broker_frame, itch_add_orders, moldudp_add_order, siena_event, udp_packet, PacketGen};
 pub use rng::{Rng, Zipf};
 /// Also the front end's, where the simulators use them.
 pub use subc_lang::{inet_checksum, write_bits};

@@ -114,6 +114,29 @@ impl<'a> PacketGen<'a> {
     }
 }
 
+/// A topic broker's frame (`examples/topic-broker`): Ethernet, IPv4 from
+/// 10.0.0.1 to 10.0.0.2, UDP from port 4000 to the broker's 5000, then the
+/// verb and the topic in two 8-byte fields, padded with spaces; MACs and
+/// checksums zero.
+pub fn broker_frame(verb: &str, topic: &str) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + 16];
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    let ip_len = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    f[34..36].copy_from_slice(&4000u16.to_be_bytes());
+    f[36..38].copy_from_slice(&5000u16.to_be_bytes());
+    f[38..40].copy_from_slice(&24u16.to_be_bytes());
+    let field = |s: &str| format!("{s:<8}").into_bytes();
+    f[42..50].copy_from_slice(&field(verb));
+    f[50..58].copy_from_slice(&field(topic));
+    f
+}
+
 /// Ethernet + IPv4 + UDP around `payload`, with correct IPv4 and UDP checksums.
 pub fn udp_packet(src_mac: [u8; 6], dst_mac: [u8; 6], src_ip: [u8; 4], dst_ip: [u8; 4], sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
     let mut p = Vec::with_capacity(42 + payload.len());

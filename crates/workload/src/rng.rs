@@ -43,6 +43,18 @@ impl Rng {
         lo + self.below(hi - lo + 1)
     }
 
+    /// `n` distinct numbers below `bound` (all of them when `n == bound`).
+    pub fn distinct_below(&mut self, n: usize, bound: u32) -> std::collections::BTreeSet<u32> {
+        if n >= bound as usize {
+            return (0..bound).collect();
+        }
+        let mut s = std::collections::BTreeSet::new();
+        while s.len() < n {
+            s.insert(self.below(bound as u64) as u32);
+        }
+        s
+    }
+
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
