@@ -10,7 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '\n==> %s\n' "$*"; }
+# Each step's line says when it started (seconds since the script began),
+# so a CI log shows where the time goes.
+log() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*"; }
 
 # shellcheck source=scripts/rust.sh
 . scripts/rust.sh

@@ -1,7 +1,7 @@
 //! Fan-out over veth: one topic with N subscribers (1, 8, 32, and up to
 //! 10,000), published as fast as one CPU can send; copies per second
 //! reaching the subscribers, and the broker CPU's time per copy, for four
-//! brokers, measured in the same run:
+//! brokers and a floor, measured in the same run:
 //!
 //! - `relay`: BPF-Broker's baseline, a user-space UDP relay (`recvfrom`,
 //!   then one `sendto` per subscriber);
@@ -11,7 +11,12 @@
 //!   its TC fan-out program in the packet's metadata (`XDP_PASS`);
 //! - `xdp_broadcast`: a hand-written XDP program broadcasting through a
 //!   devmap (`BPF_F_BROADCAST`) with a devmap egress program doing the same
-//!   rewrites: the alternative to `xdp_pass` the issue asks to compare.
+//!   rewrites: the alternative to `xdp_pass` the issue asks to compare;
+//! - `floor`: a hand-written TC program that only clones: `bpf_loop` over
+//!   the subscribers, one `bpf_clone_redirect` each to its veth, no lookup
+//!   and no rewrite. Not a broker (every copy keeps the publisher's
+//!   addresses), but the least a copy through a veth costs in the kernel:
+//!   `floor / relay` bounds what any in-kernel fan-out can reach here.
 //!
 //!   cargo bench -p subc-ebpf-loader --bench fanout [-- --seconds 2 --rounds 3 --subscribers 1,8,32,1000,10000]
 //!
@@ -170,6 +175,41 @@ fn count(m: &libbpf_rs::MapHandle) -> u64 {
         .sum()
 }
 
+/// The floor: clones only (see the module's doc). `bench_floor_cfg` holds
+/// the subscribers and the veths; `bench_floor_if` the veths' indices.
+const FLOOR_C: &str = r#"
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+struct cfg { __u32 subscribers; __u32 links; };
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, struct cfg); } bench_floor_cfg SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 64); __type(key, __u32); __type(value, __u32); } bench_floor_if SEC(".maps");
+struct loop_ctx { struct __sk_buff *skb; __u32 links; };
+static long clone_one(__u32 i, void *c) {
+    struct loop_ctx *x = c;
+    __u32 k = x->links ? i % x->links : 0;
+    __u32 *idx = bpf_map_lookup_elem(&bench_floor_if, &k);
+    if (idx)
+        bpf_clone_redirect(x->skb, *idx, 0);
+    return 0;
+}
+SEC("tc") int bench_floor(struct __sk_buff *skb) {
+    __u16 dport = 0;
+    __u8 proto = 0;
+    if (bpf_skb_load_bytes(skb, 23, &proto, 1) || proto != 17 || bpf_skb_load_bytes(skb, 36, &dport, 2) || dport != bpf_htons(5000))
+        return TC_ACT_OK;
+    __u32 k = 0;
+    struct cfg *c = bpf_map_lookup_elem(&bench_floor_cfg, &k);
+    if (!c)
+        return TC_ACT_SHOT;
+    struct loop_ctx x = { skb, c->links };
+    bpf_loop(c->subscribers, clone_one, &x, 0);
+    return TC_ACT_SHOT;
+}
+char _l[] SEC("license") = "GPL";
+"#;
+
 struct Net {
     _nss: Namespaces,
     publisher: String,
@@ -233,6 +273,7 @@ enum Mode {
     Tc,
     XdpPass,
     XdpBroadcast,
+    Floor,
 }
 
 /// The broker's rules for `n` subscribers (ports 1 to n), one rule each,
@@ -394,6 +435,25 @@ fn start_broker(net: &Net, mode: Mode, n: usize) -> (Arc<AtomicBool>, std::threa
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        Mode::Floor => {
+            let o = load(FLOOR_C);
+            let cfg = o.maps().find(|m| m.name() == "bench_floor_cfg").unwrap();
+            let ifs = o.maps().find(|m| m.name() == "bench_floor_if").unwrap();
+            let veths = links(n);
+            for l in 0..veths {
+                let idx = loader::ifindex(&format!("b{}", l + 1)).unwrap();
+                ifs.update(&(l as u32).to_ne_bytes(), &idx.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap();
+            }
+            let mut v = [0u8; 8];
+            v[..4].copy_from_slice(&(n as u32).to_ne_bytes());
+            v[4..].copy_from_slice(&(veths as u32).to_ne_bytes());
+            cfg.update(&0u32.to_ne_bytes(), &v, libbpf_rs::MapFlags::ANY).unwrap();
+            let _link = loader::link_tcx_ingress(prog_fd(&o, "bench_floor").as_fd(), loader::ifindex("bp").unwrap()).expect("tcx link");
+            ready_tx.send(()).unwrap();
+            while !stop2.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     });
     ready_rx.recv_timeout(Duration::from_secs(60)).expect("the broker starts");
     (stop, h)
@@ -502,9 +562,9 @@ fn main() {
             continue;
         }
         let modes: &[Mode] = if n < subc_backend_ebpf::XDP_MAX_PORTS as usize {
-            &[Mode::Relay, Mode::Tc, Mode::XdpPass, Mode::XdpBroadcast]
+            &[Mode::Relay, Mode::Tc, Mode::XdpPass, Mode::XdpBroadcast, Mode::Floor]
         } else {
-            &[Mode::Relay, Mode::Tc]
+            &[Mode::Relay, Mode::Tc, Mode::Floor]
         };
         let net = topology(n);
         let mut cpu_per_copy: Vec<Vec<f64>> = vec![vec![]; modes.len()];
