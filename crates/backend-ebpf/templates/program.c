@@ -150,13 +150,15 @@ __attribute__((noinline)) int subc_bv_find(__u32 key, __u64 v)
 {% endfor %}    return t->row[i & {{ b.mask }}];
 }
 
-/* What the words of the group give a packet: its rows, by field, as keys
- * of subc_bv_rows; the position in the order; the union of the matched
- * leaves. */
+/* What the words of the group give a packet: the generation's order, the
+ * live slots and the packet's row of each field, each looked up once per
+ * packet, not once per word; the position in the order; the union of the
+ * matched leaves. */
 struct subc_bv_ctx {
-    __u32 rk[SUBC_BV_FIELDS];
+    struct subc_bv_order *o;
+    struct subc_bv_row *live;
+    struct subc_bv_row *row[SUBC_BV_FIELDS];
     __u32 i;
-    __u32 g;
     __u32 drop;
     __u64 ports[SUBC_PORT_WORDS];
 };
@@ -168,27 +170,16 @@ struct subc_bv_ctx {
 static long subc_bv_word(__u32 index, void *data)
 {
     struct subc_bv_ctx *c = data;
-    struct subc_bv_order *o = bpf_map_lookup_elem(&subc_bv_order, &c->g);
-    if (!o)
-        return 1;
+    struct subc_bv_order *o = c->o;
     __u32 i = c->i;
     if (i >= o->n || i >= SUBC_BV_WORDS)
         return 1;
     __u32 w = o->word[i];
     if (w >= SUBC_BV_WORDS)
         return 1;
-    __u32 k = {{ b.live_key }};
-    struct subc_bv_row *r = bpf_map_lookup_elem(&subc_bv_rows, &k);
-    if (!r)
-        return 1;
-    __u64 acc = r->w[w];
-{% for f in b.fields %}    if (acc) {
-        k = c->rk[{{ f.index }}];
-        r = bpf_map_lookup_elem(&subc_bv_rows, &k);
-        if (!r)
-            return 1;
-        acc &= r->w[w];
-    }
+    __u64 acc = c->live->w[w];
+{% for f in b.fields %}    if (acc)
+        acc &= c->row[{{ f.index }}]->w[w];
 {% endfor %}    if (acc) {
         __u32 l = o->leaf[i];
         struct subc_leaf *lf = bpf_map_lookup_elem(&subc_bv_leaves, &l);
@@ -490,12 +481,20 @@ subc_accept:;
     }
 {% endfor %}{% if let Some(b) = bits %}
     { /* the bit-vector group */
-        struct subc_bv_ctx subc_bv = { .g = subc_g };
+        struct subc_bv_ctx subc_bv = {};
+        __u32 subc_k = {{ b.live_key }};
         int subc_row = 0;
+        subc_bv.o = bpf_map_lookup_elem(&subc_bv_order, &subc_g);
+        subc_bv.live = bpf_map_lookup_elem(&subc_bv_rows, &subc_k);
+        if (!subc_bv.o || !subc_bv.live)
+            goto subc_bv_done;
 {% for f in b.fields %}        subc_row = subc_bv_find(subc_g * SUBC_BV_FIELDS + {{ f.index }}, {{ f.value }}); /* {{ f.comment }} */
         if (subc_row < 0)
             goto subc_bv_done;
-        subc_bv.rk[{{ f.index }}] = {{ f.base }} + (__u32)subc_row;
+        subc_k = {{ f.base }} + (__u32)subc_row;
+        subc_bv.row[{{ f.index }}] = bpf_map_lookup_elem(&subc_bv_rows, &subc_k);
+        if (!subc_bv.row[{{ f.index }}])
+            goto subc_bv_done;
 {% endfor %}        bpf_loop(SUBC_BV_WORDS, subc_bv_word, &subc_bv, 0);
 {% for w in port_word_list %}        subc_r->ports[{{ w }}] |= subc_bv.ports[{{ w }}];
 {% endfor %}        subc_r->drop |= subc_bv.drop;
