@@ -148,6 +148,10 @@ pub enum TargetError {
     /// Label tables larger than the program's label maps.
     #[error("label tables: {what} is {got}, the program was compiled for at most {max}; recompile with a larger `LabelShape`")]
     LabelTable { what: &'static str, got: usize, max: usize },
+    /// A push range that is empty on an ingress, or reaches past the
+    /// planes the device holds.
+    #[error("label tables: the push range is {count} planes from plane {base}, the device holds {held}; an ingress pushes at least one plane, and only planes it holds")]
+    LabelPush { base: u32, count: u32, held: usize },
 }
 
 #[cfg(test)]

@@ -57,10 +57,12 @@ fn main() {
         dp.configure(&TargetConfig { no_match: NoMatch::Drop, prune_ingress: false, ports }).unwrap();
         let transit = LabelTable {
             ingress: false,
+            push_base: 0,
+            push_count: 0,
             planes: vec![vec![(1, vec![0x0f, 0]), (2, vec![0xf0, 0]), (3, vec![0, 0x0f])]; 2],
             deliver: vec![],
         };
-        let egress = LabelTable { ingress: false, planes: vec![vec![]; 2], deliver: vec![(4, 0), (5, 1)] };
+        let egress = LabelTable { ingress: false, push_base: 0, push_count: 0, planes: vec![vec![]; 2], deliver: vec![(4, 0), (5, 1)] };
         let run = |table: &LabelTable, bits: [u8; 2]| {
             dp.write_labels(None, table).unwrap();
             let before: u64 = dp.port_counters().unwrap().iter().map(|c| c.packets).sum();
