@@ -1,31 +1,40 @@
 //! Label mode's per-packet costs (`docs/network.md`, "On eBPF") through
 //! `BPF_PROG_TEST_RUN`: the ITCH example compiled with `write_labels` for 12
 //! endpoints, its egresses veths in a namespace of the bench's own (a
-//! copy's cost includes the veth's transmit, to the peer's backlog). Prints one JSON object: ns per labelled ITCH frame forwarded to 1
-//! and 3 neighbours (transit: read the label, per row a header write and a
-//! clone), and popped to 1 and 2 own endpoints (egress: the payload moved
-//! back over the header, the tail trimmed, a clone each).
+//! copy's cost includes the veth's transmit, to the peer's backlog). Prints
+//! one JSON object: ns per ITCH frame pushed at an ingress to 1 and 3
+//! neighbours (the whole decision, the plane's atomic add, the header
+//! pushed, per row a header write and a clone), labelled frames forwarded
+//! to 1 and 3 neighbours (transit: read the label, per row a header write
+//! and a clone), popped to 1 and 2 own endpoints (egress: the payload moved
+//! back over the header, the tail trimmed, a clone each), and the baseline
+//! of the push: the same program without labels (`write_program`) deciding
+//! the same frame, with 3 copies (every port of its decision has an
+//! egress) and with 1 (only one has).
 //!
 //!   cargo bench -p subc-ebpf-loader --bench labels
 //!
-//! Each case reports ns, the copies one frame made and whether the frame
-//! left popped. Needs root. Not the push: `BPF_PROG_TEST_RUN` gives a frame no ingress
-//! interface, so no endpoint of the device is its publisher and the
-//! program does not evaluate it (the decision's own cost is the `lookup`
-//! bench's; the push adds one `bpf_skb_change_head` and a 14-byte store).
+//! Each case reports ns, the copies one frame made and the bytes of each
+//! copy (a pushed or forwarded copy carries `push_bytes` more than the
+//! frame). Needs root. The push needs the frame to come in on the
+//! publisher's interface: the test run says so with an `__sk_buff` context
+//! (`SkbContext`: the kernel copies its `ingress_ifindex` into the skb).
 
 use serde_json::json;
 use subc_backend_ebpf::clang::{self, BuildFlags};
 use subc_backend_ebpf::testing::{compile, example, example_packets};
-use subc_backend_ebpf::{write_labels, EbpfOptions, Egress, LabelShape, LabelTable, NoMatch, TargetConfig};
+use subc_backend_ebpf::{write_labels, write_program, Artifacts, EbpfOptions, Egress, LabelShape, LabelTable, NoMatch, TargetConfig};
 use subc_ebpf_loader::testnet::{in_netns, Namespaces};
-use subc_ebpf_loader::Dataplane;
+use subc_ebpf_loader::{ifindex, Dataplane, SkbContext};
 
 mod common;
 
 /// Each frame runs once: a repeated run would see the frame as the last
-/// one left it (popped, or with the last copy's label).
+/// one left it (pushed, popped, or with the last copy's label).
 const RUNS: usize = 20_000;
+/// The publisher's port at the ingress: its egress is `d6`, the interface
+/// its frames come in on.
+const PUBLISHER_PORT: u32 = 6;
 
 /// `frame` labelled as a neighbour would send it: plane 0, these bits.
 fn labelled(frame: &[u8], bits: [u8; 2]) -> Vec<u8> {
@@ -35,6 +44,33 @@ fn labelled(frame: &[u8], bits: [u8; 2]) -> Vec<u8> {
     out
 }
 
+/// Ports 1 to 6 to the veths `d1` to `d6`, or only `only`.
+fn config(only: Option<u32>) -> TargetConfig {
+    let ports = (1..=6)
+        .filter(|d| only.is_none_or(|o| o == *d))
+        .map(|d| (d, Egress { interface: format!("d{d}"), ..Default::default() }))
+        .collect();
+    TargetConfig { no_match: NoMatch::Drop, prune_ingress: false, ports }
+}
+
+/// One case: ns per frame (best of three rounds), the copies the first
+/// run made, and their bytes each.
+fn measure(dp: &Dataplane, frame: &[u8], ctx: Option<SkbContext>) -> serde_json::Value {
+    let sent = || dp.port_counters().unwrap().iter().fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));
+    let before = sent();
+    dp.runner().unwrap().run_with(frame, 1, ctx).unwrap();
+    let after = sent();
+    let copies = after.0 - before.0;
+    let ns = common::ns_per_packet_with(dp, &vec![frame.to_vec(); RUNS], 1, ctx);
+    json!({ "ns": ns, "copies": copies, "copy_bytes": (after.1 - before.1).checked_div(copies) })
+}
+
+fn load(object: &[u8], a: Artifacts, only: Option<u32>) -> Dataplane {
+    let dp = Dataplane::load_with_image(object, a.model, a.image).unwrap();
+    dp.configure(&config(only)).unwrap();
+    dp
+}
+
 fn main() {
     if !subc_ebpf_loader::can_load_bpf() {
         eprintln!("labels bench: skipped (needs root)");
@@ -42,7 +78,7 @@ fn main() {
     }
     let mut nss = Namespaces::default();
     let ns = nss.add(&format!("lb{}", std::process::id() % 100_000)).unwrap();
-    for d in 1..=5 {
+    for d in 1..=6 {
         nss.veth(&format!("d{d}"), &ns, &format!("e{d}"), &ns).unwrap();
     }
     let p = example("itch");
@@ -50,40 +86,73 @@ fn main() {
     let shape = LabelShape { endpoints: 12, planes: 2, rows: 3, hosts: 2 };
     let a = write_labels(&p.spec, &set.pipelines(), shape, &EbpfOptions::default()).unwrap();
     let object = clang::compile(&a.source, BuildFlags::default()).unwrap();
-    let frame = example_packets("itch").remove(0).data;
+    let plain = || write_program(&p.spec, &set.pipelines(), &EbpfOptions::default()).unwrap();
+    let plain_object = clang::compile(&plain().source, BuildFlags::default()).unwrap();
+    let plains = [plain(), plain()];
+    let packets = example_packets("itch");
+    // Forwarded and popped: the first frame (a transit device does not
+    // evaluate it). Pushed: the first GOOGL order, which the rules send to
+    // ports (endpoints) 1, 2 and 3.
+    let frame = packets[0].data.clone();
+    let googl = packets.iter().find(|p| p.data.windows(5).any(|w| w == b"GOOGL")).expect("a GOOGL order").data.clone();
     let result = in_netns(&ns, move || {
-        let dp = Dataplane::load_with_image(&object, a.model, a.image).unwrap();
-        let ports = (1..=5).map(|d| (d, Egress { interface: format!("d{d}"), ..Default::default() })).collect();
-        dp.configure(&TargetConfig { no_match: NoMatch::Drop, prune_ingress: false, ports }).unwrap();
-        let transit = LabelTable {
-            ingress: false,
+        let from_publisher = Some(SkbContext { ingress_ifindex: ifindex("d6").unwrap(), ifindex: ifindex("d6").unwrap() });
+        let [for_3, for_1] = plains;
+        let plain_3 = measure(&load(&plain_object, for_3, None), &googl, from_publisher);
+        let plain_1 = measure(&load(&plain_object, for_1, Some(1)), &googl, from_publisher);
+        let dp = load(&object, a, None);
+        let table = |ingress, planes: Vec<Vec<(u32, Vec<u8>)>>, deliver| LabelTable {
+            ingress,
             push_base: 0,
-            push_count: 0,
-            planes: vec![vec![(1, vec![0x0f, 0]), (2, vec![0xf0, 0]), (3, vec![0, 0x0f])]; 2],
-            deliver: vec![],
+            push_count: planes.len() as u32,
+            planes,
+            deliver,
         };
-        let egress = LabelTable { ingress: false, push_base: 0, push_count: 0, planes: vec![vec![]; 2], deliver: vec![(4, 0), (5, 1)] };
-        let run = |table: &LabelTable, bits: [u8; 2]| {
-            dp.write_labels(None, table).unwrap();
-            let before: u64 = dp.port_counters().unwrap().iter().map(|c| c.packets).sum();
-            let t = dp.test_run(&labelled(&frame, bits), 0, NoMatch::Drop, 1).unwrap();
-            let copies: u64 = dp.port_counters().unwrap().iter().map(|c| c.packets).sum::<u64>() - before;
-            let popped = t.data == frame;
-            let ns = common::ns_per_packet(&dp, &vec![labelled(&frame, bits); RUNS], 1);
-            json!({ "ns": ns, "copies": copies, "popped": popped })
+        // The publisher is endpoint 0, on port 6: its bit is not in the
+        // label, which is endpoints 1, 2 and 3.
+        let run = |t: LabelTable, frame: &[u8], ctx| {
+            dp.write_labels(None, &t).unwrap();
+            measure(&dp, frame, ctx)
         };
+        let publisher = vec![(PUBLISHER_PORT, 0)];
+        let one_row = vec![vec![(1, vec![0x0e, 0])]; 2];
+        let three_rows = vec![vec![(1, vec![0x02, 0]), (2, vec![0x04, 0]), (3, vec![0x08, 0])]; 2];
+        let transit = vec![vec![(1, vec![0x0f, 0]), (2, vec![0xf0, 0]), (3, vec![0, 0x0f])]; 2];
         json!({
             "frame_bytes": frame.len(),
+            "pushed_frame_bytes": googl.len(),
             "header_bytes": shape.header_bytes(),
             "push_bytes": shape.push_bytes(),
-            "forward_1_neighbour_ns": run(&transit, [0x01, 0]),
-            "forward_3_neighbours_ns": run(&transit, [0x11, 0x01]),
-            "pop_1_endpoint_ns": run(&egress, [0x01, 0]),
-            "pop_2_endpoints_ns": run(&egress, [0x03, 0]),
+            "evaluate_no_label_3_copies_ns": plain_3,
+            "evaluate_no_label_1_copy_ns": plain_1,
+            "push_1_neighbour_ns": run(table(true, one_row, publisher.clone()), &googl, from_publisher),
+            "push_3_neighbours_ns": run(table(true, three_rows, publisher), &googl, from_publisher),
+            "forward_1_neighbour_ns": run(table(false, transit.clone(), vec![]), &labelled(&frame, [0x01, 0]), None),
+            "forward_3_neighbours_ns": run(table(false, transit, vec![]), &labelled(&frame, [0x11, 0x01]), None),
+            "pop_1_endpoint_ns": run(table(false, vec![vec![]; 2], vec![(4, 0), (5, 1)]), &labelled(&frame, [0x01, 0]), None),
+            "pop_2_endpoints_ns": run(table(false, vec![vec![]; 2], vec![(4, 0), (5, 1)]), &labelled(&frame, [0x03, 0]), None),
             "floor_ns": common::floor_ns(&frame, 1),
         })
     })
     .join()
     .unwrap();
+    // A case that did not do what it names measures something else.
+    let push = u64::from(shape.push_bytes());
+    for (case, copies, extra) in [
+        ("evaluate_no_label_3_copies_ns", 3, 0),
+        ("evaluate_no_label_1_copy_ns", 1, 0),
+        ("push_1_neighbour_ns", 1, push),
+        ("push_3_neighbours_ns", 3, push),
+        ("forward_1_neighbour_ns", 1, push),
+        ("forward_3_neighbours_ns", 3, push),
+        ("pop_1_endpoint_ns", 1, 0),
+        ("pop_2_endpoints_ns", 2, 0),
+    ] {
+        let bytes =
+            if case.starts_with("push") || case.starts_with("evaluate") { &result["pushed_frame_bytes"] } else { &result["frame_bytes"] };
+        let want = json!({ "copies": copies, "copy_bytes": bytes.as_u64().unwrap() + extra });
+        let got = json!({ "copies": result[case]["copies"], "copy_bytes": result[case]["copy_bytes"] });
+        assert_eq!(got, want, "{case}: {result}");
+    }
     println!("{}", serde_json::to_string_pretty(&result).unwrap());
 }

@@ -30,7 +30,9 @@
 //! order: the ingress switches push into a bank no other switch holds yet,
 //! and the same comparison must report exactly the frames that cross the
 //! fabric as lost; once the other switches hold the bank, delivery (and
-//! each link's count) is exact again.
+//! each link's count) is exact again. And on one device, test-run from its
+//! publisher's interface (`SkbContext`), the push takes the planes of its
+//! push range in turn.
 //! Namespaces are removed when the test ends, also when it fails; every
 //! wait is bounded.
 
@@ -41,7 +43,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 use subc_backend_ebpf::clang::{self, BuildFlags};
-use subc_backend_ebpf::{write_labels, Artifacts, EbpfOptions, Egress, LabelShape, LabelTable, NoMatch, TargetConfig};
+use subc_backend_ebpf::{
+    write_labels, Artifacts, EbpfError, EbpfOptions, Egress, LabelShape, LabelTable, NoMatch, TargetConfig, TargetError,
+};
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_until_quiet, send_paced, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
@@ -588,4 +592,62 @@ fn make_before_break_reroutes_lose_nothing_and_the_wrong_order_is_seen() {
     let late = fabric.write(transit, |d| banks([Some(&r2), Some(&r1)], 0).device(d));
     assert_eq!(late.keys().copied().collect::<BTreeSet<_>>(), (0..t.devices.len()).filter(|&d| transit(d)).collect());
     check("bank 0 again, every switch holding it", &fabric, &mut oracle, &round(&mut rng, 100));
+}
+
+/// The push range on one device, through `BPF_PROG_TEST_RUN` with the
+/// frame's ingress interface (`SkbContext`): a GOOGL order from the
+/// publisher's interface is pushed in plane `push_base + n % push_count`,
+/// labelled with the rules' endpoints less the publisher's; the same frame
+/// from nowhere is not an ingress's to push.
+#[test]
+fn an_ingress_pushes_in_its_push_range() {
+    if !kernel_available("an_ingress_pushes_in_its_push_range") {
+        return;
+    }
+    let mut nss = Namespaces::default();
+    let ns = nss.add(&format!("lp{}", std::process::id() % 100_000)).unwrap();
+    for d in 1..=3 {
+        nss.veth(&format!("d{d}"), &ns, &format!("e{d}"), &ns).unwrap();
+    }
+    let p = common::example("itch");
+    let shape = LabelShape { endpoints: 12, planes: 4, rows: 1, hosts: 1 };
+    let a = write_labels(&p.spec, &common::compile(&p).pipelines(), shape, &EbpfOptions::default()).unwrap();
+    let object = clang::compile(&a.source, BuildFlags::default()).unwrap();
+    let googl = common::example_packets("itch").into_iter().find(|f| f.data.windows(5).any(|w| w == b"GOOGL")).unwrap().data;
+    in_netns(&ns, move || {
+        let dp = Dataplane::load_with_image(&object, a.model, a.image).unwrap();
+        let ports = (1..=3).map(|d| (d, Egress { interface: format!("d{d}"), ..Default::default() })).collect();
+        dp.configure(&TargetConfig { no_match: NoMatch::Drop, prune_ingress: false, ports }).unwrap();
+        // The rules send GOOGL orders to endpoints 1, 2 and 3; the
+        // publisher is endpoint 1, on port 3.
+        let table = |push_base, push_count| LabelTable {
+            ingress: true,
+            push_base,
+            push_count,
+            planes: vec![vec![(1, vec![0x0f, 0])]; 4],
+            deliver: vec![(3, 1)],
+        };
+        let from = Some(loader::SkbContext { ingress_ifindex: loader::ifindex("d3").unwrap(), ifindex: loader::ifindex("d3").unwrap() });
+        let prog = dp.program_fd(dp.main_program_name()).unwrap();
+        let planes = |runs: usize, ctx| -> Vec<Option<(u8, [u8; 2])>> {
+            (0..runs)
+                .map(|_| {
+                    let out = loader::prog_test_run_with(prog, &googl, 1, ctx).unwrap().data;
+                    (out[12..14] == [0x88, 0xb5]).then(|| (out[14], [out[15], out[16]]))
+                })
+                .collect()
+        };
+        dp.write_labels(None, &table(2, 2)).unwrap();
+        assert_eq!(planes(4, from), vec![Some((2, [0x0c, 0])), Some((3, [0x0c, 0])), Some((2, [0x0c, 0])), Some((3, [0x0c, 0]))]);
+        dp.write_labels(Some(&table(2, 2)), &table(1, 1)).unwrap();
+        assert_eq!(planes(2, from), vec![Some((1, [0x0c, 0])); 2]);
+        assert_eq!(planes(1, None), vec![None], "a frame from no endpoint's interface was pushed");
+        let refused = dp.write_labels(None, &table(3, 2));
+        assert!(
+            matches!(refused, Err(loader::LoaderError::Backend(EbpfError::Target(TargetError::LabelPush { base: 3, count: 2, held: 4 })))),
+            "{refused:?}"
+        );
+    })
+    .join()
+    .unwrap();
 }
