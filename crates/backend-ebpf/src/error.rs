@@ -193,5 +193,9 @@ mod tests {
             "clang failed: clang -O2\nx.c:1: error",
         );
         check(EbpfError::Target(TargetError::MissingMap { role: MapRole::Leaves }), "target config: maps.json has no Leaves map");
+        check(
+            EbpfError::Target(TargetError::LabelPush { base: 2, count: 3, held: 4 }),
+            "target config: label tables: the push range is 3 planes from plane 2, the device holds 4; an ingress pushes at least one plane, and only planes it holds",
+        );
     }
 }
