@@ -109,6 +109,16 @@ fn network() -> (Topology, Program) {
     (topology, program.unwrap_or_else(|| panic!("{}", diags.render(&sources))))
 }
 
+/// The network with its routes for the declared traffic, in
+/// [`PER_BANK`] planes.
+fn routed() -> (Topology, Program, Traffic, LabelRoutes) {
+    let (t, program) = network();
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    assert_eq!(routes.planes(), PER_BANK);
+    (t, program, traffic, routes)
+}
+
 /// One device's tables as the program's maps hold them, pushing every plane.
 fn device_table(tables: &LabelTables, d: DeviceId) -> LabelTable {
     let planes: Vec<Vec<(u32, Vec<u8>)>> =
@@ -122,7 +132,7 @@ fn device_table(tables: &LabelTables, d: DeviceId) -> LabelTable {
     }
 }
 
-/// Planes per bank: one routing's (`network`'s two).
+/// Planes per routing (`network`'s two), and so per bank.
 const PER_BANK: usize = 2;
 
 /// Two banks of [`PER_BANK`] planes (`docs/network.md`, "On eBPF"): each
@@ -452,10 +462,7 @@ fn label_fabric_delivers_exactly_what_each_ingress_decides() {
     if !kernel_available("label_fabric_delivers_exactly_what_each_ingress_decides") {
         return;
     }
-    let (t, program) = network();
-    let traffic = Traffic::declared(&t);
-    let routes = LabelRoutes::new(&t, &traffic);
-    assert_eq!(routes.planes(), 2);
+    let (t, program, traffic, routes) = routed();
     let tables = routes.tables(&t);
     let shape = shape(&t, &routes);
     assert_eq!(shape.header_bytes() as usize, tables.header_bytes());
@@ -511,10 +518,7 @@ fn make_before_break_reroutes_lose_nothing_and_the_wrong_order_is_seen() {
     if !kernel_available("make_before_break_reroutes_lose_nothing_and_the_wrong_order_is_seen") {
         return;
     }
-    let (t, program) = network();
-    let traffic = Traffic::declared(&t);
-    let routes = LabelRoutes::new(&t, &traffic);
-    assert_eq!(routes.planes(), PER_BANK);
+    let (t, program, _, routes) = routed();
     let shape = LabelShape { planes: 2 * PER_BANK as u32, ..shape(&t, &routes) };
     let r0 = routes.tables(&t);
     let ingress: BTreeSet<DeviceId> = (0..t.devices.len()).filter(|&d| r0.ingress[d]).collect();
