@@ -52,8 +52,9 @@
 //!
 //! A packet's plane byte fixes its bank for its whole path, so it meets one
 //! routing at every hop, old or new, never a mix. Step 2 before step 1 has
-//! finished loses the packets pushed in between (the test
-//! `fabric_labels.rs` makes the wrong order and sees the loss).
+//! finished drops the copies that reach a device not yet holding the new
+//! bank (no row: nothing forwarded; the test `fabric_labels.rs` makes the
+//! wrong order and sees exactly those frames lost).
 //!
 //! The maps, sized by a [`LabelShape`]: `subc_label_cfg` (the push range,
 //! and whether the device is an ingress), `subc_label_sent` (the plane
