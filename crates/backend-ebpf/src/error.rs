@@ -148,6 +148,10 @@ pub enum TargetError {
     /// Label tables larger than the program's label maps.
     #[error("label tables: {what} is {got}, the program was compiled for at most {max}; recompile with a larger `LabelShape`")]
     LabelTable { what: &'static str, got: usize, max: usize },
+    /// A push range that is empty on an ingress, or reaches past the
+    /// planes the device holds.
+    #[error("label tables: the push range is {count} planes from plane {base}, the device holds {held}; an ingress pushes at least one plane, and only planes it holds")]
+    LabelPush { base: u32, count: u32, held: usize },
 }
 
 #[cfg(test)]
@@ -189,5 +193,9 @@ mod tests {
             "clang failed: clang -O2\nx.c:1: error",
         );
         check(EbpfError::Target(TargetError::MissingMap { role: MapRole::Leaves }), "target config: maps.json has no Leaves map");
+        check(
+            EbpfError::Target(TargetError::LabelPush { base: 2, count: 3, held: 4 }),
+            "target config: label tables: the push range is 3 planes from plane 2, the device holds 4; an ingress pushes at least one plane, and only planes it holds",
+        );
     }
 }

@@ -14,9 +14,10 @@
 //! **Push** (an ingress device, a frame from one of its own endpoints): the
 //! whole network program decides the endpoint set (endpoints numbered as
 //! ports), less the publisher (the endpoint whose port the frame came in
-//! on); the plane is the device's packet count modulo the planes, one
-//! atomic add on a counter shared by the device's CPUs (so packet `n` takes
-//! plane `n mod planes`, as `LabelSimulator` does). The header is pushed
+//! on); the plane is `push_base + n mod push_count`, `n` the device's
+//! packet count, one atomic add on a counter shared by the device's CPUs
+//! (so with `push_base = 0` and `push_count` the planes held, packet `n`
+//! takes plane `n mod planes`, as `LabelSimulator` does). The header is pushed
 //! (`bpf_skb_change_head`, then the MACs moved to the front) only when a
 //! neighbour gets a copy.
 //!
@@ -32,8 +33,31 @@
 //! and each endpoint gets the publisher's frame through its egress, with
 //! the egress's rewrites.
 //!
-//! The maps, sized by a [`LabelShape`]: `subc_label_cfg` (planes, and
-//! whether the device is an ingress), `subc_label_sent` (the plane
+//! **Make-before-break reroutes.** Rewriting F-BM rows in place, switch
+//! after switch, lets a packet in flight meet old rows at one hop and new
+//! ones at the next; with latency-weighted routes old and new next hops can
+//! point at each other, and a bit loops or is lost (labels have no TTL).
+//! So the rows a device holds (`planes`, indexed by the header's plane
+//! byte) may be more than the planes its ingress pushes (`push_base ..
+//! push_base + push_count`): shape the program with twice the planes of a
+//! routing, two *banks* (`0..P` and `P..2P`). To reroute:
+//!
+//! 1. write the new routes' rows into the bank no ingress pushes, on every
+//!    device ([`LabelTable::diff`] writes only rows that differ from what
+//!    that bank holds);
+//! 2. move every ingress device's push range to the new bank (one
+//!    `subc_label_cfg` entry each; its packet counter carries on);
+//! 3. once the packets pushed in the old bank have drained (a few link
+//!    latencies), the old bank is free for the next reroute.
+//!
+//! A packet's plane byte fixes its bank for its whole path, so it meets one
+//! routing at every hop, old or new, never a mix. Step 2 before step 1 has
+//! finished drops the copies that reach a device not yet holding the new
+//! bank (no row: nothing forwarded; the test `fabric_labels.rs` makes the
+//! wrong order and sees exactly those frames lost).
+//!
+//! The maps, sized by a [`LabelShape`]: `subc_label_cfg` (the push range,
+//! and whether the device is an ingress), `subc_label_sent` (the plane
 //! counter), `subc_label_rows` (`planes × rows` F-BM rows: port and bits)
 //! and `subc_label_hosts` (the device's own endpoints: port and endpoint).
 
@@ -57,6 +81,8 @@ pub const MAX_LABEL_PLANES: u32 = 256;
 pub struct LabelShape {
     /// Endpoints in the network: the label's width in bits.
     pub endpoints: u32,
+    /// Planes a device can hold: twice a routing's for make-before-break
+    /// reroutes (two banks).
     pub planes: u32,
     /// Forwarding rows per plane: a device's neighbour ports.
     pub rows: u32,
@@ -111,7 +137,11 @@ pub struct LabelMapIds {
 /// The label maps' structs, in declaration order.
 pub(crate) fn label_structs(shape: &LabelShape) -> [CStruct; 3] {
     [
-        CStruct::builder("subc_label_cfg").scalar("planes", Scalar::U32).scalar("ingress", Scalar::U32).finish(),
+        CStruct::builder("subc_label_cfg")
+            .scalar("push_base", Scalar::U32)
+            .scalar("push_count", Scalar::U32)
+            .scalar("ingress", Scalar::U32)
+            .finish(),
         CStruct::builder("subc_label_row")
             .scalar("port", Scalar::U32)
             .scalar("used", Scalar::U32)
@@ -157,8 +187,17 @@ pub(crate) fn add_label_maps(shape: &LabelShape, structs: &[CStruct; 3], maps: &
 pub struct LabelTable {
     /// A publisher is attached: the device evaluates and pushes.
     pub ingress: bool,
+    /// The first plane an ingress pushes: packet `n` takes plane
+    /// `push_base + n % push_count`.
+    pub push_base: u32,
+    /// How many planes an ingress pushes, from `push_base`: at least one,
+    /// all of them in `planes`. `push_base = 0, push_count = planes.len()`
+    /// pushes every plane held; fewer leave room for a second bank being
+    /// installed (the module doc's make-before-break reroute).
+    pub push_count: u32,
     /// Per plane, per neighbour port, the F-BM as the header's bit string
-    /// (`Label::header` without its plane byte).
+    /// (`Label::header` without its plane byte): every plane the device
+    /// forwards, pushed here or not.
     pub planes: Vec<Vec<(u32, Vec<u8>)>>,
     /// Its own endpoints: (port, endpoint).
     pub deliver: Vec<(u32, u32)>,
@@ -206,8 +245,13 @@ impl LabelTable {
         };
         let widest = self.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
         let last_endpoint = self.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
+        let held = self.planes.len();
+        let push_end = u64::from(self.push_base) + u64::from(self.push_count);
+        if (self.ingress && self.push_count == 0) || push_end > held as u64 {
+            return Err(EbpfError::Target(TargetError::LabelPush { base: self.push_base, count: self.push_count, held }));
+        }
         let errors = [
-            too_big("the number of planes", self.planes.len(), shape.planes),
+            too_big("the number of planes", held, shape.planes),
             too_big("the most rows in a plane", self.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
             too_big("the number of own endpoints", self.deliver.len(), shape.hosts),
             too_big("an F-BM's bytes", widest, shape.endpoints.div_ceil(8)),
@@ -218,7 +262,7 @@ impl LabelTable {
 
     fn cfg_op(&self, model: &Model, ids: LabelMapIds) -> MapOp {
         let mut v = model.maps[ids.cfg].value_struct().zeroed();
-        v.u32("planes", self.planes.len() as u32).u32("ingress", u32::from(self.ingress));
+        v.u32("push_base", self.push_base).u32("push_count", self.push_count).u32("ingress", u32::from(self.ingress));
         MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
     }
 }
@@ -275,5 +319,37 @@ mod tests {
         let far = LabelTable { deliver: vec![(3, 12)], ..Default::default() };
         assert!(far.check(&shape()).is_err());
         assert!(LabelTable { deliver: vec![(3, 11)], ..Default::default() }.check(&shape()).is_ok());
+    }
+
+    #[track_caller]
+    fn check_push(ingress: bool, held: usize, push_base: u32, push_count: u32, expect: Result<(), (u32, u32, usize)>) {
+        let t = LabelTable { ingress, push_base, push_count, planes: vec![vec![]; held], deliver: vec![] };
+        let got = t.check(&shape()).map_err(|e| match e {
+            EbpfError::Target(TargetError::LabelPush { base, count, held }) => (base, count, held),
+            other => panic!("not a push range error: {other}"),
+        });
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn an_ingress_pushes_at_least_one_plane_of_those_held() {
+        check_push(true, 2, 0, 2, Ok(()));
+        check_push(true, 2, 1, 1, Ok(()));
+        check_push(true, 2, 0, 0, Err((0, 0, 2)));
+        check_push(true, 2, 1, 2, Err((1, 2, 2)));
+        check_push(true, 0, 0, 1, Err((0, 1, 0)));
+        check_push(true, 2, u32::MAX, 2, Err((u32::MAX, 2, 2)));
+        // A transit device pushes nothing, and may say so.
+        check_push(false, 2, 0, 0, Ok(()));
+        check_push(false, 1, 0, 2, Err((0, 2, 1)));
+    }
+
+    #[test]
+    fn planes_held_beyond_the_shape_are_refused_even_if_not_pushed() {
+        let t = LabelTable { ingress: true, push_base: 0, push_count: 1, planes: vec![vec![]; 3], deliver: vec![] };
+        assert!(matches!(
+            t.check(&shape()),
+            Err(EbpfError::Target(TargetError::LabelTable { what: "the number of planes", got: 3, max: 2 }))
+        ));
     }
 }

@@ -1,7 +1,7 @@
 /* Label mode (labels.rs; docs/network.md, "Routing by labels"). A frame
  * from one of this device's endpoints is decided once, here, by the whole
- * network program, and labelled: the endpoints it is for, in the plane of
- * this device's packet count. A labelled frame is forwarded by its label
+ * network program, and labelled: the endpoints it is for, in the next plane
+ * of this device's push range. A labelled frame is forwarded by its label
  * alone, each neighbour port getting the bits its F-BM row holds, and the
  * device's own endpoints get the publisher's frame, the label popped.
  * On the wire: MACs, SUBC_LABEL_ETHERTYPE, plane byte, bit string
@@ -164,16 +164,18 @@ static __always_inline __s64 subc_label_publisher(__u32 ingress)
     return -1;
 }
 
-/* The plane of the next packet labelled here: the device's packet count
- * modulo the planes, one atomic add shared by every CPU, so that packet n
- * takes plane n mod planes whichever CPU runs it. */
-static __always_inline __u32 subc_label_next_plane(__u32 planes)
+/* The plane of the next packet labelled here: base + n mod count, n the
+ * device's packet count, one atomic add shared by every CPU, so that packet
+ * n takes the same plane whichever CPU runs it. The push range (base,
+ * count) is one bank of the planes held; a reroute installs the other bank
+ * and then moves the range to it (labels.rs, make-before-break). */
+static __always_inline __u32 subc_label_next_plane(__u32 base, __u32 count)
 {
     __u32 zero = 0;
     __u64 *sent = bpf_map_lookup_elem(&subc_label_sent, &zero);
-    if (!sent || !planes)
-        return 0;
-    return __sync_fetch_and_add(sent, 1) % planes;
+    if (!sent || !count)
+        return base;
+    return base + __sync_fetch_and_add(sent, 1) % count;
 }
 
 SEC("tc")
@@ -189,14 +191,14 @@ int subc_tc(struct __sk_buff *skb)
     __s64 publisher = subc_label_publisher(skb->ingress_ifindex);
     if (!c || !c->ingress || publisher < 0)
         return subc_no_match_drops() ? SUBC_TC_ACT_SHOT : SUBC_TC_ACT_OK;
-    __u32 planes = c->planes;
+    __u32 push_base = c->push_base, push_count = c->push_count;
     struct subc_result r = {};
     if (skb->data + SUBC_MAX_PARSE_BYTES > skb->data_end && skb->len > skb->data_end - skb->data)
         bpf_skb_pull_data(skb, skb->len < SUBC_MAX_PARSE_BYTES ? skb->len : SUBC_MAX_PARSE_BYTES);
     subc_run((void *)(long)skb->data, (void *)(long)skb->data_end, &r);
     subc_record_result(&r);
     /* Every packet decided here takes a plane, as LabelSimulator counts. */
-    l.plane = subc_label_next_plane(planes);
+    l.plane = subc_label_next_plane(push_base, push_count);
     if (r.decision == SUBC_DROP)
         return SUBC_TC_ACT_SHOT;
     if (r.decision != SUBC_FORWARD)

@@ -17,7 +17,7 @@
 //! generation has finished.
 
 use crate::attach::ifindex;
-use crate::sys::{self, MapMemory};
+use crate::sys::{self, MapMemory, SkbContext};
 use crate::{LoaderError, NoImage, PortCounter};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramInput};
 use serde::Serialize;
@@ -612,7 +612,14 @@ impl Runner {
     /// `BPF_PROG_TEST_RUN` with `repeat` repetitions: verdict, average ns,
     /// and the recorded decision (of test builds).
     pub fn run(&self, packet: &[u8], repeat: u32) -> Result<(u32, u64, Option<Record>), LoaderError> {
-        let run = sys::prog_test_run(self.prog.as_fd(), packet, repeat).map_err(|e| LoaderError::io("BPF_PROG_TEST_RUN", e))?;
+        self.run_with(packet, repeat, None)
+    }
+
+    /// [`Runner::run`] of a TC program with the frame's interfaces: a frame
+    /// that came in on `ctx.ingress_ifindex` (a label-mode ingress pushes
+    /// only frames from its own endpoints' interfaces).
+    pub fn run_with(&self, packet: &[u8], repeat: u32, ctx: Option<SkbContext>) -> Result<(u32, u64, Option<Record>), LoaderError> {
+        let run = sys::prog_test_run_with(self.prog.as_fd(), packet, repeat, ctx).map_err(|e| LoaderError::io("BPF_PROG_TEST_RUN", e))?;
         let record = match &self.record {
             None => None,
             Some(fd) => {

@@ -57,4 +57,4 @@ pub use log::log_libbpf_through_tracing;
 pub use pinned::{replace_programs, PinnedProgram, PinnedTables};
 pub use privileges::can_load_bpf;
 pub use probe::{probe, KernelFeatures};
-pub use sys::{in_netns, prog_test_run, ProgRun};
+pub use sys::{in_netns, prog_test_run, prog_test_run_with, ProgRun, SkbContext};

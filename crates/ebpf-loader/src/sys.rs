@@ -121,23 +121,61 @@ pub struct ProgRun {
     pub data: Vec<u8>,
 }
 
+/// What a TC test run says of its frame beyond the bytes: the interfaces.
+/// Linux (`net/bpf/test_run.c`: `bpf_prog_test_run_skb` and
+/// `convert___skb_to_skb`, 5.10 on) reads it as the head of the UAPI
+/// `struct __sk_buff` and copies `ingress_ifindex` into the skb's `skb_iif`
+/// (what a program reads as `skb->ingress_ifindex`) and makes an `ifindex`
+/// above 1 the skb's device (looked up in the caller's network namespace,
+/// `ENODEV` if absent). Without it the frame comes from nowhere
+/// (`ingress_ifindex` 0) on the loopback device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SkbContext {
+    pub ingress_ifindex: u32,
+    pub ifindex: u32,
+}
+
+impl SkbContext {
+    /// `struct __sk_buff` up to and including `ifindex` (offsets 36 and 40):
+    /// `len` to `priority` zero, as the kernel requires of fields it does
+    /// not take (it takes `mark` and `priority`, left 0 here).
+    fn head(&self) -> [u8; 44] {
+        let mut b = [0u8; 44];
+        b[36..40].copy_from_slice(&self.ingress_ifindex.to_ne_bytes());
+        b[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        b
+    }
+}
+
 /// `BPF_PROG_TEST_RUN` of `prog` on `packet`, `repeat` times.
 pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8], repeat: u32) -> io::Result<ProgRun> {
+    prog_test_run_with(prog, packet, repeat, None)
+}
+
+/// `BPF_PROG_TEST_RUN` of `prog` on `packet`, `repeat` times, with the
+/// skb's interfaces if `ctx` is given (TC programs only: another program
+/// type reads the context otherwise or refuses it).
+pub fn prog_test_run_with(prog: BorrowedFd<'_>, packet: &[u8], repeat: u32, ctx: Option<SkbContext>) -> io::Result<ProgRun> {
     // Room for a program that grows the packet (headers pushed in front).
     let mut out = vec![0u8; packet.len() + 256];
+    let head = ctx.map(|c| c.head());
     let mut opts = libbpf_sys::bpf_test_run_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _,
         data_in: packet.as_ptr().cast(),
         data_size_in: packet.len() as u32,
         data_out: out.as_mut_ptr().cast(),
         data_size_out: out.len() as u32,
+        ctx_in: head.as_ref().map_or(std::ptr::null(), |h| h.as_ptr().cast()),
+        ctx_size_in: head.as_ref().map_or(0, |h| h.len() as u32),
         repeat: repeat as i32,
         ..Default::default()
     };
     // SAFETY: `opts` is a valid `bpf_test_run_opts` whose `sz` is its size;
     // its input pointer and length describe `packet` and its output ones
-    // `out`, both of which outlive the call; the kernel writes at most
-    // `data_size_out` bytes to `out`; `prog` is open.
+    // `out`, both of which outlive the call; the context, if any, is
+    // `head`, `ctx_size_in` bytes that outlive the call and are only read
+    // (no `ctx_out`); the kernel writes at most `data_size_out` bytes to
+    // `out`; `prog` is open.
     check(unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) })?;
     out.truncate((opts.data_size_out as usize).min(out.len()));
     Ok(ProgRun { retval: opts.retval, ns: opts.duration as u64, data: out })
