@@ -145,8 +145,11 @@ fn audiences_of_every_size_agree_with_the_interpreter() {
     assert_eq!(members[&10_000].len(), 10_000);
     let p = program(&spec(), &text);
     in_veth_netns(move || {
+        // Compiled once (75,638 rules: most of the test's time in a debug
+        // build); each layout changes its own copy.
+        let compiled = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
         for (k, ranges) in [RangeLookup::Sorted, RangeLookup::Lpm].into_iter().enumerate() {
-            let mut set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+            let mut set = compiled.clone();
             let mut dp = load(&p, &set, &options(ranges));
             let regrow = format!("topic == {} ", topic(10_000));
             let (ops, live) = diff_run(&p, &mut set, &mut dp, &frames(&sizes), &regrow, 6, 10 + k as u64);
