@@ -1868,7 +1868,17 @@ type P4RuntimeTarget struct {
 	// deploys a relaxed superset of the subscriptions that fits (constraints
 	// dropped field by field: the switch may forward more, never less), kept
 	// within the budget through every change; unset, the exact set. 0 is refused.
-	Budget        *uint64 `protobuf:"varint,9,opt,name=budget,proto3,oneof" json:"budget,omitempty"`
+	Budget *uint64 `protobuf:"varint,9,opt,name=budget,proto3,oneof" json:"budget,omitempty"`
+	// A spec of more than 511 ports only (docs/semantics.md, "Audiences"):
+	// the receivers, as JSON in the format of `subc compile --p4-receivers`:
+	// receiver -> its device port (0 to 510) and the rewrites of its copies,
+	// `{"600": {"port": 89, "dst_mac": "02:00:00:00:00:03", "dst_ip":
+	// "10.0.0.3", "dst_port": 7000}}`, every member optional. A copy to a
+	// receiver not listed is dropped. Empty: every receiver `p` leaves
+	// unchanged on device port `p mod 511`. Refused (INVALID_ARGUMENT) if it
+	// does not parse, names a receiver beyond the spec's ports or a device
+	// port past 510, or the spec has 511 ports or fewer.
+	Receivers     string `protobuf:"bytes,10,opt,name=receivers,proto3" json:"receivers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1964,6 +1974,13 @@ func (x *P4RuntimeTarget) GetBudget() uint64 {
 		return *x.Budget
 	}
 	return 0
+}
+
+func (x *P4RuntimeTarget) GetReceivers() string {
+	if x != nil {
+		return x.Receivers
+	}
+	return ""
 }
 
 // TLS to a P4Runtime server. The files are PEM, on the machine `subc serve`
@@ -3580,7 +3597,7 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\adst_mac\x18\x02 \x01(\tR\x06dstMac\x12\x17\n" +
 	"\asrc_mac\x18\x03 \x01(\tR\x06srcMac\x12\x15\n" +
 	"\x06dst_ip\x18\x04 \x01(\tR\x05dstIp\x12\x19\n" +
-	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\x80\x03\n" +
+	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\x9e\x03\n" +
 	"\x0fP4RuntimeTarget\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x1b\n" +
 	"\tdevice_id\x18\x02 \x01(\x04R\bdeviceId\x12\x16\n" +
@@ -3591,7 +3608,9 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"electionId\x12'\n" +
 	"\x03tls\x18\a \x01(\v2\x15.subc.v1.P4RuntimeTlsR\x03tls\x12\x12\n" +
 	"\x04arch\x18\b \x01(\tR\x04arch\x12\x1b\n" +
-	"\x06budget\x18\t \x01(\x04H\x00R\x06budget\x88\x01\x01\x1a8\n" +
+	"\x06budget\x18\t \x01(\x04H\x00R\x06budget\x88\x01\x01\x12\x1c\n" +
+	"\treceivers\x18\n" +
+	" \x01(\tR\treceivers\x1a8\n" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +

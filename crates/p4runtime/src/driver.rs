@@ -63,7 +63,7 @@ use std::time::Duration;
 use subc_backend_p4::difference;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::p4::v1 as p4v1;
-use subc_backend_p4::{describe, initial_defaults, program_cookie, Batch, PortMap};
+use subc_backend_p4::{describe, initial_defaults, program_cookie, Batch, PortMap, Receivers};
 use subc_backend_p4::{levels_for, Arch, Error as BackendError, P4Options, P4Target};
 use subc_bdd::BitImage;
 use subc_bdd::Op;
@@ -121,6 +121,8 @@ pub struct SwitchSettings {
     /// What subc pushes when the switch does not run its program.
     pub device_config: Vec<u8>,
     pub ports: PortMap,
+    /// Past 511 ports: the receivers' device ports and rewrites.
+    pub receivers: Receivers,
     /// TLS to the switch (none: plaintext).
     pub tls: Option<TlsOptions>,
     /// What the switch may send.
@@ -148,6 +150,8 @@ pub struct SwitchTarget {
     running_info: Option<P4Info>,
     device_config: Vec<u8>,
     ports: PortMap,
+    /// Past 511 ports: the receivers' device ports and rewrites.
+    receivers: Receivers,
     /// TLS to the switch (none: plaintext).
     tls: Option<TlsOptions>,
     /// What the switch may send (from `[deploy]`).
@@ -205,6 +209,7 @@ impl SwitchTarget {
             given,
             device_config,
             ports,
+            receivers,
             tls,
             limits,
             prune_ingress,
@@ -222,6 +227,7 @@ impl SwitchTarget {
             running_info: None,
             device_config,
             ports,
+            receivers,
             tls,
             limits,
             rt: subc_client::Blocking::new()
@@ -320,6 +326,7 @@ impl SwitchTarget {
         let opts = |fold_leaves: bool| P4Options {
             fold_leaves,
             ports: self.ports.clone(),
+            receivers: self.receivers.clone(),
             prune_ingress: self.prune_ingress,
             arch: self.arch,
             // As `subc compile --arch tna` writes it: a level costs a stage.

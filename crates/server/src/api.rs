@@ -330,6 +330,9 @@ impl Targets for Api {
             });
         }
         crate::deploy::validate_registration(&reg, self.core.kinds()).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(proto::register_target_request::Kind::P4runtime(p)) = &reg.kind {
+            crate::deploy::p4::check_receivers(p, self.core.spec().ports).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        }
         let h = self.core.submit(|reply| WriteOp::Register { reg, reply }).await?;
         Ok(Response::new(target_proto(&self.core, &h)))
     }

@@ -417,3 +417,78 @@ async fn p4runtime_registrations_that_cannot_work_say_why() {
     })
     .await;
 }
+
+/// Past 511 ports a P4 switch's ports are receivers (docs/semantics.md,
+/// "Audiences"): the registration carries them (`receivers`, the JSON of
+/// `subc compile --p4-receivers`), and the switch then holds each listed
+/// receiver's device port and rewrites. A publication goes to its listed
+/// receivers, each copy on its device port and rewritten, and not to a
+/// subscribed receiver that is not listed. Receivers a switch cannot hold,
+/// and receivers for a spec of 511 ports or fewer, are refused at
+/// registration with nothing registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_p4runtime_target_takes_its_receivers_from_the_registration() {
+    bounded(120, async {
+        let spec_dir = tempfile::tempdir().unwrap();
+        let spec_path = spec_dir.path().join("broker.spec");
+        let broker = std::fs::read_to_string(repo().join("examples/topic-broker/broker.spec")).unwrap();
+        let spec_text = format!("{broker}\nports 1024;\n");
+        std::fs::write(&spec_path, &spec_text).unwrap();
+        let spec = subc_workload::programs::check(&spec_text, &[]).unwrap().spec;
+        let fake = TestServer::start(Checks::Recover(std::sync::Arc::new(spec.clone()))).await.unwrap();
+        let mut env = Env::with(|c| c.spec = spec_path.clone()).await;
+        let rules = ["verb == PUBLISH && topic == news : fwd(600, 601, 1000)", "verb == PUBLISH && topic == sport : fwd(601)"];
+        env.alice.subs.add(add_req(&rules)).await.unwrap();
+        let with = |receivers: &str| proto::RegisterTargetRequest {
+            name: "wide".into(),
+            kind: Some(Kind::P4runtime(proto::P4RuntimeTarget { receivers: receivers.into(), ..p4runtime_at(&fake.addr) })),
+            manual: true,
+        };
+        let admin = &mut env.admin;
+        for (receivers, says) in [
+            ("{\"600\": {\"dst_mac\": \"not a MAC\"}}", "is not a MAC address"),
+            ("[1, 2]", "receivers"),
+            ("{\"2000\": {}}", "receiver 2000: the spec has 1024 ports"),
+            ("{\"600\": {\"port\": 511}}", "receiver 600: device port 511"),
+        ] {
+            let e = admin.targets.register(with(receivers)).await.unwrap_err();
+            assert!(e.code() == Code::InvalidArgument && e.message().contains(says), "{receivers}: {e:?}");
+        }
+        let listed = r#"{"600": {"port": 89, "dst_mac": "02:00:00:00:00:03", "dst_ip": "10.0.0.3", "dst_port": 7000},
+                         "1000": {"port": 7}}"#;
+        admin.targets.register(with(listed)).await.unwrap();
+        let targets = admin.targets.list(proto::ListTargetsRequest {}).await.unwrap().into_inner().targets;
+        assert_eq!(targets.len(), 1, "the refused registrations left nothing");
+        deploy(admin, "wide").await;
+
+        let (info, held) = read_switch(&fake.addr).await;
+        let layout = recover_layout(&spec, &info).unwrap();
+        let mut sim = Simulator::new(&spec, &layout, &info).unwrap();
+        for e in &held {
+            let default = matches!(&e.entity, Some(p4v1::entity::Entity::TableEntry(t)) if t.is_default_action);
+            let kind = if default { p4v1::update::Type::Modify } else { p4v1::update::Type::Insert };
+            sim.switch.apply(&p4v1::Update { r#type: kind as i32, entity: Some(e.clone()) }).unwrap();
+        }
+        let frame = subc_workload::broker_frame("PUBLISH", "news");
+        let mut out = sim.run(&frame, 1).unwrap();
+        out.copies.sort_by_key(|c| c.receiver);
+        let copies: Vec<(Option<u32>, u32)> = out.copies.iter().map(|c| (c.receiver, c.port)).collect();
+        assert_eq!(copies, vec![(Some(600), 89), (Some(1000), 7)], "listed receivers only, each on its device port: {out:?}");
+        let to_600 = &out.copies[0].frame;
+        assert_eq!(&to_600[..6], &[2, 0, 0, 0, 0, 3], "the destination MAC is rewritten");
+        assert_eq!(&to_600[30..34], &[10, 0, 0, 3], "the IPv4 destination is rewritten");
+        assert_eq!(&to_600[36..38], &7000u16.to_be_bytes(), "the UDP port is rewritten");
+        // (The egress writes the IPv4 checksum of every copy; the test frame has none.)
+        let to_1000 = &out.copies[1].frame;
+        assert_eq!((&to_1000[..24], &to_1000[26..]), (&frame[..24], &frame[26..]), "receiver 1000 has no rewrites");
+        assert!(sim.run(&subc_workload::broker_frame("PUBLISH", "sport"), 2).unwrap().copies.is_empty(), "601 is not listed");
+        env.stop().await;
+
+        // A spec of 511 ports or fewer has no receivers to list.
+        let mut env = Env::new().await;
+        let e = env.admin.targets.register(with(r#"{"3": {"port": 4}}"#)).await.unwrap_err();
+        assert!(e.code() == Code::InvalidArgument && e.message().contains("receivers apply past 511"), "{e:?}");
+        env.stop().await;
+    })
+    .await;
+}

@@ -332,7 +332,7 @@ class EbpfEgress(_message.Message):
     def __init__(self, interface: _Optional[str] = ..., dst_mac: _Optional[str] = ..., src_mac: _Optional[str] = ..., dst_ip: _Optional[str] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class P4RuntimeTarget(_message.Message):
-    __slots__ = ("address", "device_id", "p4info", "device_config", "ports", "election_id", "tls", "arch", "budget")
+    __slots__ = ("address", "device_id", "p4info", "device_config", "ports", "election_id", "tls", "arch", "budget", "receivers")
     class PortsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -349,6 +349,7 @@ class P4RuntimeTarget(_message.Message):
     TLS_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    RECEIVERS_FIELD_NUMBER: _ClassVar[int]
     address: str
     device_id: int
     p4info: bytes
@@ -358,7 +359,8 @@ class P4RuntimeTarget(_message.Message):
     tls: P4RuntimeTls
     arch: str
     budget: int
-    def __init__(self, address: _Optional[str] = ..., device_id: _Optional[int] = ..., p4info: _Optional[bytes] = ..., device_config: _Optional[bytes] = ..., ports: _Optional[_Mapping[int, int]] = ..., election_id: _Optional[int] = ..., tls: _Optional[_Union[P4RuntimeTls, _Mapping]] = ..., arch: _Optional[str] = ..., budget: _Optional[int] = ...) -> None: ...
+    receivers: str
+    def __init__(self, address: _Optional[str] = ..., device_id: _Optional[int] = ..., p4info: _Optional[bytes] = ..., device_config: _Optional[bytes] = ..., ports: _Optional[_Mapping[int, int]] = ..., election_id: _Optional[int] = ..., tls: _Optional[_Union[P4RuntimeTls, _Mapping]] = ..., arch: _Optional[str] = ..., budget: _Optional[int] = ..., receivers: _Optional[str] = ...) -> None: ...
 
 class P4RuntimeTls(_message.Message):
     __slots__ = ("ca_cert_file", "client_cert_file", "client_key_file", "server_name")

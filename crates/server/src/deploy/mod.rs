@@ -994,6 +994,9 @@ pub(crate) enum RegistrationError {
     /// A P4Runtime target's `arch` that names no architecture subc writes.
     #[error("P4Runtime arch {given:?} is not one subc writes programs for; give one of: {}", p4::ARCH_NAMES.join(", "))]
     UnknownArch { given: String },
+    /// A P4Runtime target's `receivers`.
+    #[error("receivers: {0}")]
+    Receivers(String),
 }
 
 /// Checks a registration's fields (not whether the target is reachable).
@@ -1017,6 +1020,7 @@ pub(crate) fn validate_registration(reg: &proto::RegisterTargetRequest, kinds: &
             p4::port_map(p)?;
             p4::arch(p)?;
             p4::given_p4info(p)?;
+            p4::receivers(p)?;
             if let Some(b) = p.budget {
                 crate::budget::check_budget(b)?;
             }

@@ -6,7 +6,7 @@ use super::{RegistrationError, TargetError};
 use crate::proto;
 use std::path::Path;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
-use subc_backend_p4::{Arch, PortMap};
+use subc_backend_p4::{Arch, PortMap, Receivers, MAX_DEVICE_PORTS};
 use subc_client::{ClientIdentity, HalfIdentity};
 use subc_p4runtime::{ReadLimits, SwitchSettings, TlsOptions};
 
@@ -25,6 +25,36 @@ pub(crate) fn arch(cfg: &proto::P4RuntimeTarget) -> Result<Arch, RegistrationErr
         "tna" => Ok(Arch::Tna),
         other => Err(RegistrationError::UnknownArch { given: other.to_string() }),
     }
+}
+
+/// The registration's receivers (`receivers`, the JSON `subc compile
+/// --p4-receivers` reads): empty, every receiver on its default port.
+pub(crate) fn receivers(cfg: &proto::P4RuntimeTarget) -> Result<Receivers, RegistrationError> {
+    if cfg.receivers.trim().is_empty() {
+        return Ok(Receivers::Plain);
+    }
+    Receivers::from_json(&cfg.receivers).map_err(|e| RegistrationError::Receivers(e.to_string()))
+}
+
+/// The registration's receivers checked against a spec of `ports` ports:
+/// only a spec past 511 ports has receivers, each listed one a port of
+/// the spec, on a device port below 511.
+pub(crate) fn check_receivers(cfg: &proto::P4RuntimeTarget, ports: u32) -> Result<(), RegistrationError> {
+    let Receivers::Listed(listed) = receivers(cfg)? else { return Ok(()) };
+    let refuse = |why: String| Err(RegistrationError::Receivers(why));
+    if ports <= MAX_DEVICE_PORTS {
+        return refuse(format!(
+            "the spec declares {ports} ports, which are the switch's own ports; receivers apply past \
+             {MAX_DEVICE_PORTS} (`ports N;` in the spec), so leave them out (the port map says where a port leaves)"
+        ));
+    }
+    if let Some(p) = listed.keys().find(|p| **p >= ports) {
+        return refuse(format!("receiver {p}: the spec has {ports} ports (0 to {})", ports - 1));
+    }
+    if let Some((p, d)) = listed.iter().find_map(|(p, r)| r.port.filter(|d| *d >= MAX_DEVICE_PORTS).map(|d| (p, d))) {
+        return refuse(format!("receiver {p}: device port {d}; device ports are 0 to {}", MAX_DEVICE_PORTS - 1));
+    }
+    Ok(())
 }
 
 /// The registration's TLS settings as the client takes them; empty strings
@@ -83,6 +113,7 @@ pub(crate) fn settings(
         given: given_p4info(cfg).map_err(|e| fail(&e))?,
         device_config: cfg.device_config.clone(),
         ports: port_map(cfg).map_err(|e| fail(&e))?,
+        receivers: receivers(cfg).map_err(|e| fail(&e))?,
         tls: tls_options(cfg).map_err(|e| fail(&e))?,
         limits,
         prune_ingress,
