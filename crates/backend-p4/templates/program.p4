@@ -69,8 +69,7 @@ parser MyParser(packet_in packet,
                 out headers_t hdr,
                 inout metadata_t meta,
                 inout standard_metadata_t standard_metadata) {
-
-{%- if let Some(lb) = labels %}
+{% if let Some(lb) = labels %}
     // A labelled frame is parsed up to its label, no further.
     state start {
         transition select(packet.lookahead<bit<112>>()[15:0]) {
@@ -412,6 +411,7 @@ control MyEgress(inout headers_t hdr,
         hdr.{{ lb.instance }}.bits = hdr.{{ lb.instance }}.bits & fbm;
     }
 
+    // The copy to an own endpoint leaves, popped, if the endpoint's bit is set.
     action {{ lb.pop_label }}(bit<{{ lb.width }}> endpoint) {
         meta.{{ lb.mask }} = endpoint;
     }

@@ -26,41 +26,12 @@ use std::fmt::Write;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::{Arch, Error, LabelShape, LabelTable, P4Options, P4Target, Simulator, Switch};
 use subc_bdd::{CompileOptions, CompiledSet};
-use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelSimulator, LabelTables, PortRef, Topology, Traffic};
-use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap};
-use subc_workload::{PacketGen, Rng};
+use subc_fabric::testing::LabelOracle;
+use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelTables, PortRef, Topology, Traffic};
+use subc_lang::{check_program_with, Diagnostics, NfLimits, Program, SourceMap};
+use subc_workload::{itch_stateful_rules, itch_stateful_spec, PacketGen, Rng};
 
 const LEAF_SPINE: &str = include_str!("../../ebpf-loader/tests/common/leaf_spine.toml");
-
-/// The ITCH spec (an average per stock, a packet counter) with samples on
-/// UDP port 9000 (an EWMA per channel), as `fabric_labels.rs` has it.
-fn stateful_spec() -> String {
-    let itch = std::fs::read_to_string(common::repo().join("examples/itch/itch.spec")).unwrap();
-    let with_samples = itch
-        .replace("udp -> select(dst_port) { 26400: moldudp64; }", "udp -> select(dst_port) { 26400: moldudp64; 9000: sample; }")
-        .replace("add_order -> accept;", "add_order -> accept;\n    sample -> accept;")
-        .replace("parser {", "header sample {\n    channel: 8;\n    value: 32;\n}\n\nparser {");
-    assert!(with_samples.contains("9000: sample") && with_samples.contains("sample -> accept"), "the ITCH spec's parser changed");
-    with_samples
-        + "query sample.channel exact;\n\
-           state chan_ewma = ewma(sample.value, shift = 3, spike = 2, warmup = 10) per sample.channel[64];\n"
-}
-
-/// Rules reading every kind of state, each to a random endpoint `h{n}`.
-fn stateful_rules(endpoints: usize, rng: &mut Rng) -> String {
-    (0..24)
-        .map(|_| {
-            let to = rng.below(endpoints as u64);
-            match rng.below(5) {
-                0 => format!("spike(chan_ewma) : fwd(h{to})\n"),
-                1 => format!("channel == {} && !spike(chan_ewma) : fwd(h{to})\n", rng.below(4)),
-                2 => format!("avg(price) > {} : fwd(h{to})\n", rng.range(1, 2_000_000)),
-                3 => format!("my_counter > {} : fwd(h{to})\n", rng.range(1, 40)),
-                _ => format!("shares > {} && avg(price) < {} : fwd(h{to})\n", rng.range(1, 1000), rng.range(1, 2_000_000)),
-            }
-        })
-        .collect()
-}
 
 /// A random connected fabric: switch `k > 0` hangs off a random earlier
 /// one, `extra` more links join random pairs, and endpoints `h0..` sit on
@@ -93,8 +64,9 @@ fn network(topology: &str, planes: Option<u32>, seed: u64) -> (Topology, Program
     let topo_file = sources.add("fabric.toml", format!("{topology}\n[routing]\nmode = \"labels\"\n{planes}"));
     let mut diags = Diagnostics::default();
     let t = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let spec = sources.add("labels.spec", stateful_spec());
-    let rules = sources.add("rules.subs", stateful_rules(t.endpoints.len(), &mut Rng::new(seed)));
+    let itch = std::fs::read_to_string(common::repo().join("examples/itch/itch.spec")).unwrap();
+    let spec = sources.add("labels.spec", itch_stateful_spec(&itch));
+    let rules = sources.add("rules.subs", itch_stateful_rules(t.endpoints.len(), &mut Rng::new(seed)));
     let table = t.endpoint_table();
     let (program, diags) = check_program_with(&sources, spec, &[rules], NfLimits::default(), Some(&table));
     (t, program.unwrap_or_else(|| panic!("{}", diags.render(&sources))))
@@ -127,6 +99,9 @@ fn shape(t: &Topology, routes: &LabelRoutes, banks: u32) -> LabelShape {
         hosts: most(&|d| t.endpoints.iter().filter(|e| e.at.device == d).count()),
     }
 }
+
+/// The frames one endpoint received.
+type Frames = Vec<Vec<u8>>;
 
 /// Switches running one label program, each with its own table.
 struct Fabric<'a> {
@@ -175,7 +150,7 @@ impl<'a> Fabric<'a> {
 
     /// Sends `frame` from endpoint `publisher`; what each endpoint
     /// received, and the copies and bytes on each link.
-    fn send(&mut self, publisher: usize, frame: &[u8], ts_ns: u64) -> (Vec<Vec<Vec<u8>>>, Vec<(u64, u64)>) {
+    fn send(&mut self, publisher: usize, frame: &[u8], ts_ns: u64) -> (Vec<Frames>, Vec<(u64, u64)>) {
         let t = self.topology;
         let mut received = vec![vec![]; t.endpoints.len()];
         let mut links = vec![(0u64, 0u64); t.links.len()];
@@ -204,32 +179,6 @@ impl<'a> Fabric<'a> {
     }
 }
 
-/// The references: the interpreter per ingress device (its state carrying
-/// over phases), and the label simulator, which must agree with it.
-struct Oracle<'a> {
-    topology: &'a Topology,
-    ingress: Vec<Interpreter<'a>>,
-    /// One interpreter over every publisher's frames: where it decides
-    /// otherwise than the ingress's, state kept per ingress mattered.
-    global: Interpreter<'a>,
-    state_mattered: usize,
-    sim: LabelSimulator<'a>,
-    push_bytes: u64,
-}
-
-impl<'a> Oracle<'a> {
-    fn new(t: &'a Topology, program: &'a Program, tables: LabelTables, shape: LabelShape) -> Oracle<'a> {
-        Oracle {
-            topology: t,
-            ingress: t.devices.iter().map(|_| Interpreter::new(&program.spec, &program.subscriptions)).collect(),
-            global: Interpreter::new(&program.spec, &program.subscriptions),
-            state_mattered: 0,
-            sim: LabelSimulator::new(t, tables, program),
-            push_bytes: u64::from(shape.push_bytes()),
-        }
-    }
-}
-
 /// Each publisher's frames, from the ITCH example and the generator.
 fn frames(program: &Program, publishers: &[usize], n: usize, rng: &mut Rng) -> Vec<(usize, Vec<u8>)> {
     let gen = PacketGen::new(&program.spec, &program.normal_forms);
@@ -244,24 +193,20 @@ fn frames(program: &Program, publishers: &[usize], n: usize, rng: &mut Rng) -> V
 
 /// Sends the frames one by one through the fabric and the references, and
 /// checks every endpoint and every link after each.
-fn check(phase: &str, fabric: &mut Fabric, oracle: &mut Oracle, sent: &[(usize, Vec<u8>)], clock: &mut u64) -> usize {
-    let t = oracle.topology;
+fn check(phase: &str, fabric: &mut Fabric, oracle: &mut LabelOracle, sent: &[(usize, Vec<u8>)], clock: &mut u64) -> usize {
+    let push_bytes = u64::from(fabric.target.options().labels.expect("a label program").push_bytes());
     let mut delivered = 0;
     for (p, f) in sent {
         *clock += 1_000;
-        let decided = oracle.ingress[t.endpoints[*p].at.device].run(f, *clock).ports;
-        oracle.state_mattered += usize::from(oracle.global.run(f, *clock).ports != decided);
-        let reference = oracle.sim.send(*p, f, *clock);
+        let (wanted, reference) = oracle.send(*p, f, *clock);
         let (received, links) = fabric.send(*p, f, *clock);
-        for (e, got) in received.iter().enumerate() {
-            let want = e != *p && decided.contains(&(e as u32));
-            assert_eq!(reference.copies[e], u32::from(want), "{phase}: the label simulator and the interpreter disagree on h{e}");
+        for (e, (got, want)) in received.iter().zip(wanted).enumerate() {
             assert_eq!(got.len(), usize::from(want), "{phase}: h{e} got {} copies of a frame from h{p}", got.len());
             assert!(got.iter().all(|g| g == f), "{phase}: h{e} got a frame other than h{p} sent (a label not popped?)");
             delivered += got.len();
         }
         let expected: Vec<(u64, u64)> =
-            reference.links.iter().map(|&n| (u64::from(n), u64::from(n) * (f.len() as u64 + oracle.push_bytes))).collect();
+            reference.links.iter().map(|&n| (u64::from(n), u64::from(n) * (f.len() as u64 + push_bytes))).collect();
         assert_eq!(links, expected, "{phase}: copies and bytes per link, against the label simulator");
     }
     eprintln!("{phase}: {} frames, {delivered} delivered", sent.len());
@@ -291,7 +236,7 @@ fn run_case(name: &str, t: &Topology, program: &Program, first_down: usize, slow
     let shape = shape(t, &routes, 1);
     assert_eq!(shape.header_bytes() as usize, tables.header_bytes());
     let mut fabric = Fabric::build(t, program, shape, all_tables(t, &tables));
-    let mut oracle = Oracle::new(t, program, tables.clone(), shape);
+    let mut oracle = LabelOracle::new(t, program, tables.clone());
     let (mut rng, mut clock) = (Rng::new(seed), 0);
     let publishers = t.publishers();
     check(&format!("{name}: initial"), &mut fabric, &mut oracle, &frames(program, &publishers, 150, &mut rng), &mut clock);
@@ -372,7 +317,7 @@ fn a_second_bank_takes_over_with_push_entries_alone() {
     let shape = shape(&t, &routes, 2);
     let n = t.devices.len();
     let mut fabric = Fabric::build(&t, &program, shape, (0..n).map(|d| device_table(&[&before], 0, d)).collect());
-    let mut oracle = Oracle::new(&t, &program, before.clone(), shape);
+    let mut oracle = LabelOracle::new(&t, &program, before.clone());
     let (mut rng, mut clock) = (Rng::new(7), 0);
     let publishers = t.publishers();
     check("bank 0", &mut fabric, &mut oracle, &frames(&program, &publishers, 100, &mut rng), &mut clock);
@@ -446,4 +391,24 @@ fn shapes_no_label_program_can_be_are_refused() {
     let tna = compile(good, Arch::Tna).unwrap_err();
     assert!(matches!(tna, Error::Unsupported { arch: "tna", .. }), "{tna}");
     insta::assert_snapshot!("labels_tna_refused", tna.to_string());
+}
+
+/// The leaf-spine's program (v1model), its P4Info, and the entries of a
+/// leaf (an ingress with two own endpoints) and a spine (transit only).
+#[test]
+fn program_and_entries() {
+    let (t, program) = network(LEAF_SPINE, Some(2), 34);
+    let routes = LabelRoutes::new(&t, &Traffic::declared(&t));
+    let tables = routes.tables(&t);
+    let set = CompiledSet::compile(&program.spec, &program.normal_forms, CompileOptions::default()).unwrap();
+    let opts = P4Options { labels: Some(shape(&t, &routes, 1)), ..Default::default() };
+    let target = P4Target::new(&program.spec, &set, &opts).unwrap();
+    let info = target.p4info();
+    insta::assert_snapshot!("labels_program", target.program(&program.spec));
+    insta::assert_snapshot!("labels_p4info", subc_backend_p4::proto::to_text(&info));
+    for name in ["leaf1", "spine1"] {
+        let d = t.device(name).unwrap();
+        let batches = target.label_diff(None, &device_table(&[&tables], 0, d)).unwrap();
+        insta::assert_snapshot!(format!("labels_{name}_entries"), subc_backend_p4::entries_text(&batches, &info));
+    }
 }
