@@ -23,7 +23,10 @@
 //! the highest priority), with the actions the P4Info names, and the
 //! multicast groups of the replication engine; the egress counts each copy
 //! that leaves in the per-port counter, packets and bytes (the frame's
-//! length, as BMv2 counts it).
+//! length, as BMv2 counts it). A label-mode program
+//! ([`crate::LabelShape`]) runs as `crate::labels` describes: push at an
+//! ingress (the plane counter a register), forward by label and pop, per
+//! replica of the label group.
 
 use crate::labels::{self, LabelLayout, LABEL_ETHERTYPE};
 use crate::layout::{
