@@ -37,15 +37,12 @@ use crate::layout::{ActionDecl, ActionKind, Arch, Audience, KeyDecl, MetaField, 
 use crate::layout::{P4Layout, TableRole, PORT_WIDTH};
 use crate::proto::p4::v1 as p4v1;
 use crate::{Error, P4Options};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::{ParseTarget, Spec};
 
-/// The label's EtherType: IEEE 802's local experimental EtherType 1 (as on
-/// eBPF).
-pub const LABEL_ETHERTYPE: u16 = 0x88b5;
-/// Most planes (the plane is one byte).
-pub const MAX_LABEL_PLANES: u32 = 256;
+pub use subc_bdd::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
+
 /// The multicast group of a device's label ports.
 pub const LABEL_GROUP: u32 = 1;
 
@@ -67,38 +64,6 @@ pub(crate) const COUNT: &str = "label_count";
 pub(crate) const META: [&str; 3] = [MASK, BASE, COUNT];
 pub(crate) const GLOBAL: [&str; 9] =
     [HEADER_TYPE, PARSE_STATE, SENT, PUSH_TABLE, FORWARD_TABLE, POP_TABLE, PUSH_LABEL, KEEP_LABEL, POP_LABEL];
-
-/// What a label-mode program's tables are sized for. One program serves
-/// every device of a fabric when sized for the largest of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LabelShape {
-    /// Endpoints in the network: the label's width in bits (the spec's
-    /// ports `0..endpoints`).
-    pub endpoints: u32,
-    /// Planes a device's rows may hold (both banks during a reroute).
-    pub planes: u32,
-    /// Forwarding rows per plane: a device's neighbour ports.
-    pub rows: u32,
-    /// A device's own endpoints.
-    pub hosts: u32,
-}
-
-impl LabelShape {
-    /// The bit string's bytes.
-    pub fn bit_bytes(&self) -> u32 {
-        self.endpoints.div_ceil(8)
-    }
-
-    /// The label header's bytes: the plane byte and the bit string.
-    pub fn header_bytes(&self) -> u32 {
-        1 + self.bit_bytes()
-    }
-
-    /// Bytes a labelled frame carries beyond the publisher's.
-    pub fn push_bytes(&self) -> u32 {
-        2 + self.header_bytes()
-    }
-}
 
 /// Where a label-mode program keeps its label: the header's widths and
 /// the Ethernet header it follows.
@@ -153,7 +118,7 @@ pub(crate) fn check(spec: &Spec, opts: &P4Options, shape: LabelShape) -> Result<
     if shape.endpoints == 0 || shape.endpoints > spec.ports {
         return Err(Error::LabelEndpoints { endpoints: shape.endpoints, ports: spec.ports });
     }
-    if shape.planes == 0 || shape.planes > MAX_LABEL_PLANES || shape.rows == 0 || shape.hosts == 0 {
+    if !shape.sized() {
         return Err(Error::LabelShape { planes: shape.planes, rows: shape.rows, hosts: shape.hosts });
     }
     let ParseTarget::Header(h) = spec.parser.start else {
