@@ -420,3 +420,47 @@ fn program_and_entries() {
         insta::assert_snapshot!(format!("labels_{name}_entries"), subc_backend_p4::entries_text(&batches, &info));
     }
 }
+
+/// The official `p4runtime` package (`scripts/check_p4runtime.py`, as in
+/// `python.rs`) must find the label program's P4Info and every device's
+/// label entries valid: installs, and the diffs of a failure.
+#[test]
+fn the_official_package_parses_label_entries() {
+    use prost::Message;
+    let Some(python) = std::env::var_os("P4RUNTIME_PYTHON") else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI must check our P4Runtime bytes: set P4RUNTIME_PYTHON");
+        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
+        return;
+    };
+    let (t, program) = network(LEAF_SPINE, Some(2), 34);
+    let traffic = Traffic::declared(&t);
+    let routes = LabelRoutes::new(&t, &traffic);
+    let (before, after) =
+        (routes.tables(&t), LabelRoutes::avoiding(&t, &Down { links: [2].into(), ..Default::default() }, &traffic).unwrap().tables(&t));
+    let set = CompiledSet::compile(&program.spec, &program.normal_forms, CompileOptions::default()).unwrap();
+    let target = P4Target::new(&program.spec, &set, &P4Options { labels: Some(shape(&t, &routes, 1)), ..Default::default() }).unwrap();
+    let info = target.p4info();
+    let dir = common::temp_dir("labels-python");
+    std::fs::write(dir.join("p4info.bin"), info.encode_to_vec()).unwrap();
+    std::fs::write(dir.join("program.p4info.txtpb"), subc_backend_p4::proto::to_text(&info)).unwrap();
+    let write = |name: String, batches: &[subc_backend_p4::Batch]| {
+        std::fs::write(dir.join(format!("{name}.bin")), subc_backend_p4::write_request(batches).encode_to_vec()).unwrap();
+        std::fs::write(dir.join(format!("{name}.txtpb")), subc_backend_p4::entries_text(batches, &info)).unwrap();
+    };
+    write("entries".into(), &target.install(&set).unwrap());
+    for d in 0..t.devices.len() {
+        let (old, new) = (device_table(&[&before], 0, d), device_table(&[&after], 0, d));
+        write(format!("install-{d}"), &target.label_diff(None, &old).unwrap());
+        write(format!("update-{d}"), &target.label_diff(Some(&old), &new).unwrap());
+    }
+    let out = std::process::Command::new(python)
+        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+        .arg(common::repo().join("scripts/check_p4runtime.py"))
+        .arg(&dir)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
