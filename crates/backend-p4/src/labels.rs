@@ -39,7 +39,7 @@ use crate::proto::p4::v1 as p4v1;
 use crate::{Error, P4Options};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-use subc_lang::spec::{ParseTarget, Spec};
+use subc_lang::spec::{ParseNext, ParseTarget, Spec, StateKind};
 
 pub use subc_bdd::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
 
@@ -121,13 +121,32 @@ pub(crate) fn check(spec: &Spec, opts: &P4Options, shape: LabelShape) -> Result<
     if !shape.sized() {
         return Err(Error::LabelShape { planes: shape.planes, rows: shape.rows, hosts: shape.hosts });
     }
-    let ParseTarget::Header(h) = spec.parser.start else {
-        return Err(Error::LabelFrame { header: "none".into() });
-    };
+    if let Some(v) = spec.states.iter().find(|v| matches!(v.kind, StateKind::Var { .. })) {
+        return Err(Error::Unsupported {
+            arch: "v1model",
+            what: format!("label mode with the variable {}", v.name),
+            why: "label mode's leaves add endpoints to a bitmap, which carries no variable updates (deploy it to eBPF)",
+        });
+    }
+    let frame = |header: &str, why| Err(Error::LabelFrame { header: header.into(), why });
+    let ParseTarget::Header(h) = spec.parser.start else { return frame("none", "the parser extracts no header") };
     let header = &spec.headers[h.0 as usize];
-    let ethertype = header.fields.iter().any(|f| f.offset == 96 && f.width == 16);
-    if header.bytes != 14 || !ethertype {
-        return Err(Error::LabelFrame { header: header.name.clone() });
+    let Some(k) = header.fields.iter().position(|f| f.offset == 96 && f.width == 16) else {
+        return frame(&header.name, "it has no 16-bit field at bit 96");
+    };
+    if header.bytes != 14 {
+        return frame(&header.name, "it is not 14 bytes long");
+    }
+    // A frame of the spec's own with the label's EtherType would be taken for a labelled one.
+    let own = match &spec.parser.next[h.0 as usize] {
+        Some(ParseNext::Select { fields, cases, .. }) => fields
+            .iter()
+            .position(|f| f.field as usize == k)
+            .is_some_and(|i| cases.iter().any(|c| c.values[i] == Some(LABEL_ETHERTYPE as u64))),
+        _ => false,
+    };
+    if own {
+        return frame(&header.name, "the spec's parser selects on the label's EtherType 0x88b5");
     }
     Ok(())
 }

@@ -193,9 +193,9 @@ pub enum Error {
     /// Label mode pushes the label after the MAC addresses.
     #[error(
         "label mode: the label goes after the MAC addresses, so the parser's first header must be Ethernet (14 bytes, a \
-         16-bit EtherType at bit 96); it is {header}"
+         16-bit EtherType at bit 96, and no frame of the spec's own with the label's EtherType); it is {header}: {why}"
     )]
-    LabelFrame { header: String },
+    LabelFrame { header: String, why: &'static str },
     /// A device's label table that the program's tables cannot hold.
     #[error("label mode: {what} is {got}, more than the {max} the program holds")]
     LabelTable { what: &'static str, got: usize, max: usize },

@@ -464,3 +464,33 @@ fn the_official_package_parses_label_entries() {
     assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Specs label mode cannot run on P4, each a typed refusal.
+#[test]
+fn specs_label_mode_cannot_run_are_refused() {
+    let shape = LabelShape { endpoints: 4, planes: 2, rows: 2, hosts: 2 };
+    let compile = |spec: &str, rules: &str, opts: P4Options| {
+        let p = common::program(spec, &[rules]);
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+        P4Target::new(&p.spec, &set, &P4Options { labels: Some(shape), ..opts }).map(|_| ())
+    };
+    let refusal = |spec: &str, rules: &str, opts: P4Options| compile(spec, rules, opts).unwrap_err();
+    let ethernet = "header ethernet {\n    dst: 48 mac;\n    src: 48 mac;\n    ethertype: 16;\n}\n";
+    let sample = "header sample {\n    channel: 8;\n}\n";
+    let spec = |parser: &str, extra: &str| format!("{ethernet}{sample}parser {{\n{parser}\n}}\nquery sample.channel exact;\n{extra}");
+    let plain = spec("    start -> ethernet;\n    ethernet -> select(ethertype) { 0x0800: sample; }\n    sample -> accept;", "");
+    let rules = "channel == 1 : fwd(1)\n";
+    assert!(compile(&plain, rules, P4Options::default()).is_ok());
+    let e = refusal(&spec("    start -> sample;\n    sample -> accept;", ""), rules, P4Options::default());
+    assert!(matches!(&e, Error::LabelFrame { header, .. } if header == "sample"), "{e}");
+    let own = spec("    start -> ethernet;\n    ethernet -> select(ethertype) { 0x88b5: sample; }\n    sample -> accept;", "");
+    let e = refusal(&own, rules, P4Options::default());
+    assert!(matches!(&e, Error::LabelFrame { why, .. } if why.contains("0x88b5")), "{e}");
+    let vars = format!("{plain}state hits = var(16);\n");
+    let e = refusal(&vars, "channel == 1 : fwd(1); hits += 1\n", P4Options::default());
+    assert!(matches!(&e, Error::Unsupported { arch: "v1model", .. }), "{e}");
+    let map = subc_backend_p4::PortMap::new([(0, 5), (1, 6)].into()).unwrap();
+    assert!(matches!(refusal(&plain, rules, P4Options { ports: map, ..Default::default() }), Error::PortMap(_)));
+    let wide = format!("{plain}ports 1000;\n");
+    assert!(matches!(refusal(&wide, rules, P4Options::default()), Error::LabelEndpoints { ports: 1000, .. }));
+}
