@@ -191,13 +191,18 @@ pub(crate) fn declare(layout: &mut P4Layout, spec: &Spec, shape: LabelShape) {
     layout.meta.extend([
         meta(MASK, width, "label mode: the publisher's bit (push) or the own endpoint's (pop)"),
         meta(BASE, 8, "label mode: the first plane an ingress pushes"),
-        meta(COUNT, 8, "label mode: how many planes it pushes, in turn"),
+        // Up to 256 planes: one more than a byte holds.
+        meta(COUNT, 16, "label mode: how many planes it pushes, in turn"),
     ]);
     layout.registers.push(RegisterDecl { name: SENT.into(), width: 32, size: 1, cell_struct: None });
     let bits = |name: &str| ParamDecl { name: name.into(), ty: format!("bit<{width}>"), width, role: ParamRole::Label };
-    let plane = |name: &str| ParamDecl { name: name.into(), ty: "bit<8>".into(), width: 8, role: ParamRole::Label };
+    let number = |name: &str, width: u32| ParamDecl { name: name.into(), ty: format!("bit<{width}>"), width, role: ParamRole::Label };
     layout.actions.extend([
-        ActionDecl { name: PUSH_LABEL.into(), kind: ActionKind::PushLabel, params: vec![bits("publisher"), plane("base"), plane("count")] },
+        ActionDecl {
+            name: PUSH_LABEL.into(),
+            kind: ActionKind::PushLabel,
+            params: vec![bits("publisher"), number("base", 8), number("count", 16)],
+        },
         ActionDecl { name: KEEP_LABEL.into(), kind: ActionKind::KeepLabel, params: vec![bits("fbm")] },
         ActionDecl { name: POP_LABEL.into(), kind: ActionKind::PopLabel, params: vec![bits("endpoint")] },
     ]);

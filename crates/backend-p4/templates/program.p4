@@ -187,7 +187,7 @@ control MyIngress(inout headers_t hdr,
 {%- if let Some(lb) = labels %}
 
     // Label mode: the frame comes from an own endpoint of an ingress.
-    action push_label(bit<{{ lb.width }}> publisher, bit<8> base, bit<8> count) {
+    action push_label(bit<{{ lb.width }}> publisher, bit<8> base, bit<16> count) {
         meta.{{ lb.mask }} = publisher;
         meta.{{ lb.base }} = base;
         meta.{{ lb.count }} = count;

@@ -355,13 +355,16 @@ fn a_second_bank_takes_over_with_push_entries_alone() {
     check("pushing into bank 1", &mut fabric, &mut oracle, &frames(&program, &publishers, 100, &mut rng), &mut clock);
 }
 
+/// The leaf-spine's label program for `shape`.
+fn label_target(shape: LabelShape) -> P4Target {
+    let (_, program) = network(LEAF_SPINE, Some(2), 34);
+    let set = CompiledSet::compile(&program.spec, &program.normal_forms, CompileOptions::default()).unwrap();
+    P4Target::new(&program.spec, &set, &P4Options { labels: Some(shape), ..Default::default() }).unwrap()
+}
+
 #[track_caller]
 fn refused(table: LabelTable, shape: LabelShape, what: &str) {
-    let (t, program) = network(LEAF_SPINE, Some(2), 34);
-    let _ = t;
-    let set = CompiledSet::compile(&program.spec, &program.normal_forms, CompileOptions::default()).unwrap();
-    let target = P4Target::new(&program.spec, &set, &P4Options { labels: Some(shape), ..Default::default() }).unwrap();
-    match target.label_diff(None, &table) {
+    match label_target(shape).label_diff(None, &table) {
         Err(Error::LabelTable { what: w, .. }) => assert_eq!(w, what),
         other => panic!("expected a refusal of {what}, got {other:?}"),
     }
@@ -380,6 +383,13 @@ fn tables_the_program_cannot_hold_are_refused() {
     let ingress = LabelTable { ingress: true, planes: vec![vec![row(1)]; 2], push_base: 1, push_count: 2, ..Default::default() };
     refused(ingress.clone(), shape, "the end of the push range");
     refused(LabelTable { push_base: 0, push_count: 0, ..ingress }, shape, "the push range's planes");
+
+    // The most planes, all pushed: a count one more than a byte holds fits.
+    let most = LabelShape { planes: 256, ..shape };
+    let all = LabelTable { ingress: true, planes: vec![vec![row(1)]; 256], deliver: vec![(3, 0)], push_base: 0, push_count: 256 };
+    let target = label_target(most);
+    let mut sw = Switch::new(&roundtrip_p4info(&target.p4info())).unwrap();
+    apply_checked(&mut sw, target.layout(), &roundtrip_batches(&target.label_diff(None, &all).unwrap()), false);
 }
 
 #[test]
