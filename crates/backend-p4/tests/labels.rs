@@ -437,11 +437,7 @@ fn program_and_entries() {
 #[test]
 fn the_official_package_parses_label_entries() {
     use prost::Message;
-    let Some(python) = std::env::var_os("P4RUNTIME_PYTHON") else {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI must check our P4Runtime bytes: set P4RUNTIME_PYTHON");
-        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
-        return;
-    };
+    let Some(python) = common::p4runtime_python() else { return };
     let (t, program) = network(LEAF_SPINE, Some(2), 34);
     let traffic = Traffic::declared(&t);
     let routes = LabelRoutes::new(&t, &traffic);
@@ -463,15 +459,7 @@ fn the_official_package_parses_label_entries() {
         write(format!("install-{d}"), &target.label_diff(None, &old).unwrap());
         write(format!("update-{d}"), &target.label_diff(Some(&old), &new).unwrap());
     }
-    let out = std::process::Command::new(python)
-        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
-        .arg(common::repo().join("scripts/check_p4runtime.py"))
-        .arg(&dir)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    common::check_with_p4runtime(&python, std::slice::from_ref(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
