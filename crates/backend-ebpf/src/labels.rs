@@ -65,64 +65,27 @@ use crate::encode::MapOp;
 use crate::layout::{CStruct, MapDef, MapRole, MapType, Scalar, KV};
 use crate::model::{MapIds, Model};
 use crate::{EbpfError, Hook, TargetError, UnsupportedError};
-use serde::{Deserialize, Serialize};
 use subc_lang::spec::Spec;
 
-/// The label's EtherType: IEEE 802's local experimental EtherType 1.
-pub const LABEL_ETHERTYPE: u16 = 0x88b5;
+pub use subc_bdd::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
+
 /// Most endpoints a label holds: a port bitmap's 512 ports.
 pub const MAX_LABEL_ENDPOINTS: u32 = 512;
-/// Most planes (the plane is one byte).
-pub const MAX_LABEL_PLANES: u32 = 256;
 
-/// What a label-mode program's maps are sized for. One object serves every
-/// device of a fabric when sized for the largest of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LabelShape {
-    /// Endpoints in the network: the label's width in bits.
-    pub endpoints: u32,
-    /// Planes a device can hold: twice a routing's for make-before-break
-    /// reroutes (two banks).
-    pub planes: u32,
-    /// Forwarding rows per plane: a device's neighbour ports.
-    pub rows: u32,
-    /// Endpoint slots: a device's own endpoints.
-    pub hosts: u32,
-}
-
-impl LabelShape {
-    /// The label header's bytes: the plane byte and the bit string
-    /// (`LabelTables::header_bytes` in `subc-fabric`).
-    pub fn header_bytes(&self) -> u32 {
-        1 + self.endpoints.div_ceil(8)
+/// Refuses what no label program can be: XDP, a label wider than the
+/// program's ports, an empty or oversized shape.
+pub(crate) fn check_shape(shape: &LabelShape, spec: &Spec, hook: Hook) -> Result<(), EbpfError> {
+    let refuse = |e| Err(EbpfError::Unsupported(e));
+    if hook == Hook::Xdp {
+        return refuse(UnsupportedError::LabelsOnXdp);
     }
-
-    /// Bytes a labelled frame carries beyond the publisher's: the
-    /// EtherType and the header.
-    pub fn push_bytes(&self) -> u32 {
-        2 + self.header_bytes()
+    if shape.endpoints == 0 || shape.endpoints > spec.ports || shape.endpoints > MAX_LABEL_ENDPOINTS {
+        return refuse(UnsupportedError::LabelEndpoints { endpoints: shape.endpoints, ports: spec.ports });
     }
-
-    /// 64-bit words of the bit string in the program.
-    pub fn words(&self) -> u32 {
-        self.endpoints.div_ceil(64)
+    if !shape.sized() {
+        return refuse(UnsupportedError::LabelShape { planes: shape.planes, rows: shape.rows, hosts: shape.hosts });
     }
-
-    /// Refuses what no label program can be: XDP, a label wider than the
-    /// program's ports, an empty or oversized shape.
-    pub(crate) fn check(&self, spec: &Spec, hook: Hook) -> Result<(), EbpfError> {
-        let refuse = |e| Err(EbpfError::Unsupported(e));
-        if hook == Hook::Xdp {
-            return refuse(UnsupportedError::LabelsOnXdp);
-        }
-        if self.endpoints == 0 || self.endpoints > spec.ports || self.endpoints > MAX_LABEL_ENDPOINTS {
-            return refuse(UnsupportedError::LabelEndpoints { endpoints: self.endpoints, ports: spec.ports });
-        }
-        if self.planes == 0 || self.planes > MAX_LABEL_PLANES || self.rows == 0 || self.hosts == 0 {
-            return refuse(UnsupportedError::LabelShape { planes: self.planes, rows: self.rows, hosts: self.hosts });
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Indices of the label maps in [`Model::maps`].
@@ -298,13 +261,6 @@ mod tests {
 
     fn shape() -> LabelShape {
         LabelShape { endpoints: 12, planes: 2, rows: 2, hosts: 2 }
-    }
-
-    #[test]
-    fn header_bytes_are_the_plane_byte_and_the_bits() {
-        assert_eq!(shape().header_bytes(), 3);
-        assert_eq!(shape().push_bytes(), 5);
-        assert_eq!(LabelShape { endpoints: 128, ..shape() }.header_bytes(), 17);
     }
 
     #[test]

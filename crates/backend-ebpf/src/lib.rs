@@ -178,7 +178,7 @@ pub fn write_image(spec: &Spec, pipes: &[&Pipeline], bits: Option<&BitImage>, op
 /// an ingress, forwards by label, and pops to the device's own endpoints.
 /// TC only ([`UnsupportedError::LabelsOnXdp`]).
 pub fn write_labels(spec: &Spec, pipes: &[&Pipeline], shape: LabelShape, opts: &EbpfOptions) -> Result<Artifacts, EbpfError> {
-    shape.check(spec, opts.hook)?;
+    labels::check_shape(&shape, spec, opts.hook)?;
     let model = Model::new(spec, pipes, opts)?.with_labels(spec, shape)?;
     let image = TableImage::new(&model, pipes)?;
     let source = codegen::generate(spec, &model, None)?;

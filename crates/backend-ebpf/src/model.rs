@@ -689,7 +689,7 @@ impl Model {
     /// This model with label mode's structs and maps (`labels.rs`), for a
     /// TC program whose ports are the network's endpoints.
     pub fn with_labels(mut self, spec: &Spec, shape: LabelShape) -> Result<Model, EbpfError> {
-        shape.check(spec, self.hook)?;
+        crate::labels::check_shape(&shape, spec, self.hook)?;
         if self.audience_slots > 0 {
             return Err(EbpfError::Unsupported(UnsupportedError::LabelEndpoints { endpoints: shape.endpoints, ports: spec.ports }));
         }

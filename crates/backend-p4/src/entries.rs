@@ -236,11 +236,11 @@ pub struct Encoder<'a> {
 /// The receivers of an encoder not given any.
 static PLAIN: Receivers = Receivers::Plain;
 
-fn update(kind: p4v1::update::Type, entity: p4v1::entity::Entity) -> p4v1::Update {
+pub(crate) fn update(kind: p4v1::update::Type, entity: p4v1::entity::Entity) -> p4v1::Update {
     p4v1::Update { r#type: kind as i32, entity: Some(p4v1::Entity { entity: Some(entity) }) }
 }
 
-fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
+pub(crate) fn exact(field_id: u32, value: Vec<u8>) -> p4v1::FieldMatch {
     p4v1::FieldMatch { field_id, field_match_type: Some(p4v1::field_match::FieldMatchType::Exact(p4v1::field_match::Exact { value })) }
 }
 
@@ -296,11 +296,11 @@ impl<'a> Encoder<'a> {
         self.layout.level(pipeline, level).ok_or(Error::LevelLeftOut { pipeline, level })
     }
 
-    fn action_id(&self, name: &str) -> u32 {
+    pub(crate) fn action_id(&self, name: &str) -> u32 {
         self.ids.actions[&self.layout.arch.action_name(name)]
     }
 
-    fn table_id(&self, role: TableRole) -> Result<u32, Error> {
+    pub(crate) fn table_id(&self, role: TableRole) -> Result<u32, Error> {
         self.layout.table_index(role).map(|i| self.table_ids[i]).ok_or(Error::NoTable(format!("{role:?}")))
     }
 

@@ -133,7 +133,7 @@ impl Arch {
     pub(crate) fn action_name(self, name: &str) -> String {
         if name == "NoAction" {
             name.to_string()
-        } else if name == DELIVER {
+        } else if name == DELIVER || name == crate::labels::KEEP_LABEL || name == crate::labels::POP_LABEL {
             self.egress_qualified(name)
         } else {
             self.qualified(name)
@@ -525,6 +525,12 @@ pub enum ActionKind {
     /// The egress's receiver action: the copy leaves, rewritten with the
     /// receiver's destination (see [`Audience::Receivers`]).
     Deliver,
+    /// Label mode's actions (`crate::labels`): the ingress's push, which
+    /// holds the publisher's bit and the push range; the egress's F-BM of a
+    /// (plane, port); the egress's bit of an own endpoint.
+    PushLabel,
+    KeepLabel,
+    PopLabel,
 }
 
 /// What an action parameter means.
@@ -538,6 +544,8 @@ pub enum ParamRole {
     Receiver,
     /// The receiver's rewrite (`deliver`): which parts, and their values.
     Rewrite(Rewrite),
+    /// Label mode: a bit string in the header's order, or a plane.
+    Label,
     /// Index into [`P4Layout::vars`].
     VarSet(usize),
     VarTo(usize),
@@ -641,6 +649,13 @@ pub enum TableRole {
     /// Past 511 ports: the egress's table of receivers, keyed on the
     /// copy's receiver; a hit delivers (rewritten), a miss drops.
     Receivers,
+    /// Label mode (`crate::labels`): the ingress's table of own endpoints
+    /// that push, keyed on the ingress port.
+    LabelPush,
+    /// Label mode: the egress's F-BMs, keyed on (plane, egress port).
+    LabelForward,
+    /// Label mode: the egress's own endpoints, keyed on the egress port.
+    LabelPop,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -752,6 +767,8 @@ pub struct P4Layout {
     pub rewrites: Option<RewriteTargets>,
     /// Whether a counter needs the ingress timestamp.
     pub uses_time: bool,
+    /// Label mode: the label header and what pushing and popping it touch.
+    pub labels: Option<crate::labels::LabelLayout>,
 }
 
 /// Exact division of a 48-bit timestamp by a constant, as a multiplication
@@ -831,6 +848,9 @@ impl P4Layout {
         if orders.is_empty() {
             return Err(Error::NoPipeline);
         }
+        if let Some(shape) = opts.labels {
+            crate::labels::check(spec, opts, shape)?;
+        }
         // The phases keep this order: most take names from P4's one global
         // namespace, where the first to ask gets the plain name, so the
         // order decides the program's identifiers.
@@ -846,13 +866,18 @@ impl P4Layout {
         b.declare_pipeline_metadata();
         b.declare_actions();
         b.declare_tables(orders);
+        if let Some(shape) = opts.labels {
+            crate::labels::declare(&mut b.layout, spec, shape);
+        }
         Ok(b.layout)
     }
 
     /// The table's P4Info name: qualified by the control it is declared in.
     pub(crate) fn table_name(&self, t: &TableDecl) -> String {
         match t.role {
-            TableRole::PortFilter | TableRole::Receivers => self.arch.egress_qualified(&t.name),
+            TableRole::PortFilter | TableRole::Receivers | TableRole::LabelForward | TableRole::LabelPop => {
+                self.arch.egress_qualified(&t.name)
+            }
             _ => self.arch.qualified(&t.name),
         }
     }
@@ -896,7 +921,16 @@ impl P4Layout {
     /// power of two, so that updates have room.
     pub fn size_tables(&mut self, counts: &[usize], opts: &P4Options) {
         for (t, n) in self.tables.iter_mut().zip(counts) {
-            if matches!(t.role, TableRole::Root { .. } | TableRole::Fanout | TableRole::PortFilter | TableRole::Receivers) {
+            if matches!(
+                t.role,
+                TableRole::Root { .. }
+                    | TableRole::Fanout
+                    | TableRole::PortFilter
+                    | TableRole::Receivers
+                    | TableRole::LabelPush
+                    | TableRole::LabelForward
+                    | TableRole::LabelPop
+            ) {
                 continue;
             }
             let want = opts.headroom.room_for(*n as u64).next_power_of_two();
@@ -970,7 +1004,8 @@ impl TableActions {
 
 impl<'a> Builder<'a> {
     fn new(spec: &'a Spec, opts: &'a P4Options, pipelines: usize) -> Builder<'a> {
-        let fanout = if pipelines == 1 { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
+        // Label mode's leaves name endpoints: the bitmap, whatever the pipelines.
+        let fanout = if pipelines == 1 && opts.labels.is_none() { Fanout::Direct } else { Fanout::Bitmap { width: spec.ports } };
         let layout = P4Layout {
             arch: opts.arch,
             headers: vec![],
@@ -992,6 +1027,7 @@ impl<'a> Builder<'a> {
             audience: Audience::of(spec.ports),
             rewrites: None,
             uses_time: false,
+            labels: None,
         };
         // TNA's counters compare the packet's time, `meta.now`.
         let mut reserved: Vec<&str> =
@@ -1000,6 +1036,10 @@ impl<'a> Builder<'a> {
         if layout.audience == Audience::Receivers {
             reserved.extend(["receiver", "replicated"]);
             global.reserve_all(&[RECEIVERS, DELIVER, "receiver"]);
+        }
+        if opts.labels.is_some() {
+            reserved.extend(crate::labels::META);
+            global.reserve_all(&crate::labels::GLOBAL);
         }
         let meta_namer = P4Namer::struct_fields(&reserved);
         Builder { spec, opts, global, meta_namer, window_cell: None, pipeline_state: vec![], pipelines, layout }
@@ -1015,7 +1055,12 @@ impl<'a> Builder<'a> {
     /// header's fields, have namespaces of their own).
     fn declare_headers(&mut self) {
         // TNA's ingress carries `hdr.bridge` to the egress.
-        let mut instances = P4Namer::struct_fields(if self.layout.arch == Arch::Tna { &["bridge"] } else { &[] });
+        let reserved: &[&str] = match (self.layout.arch, self.opts.labels) {
+            (Arch::Tna, _) => &["bridge"],
+            (_, Some(_)) => &[crate::labels::INSTANCE],
+            _ => &[],
+        };
+        let mut instances = P4Namer::struct_fields(reserved);
         for h in &self.spec.headers {
             let mut fields = P4Namer::header_fields();
             self.layout.headers.push(HeaderView {
@@ -1439,7 +1484,9 @@ impl<'a> Builder<'a> {
             let pipeline = self.declare_pipeline(p, order, prefix.as_deref(), &actions);
             self.layout.pipelines.push(pipeline);
         }
-        if let Fanout::Bitmap { .. } = self.layout.fanout {
+        if let Some(shape) = self.opts.labels {
+            self.layout.tables.extend(crate::labels::tables(shape));
+        } else if let Fanout::Bitmap { .. } = self.layout.fanout {
             self.layout.tables.push(TableDecl {
                 name: "fanout".into(),
                 role: TableRole::Fanout,

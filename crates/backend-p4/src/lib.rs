@@ -10,6 +10,9 @@
 //!   and IR diffs as ordered batches of updates; past 511 ports, a port is
 //!   a receiver, the replica `(egress port, instance)` of a group, and the
 //!   egress's receivers table rewrites each copy ([`Audience`]);
+//! - `labels`: label mode (`docs/network.md`, "Routing by labels"): the
+//!   program pushes, forwards by and pops a label, and a device's
+//!   [`LabelTable`] becomes entries and diffs;
 //! - `resources`: entries, TCAM and SRAM per table;
 //! - `simulator`: a P4-semantics simulator that runs on decoded P4Runtime
 //!   messages only, and counts as the program does;
@@ -32,6 +35,7 @@
 #![warn(unreachable_pub)]
 
 mod entries;
+mod labels;
 mod layout;
 mod names;
 mod p4info;
@@ -44,6 +48,7 @@ pub mod testing;
 mod tofino;
 
 pub use entries::{describe, entries_text, initial_defaults, write_request, Batch, PortMap, Receiver, Receivers};
+pub use labels::{LabelLayout, LabelShape, LabelTable, LABEL_ETHERTYPE, LABEL_GROUP, MAX_LABEL_PLANES};
 pub use layout::{Arch, Audience, P4Layout, TableRole};
 pub use p4info::{difference, program_cookie};
 pub use program::write_program;
@@ -91,6 +96,12 @@ pub struct P4Options {
     /// Past 511 ports: what each receiver is (its egress port and rewrite),
     /// the entries of the egress's receivers table.
     pub receivers: Receivers,
+    /// Label mode (`docs/network.md`, "Routing by labels"): the program,
+    /// compiled from the whole network program (endpoints numbered as
+    /// ports), pushes, forwards by and pops labels, its tables sized by
+    /// this shape; each device's entries come from its [`LabelTable`]
+    /// ([`P4Target::label_diff`]). v1model only.
+    pub labels: Option<LabelShape>,
 }
 
 impl Default for P4Options {
@@ -105,6 +116,7 @@ impl Default for P4Options {
             arch: Arch::V1Model,
             skip_empty_levels: false,
             receivers: Receivers::default(),
+            labels: None,
         }
     }
 }
@@ -172,6 +184,21 @@ pub enum Error {
     /// A receiver's settings that the program cannot hold.
     #[error("receiver {receiver}: {why}")]
     Receiver { receiver: u32, why: String },
+    /// Label mode: a shape whose endpoints are not the spec's ports (a
+    /// label's endpoints are ports `0..endpoints`, at most 511).
+    #[error("label mode: {endpoints} endpoints, but a label's endpoints are the spec's ports (1 to {ports}, at most 511)")]
+    LabelEndpoints { endpoints: u32, ports: u32 },
+    #[error("label mode: a shape of {planes} planes (1 to 256), {rows} rows and {hosts} own endpoints (at least 1 each)")]
+    LabelShape { planes: u32, rows: u32, hosts: u32 },
+    /// Label mode pushes the label after the MAC addresses.
+    #[error(
+        "label mode: the label goes after the MAC addresses, so the parser's first header must be Ethernet (14 bytes, a \
+         16-bit EtherType at bit 96, and no frame of the spec's own with the label's EtherType); it is {header}: {why}"
+    )]
+    LabelFrame { header: String, why: &'static str },
+    /// A device's label table that the program's tables cannot hold.
+    #[error("label mode: {what} is {got}, more than the {max} the program holds")]
+    LabelTable { what: &'static str, got: usize, max: usize },
     /// A receivers file that is not what `Receivers::from_json` reads.
     #[error("receivers file: {0}")]
     ReceiversFile(String),
@@ -324,7 +351,7 @@ impl P4Target {
     pub fn install_pipelines(&self, pipes: &[&Pipeline]) -> Result<Vec<Batch>, Error> {
         let enc = self.encoder();
         let mut out = vec![];
-        if let Fanout::Bitmap { .. } = self.layout.fanout {
+        if self.layout.labels.is_none() && matches!(self.layout.fanout, Fanout::Bitmap { .. }) {
             out.extend(enc.fanout_install()?);
         }
         if self.layout.audience == Audience::Receivers {
@@ -351,6 +378,15 @@ impl P4Target {
             out.extend(batches_of_ops(&enc, d.pipeline, &d.ops(), pipe, self.opts.batch_size)?);
         }
         Ok(out)
+    }
+
+    /// Label mode: the updates that take a switch running the program from
+    /// the device's label table `before` (`None`: none installed yet) to
+    /// `after`, writing only the entries that change (a reroute writes
+    /// nothing to a device whose table did not change), in
+    /// make-before-break order.
+    pub fn label_diff(&self, before: Option<&LabelTable>, after: &LabelTable) -> Result<Vec<Batch>, Error> {
+        labels::updates(&self.encoder(), before, after, self.opts.batch_size)
     }
 
     /// What a switch running the program holds once these pipelines are

@@ -4,6 +4,7 @@
 //! `templates/program_tna.p4` for TNA, which reads the same view model). The
 //! templates only loop and pick snippets.
 
+use crate::labels;
 use crate::layout::{
     Arch, Fanout, P4Layout, ParseStateView, QueryValue, Rewrite, RewriteTargets, Stage, StateLogic, StateView, TableDecl, TableRole,
     Transition, STATE_WIDTH,
@@ -63,6 +64,34 @@ pub(crate) struct ReceiversView {
     pub ip_checksum: Option<(String, String, Vec<String>)>,
 }
 
+/// Label mode: the label header, the egress's tables, and the names the
+/// push and the egress use (`crate::labels`).
+pub(crate) struct LabelView {
+    pub header_type: &'static str,
+    pub instance: &'static str,
+    pub parse_state: &'static str,
+    pub width: u32,
+    pub ethernet: String,
+    pub ethertype: String,
+    pub ethertype_value: String,
+    pub group: u32,
+    pub sent: &'static str,
+    pub push: &'static str,
+    pub mask: &'static str,
+    pub base: &'static str,
+    pub count: &'static str,
+    pub keep_label: &'static str,
+    pub pop_label: &'static str,
+    /// The pipelines' port bitmap (`label_wanted`, cast to the bit
+    /// string's width) in the header's byte order: endpoint `e` in bit
+    /// `e % 8` of byte `e / 8`.
+    pub swapped: String,
+    /// The egress's tables: the F-BMs, then the own endpoints.
+    pub egress_tables: Vec<TableRow>,
+    pub forward: String,
+    pub pop: String,
+}
+
 pub(crate) struct CopyRow {
     pub header: String,
     pub assigns: Vec<(String, String)>,
@@ -97,6 +126,7 @@ pub(crate) struct ProgramTemplate<'a> {
     pub uses_time: bool,
     pub emit_order: Vec<String>,
     pub receivers: Option<ReceiversView>,
+    pub labels: Option<LabelView>,
 }
 
 /// The TNA program: the same view model, and the struct type of counters'
@@ -158,17 +188,61 @@ impl<'a> ProgramTemplate<'a> {
             tables: l
                 .tables
                 .iter()
-                .filter(|t| !matches!(t.role, TableRole::PortFilter | TableRole::Receivers))
+                .filter(|t| !matches!(t.role, TableRole::PortFilter | TableRole::Receivers | TableRole::LabelForward | TableRole::LabelPop))
                 .map(|t| table_row(l, t))
                 .collect(),
             copies,
             flips,
             states: &l.states,
             uses_time: l.uses_time,
-            emit_order: spec.parser.topo_order.iter().map(|h| l.headers[h.0 as usize].instance.clone()).collect(),
+            emit_order: emit_order(spec, l),
             receivers: receivers_view(l),
+            labels: label_view(l),
         }
     }
+}
+
+/// The headers the deparser emits, in order: the label, when there is one,
+/// right after the Ethernet header.
+fn emit_order(spec: &Spec, l: &P4Layout) -> Vec<String> {
+    let mut out = vec![];
+    for h in &spec.parser.topo_order {
+        let instance = l.headers[h.0 as usize].instance.clone();
+        let after = l.labels.as_ref().is_some_and(|lb| lb.ethernet == instance);
+        out.push(instance);
+        if after {
+            out.push(labels::INSTANCE.to_string());
+        }
+    }
+    out
+}
+
+/// Label mode's view, when the program has labels.
+fn label_view(l: &P4Layout) -> Option<LabelView> {
+    let lb = l.labels.as_ref()?;
+    let table = |role| l.tables.iter().find(|t| t.role == role).map(|t| table_row(l, t)).expect("label mode's tables");
+    let bytes: Vec<String> = (0..lb.width / 8).map(|j| format!("label_wanted[{}:{}]", 8 * j + 7, 8 * j)).collect();
+    Some(LabelView {
+        header_type: labels::HEADER_TYPE,
+        instance: labels::INSTANCE,
+        parse_state: labels::PARSE_STATE,
+        width: lb.width,
+        ethernet: lb.ethernet.clone(),
+        ethertype: lb.ethertype.clone(),
+        ethertype_value: format!("0x{:04x}", labels::LABEL_ETHERTYPE),
+        group: labels::LABEL_GROUP,
+        sent: labels::SENT,
+        push: labels::PUSH_TABLE,
+        mask: labels::MASK,
+        base: labels::BASE,
+        count: labels::COUNT,
+        keep_label: labels::KEEP_LABEL,
+        pop_label: labels::POP_LABEL,
+        swapped: bytes.join(" ++ "),
+        egress_tables: vec![table(TableRole::LabelForward), table(TableRole::LabelPop)],
+        forward: labels::FORWARD_TABLE.into(),
+        pop: labels::POP_TABLE.into(),
+    })
 }
 
 /// Past 511 ports: the egress's receivers table and its action.
@@ -325,6 +399,9 @@ fn table_comment(l: &P4Layout, role: TableRole) -> Option<String> {
             "Pipeline {pipeline}, {}: one table; by priority its exact entries, then its ranged ones, then its default.",
             l.level(pipeline, level).expect("a level of the layout").source
         )),
+        TableRole::LabelPush => Some("Label mode: the own endpoints of an ingress, whose frames are evaluated and labelled.".into()),
+        TableRole::LabelForward => Some("Label mode: per (plane, port), the F-BM: the endpoints reached through the port.".into()),
+        TableRole::LabelPop => Some("Label mode: per own endpoint's port, its bit; a copy there pops the label.".into()),
         TableRole::Field { .. } => None,
     }
 }

@@ -88,6 +88,8 @@ pub(crate) fn entry_counts_of(layout: &P4Layout, pipes: &[&subc_bdd::Pipeline]) 
             TableRole::PortFilter => layout.ports as usize,
             // At most one entry per receiver (every one, by default).
             TableRole::Receivers => layout.ports as usize,
+            // Per device data (`LabelTable`), not the pipelines'.
+            TableRole::LabelPush | TableRole::LabelForward | TableRole::LabelPop => 0,
         })
         .collect()
 }
@@ -156,6 +158,9 @@ pub(crate) fn resources(layout: &P4Layout, ids: &Ids, set: &CompiledSet, install
             TableRole::Fanout => (None, None, "fanout".to_string()),
             TableRole::PortFilter => (None, None, "port_filter".to_string()),
             TableRole::Receivers => (None, None, "receivers".to_string()),
+            TableRole::LabelPush => (None, None, "label_push".to_string()),
+            TableRole::LabelForward => (None, None, "label_forward".to_string()),
+            TableRole::LabelPop => (None, None, "label_pop".to_string()),
         };
         let is_tcam = t.keys.iter().any(|k| k.kind != MatchKind::Exact);
         tables.push(TableResources {

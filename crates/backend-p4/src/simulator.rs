@@ -23,8 +23,12 @@
 //! the highest priority), with the actions the P4Info names, and the
 //! multicast groups of the replication engine; the egress counts each copy
 //! that leaves in the per-port counter, packets and bytes (the frame's
-//! length, as BMv2 counts it).
+//! length, as BMv2 counts it). A label-mode program
+//! ([`crate::LabelShape`]) runs as `crate::labels` describes: push at an
+//! ingress (the plane counter a register), forward by label and pop, per
+//! replica of the label group.
 
+use crate::labels::{self, LabelLayout, LABEL_ETHERTYPE};
 use crate::layout::{
     ActionKind, Audience, Divider, Fanout, P4Layout, ParamRole, QueryValue, StateLogic, TableRole, Transition, PARSED_STATE, UNPARSED_EXIT,
 };
@@ -737,7 +741,7 @@ impl Switch {
                 }
             }
         }
-        if let Fanout::Bitmap { .. } = layout.fanout {
+        if let (Fanout::Bitmap { .. }, None) = (layout.fanout, &layout.labels) {
             // The fanout multicasts to a group that holds every port a leaf names.
             let fanout = id_of("fanout")?;
             let all: Vec<u32> = match self.state[&fanout].default.as_ref().and_then(group_of) {
@@ -778,6 +782,21 @@ impl Switch {
         let st = &self.state[&table];
         st.entries.values().map(|e| e.action.clone()).chain(st.default.clone()).collect()
     }
+}
+
+/// A canonical byte string as `n` big-endian bytes (the high ones cut).
+fn fixed(b: &[u8], n: usize) -> Vec<u8> {
+    let mut out = vec![0; n.saturating_sub(b.len())];
+    out.extend_from_slice(&b[b.len().saturating_sub(n)..]);
+    out
+}
+
+/// What a label-mode packet did: the copies that left.
+fn label_outcome(copies: Vec<Delivery>) -> Outcome {
+    let mut ports: Vec<u32> = copies.iter().map(|c| c.port).collect();
+    ports.sort_unstable();
+    let decision = if ports.is_empty() { Decision::NoMatch } else { Decision::Forward };
+    Outcome { parsed: true, ports, decision, copies }
 }
 
 /// Whether bit `p` (0 = least significant) of a big-endian byte string is set.
@@ -1226,8 +1245,8 @@ impl<'a> Simulator<'a> {
             }
             ActionKind::Update => {}
             ActionKind::AddPorts => meta.ports = or_bytes(&meta.ports, &call.args[0]),
-            // The egress's, run by `egress`.
-            ActionKind::Deliver => {}
+            // The egress's, run by `egress`; label mode's, by `run_labels`.
+            ActionKind::Deliver | ActionKind::PushLabel | ActionKind::KeepLabel | ActionKind::PopLabel => {}
         }
         // Variable updates: `v = (set ? to : v) + add`, modulo the width.
         let layout = self.layout;
@@ -1299,9 +1318,30 @@ impl<'a> Simulator<'a> {
     /// Runs one packet that came in on device port `ingress`: a program
     /// that prunes the ingress port sends no copy back out of it.
     pub fn run_from(&mut self, ingress: Option<u32>, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
+        if let Some(lb) = &self.layout.labels {
+            return self.run_labels(lb, ingress, bytes, ts_ns);
+        }
         let Some(pkt) = self.parse(bytes) else {
             return Ok(Outcome { parsed: false, ports: vec![], decision: Decision::NoMatch, copies: vec![] });
         };
+        let meta = self.decide(&pkt, ts_ns)?;
+        let replicas = self.replicate(&meta)?;
+        let copies = self.egress(replicas, &meta, ingress, &pkt, bytes)?;
+        let mut ports: Vec<u32> = copies.iter().map(|c| c.receiver.unwrap_or(c.port)).collect();
+        ports.sort_unstable();
+        let decision = if !ports.is_empty() {
+            Decision::Forward
+        } else if meta.dropped {
+            Decision::Drop
+        } else {
+            Decision::NoMatch
+        };
+        Ok(Outcome { parsed: true, ports, decision, copies })
+    }
+
+    /// The ingress on a parsed packet: the metadata copies, the state, the
+    /// pipelines' tables and, with several, the fanout.
+    fn decide(&mut self, pkt: &Packet, ts_ns: u64) -> Result<Meta, SimError> {
         let layout = self.layout;
         let mut meta = Meta {
             fields: HashMap::new(),
@@ -1318,7 +1358,7 @@ impl<'a> Simulator<'a> {
                 meta.fields.insert(q.meta.clone(), (raw ^ flip) & mask(q.width));
             }
         }
-        self.stream_state(&pkt, &mut meta, ts_ns);
+        self.stream_state(pkt, &mut meta, ts_ns);
         for p in &layout.pipelines {
             self.apply_table(&p.root, &mut meta)?;
             for l in &p.levels {
@@ -1338,21 +1378,80 @@ impl<'a> Simulator<'a> {
             }
         }
         let bitmap = matches!(layout.fanout, Fanout::Bitmap { .. });
-        if bitmap && meta.ports != [0] {
+        if bitmap && layout.labels.is_none() && meta.ports != [0] {
             self.apply_table("fanout", &mut meta)?;
         }
-        let replicas = self.replicate(&meta)?;
-        let copies = self.egress(replicas, &meta, ingress, &pkt, bytes)?;
-        let mut ports: Vec<u32> = copies.iter().map(|c| c.receiver.unwrap_or(c.port)).collect();
-        ports.sort_unstable();
-        let decision = if !ports.is_empty() {
-            Decision::Forward
-        } else if meta.dropped {
-            Decision::Drop
-        } else {
-            Decision::NoMatch
-        };
-        Ok(Outcome { parsed: true, ports, decision, copies })
+        Ok(meta)
+    }
+
+    /// Label mode (`crate::labels`), as the program runs it: a labelled
+    /// frame (the parser's lookahead) goes to the label group; an
+    /// unlabelled one from a port `label_push` has takes the next plane
+    /// and, parsed, runs the pipelines and is labelled with the bitmap's
+    /// endpoints less the publisher; every replica of the label group then
+    /// keeps its F-BM's bits or pops to an own endpoint. `parsed` is
+    /// whether the frame was labelled or parsed.
+    fn run_labels(&mut self, lb: &LabelLayout, ingress: Option<u32>, bytes: &[u8], ts_ns: u64) -> Result<Outcome, SimError> {
+        let n = lb.width as usize / 8;
+        let nothing = |parsed| Ok(Outcome { parsed, ports: vec![], decision: Decision::NoMatch, copies: vec![] });
+        let labelled = bytes.len() >= 14 && bytes[12..14] == LABEL_ETHERTYPE.to_be_bytes();
+        if labelled && bytes.len() >= 14 + 1 + n + 2 {
+            let copies = self.label_egress(bytes[14], &bytes[15..15 + n], &bytes[..12], &bytes[15 + n..])?;
+            return Ok(label_outcome(copies));
+        }
+        let push = self.ids.table_ids[labels::PUSH_TABLE];
+        let (call, hit) = self.switch.lookup(push, &[KeyValue::Int(ingress.map_or(DROP_PORT, u64::from))])?;
+        if !hit {
+            return nothing(false);
+        }
+        let sent = self.reg(labels::SENT, 0) as u64;
+        self.reg_write(labels::SENT, 0, sent as u128 + 1);
+        // A short labelled frame stops the parser (`meta.parsed` stays 0).
+        let Some(pkt) = self.parse(bytes).filter(|_| !labelled) else { return nothing(false) };
+        let meta = self.decide(&pkt, ts_ns)?;
+        let publisher = fixed(&call.args[0], n);
+        let bits: Vec<u8> = (0..n)
+            .map(|j| (0..8).filter(|b| bit_set(&meta.ports, 8 * j as u32 + b)).fold(0u8, |a, b| a | 1 << b) & !publisher[j])
+            .collect();
+        if bits.iter().all(|b| *b == 0) {
+            return nothing(true);
+        }
+        let (base, count) = (bytes_to_u64(&call.args[1]), bytes_to_u64(&call.args[2]));
+        let plane = (base + sent.checked_rem(count).unwrap_or(0)) as u8;
+        let copies = self.label_egress(plane, &bits, &bytes[..12], &bytes[12..])?;
+        Ok(label_outcome(copies))
+    }
+
+    /// The label group's replicas in the egress: a copy to a row's port
+    /// carries `bits & F-BM` if that is not empty; a copy to an own
+    /// endpoint whose bit is set leaves popped (`macs`, then `rest`: the
+    /// frame's EtherType and payload); the others are dropped.
+    fn label_egress(&mut self, plane: u8, bits: &[u8], macs: &[u8], rest: &[u8]) -> Result<Vec<Delivery>, SimError> {
+        let group = labels::LABEL_GROUP;
+        let replicas = self.switch.groups.get(&group).ok_or(SimError::NoGroup { group: group as u64 })?.clone();
+        let (forward, pop) = (self.ids.table_ids[labels::FORWARD_TABLE], self.ids.table_ids[labels::POP_TABLE]);
+        let mut copies = vec![];
+        for (port, _) in replicas {
+            let (call, hit) = self.switch.lookup(forward, &[KeyValue::Int(plane as u64), KeyValue::Int(port as u64)])?;
+            let frame = if hit {
+                let kept: Vec<u8> = bits.iter().zip(fixed(&call.args[0], bits.len())).map(|(b, f)| b & f).collect();
+                if kept.iter().all(|b| *b == 0) {
+                    continue;
+                }
+                let ethertype = LABEL_ETHERTYPE.to_be_bytes();
+                [macs, &ethertype, &[plane], &kept, rest].concat()
+            } else {
+                let (call, hit) = self.switch.lookup(pop, &[KeyValue::Int(port as u64)])?;
+                let endpoint = fixed(call.args.first().map_or(&[][..], Vec::as_slice), bits.len());
+                if !hit || bits.iter().zip(&endpoint).all(|(b, e)| b & e == 0) {
+                    continue;
+                }
+                [macs, rest].concat()
+            };
+            self.switch.count(self.ids.port_counter, port as u64, frame.len() as u64);
+            copies.push(Delivery { port, receiver: None, rewrite: vec![], frame });
+        }
+        Ok(copies)
     }
 
     /// The copies the traffic manager makes: a multicast group's replicas

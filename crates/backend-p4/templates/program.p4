@@ -37,10 +37,22 @@ header {{ h.type_name }} {
 {%- endfor %}
 }
 {% endfor %}
+{%- if let Some(lb) = labels %}
+// Label mode: after the MAC addresses, EtherType {{ lb.ethertype_value }}, then this
+// header (the frame's own EtherType last), then the frame's payload.
+header {{ lb.header_type }} {
+    bit<8> plane;
+    bit<{{ lb.width }}> bits;
+    bit<16> ethertype;
+}
+{% endif %}
 struct headers_t {
 {%- for h in headers %}
     {{ h.type_name }} {{ h.instance }};
 {%- endfor %}
+{%- if let Some(lb) = labels %}
+    {{ lb.header_type }} {{ lb.instance }};
+{%- endif %}
 }
 
 /* Metadata: the values subscriptions test, and the diagram state */
@@ -57,10 +69,25 @@ parser MyParser(packet_in packet,
                 out headers_t hdr,
                 inout metadata_t meta,
                 inout standard_metadata_t standard_metadata) {
+{% if let Some(lb) = labels %}
+    // A labelled frame is parsed up to its label, no further.
+    state start {
+        transition select(packet.lookahead<bit<112>>()[15:0]) {
+            {{ lb.ethertype_value }}: {{ lb.parse_state }};
+            default: {{ start }};
+        }
+    }
 
+    state {{ lb.parse_state }} {
+        packet.extract(hdr.{{ lb.ethernet }});
+        packet.extract(hdr.{{ lb.instance }});
+        transition accept;
+    }
+{%- else %}
     state start {
         transition {{ start }};
     }
+{%- endif %}
 {% for s in parse_states %}
     state {{ s.name }} {
         packet.extract(hdr.{{ s.header }});
@@ -157,6 +184,15 @@ control MyIngress(inout headers_t hdr,
         meta.ports = meta.ports | ports;
     }
 {%- endif %}
+{%- if let Some(lb) = labels %}
+
+    // Label mode: the frame comes from an own endpoint of an ingress.
+    action push_label(bit<{{ lb.width }}> publisher, bit<8> base, bit<16> count) {
+        meta.{{ lb.mask }} = publisher;
+        meta.{{ lb.base }} = base;
+        meta.{{ lb.count }} = count;
+    }
+{%- endif %}
 {% for t in tables %}
 {%- if let Some(c) = t.comment %}
     // {{ c }}
@@ -181,6 +217,22 @@ control MyIngress(inout headers_t hdr,
     apply {
         // No egress port unless a subscription forwards the packet.
         mark_to_drop(standard_metadata);
+{%- if let Some(lb) = labels %}
+        // Label mode: a labelled frame goes to every label port; the egress
+        // keeps the copies its label asks for.
+        if (hdr.{{ lb.instance }}.isValid()) {
+            standard_metadata.mcast_grp = {{ lb.group }};
+            exit;
+        }
+        // An unlabelled one is evaluated only if it comes from an own
+        // endpoint of an ingress, and takes the next plane.
+        if (!{{ lb.push }}.apply().hit) {
+            exit;
+        }
+        bit<32> label_sent_n;
+        {{ lb.sent }}.read(label_sent_n, 0);
+        {{ lb.sent }}.write(0, label_sent_n + 1);
+{%- endif %}
         if (meta.parsed == 0) {
             exit;
         }
@@ -312,7 +364,21 @@ control MyIngress(inout headers_t hdr,
         {{ leaf }}.apply();
 {%- endif %}
 {%- endfor %}
-{%- if ports_width.is_some() %}
+{%- if let Some(lb) = labels %}
+
+        // Push: the endpoints the pipelines chose, in the header's byte
+        // order, less the publisher; labelled only if some remain.
+        bit<{{ lb.width }}> label_wanted = (bit<{{ lb.width }}>)meta.ports;
+        bit<{{ lb.width }}> label_bits = ({{ lb.swapped }}) & ~meta.{{ lb.mask }};
+        if (label_bits != 0) {
+            hdr.{{ lb.instance }}.setValid();
+            hdr.{{ lb.instance }}.plane = meta.{{ lb.base }} + (bit<8>)(label_sent_n % (bit<32>)meta.{{ lb.count }});
+            hdr.{{ lb.instance }}.bits = label_bits;
+            hdr.{{ lb.instance }}.ethertype = hdr.{{ lb.ethernet }}.{{ lb.ethertype }};
+            hdr.{{ lb.ethernet }}.{{ lb.ethertype }} = {{ lb.ethertype_value }};
+            standard_metadata.mcast_grp = {{ lb.group }};
+        }
+{%- else if ports_width.is_some() %}
 
         // Several pipelines: send the packet to every port; the egress keeps
         // the copies to the ports of the union.
@@ -323,7 +389,9 @@ control MyIngress(inout headers_t hdr,
     }
 }
 
-{% if receivers.is_some() -%}
+{% if labels.is_some() -%}
+/* Egress: each copy forwarded by its label, or popped; count what leaves */
+{%- else if receivers.is_some() -%}
 /* Egress: each copy to its receiver, rewritten; count what leaves */
 {%- else -%}
 /* Egress: count what leaves; checksums, deparser: packets leave unchanged */
@@ -336,7 +404,54 @@ control MyEgress(inout headers_t hdr,
     // on its own port. A cell for every 9-bit port, whatever the port map.
     counter({{ port_counter.size }}, CounterType.packets_and_bytes) {{ port_counter.name }};
 
-{%- if let Some(r) = receivers %}
+{%- if let Some(lb) = labels %}
+
+    // The copy to a neighbour carries the endpoints reached through it.
+    action {{ lb.keep_label }}(bit<{{ lb.width }}> fbm) {
+        hdr.{{ lb.instance }}.bits = hdr.{{ lb.instance }}.bits & fbm;
+    }
+
+    // The copy to an own endpoint leaves, popped, if the endpoint's bit is set.
+    action {{ lb.pop_label }}(bit<{{ lb.width }}> endpoint) {
+        meta.{{ lb.mask }} = endpoint;
+    }
+{% for t in lb.egress_tables %}
+{%- if let Some(c) = t.comment %}
+    // {{ c }}
+{%- endif %}
+    table {{ t.name }} {
+        key = {
+{%- for k in t.keys %}
+            {{ k.0 }}: {{ k.1 }};
+{%- endfor %}
+        }
+        actions = {
+{%- for a in t.actions %}
+            {{ a }};
+{%- endfor %}
+        }
+        default_action = {{ t.default_action }};
+        size = {{ t.size }};
+    }
+{% endfor %}
+    apply {
+        // A copy leaves with some of its bits, or popped to an own endpoint
+        // whose bit is set; any other is dropped.
+        bool keep = false;
+        if ({{ lb.forward }}.apply().hit) {
+            keep = hdr.{{ lb.instance }}.bits != 0;
+        } else if ({{ lb.pop }}.apply().hit) {
+            keep = (hdr.{{ lb.instance }}.bits & meta.{{ lb.mask }}) != 0;
+            hdr.{{ lb.ethernet }}.{{ lb.ethertype }} = hdr.{{ lb.instance }}.ethertype;
+            hdr.{{ lb.instance }}.setInvalid();
+        }
+        if (keep) {
+            {{ port_counter.name }}.count((bit<32>)standard_metadata.egress_port);
+        } else {
+            mark_to_drop(standard_metadata);
+        }
+    }
+{%- else if let Some(r) = receivers %}
 
     // The copy's receiver: its destination, written as the receiver's
     // entry says (`which`: bit 0 the destination MAC, 1 the source MAC, 2

@@ -9,7 +9,6 @@ mod common;
 use common::*;
 use prost::Message;
 use std::path::Path;
-use std::process::Command;
 use subc_backend_p4::proto::p4::config::v1::P4Info;
 use subc_backend_p4::proto::to_text;
 use subc_backend_p4::{compile, P4Options};
@@ -49,14 +48,7 @@ fn emit(dir: &Path, p: &subc_lang::Program, opts: CompileOptions, may_refuse: bo
 
 #[test]
 fn the_official_package_parses_everything_we_emit() {
-    let Some(python) = std::env::var_os("P4RUNTIME_PYTHON") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must check our P4Runtime bytes: set P4RUNTIME_PYTHON (scripts/test.sh does)"
-        );
-        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
-        return;
-    };
+    let Some(python) = p4runtime_python() else { return };
     let root = temp_dir("python");
     let mut dirs = vec![];
     for (name, dir) in corpus() {
@@ -68,15 +60,6 @@ fn the_official_package_parses_everything_we_emit() {
             dirs.push(d);
         }
     }
-    let script = repo().join("scripts/check_p4runtime.py");
-    let out = Command::new(python)
-        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
-        .arg(&script)
-        .args(&dirs)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    check_with_p4runtime(&python, &dirs);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -49,9 +49,10 @@ use subc_backend_ebpf::{
 use subc_bdd::{CompileOptions, CompiledSet};
 use subc_ebpf_loader::testnet::{in_netns, ip, packet_socket, recv_until_quiet, send_paced, Namespaces};
 use subc_ebpf_loader::{self as loader, AttachMode, Attachment, Dataplane};
-use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelSimulator, LabelTables, Topology, Traffic};
-use subc_lang::{check_program_with, Diagnostics, Interpreter, NfLimits, Program, SourceMap};
-use subc_workload::{PacketGen, Rng};
+use subc_fabric::testing::LabelOracle;
+use subc_fabric::{check_topology, Damping, DeviceId, Down, LabelRoutes, LabelTables, Topology, Traffic};
+use subc_lang::{check_program_with, Diagnostics, NfLimits, Program, SourceMap};
+use subc_workload::{itch_stateful_rules, itch_stateful_spec, PacketGen, Rng};
 
 /// `fabric.rs`'s leaf-spine; `network` routes it by labels in two planes (one per spine).
 const LEAF_SPINE: &str = include_str!("common/leaf_spine.toml");
@@ -66,44 +67,15 @@ fn port_iface(port: u32) -> String {
     format!("p{port}")
 }
 
-/// The ITCH spec (an average per stock, a packet counter) with the EWMA
-/// example's samples on UDP port 9000 (an EWMA per channel).
-fn stateful_spec() -> String {
-    let itch = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
-    let with_samples = itch
-        .replace("udp -> select(dst_port) { 26400: moldudp64; }", "udp -> select(dst_port) { 26400: moldudp64; 9000: sample; }")
-        .replace("add_order -> accept;", "add_order -> accept;\n    sample -> accept;")
-        .replace("parser {", "header sample {\n    channel: 8;\n    value: 32;\n}\n\nparser {");
-    assert!(with_samples.contains("9000: sample") && with_samples.contains("sample -> accept"), "the ITCH spec's parser changed");
-    with_samples
-        + "query sample.channel exact;\n\
-           state chan_ewma = ewma(sample.value, shift = 3, spike = 2, warmup = 10) per sample.channel[64];\n"
-}
-
-/// Rules reading every kind of state, each to a random host.
-fn stateful_rules(rng: &mut Rng) -> String {
-    (0..24)
-        .map(|_| {
-            let to = rng.below(6);
-            match rng.below(5) {
-                0 => format!("spike(chan_ewma) : fwd(h{to})\n"),
-                1 => format!("channel == {} && !spike(chan_ewma) : fwd(h{to})\n", rng.below(4)),
-                2 => format!("avg(price) > {} : fwd(h{to})\n", rng.range(1, 2_000_000)),
-                3 => format!("my_counter > {} : fwd(h{to})\n", rng.range(1, 40)),
-                _ => format!("shares > {} && avg(price) < {} : fwd(h{to})\n", rng.range(1, 1000), rng.range(1, 2_000_000)),
-            }
-        })
-        .collect()
-}
-
 /// The topology and the network program over it.
 fn network() -> (Topology, Program) {
     let mut sources = SourceMap::new();
     let topo_file = sources.add("fabric.toml", format!("{LEAF_SPINE}\n[routing]\nmode = \"labels\"\nplanes = 2\n"));
     let mut diags = Diagnostics::default();
     let topology = check_topology(&sources, topo_file, &mut diags).unwrap_or_else(|| panic!("{}", diags.render(&sources)));
-    let spec = sources.add("labels.spec", stateful_spec());
-    let rules = sources.add("rules.subs", stateful_rules(&mut Rng::new(34)));
+    let itch = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/itch/itch.spec")).unwrap();
+    let spec = sources.add("labels.spec", itch_stateful_spec(&itch));
+    let rules = sources.add("rules.subs", itch_stateful_rules(topology.endpoints.len(), &mut Rng::new(34)));
     let table = topology.endpoint_table();
     let (program, diags) = check_program_with(&sources, spec, &[rules], NfLimits::default(), Some(&table));
     (topology, program.unwrap_or_else(|| panic!("{}", diags.render(&sources))))
@@ -282,30 +254,16 @@ struct Expected {
     crossing: usize,
 }
 
-/// The references, run on the frames each publisher sends: the
-/// interpreter per ingress device (its state carrying over phases), and
-/// the label simulator, which must agree with it.
+/// The references ([`LabelOracle`]), and the label's bytes per copy.
 struct Oracle<'a> {
     topology: &'a Topology,
-    ingress: Vec<Interpreter<'a>>,
-    /// One interpreter over every publisher's frames: where it decides
-    /// otherwise than the ingress's, state kept per ingress mattered.
-    global: Interpreter<'a>,
-    state_mattered: usize,
-    sim: LabelSimulator<'a>,
+    labels: LabelOracle<'a>,
     push_bytes: u64,
 }
 
 impl<'a> Oracle<'a> {
     fn new(topology: &'a Topology, program: &'a Program, tables: LabelTables, shape: LabelShape) -> Oracle<'a> {
-        Oracle {
-            topology,
-            ingress: topology.devices.iter().map(|_| Interpreter::new(&program.spec, &program.subscriptions)).collect(),
-            global: Interpreter::new(&program.spec, &program.subscriptions),
-            state_mattered: 0,
-            sim: LabelSimulator::new(topology, tables, program),
-            push_bytes: u64::from(shape.push_bytes()),
-        }
+        Oracle { topology, labels: LabelOracle::new(topology, program, tables), push_bytes: u64::from(shape.push_bytes()) }
     }
 
     fn expect(&mut self, sent: &[(usize, Vec<Vec<u8>>)]) -> Expected {
@@ -315,12 +273,8 @@ impl<'a> Oracle<'a> {
         let mut crossing = 0;
         for (p, fs) in sent {
             for f in fs {
-                let decided = self.ingress[t.endpoints[*p].at.device].run(f, 0).ports;
-                self.state_mattered += usize::from(self.global.run(f, 0).ports != decided);
-                let d = self.sim.send(*p, f, 0);
-                for (e, (to, copies)) in frames.iter_mut().zip(&d.copies).enumerate() {
-                    let want = e != *p && decided.contains(&(e as u32));
-                    assert_eq!(*copies, u32::from(want), "the label simulator and the interpreter disagree on h{e}");
+                let (wanted, d) = self.labels.send(*p, f, 0);
+                for (e, (to, want)) in frames.iter_mut().zip(wanted).enumerate() {
                     if want {
                         to.push(f.clone());
                         crossing += usize::from(t.endpoints[e].at.device != t.endpoints[*p].at.device);
@@ -482,7 +436,7 @@ fn label_fabric_delivers_exactly_what_each_ingress_decides() {
     let changed: BTreeSet<DeviceId> =
         (0..t.devices.len()).filter(|&d| device_table(&before, d) != device_table(&failed.tables(&t), d)).collect();
     let written = fabric.follow(&failed.tables(&t));
-    oracle.sim.set_tables(failed.tables(&t));
+    oracle.labels.sim.set_tables(failed.tables(&t));
     eprintln!("link down: switches written {written:?}");
     assert!(!written.is_empty() && written.len() < t.devices.len(), "a failure rewrote {written:?}");
     assert_eq!(written, changed, "switches written after the failure, against those whose tables changed");
@@ -494,13 +448,13 @@ fn label_fabric_delivers_exactly_what_each_ingress_decides() {
     measured[SLOW_LINK] = Some(50.0);
     let moved = failed.reroute(&t, &measured, Damping { threshold: 0.2 });
     let written = fabric.follow(&moved.routes.tables(&t));
-    oracle.sim.set_tables(moved.routes.tables(&t));
+    oracle.labels.sim.set_tables(moved.routes.tables(&t));
     eprintln!("latency up: switches written {written:?}");
     assert!(!written.is_empty() && written.len() < t.devices.len(), "a reroute rewrote {written:?}");
     assert_eq!(written, moved.changed.iter().copied().collect::<BTreeSet<_>>(), "switches written, against Rerouted::changed");
     check("after a latency rise", &fabric, &mut oracle, &round(&mut rng));
-    eprintln!("frames whose fate depended on state kept per ingress: {}", oracle.state_mattered);
-    assert!(oracle.state_mattered > 0, "state per ingress switch never mattered: the spec or rules are too weak to test it");
+    eprintln!("frames whose fate depended on state kept per ingress: {}", oracle.labels.state_mattered);
+    assert!(oracle.labels.state_mattered > 0, "state per ingress switch never mattered: the spec or rules are too weak to test it");
 }
 
 /// The latency reroute, as `reroute` measures it: `SLOW_LINK` at 50 µs, or
@@ -537,7 +491,7 @@ fn make_before_break_reroutes_lose_nothing_and_the_wrong_order_is_seen() {
     let r1 = moved.tables(&t);
     let sent = round(&mut rng, 250);
     let expected = oracle.expect(&sent);
-    oracle.sim.set_tables(r1.clone());
+    oracle.labels.sim.set_tables(r1.clone());
     let before = fabric.counters();
     let publishers: Vec<(String, OwnedFd)> =
         sent.iter().map(|(p, _)| (fabric.hosts[*p].0.clone(), fabric.hosts[*p].1.try_clone().unwrap())).collect();
@@ -576,7 +530,7 @@ fn make_before_break_reroutes_lose_nothing_and_the_wrong_order_is_seen() {
     let r2 = back.tables(&t);
     let early = fabric.write(|d| ingress.contains(&d), |d| banks([Some(&r2), Some(&r1)], 0).device(d));
     assert_eq!(early.keys().copied().collect::<BTreeSet<_>>(), ingress);
-    oracle.sim.set_tables(r2.clone());
+    oracle.labels.sim.set_tables(r2.clone());
     let sent = round(&mut rng, 100);
     let expected = oracle.expect(&sent);
     let before = fabric.counters();

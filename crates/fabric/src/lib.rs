@@ -25,6 +25,8 @@ mod labels;
 mod project;
 mod routing;
 mod sim;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod topology;
 
 pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID};

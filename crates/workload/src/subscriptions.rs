@@ -128,3 +128,36 @@ pub fn siena(p: &SienaParams) -> String {
     }
     out
 }
+
+/// The ITCH example's spec (`itch`: its text) made stateful throughout: its
+/// moving average of the price per stock and packet counter, plus samples
+/// on UDP port 9000 with an EWMA per channel. The label-mode fabric tests
+/// (eBPF and P4) run it, so that an endpoint receives what it should only
+/// if each ingress keeps the state of its own stream.
+pub fn itch_stateful_spec(itch: &str) -> String {
+    let with_samples = itch
+        .replace("udp -> select(dst_port) { 26400: moldudp64; }", "udp -> select(dst_port) { 26400: moldudp64; 9000: sample; }")
+        .replace("add_order -> accept;", "add_order -> accept;\n    sample -> accept;")
+        .replace("parser {", "header sample {\n    channel: 8;\n    value: 32;\n}\n\nparser {");
+    assert!(with_samples.contains("9000: sample") && with_samples.contains("sample -> accept"), "the ITCH spec's parser changed");
+    with_samples
+        + "query sample.channel exact;\n\
+           state chan_ewma = ewma(sample.value, shift = 3, spike = 2, warmup = 10) per sample.channel[64];\n"
+}
+
+/// 24 rules over [`itch_stateful_spec`] reading every kind of its state,
+/// each to a random endpoint `h0` .. `h{endpoints - 1}`.
+pub fn itch_stateful_rules(endpoints: usize, rng: &mut Rng) -> String {
+    (0..24)
+        .map(|_| {
+            let to = rng.below(endpoints as u64);
+            match rng.below(5) {
+                0 => format!("spike(chan_ewma) : fwd(h{to})\n"),
+                1 => format!("channel == {} && !spike(chan_ewma) : fwd(h{to})\n", rng.below(4)),
+                2 => format!("avg(price) > {} : fwd(h{to})\n", rng.range(1, 2_000_000)),
+                3 => format!("my_counter > {} : fwd(h{to})\n", rng.range(1, 40)),
+                _ => format!("shares > {} && avg(price) < {} : fwd(h{to})\n", rng.range(1, 1000), rng.range(1, 2_000_000)),
+            }
+        })
+        .collect()
+}

@@ -169,3 +169,34 @@ pub fn temp_dir(what: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// The Python that has the official `p4runtime` package (`P4RUNTIME_PYTHON`);
+/// `None` (the check skipped, with a note) when it is not set, which
+/// `CI=true` refuses.
+pub fn p4runtime_python() -> Option<std::ffi::OsString> {
+    let python = std::env::var_os("P4RUNTIME_PYTHON");
+    if python.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must check our P4Runtime bytes: set P4RUNTIME_PYTHON (scripts/test.sh does)"
+        );
+        eprintln!("P4RUNTIME_PYTHON is not set: skipping the check with the official p4runtime package");
+    }
+    python
+}
+
+/// Runs `scripts/check_p4runtime.py` with `python` on directories of a
+/// P4Info and WriteRequests; panics with its output if the package rejects
+/// any of them.
+pub fn check_with_p4runtime(python: &std::ffi::OsStr, dirs: &[PathBuf]) {
+    let out = std::process::Command::new(python)
+        .env("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
+        .arg(repo().join("scripts/check_p4runtime.py"))
+        .args(dirs)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "the p4runtime package rejected our output:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("p4runtime package: {} programs", dirs.len())), "the check did not read every directory:\n{stdout}");
+}
