@@ -289,6 +289,12 @@ pub struct TargetAddArgs {
     /// program cannot take (compile it again and register the target again).
     #[arg(long, value_enum, default_value = "v1model")]
     arch: crate::p4::ArchArg,
+    /// P4Runtime, a spec of more than 511 ports: the receivers (JSON, the file
+    /// `subc compile --p4-receivers` reads), each a port's device port and
+    /// rewrites; a copy to a receiver not listed is dropped. Read here and sent
+    /// in the registration, which the server checks against its spec.
+    #[arg(long, value_name = "FILE")]
+    p4_receivers: Option<PathBuf>,
     /// P4Runtime: connect over TLS, checking the switch's certificate against
     /// the system's roots (or `--p4-ca-cert`). Implied by the `--p4-*` TLS
     /// options below. Their files are paths on the machine `subc serve` runs
@@ -602,6 +608,9 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
     if !a.options.is_empty() && a.custom.is_none() {
         bail!("--option: only a custom target (--custom KIND) takes options");
     }
+    if a.p4_receivers.is_some() && a.p4runtime.is_none() {
+        bail!("--p4-receivers: only a P4Runtime target (--p4runtime) has receivers");
+    }
     if a.budget.is_some() && a.p4runtime.is_none() {
         bail!("--budget: only a P4Runtime target (--p4runtime) takes a table budget; eBPF and sim targets hold the exact set");
     }
@@ -645,6 +654,10 @@ fn registration(a: &TargetAddArgs) -> Result<proto::RegisterTargetRequest> {
             tls: p4runtime_tls(a),
             budget: a.budget,
             arch: arch_name(a.arch).to_string(),
+            receivers: match &a.p4_receivers {
+                Some(f) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+                None => String::new(),
+            },
         })
     } else if let Some(path) = &a.sim {
         Kind::Sim(proto::SimTarget { path: path.clone() })
