@@ -24,7 +24,7 @@
 //! **Forward** (every device): per row of the packet's plane, the copy to
 //! the row's port carries `label & F-BM`, sent with `bpf_clone_redirect` if
 //! that is not empty. Rows are data (`subc_label_rows`), so a reroute is a
-//! map update ([`LabelTable::diff`]).
+//! map update ([`label_diff`]).
 //!
 //! **Pop** (the device's own endpoints whose bits are set): the header is
 //! removed once, after every forwarded copy left (the payload moves back by
@@ -43,7 +43,7 @@
 //! routing, two *banks* (`0..P` and `P..2P`). To reroute:
 //!
 //! 1. write the new routes' rows into the bank no ingress pushes, on every
-//!    device ([`LabelTable::diff`] writes only rows that differ from what
+//!    device ([`label_diff`] writes only rows that differ from what
 //!    that bank holds);
 //! 2. move every ingress device's push range to the new bank (one
 //!    `subc_label_cfg` entry each; its packet counter carries on);
@@ -67,7 +67,7 @@ use crate::model::{MapIds, Model};
 use crate::{EbpfError, Hook, TargetError, UnsupportedError};
 use subc_lang::spec::Spec;
 
-pub use subc_bdd::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
+pub use subc_bdd::{LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
 
 /// Most endpoints a label holds: a port bitmap's 512 ports.
 pub const MAX_LABEL_ENDPOINTS: u32 = 512;
@@ -144,90 +144,61 @@ pub(crate) fn add_label_maps(shape: &LabelShape, structs: &[CStruct; 3], maps: &
     }
 }
 
-/// One device's label forwarding, as data: what `subc-fabric`'s
-/// `LabelTables` says of one device.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LabelTable {
-    /// A publisher is attached: the device evaluates and pushes.
-    pub ingress: bool,
-    /// The first plane an ingress pushes: packet `n` takes plane
-    /// `push_base + n % push_count`.
-    pub push_base: u32,
-    /// How many planes an ingress pushes, from `push_base`: at least one,
-    /// all of them in `planes`. `push_base = 0, push_count = planes.len()`
-    /// pushes every plane held; fewer leave room for a second bank being
-    /// installed (the module doc's make-before-break reroute).
-    pub push_count: u32,
-    /// Per plane, per neighbour port, the F-BM as the header's bit string
-    /// (`Label::header` without its plane byte): every plane the device
-    /// forwards, pushed here or not.
-    pub planes: Vec<Vec<(u32, Vec<u8>)>>,
-    /// Its own endpoints: (port, endpoint).
-    pub deliver: Vec<(u32, u32)>,
+/// Every label map entry of a device's `table`, empty slots included, so
+/// that writing them replaces whatever the maps held (the plane counter
+/// aside).
+pub fn label_ops(table: &LabelTable, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
+    let (shape, ids) = labels_of(model)?;
+    check_table(table, &shape)?;
+    let mut ops = vec![cfg_op(table, model, ids)];
+    for plane in 0..shape.planes {
+        let rows = table.planes.get(plane as usize).map_or(&[][..], Vec::as_slice);
+        for slot in 0..shape.rows {
+            let value = row_value(model, ids, rows.get(slot as usize));
+            ops.push(MapOp { map: ids.rows, key: (plane * shape.rows + slot).to_ne_bytes().to_vec(), value: Some(value), offset: None });
+        }
+    }
+    for slot in 0..shape.hosts {
+        let value = host_value(model, ids, table.deliver.get(slot as usize));
+        ops.push(MapOp { map: ids.hosts, key: slot.to_ne_bytes().to_vec(), value: Some(value), offset: None });
+    }
+    Ok(ops)
 }
 
-impl LabelTable {
-    /// Every label map entry of the device, empty slots included, so that
-    /// writing them replaces whatever the maps held (the plane counter
-    /// aside).
-    pub fn ops(&self, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
-        let (shape, ids) = labels_of(model)?;
-        self.check(&shape)?;
-        let mut ops = vec![self.cfg_op(model, ids)];
-        for plane in 0..shape.planes {
-            let rows = self.planes.get(plane as usize).map_or(&[][..], Vec::as_slice);
-            for slot in 0..shape.rows {
-                let value = row_value(model, ids, rows.get(slot as usize));
-                ops.push(MapOp {
-                    map: ids.rows,
-                    key: (plane * shape.rows + slot).to_ne_bytes().to_vec(),
-                    value: Some(value),
-                    offset: None,
-                });
-            }
-        }
-        for slot in 0..shape.hosts {
-            let value = host_value(model, ids, self.deliver.get(slot as usize));
-            ops.push(MapOp { map: ids.hosts, key: slot.to_ne_bytes().to_vec(), value: Some(value), offset: None });
-        }
-        Ok(ops)
-    }
+/// The entries that change from `from` to `to`: none for a device whose
+/// tables did not change.
+pub fn label_diff(from: &LabelTable, to: &LabelTable, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
+    let before = label_ops(from, model)?;
+    let after = label_ops(to, model)?;
+    Ok(after.into_iter().zip(before).filter(|(a, b)| a != b).map(|(a, _)| a).collect())
+}
 
-    /// The entries that change from `self` to `next`: none for a device
-    /// whose tables did not change.
-    pub fn diff(&self, next: &LabelTable, model: &Model) -> Result<Vec<MapOp>, EbpfError> {
-        let before = self.ops(model)?;
-        let after = next.ops(model)?;
-        Ok(after.into_iter().zip(before).filter(|(a, b)| a != b).map(|(a, _)| a).collect())
+/// Whether a device's tables fit the program's maps.
+fn check_table(t: &LabelTable, shape: &LabelShape) -> Result<(), EbpfError> {
+    let too_big = |what, got: usize, max: u32| {
+        (got > max as usize).then_some(EbpfError::Target(TargetError::LabelTable { what, got, max: max as usize }))
+    };
+    let widest = t.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
+    let last_endpoint = t.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
+    let held = t.planes.len();
+    let push_end = u64::from(t.push_base) + u64::from(t.push_count);
+    if (t.ingress && t.push_count == 0) || push_end > held as u64 {
+        return Err(EbpfError::Target(TargetError::LabelPush { base: t.push_base, count: t.push_count, held }));
     }
+    let errors = [
+        too_big("the number of planes", held, shape.planes),
+        too_big("the most rows in a plane", t.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
+        too_big("the number of own endpoints", t.deliver.len(), shape.hosts),
+        too_big("an F-BM's bytes", widest, shape.endpoints.div_ceil(8)),
+        too_big("the endpoints delivered to", last_endpoint, shape.endpoints),
+    ];
+    errors.into_iter().flatten().next().map_or(Ok(()), Err)
+}
 
-    /// Whether the tables fit the program's maps.
-    fn check(&self, shape: &LabelShape) -> Result<(), EbpfError> {
-        let too_big = |what, got: usize, max: u32| {
-            (got > max as usize).then_some(EbpfError::Target(TargetError::LabelTable { what, got, max: max as usize }))
-        };
-        let widest = self.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
-        let last_endpoint = self.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
-        let held = self.planes.len();
-        let push_end = u64::from(self.push_base) + u64::from(self.push_count);
-        if (self.ingress && self.push_count == 0) || push_end > held as u64 {
-            return Err(EbpfError::Target(TargetError::LabelPush { base: self.push_base, count: self.push_count, held }));
-        }
-        let errors = [
-            too_big("the number of planes", held, shape.planes),
-            too_big("the most rows in a plane", self.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
-            too_big("the number of own endpoints", self.deliver.len(), shape.hosts),
-            too_big("an F-BM's bytes", widest, shape.endpoints.div_ceil(8)),
-            too_big("the endpoints delivered to", last_endpoint, shape.endpoints),
-        ];
-        errors.into_iter().flatten().next().map_or(Ok(()), Err)
-    }
-
-    fn cfg_op(&self, model: &Model, ids: LabelMapIds) -> MapOp {
-        let mut v = model.maps[ids.cfg].value_struct().zeroed();
-        v.u32("push_base", self.push_base).u32("push_count", self.push_count).u32("ingress", u32::from(self.ingress));
-        MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
-    }
+fn cfg_op(t: &LabelTable, model: &Model, ids: LabelMapIds) -> MapOp {
+    let mut v = model.maps[ids.cfg].value_struct().zeroed();
+    v.u32("push_base", t.push_base).u32("push_count", t.push_count).u32("ingress", u32::from(t.ingress));
+    MapOp { map: ids.cfg, key: 0u32.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
 }
 
 fn row_value(model: &Model, ids: LabelMapIds, row: Option<&(u32, Vec<u8>)>) -> Vec<u8> {
@@ -267,20 +238,20 @@ mod tests {
     fn tables_too_big_for_the_shape_are_refused() {
         let wide = LabelTable { planes: vec![vec![(1, vec![0, 0, 1])]], ..Default::default() };
         assert!(matches!(
-            wide.check(&shape()),
+            check_table(&wide, &shape()),
             Err(EbpfError::Target(TargetError::LabelTable { what: "an F-BM's bytes", got: 3, max: 2 }))
         ));
         let planes = LabelTable { planes: vec![vec![]; 3], ..Default::default() };
-        assert!(planes.check(&shape()).is_err());
+        assert!(check_table(&planes, &shape()).is_err());
         let far = LabelTable { deliver: vec![(3, 12)], ..Default::default() };
-        assert!(far.check(&shape()).is_err());
-        assert!(LabelTable { deliver: vec![(3, 11)], ..Default::default() }.check(&shape()).is_ok());
+        assert!(check_table(&far, &shape()).is_err());
+        assert!(check_table(&LabelTable { deliver: vec![(3, 11)], ..Default::default() }, &shape()).is_ok());
     }
 
     #[track_caller]
     fn check_push(ingress: bool, held: usize, push_base: u32, push_count: u32, expect: Result<(), (u32, u32, usize)>) {
         let t = LabelTable { ingress, push_base, push_count, planes: vec![vec![]; held], deliver: vec![] };
-        let got = t.check(&shape()).map_err(|e| match e {
+        let got = check_table(&t, &shape()).map_err(|e| match e {
             EbpfError::Target(TargetError::LabelPush { base, count, held }) => (base, count, held),
             other => panic!("not a push range error: {other}"),
         });
@@ -304,7 +275,7 @@ mod tests {
     fn planes_held_beyond_the_shape_are_refused_even_if_not_pushed() {
         let t = LabelTable { ingress: true, push_base: 0, push_count: 1, planes: vec![vec![]; 3], deliver: vec![] };
         assert!(matches!(
-            t.check(&shape()),
+            check_table(&t, &shape()),
             Err(EbpfError::Target(TargetError::LabelTable { what: "the number of planes", got: 3, max: 2 }))
         ));
     }

@@ -51,7 +51,7 @@ pub use audience::{audience_ports, BITMAP_MAX_PORTS, MAX_AUDIENCE_SLOTS};
 pub use bits::{BitMapIds, BitTables, BitsShape};
 pub use encode::{ImageParts, MapOp, TableImage, UpdatePlan};
 pub use error::{CapacityError, DiffError, EbpfError, TargetError, UnsupportedError};
-pub use labels::{LabelMapIds, LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_ENDPOINTS, MAX_LABEL_PLANES};
+pub use labels::{label_diff, label_ops, LabelMapIds, LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_ENDPOINTS, MAX_LABEL_PLANES};
 pub use layout::{read_field, CField, CFieldType, CStruct, MapDef, MapRole, MapType, Scalar, KV};
 pub use model::{Model, EWMA_AVERAGE_BITS, MAX_PIPELINES, XDP_MAX_PORTS};
 pub use naive::write_naive;

@@ -41,7 +41,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use subc_lang::spec::{ParseNext, ParseTarget, Spec, StateKind};
 
-pub use subc_bdd::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
+pub use subc_bdd::{LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
 
 /// The multicast group of a device's label ports.
 pub const LABEL_GROUP: u32 = 1;
@@ -75,26 +75,6 @@ pub struct LabelLayout {
     /// The parser's first header (instance) and its EtherType field.
     pub ethernet: String,
     pub ethertype: String,
-}
-
-/// One device's label forwarding, as data: what `subc-fabric`'s
-/// `LabelTables` says of one device, and its push range. The fields are
-/// `subc_backend_ebpf::LabelTable`'s.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LabelTable {
-    /// A publisher is attached: the device evaluates and pushes.
-    pub ingress: bool,
-    /// Per plane, per neighbour port, the F-BM as the header's bit string
-    /// (`Label::header` without its plane byte).
-    pub planes: Vec<Vec<(u32, Vec<u8>)>>,
-    /// Its own endpoints: (port, endpoint).
-    pub deliver: Vec<(u32, u32)>,
-    /// The planes an ingress pushes: packet `n` takes plane
-    /// `push_base + n % push_count`. `planes` may hold more (a second bank
-    /// being installed during a reroute); forwarding follows whatever plane
-    /// the header carries.
-    pub push_base: u32,
-    pub push_count: u32,
 }
 
 /// Refuses what no label program can be: TNA, past 511 ports, an empty or
@@ -224,33 +204,31 @@ pub(crate) fn endpoint_bits(e: u32, bytes: u32) -> Vec<u8> {
     b
 }
 
-impl LabelTable {
-    /// Whether the table fits the program's shape and the switch.
-    pub(crate) fn check(&self, shape: &LabelShape) -> Result<(), Error> {
-        let too_big = |what, got: usize, max: u32| (got > max as usize).then_some(Error::LabelTable { what, got, max: max as usize });
-        let widest = self.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
-        let last_endpoint = self.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
-        let ports = self.planes.iter().flatten().map(|(p, _)| *p).chain(self.deliver.iter().map(|(p, _)| *p));
-        let last_port = ports.map(|p| p as usize + 1).max().unwrap_or(0);
-        let push_end = if self.ingress { (self.push_base + self.push_count.max(1)) as usize } else { 0 };
-        let errors = [
-            too_big("the number of planes", self.planes.len(), shape.planes),
-            too_big("the most rows in a plane", self.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
-            too_big("the number of own endpoints", self.deliver.len(), shape.hosts),
-            too_big("an F-BM's bytes", widest, shape.bit_bytes()),
-            too_big("the endpoints delivered to", last_endpoint, shape.endpoints),
-            too_big("the ports named", last_port, crate::entries::DROP_PORT),
-            too_big("the end of the push range", push_end, self.planes.len() as u32),
-            (self.ingress && self.push_count == 0).then_some(Error::LabelTable { what: "the push range's planes", got: 0, max: 0 }),
-        ];
-        errors.into_iter().flatten().next().map_or(Ok(()), Err)
-    }
+/// Whether a device's table fits the program's shape and the switch.
+pub(crate) fn check_table(t: &LabelTable, shape: &LabelShape) -> Result<(), Error> {
+    let too_big = |what, got: usize, max: u32| (got > max as usize).then_some(Error::LabelTable { what, got, max: max as usize });
+    let widest = t.planes.iter().flatten().map(|(_, bits)| bits.len()).max().unwrap_or(0);
+    let last_endpoint = t.deliver.iter().map(|&(_, e)| e as usize + 1).max().unwrap_or(0);
+    let ports = t.planes.iter().flatten().map(|(p, _)| *p).chain(t.deliver.iter().map(|(p, _)| *p));
+    let last_port = ports.map(|p| p as usize + 1).max().unwrap_or(0);
+    let push_end = if t.ingress { (t.push_base + t.push_count.max(1)) as usize } else { 0 };
+    let errors = [
+        too_big("the number of planes", t.planes.len(), shape.planes),
+        too_big("the most rows in a plane", t.planes.iter().map(Vec::len).max().unwrap_or(0), shape.rows),
+        too_big("the number of own endpoints", t.deliver.len(), shape.hosts),
+        too_big("an F-BM's bytes", widest, shape.bit_bytes()),
+        too_big("the endpoints delivered to", last_endpoint, shape.endpoints),
+        too_big("the ports named", last_port, crate::entries::DROP_PORT),
+        too_big("the end of the push range", push_end, t.planes.len() as u32),
+        (t.ingress && t.push_count == 0).then_some(Error::LabelTable { what: "the push range's planes", got: 0, max: 0 }),
+    ];
+    errors.into_iter().flatten().next().map_or(Ok(()), Err)
+}
 
-    /// The ports of the label group: every row's and own endpoint's.
-    fn group_ports(&self) -> Vec<(u32, u32)> {
-        let ports: BTreeSet<u32> = self.planes.iter().flatten().map(|(p, _)| *p).chain(self.deliver.iter().map(|(p, _)| *p)).collect();
-        ports.into_iter().map(|p| (p, 0)).collect()
-    }
+/// The ports of the label group: every row's and own endpoint's.
+fn group_ports(t: &LabelTable) -> Vec<(u32, u32)> {
+    let ports: BTreeSet<u32> = t.planes.iter().flatten().map(|(p, _)| *p).chain(t.deliver.iter().map(|(p, _)| *p)).collect();
+    ports.into_iter().map(|p| (p, 0)).collect()
 }
 
 /// A device's label entries, by table role and match key.
@@ -262,7 +240,7 @@ struct Entries {
 
 fn entries(enc: &Encoder, t: &LabelTable) -> Result<Entries, Error> {
     let shape = enc.layout().labels.as_ref().ok_or(Error::NoTable("label mode's tables".into()))?.shape;
-    t.check(&shape)?;
+    check_table(t, &shape)?;
     let bytes = shape.bit_bytes();
     let action = |name: &str, args: Vec<Vec<u8>>| p4v1::TableAction {
         r#type: Some(p4v1::table_action::Type::Action(p4v1::Action {
@@ -292,7 +270,7 @@ fn entries(enc: &Encoder, t: &LabelTable) -> Result<Entries, Error> {
             add(true, push, vec![exact(1, canonical(port as u64))], action(PUSH_LABEL, range));
         }
     }
-    Ok(Entries { group: t.group_ports(), tables })
+    Ok(Entries { group: group_ports(t), tables })
 }
 
 /// The updates that take a switch running a label program from `before`

@@ -56,6 +56,31 @@ impl LabelShape {
     }
 }
 
+/// One device's label forwarding, as data: what `subc-fabric`'s
+/// `LabelTables` says of one device, and the planes it pushes. Both back
+/// ends install it (`subc_backend_ebpf::label_ops`,
+/// `subc_backend_p4::P4Target::label_diff`), and targets take it through
+/// the target contract (`subc_target::Target::write_labels`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelTable {
+    /// A publisher is attached: the device evaluates and pushes.
+    pub ingress: bool,
+    /// The first plane an ingress pushes: packet `n` takes plane
+    /// `push_base + n % push_count`.
+    pub push_base: u32,
+    /// How many planes an ingress pushes, from `push_base`: at least one,
+    /// all of them in `planes`. `push_base = 0, push_count = planes.len()`
+    /// pushes every plane held; fewer leave room for a second bank being
+    /// installed (a make-before-break reroute: `docs/network.md`).
+    pub push_count: u32,
+    /// Per plane, per neighbour port, the F-BM as the header's bit string
+    /// (`Label::header` without its plane byte): every plane the device
+    /// forwards, pushed here or not.
+    pub planes: Vec<Vec<(u32, Vec<u8>)>>,
+    /// Its own endpoints: (port, endpoint).
+    pub deliver: Vec<(u32, u32)>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,7 +48,7 @@ pub use build::Deadline;
 pub use compiler::{eval_pipelines, CompileError, CompileOptions, CompiledSet, Lowering, SetDiff, SetLayout, BIT_VECTOR_MAX_PORTS};
 pub use diff::{diff_all, diff_pipelines, diff_touched, ApplyError, ComposeError, Op, PipelineDiff, TableDiff};
 pub use headroom::{BadHeadroom, Headroom};
-pub use labels::{LabelShape, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
+pub use labels::{LabelShape, LabelTable, LABEL_ETHERTYPE, MAX_LABEL_PLANES};
 pub use leaf::{Leaf, PortSet};
 pub use order::{candidate_orders, choose_order, distinct_constants, measure_orders};
 pub use pipeline::{range_to_prefixes, GroupId, LeafEntry, Match, Pipeline, PipelineShape, StateId, Table, DEAD};

@@ -395,8 +395,8 @@ impl Dataplane {
     /// nothing to a device whose tables did not change. The entries written.
     pub fn write_labels(&self, from: Option<&LabelTable>, to: &LabelTable) -> Result<usize, LoaderError> {
         let ops = match from {
-            Some(from) => from.diff(to, &self.model)?,
-            None => to.ops(&self.model)?,
+            Some(from) => subc_backend_ebpf::label_diff(from, to, &self.model)?,
+            None => subc_backend_ebpf::label_ops(to, &self.model)?,
         };
         self.apply(&ops)?;
         Ok(ops.len())

@@ -20,7 +20,7 @@
 //! Then a spine link fails (`LabelRoutes::avoiding`; its veth goes down)
 //! and a link's measured latency rises (`LabelRoutes::reroute`): each time
 //! only the switches whose tables changed get map writes
-//! (`LabelTable::diff`), and the checks hold again, the state carrying on.
+//! (`label_diff`), and the checks hold again, the state carrying on.
 //!
 //! Make-before-break (`subc_backend_ebpf::LabelTable`'s push range, the
 //! reroute protocol in `labels.rs`): the same fabric with two banks of two

@@ -34,7 +34,7 @@ pub use journal::{ImageError, ImageLog, Journal, Recorded, SavedImage};
 pub use kind::{Kind, Kinds, Opening, Options};
 
 /// The IR's types a target reads, so that a target's crate needs only this one.
-pub use subc_bdd::{BitImage, Op, Pipeline, PipelineDiff, SetDiff};
+pub use subc_bdd::{BitImage, LabelShape, LabelTable, Op, Pipeline, PipelineDiff, SetDiff};
 pub use subc_lang::spec::Spec;
 
 use std::future::Future;
@@ -60,6 +60,16 @@ pub trait Target: Send {
     fn apply(&mut self, update: &SetDiff) -> Result<(), Error>;
     /// Detaches and removes what subc installed.
     fn uninstall(&mut self) -> Result<(), Error>;
+    /// Label mode (`docs/network.md`, "Routing by labels"; a target opened
+    /// for it): makes the device's label tables `table`, writing only what
+    /// differs from what the target last wrote, and all of it when that is
+    /// not known (after an install or a restart). Called after the
+    /// pipelines are installed; the service orders the calls across devices
+    /// so that no packet meets two routings (make before break). A target
+    /// that does not forward by labels refuses ([`ErrorKind::Unsupported`]).
+    fn write_labels(&mut self, _table: &LabelTable) -> Result<(), Error> {
+        Err(Error { kind: ErrorKind::Unsupported, message: "this target does not forward by labels".into() })
+    }
     /// What each op of a plan (pipeline, op) writes on this target, in the
     /// target's own terms (P4Runtime updates); `after` are the pipelines
     /// after the plan. Empty where the target has no other view than the IR's.
