@@ -1278,6 +1278,169 @@ func (x *Diagnostics) GetTotal() uint32 {
 	return 0
 }
 
+type LinkLatency struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A link, by either of its ends ("leaf1:1") or its index.
+	Link string `protobuf:"bytes,1,opt,name=link,proto3" json:"link,omitempty"`
+	// Its measured one-way latency, in microseconds (> 0).
+	LatencyUs     float64 `protobuf:"fixed64,2,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinkLatency) Reset() {
+	*x = LinkLatency{}
+	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinkLatency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinkLatency) ProtoMessage() {}
+
+func (x *LinkLatency) ProtoReflect() protoreflect.Message {
+	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinkLatency.ProtoReflect.Descriptor instead.
+func (*LinkLatency) Descriptor() ([]byte, []int) {
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LinkLatency) GetLink() string {
+	if x != nil {
+		return x.Link
+	}
+	return ""
+}
+
+func (x *LinkLatency) GetLatencyUs() float64 {
+	if x != nil {
+		return x.LatencyUs
+	}
+	return 0
+}
+
+type SetLatencyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Links         []*LinkLatency         `protobuf:"bytes,1,rep,name=links,proto3" json:"links,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetLatencyRequest) Reset() {
+	*x = SetLatencyRequest{}
+	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetLatencyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetLatencyRequest) ProtoMessage() {}
+
+func (x *SetLatencyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetLatencyRequest.ProtoReflect.Descriptor instead.
+func (*SetLatencyRequest) Descriptor() ([]byte, []int) {
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SetLatencyRequest) GetLinks() []*LinkLatency {
+	if x != nil {
+		return x.Links
+	}
+	return nil
+}
+
+type SetLatencyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The devices whose forwarding rows changed, in topology order.
+	Changed []string `protobuf:"bytes,1,rep,name=changed,proto3" json:"changed,omitempty"`
+	// The ingress devices moved to the new routes (every ingress device up,
+	// when any row changed; none otherwise).
+	Moved []string `protobuf:"bytes,2,rep,name=moved,proto3" json:"moved,omitempty"`
+	// Per link of the topology, in its order, the weight in use after the
+	// change, in microseconds (0 for a link down).
+	WeightsUs     []float64 `protobuf:"fixed64,3,rep,packed,name=weights_us,json=weightsUs,proto3" json:"weights_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetLatencyResponse) Reset() {
+	*x = SetLatencyResponse{}
+	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetLatencyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetLatencyResponse) ProtoMessage() {}
+
+func (x *SetLatencyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetLatencyResponse.ProtoReflect.Descriptor instead.
+func (*SetLatencyResponse) Descriptor() ([]byte, []int) {
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetLatencyResponse) GetChanged() []string {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *SetLatencyResponse) GetMoved() []string {
+	if x != nil {
+		return x.Moved
+	}
+	return nil
+}
+
+func (x *SetLatencyResponse) GetWeightsUs() []float64 {
+	if x != nil {
+		return x.WeightsUs
+	}
+	return nil
+}
+
 type ChangeTopologyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Devices, links and endpoints to add, as TOML in the topology file's
@@ -1302,7 +1465,7 @@ type ChangeTopologyRequest struct {
 
 func (x *ChangeTopologyRequest) Reset() {
 	*x = ChangeTopologyRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	mi := &file_subc_v1_subc_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1477,7 @@ func (x *ChangeTopologyRequest) String() string {
 func (*ChangeTopologyRequest) ProtoMessage() {}
 
 func (x *ChangeTopologyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[12]
+	mi := &file_subc_v1_subc_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1490,7 @@ func (x *ChangeTopologyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeTopologyRequest.ProtoReflect.Descriptor instead.
 func (*ChangeTopologyRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{12}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChangeTopologyRequest) GetAdd() string {
@@ -1382,7 +1545,7 @@ type ChangeTopologyResponse struct {
 
 func (x *ChangeTopologyResponse) Reset() {
 	*x = ChangeTopologyResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	mi := &file_subc_v1_subc_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1557,7 @@ func (x *ChangeTopologyResponse) String() string {
 func (*ChangeTopologyResponse) ProtoMessage() {}
 
 func (x *ChangeTopologyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[13]
+	mi := &file_subc_v1_subc_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1570,7 @@ func (x *ChangeTopologyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeTopologyResponse.ProtoReflect.Descriptor instead.
 func (*ChangeTopologyResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{13}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChangeTopologyResponse) GetAdded() []string {
@@ -1453,7 +1616,7 @@ type GetTopologyRequest struct {
 
 func (x *GetTopologyRequest) Reset() {
 	*x = GetTopologyRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	mi := &file_subc_v1_subc_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1628,7 @@ func (x *GetTopologyRequest) String() string {
 func (*GetTopologyRequest) ProtoMessage() {}
 
 func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[14]
+	mi := &file_subc_v1_subc_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1641,7 @@ func (x *GetTopologyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyRequest.ProtoReflect.Descriptor instead.
 func (*GetTopologyRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{14}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{17}
 }
 
 type GetTopologyResponse struct {
@@ -1496,7 +1659,7 @@ type GetTopologyResponse struct {
 
 func (x *GetTopologyResponse) Reset() {
 	*x = GetTopologyResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[15]
+	mi := &file_subc_v1_subc_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1671,7 @@ func (x *GetTopologyResponse) String() string {
 func (*GetTopologyResponse) ProtoMessage() {}
 
 func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[15]
+	mi := &file_subc_v1_subc_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1684,7 @@ func (x *GetTopologyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTopologyResponse.ProtoReflect.Descriptor instead.
 func (*GetTopologyResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{15}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetTopologyResponse) GetTopology() string {
@@ -1561,7 +1724,7 @@ type SetDownRequest struct {
 
 func (x *SetDownRequest) Reset() {
 	*x = SetDownRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[16]
+	mi := &file_subc_v1_subc_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1736,7 @@ func (x *SetDownRequest) String() string {
 func (*SetDownRequest) ProtoMessage() {}
 
 func (x *SetDownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[16]
+	mi := &file_subc_v1_subc_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1749,7 @@ func (x *SetDownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDownRequest.ProtoReflect.Descriptor instead.
 func (*SetDownRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{16}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetDownRequest) GetLinks() []string {
@@ -1625,7 +1788,7 @@ type SetDownResponse struct {
 
 func (x *SetDownResponse) Reset() {
 	*x = SetDownResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[17]
+	mi := &file_subc_v1_subc_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1800,7 @@ func (x *SetDownResponse) String() string {
 func (*SetDownResponse) ProtoMessage() {}
 
 func (x *SetDownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[17]
+	mi := &file_subc_v1_subc_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1813,7 @@ func (x *SetDownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetDownResponse.ProtoReflect.Descriptor instead.
 func (*SetDownResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{17}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetDownResponse) GetLinksDown() []uint32 {
@@ -1700,7 +1863,7 @@ type EbpfTarget struct {
 
 func (x *EbpfTarget) Reset() {
 	*x = EbpfTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[18]
+	mi := &file_subc_v1_subc_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1875,7 @@ func (x *EbpfTarget) String() string {
 func (*EbpfTarget) ProtoMessage() {}
 
 func (x *EbpfTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[18]
+	mi := &file_subc_v1_subc_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1888,7 @@ func (x *EbpfTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EbpfTarget.ProtoReflect.Descriptor instead.
 func (*EbpfTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{18}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EbpfTarget) GetInterface() string {
@@ -1779,7 +1942,7 @@ type EbpfEgress struct {
 
 func (x *EbpfEgress) Reset() {
 	*x = EbpfEgress{}
-	mi := &file_subc_v1_subc_proto_msgTypes[19]
+	mi := &file_subc_v1_subc_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1954,7 @@ func (x *EbpfEgress) String() string {
 func (*EbpfEgress) ProtoMessage() {}
 
 func (x *EbpfEgress) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[19]
+	mi := &file_subc_v1_subc_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1967,7 @@ func (x *EbpfEgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EbpfEgress.ProtoReflect.Descriptor instead.
 func (*EbpfEgress) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{19}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EbpfEgress) GetInterface() string {
@@ -1885,7 +2048,7 @@ type P4RuntimeTarget struct {
 
 func (x *P4RuntimeTarget) Reset() {
 	*x = P4RuntimeTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[20]
+	mi := &file_subc_v1_subc_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2060,7 @@ func (x *P4RuntimeTarget) String() string {
 func (*P4RuntimeTarget) ProtoMessage() {}
 
 func (x *P4RuntimeTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[20]
+	mi := &file_subc_v1_subc_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2073,7 @@ func (x *P4RuntimeTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use P4RuntimeTarget.ProtoReflect.Descriptor instead.
 func (*P4RuntimeTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{20}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *P4RuntimeTarget) GetAddress() string {
@@ -2002,7 +2165,7 @@ type P4RuntimeTls struct {
 
 func (x *P4RuntimeTls) Reset() {
 	*x = P4RuntimeTls{}
-	mi := &file_subc_v1_subc_proto_msgTypes[21]
+	mi := &file_subc_v1_subc_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2177,7 @@ func (x *P4RuntimeTls) String() string {
 func (*P4RuntimeTls) ProtoMessage() {}
 
 func (x *P4RuntimeTls) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[21]
+	mi := &file_subc_v1_subc_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2190,7 @@ func (x *P4RuntimeTls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use P4RuntimeTls.ProtoReflect.Descriptor instead.
 func (*P4RuntimeTls) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{21}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *P4RuntimeTls) GetCaCertFile() string {
@@ -2072,7 +2235,7 @@ type SimTarget struct {
 
 func (x *SimTarget) Reset() {
 	*x = SimTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[22]
+	mi := &file_subc_v1_subc_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2247,7 @@ func (x *SimTarget) String() string {
 func (*SimTarget) ProtoMessage() {}
 
 func (x *SimTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[22]
+	mi := &file_subc_v1_subc_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2260,7 @@ func (x *SimTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SimTarget.ProtoReflect.Descriptor instead.
 func (*SimTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{22}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SimTarget) GetPath() string {
@@ -2129,7 +2292,7 @@ type AgentTarget struct {
 
 func (x *AgentTarget) Reset() {
 	*x = AgentTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[23]
+	mi := &file_subc_v1_subc_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2304,7 @@ func (x *AgentTarget) String() string {
 func (*AgentTarget) ProtoMessage() {}
 
 func (x *AgentTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[23]
+	mi := &file_subc_v1_subc_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2317,7 @@ func (x *AgentTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentTarget.ProtoReflect.Descriptor instead.
 func (*AgentTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{23}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AgentTarget) GetAddress() string {
@@ -2198,7 +2361,7 @@ type CustomTarget struct {
 
 func (x *CustomTarget) Reset() {
 	*x = CustomTarget{}
-	mi := &file_subc_v1_subc_proto_msgTypes[24]
+	mi := &file_subc_v1_subc_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2210,7 +2373,7 @@ func (x *CustomTarget) String() string {
 func (*CustomTarget) ProtoMessage() {}
 
 func (x *CustomTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[24]
+	mi := &file_subc_v1_subc_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2223,7 +2386,7 @@ func (x *CustomTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustomTarget.ProtoReflect.Descriptor instead.
 func (*CustomTarget) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{24}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CustomTarget) GetKind() string {
@@ -2262,7 +2425,7 @@ type RegisterTargetRequest struct {
 
 func (x *RegisterTargetRequest) Reset() {
 	*x = RegisterTargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[25]
+	mi := &file_subc_v1_subc_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2274,7 +2437,7 @@ func (x *RegisterTargetRequest) String() string {
 func (*RegisterTargetRequest) ProtoMessage() {}
 
 func (x *RegisterTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[25]
+	mi := &file_subc_v1_subc_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2287,7 +2450,7 @@ func (x *RegisterTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterTargetRequest.ProtoReflect.Descriptor instead.
 func (*RegisterTargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{25}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterTargetRequest) GetName() string {
@@ -2409,7 +2572,7 @@ type Target struct {
 
 func (x *Target) Reset() {
 	*x = Target{}
-	mi := &file_subc_v1_subc_proto_msgTypes[26]
+	mi := &file_subc_v1_subc_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2584,7 @@ func (x *Target) String() string {
 func (*Target) ProtoMessage() {}
 
 func (x *Target) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[26]
+	mi := &file_subc_v1_subc_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2597,7 @@ func (x *Target) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Target.ProtoReflect.Descriptor instead.
 func (*Target) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{26}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Target) GetName() string {
@@ -2552,7 +2715,7 @@ type ListTargetsRequest struct {
 
 func (x *ListTargetsRequest) Reset() {
 	*x = ListTargetsRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[27]
+	mi := &file_subc_v1_subc_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2727,7 @@ func (x *ListTargetsRequest) String() string {
 func (*ListTargetsRequest) ProtoMessage() {}
 
 func (x *ListTargetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[27]
+	mi := &file_subc_v1_subc_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2740,7 @@ func (x *ListTargetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTargetsRequest.ProtoReflect.Descriptor instead.
 func (*ListTargetsRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{27}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{30}
 }
 
 type ListTargetsResponse struct {
@@ -2589,7 +2752,7 @@ type ListTargetsResponse struct {
 
 func (x *ListTargetsResponse) Reset() {
 	*x = ListTargetsResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[28]
+	mi := &file_subc_v1_subc_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2601,7 +2764,7 @@ func (x *ListTargetsResponse) String() string {
 func (*ListTargetsResponse) ProtoMessage() {}
 
 func (x *ListTargetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[28]
+	mi := &file_subc_v1_subc_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2614,7 +2777,7 @@ func (x *ListTargetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTargetsResponse.ProtoReflect.Descriptor instead.
 func (*ListTargetsResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{28}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTargetsResponse) GetTargets() []*Target {
@@ -2636,7 +2799,7 @@ type RemoveTargetRequest struct {
 
 func (x *RemoveTargetRequest) Reset() {
 	*x = RemoveTargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[29]
+	mi := &file_subc_v1_subc_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +2811,7 @@ func (x *RemoveTargetRequest) String() string {
 func (*RemoveTargetRequest) ProtoMessage() {}
 
 func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[29]
+	mi := &file_subc_v1_subc_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +2824,7 @@ func (x *RemoveTargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetRequest.ProtoReflect.Descriptor instead.
 func (*RemoveTargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{29}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RemoveTargetRequest) GetName() string {
@@ -2686,7 +2849,7 @@ type RemoveTargetResponse struct {
 
 func (x *RemoveTargetResponse) Reset() {
 	*x = RemoveTargetResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[30]
+	mi := &file_subc_v1_subc_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2698,7 +2861,7 @@ func (x *RemoveTargetResponse) String() string {
 func (*RemoveTargetResponse) ProtoMessage() {}
 
 func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[30]
+	mi := &file_subc_v1_subc_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2711,7 +2874,7 @@ func (x *RemoveTargetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTargetResponse.ProtoReflect.Descriptor instead.
 func (*RemoveTargetResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{30}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{33}
 }
 
 type TargetRequest struct {
@@ -2723,7 +2886,7 @@ type TargetRequest struct {
 
 func (x *TargetRequest) Reset() {
 	*x = TargetRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[31]
+	mi := &file_subc_v1_subc_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2898,7 @@ func (x *TargetRequest) String() string {
 func (*TargetRequest) ProtoMessage() {}
 
 func (x *TargetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[31]
+	mi := &file_subc_v1_subc_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2911,7 @@ func (x *TargetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetRequest.ProtoReflect.Descriptor instead.
 func (*TargetRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{31}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TargetRequest) GetName() string {
@@ -2769,7 +2932,7 @@ type DeployRequest struct {
 
 func (x *DeployRequest) Reset() {
 	*x = DeployRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[32]
+	mi := &file_subc_v1_subc_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +2944,7 @@ func (x *DeployRequest) String() string {
 func (*DeployRequest) ProtoMessage() {}
 
 func (x *DeployRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[32]
+	mi := &file_subc_v1_subc_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +2957,7 @@ func (x *DeployRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployRequest.ProtoReflect.Descriptor instead.
 func (*DeployRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{32}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeployRequest) GetName() string {
@@ -2820,7 +2983,7 @@ type DeployResponse struct {
 
 func (x *DeployResponse) Reset() {
 	*x = DeployResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[33]
+	mi := &file_subc_v1_subc_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +2995,7 @@ func (x *DeployResponse) String() string {
 func (*DeployResponse) ProtoMessage() {}
 
 func (x *DeployResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[33]
+	mi := &file_subc_v1_subc_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +3008,7 @@ func (x *DeployResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeployResponse.ProtoReflect.Descriptor instead.
 func (*DeployResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{33}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeployResponse) GetStatus() *TargetStatus {
@@ -2887,7 +3050,7 @@ type TargetStatus struct {
 
 func (x *TargetStatus) Reset() {
 	*x = TargetStatus{}
-	mi := &file_subc_v1_subc_proto_msgTypes[34]
+	mi := &file_subc_v1_subc_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3062,7 @@ func (x *TargetStatus) String() string {
 func (*TargetStatus) ProtoMessage() {}
 
 func (x *TargetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[34]
+	mi := &file_subc_v1_subc_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3075,7 @@ func (x *TargetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TargetStatus.ProtoReflect.Descriptor instead.
 func (*TargetStatus) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{34}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TargetStatus) GetName() string {
@@ -3026,7 +3189,7 @@ type Approximation struct {
 
 func (x *Approximation) Reset() {
 	*x = Approximation{}
-	mi := &file_subc_v1_subc_proto_msgTypes[35]
+	mi := &file_subc_v1_subc_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3038,7 +3201,7 @@ func (x *Approximation) String() string {
 func (*Approximation) ProtoMessage() {}
 
 func (x *Approximation) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[35]
+	mi := &file_subc_v1_subc_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3051,7 +3214,7 @@ func (x *Approximation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Approximation.ProtoReflect.Descriptor instead.
 func (*Approximation) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{35}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Approximation) GetBudget() uint64 {
@@ -3129,7 +3292,7 @@ type PortCounter struct {
 
 func (x *PortCounter) Reset() {
 	*x = PortCounter{}
-	mi := &file_subc_v1_subc_proto_msgTypes[36]
+	mi := &file_subc_v1_subc_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3141,7 +3304,7 @@ func (x *PortCounter) String() string {
 func (*PortCounter) ProtoMessage() {}
 
 func (x *PortCounter) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[36]
+	mi := &file_subc_v1_subc_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3154,7 +3317,7 @@ func (x *PortCounter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortCounter.ProtoReflect.Descriptor instead.
 func (*PortCounter) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{36}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PortCounter) GetPort() uint32 {
@@ -3201,7 +3364,7 @@ type PlanResponse struct {
 
 func (x *PlanResponse) Reset() {
 	*x = PlanResponse{}
-	mi := &file_subc_v1_subc_proto_msgTypes[37]
+	mi := &file_subc_v1_subc_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3376,7 @@ func (x *PlanResponse) String() string {
 func (*PlanResponse) ProtoMessage() {}
 
 func (x *PlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[37]
+	mi := &file_subc_v1_subc_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3389,7 @@ func (x *PlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
 func (*PlanResponse) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{37}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PlanResponse) GetFromGeneration() uint64 {
@@ -3302,7 +3465,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_subc_v1_subc_proto_msgTypes[38]
+	mi := &file_subc_v1_subc_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3314,7 +3477,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[38]
+	mi := &file_subc_v1_subc_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3327,7 +3490,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{38}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchRequest) GetReplay() bool {
@@ -3367,7 +3530,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_subc_v1_subc_proto_msgTypes[39]
+	mi := &file_subc_v1_subc_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3542,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_subc_v1_subc_proto_msgTypes[39]
+	mi := &file_subc_v1_subc_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3555,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_subc_v1_subc_proto_rawDescGZIP(), []int{39}
+	return file_subc_v1_subc_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -3547,7 +3710,18 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\brendered\x18\f \x01(\tR\brenderedJ\x04\b\x01\x10\x02\"Z\n" +
 	"\vDiagnostics\x125\n" +
 	"\vdiagnostics\x18\x01 \x03(\v2\x13.subc.v1.DiagnosticR\vdiagnostics\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\rR\x05total\"\xb7\x01\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"@\n" +
+	"\vLinkLatency\x12\x12\n" +
+	"\x04link\x18\x01 \x01(\tR\x04link\x12\x1d\n" +
+	"\n" +
+	"latency_us\x18\x02 \x01(\x01R\tlatencyUs\"?\n" +
+	"\x11SetLatencyRequest\x12*\n" +
+	"\x05links\x18\x01 \x03(\v2\x14.subc.v1.LinkLatencyR\x05links\"c\n" +
+	"\x12SetLatencyResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x03(\tR\achanged\x12\x14\n" +
+	"\x05moved\x18\x02 \x03(\tR\x05moved\x12\x1d\n" +
+	"\n" +
+	"weights_us\x18\x03 \x03(\x01R\tweightsUs\"\xb7\x01\n" +
 	"\x15ChangeTopologyRequest\x12\x10\n" +
 	"\x03add\x18\x01 \x01(\tR\x03add\x12%\n" +
 	"\x0eremove_devices\x18\x02 \x03(\tR\rremoveDevices\x12!\n" +
@@ -3760,7 +3934,7 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\x06Remove\x12\x16.subc.v1.RemoveRequest\x1a\x17.subc.v1.RemoveResponse\x121\n" +
 	"\x03Get\x12\x13.subc.v1.GetRequest\x1a\x15.subc.v1.Subscription\x123\n" +
 	"\x04List\x12\x14.subc.v1.ListRequest\x1a\x15.subc.v1.ListResponse\x124\n" +
-	"\x05Check\x12\x13.subc.v1.AddRequest\x1a\x16.subc.v1.CheckResponse2\xd6\x04\n" +
+	"\x05Check\x12\x13.subc.v1.AddRequest\x1a\x16.subc.v1.CheckResponse2\x9d\x05\n" +
 	"\aTargets\x12;\n" +
 	"\bRegister\x12\x1e.subc.v1.RegisterTargetRequest\x1a\x0f.subc.v1.Target\x12A\n" +
 	"\x04List\x12\x1b.subc.v1.ListTargetsRequest\x1a\x1c.subc.v1.ListTargetsResponse\x12E\n" +
@@ -3770,7 +3944,9 @@ const file_subc_v1_subc_proto_rawDesc = "" +
 	"\x04Plan\x12\x16.subc.v1.TargetRequest\x1a\x15.subc.v1.PlanResponse\x12<\n" +
 	"\aSetDown\x12\x17.subc.v1.SetDownRequest\x1a\x18.subc.v1.SetDownResponse\x12Q\n" +
 	"\x0eChangeTopology\x12\x1e.subc.v1.ChangeTopologyRequest\x1a\x1f.subc.v1.ChangeTopologyResponse\x12H\n" +
-	"\vGetTopology\x12\x1b.subc.v1.GetTopologyRequest\x1a\x1c.subc.v1.GetTopologyResponse2:\n" +
+	"\vGetTopology\x12\x1b.subc.v1.GetTopologyRequest\x1a\x1c.subc.v1.GetTopologyResponse\x12E\n" +
+	"\n" +
+	"SetLatency\x12\x1a.subc.v1.SetLatencyRequest\x1a\x1b.subc.v1.SetLatencyResponse2:\n" +
 	"\x06Events\x120\n" +
 	"\x05Watch\x12\x15.subc.v1.WatchRequest\x1a\x0e.subc.v1.Event0\x01Bo\n" +
 	"\vdev.subc.v1B\tSubcProtoP\x01Z.github.com/subc-dev/subc/gen/go/subc/v1;subcv1\xa2\x02\x03SXX\xaa\x02\aSubc.V1\xca\x02\aSubc\\V1\xea\x02\bSubc::V1b\x06proto3"
@@ -3788,7 +3964,7 @@ func file_subc_v1_subc_proto_rawDescGZIP() []byte {
 }
 
 var file_subc_v1_subc_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_subc_v1_subc_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_subc_v1_subc_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_subc_v1_subc_proto_goTypes = []any{
 	(Severity)(0),                  // 0: subc.v1.Severity
 	(Hook)(0),                      // 1: subc.v1.Hook
@@ -3807,43 +3983,46 @@ var file_subc_v1_subc_proto_goTypes = []any{
 	(*ListResponse)(nil),           // 14: subc.v1.ListResponse
 	(*Diagnostic)(nil),             // 15: subc.v1.Diagnostic
 	(*Diagnostics)(nil),            // 16: subc.v1.Diagnostics
-	(*ChangeTopologyRequest)(nil),  // 17: subc.v1.ChangeTopologyRequest
-	(*ChangeTopologyResponse)(nil), // 18: subc.v1.ChangeTopologyResponse
-	(*GetTopologyRequest)(nil),     // 19: subc.v1.GetTopologyRequest
-	(*GetTopologyResponse)(nil),    // 20: subc.v1.GetTopologyResponse
-	(*SetDownRequest)(nil),         // 21: subc.v1.SetDownRequest
-	(*SetDownResponse)(nil),        // 22: subc.v1.SetDownResponse
-	(*EbpfTarget)(nil),             // 23: subc.v1.EbpfTarget
-	(*EbpfEgress)(nil),             // 24: subc.v1.EbpfEgress
-	(*P4RuntimeTarget)(nil),        // 25: subc.v1.P4RuntimeTarget
-	(*P4RuntimeTls)(nil),           // 26: subc.v1.P4RuntimeTls
-	(*SimTarget)(nil),              // 27: subc.v1.SimTarget
-	(*AgentTarget)(nil),            // 28: subc.v1.AgentTarget
-	(*CustomTarget)(nil),           // 29: subc.v1.CustomTarget
-	(*RegisterTargetRequest)(nil),  // 30: subc.v1.RegisterTargetRequest
-	(*Target)(nil),                 // 31: subc.v1.Target
-	(*ListTargetsRequest)(nil),     // 32: subc.v1.ListTargetsRequest
-	(*ListTargetsResponse)(nil),    // 33: subc.v1.ListTargetsResponse
-	(*RemoveTargetRequest)(nil),    // 34: subc.v1.RemoveTargetRequest
-	(*RemoveTargetResponse)(nil),   // 35: subc.v1.RemoveTargetResponse
-	(*TargetRequest)(nil),          // 36: subc.v1.TargetRequest
-	(*DeployRequest)(nil),          // 37: subc.v1.DeployRequest
-	(*DeployResponse)(nil),         // 38: subc.v1.DeployResponse
-	(*TargetStatus)(nil),           // 39: subc.v1.TargetStatus
-	(*Approximation)(nil),          // 40: subc.v1.Approximation
-	(*PortCounter)(nil),            // 41: subc.v1.PortCounter
-	(*PlanResponse)(nil),           // 42: subc.v1.PlanResponse
-	(*WatchRequest)(nil),           // 43: subc.v1.WatchRequest
-	(*Event)(nil),                  // 44: subc.v1.Event
-	nil,                            // 45: subc.v1.EbpfTarget.PortsEntry
-	nil,                            // 46: subc.v1.P4RuntimeTarget.PortsEntry
-	nil,                            // 47: subc.v1.CustomTarget.OptionsEntry
-	(*timestamppb.Timestamp)(nil),  // 48: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),        // 49: google.protobuf.Struct
+	(*LinkLatency)(nil),            // 17: subc.v1.LinkLatency
+	(*SetLatencyRequest)(nil),      // 18: subc.v1.SetLatencyRequest
+	(*SetLatencyResponse)(nil),     // 19: subc.v1.SetLatencyResponse
+	(*ChangeTopologyRequest)(nil),  // 20: subc.v1.ChangeTopologyRequest
+	(*ChangeTopologyResponse)(nil), // 21: subc.v1.ChangeTopologyResponse
+	(*GetTopologyRequest)(nil),     // 22: subc.v1.GetTopologyRequest
+	(*GetTopologyResponse)(nil),    // 23: subc.v1.GetTopologyResponse
+	(*SetDownRequest)(nil),         // 24: subc.v1.SetDownRequest
+	(*SetDownResponse)(nil),        // 25: subc.v1.SetDownResponse
+	(*EbpfTarget)(nil),             // 26: subc.v1.EbpfTarget
+	(*EbpfEgress)(nil),             // 27: subc.v1.EbpfEgress
+	(*P4RuntimeTarget)(nil),        // 28: subc.v1.P4RuntimeTarget
+	(*P4RuntimeTls)(nil),           // 29: subc.v1.P4RuntimeTls
+	(*SimTarget)(nil),              // 30: subc.v1.SimTarget
+	(*AgentTarget)(nil),            // 31: subc.v1.AgentTarget
+	(*CustomTarget)(nil),           // 32: subc.v1.CustomTarget
+	(*RegisterTargetRequest)(nil),  // 33: subc.v1.RegisterTargetRequest
+	(*Target)(nil),                 // 34: subc.v1.Target
+	(*ListTargetsRequest)(nil),     // 35: subc.v1.ListTargetsRequest
+	(*ListTargetsResponse)(nil),    // 36: subc.v1.ListTargetsResponse
+	(*RemoveTargetRequest)(nil),    // 37: subc.v1.RemoveTargetRequest
+	(*RemoveTargetResponse)(nil),   // 38: subc.v1.RemoveTargetResponse
+	(*TargetRequest)(nil),          // 39: subc.v1.TargetRequest
+	(*DeployRequest)(nil),          // 40: subc.v1.DeployRequest
+	(*DeployResponse)(nil),         // 41: subc.v1.DeployResponse
+	(*TargetStatus)(nil),           // 42: subc.v1.TargetStatus
+	(*Approximation)(nil),          // 43: subc.v1.Approximation
+	(*PortCounter)(nil),            // 44: subc.v1.PortCounter
+	(*PlanResponse)(nil),           // 45: subc.v1.PlanResponse
+	(*WatchRequest)(nil),           // 46: subc.v1.WatchRequest
+	(*Event)(nil),                  // 47: subc.v1.Event
+	nil,                            // 48: subc.v1.EbpfTarget.PortsEntry
+	nil,                            // 49: subc.v1.P4RuntimeTarget.PortsEntry
+	nil,                            // 50: subc.v1.CustomTarget.OptionsEntry
+	(*timestamppb.Timestamp)(nil),  // 51: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),        // 52: google.protobuf.Struct
 }
 var file_subc_v1_subc_proto_depIdxs = []int32{
 	15, // 0: subc.v1.CheckResponse.diagnostics:type_name -> subc.v1.Diagnostic
-	48, // 1: subc.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
+	51, // 1: subc.v1.Subscription.create_time:type_name -> google.protobuf.Timestamp
 	6,  // 2: subc.v1.AddResponse.subscriptions:type_name -> subc.v1.Subscription
 	15, // 3: subc.v1.AddResponse.warnings:type_name -> subc.v1.Diagnostic
 	8,  // 4: subc.v1.AddResponse.would_write:type_name -> subc.v1.TargetPreview
@@ -3851,70 +4030,73 @@ var file_subc_v1_subc_proto_depIdxs = []int32{
 	6,  // 6: subc.v1.ListResponse.subscriptions:type_name -> subc.v1.Subscription
 	0,  // 7: subc.v1.Diagnostic.severity:type_name -> subc.v1.Severity
 	15, // 8: subc.v1.Diagnostics.diagnostics:type_name -> subc.v1.Diagnostic
-	1,  // 9: subc.v1.EbpfTarget.hook:type_name -> subc.v1.Hook
-	45, // 10: subc.v1.EbpfTarget.ports:type_name -> subc.v1.EbpfTarget.PortsEntry
-	2,  // 11: subc.v1.EbpfTarget.xdp_mode:type_name -> subc.v1.XdpMode
-	46, // 12: subc.v1.P4RuntimeTarget.ports:type_name -> subc.v1.P4RuntimeTarget.PortsEntry
-	26, // 13: subc.v1.P4RuntimeTarget.tls:type_name -> subc.v1.P4RuntimeTls
-	23, // 14: subc.v1.AgentTarget.program:type_name -> subc.v1.EbpfTarget
-	26, // 15: subc.v1.AgentTarget.tls:type_name -> subc.v1.P4RuntimeTls
-	47, // 16: subc.v1.CustomTarget.options:type_name -> subc.v1.CustomTarget.OptionsEntry
-	23, // 17: subc.v1.RegisterTargetRequest.ebpf:type_name -> subc.v1.EbpfTarget
-	25, // 18: subc.v1.RegisterTargetRequest.p4runtime:type_name -> subc.v1.P4RuntimeTarget
-	27, // 19: subc.v1.RegisterTargetRequest.sim:type_name -> subc.v1.SimTarget
-	29, // 20: subc.v1.RegisterTargetRequest.custom:type_name -> subc.v1.CustomTarget
-	28, // 21: subc.v1.RegisterTargetRequest.agent:type_name -> subc.v1.AgentTarget
-	23, // 22: subc.v1.Target.ebpf:type_name -> subc.v1.EbpfTarget
-	25, // 23: subc.v1.Target.p4runtime:type_name -> subc.v1.P4RuntimeTarget
-	27, // 24: subc.v1.Target.sim:type_name -> subc.v1.SimTarget
-	29, // 25: subc.v1.Target.custom:type_name -> subc.v1.CustomTarget
-	28, // 26: subc.v1.Target.agent:type_name -> subc.v1.AgentTarget
-	39, // 27: subc.v1.Target.status:type_name -> subc.v1.TargetStatus
-	31, // 28: subc.v1.ListTargetsResponse.targets:type_name -> subc.v1.Target
-	39, // 29: subc.v1.DeployResponse.status:type_name -> subc.v1.TargetStatus
-	3,  // 30: subc.v1.TargetStatus.state:type_name -> subc.v1.TargetState
-	48, // 31: subc.v1.TargetStatus.last_deploy_time:type_name -> google.protobuf.Timestamp
-	41, // 32: subc.v1.TargetStatus.port_counters:type_name -> subc.v1.PortCounter
-	40, // 33: subc.v1.TargetStatus.approximation:type_name -> subc.v1.Approximation
-	49, // 34: subc.v1.PlanResponse.ops:type_name -> google.protobuf.Struct
-	48, // 35: subc.v1.Event.time:type_name -> google.protobuf.Timestamp
-	4,  // 36: subc.v1.Event.kind:type_name -> subc.v1.EventKind
-	24, // 37: subc.v1.EbpfTarget.PortsEntry.value:type_name -> subc.v1.EbpfEgress
-	7,  // 38: subc.v1.Subscriptions.Add:input_type -> subc.v1.AddRequest
-	10, // 39: subc.v1.Subscriptions.Remove:input_type -> subc.v1.RemoveRequest
-	12, // 40: subc.v1.Subscriptions.Get:input_type -> subc.v1.GetRequest
-	13, // 41: subc.v1.Subscriptions.List:input_type -> subc.v1.ListRequest
-	7,  // 42: subc.v1.Subscriptions.Check:input_type -> subc.v1.AddRequest
-	30, // 43: subc.v1.Targets.Register:input_type -> subc.v1.RegisterTargetRequest
-	32, // 44: subc.v1.Targets.List:input_type -> subc.v1.ListTargetsRequest
-	34, // 45: subc.v1.Targets.Remove:input_type -> subc.v1.RemoveTargetRequest
-	37, // 46: subc.v1.Targets.Deploy:input_type -> subc.v1.DeployRequest
-	36, // 47: subc.v1.Targets.Status:input_type -> subc.v1.TargetRequest
-	36, // 48: subc.v1.Targets.Plan:input_type -> subc.v1.TargetRequest
-	21, // 49: subc.v1.Targets.SetDown:input_type -> subc.v1.SetDownRequest
-	17, // 50: subc.v1.Targets.ChangeTopology:input_type -> subc.v1.ChangeTopologyRequest
-	19, // 51: subc.v1.Targets.GetTopology:input_type -> subc.v1.GetTopologyRequest
-	43, // 52: subc.v1.Events.Watch:input_type -> subc.v1.WatchRequest
-	9,  // 53: subc.v1.Subscriptions.Add:output_type -> subc.v1.AddResponse
-	11, // 54: subc.v1.Subscriptions.Remove:output_type -> subc.v1.RemoveResponse
-	6,  // 55: subc.v1.Subscriptions.Get:output_type -> subc.v1.Subscription
-	14, // 56: subc.v1.Subscriptions.List:output_type -> subc.v1.ListResponse
-	5,  // 57: subc.v1.Subscriptions.Check:output_type -> subc.v1.CheckResponse
-	31, // 58: subc.v1.Targets.Register:output_type -> subc.v1.Target
-	33, // 59: subc.v1.Targets.List:output_type -> subc.v1.ListTargetsResponse
-	35, // 60: subc.v1.Targets.Remove:output_type -> subc.v1.RemoveTargetResponse
-	38, // 61: subc.v1.Targets.Deploy:output_type -> subc.v1.DeployResponse
-	39, // 62: subc.v1.Targets.Status:output_type -> subc.v1.TargetStatus
-	42, // 63: subc.v1.Targets.Plan:output_type -> subc.v1.PlanResponse
-	22, // 64: subc.v1.Targets.SetDown:output_type -> subc.v1.SetDownResponse
-	18, // 65: subc.v1.Targets.ChangeTopology:output_type -> subc.v1.ChangeTopologyResponse
-	20, // 66: subc.v1.Targets.GetTopology:output_type -> subc.v1.GetTopologyResponse
-	44, // 67: subc.v1.Events.Watch:output_type -> subc.v1.Event
-	53, // [53:68] is the sub-list for method output_type
-	38, // [38:53] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	17, // 9: subc.v1.SetLatencyRequest.links:type_name -> subc.v1.LinkLatency
+	1,  // 10: subc.v1.EbpfTarget.hook:type_name -> subc.v1.Hook
+	48, // 11: subc.v1.EbpfTarget.ports:type_name -> subc.v1.EbpfTarget.PortsEntry
+	2,  // 12: subc.v1.EbpfTarget.xdp_mode:type_name -> subc.v1.XdpMode
+	49, // 13: subc.v1.P4RuntimeTarget.ports:type_name -> subc.v1.P4RuntimeTarget.PortsEntry
+	29, // 14: subc.v1.P4RuntimeTarget.tls:type_name -> subc.v1.P4RuntimeTls
+	26, // 15: subc.v1.AgentTarget.program:type_name -> subc.v1.EbpfTarget
+	29, // 16: subc.v1.AgentTarget.tls:type_name -> subc.v1.P4RuntimeTls
+	50, // 17: subc.v1.CustomTarget.options:type_name -> subc.v1.CustomTarget.OptionsEntry
+	26, // 18: subc.v1.RegisterTargetRequest.ebpf:type_name -> subc.v1.EbpfTarget
+	28, // 19: subc.v1.RegisterTargetRequest.p4runtime:type_name -> subc.v1.P4RuntimeTarget
+	30, // 20: subc.v1.RegisterTargetRequest.sim:type_name -> subc.v1.SimTarget
+	32, // 21: subc.v1.RegisterTargetRequest.custom:type_name -> subc.v1.CustomTarget
+	31, // 22: subc.v1.RegisterTargetRequest.agent:type_name -> subc.v1.AgentTarget
+	26, // 23: subc.v1.Target.ebpf:type_name -> subc.v1.EbpfTarget
+	28, // 24: subc.v1.Target.p4runtime:type_name -> subc.v1.P4RuntimeTarget
+	30, // 25: subc.v1.Target.sim:type_name -> subc.v1.SimTarget
+	32, // 26: subc.v1.Target.custom:type_name -> subc.v1.CustomTarget
+	31, // 27: subc.v1.Target.agent:type_name -> subc.v1.AgentTarget
+	42, // 28: subc.v1.Target.status:type_name -> subc.v1.TargetStatus
+	34, // 29: subc.v1.ListTargetsResponse.targets:type_name -> subc.v1.Target
+	42, // 30: subc.v1.DeployResponse.status:type_name -> subc.v1.TargetStatus
+	3,  // 31: subc.v1.TargetStatus.state:type_name -> subc.v1.TargetState
+	51, // 32: subc.v1.TargetStatus.last_deploy_time:type_name -> google.protobuf.Timestamp
+	44, // 33: subc.v1.TargetStatus.port_counters:type_name -> subc.v1.PortCounter
+	43, // 34: subc.v1.TargetStatus.approximation:type_name -> subc.v1.Approximation
+	52, // 35: subc.v1.PlanResponse.ops:type_name -> google.protobuf.Struct
+	51, // 36: subc.v1.Event.time:type_name -> google.protobuf.Timestamp
+	4,  // 37: subc.v1.Event.kind:type_name -> subc.v1.EventKind
+	27, // 38: subc.v1.EbpfTarget.PortsEntry.value:type_name -> subc.v1.EbpfEgress
+	7,  // 39: subc.v1.Subscriptions.Add:input_type -> subc.v1.AddRequest
+	10, // 40: subc.v1.Subscriptions.Remove:input_type -> subc.v1.RemoveRequest
+	12, // 41: subc.v1.Subscriptions.Get:input_type -> subc.v1.GetRequest
+	13, // 42: subc.v1.Subscriptions.List:input_type -> subc.v1.ListRequest
+	7,  // 43: subc.v1.Subscriptions.Check:input_type -> subc.v1.AddRequest
+	33, // 44: subc.v1.Targets.Register:input_type -> subc.v1.RegisterTargetRequest
+	35, // 45: subc.v1.Targets.List:input_type -> subc.v1.ListTargetsRequest
+	37, // 46: subc.v1.Targets.Remove:input_type -> subc.v1.RemoveTargetRequest
+	40, // 47: subc.v1.Targets.Deploy:input_type -> subc.v1.DeployRequest
+	39, // 48: subc.v1.Targets.Status:input_type -> subc.v1.TargetRequest
+	39, // 49: subc.v1.Targets.Plan:input_type -> subc.v1.TargetRequest
+	24, // 50: subc.v1.Targets.SetDown:input_type -> subc.v1.SetDownRequest
+	20, // 51: subc.v1.Targets.ChangeTopology:input_type -> subc.v1.ChangeTopologyRequest
+	22, // 52: subc.v1.Targets.GetTopology:input_type -> subc.v1.GetTopologyRequest
+	18, // 53: subc.v1.Targets.SetLatency:input_type -> subc.v1.SetLatencyRequest
+	46, // 54: subc.v1.Events.Watch:input_type -> subc.v1.WatchRequest
+	9,  // 55: subc.v1.Subscriptions.Add:output_type -> subc.v1.AddResponse
+	11, // 56: subc.v1.Subscriptions.Remove:output_type -> subc.v1.RemoveResponse
+	6,  // 57: subc.v1.Subscriptions.Get:output_type -> subc.v1.Subscription
+	14, // 58: subc.v1.Subscriptions.List:output_type -> subc.v1.ListResponse
+	5,  // 59: subc.v1.Subscriptions.Check:output_type -> subc.v1.CheckResponse
+	34, // 60: subc.v1.Targets.Register:output_type -> subc.v1.Target
+	36, // 61: subc.v1.Targets.List:output_type -> subc.v1.ListTargetsResponse
+	38, // 62: subc.v1.Targets.Remove:output_type -> subc.v1.RemoveTargetResponse
+	41, // 63: subc.v1.Targets.Deploy:output_type -> subc.v1.DeployResponse
+	42, // 64: subc.v1.Targets.Status:output_type -> subc.v1.TargetStatus
+	45, // 65: subc.v1.Targets.Plan:output_type -> subc.v1.PlanResponse
+	25, // 66: subc.v1.Targets.SetDown:output_type -> subc.v1.SetDownResponse
+	21, // 67: subc.v1.Targets.ChangeTopology:output_type -> subc.v1.ChangeTopologyResponse
+	23, // 68: subc.v1.Targets.GetTopology:output_type -> subc.v1.GetTopologyResponse
+	19, // 69: subc.v1.Targets.SetLatency:output_type -> subc.v1.SetLatencyResponse
+	47, // 70: subc.v1.Events.Watch:output_type -> subc.v1.Event
+	55, // [55:71] is the sub-list for method output_type
+	39, // [39:55] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_subc_v1_subc_proto_init() }
@@ -3922,15 +4104,15 @@ func file_subc_v1_subc_proto_init() {
 	if File_subc_v1_subc_proto != nil {
 		return
 	}
-	file_subc_v1_subc_proto_msgTypes[20].OneofWrappers = []any{}
-	file_subc_v1_subc_proto_msgTypes[25].OneofWrappers = []any{
+	file_subc_v1_subc_proto_msgTypes[23].OneofWrappers = []any{}
+	file_subc_v1_subc_proto_msgTypes[28].OneofWrappers = []any{
 		(*RegisterTargetRequest_Ebpf)(nil),
 		(*RegisterTargetRequest_P4Runtime)(nil),
 		(*RegisterTargetRequest_Sim)(nil),
 		(*RegisterTargetRequest_Custom)(nil),
 		(*RegisterTargetRequest_Agent)(nil),
 	}
-	file_subc_v1_subc_proto_msgTypes[26].OneofWrappers = []any{
+	file_subc_v1_subc_proto_msgTypes[29].OneofWrappers = []any{
 		(*Target_Ebpf)(nil),
 		(*Target_P4Runtime)(nil),
 		(*Target_Sim)(nil),
@@ -3943,7 +4125,7 @@ func file_subc_v1_subc_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_subc_v1_subc_proto_rawDesc), len(file_subc_v1_subc_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   43,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -330,6 +330,7 @@ const (
 	Targets_SetDown_FullMethodName        = "/subc.v1.Targets/SetDown"
 	Targets_ChangeTopology_FullMethodName = "/subc.v1.Targets/ChangeTopology"
 	Targets_GetTopology_FullMethodName    = "/subc.v1.Targets/GetTopology"
+	Targets_SetLatency_FullMethodName     = "/subc.v1.Targets/SetLatency"
 )
 
 // TargetsClient is the client API for Targets service.
@@ -374,6 +375,20 @@ type TargetsClient interface {
 	// Network mode, admin only: the topology the server runs now, as a
 	// topology file (FAILED_PRECONDITION without a topology).
 	GetTopology(ctx context.Context, in *GetTopologyRequest, opts ...grpc.CallOption) (*GetTopologyResponse, error)
+	// Label mode (a topology with `[routing] mode = "labels"`), admin only:
+	// measured one-way latencies of links, committed to the store before
+	// the routes move (a restart routes by them). A link's weight follows
+	// its measurement only if they differ by more than the damping
+	// threshold (20 % of the weight in use), so routes do not flap. Routes
+	// then move make before break (docs/network.md, "Label mode in the
+	// service"): only the devices whose label tables change are written,
+	// and every ingress device is moved to the new routes once all of them
+	// hold them. The reply comes when the move is done. INVALID_ARGUMENT
+	// for a link the topology lacks or a latency that is not a positive
+	// finite number; FAILED_PRECONDITION without a topology in label mode;
+	// UNAVAILABLE if devices did not take the new routes in time (the
+	// latencies are stored, and packets keep the routes in force).
+	SetLatency(ctx context.Context, in *SetLatencyRequest, opts ...grpc.CallOption) (*SetLatencyResponse, error)
 }
 
 type targetsClient struct {
@@ -474,6 +489,16 @@ func (c *targetsClient) GetTopology(ctx context.Context, in *GetTopologyRequest,
 	return out, nil
 }
 
+func (c *targetsClient) SetLatency(ctx context.Context, in *SetLatencyRequest, opts ...grpc.CallOption) (*SetLatencyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetLatencyResponse)
+	err := c.cc.Invoke(ctx, Targets_SetLatency_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TargetsServer is the server API for Targets service.
 // All implementations must embed UnimplementedTargetsServer
 // for forward compatibility.
@@ -516,6 +541,20 @@ type TargetsServer interface {
 	// Network mode, admin only: the topology the server runs now, as a
 	// topology file (FAILED_PRECONDITION without a topology).
 	GetTopology(context.Context, *GetTopologyRequest) (*GetTopologyResponse, error)
+	// Label mode (a topology with `[routing] mode = "labels"`), admin only:
+	// measured one-way latencies of links, committed to the store before
+	// the routes move (a restart routes by them). A link's weight follows
+	// its measurement only if they differ by more than the damping
+	// threshold (20 % of the weight in use), so routes do not flap. Routes
+	// then move make before break (docs/network.md, "Label mode in the
+	// service"): only the devices whose label tables change are written,
+	// and every ingress device is moved to the new routes once all of them
+	// hold them. The reply comes when the move is done. INVALID_ARGUMENT
+	// for a link the topology lacks or a latency that is not a positive
+	// finite number; FAILED_PRECONDITION without a topology in label mode;
+	// UNAVAILABLE if devices did not take the new routes in time (the
+	// latencies are stored, and packets keep the routes in force).
+	SetLatency(context.Context, *SetLatencyRequest) (*SetLatencyResponse, error)
 	mustEmbedUnimplementedTargetsServer()
 }
 
@@ -552,6 +591,9 @@ func (UnimplementedTargetsServer) ChangeTopology(context.Context, *ChangeTopolog
 }
 func (UnimplementedTargetsServer) GetTopology(context.Context, *GetTopologyRequest) (*GetTopologyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTopology not implemented")
+}
+func (UnimplementedTargetsServer) SetLatency(context.Context, *SetLatencyRequest) (*SetLatencyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetLatency not implemented")
 }
 func (UnimplementedTargetsServer) mustEmbedUnimplementedTargetsServer() {}
 func (UnimplementedTargetsServer) testEmbeddedByValue()                 {}
@@ -736,6 +778,24 @@ func _Targets_GetTopology_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Targets_SetLatency_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetLatencyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TargetsServer).SetLatency(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Targets_SetLatency_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TargetsServer).SetLatency(ctx, req.(*SetLatencyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Targets_ServiceDesc is the grpc.ServiceDesc for Targets service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -778,6 +838,10 @@ var Targets_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetTopology",
 			Handler:    _Targets_GetTopology_Handler,
+		},
+		{
+			MethodName: "SetLatency",
+			Handler:    _Targets_SetLatency_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

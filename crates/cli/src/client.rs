@@ -787,6 +787,34 @@ pub fn change_topology(conn: &Conn, req: proto::ChangeTopologyRequest) -> Result
     })
 }
 
+/// `subc topo latency`: sends measured latencies to a label-mode server,
+/// and prints the devices changed, the ingresses moved and the weights in use.
+pub fn set_latency(conn: &Conn, req: proto::SetLatencyRequest) -> Result<ExitCode> {
+    runtime()?.block_on(async {
+        let mut c = conn.clients()?;
+        let r = match c.targets.set_latency(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Ok(report(s)),
+        };
+        if conn.json {
+            print_json(&r)?;
+        } else {
+            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+            let mut o = out();
+            writeln!(o, "devices changed: {}", list(r.changed))?;
+            writeln!(o, "ingresses moved: {}", list(r.moved))?;
+            let weights: Vec<String> = r
+                .weights_us
+                .iter()
+                .enumerate()
+                .map(|(l, w)| if *w > 0.0 { format!("{l}: {w} µs") } else { format!("{l}: down") })
+                .collect();
+            writeln!(o, "links in use: {}", weights.join(", "))?;
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 /// `subc topo get`: the topology the server runs, as a topology file (what
 /// is down as comments).
 pub fn get_topology(conn: &Conn) -> Result<ExitCode> {

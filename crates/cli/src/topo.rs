@@ -93,6 +93,21 @@ pub enum TopoCommand {
     /// restarts (docs/network.md, "Changing the topology while running").
     #[command(verbatim_doc_comment)]
     Apply(Change),
+    /// Report measured one-way latencies of links to a label-mode server; routes follow.
+    ///
+    /// For a server whose topology routes by labels (`[routing] mode = "labels"`). Each
+    /// measurement is `LINK=MICROSECONDS`, the link by either end (`leaf1:1`) or its index:
+    ///
+    ///   subc topo latency spine1:2=250 leaf3:1=12.5
+    ///
+    /// A link's weight follows its measurement only past 20 % of the weight in use, so
+    /// small changes move nothing. Routes then move make before break: the devices whose
+    /// forwarding changes get the new routes beside the old, every ingress moves to them
+    /// once all hold them, and only those devices are written. Prints the devices changed,
+    /// the ingresses moved and each link's weight in use (docs/network.md, "Label mode in
+    /// the service").
+    #[command(verbatim_doc_comment)]
+    Latency(Measurements),
     /// Print the topology a network-mode server runs now, as a topology file.
     Get {
         #[command(flatten)]
@@ -174,6 +189,31 @@ pub struct Failures {
     conn: crate::client::Conn,
 }
 
+/// What `subc topo latency` reports, and the server to tell.
+#[derive(Args)]
+pub struct Measurements {
+    /// A link and its measured one-way latency: `LINK=MICROSECONDS` (`leaf1:1=250`).
+    #[arg(value_name = "LINK=US", required = true)]
+    links: Vec<String>,
+    #[command(flatten)]
+    conn: crate::client::Conn,
+}
+
+impl Measurements {
+    fn request(&self) -> Result<subc_client::proto::SetLatencyRequest> {
+        let links = self
+            .links
+            .iter()
+            .map(|m| {
+                let (link, us) = m.rsplit_once('=').with_context(|| format!("{m:?}: expected LINK=MICROSECONDS, such as leaf1:1=250"))?;
+                let latency_us: f64 = us.trim().parse().with_context(|| format!("{m:?}: {us:?} is not a number of microseconds"))?;
+                Ok(subc_client::proto::LinkLatency { link: link.trim().to_string(), latency_us })
+            })
+            .collect::<Result<_>>()?;
+        Ok(subc_client::proto::SetLatencyRequest { links })
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub enum Emit {
     Text,
@@ -187,6 +227,7 @@ pub fn topo(c: &TopoCommand) -> Result<ExitCode> {
         TopoCommand::Down(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, true),
         TopoCommand::Up(f) => crate::client::set_down(&f.conn, &f.links, &f.devices, false),
         TopoCommand::Apply(change) => crate::client::change_topology(&change.conn, change.request()?),
+        TopoCommand::Latency(m) => crate::client::set_latency(&m.conn, m.request()?),
         TopoCommand::Get { conn } => crate::client::get_topology(conn),
     }
 }

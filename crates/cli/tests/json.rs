@@ -189,6 +189,38 @@ fn the_network_commands_print_the_api_messages_in_canonical_json() {
     });
 }
 
+/// `subc topo latency` on [`TRIANGLE`] routed by labels: a raised direct
+/// link `a`–`c` moves `x`'s traffic to `y` through `b`; a change within the
+/// damping threshold moves nothing; a malformed measurement is refused
+/// before anything is sent.
+#[test]
+fn the_latency_command_prints_what_moved() {
+    let dir = tempfile::Builder::new().prefix("subc-json-labels").tempdir().unwrap();
+    let tmp = dir.path().to_str().unwrap().to_string();
+    std::fs::write(dir.path().join("fabric.toml"), format!("[routing]\nmode = \"labels\"\n{TRIANGLE}")).unwrap();
+    let spec = repo().join("examples/topic-broker/broker.spec");
+    let server = ServerProc::start_with_spec(dir.path(), &spec, "topology = \"fabric.toml\"");
+    let url = server.url();
+    let admin = [("SUBC_SERVER", url.as_str()), ("SUBC_TOKEN", ADMIN)];
+    let mut s = insta::Settings::clone_current();
+    s.set_snapshot_path("snapshots/json");
+    s.set_prepend_module_to_snapshot(false);
+    s.bind(|| {
+        insta::assert_json_snapshot!("topo_latency", json_of(&["topo", "latency", "a:2=50", "--json"], &admin, &tmp));
+        insta::assert_json_snapshot!("topo_latency_damped", json_of(&["topo", "latency", "c:2=55", "--json"], &admin, &tmp));
+    });
+    let text = subc_with(&["topo", "latency", "a:2=1"], &admin, std::time::Duration::from_secs(120));
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("devices changed: ") && text.contains("links in use: 0: 1 µs, 1: 1 µs, 2: 1 µs"), "{text}");
+    let bad = subc_with(&["topo", "latency", "a:2"], &admin, std::time::Duration::from_secs(120));
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected LINK=MICROSECONDS"), "{}", String::from_utf8_lossy(&bad.stderr));
+    let bad = subc_with(&["topo", "latency", "a:2=0"], &admin, std::time::Duration::from_secs(120));
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not between"), "{}", String::from_utf8_lossy(&bad.stderr));
+}
+
 #[test]
 fn the_local_commands_print_their_json() {
     let dir = tempfile::Builder::new().prefix("subc-json-local").tempdir().unwrap();

@@ -57,6 +57,7 @@ use crate::topology::{latency_ns, DeviceId, EndpointId, Link, PortRef, Topology,
 use crate::FabricError;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
+use subc_bdd::{LabelShape, LabelTable};
 
 /// A set of endpoints, one bit each (bit `e` is endpoint `e`), over a
 /// network of `width` endpoints.
@@ -380,6 +381,42 @@ impl LabelTables {
     /// (`docs/network.md`, "The label").
     pub fn header_bytes(&self) -> usize {
         1 + self.endpoints.div_ceil(8)
+    }
+
+    /// Device `d`'s table as the back ends install it, over banks of
+    /// planes: the rows of every plane of `banks[0]`, then of `banks[1]`,
+    /// and so on (plane `b * planes + p` is plane `p` of bank `b`), pushing
+    /// the planes of bank `push` if it is an ingress, whose own endpoints
+    /// and ingress it takes.
+    /// Two banks make a reroute make-before-break (`docs/network.md`).
+    pub fn device_table(banks: &[&LabelTables], push: usize, d: DeviceId) -> LabelTable {
+        let planes: Vec<Vec<(u32, Vec<u8>)>> = banks
+            .iter()
+            .flat_map(|t| t.forward.iter().map(|plane| plane[d].iter().map(|(port, fbm)| (*port, fbm.header(0)[1..].to_vec())).collect()))
+            .collect();
+        let per_bank = banks.first().map_or(0, |b| b.forward.len()) as u32;
+        let own = banks[push];
+        LabelTable {
+            ingress: own.ingress[d],
+            planes,
+            deliver: own.deliver[d].iter().map(|&(port, e)| (port, e as u32)).collect(),
+            // A device that is no ingress pushes nothing: its range stays put.
+            push_base: if own.ingress[d] { per_bank * push as u32 } else { 0 },
+            push_count: per_bank,
+        }
+    }
+}
+
+/// What one label program must hold to serve every device of `t`, with
+/// `planes` planes in each of `banks` banks: a row per link end of the
+/// device with the most, and a slot per own endpoint of the one with most.
+pub fn label_shape(t: &Topology, planes: usize, banks: usize) -> LabelShape {
+    let most = |count: &dyn Fn(DeviceId) -> usize| (0..t.devices.len()).map(count).max().unwrap_or(0).max(1) as u32;
+    LabelShape {
+        endpoints: t.endpoints.len() as u32,
+        planes: (planes * banks) as u32,
+        rows: most(&|d| t.links.iter().filter(|l| l.a.device == d || l.b.device == d).count()),
+        hosts: most(&|d| t.endpoints.iter().filter(|e| e.at.device == d).count()),
     }
 }
 

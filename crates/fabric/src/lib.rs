@@ -31,13 +31,13 @@ mod topology;
 
 pub use budget::{place, place_all, place_rules, placed_rules, Placed, TRANSIT_ID};
 pub use change::{change_topology, ChangeError, TopologyChange};
-pub use labels::{Damping, Flow, Label, LabelRoutes, LabelTables, Rerouted, Rows, Traffic};
+pub use labels::{label_shape, Damping, Flow, Label, LabelRoutes, LabelTables, Rerouted, Rows, Traffic};
 pub use project::{changed_devices, project, project_rule, rule_changes};
 pub use routing::{Down, Routes};
 pub use sim::{Delivery, LabelSimulator, Simulator};
 pub use topology::{
     check_topology, check_topology_with, Device, DeviceId, DeviceKind, Endpoint, EndpointId, Link, PortRef, Routing, RoutingMode, Topology,
-    MAX_PLANES,
+    LATENCY_US, MAX_PLANES,
 };
 
 /// Why a network program cannot be put on a device, or routed at all.

@@ -136,7 +136,7 @@ pub struct Routing {
 /// The latencies a link may declare or measure, in µs: from a nanosecond
 /// (so every weight is positive) to a second (so no sum of weights over a
 /// path can overflow).
-pub(crate) const LATENCY_US: (f64, f64) = (0.001, 1_000_000.0);
+pub const LATENCY_US: (f64, f64) = (0.001, 1_000_000.0);
 
 /// A latency in µs as a weight in whole nanoseconds, clamped to
 /// [`LATENCY_US`].

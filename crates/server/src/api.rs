@@ -438,7 +438,37 @@ impl Targets for Api {
             .collect::<Result<_, _>>()
             .map_err(Status::invalid_argument)?;
         let down = req.down;
-        Ok(Response::new(self.core.submit(|reply| WriteOp::SetDown { links, devices, down, resolved_in: f, reply }).await?))
+        let mut resp = self.core.submit(|reply| WriteOp::SetDown { links, devices, down, resolved_in: f, reply }).await?;
+        if let (Some(plane), Some((_, down))) = (self.core.label_plane(), self.core.network()) {
+            // Label mode: the devices' rules stay; their label tables move.
+            resp.changed = plane.rerouted(&self.core, &down, &self.core.latency()).await?.changed;
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn set_latency(&self, request: Request<proto::SetLatencyRequest>) -> Result<Response<proto::SetLatencyResponse>, Status> {
+        principal(&request)?.require_admin()?;
+        let req = request.into_inner();
+        let Some(f) = self.core.fabric() else {
+            return Err(Status::failed_precondition("the server runs without a topology: there are no links to measure"));
+        };
+        let mut measured = vec![];
+        for l in &req.links {
+            let link = f.link(&l.link).map_err(Status::invalid_argument)?;
+            if !crate::labels::valid_latency(l.latency_us) {
+                let (lo, hi) = subc_fabric::LATENCY_US;
+                return Err(Status::invalid_argument(format!(
+                    "link {:?}: a latency of {} µs is not between {lo} and {hi} µs",
+                    l.link, l.latency_us
+                )));
+            }
+            measured.push((link, l.latency_us));
+        }
+        self.core.submit(|reply| WriteOp::SetLatency { measured, resolved_in: f, reply }).await?;
+        let plane = self.core.label_plane().ok_or_else(|| Status::internal("label mode without a label plane"))?;
+        let down = self.core.network().map(|(_, d)| d).unwrap_or_default();
+        let moved = plane.weighted(&self.core, &down, &self.core.latency()).await?;
+        Ok(Response::new(proto::SetLatencyResponse { changed: moved.changed, moved: moved.moved, weights_us: moved.weights_us }))
     }
 
     async fn change_topology(

@@ -46,6 +46,10 @@ pub struct Core {
     fabric: RwLock<Option<Arc<Fabric>>>,
     /// What is down as of the last commit (read and written under `fabric`'s lock).
     down: RwLock<subc_fabric::Down>,
+    /// Label mode: the label plane (`labels.rs`), and the links' measured
+    /// latencies as of the last commit (µs per link; `None`: as declared).
+    labels: Option<Arc<crate::labels::LabelPlane>>,
+    latency: RwLock<Vec<Option<f64>>>,
     config: Arc<Config>,
     committed: Arc<RwLock<Committed>>,
     deploy: Arc<DeployCtx>,
@@ -211,13 +215,27 @@ impl Core {
         let Loaded { store, reader, mut desired, targets, epoch, fabric } = load(&inputs, warm).await?;
         let Inputs { config, spec, spec_text, kinds, .. } = inputs;
         let devices = fabric.as_ref().map(|f| f.targets(&kinds)).transpose()?;
+        let latency = desired.net.as_ref().map(|n| n.latency().to_vec()).unwrap_or_default();
+        let labels = match &fabric {
+            Some(f) if f.topology.routing.mode == subc_fabric::RoutingMode::Labels => {
+                let down = desired.net.as_ref().map(|n| n.down().clone()).unwrap_or_default();
+                let (plane, tables) = crate::labels::LabelPlane::start(f.clone(), &down, &latency)
+                    .map_err(|e| Error::Config(format!("label routes: {e}")))?;
+                Some((Arc::new(plane), tables))
+            }
+            _ => None,
+        };
 
         let metrics = Arc::new(Metrics::new());
         for (app, n) in desired.subs.apps() {
             metrics.subscriptions.get_or_create(&Metrics::label("app", app)).set(n as i64);
         }
         metrics.generation.set(desired.generation as i64);
-        let committed = Arc::new(RwLock::new(Committed::of(&desired)));
+        let mut committed = Committed::of(&desired);
+        if let Some((_, tables)) = &labels {
+            committed.publish_labels(tables.clone());
+        }
+        let committed = Arc::new(RwLock::new(committed));
         let (tx, rx) = mpsc::channel::<WriteOp>(4096);
         let report_tx = tx.clone();
         let report = Box::new(move |r| {
@@ -240,6 +258,8 @@ impl Core {
             spec_text,
             fabric: RwLock::new(fabric),
             down: RwLock::new(desired.net.as_ref().map(|n| n.down().clone()).unwrap_or_default()),
+            labels: labels.map(|(plane, _)| plane),
+            latency: RwLock::new(latency),
             config: config.clone(),
             committed,
             deploy,
@@ -386,6 +406,31 @@ impl Core {
         }
         *self.down.write().expect("down") = down;
     }
+    /// Label mode's plane (`None`: not label mode).
+    pub(crate) fn label_plane(&self) -> Option<&Arc<crate::labels::LabelPlane>> {
+        self.labels.as_ref()
+    }
+
+    /// The links' measured latencies as of the last commit.
+    pub(crate) fn latency(&self) -> Vec<Option<f64>> {
+        self.latency.read().expect("latency").clone()
+    }
+
+    /// Records committed measurements.
+    pub(crate) fn set_latency(&self, latency: Vec<Option<f64>>) {
+        *self.latency.write().expect("latency") = latency;
+    }
+
+    /// Publishes every device's label table and wakes their tasks.
+    pub(crate) fn publish_labels(&self, tables: Vec<Arc<subc_bdd::LabelTable>>) {
+        self.committed.write().expect("committed state").publish_labels(tables);
+        for h in self.targets() {
+            if h.view.is_some() {
+                h.wake();
+            }
+        }
+    }
+
     /// An etcd store's last commit revision: a change acknowledged before
     /// it was read was committed at or before it.
     pub fn store_revision(&self) -> Option<i64> {

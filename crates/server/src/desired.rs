@@ -248,6 +248,9 @@ pub struct Committed {
     set: View,
     /// Network mode: per device, its view (empty otherwise).
     views: Vec<View>,
+    /// Label mode: per view, its label table, published by the label plane
+    /// (`labels.rs`), not the writer; and the publish's version (0: none).
+    labels: (u64, Vec<Arc<subc_bdd::LabelTable>>),
 }
 
 impl Committed {
@@ -259,7 +262,26 @@ impl Committed {
             base_order: d.set.base_order().to_vec(),
             set: View::new(d.view_pipelines(None), d.view_bits(None)),
             views: (0..d.net.as_ref().map_or(0, |n| n.len())).map(|i| View::new(d.view_pipelines(Some(i)), d.view_bits(Some(i)))).collect(),
+            labels: (0, vec![]),
         }
+    }
+
+    /// Label mode: `view`'s label table and the version it was published
+    /// in (`None`: the view has none).
+    pub(crate) fn labels_of(&self, view: Option<usize>) -> Option<(u64, Arc<subc_bdd::LabelTable>)> {
+        let (version, tables) = &self.labels;
+        view.and_then(|v| tables.get(v)).map(|t| (*version, t.clone()))
+    }
+
+    /// The version of the last label tables published (0: none).
+    pub(crate) fn labels_version(&self) -> u64 {
+        self.labels.0
+    }
+
+    /// Publishes every view's label table; their new version.
+    pub(crate) fn publish_labels(&mut self, tables: Vec<Arc<subc_bdd::LabelTable>>) -> u64 {
+        self.labels = (self.labels.0 + 1, tables);
+        self.labels.0
     }
 
     pub fn generation(&self) -> u64 {

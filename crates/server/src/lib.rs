@@ -33,6 +33,7 @@ mod core;
 mod dashboard;
 mod deploy;
 mod desired;
+mod labels;
 mod metrics;
 mod names;
 mod network;

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub target_entries: Family<Labels, Gauge>,
     pub target_generation: Family<Labels, Gauge>,
     pub diff_entries: Family<Labels, Counter>,
+    /// Label mode: label tables written to a device (`labels.rs`).
+    pub label_writes: Family<Labels, Counter>,
     pub deploy_failures: Family<Labels, Counter>,
     /// Requests refused by a limit, per limit.
     pub limit_refusals: Family<Labels, Counter>,
@@ -123,6 +125,12 @@ impl Metrics {
             "diff_entries",
             "Table entries and multicast groups written to a target (inserts, modifies, deletes)",
             diff_entries.clone(),
+        );
+        let label_writes = Family::<Labels, Counter>::default();
+        registry.register(
+            "label_writes",
+            "Label tables written to a device in label mode (each a diff of the one it held, or whole after a restart)",
+            label_writes.clone(),
         );
         let deploy_failures = Family::<Labels, Counter>::default();
         registry.register("deploy_failures", "Failed deploy attempts per target", deploy_failures.clone());
@@ -228,6 +236,7 @@ impl Metrics {
             target_entries,
             target_generation,
             diff_entries,
+            label_writes,
             deploy_failures,
             limit_refusals,
         }

@@ -116,6 +116,9 @@ impl Fabric {
                 ));
             }
         }
+        if topology.routing.mode == subc_fabric::RoutingMode::Labels {
+            check_label_mode(&topology)?;
+        }
         let endpoints = topology.endpoint_table();
         let report = |name: &str| reports.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone()).unwrap_or_default();
         let reports = topology.devices.iter().map(|d| report(&d.name)).collect();
@@ -387,6 +390,44 @@ impl Fabric {
     }
 }
 
+/// What the service's label mode deploys to (`labels.rs`): `sim` and
+/// `ebpf` devices, without budgets (an ingress holds the whole network
+/// program, the others no rules), in two banks of planes.
+fn check_label_mode(t: &Topology) -> Result<(), String> {
+    for d in &t.devices {
+        let kind = match d.kind {
+            subc_fabric::DeviceKind::Sim | subc_fabric::DeviceKind::Ebpf => None,
+            subc_fabric::DeviceKind::P4Runtime => Some("p4runtime"),
+            subc_fabric::DeviceKind::Agent => Some("agent"),
+            subc_fabric::DeviceKind::Custom => Some("custom"),
+        };
+        if let Some(kind) = kind {
+            return Err(format!(
+                "topology: device `{}`: label mode deploys to `sim` and `ebpf` devices, and this one is `{kind}` \
+                 (route it by the shared tree: `[routing] mode = \"tree\"`)",
+                d.name
+            ));
+        }
+        if d.budget.is_some() {
+            return Err(format!(
+                "topology: device `{}`: a budget does not apply in label mode, where an ingress device holds the whole \
+                 network program and the others no rules (remove `budget`)",
+                d.name
+            ));
+        }
+    }
+    let planes = crate::labels::planes_of(t);
+    if planes * 2 > subc_bdd::MAX_LABEL_PLANES as usize {
+        return Err(format!(
+            "topology: label mode routes in {planes} planes, and devices hold two banks of them, more than the label's \
+             {} planes (set `[routing] planes` to at most {})",
+            subc_bdd::MAX_LABEL_PLANES,
+            subc_bdd::MAX_LABEL_PLANES / 2
+        ));
+    }
+    Ok(())
+}
+
 /// A P4Info file's bytes, binary or in text format, as the binary a
 /// registration carries.
 fn p4info_binary(bytes: &[u8]) -> Result<Vec<u8>, String> {
@@ -585,6 +626,9 @@ pub struct Devices {
     routes: Routes,
     /// What is marked down: `routes` avoid it.
     down: Down,
+    /// Label mode: the links' measured latencies, µs per link (`None`: as
+    /// declared), as committed; the label plane routes by them (`labels.rs`).
+    latency: Vec<Option<f64>>,
     /// The network's rules, by id (what every device's projection is of).
     network: BTreeMap<SubId, NfSubscription>,
     devices: Vec<DeviceSet>,
@@ -662,6 +706,7 @@ impl Devices {
         nfs: &[NfSubscription],
         opts: CompileOptions,
         down: Down,
+        latency: Vec<Option<f64>>,
     ) -> Result<Devices, Error> {
         let routes = Routes::avoiding(&fabric.topology, &down).map_err(|e| Error::Config(format!("the stored failures: {e}")))?;
         let mut devices = vec![];
@@ -678,6 +723,7 @@ impl Devices {
             fabric,
             routes,
             down,
+            latency,
             network,
             devices,
             opts,
@@ -772,7 +818,7 @@ impl Devices {
         let topology = &self.fabric.topology;
         let mut new = vec![];
         for n in nfs {
-            new.extend(project_rule(topology, &self.routes, spec, d, n)?);
+            new.extend(project_one(topology, &self.routes, spec, d, n)?);
         }
         if new.is_empty() {
             return Ok(Some(SetDiff::default()));
@@ -932,6 +978,16 @@ impl Devices {
     /// What is marked down.
     pub(crate) fn down(&self) -> &Down {
         &self.down
+    }
+
+    /// Label mode: the measured latencies committed (µs per link).
+    pub(crate) fn latency(&self) -> &[Option<f64>] {
+        &self.latency
+    }
+
+    /// Label mode: new measured latencies (staged; undone by setting the old).
+    pub(crate) fn set_latency(&mut self, latency: Vec<Option<f64>>) {
+        self.latency = latency;
     }
 
     /// Undoes a reroute after a failed commit: back to `old`, every device
@@ -1276,6 +1332,28 @@ pub(crate) fn moved(update: Option<&SetDiff>) -> bool {
     update.is_none_or(|u| !u.is_empty())
 }
 
+/// Rule `n` on device `d`: its projection on the shared tree, or in label
+/// mode the rule itself on an ingress device (which evaluates the whole
+/// network program, its ports the endpoints) and nothing on the others
+/// (which forward on labels alone: `labels.rs`).
+fn project_one(
+    topology: &Topology,
+    routes: &Routes,
+    spec: &Spec,
+    d: usize,
+    n: &NfSubscription,
+) -> Result<Option<NfSubscription>, FabricError> {
+    match topology.routing.mode {
+        subc_fabric::RoutingMode::Tree => project_rule(topology, routes, spec, d, n),
+        subc_fabric::RoutingMode::Labels => Ok(is_ingress(topology, d).then(|| n.clone())),
+    }
+}
+
+/// Whether a publisher is attached to device `d` (label mode's ingress).
+pub(crate) fn is_ingress(topology: &Topology, d: usize) -> bool {
+    topology.publishers().into_iter().any(|p| topology.endpoints[p].at.device == d)
+}
+
 /// The projection of `nfs` onto device `d`, by id.
 fn project_all(
     topology: &Topology,
@@ -1286,7 +1364,7 @@ fn project_all(
 ) -> Result<BTreeMap<SubId, NfSubscription>, FabricError> {
     let mut out = BTreeMap::new();
     for n in nfs {
-        if let Some(p) = project_rule(topology, routes, spec, d, n)? {
+        if let Some(p) = project_one(topology, routes, spec, d, n)? {
             out.insert(p.id, p);
         }
     }

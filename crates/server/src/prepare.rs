@@ -116,7 +116,8 @@ pub(crate) fn prepare(store: &Store, inputs: &Inputs) -> Result<Prepared, Error>
             let mut opts = compile_options(spec, &config.compile, None)?;
             opts.order = Some(set.base_order().to_vec());
             let down = store.meta("down")?.map(|text| crate::network::parse_down(&f.topology, &text)).unwrap_or_default();
-            Some(Devices::compile(f.clone(), spec, &nfs, opts, down)?)
+            let latency = crate::labels::parse_latency(f, store.meta("latency")?.as_deref());
+            Some(Devices::compile(f.clone(), spec, &nfs, opts, down, latency)?)
         }
     };
     let index = crate::core::index_of(subs);

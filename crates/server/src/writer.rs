@@ -103,6 +103,15 @@ pub(crate) enum WriteOp {
         resolved_in: Arc<Fabric>,
         reply: Reply<proto::SetDownResponse>,
     },
+    /// Label mode: measured latencies (µs by link index), merged into
+    /// those committed before, and committed before the label plane moves
+    /// routes.
+    SetLatency {
+        measured: Vec<(usize, f64)>,
+        /// The topology the links were named in.
+        resolved_in: Arc<Fabric>,
+        reply: Reply<()>,
+    },
     /// Network mode: adds and removes devices, links and endpoints.
     ChangeTopology {
         change: Box<subc_fabric::TopologyChange>,
@@ -159,6 +168,8 @@ enum Undo {
     },
     /// What was down before a change of it.
     Rerouted(subc_fabric::Down),
+    /// The measured latencies before a change of them.
+    Measured(Vec<Option<f64>>),
     /// What a change of topology replaced.
     Retopo(Box<crate::network::Parked>),
 }
@@ -170,6 +181,7 @@ enum Finish {
     Register(Reply<Arc<TargetHandle>>, Box<proto::RegisterTargetRequest>),
     Unregister(Reply<()>, String),
     SetDown(Reply<proto::SetDownResponse>, proto::SetDownResponse, subc_fabric::Down),
+    SetLatency(Reply<()>, Vec<Option<f64>>),
     Topology(Reply<proto::ChangeTopologyResponse>, proto::ChangeTopologyResponse, Option<Box<Retopo>>),
     Nothing,
 }
@@ -194,6 +206,7 @@ impl Finish {
             Finish::Register(r, _) => drop(r.send(Err(s))),
             Finish::Unregister(r, _) => drop(r.send(Err(s))),
             Finish::SetDown(r, ..) => drop(r.send(Err(s))),
+            Finish::SetLatency(r, _) => drop(r.send(Err(s))),
             Finish::Topology(r, ..) => drop(r.send(Err(s))),
             Finish::Nothing => {}
         }
@@ -773,6 +786,10 @@ impl Writer {
                 self.core.set_network(None, down);
                 let _ = r.send(Ok(resp));
             }
+            Finish::SetLatency(r, latency) => {
+                self.core.set_latency(latency);
+                let _ = r.send(Ok(()));
+            }
             Finish::Topology(r, resp, retopo) => {
                 if let Some(retopo) = retopo {
                     self.start_and_stop(*retopo);
@@ -838,6 +855,11 @@ impl Writer {
                 let core = self.core.clone();
                 if let Some(net) = &mut self.d.net {
                     net.undo_reroute(core.spec(), old);
+                }
+            }
+            Undo::Measured(old) => {
+                if let Some(net) = &mut self.d.net {
+                    net.set_latency(old);
                 }
             }
             Undo::Retopo(parked) => {
@@ -955,6 +977,10 @@ impl Writer {
                     Err(s) => Err((Finish::SetDown(reply, Default::default(), Default::default()), s)),
                 }
             }
+            WriteOp::SetLatency { measured, resolved_in, reply } => match self.stage_set_latency(&measured, &resolved_in) {
+                Ok((staged, latency)) => Ok(Staged { finish: Finish::SetLatency(reply, latency), ..staged }),
+                Err(s) => Err((Finish::SetLatency(reply, vec![]), s)),
+            },
             WriteOp::ChangeTopology { change, dry_run, reply } => match self.stage_change_topology(&change, dry_run) {
                 Ok((staged, resp, retopo)) => Ok(Staged { finish: Finish::Topology(reply, resp, retopo), ..staged }),
                 Err(s) => Err((Finish::Topology(reply, Default::default(), None), s)),
@@ -1416,6 +1442,30 @@ impl Writer {
     /// every device routed and projected again (`Devices::change_topology`).
     /// The topology and what is down in it are kept in the store (meta
     /// "topology", "down"), so a restart runs the changed topology.
+    /// Stages measured latencies (label mode): kept in the store (meta
+    /// "latency"), so a restart routes by them; the routes move after the
+    /// commit (`labels.rs`).
+    fn stage_set_latency(&mut self, measured: &[(usize, f64)], resolved_in: &Arc<Fabric>) -> Result<(Staged, Vec<Option<f64>>), Status> {
+        let Some(net) = &mut self.d.net else {
+            return Err(Status::failed_precondition("the server runs without a topology: there are no links to measure"));
+        };
+        let fabric = net.fabric().clone();
+        if fabric.topology.routing.mode != subc_fabric::RoutingMode::Labels {
+            return Err(Status::failed_precondition(
+                "the topology routes by a shared tree, which latencies do not change: measured latencies move routes in \
+                 label mode (`[routing] mode = \"labels\"`, docs/network.md)",
+            ));
+        }
+        if !Arc::ptr_eq(&fabric, resolved_in) {
+            return Err(Status::aborted("the topology changed while the links were looked up: send the request again"));
+        }
+        let old = net.latency().to_vec();
+        let latency = crate::labels::damp(&fabric, &old, measured);
+        net.set_latency(latency.clone());
+        let sql = vec![SqlWrite::Meta { key: "latency", value: crate::labels::latency_json(&fabric, &latency) }];
+        Ok((Staged { undo: Some(Undo::Measured(old)), ..Staged::only(sql, vec![], Finish::Nothing) }, latency))
+    }
+
     fn stage_change_topology(
         &mut self,
         change: &subc_fabric::TopologyChange,
@@ -1425,6 +1475,12 @@ impl Writer {
         let Some(net) = &mut self.d.net else {
             return Err(Status::failed_precondition("the server runs without a topology: there is no topology to change"));
         };
+        if net.fabric().topology.routing.mode == subc_fabric::RoutingMode::Labels {
+            return Err(Status::failed_precondition(
+                "label mode's topology cannot change while the service runs yet: the label programs are sized for its \
+                 endpoints and ports (change the file and restart)",
+            ));
+        }
         let old = net.fabric().clone();
         let kinds: Vec<&str> = core.kinds().names().collect();
         let (topology, text) = subc_fabric::change_topology(&old.topology, change, &kinds).map_err(|e| match e {

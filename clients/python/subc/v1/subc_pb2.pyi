@@ -232,6 +232,30 @@ class Diagnostics(_message.Message):
     total: int
     def __init__(self, diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
+class LinkLatency(_message.Message):
+    __slots__ = ("link", "latency_us")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_US_FIELD_NUMBER: _ClassVar[int]
+    link: str
+    latency_us: float
+    def __init__(self, link: _Optional[str] = ..., latency_us: _Optional[float] = ...) -> None: ...
+
+class SetLatencyRequest(_message.Message):
+    __slots__ = ("links",)
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    links: _containers.RepeatedCompositeFieldContainer[LinkLatency]
+    def __init__(self, links: _Optional[_Iterable[_Union[LinkLatency, _Mapping]]] = ...) -> None: ...
+
+class SetLatencyResponse(_message.Message):
+    __slots__ = ("changed", "moved", "weights_us")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_US_FIELD_NUMBER: _ClassVar[int]
+    changed: _containers.RepeatedScalarFieldContainer[str]
+    moved: _containers.RepeatedScalarFieldContainer[str]
+    weights_us: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, changed: _Optional[_Iterable[str]] = ..., moved: _Optional[_Iterable[str]] = ..., weights_us: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class ChangeTopologyRequest(_message.Message):
     __slots__ = ("add", "remove_devices", "remove_links", "remove_endpoints", "dry_run")
     ADD_FIELD_NUMBER: _ClassVar[int]

@@ -337,6 +337,11 @@ class TargetsStub:
                 request_serializer=subc_dot_v1_dot_subc__pb2.GetTopologyRequest.SerializeToString,
                 response_deserializer=subc_dot_v1_dot_subc__pb2.GetTopologyResponse.FromString,
                 _registered_method=True)
+        self.SetLatency = channel.unary_unary(
+                '/subc.v1.Targets/SetLatency',
+                request_serializer=subc_dot_v1_dot_subc__pb2.SetLatencyRequest.SerializeToString,
+                response_deserializer=subc_dot_v1_dot_subc__pb2.SetLatencyResponse.FromString,
+                _registered_method=True)
 
 
 class TargetsServicer:
@@ -427,6 +432,25 @@ class TargetsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLatency(self, request, context):
+        """Label mode (a topology with `[routing] mode = "labels"`), admin only:
+        measured one-way latencies of links, committed to the store before
+        the routes move (a restart routes by them). A link's weight follows
+        its measurement only if they differ by more than the damping
+        threshold (20 % of the weight in use), so routes do not flap. Routes
+        then move make before break (docs/network.md, "Label mode in the
+        service"): only the devices whose label tables change are written,
+        and every ingress device is moved to the new routes once all of them
+        hold them. The reply comes when the move is done. INVALID_ARGUMENT
+        for a link the topology lacks or a latency that is not a positive
+        finite number; FAILED_PRECONDITION without a topology in label mode;
+        UNAVAILABLE if devices did not take the new routes in time (the
+        latencies are stored, and packets keep the routes in force).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -474,6 +498,11 @@ def add_TargetsServicer_to_server(servicer, server):
                     servicer.GetTopology,
                     request_deserializer=subc_dot_v1_dot_subc__pb2.GetTopologyRequest.FromString,
                     response_serializer=subc_dot_v1_dot_subc__pb2.GetTopologyResponse.SerializeToString,
+            ),
+            'SetLatency': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLatency,
+                    request_deserializer=subc_dot_v1_dot_subc__pb2.SetLatencyRequest.FromString,
+                    response_serializer=subc_dot_v1_dot_subc__pb2.SetLatencyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -721,6 +750,33 @@ class Targets:
             '/subc.v1.Targets/GetTopology',
             subc_dot_v1_dot_subc__pb2.GetTopologyRequest.SerializeToString,
             subc_dot_v1_dot_subc__pb2.GetTopologyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLatency(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/subc.v1.Targets/SetLatency',
+            subc_dot_v1_dot_subc__pb2.SetLatencyRequest.SerializeToString,
+            subc_dot_v1_dot_subc__pb2.SetLatencyResponse.FromString,
             options,
             channel_credentials,
             insecure,

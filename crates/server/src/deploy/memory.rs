@@ -7,6 +7,10 @@
 //! after every change and read back from it, so it survives a restart of
 //! the server as a real target does; a write that fails changes nothing.
 //!
+//! In label mode it also holds the device's label table
+//! (`Target::write_labels`), in `<file>.labels.json`, written only when the
+//! table changes.
+//!
 //! The file is the target's own: `path` is a file name, kept in
 //! `<store's directory>/sim/<target name>/` (a directory only this target
 //! writes). Once, `path` was any path: registering the store's own file and
@@ -17,6 +21,7 @@ use crate::names::{self, NameError};
 use crate::proto;
 use std::path::{Path, PathBuf};
 use subc_bdd::BitImage;
+use subc_bdd::LabelTable;
 use subc_bdd::Pipeline;
 use subc_bdd::SetDiff;
 
@@ -32,6 +37,8 @@ pub(crate) struct MemoryDriver {
 struct Holding {
     pipes: Vec<Pipeline>,
     bits: Option<BitImage>,
+    /// Label mode: the label table (none until written; an install empties it).
+    labels: Option<LabelTable>,
 }
 
 impl Holding {
@@ -110,8 +117,17 @@ impl OwnFile {
 
     /// The file of the group's image beside the pipelines': `<file>.bits.json`.
     fn bits_path(&self) -> PathBuf {
+        self.beside(".bits.json")
+    }
+
+    /// The file of the label table beside the pipelines': `<file>.labels.json`.
+    fn labels_path(&self) -> PathBuf {
+        self.beside(".labels.json")
+    }
+
+    fn beside(&self, suffix: &str) -> PathBuf {
         let mut name = self.path.file_name().unwrap_or_default().to_os_string();
-        name.push(".bits.json");
+        name.push(suffix);
         self.path.with_file_name(name)
     }
 
@@ -126,7 +142,7 @@ impl OwnFile {
 
     fn read(&self) -> Result<Option<Holding>, TargetError> {
         let Some(pipes) = Self::read_json(&self.path)? else { return Ok(None) };
-        Ok(Some(Holding { pipes, bits: Self::read_json(&self.bits_path())? }))
+        Ok(Some(Holding { pipes, bits: Self::read_json(&self.bits_path())?, labels: Self::read_json(&self.labels_path())? }))
     }
 
     fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), TargetError> {
@@ -136,13 +152,23 @@ impl OwnFile {
         std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| io_error(path, e))
     }
 
-    /// Writes the group's file first, then the pipelines' (which a read
-    /// needs to find anything), each atomically.
-    fn write(&self, held: &Holding) -> Result<(), TargetError> {
+    /// Writes the group's and the label table's files first, then the
+    /// pipelines' (which a read needs to find anything), each atomically;
+    /// `before` is what the files hold, and a file whose part is unchanged
+    /// is not written again.
+    fn write(&self, before: Option<&Holding>, held: &Holding) -> Result<(), TargetError> {
         self.make_dir()?;
         match &held.bits {
             Some(b) => Self::write_json(&self.bits_path(), b)?,
             None => remove_if_there(&self.bits_path())?,
+        }
+        match &held.labels {
+            Some(l) if before.and_then(|b| b.labels.as_ref()) != Some(l) => Self::write_json(&self.labels_path(), l)?,
+            Some(_) => {}
+            None => remove_if_there(&self.labels_path())?,
+        }
+        if before.is_some_and(|b| b.pipes == held.pipes) {
+            return Ok(());
         }
         Self::write_json(&self.path, &held.pipes)
     }
@@ -152,6 +178,7 @@ impl OwnFile {
         not_a_link(&self.dir, true)?;
         remove_if_there(&self.path)?;
         remove_if_there(&self.bits_path())?;
+        remove_if_there(&self.labels_path())?;
         let _ = std::fs::remove_dir(&self.dir);
         Ok(())
     }
@@ -172,7 +199,7 @@ impl MemoryDriver {
         match (&self.file, held) {
             (None, _) => Ok(()),
             (Some(f), None) => f.remove(),
-            (Some(f), Some(h)) => f.write(h),
+            (Some(f), Some(h)) => f.write(self.held.as_ref(), h),
         }
     }
 
@@ -197,12 +224,21 @@ impl Target for MemoryDriver {
     }
 
     fn install(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), TargetError> {
-        self.keep(Holding { pipes: pipes.iter().map(|p| (*p).clone()).collect(), bits: bits.cloned() })
+        self.keep(Holding { pipes: pipes.iter().map(|p| (*p).clone()).collect(), bits: bits.cloned(), labels: None })
     }
 
     fn apply(&mut self, update: &SetDiff) -> Result<(), TargetError> {
         let next = self.held.as_ref().ok_or_else(|| TargetError::needs_install("nothing is installed"))?.after(update)?;
         self.keep(next)
+    }
+
+    /// Any sim target takes label tables; an equal table writes nothing.
+    fn write_labels(&mut self, table: &LabelTable) -> Result<(), TargetError> {
+        let held = self.held.as_ref().ok_or_else(|| TargetError::transient("label tables before any install"))?;
+        if held.labels.as_ref() == Some(table) {
+            return Ok(());
+        }
+        self.keep(Holding { labels: Some(table.clone()), ..held.clone() })
     }
 
     fn uninstall(&mut self) -> Result<(), TargetError> {

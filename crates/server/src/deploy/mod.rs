@@ -215,6 +215,12 @@ pub struct TargetHandle {
     budget: Option<Arc<Mutex<crate::budget::Follower>>>,
     /// What fitting into the budget costs (a budgeted target's, or a device's).
     approximation: crate::budget::Report,
+    /// Label mode: the label table the target was last written and the
+    /// version it was published in (`None`: not known, written whole next).
+    labels_held: Mutex<Option<(u64, Arc<subc_bdd::LabelTable>)>>,
+    /// The version of the label tables the target holds (0: none), for the
+    /// label plane to wait on (`labels.rs`).
+    labels_acked: watch::Sender<u64>,
 }
 
 /// The plan for one sync.
@@ -321,7 +327,57 @@ impl TargetHandle {
             counters_reading: tokio::sync::Mutex::new(()),
             budget,
             approximation,
+            labels_held: Mutex::new(None),
+            labels_acked: watch::Sender::new(0),
         })
+    }
+
+    /// Label mode: the version of the label tables the target holds.
+    pub(crate) fn labels_acked(&self) -> watch::Receiver<u64> {
+        self.labels_acked.subscribe()
+    }
+
+    /// Wakes the task (label tables were published).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Label mode: whether the view's label tables were published after
+    /// what the target holds.
+    fn labels_behind(&self, ctx: &DeployCtx) -> bool {
+        if !self.is_deployed() || self.manual() || self.view.is_none() {
+            return false;
+        }
+        let published = ctx.committed().labels_version();
+        published > 0 && self.labels_held.lock().expect("labels").as_ref().is_none_or(|(v, _)| *v < published)
+    }
+
+    /// Forgets the label table held: the next sync writes it whole.
+    fn forget_labels(&self) {
+        *self.labels_held.lock().expect("labels") = None;
+        self.labels_acked.send_replace(0);
+    }
+
+    /// Label mode: writes the view's label table if it differs from what
+    /// the target holds (after the pipelines: a reinstall empties them).
+    async fn sync_labels(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), TargetError> {
+        let Some((version, table)) = ctx.committed().labels_of(self.view) else { return Ok(()) };
+        let held = self.labels_held.lock().expect("labels").clone();
+        if held.as_ref().is_some_and(|(v, _)| *v >= version) {
+            return Ok(());
+        }
+        if held.as_ref().is_none_or(|(_, t)| **t != *table) {
+            let write = table.clone();
+            if let Err(e) = self.with_driver(ctx, move |d| d.write_labels(&write)).await {
+                let generation = *ctx.generation.borrow();
+                return self.failed(ctx, e, generation);
+            }
+            ctx.metrics.label_writes.get_or_create(&Metrics::label("target", &self.name)).inc();
+            tracing::info!(target_name = %self.name, version, "label tables written");
+        }
+        *self.labels_held.lock().expect("labels") = Some((version, table));
+        self.labels_acked.send_replace(version);
+        Ok(())
     }
 
     pub fn manual(&self) -> bool {
@@ -493,6 +549,7 @@ impl TargetHandle {
     /// Reads the target back into `held` (at startup, and after failures).
     pub async fn read_back(self: &Arc<Self>, ctx: &Arc<DeployCtx>) -> Result<(), TargetError> {
         let pipes = self.with_driver(ctx, |d| d.read_back()).await?;
+        self.forget_labels();
         let mut h = self.held.lock().expect("held");
         h.held = match pipes {
             // What the group holds is the driver's alone: a target read back
@@ -655,7 +712,10 @@ impl TargetHandle {
         }
         drop(span);
         match result {
-            Ok(new_held) => self.succeeded(ctx, new_held, generation, from, written),
+            Ok(new_held) => {
+                self.succeeded(ctx, new_held, generation, from, written)?;
+                self.sync_labels(ctx).await
+            }
             Err(e) => self.failed(ctx, e, generation),
         }
     }
@@ -727,6 +787,8 @@ impl TargetHandle {
         bits: Option<Arc<BitImage>>,
     ) -> Result<Held, TargetError> {
         let spec = ctx.spec.clone();
+        // A program installed anew holds no label tables.
+        self.forget_labels();
         self.with_driver(ctx, move |d| {
             admit(d, &spec, &Extent::of(&pipes, bits.as_deref()))?;
             d.install(&pipes.iter().collect::<Vec<_>>(), bits.as_deref())?;
@@ -806,6 +868,7 @@ impl TargetHandle {
     /// longer trusted.
     fn failed(&self, ctx: &DeployCtx, e: TargetError, generation: u64) -> Result<(), TargetError> {
         self.held.lock().expect("held").held = Held::Unknown;
+        self.forget_labels();
         ctx.set_floor(&self.name, None);
         ctx.metrics.deploy_failures.get_or_create(&Metrics::label("target", &self.name)).inc();
         ctx.metrics.target_failing.get_or_create(&Metrics::label("target", &self.name)).set(1);
@@ -871,7 +934,7 @@ pub(crate) async fn run(h: Arc<TargetHandle>, ctx: Arc<DeployCtx>) {
         }
         let current = *gen_rx.borrow_and_update();
         let due = retry_at.is_none_or(|t| tokio::time::Instant::now() >= t);
-        if due && h.wants_sync(current) {
+        if due && (h.wants_sync(current) || h.labels_behind(&ctx)) {
             let synced = h.sync_once(&ctx).await;
             crate::trim::release_free_memory();
             match synced {
