@@ -469,6 +469,12 @@ func (c *Client) SetDown(ctx context.Context, r *subcv1.SetDownRequest) (*subcv1
 	return unary(c, ctx, 0, c.targets.SetDown, r)
 }
 
+// SetLatency reports measured one-way latencies of links (label mode): routes
+// follow, damped, make before break; the reply names the devices changed.
+func (c *Client) SetLatency(ctx context.Context, r *subcv1.SetLatencyRequest) (*subcv1.SetLatencyResponse, error) {
+	return unary(c, ctx, 0, c.targets.SetLatency, r)
+}
+
 // ChangeTopology adds and removes devices, links and endpoints (network mode).
 func (c *Client) ChangeTopology(ctx context.Context, r *subcv1.ChangeTopologyRequest) (*subcv1.ChangeTopologyResponse, error) {
 	return unary(c, ctx, 0, c.targets.ChangeTopology, r)

@@ -9,7 +9,7 @@ other failed call.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union, cast
 
 import grpc
 from google.protobuf.message import Message
@@ -219,6 +219,14 @@ class Client:
         server reroutes and sends diffs to the devices whose programs change."""
         request = subc_pb2.SetDownRequest(links=list(links), devices=list(devices), down=down)
         return self._call(self.targets.SetDown, request, subc_pb2.SetDownResponse)
+
+    def set_latency(self, latencies: Mapping[str, float]) -> subc_pb2.SetLatencyResponse:
+        """Label mode (administrator): measured one-way latencies, in µs, by
+        link (an end, "leaf1:1", or an index); a link's weight follows past
+        20 % of the one in use, and routes move make before break. The reply
+        names the devices whose forwarding changed and the ingresses moved."""
+        links = [subc_pb2.LinkLatency(link=link, latency_us=us) for link, us in latencies.items()]
+        return self._call(self.targets.SetLatency, subc_pb2.SetLatencyRequest(links=links), subc_pb2.SetLatencyResponse)
 
     def change_topology(
         self,
