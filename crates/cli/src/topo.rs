@@ -337,16 +337,19 @@ struct Loads {
     /// How the routes were made, for the heading.
     routing: String,
     per_link: Vec<f64>,
+    /// Label mode: its routes (printed per publisher, instead of the tree's).
+    labels: Option<LabelRoutes>,
 }
 
 impl Loads {
     fn of(t: &Topology, routes: &Routes, down: &Down) -> Result<Loads> {
         let traffic = Traffic::declared(t);
         Ok(match t.routing.mode {
-            RoutingMode::Tree => Loads { routing: "the shared tree".into(), per_link: routes.loads(t, &traffic) },
+            RoutingMode::Tree => Loads { routing: "the shared tree".into(), per_link: routes.loads(t, &traffic), labels: None },
             RoutingMode::Labels => {
                 let labels = LabelRoutes::avoiding(t, down, &traffic)?;
-                Loads { routing: format!("labels, {} plane(s)", labels.planes()), per_link: labels.loads(t, &traffic) }
+                let per_link = labels.loads(t, &traffic);
+                Loads { routing: format!("labels, {} plane(s)", labels.planes()), per_link, labels: Some(labels) }
             }
         })
     }
@@ -374,10 +377,36 @@ fn show_text(t: &Topology, r: &Routes, loads: &Loads) -> String {
     for (l, load) in t.links.iter().zip(&loads.per_link) {
         let _ = writeln!(out, "  {} -- {}: {load} packets/s (capacity {} Gb/s)", end(t, l.a), end(t, l.b), l.capacity());
     }
+    if let Some(labels) = &loads.labels {
+        out += &label_paths(t, labels);
+        return out;
+    }
     let _ = writeln!(out, "\nport toward each endpoint (the shared tree):");
     for (d, dev) in t.devices.iter().enumerate() {
         let ports: Vec<String> = t.endpoints.iter().enumerate().map(|(e, ep)| format!("{}={}", ep.name, r.toward[d][e])).collect();
         let _ = writeln!(out, "  {}: {}", dev.name, ports.join(" "));
+    }
+    out
+}
+
+/// Label mode: per publisher and plane, the devices a packet crosses to
+/// each other endpoint (its ingress first).
+fn label_paths(t: &Topology, labels: &LabelRoutes) -> String {
+    let mut out = String::from("\nroutes per publisher (labels: packet n in plane n mod planes; devices crossed to each endpoint):\n");
+    for p in t.publishers() {
+        let from = t.endpoints[p].at.device;
+        for plane in 0..labels.planes() {
+            let paths: Vec<String> = (0..t.endpoints.len())
+                .filter(|&e| e != p)
+                .map(|e| {
+                    let path = labels
+                        .path(t, plane, from, e)
+                        .map(|ds| ds.iter().map(|&d| t.devices[d].name.as_str()).collect::<Vec<_>>().join(" > "));
+                    format!("{}: {}", t.endpoints[e].name, path.unwrap_or_else(|| "unreachable".into()))
+                })
+                .collect();
+            let _ = writeln!(out, "  {} plane {plane}: {}", t.endpoints[p].name, paths.join(", "));
+        }
     }
     out
 }
@@ -400,7 +429,12 @@ fn show_dot(t: &Topology, r: &Routes, loads: &Loads) -> String {
         );
     }
     for (i, l) in t.links.iter().enumerate() {
-        let style = if r.tree.contains(&i) { "solid" } else { "dashed" };
+        // Solid: on the routes (the tree's, or any label plane's); dashed: unused.
+        let used = match &loads.labels {
+            Some(_) => loads.per_link[i] > 0.0,
+            None => r.tree.contains(&i),
+        };
+        let style = if used { "solid" } else { "dashed" };
         let _ = writeln!(
             out,
             "  {} -- {} [taillabel={}, headlabel={}, style={style}, label={}, penwidth={:.1}];",

@@ -875,6 +875,9 @@ fn topo_check_and_show() {
     let out = subc(&["topo", "show", "crates/fabric/tests/topologies/labels.toml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     insta::assert_snapshot!("topo_show_labels", String::from_utf8_lossy(&out.stdout));
+    let out = subc(&["topo", "show", "crates/fabric/tests/topologies/labels.toml", "--emit", "dot"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    insta::assert_snapshot!("topo_show_labels_dot", String::from_utf8_lossy(&out.stdout));
 }
 
 /// `show` with a link down (the routes around it) and a rule set (each
