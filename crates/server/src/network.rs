@@ -817,8 +817,9 @@ impl Devices {
     fn add_to(&mut self, spec: &Spec, d: usize, nfs: &[NfSubscription], deadline: subc_bdd::Deadline) -> Result<Option<SetDiff>, NetError> {
         let topology = &self.fabric.topology;
         let mut new = vec![];
+        let ingress = is_ingress(topology, d);
         for n in nfs {
-            new.extend(project_one(topology, &self.routes, spec, d, n)?);
+            new.extend(project_one(topology, &self.routes, spec, d, ingress, n)?);
         }
         if new.is_empty() {
             return Ok(Some(SetDiff::default()));
@@ -1333,19 +1334,20 @@ pub(crate) fn moved(update: Option<&SetDiff>) -> bool {
 }
 
 /// Rule `n` on device `d`: its projection on the shared tree, or in label
-/// mode the rule itself on an ingress device (which evaluates the whole
-/// network program, its ports the endpoints) and nothing on the others
-/// (which forward on labels alone: `labels.rs`).
+/// mode the rule itself on an ingress device (`ingress`: it evaluates the
+/// whole network program, its ports the endpoints) and nothing on the
+/// others (which forward on labels alone: `labels.rs`).
 fn project_one(
     topology: &Topology,
     routes: &Routes,
     spec: &Spec,
     d: usize,
+    ingress: bool,
     n: &NfSubscription,
 ) -> Result<Option<NfSubscription>, FabricError> {
     match topology.routing.mode {
         subc_fabric::RoutingMode::Tree => project_rule(topology, routes, spec, d, n),
-        subc_fabric::RoutingMode::Labels => Ok(is_ingress(topology, d).then(|| n.clone())),
+        subc_fabric::RoutingMode::Labels => Ok(ingress.then(|| n.clone())),
     }
 }
 
@@ -1363,8 +1365,9 @@ fn project_all(
     nfs: &[NfSubscription],
 ) -> Result<BTreeMap<SubId, NfSubscription>, FabricError> {
     let mut out = BTreeMap::new();
+    let ingress = is_ingress(topology, d);
     for n in nfs {
-        if let Some(p) = project_one(topology, routes, spec, d, n)? {
+        if let Some(p) = project_one(topology, routes, spec, d, ingress, n)? {
             out.insert(p.id, p);
         }
     }
