@@ -302,6 +302,8 @@ impl Plane {
             netns: None,
             config: layout.config,
             pin_dir: self.pin_dir.clone(),
+            // Agents are refused in label mode (the service's `network.rs`).
+            labels: None,
         };
         let spec = Arc::new(spec);
         let target = EbpfTarget::open(&self.deployment, settings, spec.clone()).map_err(PlaneError::Target)?;

@@ -19,6 +19,13 @@
 //! Updates go through the pinned maps with the back end's double-buffered
 //! protocol: packets see the old tables or the new ones, never a mix.
 //!
+//! Label mode (`EbpfSettings::labels`): the program is `write_labels`'s,
+//! whose label maps hold the device's `LabelTable`, written by
+//! [`Target::write_labels`] as the entries that differ from the table last
+//! written (all of them when that is not known: after a read back). A
+//! reinstall writes the table it knows into the new program's maps before
+//! the program goes live, so the device keeps forwarding by label.
+//!
 //! Read back: the pinned table maps are read and compared, key by key,
 //! with what the saved image encodes to; only an exact match is trusted.
 //! A mismatch (the server died between writing the maps and the image)
@@ -32,7 +39,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use subc_backend_ebpf::TargetConfig;
-use subc_backend_ebpf::{clang, write_image, EbpfError, EbpfOptions, Hook};
+use subc_backend_ebpf::{clang, write_image, write_labels, EbpfError, EbpfOptions, Hook, LabelShape, LabelTable};
 use subc_backend_ebpf::{ImageParts, Model, TableImage};
 use subc_bdd::BitImage;
 use subc_bdd::Pipeline;
@@ -59,6 +66,9 @@ pub struct EbpfSettings {
     pub config: TargetConfig,
     /// Where the maps and programs are pinned: one directory of its own.
     pub pin_dir: PathBuf,
+    /// Label mode (`docs/network.md`, "Routing by labels"): the label
+    /// program, sized so; TC only.
+    pub labels: Option<LabelShape>,
 }
 
 /// An eBPF target: its settings, its pinned tables once installed or read
@@ -78,6 +88,10 @@ pub struct EbpfTarget {
     /// The lock that makes this process the deployment's only writer
     /// ([`EbpfTarget::exclusive`]), held while the target lives.
     owner: Option<std::fs::File>,
+    /// Label mode: the shape of the label program.
+    labels: Option<LabelShape>,
+    /// Label mode: the table the label maps hold (`None`: not known).
+    label_table: Option<LabelTable>,
 }
 
 /// A refusal of the tables (capacity, a diff that does not apply) needs
@@ -197,7 +211,13 @@ impl EbpfTarget {
                 "eBPF targets need CAP_NET_ADMIN, and CAP_BPF with CAP_PERFMON (or CAP_SYS_ADMIN), in the effective set",
             ));
         }
-        let EbpfSettings { hook, mode, ifaces, netns, config, pin_dir } = settings;
+        let EbpfSettings { hook, mode, ifaces, netns, config, pin_dir, labels } = settings;
+        if labels.is_some() && hook != Hook::Tc {
+            return Err(Unsupported::Program(
+                "label mode runs on TC only: each neighbour's copy carries its own label, and XDP cannot clone".into(),
+            )
+            .into());
+        }
         Ok(EbpfTarget {
             name: name.to_string(),
             spec,
@@ -210,6 +230,8 @@ impl EbpfTarget {
             tables: None,
             files: ImageFiles::new(name)?,
             owner: None,
+            labels,
+            label_table: None,
         })
     }
 
@@ -273,6 +295,7 @@ impl Target for EbpfTarget {
 
     fn read_back(&mut self) -> Result<Option<Vec<Pipeline>>, TargetError> {
         self.tables = None;
+        self.label_table = None;
         let Ok((d, model)) = Deployment::open(&self.name) else { return Ok(None) };
         if let Some(iface) = self.ifaces.iter().find(|i| !d.attachments.iter().any(|a| &a.iface == *i)) {
             // A device of a fabric that gained a port: installed again, which
@@ -318,8 +341,29 @@ impl Target for EbpfTarget {
         self.files.append(update, image)
     }
 
+    /// Writes the entries of `table` that differ from the table last
+    /// written (every entry when that is not known); a table the program
+    /// cannot hold is refused before anything is written.
+    fn write_labels(&mut self, table: &LabelTable) -> Result<(), TargetError> {
+        if self.labels.is_none() {
+            return Err(Unsupported::Program("this eBPF target does not run the label program (label mode)".into()).into());
+        }
+        let t = self.tables.as_ref().ok_or_else(|| TargetError::needs_install("the pinned tables are not open"))?;
+        let ops = match &self.label_table {
+            Some(from) => subc_backend_ebpf::label_diff(from, table, &t.model),
+            None => subc_backend_ebpf::label_ops(table, &t.model),
+        };
+        let ops = ops.map_err(|e| Unsupported::Program(e.to_string()))?;
+        // Not known until it is written whole again, should a write fail part way.
+        self.label_table = None;
+        t.apply(&ops).map_err(err)?;
+        self.label_table = Some(table.clone());
+        Ok(())
+    }
+
     fn uninstall(&mut self) -> Result<(), TargetError> {
         self.tables = None;
+        self.label_table = None;
         let name = self.name.clone();
         let remove = move || match Deployment::open(&name) {
             Ok((d, _)) => d.remove().map_err(err),
@@ -337,9 +381,21 @@ impl EbpfTarget {
     /// [`Target::install`] in the calling thread's network namespace.
     fn install_here(&mut self, pipes: &[&Pipeline], bits: Option<&BitImage>) -> Result<(), TargetError> {
         let opts = EbpfOptions { hook: self.hook, ..Default::default() };
-        let art = write_image(&self.spec, pipes, bits, &opts).map_err(err)?;
+        let art = match self.labels {
+            None => write_image(&self.spec, pipes, bits, &opts).map_err(err)?,
+            Some(_) if bits.is_some() => {
+                return Err(Unsupported::Program("a label program holds no bit-vector group: lower the set to diagrams".into()).into())
+            }
+            Some(shape) => write_labels(&self.spec, pipes, shape, &opts).map_err(err)?,
+        };
         let obj = clang::compile(&art.source, clang::BuildFlags::default()).map_err(err)?;
         let dp = Dataplane::load_with_image(&obj, art.model.clone(), art.image.clone()).map_err(err)?;
+        if let Some(table) = &self.label_table {
+            // The new program forwards by the table the old one held from its first packet.
+            if dp.write_labels(None, table).is_err() {
+                self.label_table = None;
+            }
+        }
         self.tables = None;
         // A live program is swapped under its links; otherwise one is attached.
         let deployment = Deployment::install(&self.name, &dp, &self.config, &self.pin_dir, &self.ifaces, self.mode).map_err(err)?;
@@ -428,6 +484,35 @@ mod tests {
             slots_moved += (fresh.initial_ops(&model) != image.initial_ops(&model)) as usize;
         }
         assert!(slots_moved > 0, "the updates moved slots away from where a fresh load puts them");
+    }
+
+    /// Label mode is refused on XDP, and label tables on a target not
+    /// opened for label mode, each with nothing written.
+    #[test]
+    fn label_mode_refusals_are_typed() {
+        if !loader::can_load_bpf() {
+            return; // `open` needs the capabilities; the refusals come before any kernel call.
+        }
+        let spec = Arc::new(program(1).spec);
+        let shape = LabelShape { endpoints: 4, planes: 2, rows: 2, hosts: 2 };
+        let settings = |hook, labels| EbpfSettings {
+            hook,
+            mode: AttachMode::TcAuto,
+            ifaces: vec!["lo".into()],
+            netns: None,
+            config: TargetConfig::default(),
+            pin_dir: PathBuf::from("/sys/fs/bpf/subc-test-never-made"),
+            labels,
+        };
+        let xdp = EbpfTarget::open("subc-label-refusal-xdp", settings(Hook::Xdp, Some(shape)), spec.clone());
+        assert_eq!(xdp.err().map(|e| e.kind), Some(subc_target::ErrorKind::Unsupported));
+        let mut plain = EbpfTarget::open("subc-label-refusal-plain", settings(Hook::Tc, None), spec.clone()).unwrap();
+        let e = plain.write_labels(&LabelTable::default()).unwrap_err();
+        assert_eq!(e.kind, subc_target::ErrorKind::Unsupported, "{e}");
+        assert!(e.message.contains("label"), "{e}");
+        // Opened for labels, but nothing installed: an install comes first.
+        let mut labelled = EbpfTarget::open("subc-label-refusal-labels", settings(Hook::Tc, Some(shape)), spec).unwrap();
+        assert_eq!(labelled.write_labels(&LabelTable::default()).unwrap_err().kind, subc_target::ErrorKind::NeedsInstall);
     }
 
     /// A base an earlier version wrote (the update ids as the whole meta)

@@ -76,6 +76,12 @@ pub(crate) fn planes_of(t: &Topology) -> usize {
     LabelRoutes::new(t, &Traffic::declared(t)).planes()
 }
 
+/// What one label program must hold on any device of `t`: two banks of
+/// its planes.
+pub(crate) fn shape_of(t: &Topology) -> subc_bdd::LabelShape {
+    subc_fabric::label_shape(t, planes_of(t), 2)
+}
+
 /// The routes around `down` with links weighted by `measured` (µs per
 /// link, `None`: as declared), exactly (no damping: at startup, and after
 /// a failure, which recomputes everything anyway).

@@ -267,7 +267,12 @@ impl Fabric {
         let interfaces: Vec<String> = ports.values().cloned().collect();
         t.interface = interfaces.first().cloned().unwrap_or_default();
         t.ports = ports.into_iter().map(|(p, interface)| (p, proto::EbpfEgress { interface, ..Default::default() })).collect();
-        Ok((t, EbpfDevice { netns, interfaces }))
+        // Label mode: the label program, one shape for every device; TC only.
+        let labels = (self.topology.routing.mode == subc_fabric::RoutingMode::Labels).then(|| crate::labels::shape_of(&self.topology));
+        if labels.is_some() && t.hook != proto::Hook::Tc as i32 {
+            return Err("label mode runs on TC (hook = \"tc\"): each neighbour's copy carries its own label, and XDP cannot clone".into());
+        }
+        Ok((t, EbpfDevice { netns, interfaces, labels }))
     }
 
     /// An `agent` device: a host running `subc agent`, at `address`
@@ -1324,7 +1329,9 @@ fn custom_target(d: &subc_fabric::Device, kinds: &subc_target::Kinds) -> Result<
 /// diagrams only (a custom kind's device, the configured lowering: its
 /// target refuses a group it cannot run).
 fn device_options(topology: &Topology, d: usize, opts: &CompileOptions) -> CompileOptions {
-    let diagrams_only = matches!(topology.devices[d].kind, subc_fabric::DeviceKind::P4Runtime | subc_fabric::DeviceKind::Agent);
+    // P4 switches and agents run diagrams; so does a label program, which holds no bit-vector group.
+    let diagrams_only = matches!(topology.devices[d].kind, subc_fabric::DeviceKind::P4Runtime | subc_fabric::DeviceKind::Agent)
+        || topology.routing.mode == subc_fabric::RoutingMode::Labels;
     CompileOptions { lowering: crate::desired::lowering_for(opts.lowering, diagrams_only), ..opts.clone() }
 }
 

@@ -18,6 +18,8 @@ pub(crate) struct EbpfDevice {
     pub netns: Option<String>,
     /// The interfaces the program is attached to: one per device port.
     pub interfaces: Vec<String>,
+    /// Label mode: the label program's shape (`labels.rs`).
+    pub labels: Option<subc_bdd::LabelShape>,
 }
 
 fn egress(e: &proto::EbpfEgress) -> Result<Egress, TargetError> {
@@ -57,5 +59,6 @@ pub(crate) fn settings(
         None => (vec![cfg.interface.clone()], None),
     };
     let pin_dir = crate::names::child_path(bpffs_root, "target name", name).map_err(|e| TargetError::transient(e.to_string()))?;
-    Ok(EbpfSettings { hook, mode, ifaces, netns, config, pin_dir })
+    let labels = device.and_then(|d| d.labels);
+    Ok(EbpfSettings { hook, mode, ifaces, netns, config, pin_dir, labels })
 }
