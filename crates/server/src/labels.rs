@@ -137,8 +137,13 @@ impl State {
         let free = 1 - self.bank;
         // Step 1: the free bank gets the new rows; own endpoints and ingress follow.
         let both = if self.bank == 0 { [&old, &new] } else { [&new, &old] };
+        // Ingresses (a device back up too) keep pushing the bank in force.
+        let pushed = (self.bank * self.routes.planes()) as u32;
         let step1: Vec<LabelTable> = (0..t.devices.len())
-            .map(|d| LabelTable { push_base: self.tables[d].push_base, ..LabelTables::device_table(&both, free, d) })
+            .map(|d| {
+                let table = LabelTables::device_table(&both, free, d);
+                LabelTable { push_base: if table.ingress { pushed } else { 0 }, ..table }
+            })
             .collect();
         let changed: Vec<usize> = (0..t.devices.len()).filter(|&d| step1[d].planes != self.tables[d].planes).collect();
         let weights_us = (0..t.links.len()).map(|l| next.weight(l).map_or(0.0, |ns| ns as f64 / 1000.0)).collect();

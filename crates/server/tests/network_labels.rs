@@ -2,8 +2,9 @@
 //! topology routes by labels (`[routing] mode = "labels"`), its devices
 //! `sim` targets, on random leaf-spines (2 or 3 spines, 3 or 4 leaves, every
 //! leaf linked to every spine, one or two endpoints per leaf, two
-//! publishers), driven over gRPC through random adds and removes, links
-//! marked down and up, and latencies measured with `SetLatency`.
+//! publishers) and random meshes, driven over gRPC through random adds and
+//! removes, links and devices marked down and up, and latencies measured
+//! with `SetLatency`.
 //!
 //! After every step, read from the files the devices hold:
 //! - ingress devices (a publisher attached) hold the whole network set,
@@ -248,6 +249,8 @@ struct Case {
     mid_move: usize,
     snapshots: usize,
     faults: usize,
+    /// Devices marked down (and moved around).
+    devices_down: usize,
 }
 
 impl Case {
@@ -400,7 +403,9 @@ impl Case {
         let changed: Vec<String> = rerouted.changed.iter().map(|&d| self.names[d].clone()).collect();
         assert_eq!(reply.changed, changed, "seed {}, {what}: the devices changed", self.seed);
         let declared = t.links[link].weight_ns() as f64 / 1000.0;
-        let weight = if self.down.links.contains(&link) { 0.0 } else { self.in_use[link].unwrap_or(declared) };
+        let l = t.links[link];
+        let cut = self.down.links.contains(&link) || self.down.devices.contains(&l.a.device) || self.down.devices.contains(&l.b.device);
+        let weight = if cut { 0.0 } else { self.in_use[link].unwrap_or(declared) };
         assert!((reply.weights_us[link] - weight).abs() < 1e-3, "seed {}, {what}: weight in use {:?}", self.seed, reply.weights_us);
         let moved = !changed.is_empty();
         self.routes = rerouted.routes;
@@ -423,7 +428,8 @@ impl Case {
         for (d, name) in self.names.iter().enumerate() {
             let written = after[d] - before[d];
             // A changed device: the new bank, then the old one; an ingress: its push range.
-            let should = 2 * u64::from(rerouted.changed.contains(&d)) + u64::from(moved && self.ingress(d));
+            let pushes = self.ingress(d) && !self.down.devices.contains(&d);
+            let should = 2 * u64::from(rerouted.changed.contains(&d)) + u64::from(moved && pushes);
             assert_eq!(written, should, "seed {}, {what}: {name}'s label tables written: changed {changed:?}", self.seed);
         }
         self.check(&what).await;
@@ -441,24 +447,39 @@ impl Case {
         }
     }
 
-    async fn set_down(&mut self, admin: &mut Clients, link: usize, down: bool) {
-        let what = format!("link {link} {}", if down { "down" } else { "up" });
+    /// A link (`Ok`) or a device (`Err`) marked down or up.
+    async fn set_down(&mut self, admin: &mut Clients, what: Result<usize, usize>, down: bool) {
         let mut next = self.down.clone();
-        if down {
-            next.links.insert(link);
-        } else {
-            next.links.remove(&link);
-        }
+        let (links, devices, what) = match what {
+            Ok(l) => {
+                if down {
+                    next.links.insert(l)
+                } else {
+                    next.links.remove(&l)
+                };
+                (vec![l.to_string()], vec![], format!("link {l}"))
+            }
+            Err(d) => {
+                if down {
+                    next.devices.insert(d)
+                } else {
+                    next.devices.remove(&d)
+                };
+                (vec![], vec![self.names[d].clone()], format!("device {}", self.names[d]))
+            }
+        };
+        let what = format!("{what} {}", if down { "down" } else { "up" });
+        let devices_len = devices.len();
         let t = self.topology_fixed();
         let Ok(routes) = LabelRoutes::avoiding(&t, &next, &Traffic::declared(&t)) else {
-            let r = admin.targets.set_down(proto::SetDownRequest { links: vec![link.to_string()], devices: vec![], down }).await;
+            let r = admin.targets.set_down(proto::SetDownRequest { links, devices, down }).await;
             assert_eq!(r.unwrap_err().code(), Code::FailedPrecondition, "seed {}, {what}: a partition is refused", self.seed);
             return;
         };
         let routes = routes.reroute(&t, &self.in_use, Damping { threshold: 0.0 }).routes;
         let before = self.routes.tables(&t);
         let after = routes.tables(&t);
-        let r = admin.targets.set_down(proto::SetDownRequest { links: vec![link.to_string()], devices: vec![], down }).await;
+        let r = admin.targets.set_down(proto::SetDownRequest { links, devices, down }).await;
         let r = r.unwrap_or_else(|e| panic!("seed {}, {what}: {e:?}", self.seed)).into_inner();
         let changed: Vec<String> = (0..self.names.len())
             .filter(|&d| before.forward.iter().map(|p| &p[d]).ne(after.forward.iter().map(|p| &p[d])))
@@ -469,13 +490,24 @@ impl Case {
             self.bank = 1 - self.bank;
             self.moves += 1;
         }
+        self.devices_down += usize::from(down && devices_len > 0);
         self.routes = routes;
         self.down = next;
         self.check(&what).await;
     }
 }
 
-async fn run_case(seed: u64) -> (u64, usize, usize, usize) {
+/// What one case did, to show it was not vacuous.
+#[derive(Default)]
+struct Totals {
+    delivered: u64,
+    moves: usize,
+    mid_move: usize,
+    faults: usize,
+    devices_down: usize,
+}
+
+async fn run_case(seed: u64) -> Totals {
     let mut rng = Rng::new(seed);
     let leaf_spine_case = rng.below(2) == 0;
     let (text, names, endpoints) = if leaf_spine_case { leaf_spine(&mut rng) } else { mesh(&mut rng) };
@@ -517,6 +549,7 @@ async fn run_case(seed: u64) -> (u64, usize, usize, usize) {
         mid_move: 0,
         snapshots: 0,
         faults: 0,
+        devices_down: 0,
     };
     for text in pool.iter().take(8).cloned() {
         let a = alice.subs.add(add_req(&[&text])).await.unwrap().into_inner();
@@ -547,10 +580,15 @@ async fn run_case(seed: u64) -> (u64, usize, usize, usize) {
                 let current = case.in_use[l].unwrap_or(case.t.links[l].weight_ns() as f64 / 1000.0);
                 case.measure(&mut admin, l, current * 1.1, false, false).await;
             }
-            4 => {
+            4 if rng.below(3) > 0 => {
                 let l = rng.below(links as u64) as usize;
                 let down = !case.down.links.contains(&l);
-                case.set_down(&mut admin, l, down).await;
+                case.set_down(&mut admin, Ok(l), down).await;
+            }
+            4 => {
+                let d = rng.below(case.names.len() as u64) as usize;
+                let down = !case.down.devices.contains(&d);
+                case.set_down(&mut admin, Err(d), down).await;
             }
             _ => {
                 // A raise (the first in a case from all links equal), or back down.
@@ -588,18 +626,25 @@ async fn run_case(seed: u64) -> (u64, usize, usize, usize) {
     case.bank = 0;
     case.check("after a restart").await;
     r.shutdown().await.unwrap();
-    (case.delivered, case.moves, case.mid_move, case.faults)
+    Totals { delivered: case.delivered, moves: case.moves, mid_move: case.mid_move, faults: case.faults, devices_down: case.devices_down }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn label_mode_moves_routes_on_measurements_and_delivers_exactly_throughout() {
     bounded(300, async {
         let base: u64 = std::env::var("SUBC_NETLABELS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(34);
-        let (mut delivered, mut moves, mut mid, mut faults) = (0, 0, 0, 0);
+        let mut all = Totals::default();
         for c in 0..CASES {
-            let (d, m, mm, f) = run_case(base + c).await;
-            (delivered, moves, mid, faults) = (delivered + d, moves + m, mid + mm, faults + f);
+            let t = run_case(base + c).await;
+            all.delivered += t.delivered;
+            all.moves += t.moves;
+            all.mid_move += t.mid_move;
+            all.faults += t.faults;
+            all.devices_down += t.devices_down;
         }
+        let Totals { delivered, moves, mid_move: mid, faults, devices_down } = all;
+        eprintln!("{devices_down} devices marked down");
+        assert!(devices_down > 0, "no device was marked down");
         eprintln!("{delivered} copies delivered, {moves} moves ({faults} with a device failing), {mid} snapshots in mid-move");
         assert!(delivered > 1000 && moves >= CASES as usize && faults > 0, "vacuous: {delivered} copies, {moves} moves, {faults} faults");
         assert!(mid > 0, "no snapshot caught a move in its middle");
