@@ -736,6 +736,15 @@ fn print_approximation(o: &mut impl Write, a: &proto::Approximation) -> Result<(
     Ok(())
 }
 
+/// Names joined by commas, or "none".
+fn list(v: Vec<String>) -> String {
+    if v.is_empty() {
+        "none".to_string()
+    } else {
+        v.join(", ")
+    }
+}
+
 /// `subc topo down|up`: marks links and devices of a network-mode server
 /// down (`down`) or up, and prints what is down and which devices changed.
 pub fn set_down(conn: &Conn, links: &[String], devices: &[String], down: bool) -> Result<ExitCode> {
@@ -749,7 +758,6 @@ pub fn set_down(conn: &Conn, links: &[String], devices: &[String], down: bool) -
         if conn.json {
             print_json(&r)?;
         } else {
-            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
             let mut o = out();
             writeln!(o, "generation {}", r.generation)?;
             writeln!(o, "links down: {}", list(r.links_down.iter().map(u32::to_string).collect()))?;
@@ -773,7 +781,6 @@ pub fn change_topology(conn: &Conn, req: proto::ChangeTopologyRequest) -> Result
         if conn.json {
             print_json(&r)?;
         } else {
-            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
             let mut o = out();
             match dry_run {
                 true => writeln!(o, "dry run: nothing changed (generation {})", r.generation)?,
@@ -799,7 +806,6 @@ pub fn set_latency(conn: &Conn, req: proto::SetLatencyRequest) -> Result<ExitCod
         if conn.json {
             print_json(&r)?;
         } else {
-            let list = |v: Vec<String>| if v.is_empty() { "none".to_string() } else { v.join(", ") };
             let mut o = out();
             writeln!(o, "devices changed: {}", list(r.changed))?;
             writeln!(o, "ingresses moved: {}", list(r.moved))?;

@@ -162,6 +162,14 @@ pub struct Damping {
     pub threshold: f64,
 }
 
+impl Damping {
+    /// Whether a weight in use of `current` follows a measurement of
+    /// `measured` (same unit): they differ by more than the threshold of it.
+    pub fn moves(&self, current: f64, measured: f64) -> bool {
+        (measured - current).abs() > self.threshold * current
+    }
+}
+
 /// Label routes after a reroute, and the devices whose tables changed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rerouted {
@@ -424,8 +432,7 @@ pub fn label_shape(t: &Topology, planes: usize, banks: usize) -> LabelShape {
 fn damped(current: u64, measured_us: Option<f64>, damping: Damping) -> u64 {
     let Some(us) = measured_us.filter(|us| us.is_finite()) else { return current };
     let measured = latency_ns(us);
-    let moved = (measured as f64 - current as f64).abs() > damping.threshold * current as f64;
-    if moved {
+    if damping.moves(current as f64, measured as f64) {
         measured
     } else {
         current

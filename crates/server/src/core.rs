@@ -219,7 +219,7 @@ impl Core {
         let labels = match &fabric {
             Some(f) if f.topology.routing.mode == subc_fabric::RoutingMode::Labels => {
                 let down = desired.net.as_ref().map(|n| n.down().clone()).unwrap_or_default();
-                let (plane, tables) = crate::labels::LabelPlane::start(f.clone(), &down, &latency)
+                let (plane, tables) = crate::labels::LabelPlane::start(&f.topology, &down, &latency)
                     .map_err(|e| Error::Config(format!("label routes: {e}")))?;
                 Some((Arc::new(plane), tables))
             }

@@ -46,7 +46,6 @@ pub(crate) struct LabelPlane {
 }
 
 struct State {
-    fabric: Arc<Fabric>,
     /// The topology with its planes fixed to the count the program was
     /// shaped for: a failure must not change the number of planes.
     topology: Topology,
@@ -94,17 +93,17 @@ impl LabelPlane {
     /// The plane of a label-mode fabric at startup: routes around `down`,
     /// weighted by the stored measurements, both banks equal, bank 0 pushed.
     pub(crate) fn start(
-        fabric: Arc<Fabric>,
+        declared: &Topology,
         down: &Down,
         measured: &[Option<f64>],
     ) -> Result<(LabelPlane, Vec<Arc<LabelTable>>), FabricError> {
-        let mut topology = fabric.topology.clone();
-        topology.routing.planes = Some(planes_of(&fabric.topology) as u32);
+        let mut topology = declared.clone();
+        topology.routing.planes = Some(planes_of(declared) as u32);
         let routes = routes_for(&topology, down, measured)?;
         let now = routes.tables(&topology);
         let tables: Vec<Arc<LabelTable>> =
             (0..topology.devices.len()).map(|d| Arc::new(LabelTables::device_table(&[&now, &now], 0, d))).collect();
-        let state = State { fabric, topology, routes, bank: 0, tables: tables.clone() };
+        let state = State { topology, routes, bank: 0, tables: tables.clone() };
         Ok((LabelPlane { state: tokio::sync::Mutex::new(state) }, tables))
     }
 
@@ -192,7 +191,7 @@ impl State {
         let mut late = vec![];
         let deadline = tokio::time::Instant::now() + ACK_TIMEOUT;
         for &d in devices {
-            let name = &self.fabric.topology.devices[d].name;
+            let name = &self.topology.devices[d].name;
             let Ok(h) = core.target(name) else { continue };
             let mut acked = h.labels_acked();
             if tokio::time::timeout_at(deadline, acked.wait_for(|v| *v >= version)).await.is_err() {
@@ -218,7 +217,7 @@ pub(crate) fn damp(f: &Fabric, in_use: &[Option<f64>], measured: &[(usize, f64)]
     let mut out = in_use.to_vec();
     for &(link, us) in measured {
         let current = out[link].unwrap_or(f.topology.links[link].weight_ns() as f64 / 1000.0);
-        if (us - current).abs() > DAMPING.threshold * current {
+        if DAMPING.moves(current, us) {
             out[link] = Some(us);
         }
     }
