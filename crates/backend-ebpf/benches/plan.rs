@@ -5,12 +5,14 @@
 //! recomputed), on the same updates in the same run. Pure user space: no
 //! kernel, no root. Prints one JSON object per kind of update.
 //!
-//!   cargo bench -p subc-backend-ebpf --bench plan [-- --subscriptions N --updates K]
+//!   cargo bench -p subc-backend-ebpf --bench plan [-- --subscriptions N --updates K --batch B]
 //!
 //! Kinds: one-subscription adds of a stock no subscription names (as the
 //! service bench's add-to-live), adds drawn from the ITCH distribution
 //! (most change no entry: the plan is the generation flip alone), and the
-//! removes of each. Every plan is checked against the reference's.
+//! removes of each; then one add of B (10,000) more drawn from the
+//! distribution in one update, as a bulk load's request makes, and its
+//! remove. Every plan is checked against the reference's.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -36,7 +38,8 @@ fn pct(v: &[f64], q: f64) -> f64 {
 fn main() {
     let n = arg("--subscriptions", 100_000);
     let k = arg("--updates", 200);
-    let mut rules = itch(&ItchParams { subscriptions: n + k, ..Default::default() });
+    let b = arg("--batch", 10_000);
+    let mut rules = itch(&ItchParams { subscriptions: n + k + b, ..Default::default() });
     for i in 0..k {
         rules.push_str(&format!("stock == Q{i:05} : fwd({})\n", i % 200));
     }
@@ -46,7 +49,7 @@ fn main() {
     let (p, diags) = subc_lang::check_program(&sources, s, &[r], NfLimits::default());
     let p = p.unwrap_or_else(|| panic!("{}", diags.render(&sources)));
     let nfs = &p.normal_forms;
-    assert_eq!(nfs.len(), n + 2 * k);
+    assert_eq!(nfs.len(), n + 2 * k + b);
     let mut set = CompiledSet::compile(&p.spec, &nfs[..n], CompileOptions::default()).expect("compile");
     // Room for the new stocks next to the 100 of the set.
     let opts =
@@ -77,9 +80,8 @@ fn main() {
         e.1.push(t_new);
         e.2.push(plan.op_count());
     };
-    for (add, remove, range) in
-        [("add, new stock", "remove, new stock", n + k..n + 2 * k), ("add, ITCH-drawn", "remove, ITCH-drawn", n..n + k)]
-    {
+    let q = n + k + b;
+    for (add, remove, range) in [("add, new stock", "remove, new stock", q..q + k), ("add, ITCH-drawn", "remove, ITCH-drawn", n..n + k)] {
         for i in range.clone() {
             let u = set.add(std::slice::from_ref(&nfs[i])).expect("add");
             step(&mut img, add, &u);
@@ -89,6 +91,11 @@ fn main() {
             step(&mut img, remove, &u);
         }
     }
+    let batch = &nfs[n + k..q];
+    let u = set.add(batch).expect("add a batch");
+    step(&mut img, "add, batch", &u);
+    let u = set.remove(&batch.iter().map(|s| s.id).collect::<Vec<_>>()).expect("remove a batch");
+    step(&mut img, "remove, batch", &u);
     for (kind, (old, new, ops)) in &times {
         let ops: Vec<f64> = ops.iter().map(|o| *o as f64).collect();
         println!(

@@ -739,6 +739,22 @@ impl TableImage {
         v.into_bytes()
     }
 
+    /// [`TableImage::encode_item`] for both generations, into `out[0]`
+    /// and `out[1]`: a leaf's value, the same in both, is built once.
+    fn encode_item_both(&self, model: &Model, item: &Item, out: &mut [Encoded]) {
+        if let Item::Leaf { p, state } = item {
+            let Some(leaf) = self.pipes[*p].leaves.get(state) else { return };
+            let d = self.desc(*p, *state);
+            let value = self.leaf_value(model, *p, leaf);
+            out[1].insert((model.ids.leaves, (2 * d.idx + 1).to_ne_bytes().to_vec()), value.clone());
+            out[0].insert((model.ids.leaves, (2 * d.idx).to_ne_bytes().to_vec()), value);
+            return;
+        }
+        for (gen, enc) in out.iter_mut().enumerate() {
+            self.encode_item(model, gen as u32, item, enc);
+        }
+    }
+
     /// Encodes one item for generation `gen`.
     fn encode_item(&self, model: &Model, gen: u32, item: &Item, out: &mut Encoded) {
         match item {
@@ -1405,9 +1421,7 @@ impl TableImage {
         let encode = |img: &TableImage| -> (Vec<Encoded>, Vec<Vec<MapOp>>) {
             let mut enc = vec![Encoded::new(), Encoded::new()];
             for item in touched {
-                for gen in 0..2 {
-                    img.encode_item(model, gen, item, &mut enc[gen as usize]);
-                }
+                img.encode_item_both(model, item, &mut enc);
             }
             (enc, vec![img.root_ops(model, 0), img.root_ops(model, 1)])
         };
@@ -1498,25 +1512,61 @@ impl TableImage {
 /// The operations that take the maps from the `old` encodings (and roots)
 /// of the touched items to the `new` ones, and those that undo them.
 fn ops_between(model: &Model, old: &Encoded, new: &Encoded, old_roots: &[MapOp], new_roots: &[MapOp]) -> (Vec<MapOp>, Vec<MapOp>) {
+    use std::cmp::Ordering;
     let is_array = |map: usize| model.maps[map].map_type == MapType::Array;
-    let mut ops = vec![];
-    let mut undo = vec![];
-    for ((map, key), old_v) in old {
+    // Both maps are sorted by (map, key): one merge finds what went, what
+    // came and what changed, without a lookup (or a key copied) per item.
+    // Deletions come first, in the old image's order, then the writes in
+    // the new one's.
+    let (mut deletes, mut delete_undo) = (vec![], vec![]);
+    let (mut writes, mut write_undo) = (vec![], vec![]);
+    let gone = |(map, key): &(usize, Vec<u8>), old_v: &Vec<u8>, ops: &mut Vec<MapOp>, undo: &mut Vec<MapOp>| {
         // Array slots are never deleted: nothing points to them any more.
-        if !new.contains_key(&(*map, key.clone())) && !is_array(*map) {
+        if !is_array(*map) {
             ops.push(MapOp { map: *map, key: key.clone(), value: None, offset: None });
             undo.push(MapOp { map: *map, key: key.clone(), value: Some(old_v.clone()), offset: None });
         }
-    }
-    for ((map, key), v) in new {
-        let before = old.get(&(*map, key.clone()));
+    };
+    let set = |(map, key): &(usize, Vec<u8>), v: &Vec<u8>, before: Option<&Vec<u8>>, ops: &mut Vec<MapOp>, undo: &mut Vec<MapOp>| {
         if before != Some(v) {
             ops.push(MapOp { map: *map, key: key.clone(), value: Some(v.clone()), offset: None });
             if before.is_some() || !is_array(*map) {
                 undo.push(MapOp { map: *map, key: key.clone(), value: before.cloned(), offset: None });
             }
         }
+    };
+    let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (o.peek(), n.peek()) {
+            (None, None) => break,
+            (Some((k, v)), None) => {
+                gone(k, v, &mut deletes, &mut delete_undo);
+                o.next();
+            }
+            (None, Some((k, v))) => {
+                set(k, v, None, &mut writes, &mut write_undo);
+                n.next();
+            }
+            (Some((ko, vo)), Some((kn, vn))) => match ko.cmp(kn) {
+                Ordering::Less => {
+                    gone(ko, vo, &mut deletes, &mut delete_undo);
+                    o.next();
+                }
+                Ordering::Greater => {
+                    set(kn, vn, None, &mut writes, &mut write_undo);
+                    n.next();
+                }
+                Ordering::Equal => {
+                    set(kn, vn, Some(vo), &mut writes, &mut write_undo);
+                    o.next();
+                    n.next();
+                }
+            },
+        }
     }
+    let (mut ops, mut undo) = (deletes, delete_undo);
+    ops.extend(writes);
+    undo.extend(write_undo);
     for (r_new, r_old) in new_roots.iter().zip(old_roots) {
         if r_new != r_old {
             undo.push(r_old.clone());

@@ -48,19 +48,8 @@ fn main() {
     let probe_every = Duration::from_micros(100);
     let (n_single, n_clients, per_client, n_batches) = (2000usize, 16usize, 250usize, 20usize);
 
-    let dir = tempfile::Builder::new().prefix("subc-bench").tempdir().unwrap();
-    let t = tag("bn");
-    let mut net = Cleanup::default();
-    let (iface, peer) = (format!("{t}a"), format!("{t}z"));
-    net.veth(&iface, &peer, None);
-    let metrics_port = free_port();
-    let mut server = ServerProc::start(
-        dir.path(),
-        &format!(
-            "metrics_listen = \"127.0.0.1:{metrics_port}\"\n[limits]\nmax_subscriptions_per_app = 10000000\nmax_subscriptions = 10000000\n"
-        ),
-    );
-    net.deployment(&t, &server.bpffs_root);
+    // Bound so that the server drops first, then the links, then its directory.
+    let EbpfServer { dir, net: _net, mut server, t, iface, peer, metrics_port } = ebpf_server("bn");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     // Port P (the workload's hosts are 0 to 199) leaves through the peer
     // with its destination rewritten to 10.0.P.2: the packet after the

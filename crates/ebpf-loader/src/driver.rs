@@ -34,7 +34,7 @@
 
 use crate::{self as loader, AttachMode, Dataplane, Deployment, LoaderError, PinnedTables};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -112,11 +112,18 @@ fn ids_of(v: &Value) -> Result<BTreeMap<VarUpdate, u32>, ImageError> {
     Ok(ids.into_iter().map(|(var, op, value, id)| (VarUpdate { var, op, value }, id)).collect())
 }
 
-/// The meta of a base: `{"parts": ImageParts, "bits": bool}`. The journal
-/// does not keep the bit-vector group's diffs: an image with a group is
-/// not rebuilt from the files (the target is installed anew).
-fn parts_json(img: &TableImage) -> Value {
-    json!({ "parts": img.parts(), "bits": img.bits().is_some() })
+/// The meta of a base: `{"bits": bool, "parts": ImageParts}` (serialized
+/// straight to text). The journal does not keep the bit-vector group's
+/// diffs: an image with a group is not rebuilt from the files (the target
+/// is installed anew).
+#[derive(serde::Serialize)]
+struct PartsMeta {
+    bits: bool,
+    parts: ImageParts,
+}
+
+fn parts_json(img: &TableImage) -> PartsMeta {
+    PartsMeta { bits: img.bits().is_some(), parts: img.parts() }
 }
 
 /// Why a saved image cannot be rebuilt for the pinned program.
@@ -422,6 +429,7 @@ pub fn saved_image(name: &str, model: &Model) -> Result<TableImage, SavedImageEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use subc_bdd::{CompileOptions, CompiledSet};
     use subc_workload::Rng;
 

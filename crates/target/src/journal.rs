@@ -14,8 +14,8 @@
 //! replays the updates itself.
 
 use crate::Error as TargetError;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::path::PathBuf;
 use subc_bdd::Pipeline;
 use subc_bdd::PipelineDiff;
@@ -36,6 +36,24 @@ struct Base {
     pipelines: Vec<Pipeline>,
     #[serde(default)]
     meta: Value,
+}
+
+/// `image.json` as written: serialized straight to text (a
+/// `serde_json::Value` of a large image cost as much again as its text).
+/// Fields in the order `json!` wrote them, so the bytes are unchanged.
+#[derive(Serialize)]
+struct BaseOut<'a, M: Serialize> {
+    meta: &'a M,
+    pipelines: &'a [&'a Pipeline],
+    seq: u64,
+}
+
+/// A line of `journal.jsonl` as written.
+#[derive(Serialize)]
+struct LineOut<'a, M: Serialize> {
+    diffs: &'a [PipelineDiff],
+    meta: &'a M,
+    seq: u64,
 }
 
 /// A line of `journal.jsonl`, as [`ImageLog::append`] writes it.
@@ -116,8 +134,9 @@ impl ImageLog {
     }
 
     /// Writes `pipes` as the new base, with `meta`, and drops the journal.
-    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
-        let text = json!({ "seq": self.seq, "pipelines": pipes, "meta": meta }).to_string();
+    pub fn write_base(&mut self, pipes: &[&Pipeline], meta: &impl Serialize) -> Result<(), TargetError> {
+        let text = serde_json::to_vec(&BaseOut { meta, pipelines: pipes, seq: self.seq })
+            .map_err(|e| TargetError::transient(format!("cannot encode image.json: {e}")))?;
         let (path, tmp) = (self.dir.join("image.json"), self.dir.join("image.json.tmp"));
         std::fs::create_dir_all(&self.dir)
             .and_then(|_| std::fs::write(&tmp, &text))
@@ -136,26 +155,27 @@ impl ImageLog {
     /// driver keeps besides the pipelines); `after` (the pipelines after
     /// the update) and `meta` become the base when the journal has outgrown
     /// the old one.
-    pub fn append(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &Value) -> Result<(), TargetError> {
+    pub fn append<M: Serialize + Clone>(&mut self, update: &SetDiff, after: &[&Pipeline], meta: &M) -> Result<(), TargetError> {
         self.append_with_base(update, meta, || (after.to_vec(), meta.clone()))
     }
 
     /// [`ImageLog::append`] with the line's meta apart from the base's:
     /// `base` gives the pipelines after the update and the base's meta,
     /// and is called only when the journal is folded into a new base.
-    pub fn append_with_base<'a>(
+    pub fn append_with_base<'a, M: Serialize>(
         &mut self,
         update: &SetDiff,
-        line_meta: &Value,
-        base: impl FnOnce() -> (Vec<&'a Pipeline>, Value),
+        line_meta: &impl Serialize,
+        base: impl FnOnce() -> (Vec<&'a Pipeline>, M),
     ) -> Result<(), TargetError> {
         use std::io::Write;
         self.seq += 1;
-        let mut line = json!({ "seq": self.seq, "diffs": update.diffs, "meta": line_meta }).to_string();
-        line.push('\n');
+        let mut line = serde_json::to_vec(&LineOut { diffs: &update.diffs, meta: line_meta, seq: self.seq })
+            .map_err(|e| TargetError::transient(format!("cannot encode a line of journal.jsonl: {e}")))?;
+        line.push(b'\n');
         let path = self.dir.join("journal.jsonl");
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| self.io("journal.jsonl", e))?;
-        f.write_all(line.as_bytes()).map_err(|e| self.io("journal.jsonl", e))?;
+        f.write_all(&line).map_err(|e| self.io("journal.jsonl", e))?;
         self.journal_bytes += line.len() as u64;
         if self.journal_bytes > self.base_bytes.max(1 << 20) {
             let (after, meta) = base();
@@ -214,6 +234,7 @@ impl ImageLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use subc_bdd::{CompileOptions, CompiledSet};
 
     fn compiled(rules: &str) -> (subc_lang::Program, CompiledSet) {

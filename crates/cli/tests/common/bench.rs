@@ -3,12 +3,44 @@
 //! adds per second in three shapes, and add to live on an eBPF target (a
 //! packet run through the live pinned program until it is redirected).
 
-use super::{itch_frame, ServerProc};
+use super::{free_port, itch_frame, tag, Cleanup, ServerProc};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use subc_server::proto;
 use subc_server::Clients;
+
+/// `subc serve` (metrics on, no limit on subscriptions) beside a veth pair
+/// `iface`/`peer` for one eBPF target named `t`, whose pins the cleanup
+/// removes. Dropped in field order: the server, then the links and pins,
+/// then the server's directory.
+pub struct EbpfServer {
+    pub t: String,
+    pub iface: String,
+    pub peer: String,
+    pub metrics_port: u16,
+    pub server: ServerProc,
+    pub net: Cleanup,
+    pub dir: tempfile::TempDir,
+}
+
+/// Starts an [`EbpfServer`]; `prefix` starts the target's name.
+pub fn ebpf_server(prefix: &str) -> EbpfServer {
+    let dir = tempfile::Builder::new().prefix("subc-bench").tempdir().unwrap();
+    let t = tag(prefix);
+    let mut net = Cleanup::default();
+    let (iface, peer) = (format!("{t}a"), format!("{t}z"));
+    net.veth(&iface, &peer, None);
+    let metrics_port = free_port();
+    let server = ServerProc::start(
+        dir.path(),
+        &format!(
+            "metrics_listen = \"127.0.0.1:{metrics_port}\"\n[limits]\nmax_subscriptions_per_app = 10000000\nmax_subscriptions = 10000000\n"
+        ),
+    );
+    net.deployment(&t, &server.bpffs_root);
+    EbpfServer { t, iface, peer, metrics_port, server, net, dir }
+}
 
 /// `name` from the environment, or `default`.
 pub fn env(name: &str, default: usize) -> usize {
