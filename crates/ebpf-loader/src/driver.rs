@@ -122,7 +122,7 @@ struct PartsMeta {
     parts: ImageParts,
 }
 
-fn parts_json(img: &TableImage) -> PartsMeta {
+fn parts_meta(img: &TableImage) -> PartsMeta {
     PartsMeta { bits: img.bits().is_some(), parts: img.parts() }
 }
 
@@ -159,13 +159,13 @@ impl ImageFiles {
 
     /// Writes the whole image as the new base and drops the journal.
     fn write_base(&mut self, img: &TableImage) -> Result<(), TargetError> {
-        self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &parts_json(img))
+        self.0.write_base(&img.pipelines().iter().collect::<Vec<_>>(), &parts_meta(img))
     }
 
     /// Records an applied update (`img` is the image after it, the new
     /// base if the journal is folded).
     fn append(&mut self, update: &SetDiff, img: &TableImage) -> Result<(), TargetError> {
-        self.0.append_with_base(update, &Value::Null, || (img.pipelines().iter().collect(), parts_json(img)))
+        self.0.append_with_base(update, &Value::Null, || (img.pipelines().iter().collect(), parts_meta(img)))
     }
 
     /// The pipelines of the base with the journal replayed.
