@@ -353,14 +353,18 @@ impl Capacity {
     }
 }
 
-/// The fixed structs of every program.
-pub(crate) fn next_struct() -> CStruct {
-    CStruct::builder("subc_next")
-        .scalar("state", Scalar::U32)
-        .scalar("slot", Scalar::U32)
-        .scalar("level", Scalar::U16)
-        .scalar("flags", Scalar::U16)
-        .finish()
+/// The next-state value of every program's tables. Built once: an update
+/// encodes one for every entry it writes.
+pub(crate) fn next_struct() -> &'static CStruct {
+    static NEXT: std::sync::OnceLock<CStruct> = std::sync::OnceLock::new();
+    NEXT.get_or_init(|| {
+        CStruct::builder("subc_next")
+            .scalar("state", Scalar::U32)
+            .scalar("slot", Scalar::U32)
+            .scalar("level", Scalar::U16)
+            .scalar("flags", Scalar::U16)
+            .finish()
+    })
 }
 
 /// The struct of a sorted value of class `c`.
@@ -447,7 +451,7 @@ impl Structs {
                 .scalar("sg", Scalar::U32)
                 .scalar("value", Scalar::U64)
                 .finish(),
-            sorted: (0..sizes.sorted_classes.len()).map(|c| sorted_struct(c, &next)).collect(),
+            sorted: (0..sizes.sorted_classes.len()).map(|c| sorted_struct(c, next)).collect(),
             leaf: leaf.scalar("drop", Scalar::U8).finish(),
             update: CStruct::builder("subc_update")
                 .scalar("var", Scalar::U32)
@@ -483,7 +487,7 @@ impl Structs {
             }
             .finish(),
             member_key: CStruct::builder("subc_member_key").scalar("gg", Scalar::U32).scalar("w", Scalar::U32).finish(),
-            next,
+            next: next.clone(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! Compiler benchmarks, printing one JSON object per measurement.
 //!
 //! `cargo bench -p subc-bdd --bench compile -- <which> [sizes...]` with
-//! `which` one of `itch`, `siena`, `incremental` (ITCH), `incremental-siena`. Each size runs in a child
+//! `which` one of `itch`, `siena`, `incremental` (ITCH), `incremental-siena`,
+//! `batches` (ITCH added in batches: `batches 100000 10000`). Each size runs in a child
 //! process so that its peak memory (VmHWM) is its own. With
 //! `SUBC_BENCH_BIT_VECTORS=1` the ITCH sets compile with bit-vector groups
 //! allowed (`CompileOptions::lowering`).
@@ -146,6 +147,35 @@ fn incremental(kind: &str, base: usize, updates: usize) {
     );
 }
 
+/// The IR's part of a bulk load: `total` ITCH subscriptions added to an
+/// empty set in batches of `per_batch` (`CompiledSet::add`, lowering
+/// included), against compiling all of them at once, in the same process.
+fn batches(total: usize, per_batch: usize) {
+    let (p, _) = program(&itch_spec(), &itch(&ItchParams { subscriptions: total, ..Default::default() }));
+    let t = Instant::now();
+    let whole = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions::default()).unwrap();
+    let compile_s = t.elapsed().as_secs_f64();
+    let mut set = CompiledSet::compile(&p.spec, &[], CompileOptions::default()).unwrap();
+    let mut batch_ms = vec![];
+    let t = Instant::now();
+    for batch in p.normal_forms.chunks(per_batch) {
+        let b = Instant::now();
+        set.add(batch).unwrap();
+        batch_ms.push(b.elapsed().as_secs_f64() * 1e3);
+    }
+    let batches_s = t.elapsed().as_secs_f64();
+    let entries = |s: &CompiledSet| stats(s, 0.0).entries_total;
+    assert_eq!(entries(&set), entries(&whole), "batches and one compile give the same tables");
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "batches", "subscriptions": total, "per_batch": per_batch, "batches_s": batches_s,
+            "batch_ms": batch_ms, "compile_s": compile_s, "batches_over_compile": batches_s / compile_s,
+            "entries": entries(&set), "peak_rss_mib": peak_rss_mib(),
+        })
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     match args.first().map(String::as_str) {
@@ -156,6 +186,9 @@ fn main() {
             args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000),
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000),
         ),
+        Some("batches") => {
+            batches(args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000), args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10_000))
+        }
         Some("itch") | None => {
             let sizes: Vec<String> =
                 if args.len() > 1 { args[1..].to_vec() } else { ["1000", "10000", "100000", "1000000"].map(String::from).to_vec() };
@@ -171,6 +204,6 @@ fn main() {
                 run_child(&["siena-one".into(), "1000".into(), c.to_string()]);
             }
         }
-        Some(other) => eprintln!("unknown benchmark {other}; use itch, siena or incremental"),
+        Some(other) => eprintln!("unknown benchmark {other}; use itch, siena, incremental or batches"),
     }
 }

@@ -331,20 +331,17 @@ impl Builder<'_> {
         if leaves_below {
             let mut acc = Acc::default();
             let free_leaf = self.union_leaf(&free);
-            acc.add(&self.m.leaf_value(free_leaf).clone(), 1);
-            let group_leaves: Vec<Leaf> = groups
-                .iter()
-                .map(|(_, rs)| {
-                    let n = self.union_leaf(rs);
-                    self.m.leaf_value(n).clone()
-                })
-                .collect();
+            acc.add(self.m.leaf_value(free_leaf), 1);
             let mut k = 0;
             let mut pos = 0u64;
             loop {
                 self.deadline.spend(1)?;
                 while k < events.len() && events[k].0 == pos {
-                    acc.add(&group_leaves[events[k].1 as usize], events[k].2);
+                    // Each rule of the group counted apart: the counts
+                    // make their union without a leaf made per group.
+                    for r in &groups[events[k].1 as usize].1 {
+                        acc.add(self.m.leaf_value(rules[*r as usize].leaf), events[k].2);
+                    }
                     k += 1;
                 }
                 let next = if k < events.len() { events[k].0 } else { max.wrapping_add(1) };
@@ -447,6 +444,84 @@ pub(crate) fn unite_in_box(
 ) -> Result<NodeId, BuildStop> {
     let mut u = Uniter { bx, leaf, memo: FxHashMap::default(), united: FxHashMap::default(), deadline: DeadlineCheck::new(deadline) };
     u.go(m, root, 0)
+}
+
+/// The diagram of the union of two rule sets, given theirs: at every
+/// point, the union of `a`'s and `b`'s leaves. Adding a batch of rules is
+/// `unite(old, build(batch))`, which costs the diagrams' nodes, where
+/// rebuilding from every rule costs a step per rule of the whole set. Fails
+/// when the manager passes `node_limit` inner nodes, or at the deadline.
+/// Like [`build`], it also stops after about `WORK_PER_NODE` pairs of
+/// nodes visited per node it may create (a product of two diagrams can
+/// visit many pairs that make few nodes).
+pub(crate) fn unite(m: &mut Manager, a: NodeId, b: NodeId, node_limit: usize, deadline: Deadline) -> Result<NodeId, BuildStop> {
+    let room = node_limit.saturating_sub(m.inner_count()) as u64;
+    let work_left = room.saturating_mul(WORK_PER_NODE).saturating_add(4096);
+    let mut u = Union { memo: FxHashMap::default(), node_limit, work_left, deadline: DeadlineCheck::new(deadline) };
+    u.go(m, a, b)
+}
+
+struct Union {
+    memo: FxHashMap<(NodeId, NodeId), NodeId>,
+    node_limit: usize,
+    work_left: u64,
+    deadline: DeadlineCheck,
+}
+
+impl Union {
+    fn go(&mut self, m: &mut Manager, a: NodeId, b: NodeId) -> Result<NodeId, BuildStop> {
+        if a == b || b == EMPTY {
+            return Ok(a);
+        }
+        if a == EMPTY {
+            return Ok(b);
+        }
+        // Union is commutative: one memo entry per unordered pair.
+        let key = if a.0 <= b.0 { (a, b) } else { (b, a) };
+        if let Some(&n) = self.memo.get(&key) {
+            return Ok(n);
+        }
+        let n = if a.is_leaf() && b.is_leaf() {
+            let l = m.leaf_value(a).union(m.leaf_value(b));
+            m.leaf(l)
+        } else {
+            let work = (m.edges(a).len() + m.edges(b).len()) as u64;
+            if m.inner_count() > self.node_limit || self.work_left < work {
+                return Err(BuildStop::Budget { nodes: m.inner_count() });
+            }
+            self.work_left -= work;
+            self.deadline.spend(work as usize)?;
+            let level = m.level(a).min(m.level(b));
+            let max = m.max_value(level);
+            let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
+                if m.level(n) == level {
+                    m.edges(n).to_vec()
+                } else {
+                    vec![Edge { hi: max, child: n }]
+                }
+            };
+            let (ae, be) = (part(m, a), part(m, b));
+            let (mut i, mut j) = (0, 0);
+            let mut edges = Vec::with_capacity(ae.len() + be.len());
+            loop {
+                let hi = ae[i].hi.min(be[j].hi);
+                let child = self.go(m, ae[i].child, be[j].child)?;
+                edges.push(Edge { hi, child });
+                if hi == max {
+                    break;
+                }
+                if ae[i].hi == hi {
+                    i += 1;
+                }
+                if be[j].hi == hi {
+                    j += 1;
+                }
+            }
+            m.mk(level, &mut edges)
+        };
+        self.memo.insert(key, n);
+        Ok(n)
+    }
 }
 
 struct Uniter<'a> {
@@ -564,5 +639,77 @@ impl Splicer<'_> {
         let n = m.mk(level, &mut edges);
         self.memo.insert((d, r, bi), n);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::leaf::{Leaf, PortSet};
+    use proptest::prelude::*;
+    use subc_lang::Interval;
+
+    /// A rule to make: per level, its intervals (none: unconstrained); its ports.
+    type RuleSpec = (Vec<Option<Vec<(u64, u64)>>>, Vec<u32>);
+
+    /// Three levels of 4 bits; a rule constrains each level with
+    /// probability one half, to one or two intervals, and forwards to one
+    /// or two of 8 ports.
+    fn rule_strategy() -> impl Strategy<Value = RuleSpec> {
+        let interval = (0u64..16, 0u64..16).prop_map(|(a, b)| (a.min(b), a.max(b)));
+        let level = proptest::option::of(proptest::collection::vec(interval, 1..3));
+        (proptest::collection::vec(level, 3), proptest::collection::vec(0u32..8, 1..3))
+    }
+
+    fn rules_in(m: &mut Manager, specs: &[RuleSpec]) -> Vec<Rule> {
+        specs
+            .iter()
+            .map(|(levels, ports)| {
+                let constraints = levels
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(l, ivs)| {
+                        let set = IntervalSet::from_intervals(ivs.as_ref()?.iter().map(|(lo, hi)| Interval::new(*lo, *hi)).collect());
+                        // A rule never carries the full domain (it is no constraint).
+                        (set != IntervalSet::full(4)).then_some((l as u32, set))
+                    })
+                    .collect();
+                let leaf = m.leaf(Leaf { ports: PortSet::from_ports(ports.iter().copied()), ..Default::default() });
+                Rule { constraints, leaf }
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// The union of two sets' diagrams is the diagram of their union:
+        /// the same node, since both are canonical; in either order.
+        #[test]
+        fn unite_is_the_build_of_the_union(specs in proptest::collection::vec(rule_strategy(), 0..24), cut in 0usize..24) {
+            let mut m = Manager::new(vec![4, 4, 4]);
+            let rules = rules_in(&mut m, &specs);
+            let cut = cut.min(rules.len()) as u32;
+            let all: Vec<u32> = (0..rules.len() as u32).collect();
+            let (a, b) = all.split_at(cut as usize);
+            let whole = build(&mut m, &rules, &all, usize::MAX, Deadline::NONE).unwrap();
+            let da = build(&mut m, &rules, a, usize::MAX, Deadline::NONE).unwrap();
+            let db = build(&mut m, &rules, b, usize::MAX, Deadline::NONE).unwrap();
+            prop_assert_eq!(unite(&mut m, da, db, usize::MAX, Deadline::NONE).unwrap(), whole);
+            prop_assert_eq!(unite(&mut m, db, da, usize::MAX, Deadline::NONE).unwrap(), whole);
+        }
+    }
+
+    #[test]
+    fn unite_stops_at_its_node_limit() {
+        let mut m = Manager::new(vec![4, 4, 4]);
+        // Nested ranges at level 0: the union makes a new level-2 node
+        // under each of b's intervals, more than one node past the limit.
+        let specs: Vec<_> = (0..8u64).map(|i| (vec![Some(vec![(i, 15)]), None, Some(vec![(i, i)])], vec![i as u32])).collect();
+        let rules = rules_in(&mut m, &specs);
+        let a = build(&mut m, &rules, &[0, 1, 2, 3], usize::MAX, Deadline::NONE).unwrap();
+        let b = build(&mut m, &rules, &[4, 5, 6, 7], usize::MAX, Deadline::NONE).unwrap();
+        let limit = m.inner_count();
+        let r = unite(&mut m, a, b, limit, Deadline::NONE);
+        assert_eq!(r, Err(BuildStop::Budget { nodes: limit + 1 }));
+        assert!(unite(&mut m, a, b, usize::MAX, Deadline::NONE).is_ok(), "without a limit it unites");
     }
 }

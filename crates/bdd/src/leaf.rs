@@ -143,6 +143,19 @@ impl PortSet {
             }
         }
     }
+    /// The ports in increasing order, as a vector (sized once: a leaf of
+    /// a large audience lists thousands).
+    pub fn ports(&self) -> Vec<u32> {
+        let mut v = Vec::with_capacity(self.len());
+        for (k, w) in self.slice().iter().enumerate() {
+            let mut w = *w;
+            while w != 0 {
+                v.push(k as u32 * 64 + w.trailing_zeros());
+                w &= w - 1;
+            }
+        }
+        v
+    }
     /// The ports in increasing order (scans set bits only).
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.slice().iter().enumerate().flat_map(|(k, w)| {

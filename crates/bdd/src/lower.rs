@@ -408,12 +408,12 @@ impl Lowerer {
             let previous = changed.inherited_from.get(n).and_then(|o| freed.remove(&m.leaf_value(*o).ports));
             let g = match previous {
                 Some(g) => {
-                    diff.groups_changed.push((g, ports.iter().collect()));
+                    diff.groups_changed.push((g, ports.ports()));
                     g
                 }
                 None => {
                     let g = self.alloc_group();
-                    diff.groups_created.push((g, ports.iter().collect()));
+                    diff.groups_created.push((g, ports.ports()));
                     g
                 }
             };

@@ -134,7 +134,7 @@ pub struct LeafEntry {
 
 impl LeafEntry {
     pub fn from_leaf(l: &Leaf, group: Option<GroupId>) -> LeafEntry {
-        LeafEntry { ports: l.ports.iter().collect(), drop: l.drop, updates: l.updates.clone(), group }
+        LeafEntry { ports: l.ports.ports(), drop: l.drop, updates: l.updates.clone(), group }
     }
     pub fn to_leaf(&self) -> Leaf {
         Leaf { ports: PortSet::from_ports(self.ports.iter().copied()), drop: self.drop, updates: self.updates.clone() }

@@ -13,7 +13,8 @@
 //! `cargo bench -p subc-cli --bench bulk` prints a JSON object.
 //! `SUBC_BENCH_SUBS` (100,000), `SUBC_BENCH_PER_REQUEST` (10,000) and
 //! `SUBC_BENCH_ROUNDS` (3: loads into a fresh server each round, and
-//! compiles) change the sizes.
+//! compiles) change the sizes; with `SUBC_BENCH_NO_TARGET=1` no target is
+//! registered, which times the requests alone (the writer's share).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -50,6 +51,7 @@ fn main() {
     let report = serde_json::json!({
         "subscriptions": n,
         "per_request": per_request,
+        "target": std::env::var("SUBC_BENCH_NO_TARGET").map_or(true, |v| v != "1"),
         "compile_ebpf_s": compile_s,
         "serve": serve.iter().map(|r| serde_json::json!({
             "requests_s": r.requests_s,
@@ -112,9 +114,12 @@ fn load_through_the_service(rules: &[String], per_request: usize) -> Loaded {
     let loaded = rt.block_on(async {
         let mut admin = server.client(ADMIN);
         let mut app = server.client(APPS[0].1);
-        admin.targets.register(ebpf_target(&t, &iface, proto::Hook::Tc, rewriting_ports(&peer))).await.unwrap();
-        admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
-        wait_in_sync(&mut admin, &t, Duration::from_secs(60)).await;
+        let no_target = std::env::var("SUBC_BENCH_NO_TARGET").is_ok_and(|v| v == "1");
+        if !no_target {
+            admin.targets.register(ebpf_target(&t, &iface, proto::Hook::Tc, rewriting_ports(&peer))).await.unwrap();
+            admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
+            wait_in_sync(&mut admin, &t, Duration::from_secs(60)).await;
+        }
         let cpu0 = cpu_seconds(server.pid());
         let t0 = Instant::now();
         let mut request_ms = vec![];
@@ -124,7 +129,7 @@ fn load_through_the_service(rules: &[String], per_request: usize) -> Loaded {
             request_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let requests_s = t0.elapsed().as_secs_f64();
-        let status = wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await;
+        let status = if no_target { Default::default() } else { wait_in_sync(&mut admin, &t, Duration::from_secs(600)).await };
         let live_s = t0.elapsed().as_secs_f64();
         let server_cpu_s = cpu_seconds(server.pid()) - cpu0;
         let m = scrape(metrics_port);
