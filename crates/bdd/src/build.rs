@@ -406,6 +406,16 @@ pub(crate) fn splice(
     s.go(m, outside, inside, 0)
 }
 
+/// The edges of `n` seen from `level` (at or above `n`'s own): its own
+/// edges at its level, else one edge over the whole domain to `n`.
+fn edges_at(m: &Manager, n: NodeId, level: u32) -> Vec<Edge> {
+    if m.level(n) == level {
+        m.edges(n).to_vec()
+    } else {
+        vec![Edge { hi: m.max_value(level), child: n }]
+    }
+}
+
 /// Box constraint `bi` at `level` as `(hi, inside)` runs covering the
 /// domain `0..=max`, and the constraint to look at below; a level the box
 /// does not constrain is one inside run.
@@ -493,14 +503,7 @@ impl Union {
             self.deadline.spend(work as usize)?;
             let level = m.level(a).min(m.level(b));
             let max = m.max_value(level);
-            let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
-                if m.level(n) == level {
-                    m.edges(n).to_vec()
-                } else {
-                    vec![Edge { hi: max, child: n }]
-                }
-            };
-            let (ae, be) = (part(m, a), part(m, b));
+            let (ae, be) = (edges_at(m, a, level), edges_at(m, b, level));
             let (mut i, mut j) = (0, 0);
             let mut edges = Vec::with_capacity(ae.len() + be.len());
             loop {
@@ -545,7 +548,7 @@ impl Uniter<'_> {
         self.deadline.spend(m.edges(d).len())?;
         let level = m.level(d).min(bx[bi].0);
         let max = m.max_value(level);
-        let de = if m.level(d) == level { m.edges(d).to_vec() } else { vec![Edge { hi: max, child: d }] };
+        let de = edges_at(m, d, level);
         let (se, next_bi) = box_runs(bx, bi, level, max);
         let (mut i, mut k) = (0, 0);
         let mut edges = vec![];
@@ -607,15 +610,8 @@ impl Splicer<'_> {
         self.deadline.spend(m.edges(d).len() + m.edges(r).len())?;
         let level = m.level(d).min(m.level(r)).min(bx[bi].0);
         let max = m.max_value(level);
-        let part = |m: &Manager, n: NodeId| -> Vec<Edge> {
-            if m.level(n) == level {
-                m.edges(n).to_vec()
-            } else {
-                vec![Edge { hi: max, child: n }]
-            }
-        };
-        let de = part(m, d);
-        let re = part(m, r);
+        let de = edges_at(m, d, level);
+        let re = edges_at(m, r, level);
         let (se, next_bi) = box_runs(bx, bi, level, max);
         let (mut i, mut j, mut k) = (0, 0, 0);
         let mut edges = vec![];
