@@ -226,6 +226,25 @@ fn compile_p4_writes_every_artifact_for_every_example() {
     p4runtime_check(&checked);
 }
 
+/// `gen siena --selective H`: filters over [-H, H) that check against the
+/// spec it writes, with no `!=`; a half width under 100 is refused.
+#[test]
+fn gen_siena_selective_writes_narrow_filters_that_check() {
+    let root = tempfile::Builder::new().prefix("subc-cli-selective").tempdir().unwrap();
+    let (spec, subs) = (root.path().join("siena.spec"), root.path().join("selective.subs"));
+    let gen = subc(&["gen", "siena", "--count", "200", "--selective", "5000", "--spec-out", spec.to_str().unwrap()]);
+    let text = ok(&gen);
+    assert_eq!(text.lines().count(), 200, "{text}");
+    assert!(!text.contains("!="), "{text}");
+    let constants: Vec<i64> =
+        text.split(|c: char| !(c == '-' || c.is_ascii_digit())).filter_map(|w| w.parse::<i64>().ok()).filter(|v| v.abs() > 99).collect();
+    assert!(!constants.is_empty() && constants.iter().all(|v| (-5000..5000).contains(v)), "values in [-5000, 5000): {constants:?}");
+    std::fs::write(&subs, &text).unwrap();
+    ok(&subc(&["check", "--spec", spec.to_str().unwrap(), subs.to_str().unwrap()]));
+    let refused = subc(&["gen", "siena", "--selective", "99"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr_of(&refused));
+}
+
 /// `--p4-budget`: the written set fits the budget, and `resources.json`'s
 /// `approximation` names the dropped fields and counts the extra
 /// deliveries, with none missing. A budget below one entry per action set

@@ -6,8 +6,20 @@
 //! show the structured case does not regress. One JSON object per line.
 //!
 //!   cargo bench -p subc-ebpf-loader --bench scale -- \
-//!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] [--betree PATH] \
-//!       [--rcu-expedited]
+//!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] \
+//!       [--workloads siena,selective] [--half-width 1000] [--lowering auto] \
+//!       [--betree PATH] [--hem PATH] [--rcu-expedited]
+//!
+//! `--workloads` lists the Siena workloads run at each of `--sizes`:
+//! `siena` (the default, `subc gen siena`'s filters, values in [-100, 100),
+//! where about 10 % of the filters match an event) and `selective`
+//! (`subc gen siena --selective H`: values in [-H, H), `--half-width`,
+//! 1,000 by default; equalities, narrow ranges and thin tails, no `!=`, so
+//! that well under 1 % of the filters match an event). `--lowering`
+//! (`auto`, `diagrams`, `bit-vectors`) is how the Siena, selective and
+//! mixed sets and ITCH's "bit vectors on" are compiled (`auto` unless
+//! told). A set whose program does not load gets an `error` and the peers'
+//! numbers alone.
 //!
 //! Needs root. Per set:
 //! - `compile`: a child process (this binary, `--child`) checks the rules,
@@ -18,9 +30,10 @@
 //! - the loaded program: verified instructions, kernel map memory (memlock),
 //!   load-and-fill time;
 //! - `ns_per_packet`: mean `BPF_PROG_TEST_RUN` time (XDP, sorted ranges)
-//!   over `--packets` distinct events (uniform values in [-100, 100), as the
-//!   peer's event generator draws them), each run `--repeat` times, the best
-//!   of three rounds; `floor_ns` is an empty XDP program's;
+//!   over `--packets` distinct events (20 values uniform over the
+//!   workload's domain: [-100, 100) as BE-Tree's event generator draws
+//!   them, or the selective workload's), each run `--repeat` times, the
+//!   best of three rounds; `floor_ns` is an empty XDP program's;
 //! - add and remove latency, p50 and p99: 200 more filters added one at a
 //!   time (`CompiledSet::add` plus the map writes of `Dataplane::update`,
 //!   with its wait after the generation flip), then
@@ -30,10 +43,19 @@
 //!   `/sys/kernel/rcu_expedited` set to 1 (restored after): the grace
 //!   period (`membarrier`, which waits for `synchronize_rcu()`) then takes
 //!   tens of microseconds instead of about 10 ms (`add_remove_rcu_expedited`);
-//! - with `--betree PATH` (a BE-Tree harness built locally, see
-//!   BENCHMARKS.md: never part of this repository), the peer on the same
-//!   filters and the same events in the same run, and the ratio of its time
-//!   per event to ours.
+//! - with `--betree PATH` and `--hem PATH` (harnesses for BE-Tree and HEM
+//!   built locally, see BENCHMARKS.md: never part of this repository), each
+//!   peer on the same filters and the same events in the same run, right
+//!   after subc on the set, and the ratio of its time per event to ours
+//!   (`betree_over_subc`, `hem_over_subc`). A harness is run as
+//!   `PATH FILTERS EVENTS --repeat 1` (FILTERS: the rule lines; EVENTS: one
+//!   line of 20 integers per event) and prints a last line of JSON with at
+//!   least `ns_per_event` and `matches_total`. `match_fraction` is the
+//!   peers' mean fraction of the filters an event matches (`peers_agree`:
+//!   both counted the same matches). HEM takes one interval per attribute:
+//!   its harness splits a filter with `!=` into disjoint subscriptions
+//!   (`hem_subscriptions`, `split_filters`), which the line says in
+//!   `hem_note` rather than leaving them out.
 
 use std::process::Command;
 use std::time::Instant;
@@ -42,7 +64,9 @@ use subc_backend_ebpf::{write_set, Capacity, EbpfOptions, Hook, RangeLookup};
 use subc_bdd::{CompileOptions, CompiledSet, Lowering};
 use subc_ebpf_loader::Dataplane;
 use subc_lang::{NfLimits, Program, SourceMap};
-use subc_workload::{itch, itch_add_orders, siena, siena_event, siena_spec, ItchParams, Rng, SienaParams};
+use subc_workload::{
+    itch, itch_add_orders, siena, siena_event, siena_selective, siena_spec, ItchParams, Rng, SelectiveParams, SienaParams,
+};
 
 mod common;
 
@@ -62,11 +86,29 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * m).round() / m
 }
 
+/// The selective workload's parameters (`--half-width`, which the child
+/// process is handed too).
+fn selective_params(filters: usize) -> SelectiveParams {
+    let default = SelectiveParams::default();
+    let half_width = arg("--half-width").map_or(default.half_width, |s| s.parse().expect("a half width"));
+    SelectiveParams { siena: SienaParams { filters, ..Default::default() }, half_width }
+}
+
+/// The domain `[lo, hi)` of a Siena workload's values, from which its
+/// events are drawn.
+fn domain(kind: &str) -> (i64, i64) {
+    match kind {
+        "selective" => selective_params(0).domain(),
+        _ => (-100, 100),
+    }
+}
+
 /// The spec and rules of a workload: `n` rules, then [`EXTRA`] more.
 fn workload(kind: &str, n: usize) -> (String, String) {
     let params = SienaParams { filters: n + EXTRA, ..Default::default() };
     match kind {
         "siena" => (siena_spec(params.attributes, params.ports), siena(&params)),
+        "selective" => (siena_spec(params.attributes, params.ports), siena_selective(&selective_params(n + EXTRA))),
         "mixed" => {
             let mut rng = Rng::new(7);
             let mut lines: Vec<String> = vec![];
@@ -98,8 +140,13 @@ fn check(spec: &str, rules: &str) -> Program {
     p.unwrap_or_else(|| panic!("{}", diags.render(&sources)))
 }
 
+/// `--lowering` (`auto` unless told) with bit vectors, else diagrams only.
 fn options(bit_vectors: bool) -> CompileOptions {
-    CompileOptions { lowering: if bit_vectors { Lowering::Auto } else { Lowering::Diagrams }, ..Default::default() }
+    let lowering = match bit_vectors {
+        true => arg("--lowering").map_or(Lowering::Auto, |s| s.parse().expect("auto, diagrams or bit-vectors")),
+        false => Lowering::Diagrams,
+    };
+    CompileOptions { lowering, ..Default::default() }
 }
 
 /// XDP, sorted ranges, and maps with room for the adds of [`add_remove`].
@@ -157,19 +204,26 @@ fn peak_rss_mib() -> f64 {
 /// Runs the child for this set and returns its report (with its peak RSS).
 fn compile_in_child(kind: &str, n: usize, bit_vectors: bool) -> serde_json::Value {
     let exe = std::env::current_exe().expect("the bench binary");
-    let out = Command::new(exe).args(["--child", kind, &n.to_string(), &bit_vectors.to_string()]).output().expect("run the child");
+    let mut child = Command::new(exe);
+    child.args(["--child", kind, &n.to_string(), &bit_vectors.to_string()]);
+    for flag in ["--half-width", "--lowering"] {
+        if let Some(v) = arg(flag) {
+            child.args([flag, &v]);
+        }
+    }
+    let out = child.output().expect("run the child");
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.trim()).unwrap_or_else(|_| serde_json::json!({ "error": format!("child exited {}: {text}", out.status) }))
 }
 
-/// `count` events of 20 uniform values in [-100, 100): as packets, and as
-/// the peer's event lines.
-fn events(count: usize, seed: u64) -> (Vec<Vec<u8>>, String) {
+/// `count` events of 20 values uniform in `[lo, hi)`: as packets, and as
+/// the peers' event lines.
+fn events(count: usize, seed: u64, (lo, hi): (i64, i64)) -> (Vec<Vec<u8>>, String) {
     let mut rng = Rng::new(seed);
     let mut lines = String::new();
     let pkts = (0..count)
         .map(|_| {
-            let v: Vec<i32> = (0..20).map(|_| rng.below(200) as i32 - 100).collect();
+            let v: Vec<i32> = (0..20).map(|_| (lo + rng.below((hi - lo) as u64) as i64) as i32).collect();
             lines.push_str(&v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" "));
             lines.push('\n');
             siena_event(&v)
@@ -249,21 +303,62 @@ fn add_remove(p: &Program, n: usize, set: &mut CompiledSet, dp: &mut Dataplane) 
 }
 
 fn reload(p: &Program, set: &CompiledSet) -> Dataplane {
-    let a = write_set(&p.spec, set, &ebpf_options()).expect("generates");
-    let obj = clang::compile(&a.source, BuildFlags::default()).expect("clang");
-    Dataplane::load_with_image(&obj, a.model, a.image).expect("loads")
+    try_reload(p, set).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The peer on the same filters and events.
-fn betree(peer: &str, rules: &str, n: usize, events: &str) -> serde_json::Value {
+/// Generates, builds and loads the set's program, or says which step failed.
+fn try_reload(p: &Program, set: &CompiledSet) -> Result<Dataplane, String> {
+    let a = write_set(&p.spec, set, &ebpf_options()).map_err(|e| format!("generate: {e}"))?;
+    let obj = clang::compile(&a.source, BuildFlags::default()).map_err(|e| format!("clang: {e}"))?;
+    Dataplane::load_with_image(&obj, a.model, a.image).map_err(|e| format!("load: {e}"))
+}
+
+/// A peer's harness on the same filters and events.
+fn peer(peer: &str, rules: &str, n: usize, events: &str) -> serde_json::Value {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let (f, e) = (dir.path().join("filters"), dir.path().join("events"));
     std::fs::write(&f, rules.lines().take(n).map(|l| format!("{l}\n")).collect::<String>()).expect("write");
     std::fs::write(&e, events).expect("write");
-    let out = Command::new(peer).arg(&f).arg(&e).args(["--repeat", "1"]).output().expect("run the peer");
+    let out = match Command::new(peer).arg(&f).arg(&e).args(["--repeat", "1"]).output() {
+        Ok(out) => out,
+        Err(err) => return serde_json::json!({ "error": format!("{peer}: {err}") }),
+    };
     let text = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(text.lines().last().unwrap_or(""))
-        .unwrap_or_else(|_| serde_json::json!({ "error": String::from_utf8_lossy(&out.stderr) }))
+        .unwrap_or_else(|_| serde_json::json!({ "error": format!("exit {}: {}", out.status, String::from_utf8_lossy(&out.stderr)) }))
+}
+
+/// Runs the peers given (`--betree`, `--hem`) on the set's first `n`
+/// rules and the events, one after the other, and adds their reports, the
+/// ratios of their time per event to subc's `ns`, and the fraction of the
+/// filters an event matches by their counts.
+fn peers(line: &mut serde_json::Value, rules: &str, n: usize, events: &str, ns: f64) {
+    let mut totals = vec![];
+    for name in ["betree", "hem"] {
+        let Some(path) = arg(&format!("--{name}")) else { continue };
+        let report = peer(&path, rules, n, events);
+        if let (Some(peer_ns), true) = (report.get("ns_per_event").and_then(|v| v.as_f64()), ns.is_finite()) {
+            line[format!("{name}_over_subc")] = round(peer_ns / ns, 1).into();
+        }
+        if let Some(m) = report.get("matches_total").and_then(|v| v.as_u64()) {
+            totals.push(m);
+        }
+        if name == "hem" && report.get("split_filters").and_then(|v| v.as_u64()).is_some_and(|s| s > 0) {
+            line["hem_note"] = format!(
+                "HEM takes one interval per attribute: {} filters with != were split into disjoint subscriptions ({} for {n} filters); \
+                 every filter is in, and a filter's parts never match the same event",
+                report["split_filters"], report["hem_subscriptions"]
+            )
+            .into();
+        }
+        line[name] = report;
+    }
+    if let Some(&m) = totals.first() {
+        let count = events.lines().count();
+        line["match_fraction"] = round(m as f64 / (count * n) as f64, 6).into();
+        line["matches_per_event"] = round(m as f64 / count as f64, 2).into();
+        line["peers_agree"] = totals.iter().all(|&t| t == m).into();
+    }
 }
 
 /// One set: compile (in a child), load, run, change.
@@ -282,7 +377,19 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
         serde_json::json!({ "rules": g.len(), "words": g.words(), "rows_per_field": g.rows_per_field(), "fields": g.fields().len(), "leaves": g.leaves().len() })
     });
     let t = Instant::now();
-    let mut dp = reload(&p, &set);
+    let mut dp = match try_reload(&p, &set) {
+        Ok(dp) => dp,
+        Err(e) => {
+            // The program does not load (say the verifier's limit): the
+            // peers still run, so the line says what they do on this set.
+            let first = e.lines().next().unwrap_or("").chars().take(300).collect::<String>();
+            line["error"] = first.into();
+            if kind != "itch" {
+                peers(&mut line, &rules, n, event_lines, f64::NAN);
+            }
+            return line;
+        }
+    };
     line["generate_compile_load_fill_s"] = round(t.elapsed().as_secs_f64(), 2).into();
     let stats = dp.stats();
     line["verified_insns"] = serde_json::to_value(&stats.verified_insns).expect("serializes");
@@ -296,12 +403,8 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
     if std::env::args().any(|a| a == "--rcu-expedited") {
         line["add_remove_rcu_expedited"] = with_rcu_expedited(|| add_remove(&p, n, &mut set, &mut dp));
     }
-    if let (Some(peer), true) = (arg("--betree"), kind != "itch") {
-        let b = betree(&peer, &rules, n, event_lines);
-        if let Some(peer_ns) = b.get("ns_per_event").and_then(|v| v.as_f64()) {
-            line["betree_over_subc"] = round(peer_ns / ns, 1).into();
-        }
-        line["betree"] = b;
+    if kind != "itch" {
+        peers(&mut line, &rules, n, event_lines, ns);
     }
     line
 }
@@ -342,12 +445,17 @@ fn main() {
     let mixed: usize = arg("--mixed").map(|s| s.parse().expect("a size")).unwrap_or(100_000);
     let count: usize = arg("--packets").map(|s| s.parse().expect("a count")).unwrap_or(1000);
     let repeat: u32 = arg("--repeat").map(|s| s.parse().expect("a count")).unwrap_or(20);
-    let (pkts, event_lines) = events(count, 42);
+    let workloads = arg("--workloads").unwrap_or("siena".into());
+    let (pkts, event_lines) = events(count, 42, domain("siena"));
     let floor = floor_ns(&pkts[0], 1000);
     let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(String::from));
     println!("{}", serde_json::json!({ "floor_ns": round(floor, 1), "cpu": cpu, "packets": count, "repeat": repeat }));
-    for n in sizes {
-        println!("{}", measure("siena", n, true, &pkts, &event_lines, repeat, floor));
+    for kind in workloads.split(',') {
+        assert!(["siena", "selective"].contains(&kind), "unknown workload {kind}: siena or selective");
+        let (pkts, event_lines) = events(count, 42, domain(kind));
+        for &n in &sizes {
+            println!("{}", measure(kind, n, true, &pkts, &event_lines, repeat, floor));
+        }
     }
     if mixed > 0 {
         println!("{}", measure("mixed", mixed, true, &pkts, &event_lines, repeat, floor));

@@ -16,4 +16,7 @@ pub use packets::{broker_frame, itch_add_orders, moldudp_add_order, siena_event,
 pub use rng::{Rng, Zipf};
 /// Also the front end's, where the simulators use them.
 pub use subc_lang::{inet_checksum, write_bits};
-pub use subscriptions::{itch, itch_stateful_rules, itch_stateful_spec, itch_symbols, siena, siena_spec, ItchParams, SienaParams};
+pub use subscriptions::{
+    itch, itch_stateful_rules, itch_stateful_spec, itch_symbols, siena, siena_selective, siena_spec, ItchParams, SelectiveParams,
+    SienaParams,
+};

@@ -8,6 +8,11 @@
 //!   %, no attribute twice; operators `==` 40 %, `<` 25 %, `>` 25 %, `!=`
 //!   10 %; values uniform in [-100, 100). The Camus variant (Camus's
 //!   `ssbg_camus.py`) uses [0, 100) and no `!=`.
+//! - [`siena_selective`]: the same attributes and constraint counts over a
+//!   wider domain `[-half_width, half_width)`, with constraints that each
+//!   hold on a small part of it (equalities, narrow ranges, thin tails), so
+//!   that a uniform event matches well under 1 % of the filters instead of
+//!   SSBG's 10 % (whose `<`, `>` and `!=` hold on half the domain or more).
 
 use crate::rng::{Rng, Zipf};
 use std::fmt::Write;
@@ -95,6 +100,71 @@ pub fn siena_spec(attributes: usize, ports: u32) -> String {
 
 /// Siena-style filters for [`siena_spec`], one per line.
 pub fn siena(p: &SienaParams) -> String {
+    filters(p, |rng, a| {
+        let (op, lo, hi) = if p.camus_variant {
+            (["==", "<", ">"][rng.weighted(&[40.0, 25.0, 25.0])], 0i64, 100i64)
+        } else {
+            (["==", "<", ">", "!="][rng.weighted(&[40.0, 25.0, 25.0, 10.0])], -100, 100)
+        };
+        let v = lo + rng.below((hi - lo) as u64) as i64;
+        format!("a{a} {op} {v}")
+    })
+}
+
+/// A selective variant of [`siena`]: its attributes, constraint counts and
+/// ports (`siena`'s `camus_variant` is ignored), over values in
+/// `[-half_width, half_width)`.
+#[derive(Clone, Debug)]
+pub struct SelectiveParams {
+    pub siena: SienaParams,
+    /// Values (constants and events) in `[-half_width, half_width)`; at
+    /// least 100.
+    pub half_width: i64,
+}
+
+impl Default for SelectiveParams {
+    fn default() -> Self {
+        SelectiveParams { siena: SienaParams::default(), half_width: 1000 }
+    }
+}
+
+impl SelectiveParams {
+    /// The domain of the constants, `[lo, hi)`: events drawn uniformly from
+    /// it match the filters as [`siena_selective`] describes.
+    pub fn domain(&self) -> (i64, i64) {
+        (-self.half_width, self.half_width)
+    }
+}
+
+/// Selective Siena-style filters for [`siena_spec`], one per line. Each
+/// constraint holds on a small part of the domain `[-H, H)` of
+/// [`SelectiveParams::domain`] (`D = 2H` values): `a == v` (50 %, v uniform);
+/// a narrow range `a > v && a < v + w` (30 %, `w` uniform in `[2, D / 100]`,
+/// so up to 1 % of the domain); a thin tail `a < v` or `a > v` (10 % each,
+/// holding on up to 2 % of the domain at its bottom or top). No `!=`, which
+/// holds almost everywhere and which interval-based matchers (HEM) cannot
+/// take as one range. A filter of one constraint holds on at most 2 % of
+/// uniform events, one of two on at most 0.04 %, so about 0.04 % of the
+/// filters match a uniform event on average.
+pub fn siena_selective(p: &SelectiveParams) -> String {
+    let h = p.half_width.max(100);
+    let d = 2 * h;
+    filters(&p.siena, |rng, a| match rng.weighted(&[50.0, 30.0, 10.0, 10.0]) {
+        0 => format!("a{a} == {}", -h + rng.below(d as u64) as i64),
+        1 => {
+            let w = rng.range(2, (d / 100) as u64) as i64;
+            let v = -h + rng.below((d - w) as u64) as i64;
+            format!("a{a} > {v} && a{a} < {}", v + w)
+        }
+        2 => format!("a{a} < {}", -h + 1 + rng.below((d / 50) as u64) as i64),
+        _ => format!("a{a} > {}", h - 2 - rng.below((d / 50) as u64) as i64),
+    })
+}
+
+/// The filters of [`siena`] and [`siena_selective`]: per filter, the
+/// constraint count (fixed or SSBG's weights), distinct attributes (Zipf or
+/// uniform), one constraint text per attribute from `constraint`, a port.
+fn filters(p: &SienaParams, mut constraint: impl FnMut(&mut Rng, usize) -> String) -> String {
     let mut rng = Rng::new(p.seed);
     let zipf = Zipf::new(p.attributes, 1.0);
     let mut out = String::new();
@@ -111,18 +181,7 @@ pub fn siena(p: &SienaParams) -> String {
                 attrs.push(a);
             }
         }
-        let parts: Vec<String> = attrs
-            .iter()
-            .map(|a| {
-                let (op, lo, hi) = if p.camus_variant {
-                    (["==", "<", ">"][rng.weighted(&[40.0, 25.0, 25.0])], 0i64, 100i64)
-                } else {
-                    (["==", "<", ">", "!="][rng.weighted(&[40.0, 25.0, 25.0, 10.0])], -100, 100)
-                };
-                let v = lo + rng.below((hi - lo) as u64) as i64;
-                format!("a{a} {op} {v}")
-            })
-            .collect();
+        let parts: Vec<String> = attrs.iter().map(|&a| constraint(&mut rng, a)).collect();
         let port = rng.below(p.ports as u64);
         let _ = writeln!(out, "{} : fwd({port})", parts.join(" && "));
     }

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use subc_workload::programs;
-use subc_workload::{itch, siena, siena_spec, ItchParams, SienaParams};
+use subc_workload::{itch, siena, siena_selective, siena_spec, ItchParams, Rng, SelectiveParams, SienaParams};
 
 /// The first `n` lines of `text`.
 fn first_lines(text: &str, n: usize) -> String {
@@ -153,4 +153,74 @@ fn siena_camus_variant_has_no_inequality_and_small_values() {
     for (a, c) in per_attribute.iter().enumerate() {
         assert!((*c as f64 - mean).abs() < 0.1 * mean, "attribute {a}: {c} against a mean of {mean:.0}");
     }
+}
+
+/// Whether a filter's constraints all hold on `event` (one value per attribute).
+fn holds(filter: &[(usize, String, i64)], event: &[i64]) -> bool {
+    filter.iter().all(|(a, op, v)| match op.as_str() {
+        "==" => event[*a] == *v,
+        "!=" => event[*a] != *v,
+        "<" => event[*a] < *v,
+        ">" => event[*a] > *v,
+        _ => panic!("operator {op}"),
+    })
+}
+
+/// The mean fraction of `filters` that `events` uniform over `[lo, hi)` match.
+fn matching_fraction(filters: &[Vec<(usize, String, i64)>], attributes: usize, (lo, hi): (i64, i64), events: usize) -> f64 {
+    let mut rng = Rng::new(42);
+    let mut matched = 0;
+    for _ in 0..events {
+        let event: Vec<i64> = (0..attributes).map(|_| lo + rng.below((hi - lo) as u64) as i64).collect();
+        matched += filters.iter().filter(|f| holds(f, &event)).count();
+    }
+    matched as f64 / (events * filters.len()) as f64
+}
+
+#[test]
+fn siena_selective_matches_under_one_percent_of_filters() {
+    let n = 20_000;
+    let params = SelectiveParams { siena: SienaParams { filters: n, ..Default::default() }, ..Default::default() };
+    let text = siena_selective(&params);
+    assert_eq!(text, siena_selective(&params), "deterministic from the seed");
+    let (lo, hi) = params.domain();
+    assert_eq!((lo, hi), (-1000, 1000));
+    let filters: Vec<Vec<(usize, String, i64)>> = text.lines().map(parse_siena).collect();
+    assert_eq!(filters.len(), n);
+    let (mut ops, mut ranges, mut constraints) = (BTreeMap::<String, usize>::new(), 0, 0);
+    for f in &filters {
+        let attrs: BTreeSet<usize> = f.iter().map(|c| c.0).collect();
+        assert!((1..=6).contains(&attrs.len()), "{f:?}");
+        for (a, op, v) in f {
+            assert!((lo..hi).contains(v), "value {v}");
+            *ops.entry(op.clone()).or_default() += 1;
+            // A narrow range: `a > v && a < v + w`, w at most 1 % of the domain.
+            if op == ">" {
+                if let Some((_, _, top)) = f.iter().find(|c| c.0 == *a && c.1 == "<") {
+                    assert!((2..=(hi - lo) / 100).contains(&(top - v)), "{f:?}");
+                    ranges += 1;
+                }
+            }
+        }
+        constraints += attrs.len();
+    }
+    assert!(!ops.contains_key("!="), "{ops:?}");
+    // Per attribute constrained: `==` 50 %, a narrow range 30 %, a tail 20 %.
+    assert_near("equalities", pct(ops["=="], constraints), 50.0, 1.5);
+    assert_near("narrow ranges", pct(ranges, constraints), 30.0, 1.5);
+    assert_near("tails", pct(ops[">"] + ops["<"] - 2 * ranges, constraints), 20.0, 1.5);
+
+    // Uniform events from the same domain match well under 1 % of the filters
+    // (about 0.04 %), where the default generator's match about 10 %.
+    let sample = &filters[..5000];
+    let selective = matching_fraction(sample, params.siena.attributes, (lo, hi), 200);
+    assert!(selective < 0.002, "selective: {:.3} % of the filters match", 100.0 * selective);
+    let ssbg: Vec<Vec<(usize, String, i64)>> =
+        siena(&SienaParams { filters: 5000, ..Default::default() }).lines().map(parse_siena).collect();
+    let default = matching_fraction(&ssbg, 20, (-100, 100), 200);
+    assert!(default > 0.05, "default: {:.3} % of the filters match", 100.0 * default);
+
+    // They check against the generated spec.
+    let p = programs::check(&siena_spec(params.siena.attributes, params.siena.ports), &[&first_lines(&text, 200)]).unwrap();
+    assert_eq!(p.normal_forms.len(), 200);
 }
