@@ -822,27 +822,18 @@ impl CompiledSet {
         new.len()
     }
 
-    /// Puts `rules` into pipeline `p` in one step, the batch's diagram
-    /// united with the pipeline's ([`CompiledSet::unite_batch`]) or, when
-    /// that product costs too much, rebuilt from all of its rules, if the
-    /// result stays within the pipeline's size limit
-    /// ([`CompiledSet::size_limit`]). Returns whether it did; when it did
-    /// not (or at the deadline), it changed nothing.
+    /// Puts `rules` into pipeline `p` by rebuilding its diagram from all of
+    /// its rules, if the result stays within the pipeline's size limit
+    /// ([`CompiledSet::size_limit`]). Returns
+    /// whether it did; when it did not (or at the deadline), it changed
+    /// nothing.
     fn try_rebuild_adding(&mut self, p: usize, rules: &[&PendingRule], placed: &mut Vec<(SubId, usize, u32)>) -> Result<bool, BuildStop> {
         let slots: Vec<u32> = rules.iter().map(|r| self.make_rule(p, r.cube, r.actions)).collect();
+        let mut active = self.pipes[p].index.all();
+        active.extend_from_slice(&slots);
         let start = self.managers[p].inner_count();
         let limit = start.saturating_add(self.size_limit(p));
-        let built = match self.unite_batch(p, &slots, limit) {
-            Err(BuildStop::Budget { .. }) => {
-                // Too costly a product, or too large a result: build from
-                // every rule (which stops at the same size if it is that).
-                let mut active = self.pipes[p].index.all();
-                active.extend_from_slice(&slots);
-                build(&mut self.managers[p], &self.pipes[p].rules, &active, limit, self.deadline)
-            }
-            other => other,
-        };
-        match built {
+        match build(&mut self.managers[p], &self.pipes[p].rules, &active, limit, self.deadline) {
             Ok(root) => {
                 let pipe = &mut self.pipes[p];
                 for (r, slot) in rules.iter().zip(&slots) {
@@ -863,17 +854,6 @@ impl CompiledSet {
                 }
             }
         }
-    }
-
-    /// Pipeline `p`'s diagram with the rules `slots` added in one step: the
-    /// batch's own diagram united with the pipeline's
-    /// ([`unite`](crate::build::unite)), the same diagram a build from
-    /// every rule makes, at the cost of the two diagrams rather than of
-    /// every rule (issue 32: a request of 10,000 into 90,000).
-    fn unite_batch(&mut self, p: usize, slots: &[u32], limit: usize) -> Result<NodeId, BuildStop> {
-        let m = &mut self.managers[p];
-        let batch = build(m, &self.pipes[p].rules, slots, limit, self.deadline)?;
-        crate::build::unite(m, self.pipes[p].root, batch, limit, self.deadline)
     }
 
     /// Compacts a pipeline's node arena when garbage dominates it

@@ -206,7 +206,7 @@ fn adds_match_a_fresh_compile_when_defaults_tie() {
 }
 
 /// Random batches added and removed (a request of many subscriptions, which
-/// a pipeline takes in one step: the batch's diagram united with its own):
+/// a pipeline may take in one step, rebuilt):
 /// after each, old tables + diff == new tables, the set verifies, packets
 /// agree with the interpreter, and a fresh compile of the same subscriptions
 /// adopts the tables with nothing to write.
