@@ -147,13 +147,7 @@ impl PortSet {
     /// a large audience lists thousands).
     pub fn ports(&self) -> Vec<u32> {
         let mut v = Vec::with_capacity(self.len());
-        for (k, w) in self.slice().iter().enumerate() {
-            let mut w = *w;
-            while w != 0 {
-                v.push(k as u32 * 64 + w.trailing_zeros());
-                w &= w - 1;
-            }
-        }
+        v.extend(self.iter());
         v
     }
     /// The ports in increasing order (scans set bits only).

@@ -51,7 +51,7 @@ fn main() {
     let report = serde_json::json!({
         "subscriptions": n,
         "per_request": per_request,
-        "target": std::env::var("SUBC_BENCH_NO_TARGET").map_or(true, |v| v != "1"),
+        "target": !no_target(),
         "compile_ebpf_s": compile_s,
         "serve": serve.iter().map(|r| serde_json::json!({
             "requests_s": r.requests_s,
@@ -70,6 +70,11 @@ fn main() {
         "machine": machine(),
     });
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
+}
+
+/// `SUBC_BENCH_NO_TARGET=1`: the requests alone, no target registered.
+fn no_target() -> bool {
+    std::env::var("SUBC_BENCH_NO_TARGET").is_ok_and(|v| v == "1")
 }
 
 /// `subc compile --target ebpf --hook tc` of `subs` into `out`: seconds.
@@ -114,7 +119,7 @@ fn load_through_the_service(rules: &[String], per_request: usize) -> Loaded {
     let loaded = rt.block_on(async {
         let mut admin = server.client(ADMIN);
         let mut app = server.client(APPS[0].1);
-        let no_target = std::env::var("SUBC_BENCH_NO_TARGET").is_ok_and(|v| v == "1");
+        let no_target = no_target();
         if !no_target {
             admin.targets.register(ebpf_target(&t, &iface, proto::Hook::Tc, rewriting_ports(&peer))).await.unwrap();
             admin.targets.deploy(proto::DeployRequest { name: t.clone(), timeout_ms: 60_000 }).await.unwrap();
