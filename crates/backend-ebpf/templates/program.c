@@ -88,8 +88,12 @@ static __always_inline struct subc_config *subc_cfg(void)
 
 {% endif %}{% if ranges_sorted || bits.is_some() %}/* 1 when j < n and lo <= v, else 0: arithmetic (the borrow of v - lo),
  * not branches, so that the verifier walks a search once instead of once
- * per path through it. Small classes branch (2^steps paths are few, and
- * branches run faster); classes of 4096 intervals and more use this. */
+ * per path through it. A step adds it shifted (`ok << log2(step)`): the
+ * verifier tracks that as a range, where it walked `step & -ok` once per
+ * value of ok (2^15 paths for the top class: past its million
+ * instructions on Linux 6.18). Small classes branch (2^steps paths are
+ * few, and branches run faster); classes of 4096 intervals and more use
+ * this. */
 static __always_inline __u64 subc_step_ok(__u32 j, __u32 n, __u64 lo, __u64 v)
 {
     /* Hidden from clang, which would turn `(j - n) >> 63` back into j < n. */
@@ -112,7 +116,7 @@ static __always_inline __u64 subc_step_ok(__u32 j, __u32 n, __u64 lo, __u64 v)
     if (n > 0 && s->lo[0] <= v) {
 {% for step in c.steps %}{% if c.branchy %}        if (i + {{ step }} < n && s->lo[(i + {{ step }}) & {{ c.mask }}] <= v)
             i += {{ step }};
-{% else %}        i += {{ step }} & -subc_step_ok(i + {{ step }}, n, s->lo[(i + {{ step }}) & {{ c.mask }}], v);
+{% else %}        i += subc_step_ok(i + {{ step }}, n, s->lo[(i + {{ step }}) & {{ c.mask }}], v) << {{ step.trailing_zeros() }};
 {% endif %}{% endfor %}        i &= {{ c.mask }};
         if (v <= s->hi[i])
             return &s->next[i];
@@ -146,7 +150,7 @@ __attribute__((noinline)) int subc_bv_find(__u32 key, __u64 v)
         return -1;
     __u32 n = t->n;
     __u32 i = 0;
-{% for step in b.steps %}    i += {{ step }} & -subc_step_ok(i + {{ step }}, n, t->lo[(i + {{ step }}) & {{ b.mask }}], v);
+{% for step in b.steps %}    i += subc_step_ok(i + {{ step }}, n, t->lo[(i + {{ step }}) & {{ b.mask }}], v) << {{ step.trailing_zeros() }};
 {% endfor %}    return t->row[i & {{ b.mask }}];
 }
 

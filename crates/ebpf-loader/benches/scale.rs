@@ -8,7 +8,7 @@
 //!   cargo bench -p subc-ebpf-loader --bench scale -- \
 //!       [--sizes 1000,10000,100000] [--mixed 100000] [--packets 1000] [--repeat 20] \
 //!       [--workloads siena,selective] [--half-width 1000] [--lowering auto] \
-//!       [--betree PATH] [--hem PATH] [--rcu-expedited]
+//!       [--max-pipelines 64] [--betree PATH] [--hem PATH] [--rcu-expedited]
 //!
 //! `--workloads` lists the Siena workloads run at each of `--sizes`:
 //! `siena` (the default, `subc gen siena`'s filters, values in [-100, 100),
@@ -18,8 +18,9 @@
 //! that well under 1 % of the filters match an event). `--lowering`
 //! (`auto`, `diagrams`, `bit-vectors`) is how the Siena, selective and
 //! mixed sets and ITCH's "bit vectors on" are compiled (`auto` unless
-//! told). A set whose program does not load gets an `error` and the peers'
-//! numbers alone.
+//! told), `--max-pipelines` with how many pipelines at most (the
+//! compiler's default unless told). A set whose program does not load
+//! gets an `error` and the peers' numbers alone.
 //!
 //! Needs root. Per set:
 //! - `compile`: a child process (this binary, `--child`) checks the rules,
@@ -146,7 +147,8 @@ fn options(bit_vectors: bool) -> CompileOptions {
         true => arg("--lowering").map_or(Lowering::Auto, |s| s.parse().expect("auto, diagrams or bit-vectors")),
         false => Lowering::Diagrams,
     };
-    CompileOptions { lowering, ..Default::default() }
+    let max_pipelines = arg("--max-pipelines").map_or(CompileOptions::default().max_pipelines, |s| s.parse().expect("a number"));
+    CompileOptions { lowering, max_pipelines, ..Default::default() }
 }
 
 /// XDP, sorted ranges, and maps with room for the adds of [`add_remove`].
@@ -206,7 +208,7 @@ fn compile_in_child(kind: &str, n: usize, bit_vectors: bool) -> serde_json::Valu
     let exe = std::env::current_exe().expect("the bench binary");
     let mut child = Command::new(exe);
     child.args(["--child", kind, &n.to_string(), &bit_vectors.to_string()]);
-    for flag in ["--half-width", "--lowering"] {
+    for flag in ["--half-width", "--lowering", "--max-pipelines"] {
         if let Some(v) = arg(flag) {
             child.args([flag, &v]);
         }

@@ -723,6 +723,38 @@ fn large_sorted_values_agree() {
     }
 }
 
+/// The largest searches verify: one state with 9,000 intervals (the top
+/// size class, 32,768 intervals with the default headroom: 15 search
+/// steps), and the same rules in a bit-vector group (as many rows). A
+/// search whose step the verifier forks on walks 2^15 paths, past its
+/// million instructions (E2BIG): the step is a shift of a 0-or-1 value,
+/// which it does not fork on.
+#[test]
+fn the_largest_searches_verify_and_agree() {
+    if !kernel_available("the_largest_searches_verify_and_agree") {
+        return;
+    }
+    let rules: String = (1..=9000).map(|k| format!("shares >= {} && shares <= {} : fwd({})\n", 3 * k, 3 * k + 1, k % 2)).collect();
+    let p = program(ITCH_SPEC, &rules);
+    for lowering in [subc_bdd::Lowering::Diagrams, subc_bdd::Lowering::BitVectors] {
+        let set = CompiledSet::compile(&p.spec, &p.normal_forms, CompileOptions { lowering, ..Default::default() }).unwrap();
+        for hook in [Hook::Xdp, Hook::Tc] {
+            let opts = EbpfOptions { hook, ranges: RangeLookup::Sorted, ..Default::default() };
+            let a = artifacts(&p, &set, &opts);
+            match lowering {
+                subc_bdd::Lowering::BitVectors => {
+                    let bits = a.model.bits.as_ref().expect("the rules are in a group");
+                    assert!(bits.intervals >= 16_384, "a group search of at least 14 steps: {bits:?}");
+                }
+                _ => assert_eq!(a.model.sorted_classes.last(), Some(&32_768), "the top class: {:?}", a.model.sorted_classes),
+            }
+            let dp = load(&p, &set, &opts);
+            let mut interp = Interpreter::new(&p.spec, &p.subscriptions);
+            differential(&p, &dp, &mut interp, &random_packets(&p, 300, 22), 0, &format!("largest {lowering:?} {hook:?}"));
+        }
+    }
+}
+
 /// The naive baseline of a set (`naive.rs`), loaded and its rules written.
 fn load_naive(p: &Program, opts: &EbpfOptions) -> Dataplane {
     let (source, model, ops) = write_naive(&p.spec, &p.normal_forms, opts).unwrap_or_else(|e| panic!("naive {opts:?}: {e}"));

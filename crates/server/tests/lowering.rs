@@ -219,7 +219,7 @@ impl Drop for EbpfTarget {
 /// maps (or a relaid group, a new program), and the live program forwards
 /// as the rules say. `SUBC_LOWERING_SCALE=100000` runs the done-when scale
 /// (100,000 filters in requests of 10,000, then 1,000 removed and added at
-/// random), best in a release build.
+/// random); the test build optimizes the IR (Cargo.toml), so it runs there.
 #[test]
 fn an_ebpf_target_runs_the_group_through_random_changes() {
     if !kernel_available("an_ebpf_target_runs_the_group_through_random_changes") {
