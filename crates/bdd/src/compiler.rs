@@ -27,8 +27,9 @@
 //! share no structure, and their diagram grows with the product of their
 //! ranges. With [`Lowering::Auto`] (the tools' default), a key group whose diagram exceeds its cost
 //! budget (8 nodes per rule, at least `split_nodes`) is tried again per
-//! shape (the fields its rules test); the shapes that still do not fit go
-//! to one [`BitGroup`] (Linear Bit Vector Search, `bitgroup.rs`), whose
+//! shape (the fields its rules test); the shapes that still do not fit,
+//! and key groups and shapes too small to be worth a walk per packet
+//! (`min_pipeline_rules`), go to one [`BitGroup`] (Linear Bit Vector Search, `bitgroup.rs`), whose
 //! memory grows with the sum of the rules' ranges instead. Rules that
 //! update variables always stay in diagrams. A packet's action set is the
 //! union of the pipelines' and the group's. Adds that do not fit their
@@ -73,11 +74,28 @@ pub struct CompileOptions {
     /// whose back end also runs groups (eBPF) asks for [`Lowering::Auto`],
     /// as `subc compile` and the service do.
     pub lowering: Lowering,
+    /// With [`Lowering::Auto`], when the set does not fit one diagram: the
+    /// fewest rules a key group (or a shape of one) needs for a pipeline of
+    /// its own; smaller ones go to the bit-vector group. A pipeline costs a
+    /// walk per packet whatever it holds, the group about a word per 64
+    /// rules: on Siena filters, 15 small pipelines beside the group took
+    /// 2.4 times as long per packet as the group alone (BENCHMARKS.md).
+    pub min_pipeline_rules: usize,
 }
+
+/// [`CompileOptions::min_pipeline_rules`] unless told.
+const MIN_PIPELINE_RULES: usize = 2048;
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { order: None, node_budget: 1_000_000, split_nodes: 1024, max_pipelines: 64, lowering: Lowering::Diagrams }
+        CompileOptions {
+            order: None,
+            node_budget: 1_000_000,
+            split_nodes: 1024,
+            max_pipelines: 64,
+            lowering: Lowering::Diagrams,
+            min_pipeline_rules: MIN_PIPELINE_RULES,
+        }
     }
 }
 
@@ -110,7 +128,8 @@ impl CompileOptions {
 #[serde(rename_all = "kebab-case")]
 pub enum Lowering {
     /// The cost model chooses per key group: a diagram while it stays
-    /// within 8 nodes per rule, else the group (see the module doc). What
+    /// within 8 nodes per rule and holds at least
+    /// [`CompileOptions::min_pipeline_rules`], else the group (see the module doc). What
     /// the CLI and the service use unless told otherwise.
     Auto,
     /// Decision diagrams only (what a P4 switch can run).
@@ -244,7 +263,8 @@ pub struct CompiledSet {
     /// The group's changes in the operation under way.
     bit_diff: BitDiffs,
     /// The fewest rules a shape needs for a pipeline of its own (compiles
-    /// with bit vectors): 64, or 1/64 of the set's rules if more.
+    /// with bit vectors): 64, or 1/64 of the set's rules if more, and at
+    /// least [`CompileOptions::min_pipeline_rules`].
     min_shape_rules: usize,
     opts: CompileOptions,
     /// The deadline of the operation under way ([`Deadline::NONE`] between
@@ -409,7 +429,7 @@ impl CompiledSet {
         let mut groups: Vec<(Option<QueryFieldId>, Vec<PendingRule>)> = groups.into_iter().collect();
         groups.sort_by_key(|(k, rs)| (std::cmp::Reverse(rs.len()), *k));
         let mut bit_rules: Vec<PendingRule> = vec![];
-        set.min_shape_rules = (pending.len() / 64).max(64);
+        set.min_shape_rules = (pending.len() / 64).max(64).max(set.opts.min_pipeline_rules);
         for (key, rules) in groups {
             let mut order = base_order.clone();
             if let Some(k) = key {
@@ -452,7 +472,8 @@ impl CompiledSet {
 
     /// The cost model of bit-vector groups, for one key group: the rules
     /// whose diagram stays within 8 nodes per rule (at least `split_nodes`)
-    /// get a pipeline with `order` (the whole group if it fits, else each
+    /// get a pipeline with `order` if they are at least
+    /// [`CompileOptions::min_pipeline_rules`] (the whole group if it fits, else each
     /// shape, the fields its rules test, that fits on its own, biggest
     /// first, while pipelines remain); the others go to `bits`, except
     /// rules that update variables, which are returned to be placed in
@@ -463,7 +484,7 @@ impl CompiledSet {
         rules: Vec<PendingRule<'a>>,
         bits: &mut Vec<PendingRule<'a>>,
     ) -> Result<Vec<PendingRule<'a>>, CompileError> {
-        if self.try_pipe_within_cost(order, &rules)? {
+        if rules.len() >= self.opts.min_pipeline_rules && self.try_pipe_within_cost(order, &rules)? {
             return Ok(vec![]);
         }
         let mut shapes: BTreeMap<Vec<QueryFieldId>, Vec<PendingRule>> = BTreeMap::new();

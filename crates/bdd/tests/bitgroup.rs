@@ -134,3 +134,24 @@ fn removing_everything_leaves_nothing() {
         }
     }
 }
+
+/// The cost model (`Lowering::Auto`): a key group gets a pipeline of its
+/// own only with `min_pipeline_rules` rules or more, since a pipeline
+/// costs a walk per packet whatever it holds. A thousand Siena filters
+/// (20 attributes: no key group near the default minimum) all go to the
+/// group, where with no minimum several small pipelines stand beside it.
+#[test]
+fn auto_gives_pipelines_only_to_key_groups_worth_a_walk() {
+    let spec = subc_workload::siena_spec(20, 64);
+    let rules = subc_workload::siena(&subc_workload::SienaParams { filters: 1000, seed: 5, ..Default::default() });
+    let p = program(&spec, &[&rules]);
+    let auto = subc_bdd::CompileOptions { lowering: subc_bdd::Lowering::Auto, ..Default::default() };
+    let default = subc_bdd::CompiledSet::compile(&p.spec, &p.normal_forms, auto.clone()).unwrap();
+    let cubes: usize = p.normal_forms.iter().map(|s| s.cubes.len()).sum();
+    assert_eq!(default.pipeline_count(), 0, "no key group of 1,000 filters is worth a pipeline");
+    assert_eq!(default.bits().map(|g| g.len()), Some(cubes), "every rule is in the group");
+    let no_minimum =
+        subc_bdd::CompiledSet::compile(&p.spec, &p.normal_forms, subc_bdd::CompileOptions { min_pipeline_rules: 0, ..auto }).unwrap();
+    assert!(no_minimum.pipeline_count() > 1, "without a minimum, small key groups get pipelines");
+    assert!(no_minimum.bits().is_some_and(|g| g.len() < cubes), "beside the group");
+}

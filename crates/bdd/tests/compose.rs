@@ -103,7 +103,7 @@ proptest! {
 
     #[test]
     fn composed_diffs_with_bit_vector_groups(seed in 0u64..10_000, n in 4usize..30, steps in 1usize..8) {
-        let opts = CompileOptions { lowering: subc_bdd::Lowering::Auto, ..CompileOptions::default() };
+        let opts = CompileOptions { lowering: subc_bdd::Lowering::Auto, min_pipeline_rules: 0, ..CompileOptions::default() };
         check_law(&siena_program(n, seed, false), opts, seed, steps)?;
     }
 }

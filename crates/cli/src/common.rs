@@ -64,7 +64,8 @@ pub struct CompilerArgs {
     #[arg(long, default_value_t = CompileOptions::default().max_pipelines, value_name = "N")]
     pub max_pipelines: usize,
     /// How rules are lowered. `auto` lets the cost model choose per key group: a decision
-    /// diagram while it stays small, else a bit-vector group (Linear Bit Vector Search:
+    /// diagram while it stays small and holds rules enough to be worth a walk per packet
+    /// (2,048), else a bit-vector group (Linear Bit Vector Search:
     /// memory that grows with the sum of the rules' ranges, not their product, as diverse
     /// filters like Siena's need). `diagrams` never uses a group; `bit-vectors` puts every
     /// rule that updates no variable in the group. `--target p4` runs diagrams only: a
@@ -128,6 +129,7 @@ impl CompilerArgs {
             split_nodes: self.split_nodes,
             max_pipelines: self.max_pipelines,
             lowering,
+            ..Default::default()
         })
     }
 

@@ -834,7 +834,7 @@ fn naive_baseline_agrees_with_the_interpreter() {
 /// bit-vector group: a small node budget, so that even small sets use one
 /// (and sets with structure still get pipelines beside it).
 fn bit_vector_options() -> CompileOptions {
-    CompileOptions { split_nodes: 16, node_budget: 64, lowering: subc_bdd::Lowering::Auto, ..Default::default() }
+    CompileOptions { split_nodes: 16, node_budget: 64, lowering: subc_bdd::Lowering::Auto, min_pipeline_rules: 0, ..Default::default() }
 }
 
 /// Siena filters, and the mixed set: half ITCH-shaped (`a0 == S && a1 > P`,

@@ -454,6 +454,7 @@ pub fn compile_options(spec: &Spec, c: &crate::config::CompileConfig, order: Opt
         split_nodes: c.split_nodes,
         max_pipelines: c.max_pipelines,
         lowering: c.lowering,
+        ..Default::default()
     })
 }
 
