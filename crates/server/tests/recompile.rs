@@ -128,6 +128,8 @@ fn split_compiler(cfg: &mut Config) {
     cfg.compile.node_budget = 64;
     cfg.compile.split_nodes = 16;
     cfg.compile.max_pipelines = 64;
+    // Diagrams only: `auto` gives key groups this small to the bit-vector group.
+    cfg.compile.lowering = subc_bdd::Lowering::Diagrams;
 }
 
 /// A set spread over several pipelines by a recompile and then by adds
