@@ -168,6 +168,10 @@ if cargo tree -p subc-backend-p4 --locked -e normal --prefix none | grep -E '^(t
     exit 1
 fi
 
+# One build per run: incremental data would only fill the disk (3.9 GB of a
+# fresh clone's 12 GB target; CI's disk ran out building on 2026-11-29).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 log "linting (clippy, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
