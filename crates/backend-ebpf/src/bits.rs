@@ -7,7 +7,10 @@
 //! live slots. Here it becomes four array maps:
 //!
 //! - `subc_bv_iv`: per generation and field (`g * fields + f`), the
-//!   interval table: lower bounds sorted, and each interval's row;
+//!   interval table: lower bounds sorted, and each interval's row; and,
+//!   when its bounds lie close together, a direct table, one row per value
+//!   between them ([`BitsShape::direct`]), so that a packet's row is one
+//!   load instead of a search;
 //! - `subc_bv_rows`: per field and row (`f * rows + row`), the row's words;
 //!   element `fields * rows` holds the live slots;
 //! - `subc_bv_order`: per generation, the words with a leaf sorted by leaf,
@@ -57,6 +60,50 @@ pub struct BitsShape {
     pub intervals: u32,
     /// Leaves the leaf map holds.
     pub leaves: u32,
+    /// Entries of each interval table's direct table: a power of two, or 0
+    /// for none. A table whose bounds span more values searches instead.
+    #[serde(default)]
+    pub direct: u32,
+}
+
+/// The most entries a direct table has (4 KiB of rows per table).
+const DIRECT_MAX: u32 = 1024;
+
+/// A table's direct form: `base` and one row per value of `base ..
+/// base + rows.len()`. Values below `base` are in the first interval and
+/// values above in the last, so a lookup clamps its index into the rows.
+#[derive(Debug, PartialEq, Eq)]
+struct Direct {
+    base: u64,
+    rows: Vec<RowId>,
+}
+
+impl Direct {
+    /// The direct form of `table` (lower bounds ascending, the first 0), if
+    /// it has at most `limit` rows.
+    fn of(table: &[(u64, RowId)], limit: u32) -> Option<Direct> {
+        let base = table.get(1).map_or(0, |(lo, _)| lo.saturating_sub(1));
+        let top = table.last()?.0;
+        let span = top.checked_sub(base)?.checked_add(1)?;
+        if span > u64::from(limit) {
+            return None;
+        }
+        let mut rows = Vec::with_capacity(span as usize);
+        let mut i = 0;
+        for v in base..=top {
+            while i + 1 < table.len() && table[i + 1].0 <= v {
+                i += 1;
+            }
+            rows.push(table[i].1);
+        }
+        Some(Direct { base, rows })
+    }
+
+    /// The row of value `v`, as the program finds it.
+    fn row(&self, v: u64) -> RowId {
+        let d = v.saturating_sub(self.base).min(self.rows.len() as u64 - 1);
+        self.rows[d as usize]
+    }
 }
 
 impl BitsShape {
@@ -68,6 +115,7 @@ impl BitsShape {
             rows: g.rows as u32,
             intervals: (g.rows as u32).next_power_of_two().max(2),
             leaves: (2 * g.leaves.len() as u32).max(64),
+            direct: direct_entries(&g.intervals),
         }
     }
 
@@ -88,9 +136,11 @@ impl BitsShape {
         [
             CStruct::builder("subc_bv_iv")
                 .scalar("n", Scalar::U32)
-                .scalar("pad", Scalar::U32)
+                .scalar("span", Scalar::U32)
+                .scalar("base", Scalar::U64)
                 .array("lo", Scalar::U64, self.intervals)
                 .array("row", Scalar::U32, self.intervals)
+                .array("dir", Scalar::U32, self.direct.max(1))
                 .finish(),
             CStruct::builder("subc_bv_row").array("w", Scalar::U64, self.words).finish(),
             CStruct::builder("subc_bv_order")
@@ -187,6 +237,12 @@ impl BitTables {
         &self.shape
     }
 
+    /// How many interval tables have a direct table, and how many search.
+    pub fn direct_and_searched(&self) -> (usize, usize) {
+        let direct = self.intervals.iter().filter(|t| Direct::of(t, self.shape.direct).is_some()).count();
+        (direct, self.intervals.len() - direct)
+    }
+
     fn row(&self, key: u32) -> &[u64] {
         let words = self.shape.words as usize;
         &self.rows[key as usize * words..(key as usize + 1) * words]
@@ -220,6 +276,12 @@ impl BitTables {
         for (i, (lo, row)) in table.iter().enumerate() {
             v.u64_at("lo", i as u32, *lo);
             v.u32_at("row", i as u32, *row);
+        }
+        if let Some(d) = Direct::of(table, self.shape.direct) {
+            v.u32("span", d.rows.len() as u32).u64("base", d.base);
+            for (i, row) in d.rows.iter().enumerate() {
+                v.u32_at("dir", i as u32, *row);
+            }
         }
         let key = gen * self.intervals.len() as u32 + f as u32;
         MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
@@ -397,7 +459,11 @@ impl BitTables {
             .enumerate()
             .map(|(f, table)| {
                 let v = values[self.shape.fields[f] as usize];
-                f as u32 * self.shape.rows + table[table.partition_point(|(lo, _)| *lo <= v) - 1].1
+                let row = match Direct::of(table, self.shape.direct) {
+                    Some(d) => d.row(v),
+                    None => table[table.partition_point(|(lo, _)| *lo <= v) - 1].1,
+                };
+                f as u32 * self.shape.rows + row
             })
             .collect();
         let order = self.order();
@@ -419,6 +485,14 @@ impl BitTables {
         }
         out
     }
+}
+
+/// The direct tables' size for these interval tables: twice the widest
+/// span that fits [`DIRECT_MAX`] (room for bounds that later updates add),
+/// or 0 when none fits.
+fn direct_entries(tables: &[Vec<(u64, RowId)>]) -> u32 {
+    let widest = tables.iter().filter_map(|t| Direct::of(t, DIRECT_MAX)).map(|d| d.rows.len() as u32).max();
+    widest.map_or(0, |w| (2 * w).next_power_of_two().clamp(64, DIRECT_MAX))
 }
 
 /// Words as the bytes of a map value (native order).
@@ -443,4 +517,48 @@ fn word_ops(map: usize, key: u32, words: impl Iterator<Item = (u32, u64)>) -> Ve
         next = Some(w + 1);
     }
     ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row of `v` by search: what a table without a direct form gives.
+    fn searched(table: &[(u64, RowId)], v: u64) -> RowId {
+        table[table.partition_point(|(lo, _)| *lo <= v) - 1].1
+    }
+
+    #[test]
+    fn a_direct_table_gives_every_value_the_searched_row() {
+        let mut rng = subc_workload::Rng::new(32);
+        let mut next = move |n: u64| rng.below(n);
+        for case in 0..500 {
+            // Bounds around 2^31 (signed values are stored with the sign bit flipped), some near 0 and u64::MAX.
+            let centre = [1u64 << 31, 1, u64::MAX - 300][case % 3];
+            let width = [4, 200, 3000][next(3) as usize];
+            let mut bounds: Vec<u64> = (0..next(12)).map(|_| centre.saturating_add(next(width)).max(1)).collect();
+            bounds.sort_unstable();
+            bounds.dedup();
+            let table: Vec<(u64, RowId)> = std::iter::once(0).chain(bounds).enumerate().map(|(i, lo)| (lo, (i as u32 * 7) % 5)).collect();
+            let Some(d) = Direct::of(&table, DIRECT_MAX) else {
+                assert!(table.len() > 2 && table.last().unwrap().0 - table[1].0 + 2 > u64::from(DIRECT_MAX), "case {case}: {table:?} fits");
+                continue;
+            };
+            let probes = table.iter().flat_map(|(lo, _)| [lo.saturating_sub(1), *lo, lo.saturating_add(1)]);
+            for v in probes.chain([0, u64::MAX, centre, centre.saturating_add(next(2 * width))]) {
+                assert_eq!(d.row(v), searched(&table, v), "case {case}: value {v} in {table:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn direct_tables_are_sized_for_the_widest_span_that_fits() {
+        let narrow = vec![(0, 0), (10, 1), (40, 2)];
+        let wide = vec![(0, 0), (1, 1), (1 << 40, 2)];
+        assert_eq!(direct_entries(&[narrow.clone()]), 64, "31 values, at least 64");
+        assert_eq!(direct_entries(&[vec![(0, 0), (100, 1), (300, 2)]]), 512, "twice 202 values");
+        assert_eq!(direct_entries(&[narrow, wide.clone()]), 64, "the wide table searches");
+        assert_eq!(direct_entries(&[wide]), 0, "no table fits");
+        assert_eq!(Direct::of(&[(0, 3)], 1), Some(Direct { base: 0, rows: vec![3] }), "one interval: one row");
+    }
 }

@@ -102,6 +102,8 @@ struct BitsView {
     live_key: u32,
     mask: u32,
     steps: Vec<u32>,
+    /// Entries of the direct tables (a power of two), or 0 for none.
+    direct: u32,
 }
 
 struct BitFieldView {
@@ -546,6 +548,7 @@ impl<'a> Generator<'a> {
             live_key: b.live_key(),
             mask: k - 1,
             steps: std::iter::successors(Some(k / 2), |s| (*s > 1).then_some(s / 2)).collect(),
+            direct: b.direct,
         })
     }
 

@@ -142,13 +142,21 @@ static __always_inline struct subc_next *subc_sorted_lookup(__u32 fl, __u32 slot
 #define SUBC_BV_WORDS {{ b.words }}
 
 /* The row of the interval of table `key` (generation * fields + field)
- * that holds v, or -1. A global function: verified once. */
+ * that holds v, or -1: from the direct table when the table has one (v
+ * clamped into its span), else by search. A global function: verified once. */
 __attribute__((noinline)) int subc_bv_find(__u32 key, __u64 v)
 {
     struct subc_bv_iv *t = bpf_map_lookup_elem(&subc_bv_iv, &key);
     if (!t)
         return -1;
-    __u32 n = t->n;
+{% if b.direct > 0 %}    __u32 span = t->span;
+    if (span) {
+        __u64 d = v > t->base ? v - t->base : 0;
+        if (d >= span)
+            d = span - 1;
+        return t->dir[d & {{ b.direct - 1 }}];
+    }
+{% endif %}    __u32 n = t->n;
     __u32 i = 0;
 {% for step in b.steps %}    i += subc_step_ok(i + {{ step }}, n, t->lo[(i + {{ step }}) & {{ b.mask }}], v) << {{ step.trailing_zeros() }};
 {% endfor %}    return t->row[i & {{ b.mask }}];
