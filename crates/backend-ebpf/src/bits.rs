@@ -555,7 +555,7 @@ mod tests {
     fn direct_tables_are_sized_for_the_widest_span_that_fits() {
         let narrow = vec![(0, 0), (10, 1), (40, 2)];
         let wide = vec![(0, 0), (1, 1), (1 << 40, 2)];
-        assert_eq!(direct_entries(&[narrow.clone()]), 64, "31 values, at least 64");
+        assert_eq!(direct_entries(std::slice::from_ref(&narrow)), 64, "31 values, at least 64");
         assert_eq!(direct_entries(&[vec![(0, 0), (100, 1), (300, 2)]]), 512, "twice 202 values");
         assert_eq!(direct_entries(&[narrow, wide.clone()]), 64, "the wide table searches");
         assert_eq!(direct_entries(&[wide]), 0, "no table fits");
