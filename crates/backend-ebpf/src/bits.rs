@@ -66,8 +66,8 @@ pub struct BitsShape {
     pub direct: u32,
 }
 
-/// The most entries a direct table has (4 KiB of rows per table).
-const DIRECT_MAX: u32 = 1024;
+/// The most entries a direct table has (16 KiB of rows per table).
+const DIRECT_MAX: u32 = 4096;
 
 /// A table's direct form: `base` and one row per value of `base ..
 /// base + rows.len()`. Values below `base` are in the first interval and
@@ -535,7 +535,7 @@ mod tests {
         for case in 0..500 {
             // Bounds around 2^31 (signed values are stored with the sign bit flipped), some near 0 and u64::MAX.
             let centre = [1u64 << 31, 1, u64::MAX - 300][case % 3];
-            let width = [4, 200, 3000][next(3) as usize];
+            let width = [4, 200, 9000][next(3) as usize];
             let mut bounds: Vec<u64> = (0..next(12)).map(|_| centre.saturating_add(next(width)).max(1)).collect();
             bounds.sort_unstable();
             bounds.dedup();
@@ -557,6 +557,8 @@ mod tests {
         let wide = vec![(0, 0), (1, 1), (1 << 40, 2)];
         assert_eq!(direct_entries(std::slice::from_ref(&narrow)), 64, "31 values, at least 64");
         assert_eq!(direct_entries(&[vec![(0, 0), (100, 1), (300, 2)]]), 512, "twice 202 values");
+        assert_eq!(direct_entries(&[vec![(0, 0), (1, 1), (2000, 2)]]), 4096, "twice 2,001 values");
+        assert_eq!(direct_entries(&[vec![(0, 0), (1, 1), (3000, 2)]]), 4096, "at most the largest");
         assert_eq!(direct_entries(&[narrow, wide.clone()]), 64, "the wide table searches");
         assert_eq!(direct_entries(&[wide]), 0, "no table fits");
         assert_eq!(Direct::of(&[(0, 3)], 1), Some(Direct { base: 0, rows: vec![3] }), "one interval: one row");

@@ -27,7 +27,8 @@
 //!   compiles them and generates the program and its initial map image;
 //!   its seconds per phase and its peak RSS (`ru_maxrss`);
 //! - the IR's shape: pipelines, table entries, the bit-vector group's rules,
-//!   words, rows per field and leaves;
+//!   words, rows per field and leaves, and how many of its interval tables
+//!   the loaded program looks up directly or searches;
 //! - the loaded program: verified instructions, kernel map memory (memlock),
 //!   load-and-fill time;
 //! - `ns_per_packet`: mean `BPF_PROG_TEST_RUN` time (XDP, sorted ranges)
@@ -393,6 +394,10 @@ fn measure(kind: &str, n: usize, bit_vectors: bool, pkts: &[Vec<u8>], event_line
         }
     };
     line["generate_compile_load_fill_s"] = round(t.elapsed().as_secs_f64(), 2).into();
+    if let Some((direct, searched)) = dp.image().and_then(|i| i.bits()).map(|b| b.direct_and_searched()) {
+        line["group"]["direct_tables"] = direct.into();
+        line["group"]["searched_tables"] = searched.into();
+    }
     let stats = dp.stats();
     line["verified_insns"] = serde_json::to_value(&stats.verified_insns).expect("serializes");
     line["kernel_map_mib"] = round(stats.map_bytes as f64 / (1 << 20) as f64, 1).into();
