@@ -255,11 +255,13 @@ impl BitTables {
         for (id, leaf) in self.leaves.iter().enumerate() {
             ops.push(MapOp { map: ids.leaves, key: (id as u32).to_ne_bytes().to_vec(), value: Some(leaf_value(leaf)), offset: None });
         }
+        let tables: Vec<Vec<u8>> = (0..self.intervals.len()).map(|f| self.interval_value(iv, f)).collect();
+        let order = Self::order_value(order, &self.order());
         for g in [0, 1] {
-            for f in 0..self.intervals.len() {
-                ops.push(self.interval_op(ids, iv, g, f));
+            for (f, value) in tables.iter().enumerate() {
+                ops.push(self.interval_op(ids, g, f, value.clone()));
             }
-            ops.push(self.order_op(ids, order, g));
+            ops.push(order_op(ids, g, order.clone()));
         }
         ops
     }
@@ -269,7 +271,8 @@ impl BitTables {
         MapOp { map: ids.rows, key: key.to_ne_bytes().to_vec(), value: Some(value), offset: None }
     }
 
-    fn interval_op(&self, ids: BitMapIds, s: &CStruct, gen: u32, f: usize) -> MapOp {
+    /// Table `f` as a `subc_bv_iv` value: the same for both generations.
+    fn interval_value(&self, s: &CStruct, f: usize) -> Vec<u8> {
         let mut v = s.zeroed();
         let table = &self.intervals[f];
         v.u32("n", table.len() as u32);
@@ -283,8 +286,12 @@ impl BitTables {
                 v.u32_at("dir", i as u32, *row);
             }
         }
+        v.into_bytes()
+    }
+
+    fn interval_op(&self, ids: BitMapIds, gen: u32, f: usize, value: Vec<u8>) -> MapOp {
         let key = gen * self.intervals.len() as u32 + f as u32;
-        MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
+        MapOp { map: ids.intervals, key: key.to_ne_bytes().to_vec(), value: Some(value), offset: None }
     }
 
     /// The words with a leaf, sorted by leaf then word, each with its leaf
@@ -303,16 +310,16 @@ impl BitTables {
         out
     }
 
-    fn order_op(&self, ids: BitMapIds, s: &CStruct, gen: u32) -> MapOp {
+    /// `order` (from [`BitTables::order`]) as a `subc_bv_order` value.
+    fn order_value(s: &CStruct, order: &[(u32, u32, u32)]) -> Vec<u8> {
         let mut v = s.zeroed();
-        let order = self.order();
         v.u32("n", order.len() as u32);
         for (i, (word, skip, leaf)) in order.iter().enumerate() {
             v.u32_at("word", i as u32, *word);
             v.u32_at("skip", i as u32, *skip);
             v.u32_at("leaf", i as u32, *leaf);
         }
-        MapOp { map: ids.order, key: gen.to_ne_bytes().to_vec(), value: Some(v.into_bytes()), offset: None }
+        v.into_bytes()
     }
 
     /// Applies `d` to these tables and returns the writes that take the
@@ -366,14 +373,17 @@ impl BitTables {
         }
         let new_gen = 1 - live_gen;
         let changed_fields: BTreeSet<usize> = d.intervals.iter().map(|(f, _)| *f as usize).collect();
-        let order_changed = self.order() != old_order;
+        // Each value is encoded once and written to both generations.
+        let tables: Vec<(usize, Vec<u8>)> = changed_fields.iter().map(|f| (*f, self.interval_value(iv, *f))).collect();
+        let new_order = self.order();
+        let order = (new_order != old_order).then(|| Self::order_value(order_struct, &new_order));
         for g in [new_gen, live_gen] {
             let phase = if g == new_gen { &mut plan.inactive } else { &mut plan.live };
-            for f in &changed_fields {
-                phase.push(self.interval_op(ids, iv, g, *f));
+            for (f, value) in &tables {
+                phase.push(self.interval_op(ids, g, *f, value.clone()));
             }
-            if order_changed {
-                phase.push(self.order_op(ids, order_struct, g));
+            if let Some(order) = &order {
+                phase.push(order_op(ids, g, order.clone()));
             }
         }
         for (key, changed) in touched.iter().filter(|(k, _)| freed.contains(k)) {
@@ -493,6 +503,11 @@ impl BitTables {
 fn direct_entries(tables: &[Vec<(u64, RowId)>]) -> u32 {
     let widest = tables.iter().filter_map(|t| Direct::of(t, DIRECT_MAX)).map(|d| d.rows.len() as u32).max();
     widest.map_or(0, |w| (2 * w).next_power_of_two().clamp(64, DIRECT_MAX))
+}
+
+/// Writes `value` as generation `gen`'s order.
+fn order_op(ids: BitMapIds, gen: u32, value: Vec<u8>) -> MapOp {
+    MapOp { map: ids.order, key: gen.to_ne_bytes().to_vec(), value: Some(value), offset: None }
 }
 
 /// Words as the bytes of a map value (native order).
